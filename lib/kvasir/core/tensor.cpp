@@ -1,0 +1,128 @@
+#include "kvasir/core/tensor.hpp"
+
+#include "kvasir/core/error.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace kvasir {
+
+std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+std::int64_t shape_numel(const Shape& s) {
+    constexpr std::int64_t limit = std::int64_t{1} << 62;
+    std::int64_t n = 1;
+    for (std::int64_t d : s) {
+        KVASIR_CHECK(d >= 0, ErrorCode::bad_input, "negative dimension in shape {}", shape_str(s));
+        if (d != 0 && n > limit / d) fail(ErrorCode::bad_input, "shape {} has too many elements", shape_str(s));
+        n *= d;
+    }
+    return n;
+}
+
+std::int64_t TensorView::dim(int i) const {
+    const int r = rank();
+    const int k = i < 0 ? r + i : i;
+    KVASIR_CHECK(k >= 0 && k < r, ErrorCode::internal, "dim {} out of range for shape {}", i, shape_str(shape));
+    return shape[static_cast<std::size_t>(k)];
+}
+
+template <typename T>
+const T* TensorView::as() const {
+    KVASIR_CHECK(dtype == dtype_of<T>(), ErrorCode::internal, "tensor is {}, not {}", dtype_name(dtype),
+                 dtype_name(dtype_of<T>()));
+    return static_cast<const T*>(data);
+}
+template const double* TensorView::as<double>() const;
+template const float* TensorView::as<float>() const;
+template const std::int32_t* TensorView::as<std::int32_t>() const;
+
+TensorView TensorView::row(std::int64_t r) const {
+    KVASIR_ASSERT(rank() >= 1);
+    const std::int64_t cols = dim(-1);
+    const std::int64_t rows = cols == 0 ? 0 : numel() / cols;
+    KVASIR_ASSERT(r >= 0 && r < rows);
+    const auto* base = static_cast<const std::byte*>(data);
+    return TensorView{dtype, base + static_cast<std::size_t>(r * cols) * dtype_size(dtype), Shape{cols}};
+}
+
+void Tensor::Free::operator()(std::byte* p) const noexcept { std::free(p); }
+
+Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)), numel_(shape_numel(shape_)) {
+    const std::size_t bytes = nbytes();
+    const std::size_t rounded = ((bytes + 63) / 64) * 64;
+    auto* p = static_cast<std::byte*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
+    if (p == nullptr) throw std::bad_alloc();
+    std::memset(p, 0, rounded == 0 ? 64 : rounded);
+    data_.reset(p);
+}
+
+Tensor::Tensor(const Tensor& other) : Tensor(other.dtype_, other.shape_) {
+    if (other.nbytes() != 0) std::memcpy(data_.get(), other.data_.get(), other.nbytes());
+}
+
+Tensor& Tensor::operator=(const Tensor& other) {
+    if (this != &other) *this = Tensor(other);
+    return *this;
+}
+
+Tensor Tensor::from_f64(std::span<const double> values, Shape shape, DType dtype) {
+    Tensor t(dtype, std::move(shape));
+    KVASIR_ASSERT(static_cast<std::int64_t>(values.size()) == t.numel());
+    for (std::size_t i = 0; i < values.size(); ++i) t.set(static_cast<std::int64_t>(i), values[i]);
+    return t;
+}
+
+Tensor Tensor::from_f32(std::span<const float> values, Shape shape) {
+    Tensor t(DType::f32, std::move(shape));
+    KVASIR_ASSERT(static_cast<std::int64_t>(values.size()) == t.numel());
+    if (!values.empty()) std::memcpy(t.raw(), values.data(), values.size() * sizeof(float));
+    return t;
+}
+
+Tensor Tensor::convert(const TensorView& view, DType dtype) {
+    Tensor t(dtype, view.shape);
+    if (view.dtype == dtype) {
+        if (t.nbytes() != 0) std::memcpy(t.raw(), view.data, t.nbytes());
+        return t;
+    }
+    const std::int64_t n = t.numel();
+    for (std::int64_t i = 0; i < n; ++i) t.set(i, view.at(i));
+    return t;
+}
+
+template <typename T>
+T* Tensor::as() {
+    KVASIR_CHECK(dtype_ == dtype_of<T>(), ErrorCode::internal, "tensor is {}, not {}", dtype_name(dtype_),
+                 dtype_name(dtype_of<T>()));
+    return reinterpret_cast<T*>(data_.get());
+}
+template <typename T>
+const T* Tensor::as() const {
+    return view().as<T>();
+}
+template double* Tensor::as<double>();
+template float* Tensor::as<float>();
+template std::int32_t* Tensor::as<std::int32_t>();
+template const double* Tensor::as<double>() const;
+template const float* Tensor::as<float>() const;
+template const std::int32_t* Tensor::as<std::int32_t>() const;
+
+std::vector<double> Tensor::to_f64() const {
+    std::vector<double> out(static_cast<std::size_t>(numel_));
+    for (std::int64_t i = 0; i < numel_; ++i) out[static_cast<std::size_t>(i)] = at(i);
+    return out;
+}
+
+Tensor Tensor::reshaped(Shape shape) && {
+    KVASIR_CHECK(shape_numel(shape) == numel_, ErrorCode::internal, "cannot reshape {} to {}", shape_str(shape_),
+                 shape_str(shape));
+    shape_ = std::move(shape);
+    return std::move(*this);
+}
+
+}  // namespace kvasir
