@@ -1,1 +1,48 @@
-int main() { return 0; }
+// kvasir-equiv: measures whether compute backends are numerically equivalent
+// enough to serve one model in one inference swarm. main() wires the
+// subcommands and is the one place where errors become exit codes:
+//   0 success / every node meets the gate   1 a node fails the gate
+//   2 bad usage or bad input                3 internal or backend failure
+#include "commands.hpp"
+
+#include "kvasir/core/error.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <exception>
+#include <new>
+
+int main(int argc, char** argv) {
+    CLI::App app{"kvasir-equiv — audit numeric equivalence of compute backends (CPU, OpenCL, CUDA, HIP) on real "
+                 "model layers"};
+    app.name("kvasir-equiv");
+    app.set_version_flag("--version", std::string("kvasir-equiv ") + KVASIR_VERSION);
+    app.require_subcommand(1);
+    app.footer("Exit codes: 0 ok, 1 a node fails the gate, 2 bad usage or input, 3 internal error.\n"
+               "Run 'kvasir-equiv COMMAND --help' for a command's options.");
+    kvasir::app::set_backends_command(app);
+    kvasir::app::set_ops_command(app);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForAllHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForVersion& e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        std::fprintf(stderr, "kvasir-equiv: error: %s (see --help)\n", e.what());
+        return 2;
+    } catch (const kvasir::Error& e) {
+        std::fprintf(stderr, "kvasir-equiv: error: %s\n", e.what());
+        return kvasir::exit_code_for(e.code());
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "kvasir-equiv: internal error: out of memory\n");
+        return 3;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "kvasir-equiv: internal error: %s\n", e.what());
+        return 3;
+    }
+    return kvasir::app::command_exit_code();
+}

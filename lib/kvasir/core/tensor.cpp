@@ -91,6 +91,30 @@ Tensor Tensor::convert(const TensorView& view, DType dtype) {
         return t;
     }
     const std::int64_t n = t.numel();
+    // Hot paths (weights entering a backend): typed loops instead of the
+    // per-element dtype switch.
+    if (view.dtype == DType::f32 && dtype == DType::f64) {
+        const float* src = static_cast<const float*>(view.data);
+        double* dst = t.as<double>();
+        for (std::int64_t i = 0; i < n; ++i) dst[i] = src[i];
+        return t;
+    }
+    if (view.dtype == DType::f64 && dtype == DType::f32) {
+        const double* src = static_cast<const double*>(view.data);
+        float* dst = t.as<float>();
+        for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+        return t;
+    }
+    if ((view.dtype == DType::bf16 || view.dtype == DType::f16) && (dtype == DType::f32 || dtype == DType::f64)) {
+        const auto* src = static_cast<const std::uint16_t*>(view.data);
+        const bool bf = view.dtype == DType::bf16;
+        for (std::int64_t i = 0; i < n; ++i) {
+            const float v = bf ? bf16_bits_to_f32(src[i]) : f16_bits_to_f32(src[i]);
+            if (dtype == DType::f32) t.as<float>()[i] = v;
+            else t.as<double>()[i] = v;
+        }
+        return t;
+    }
     for (std::int64_t i = 0; i < n; ++i) t.set(i, view.at(i));
     return t;
 }

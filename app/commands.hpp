@@ -1,0 +1,35 @@
+// One function per subcommand: each binds its options to a CLI11 subcommand
+// and sets a callback that calls into the library. The library never sees
+// CLI11; errors propagate as kvasir::Error to main(), which maps them to exit
+// codes in one place.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+namespace kvasir::app {
+
+// Where a command's report goes: a table on stdout, JSON on stdout (--json),
+// and/or JSON written atomically to a file (-o).
+struct OutputOptions {
+    bool json = false;
+    std::string output_file;
+};
+void add_output_options(CLI::App& cmd, OutputOptions& out);
+
+// Node selection shared by the measuring commands.
+struct NodeOptions {
+    std::vector<std::string> backends;  // empty: registry defaults
+    std::string reference = "cpu-ref";
+};
+void add_node_options(CLI::App& cmd, NodeOptions& nodes);
+
+// Exit code a command sets for main() to return (0 unless it decided otherwise).
+int& command_exit_code();
+
+void set_backends_command(CLI::App& app);
+void set_ops_command(CLI::App& app);
+
+}  // namespace kvasir::app

@@ -1,0 +1,286 @@
+#include "kvasir/backend/backend.hpp"
+
+#include "kvasir/core/error.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+namespace kvasir {
+
+// --- BackendSpec -------------------------------------------------------------
+
+static bool is_name_char(char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '-' || c == '_';
+}
+
+BackendSpec BackendSpec::parse(std::string_view text) {
+    BackendSpec spec;
+    std::vector<std::string_view> parts;
+    std::size_t start = 0;
+    while (true) {
+        const std::size_t colon = text.find(':', start);
+        parts.push_back(text.substr(start, colon == std::string_view::npos ? colon : colon - start));
+        if (colon == std::string_view::npos) break;
+        start = colon + 1;
+    }
+    const auto bad = [&](std::string_view why) {
+        fail(ErrorCode::bad_input, "backend '{}': {} (expected NAME[:DEVICE][:key=value,...], e.g. cpu:acc=f16)",
+             text, why);
+    };
+    if (parts[0].empty() || !std::all_of(parts[0].begin(), parts[0].end(), is_name_char)) bad("invalid name");
+    spec.name = std::string(parts[0]);
+    for (std::size_t i = 1; i < parts.size(); ++i) {
+        const std::string_view p = parts[i];
+        if (p.empty()) bad("empty field");
+        if (std::all_of(p.begin(), p.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; })) {
+            if (spec.device_given || i != 1) bad("device index must come right after the name");
+            if (p.size() > 4) bad("device index too large");
+            spec.device = std::stoi(std::string(p));
+            spec.device_given = true;
+            continue;
+        }
+        std::size_t s = 0;
+        while (s <= p.size()) {
+            const std::size_t comma = p.find(',', s);
+            const std::string_view kv = p.substr(s, comma == std::string_view::npos ? comma : comma - s);
+            const std::size_t eq = kv.find('=');
+            if (eq == std::string_view::npos || eq == 0 || eq + 1 == kv.size())
+                bad(fmt::format("option '{}' is not key=value", kv));
+            std::string key(kv.substr(0, eq));
+            if (spec.options.count(key) != 0) bad(fmt::format("option '{}' given twice", key));
+            spec.options.emplace(std::move(key), std::string(kv.substr(eq + 1)));
+            if (comma == std::string_view::npos) break;
+            s = comma + 1;
+        }
+    }
+    return spec;
+}
+
+std::string BackendSpec::canonical() const {
+    std::string out = name;
+    if (device_given) out += fmt::format(":{}", device);
+    bool first = true;
+    for (const auto& [k, v] : options) {
+        out += first ? ":" : ",";
+        out += k + "=" + v;
+        first = false;
+    }
+    return out;
+}
+
+// --- argument checks -----------------------------------------------------------
+
+std::int64_t rows_of(const TensorView& x) {
+    if (x.rank() == 0) return 1;
+    const std::int64_t last = x.dim(-1);
+    return last == 0 ? 0 : x.numel() / last;
+}
+
+void check_matmul_args(const TensorView& x, const TensorView& w) {
+    KVASIR_CHECK(x.rank() >= 1 && w.rank() == 2, ErrorCode::bad_input, "matmul: x {} and w {} must be [.., K] and [N, K]",
+                 shape_str(x.shape), shape_str(w.shape));
+    KVASIR_CHECK(x.dim(-1) == w.dim(1), ErrorCode::bad_input, "matmul: x {} and w {} disagree on K",
+                 shape_str(x.shape), shape_str(w.shape));
+}
+
+void check_same_shape(const char* op, const TensorView& a, const TensorView& b) {
+    KVASIR_CHECK(a.shape == b.shape, ErrorCode::bad_input, "{}: shapes {} and {} differ", op, shape_str(a.shape),
+                 shape_str(b.shape));
+}
+
+void check_rmsnorm_args(const TensorView& x, const TensorView& w) {
+    KVASIR_CHECK(x.rank() >= 1 && w.rank() == 1 && w.dim(0) == x.dim(-1), ErrorCode::bad_input,
+                 "rmsnorm: weight {} does not match x {}", shape_str(w.shape), shape_str(x.shape));
+}
+
+void check_rope_args(const TensorView& x, std::span<const std::int64_t> positions) {
+    KVASIR_CHECK(x.rank() == 3, ErrorCode::bad_input, "rope: x {} must be [T, H, D]", shape_str(x.shape));
+    KVASIR_CHECK(x.dim(2) % 2 == 0, ErrorCode::bad_input, "rope: head dim {} must be even", x.dim(2));
+    KVASIR_CHECK(static_cast<std::int64_t>(positions.size()) == x.dim(0), ErrorCode::bad_input,
+                 "rope: {} positions for {} tokens", positions.size(), x.dim(0));
+}
+
+void check_moe_args(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan) {
+    KVASIR_CHECK(x.rank() == 2, ErrorCode::bad_input, "moe: x {} must be [T, H]", shape_str(x.shape));
+    KVASIR_CHECK(!experts.empty(), ErrorCode::bad_input, "moe: no experts");
+    const std::int64_t h = x.dim(1);
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+        const ExpertWeights& ew = experts[e];
+        KVASIR_CHECK(ew.gate.rank() == 2 && ew.up.shape == ew.gate.shape && ew.gate.dim(1) == h && ew.down.rank() == 2 &&
+                         ew.down.dim(0) == h && ew.down.dim(1) == ew.gate.dim(0),
+                     ErrorCode::bad_input, "moe: expert {} weights gate {} up {} down {} do not fit hidden size {}", e,
+                     shape_str(ew.gate.shape), shape_str(ew.up.shape), shape_str(ew.down.shape), h);
+    }
+    KVASIR_CHECK(plan.ids.dtype() == DType::i32 && plan.ids.view().rank() == 2 && plan.ids.dim(0) == x.dim(0) &&
+                     plan.weights.shape() == plan.ids.shape(),
+                 ErrorCode::bad_input, "moe: routing plan ids {} / weights {} do not fit {} tokens",
+                 shape_str(plan.ids.shape()), shape_str(plan.weights.shape()), x.dim(0));
+    const std::int32_t* ids = plan.ids.as<std::int32_t>();
+    for (std::int64_t i = 0; i < plan.ids.numel(); ++i)
+        KVASIR_CHECK(ids[i] >= 0 && ids[i] < static_cast<std::int32_t>(experts.size()), ErrorCode::bad_input,
+                     "moe: routing plan names expert {} of {}", ids[i], experts.size());
+}
+
+// --- defaults --------------------------------------------------------------------
+
+DType Backend::combine_dtype() const {
+    return capabilities().accumulation == DType::f64 ? DType::f64 : DType::f32;
+}
+
+void select_topk(const TensorView& scores, const RouterParams& params, Tensor& ids, Tensor& chosen_scores) {
+    KVASIR_CHECK(scores.rank() == 2, ErrorCode::bad_input, "router: scores {} must be [T, E]", shape_str(scores.shape));
+    const std::int64_t t_count = scores.dim(0);
+    const std::int64_t e_count = scores.dim(1);
+    const int k = params.top_k;
+    KVASIR_CHECK(k >= 1 && k <= e_count, ErrorCode::bad_input, "router: top-k {} out of range for {} experts", k, e_count);
+    KVASIR_CHECK(params.n_group >= 1 && e_count % params.n_group == 0 && params.topk_group >= 1 &&
+                     params.topk_group <= params.n_group,
+                 ErrorCode::bad_input, "router: {} experts cannot form {} groups keeping {}", e_count, params.n_group,
+                 params.topk_group);
+    if (params.bias != nullptr)
+        KVASIR_CHECK(params.bias->numel() == e_count, ErrorCode::bad_input, "router: bias has {} entries for {} experts",
+                     params.bias->numel(), e_count);
+    const std::int64_t group_size = e_count / params.n_group;
+    KVASIR_CHECK(params.n_group == 1 || group_size >= 2, ErrorCode::bad_input, "router: groups of {} experts", group_size);
+    KVASIR_CHECK(params.n_group == 1 || k <= params.topk_group * group_size, ErrorCode::bad_input,
+                 "router: top-k {} exceeds the experts of {} groups", k, params.topk_group);
+
+    ids = Tensor(DType::i32, {t_count, k});
+    chosen_scores = Tensor(DType::f64, {t_count, k});
+    std::vector<double> sel(static_cast<std::size_t>(e_count));
+    std::vector<std::int64_t> order(static_cast<std::size_t>(e_count));
+    // Strict weak order: higher selection score first, ties to the lower id.
+    // NaN scores sort last so they are never preferred over a number.
+    const auto better = [&](std::int64_t a, std::int64_t b) {
+        const double sa = sel[static_cast<std::size_t>(a)], sb = sel[static_cast<std::size_t>(b)];
+        const bool na = std::isnan(sa), nb = std::isnan(sb);
+        if (na != nb) return nb;
+        if (!na && sa != sb) return sa > sb;
+        return a < b;
+    };
+    for (std::int64_t t = 0; t < t_count; ++t) {
+        for (std::int64_t e = 0; e < e_count; ++e) {
+            double s = scores.at(t * e_count + e);
+            if (params.bias != nullptr) s += params.bias->at(e);
+            sel[static_cast<std::size_t>(e)] = s;
+        }
+        if (params.n_group > 1) {
+            // Group score = sum of its two best selection scores; keep the best groups.
+            std::vector<std::pair<double, std::int64_t>> groups;
+            for (std::int64_t g = 0; g < params.n_group; ++g) {
+                std::vector<double> v(sel.begin() + g * group_size, sel.begin() + (g + 1) * group_size);
+                std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<>());
+                groups.emplace_back(v[0] + v[1], g);
+            }
+            std::stable_sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
+                if (std::isnan(a.first) != std::isnan(b.first)) return std::isnan(b.first);
+                return a.first > b.first;
+            });
+            std::vector<bool> keep(static_cast<std::size_t>(params.n_group), false);
+            for (int g = 0; g < params.topk_group; ++g) keep[static_cast<std::size_t>(groups[static_cast<std::size_t>(g)].second)] = true;
+            for (std::int64_t e = 0; e < e_count; ++e)
+                if (!keep[static_cast<std::size_t>(e / group_size)])
+                    sel[static_cast<std::size_t>(e)] = -std::numeric_limits<double>::infinity();
+        }
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), better);
+        for (int j = 0; j < k; ++j) {
+            const std::int64_t e = order[static_cast<std::size_t>(j)];
+            ids.as<std::int32_t>()[t * k + j] = static_cast<std::int32_t>(e);
+            chosen_scores.as<double>()[t * k + j] = scores.at(t * e_count + e);
+        }
+    }
+}
+
+RouterOutput Backend::route(const TensorView& logits, const RouterParams& params) {
+    RouterOutput out;
+    out.scores = params.scoring == RouterScoring::softmax ? softmax(logits) : sigmoid(logits);
+    Tensor chosen;
+    select_topk(out.scores.view(), params, out.ids, chosen);
+    const Capabilities& caps = capabilities();
+    const DType acc = caps.accumulation == DType::f64 ? DType::f64 : caps.accumulation;
+    const std::int64_t t_count = chosen.dim(0);
+    const std::int64_t k = chosen.dim(1);
+    out.weights = Tensor(caps.output, {t_count, k});
+    for (std::int64_t t = 0; t < t_count; ++t) {
+        double sum = 0.0;
+        for (std::int64_t j = 0; j < k; ++j) sum = round_to(acc, sum + chosen.at(t * k + j));
+        for (std::int64_t j = 0; j < k; ++j) {
+            double w = chosen.at(t * k + j);
+            if (params.renormalize) w = round_to(caps.storage, w / sum);
+            if (params.scaling != 1.0) w = round_to(caps.storage, w * params.scaling);
+            out.weights.set(t * k + j, w);
+        }
+    }
+    return out;
+}
+
+namespace {
+
+template <typename Acc>
+Tensor moe_combine_default(Backend& backend, const TensorView& x, std::span<const ExpertWeights> experts,
+                           const RoutingPlan& plan, const std::vector<bool>* filter) {
+    const Capabilities& caps = backend.capabilities();
+    const std::int64_t t_count = x.dim(0);
+    const std::int64_t h = x.dim(1);
+    const std::int64_t k = plan.ids.dim(1);
+    const std::int32_t* ids = plan.ids.as<std::int32_t>();
+    std::vector<Acc> acc(static_cast<std::size_t>(t_count * h), Acc{0});
+    const std::size_t row_bytes = static_cast<std::size_t>(h) * dtype_size(x.dtype);
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+        if (filter != nullptr && !(*filter)[e]) continue;
+        std::vector<std::pair<std::int64_t, double>> routed;  // (token, combine weight)
+        for (std::int64_t t = 0; t < t_count; ++t)
+            for (std::int64_t j = 0; j < k; ++j)
+                if (ids[t * k + j] == static_cast<std::int32_t>(e)) routed.emplace_back(t, plan.weights.at(t * k + j));
+        if (routed.empty()) continue;
+        Tensor xg(x.dtype, {static_cast<std::int64_t>(routed.size()), h});
+        for (std::size_t r = 0; r < routed.size(); ++r)
+            std::memcpy(static_cast<std::byte*>(xg.raw()) + r * row_bytes,
+                        static_cast<const std::byte*>(x.data) + static_cast<std::size_t>(routed[r].first) * row_bytes,
+                        row_bytes);
+        const Tensor g = backend.matmul(xg, experts[e].gate);
+        const Tensor u = backend.matmul(xg, experts[e].up);
+        const Tensor act = backend.swiglu(g, u);
+        const Tensor y = backend.matmul(act, experts[e].down);
+        for (std::size_t r = 0; r < routed.size(); ++r) {
+            const Acc w = static_cast<Acc>(routed[r].second);
+            Acc* dst = acc.data() + routed[r].first * h;
+            const std::int64_t base = static_cast<std::int64_t>(r) * h;
+            for (std::int64_t i = 0; i < h; ++i) dst[i] += w * static_cast<Acc>(y.at(base + i));
+        }
+    }
+    Tensor out(caps.output, {t_count, h});
+    for (std::int64_t i = 0; i < t_count * h; ++i) out.set(i, round_to(caps.storage, acc[static_cast<std::size_t>(i)]));
+    return out;
+}
+
+}  // namespace
+
+Tensor Backend::moe_block(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan,
+                          const std::vector<bool>* expert_filter) {
+    check_moe_args(x, experts, plan);
+    if (expert_filter != nullptr)
+        KVASIR_CHECK(expert_filter->size() == experts.size(), ErrorCode::bad_input, "moe: expert filter has {} of {}",
+                     expert_filter->size(), experts.size());
+    if (combine_dtype() == DType::f64) return moe_combine_default<double>(*this, x, experts, plan, expert_filter);
+    return moe_combine_default<float>(*this, x, experts, plan, expert_filter);
+}
+
+Tensor Backend::add(const TensorView& a, const TensorView& b) {
+    check_same_shape("add", a, b);
+    const Capabilities& caps = capabilities();
+    const DType acc = combine_dtype();
+    Tensor out(caps.output, a.shape);
+    const std::int64_t n = a.numel();
+    for (std::int64_t i = 0; i < n; ++i) out.set(i, round_to(caps.storage, round_to(acc, a.at(i) + b.at(i))));
+    return out;
+}
+
+}  // namespace kvasir

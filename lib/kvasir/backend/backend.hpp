@@ -1,0 +1,163 @@
+// The backend interface: what every compute backend (cpu-ref, cpu, opencl,
+// cuda, hip) implements so that the protocol can run the same op on each and
+// compare the results.
+//
+// Conventions shared by every method:
+//  * Activations arrive as TensorViews of any float dtype and are returned as
+//    Tensors in the backend's *output dtype* (f64 for the cpu-ref oracle, f32
+//    for everything else). A backend first rounds what it reads to its
+//    *storage* dtype (f32/f16/bf16) and rounds what it writes back to it too,
+//    exactly as a device that keeps tensors in that format would.
+//  * Weights arrive as TensorViews too (typically pointing into a memory-mapped
+//    checkpoint in the file's dtype); the same storage rounding applies.
+//  * Shapes are row-major; "rows" means all leading dims flattened.
+//  * Reductions run in the backend's *accumulation* dtype. An f16-accumulating
+//    variant rounds its running sum to half after every add.
+//  * Results must be deterministic for a fixed thread count unless the
+//    capabilities say otherwise. A backend never returns partially written
+//    results: it returns a whole tensor or throws kvasir::Error.
+//  * Bad arguments (mismatched shapes) throw Error(bad_input); device or
+//    runtime failures throw Error(backend_failure).
+#pragma once
+
+#include "kvasir/core/tensor.hpp"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvasir {
+
+// "name[:device][:key=value[,key=value...]]", e.g. "cpu", "cpu:acc=f16,storage=bf16",
+// "opencl:1", "opencl:0:storage=f16". Keys are backend specific; every backend
+// accepts storage= and acc= (those it cannot honour are refused).
+struct BackendSpec {
+    std::string name;
+    int device = 0;
+    bool device_given = false;
+    std::map<std::string, std::string> options;
+
+    // Throws Error(bad_input) with the offending text on a malformed spec.
+    static BackendSpec parse(std::string_view text);
+    // Stable display name: options in key order, defaults omitted by the caller.
+    std::string canonical() const;
+};
+
+// What a node advertises: reported in every verdict so a reader knows what
+// kind of arithmetic produced the numbers.
+struct Capabilities {
+    std::string node;            // canonical spec: "cpu:acc=f16"
+    std::string backend;         // "cpu"
+    std::string device;          // human-readable device name
+    std::string runtime;         // compiler / driver / runtime versions
+    DType storage = DType::f32;  // what tensors are rounded to between ops
+    DType accumulation = DType::f32;
+    DType output = DType::f32;   // dtype of the Tensors it returns
+    bool fma = false;            // products fused into sums (one rounding)
+    int threads = 1;
+    bool deterministic = true;   // claimed; the protocol measures it
+    std::vector<std::pair<std::string, std::string>> extra;  // backend specific
+};
+
+enum class RopeLayout {
+    neox,    // rotate halves: pairs (i, i + d/2)       — Qwen, Mixtral in HF
+    normal,  // rotate adjacent pairs: (2i, 2i + 1)     — GPT-J / original llama.cpp
+};
+
+struct RopeParams {
+    double theta = 1e6;
+    RopeLayout layout = RopeLayout::neox;
+};
+
+enum class RouterScoring { softmax, sigmoid };
+
+struct RouterParams {
+    int top_k = 8;
+    RouterScoring scoring = RouterScoring::softmax;
+    bool renormalize = true;         // divide the chosen weights by their sum
+    double scaling = 1.0;            // routed_scaling_factor (DeepSeek)
+    int n_group = 1;                 // grouped top-k (DeepSeek): groups of experts
+    int topk_group = 1;              //   of which this many are kept
+    const TensorView* bias = nullptr;  // per-expert selection bias [E] (e_score_correction_bias); affects selection only
+};
+
+// Router result for T tokens over E experts.
+struct RouterOutput {
+    Tensor scores;   // [T, E] softmax or sigmoid scores (output dtype)
+    Tensor ids;      // [T, k] i32, ordered by descending selection score, ties to the lower id
+    Tensor weights;  // [T, k] combine weights (output dtype)
+};
+
+// A routing decision taken by an authority and imposed on every backend.
+struct RoutingPlan {
+    Tensor ids;      // [T, k] i32
+    Tensor weights;  // [T, k] any float dtype
+};
+
+struct ExpertWeights {
+    TensorView gate;  // [I, H]
+    TensorView up;    // [I, H]
+    TensorView down;  // [H, I]
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+
+    virtual const Capabilities& capabilities() const = 0;
+
+    // y[T, N] = x[T, K] · w[N, K]ᵀ  (the nn.Linear convention).
+    virtual Tensor matmul(const TensorView& x, const TensorView& w) = 0;
+    // silu(gate) · up, element-wise; silu(g) = g / (1 + e^-g).
+    virtual Tensor swiglu(const TensorView& gate, const TensorView& up) = 0;
+    // Row-wise softmax over the last dim, max-subtracted.
+    virtual Tensor softmax(const TensorView& x) = 0;
+    // Element-wise logistic sigmoid.
+    virtual Tensor sigmoid(const TensorView& x) = 0;
+    // y = x / sqrt(mean(x²) + eps) · weight, row-wise over the last dim.
+    virtual Tensor rmsnorm(const TensorView& x, const TensorView& weight, double eps) = 0;
+    // Rotary embedding of x [T, H, D] at positions[T] (D even).
+    virtual Tensor rope(const TensorView& x, std::span<const std::int64_t> positions, const RopeParams& params) = 0;
+
+    // Router: scores from logits [T, E] with this backend's softmax/sigmoid,
+    // then top-k selection and weights. Optional: the default selects on the
+    // backend's own scores with exact comparisons and renormalises in the
+    // backend's output precision.
+    virtual RouterOutput route(const TensorView& logits, const RouterParams& params);
+
+    // MoE block with routing pinned by `plan`: out[t] = Σ_j w[t,j] · FFN_{ids[t,j]}(x[t]),
+    // FFN_e(x) = down_e(silu(gate_e x) · up_e x). Optional: the default runs
+    // the experts with this backend's matmul/swiglu and combines in f32 (f64
+    // on the oracle) in ascending expert order. `expert_filter`, when given,
+    // restricts the sum to the experts it marks true: that is how one node of
+    // a sharded deployment computes its partial sum.
+    virtual Tensor moe_block(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan,
+                             const std::vector<bool>* expert_filter = nullptr);
+
+    // Element-wise sum of partial results (the combine of a sharded MoE
+    // block), in the combine precision. Optional.
+    virtual Tensor add(const TensorView& a, const TensorView& b);
+
+protected:
+    // dtype in which the default moe_block/add accumulate.
+    DType combine_dtype() const;
+};
+
+// Shape checks shared by backends; each throws Error(bad_input) naming the op.
+void check_matmul_args(const TensorView& x, const TensorView& w);
+void check_same_shape(const char* op, const TensorView& a, const TensorView& b);
+void check_rmsnorm_args(const TensorView& x, const TensorView& w);
+void check_rope_args(const TensorView& x, std::span<const std::int64_t> positions);
+void check_moe_args(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan);
+std::int64_t rows_of(const TensorView& x);  // product of all dims but the last
+
+// Shared top-k selection used by the default route(): picks by (score + bias),
+// grouped if n_group > 1, returns ids and (unbiased) scores of the chosen.
+// Deterministic: ties go to the lower expert id.
+void select_topk(const TensorView& scores, const RouterParams& params, Tensor& ids, Tensor& chosen_scores);
+
+}  // namespace kvasir

@@ -1,0 +1,240 @@
+// cpu: the f32 fast path of a CPU node, with storage/accumulation variants.
+#include "kernels/cpu/f16_round.hpp"
+#include "kernels/cpu/matmul.hpp"
+#include "kvasir/backend/cpu_backends.hpp"
+#include "kvasir/core/error.hpp"
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+namespace kvasir {
+
+std::string host_cpu_description() {
+    std::string model = "unknown CPU";
+    std::ifstream in("/proc/cpuinfo");
+    for (std::string line; std::getline(in, line);) {
+        if (line.rfind("model name", 0) == 0) {
+            const auto colon = line.find(':');
+            if (colon != std::string::npos) model = line.substr(colon + 2);
+            break;
+        }
+    }
+    return fmt::format("{} ({} hw threads{})", model, std::thread::hardware_concurrency(),
+                       kernels::cpu_has_avx2_fma() ? ", avx2 fma f16c" : "");
+}
+
+namespace {
+
+// Sum with 8 interleaved partial sums folded pairwise: the order a 256-bit
+// SIMD reduction produces. In f16 accumulation a single running sum, rounded
+// to half after every add.
+class Accumulator {
+public:
+    explicit Accumulator(bool f16) : f16_(f16) {}
+    template <typename F>
+    double sum(std::int64_t n, F term) const {
+        if (f16_) {
+            double acc = 0.0;
+            for (std::int64_t i = 0; i < n; ++i) acc = kernels::round_f16_fast(acc + term(i));
+            return acc;
+        }
+        float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        std::int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int l = 0; l < 8; ++l) lanes[l] += static_cast<float>(term(i + l));
+        float s = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+        for (; i < n; ++i) s += static_cast<float>(term(i));
+        return s;
+    }
+
+private:
+    bool f16_;
+};
+
+class CpuBackend final : public Backend {
+public:
+    explicit CpuBackend(const BackendSpec& spec) {
+        KVASIR_CHECK(!spec.device_given || spec.device == 0, ErrorCode::bad_input, "backend '{}': cpu has one device (0)",
+                     spec.canonical());
+        int threads = omp_get_max_threads();
+        for (const auto& [key, value] : spec.options) {
+            if (key == "storage") {
+                const auto t = parse_dtype(value);
+                KVASIR_CHECK(t && (*t == DType::f32 || *t == DType::f16 || *t == DType::bf16), ErrorCode::bad_input,
+                             "backend '{}': storage must be f32, f16 or bf16, not '{}'", spec.canonical(), value);
+                caps_.storage = *t;
+            } else if (key == "acc") {
+                const auto t = parse_dtype(value);
+                KVASIR_CHECK(t && (*t == DType::f32 || *t == DType::f16), ErrorCode::bad_input,
+                             "backend '{}': acc must be f32 or f16, not '{}' (f64 accumulation is cpu-ref)",
+                             spec.canonical(), value);
+                caps_.accumulation = *t;
+            } else if (key == "threads") {
+                char* end = nullptr;
+                const long n = std::strtol(value.c_str(), &end, 10);
+                KVASIR_CHECK(end != value.c_str() && *end == '\0' && n >= 1 && n <= 1024, ErrorCode::bad_input,
+                             "backend '{}': threads must be an integer in 1..1024, not '{}'", spec.canonical(), value);
+                threads = static_cast<int>(n);
+            } else {
+                fail(ErrorCode::bad_input, "backend '{}': unknown option '{}' (cpu takes storage=, acc=, threads=)",
+                     spec.canonical(), key);
+            }
+        }
+        avx2_ = kernels::cpu_has_avx2_fma();
+        BackendSpec canonical;
+        canonical.name = "cpu";
+        if (caps_.storage != DType::f32) canonical.options["storage"] = dtype_name(caps_.storage);
+        if (caps_.accumulation != DType::f32) canonical.options["acc"] = dtype_name(caps_.accumulation);
+        if (spec.options.count("threads") != 0) canonical.options["threads"] = std::to_string(threads);
+        caps_.node = canonical.canonical();
+        caps_.backend = "cpu";
+        caps_.device = host_cpu_description();
+        caps_.runtime = fmt::format("kvasir {} {} kernels, OpenMP {}", KVASIR_VERSION,
+                                    avx2_ ? "avx2+fma" : "generic", _OPENMP);
+        caps_.output = DType::f32;
+        caps_.fma = caps_.accumulation == DType::f16 || avx2_;
+        caps_.threads = threads;
+        caps_.deterministic = true;
+    }
+
+    const Capabilities& capabilities() const override { return caps_; }
+
+    Tensor matmul(const TensorView& x, const TensorView& w) override {
+        check_matmul_args(x, w);
+        const std::int64_t t_count = rows_of(x), n_count = w.dim(0), k_count = w.dim(1);
+        const Tensor xs = stored(x);
+        const Tensor ws = stored(w);
+        Shape shape = x.shape;
+        shape.back() = n_count;
+        Tensor y(DType::f32, shape);
+        if (caps_.accumulation == DType::f16)
+            kernels::matmul_f16acc(xs.as<float>(), ws.as<float>(), y.as<float>(), t_count, n_count, k_count, caps_.threads);
+        else if (avx2_)
+            kernels::matmul_f32_avx2(xs.as<float>(), ws.as<float>(), y.as<float>(), t_count, n_count, k_count,
+                                     caps_.threads);
+        else
+            kernels::matmul_f32_generic(xs.as<float>(), ws.as<float>(), y.as<float>(), t_count, n_count, k_count,
+                                        caps_.threads);
+        round_stored(y);
+        return y;
+    }
+
+    Tensor swiglu(const TensorView& gate, const TensorView& up) override {
+        check_same_shape("swiglu", gate, up);
+        const Tensor g = stored(gate), u = stored(up);
+        Tensor y(DType::f32, gate.shape);
+        const float* gp = g.as<float>();
+        const float* upp = u.as<float>();
+        float* yp = y.as<float>();
+        for (std::int64_t i = 0; i < y.numel(); ++i) yp[i] = gp[i] / (1.0f + std::exp(-gp[i])) * upp[i];
+        round_stored(y);
+        return y;
+    }
+
+    Tensor softmax(const TensorView& x) override {
+        KVASIR_CHECK(x.rank() >= 1, ErrorCode::bad_input, "softmax: scalar input");
+        const Tensor xs = stored(x);
+        Tensor y(DType::f32, x.shape);
+        const std::int64_t cols = x.dim(-1), rows = rows_of(x);
+        const float* xp = xs.as<float>();
+        float* yp = y.as<float>();
+        const Accumulator acc(caps_.accumulation == DType::f16);
+        for (std::int64_t r = 0; r < rows; ++r) {
+            const float* xr = xp + r * cols;
+            float* yr = yp + r * cols;
+            float m = -INFINITY;
+            for (std::int64_t c = 0; c < cols; ++c) m = std::fmax(m, xr[c]);
+            for (std::int64_t c = 0; c < cols; ++c) yr[c] = static_cast<float>(round_to(caps_.storage, std::exp(xr[c] - m)));
+            const float s = static_cast<float>(acc.sum(cols, [&](std::int64_t c) { return static_cast<double>(yr[c]); }));
+            for (std::int64_t c = 0; c < cols; ++c) yr[c] /= s;
+        }
+        round_stored(y);
+        return y;
+    }
+
+    Tensor sigmoid(const TensorView& x) override {
+        const Tensor xs = stored(x);
+        Tensor y(DType::f32, x.shape);
+        const float* xp = xs.as<float>();
+        float* yp = y.as<float>();
+        for (std::int64_t i = 0; i < y.numel(); ++i) yp[i] = 1.0f / (1.0f + std::exp(-xp[i]));
+        round_stored(y);
+        return y;
+    }
+
+    Tensor rmsnorm(const TensorView& x, const TensorView& weight, double eps) override {
+        check_rmsnorm_args(x, weight);
+        const Tensor xs = stored(x), ws = stored(weight);
+        Tensor y(DType::f32, x.shape);
+        const std::int64_t cols = x.dim(-1), rows = rows_of(x);
+        const float* xp = xs.as<float>();
+        const float* wp = ws.as<float>();
+        float* yp = y.as<float>();
+        const Accumulator acc(caps_.accumulation == DType::f16);
+        for (std::int64_t r = 0; r < rows; ++r) {
+            const float* xr = xp + r * cols;
+            const float ss = static_cast<float>(acc.sum(cols, [&](std::int64_t c) {
+                return static_cast<double>(xr[c] * xr[c]);
+            }));
+            const float inv = 1.0f / std::sqrt(ss / static_cast<float>(cols) + static_cast<float>(eps));
+            for (std::int64_t c = 0; c < cols; ++c) yp[r * cols + c] = xr[c] * inv * wp[c];
+        }
+        round_stored(y);
+        return y;
+    }
+
+    Tensor rope(const TensorView& x, std::span<const std::int64_t> positions, const RopeParams& params) override {
+        check_rope_args(x, positions);
+        const std::int64_t t_count = x.dim(0), heads = x.dim(1), d = x.dim(2), half = d / 2;
+        const Tensor xs = stored(x);
+        Tensor y(DType::f32, x.shape);
+        const float* xp = xs.as<float>();
+        float* yp = y.as<float>();
+        const float theta = static_cast<float>(params.theta);
+        for (std::int64_t t = 0; t < t_count; ++t) {
+            const float pos = static_cast<float>(positions[static_cast<std::size_t>(t)]);
+            for (std::int64_t i = 0; i < half; ++i) {
+                // As GPU kernels do it: inverse frequency, angle and sin/cos all in f32.
+                const float inv_freq = std::pow(theta, -2.0f * static_cast<float>(i) / static_cast<float>(d));
+                const float angle = pos * inv_freq;
+                const float c = std::cos(angle), s = std::sin(angle);
+                for (std::int64_t h = 0; h < heads; ++h) {
+                    const std::int64_t base = (t * heads + h) * d;
+                    const std::int64_t i0 = params.layout == RopeLayout::neox ? i : 2 * i;
+                    const std::int64_t i1 = params.layout == RopeLayout::neox ? i + half : 2 * i + 1;
+                    const float a = xp[base + i0], b = xp[base + i1];
+                    yp[base + i0] = a * c - b * s;
+                    yp[base + i1] = b * c + a * s;
+                }
+            }
+        }
+        round_stored(y);
+        return y;
+    }
+
+private:
+    // The input as this node would hold it: f32 values rounded to storage.
+    Tensor stored(const TensorView& v) const {
+        Tensor t = Tensor::convert(v, DType::f32);
+        if (caps_.storage != DType::f32) round_stored(t);
+        return t;
+    }
+    void round_stored(Tensor& t) const {
+        if (caps_.storage == DType::f32) return;
+        float* p = t.as<float>();
+        for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(round_to(caps_.storage, p[i]));
+    }
+
+    Capabilities caps_;
+    bool avx2_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendSpec& spec) { return std::make_unique<CpuBackend>(spec); }
+
+}  // namespace kvasir

@@ -1,0 +1,147 @@
+// cpu-ref: the f64 oracle. Every op is the textbook loop in double; read this
+// file next to any kernel to see what that kernel must compute.
+#include "kvasir/backend/cpu_backends.hpp"
+
+#include "kvasir/core/error.hpp"
+
+#include <omp.h>
+
+#include <cmath>
+
+namespace kvasir {
+namespace {
+
+class CpuRefBackend final : public Backend {
+public:
+    explicit CpuRefBackend(const BackendSpec& spec) {
+        for (const auto& [key, value] : spec.options) {
+            if (key == "acc" && value == "f64") continue;
+            if (key == "storage" && value == "f64") continue;
+            fail(ErrorCode::bad_input,
+                 "backend '{}': cpu-ref is the f64 oracle and takes no variants (option {}={}); use cpu:{}={}",
+                 spec.canonical(), key, value, key, value);
+        }
+        KVASIR_CHECK(!spec.device_given || spec.device == 0, ErrorCode::bad_input, "backend '{}': cpu-ref has one device (0)",
+                     spec.canonical());
+        caps_.node = "cpu-ref";
+        caps_.backend = "cpu-ref";
+        caps_.device = host_cpu_description();
+        caps_.runtime = fmt::format("kvasir {} scalar f64", KVASIR_VERSION);
+        caps_.storage = DType::f64;
+        caps_.accumulation = DType::f64;
+        caps_.output = DType::f64;
+        caps_.fma = false;
+        caps_.threads = omp_get_max_threads();
+        caps_.deterministic = true;
+    }
+
+    const Capabilities& capabilities() const override { return caps_; }
+
+    Tensor matmul(const TensorView& x, const TensorView& w) override {
+        check_matmul_args(x, w);
+        const std::int64_t t_count = rows_of(x), n_count = w.dim(0), k_count = w.dim(1);
+        Shape shape = x.shape;
+        shape.back() = n_count;
+        Tensor y(DType::f64, shape);
+        const std::vector<double> xs = Tensor::convert(x, DType::f64).to_f64();
+        const Tensor wd = Tensor::convert(w, DType::f64);
+        const double* wp = wd.as<double>();
+        double* yp = y.as<double>();
+#pragma omp parallel for schedule(static)
+        for (std::int64_t t = 0; t < t_count; ++t) {
+            const double* xr = xs.data() + t * k_count;
+            for (std::int64_t n = 0; n < n_count; ++n) {
+                const double* wr = wp + n * k_count;
+                double s = 0.0;
+                for (std::int64_t k = 0; k < k_count; ++k) s += xr[k] * wr[k];
+                yp[t * n_count + n] = s;
+            }
+        }
+        return y;
+    }
+
+    Tensor swiglu(const TensorView& gate, const TensorView& up) override {
+        check_same_shape("swiglu", gate, up);
+        Tensor y(DType::f64, gate.shape);
+        double* yp = y.as<double>();
+        for (std::int64_t i = 0; i < gate.numel(); ++i) {
+            const double g = gate.at(i);
+            yp[i] = g / (1.0 + std::exp(-g)) * up.at(i);
+        }
+        return y;
+    }
+
+    Tensor softmax(const TensorView& x) override {
+        KVASIR_CHECK(x.rank() >= 1, ErrorCode::bad_input, "softmax: scalar input");
+        Tensor y(DType::f64, x.shape);
+        const std::int64_t cols = x.dim(-1), rows = rows_of(x);
+        double* yp = y.as<double>();
+        for (std::int64_t r = 0; r < rows; ++r) {
+            double m = -INFINITY;
+            for (std::int64_t c = 0; c < cols; ++c) m = std::fmax(m, x.at(r * cols + c));
+            double s = 0.0;
+            for (std::int64_t c = 0; c < cols; ++c) {
+                // fmax skips a NaN when finding m, but exp(NaN - m) is NaN and
+                // poisons the sum, so a NaN input still yields an all-NaN row.
+                yp[r * cols + c] = std::exp(x.at(r * cols + c) - m);
+                s += yp[r * cols + c];
+            }
+            for (std::int64_t c = 0; c < cols; ++c) yp[r * cols + c] /= s;
+        }
+        return y;
+    }
+
+    Tensor sigmoid(const TensorView& x) override {
+        Tensor y(DType::f64, x.shape);
+        double* yp = y.as<double>();
+        for (std::int64_t i = 0; i < x.numel(); ++i) yp[i] = 1.0 / (1.0 + std::exp(-x.at(i)));
+        return y;
+    }
+
+    Tensor rmsnorm(const TensorView& x, const TensorView& weight, double eps) override {
+        check_rmsnorm_args(x, weight);
+        Tensor y(DType::f64, x.shape);
+        const std::int64_t cols = x.dim(-1), rows = rows_of(x);
+        double* yp = y.as<double>();
+        for (std::int64_t r = 0; r < rows; ++r) {
+            double ss = 0.0;
+            for (std::int64_t c = 0; c < cols; ++c) ss += x.at(r * cols + c) * x.at(r * cols + c);
+            const double inv = 1.0 / std::sqrt(ss / static_cast<double>(cols) + eps);
+            for (std::int64_t c = 0; c < cols; ++c) yp[r * cols + c] = x.at(r * cols + c) * inv * weight.at(c);
+        }
+        return y;
+    }
+
+    Tensor rope(const TensorView& x, std::span<const std::int64_t> positions, const RopeParams& params) override {
+        check_rope_args(x, positions);
+        const std::int64_t t_count = x.dim(0), heads = x.dim(1), d = x.dim(2), half = d / 2;
+        Tensor y(DType::f64, x.shape);
+        double* yp = y.as<double>();
+        for (std::int64_t t = 0; t < t_count; ++t) {
+            const double pos = static_cast<double>(positions[static_cast<std::size_t>(t)]);
+            for (std::int64_t i = 0; i < half; ++i) {
+                const double inv_freq = std::pow(params.theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+                const double angle = pos * inv_freq;
+                const double c = std::cos(angle), s = std::sin(angle);
+                for (std::int64_t h = 0; h < heads; ++h) {
+                    const std::int64_t base = (t * heads + h) * d;
+                    const std::int64_t i0 = params.layout == RopeLayout::neox ? i : 2 * i;
+                    const std::int64_t i1 = params.layout == RopeLayout::neox ? i + half : 2 * i + 1;
+                    const double a = x.at(base + i0), b = x.at(base + i1);
+                    yp[base + i0] = a * c - b * s;
+                    yp[base + i1] = b * c + a * s;
+                }
+            }
+        }
+        return y;
+    }
+
+private:
+    Capabilities caps_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_ref_backend(const BackendSpec& spec) { return std::make_unique<CpuRefBackend>(spec); }
+
+}  // namespace kvasir

@@ -1,0 +1,235 @@
+#include "kvasir/metrics/stats.hpp"
+
+#include "kvasir/core/error.hpp"
+#include "kvasir/metrics/metrics.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace kvasir {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+bool any_nan(std::span<const double> xs) noexcept {
+    return std::any_of(xs.begin(), xs.end(), [](double x) { return std::isnan(x); });
+}
+
+}  // namespace
+
+void NeumaierSum::add(double x) noexcept {
+    const double t = sum_ + x;
+    if (std::fabs(sum_) >= std::fabs(x))
+        comp_ += (sum_ - t) + x;  // low bits of x lost in t
+    else
+        comp_ += (x - t) + sum_;  // low bits of sum_ lost in t
+    sum_ = t;
+}
+
+double NeumaierSum::value() const noexcept { return std::isfinite(sum_) ? sum_ + comp_ : sum_; }
+
+double compensated_sum(std::span<const double> xs) noexcept {
+    NeumaierSum s;
+    for (double x : xs) s.add(x);
+    return s.value();
+}
+
+double quantile_sorted(std::span<const double> sorted, double q) {
+    KVASIR_CHECK(!sorted.empty(), ErrorCode::bad_input, "quantile of an empty sample");
+    KVASIR_CHECK(q >= 0.0 && q <= 1.0, ErrorCode::bad_input, "quantile {} is outside [0, 1]", q);
+    const auto n = static_cast<double>(sorted.size());
+    const double h = (n - 1.0) * q;  // numpy's 'linear' virtual index, same single rounding
+    if (h >= n - 1.0) return sorted.back();
+    const double lo = std::floor(h);
+    const double g = h - lo;
+    const auto i = static_cast<std::size_t>(lo);
+    const double a = sorted[i], b = sorted[i + 1];
+    // Exact hits and equal neighbours return the value itself, so infinities
+    // do not turn into inf·0 or inf − inf (NaN) as they would in the formula.
+    if (g == 0.0 || a == b) return a;
+    const double diff = b - a;
+    return g < 0.5 ? a + diff * g : b - diff * (1.0 - g);
+}
+
+Summary summarize(std::span<const double> xs) {
+    Summary s;
+    s.count = static_cast<std::int64_t>(xs.size());
+    if (xs.empty() || any_nan(xs)) {
+        s.mean = s.median = s.p90 = s.p99 = s.p999 = s.min = s.max = kNaN;
+        return s;
+    }
+    std::vector<double> sorted(xs.begin(), xs.end());
+    std::sort(sorted.begin(), sorted.end());  // NaN-free here, so a strict weak order
+    s.mean = compensated_sum(xs) / static_cast<double>(xs.size());
+    s.median = quantile_sorted(sorted, 0.5);
+    s.p90 = quantile_sorted(sorted, 0.9);
+    s.p99 = quantile_sorted(sorted, 0.99);
+    s.p999 = quantile_sorted(sorted, 0.999);
+    s.min = sorted.front();
+    s.max = sorted.back();
+    return s;
+}
+
+double logsumexp(std::span<const double> logits) {
+    KVASIR_CHECK(!logits.empty(), ErrorCode::bad_input, "logsumexp of an empty vector");
+    std::size_t j = 0;
+    for (std::size_t i = 0; i < logits.size(); ++i) {
+        if (std::isnan(logits[i])) return kNaN;
+        if (logits[i] > logits[j]) j = i;
+    }
+    const double m = logits[j];
+    if (std::isinf(m)) return m;  // +inf dominates; all −inf → −inf
+    NeumaierSum others;
+    for (std::size_t i = 0; i < logits.size(); ++i)
+        if (i != j) others.add(std::exp(logits[i] - m));
+    return m + std::log1p(others.value());
+}
+
+void log_softmax(std::span<const double> logits, std::span<double> out) {
+    KVASIR_CHECK(out.size() == logits.size(), ErrorCode::bad_input,
+                 "log_softmax: output has {} elements for {} logits", out.size(), logits.size());
+    const double lse = logsumexp(logits);
+    if (!std::isfinite(lse)) {  // NaN, +inf or all −inf: no distribution
+        std::fill(out.begin(), out.end(), kNaN);
+        return;
+    }
+    for (std::size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - lse;
+}
+
+std::vector<double> log_softmax(std::span<const double> logits) {
+    std::vector<double> out(logits.size());
+    log_softmax(logits, out);
+    return out;
+}
+
+double kl_divergence_from_logits(std::span<const double> ref_logits, std::span<const double> cand_logits) {
+    KVASIR_CHECK(ref_logits.size() == cand_logits.size(), ErrorCode::bad_input,
+                 "KL divergence: reference has {} logits but candidate has {}", ref_logits.size(),
+                 cand_logits.size());
+    KVASIR_CHECK(!ref_logits.empty(), ErrorCode::bad_input, "KL divergence of empty logit vectors");
+    const std::vector<double> lp = log_softmax(ref_logits);
+    const std::vector<double> lq = log_softmax(cand_logits);
+    NeumaierSum kl;
+    for (std::size_t i = 0; i < lp.size(); ++i) {
+        if (std::isnan(lp[i]) || std::isnan(lq[i])) return kNaN;
+        // p_i = 0: 0·log 0 = 0 in Σ p·d, but the q_i − p_i part of the term
+        // (its limit) must stay, or Σ (q − p) = 0 no longer holds.
+        if (lp[i] == -kInf) {
+            kl.add(std::exp(lq[i]));
+            continue;
+        }
+        if (lq[i] == -kInf) return kInf;  // q_i = 0 < p_i
+        const double d = lp[i] - lq[i];
+        const double p = std::exp(lp[i]);
+        // For d < −1 (q > e·p) expm1(−d) may overflow while p underflows
+        // (0·inf); there p·expm1(−d) = q − p has no cancellation to avoid.
+        kl.add(d < -1.0 ? p * d + (std::exp(lq[i]) - p) : p * (d + std::expm1(-d)));
+    }
+    const double v = kl.value();
+    return v < 0.0 ? 0.0 : v;  // guard only (terms are >= 0); NaN compares false and survives
+}
+
+Fraction binomial(std::int64_t successes, std::int64_t n) {
+    KVASIR_CHECK(n > 0, ErrorCode::bad_input, "binomial rate over {} trials", n);
+    KVASIR_CHECK(successes >= 0 && successes <= n, ErrorCode::bad_input, "binomial: {} successes out of {} trials",
+                 successes, n);
+    Fraction f;
+    f.successes = successes;
+    f.n = n;
+    const double nd = static_cast<double>(n);
+    f.rate = static_cast<double>(successes) / nd;
+    // p(1−p) from the integers, s·(n−s)/n², avoids forming 1 − p in floating point.
+    const double fail = static_cast<double>(n - successes);
+    f.sigma = std::sqrt(static_cast<double>(successes) * fail / (nd * nd * nd));
+    return f;
+}
+
+PowerFit fit_power_law(std::span<const double> x, std::span<const double> y) {
+    KVASIR_CHECK(x.size() == y.size(), ErrorCode::bad_input, "power-law fit: {} x values but {} y values", x.size(),
+                 y.size());
+    for (std::size_t i = 0; i < x.size(); ++i)
+        KVASIR_CHECK(std::isfinite(x[i]) && x[i] > 0, ErrorCode::bad_input,
+                     "power-law fit: x[{}] = {} (x must be finite and > 0; depths are 1-based)", i, x[i]);
+    PowerFit fit;
+    bool poisoned = false;
+    std::vector<double> u, v;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        if (!std::isfinite(y[i])) {
+            poisoned = true;
+        } else if (y[i] <= 0) {
+            ++fit.points_excluded;
+        } else {
+            u.push_back(std::log(x[i]));
+            v.push_back(std::log(y[i]));
+        }
+    }
+    fit.points_used = static_cast<std::int64_t>(u.size());
+    fit.alpha = fit.c = fit.r2 = kNaN;
+    if (poisoned || u.size() < 2) return fit;
+
+    const double m = static_cast<double>(u.size());
+    const double ub = compensated_sum(u) / m, vb = compensated_sum(v) / m;
+    NeumaierSum suu, suv, svv;
+    for (std::size_t i = 0; i < u.size(); ++i) {
+        const double du = u[i] - ub, dv = v[i] - vb;
+        suu.add(du * du);
+        suv.add(du * dv);
+        svv.add(dv * dv);
+    }
+    if (!(suu.value() > 0)) return fit;  // all x equal: no slope
+    fit.alpha = suv.value() / suu.value();
+    const double lnc = vb - fit.alpha * ub;
+    fit.c = std::exp(lnc);
+    NeumaierSum ss_res;
+    for (std::size_t i = 0; i < u.size(); ++i) {
+        const double r = v[i] - (lnc + fit.alpha * u[i]);
+        ss_res.add(r * r);
+    }
+    const double ss_tot = svv.value();
+    if (ss_tot > 0)
+        fit.r2 = 1.0 - ss_res.value() / ss_tot;
+    else
+        fit.r2 = ss_res.value() == 0 ? 1.0 : 0.0;
+    return fit;
+}
+
+double perplexity_from_nll(std::span<const double> nll) {
+    KVASIR_CHECK(!nll.empty(), ErrorCode::bad_input, "perplexity over zero tokens");
+    return std::exp(compensated_sum(nll) / static_cast<double>(nll.size()));
+}
+
+nlohmann::ordered_json to_json(const Summary& s) {
+    nlohmann::ordered_json j;
+    j["count"] = s.count;
+    j["mean"] = json_double(s.mean);
+    j["median"] = json_double(s.median);
+    j["p90"] = json_double(s.p90);
+    j["p99"] = json_double(s.p99);
+    j["p999"] = json_double(s.p999);
+    j["min"] = json_double(s.min);
+    j["max"] = json_double(s.max);
+    return j;
+}
+
+nlohmann::ordered_json to_json(const Fraction& f) {
+    nlohmann::ordered_json j;
+    j["successes"] = f.successes;
+    j["n"] = f.n;
+    j["rate"] = json_double(f.rate);
+    j["sigma"] = json_double(f.sigma);
+    return j;
+}
+
+nlohmann::ordered_json to_json(const PowerFit& p) {
+    nlohmann::ordered_json j;
+    j["alpha"] = json_double(p.alpha);
+    j["c"] = json_double(p.c);
+    j["r2"] = json_double(p.r2);
+    j["points_used"] = p.points_used;
+    j["points_excluded"] = p.points_excluded;
+    return j;
+}
+
+}  // namespace kvasir

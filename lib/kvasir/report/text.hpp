@@ -1,0 +1,41 @@
+// Terminal output: aligned text tables and optional ANSI colour. Colour is on
+// only when the stream is a TTY and NO_COLOR is unset (https://no-color.org).
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace kvasir {
+
+struct Style {
+    bool color = false;
+    std::string bold(const std::string& s) const;
+    std::string dim(const std::string& s) const;
+    std::string red(const std::string& s) const;
+    std::string green(const std::string& s) const;
+    std::string yellow(const std::string& s) const;
+};
+
+// Colour decision for a stream: isatty && getenv("NO_COLOR") is unset or empty.
+Style style_for(std::FILE* stream);
+
+class TextTable {
+public:
+    explicit TextTable(std::vector<std::string> header);
+    void add_row(std::vector<std::string> cells);
+    // First column left-aligned, the rest right-aligned; widths measured in
+    // code points with ANSI escapes ignored.
+    std::string render(const std::string& indent = "") const;
+
+private:
+    std::vector<std::string> header_;
+    std::vector<std::vector<std::string>> rows_;
+};
+
+// Number formats used in every table.
+std::string fmt_sci(double v);     // 3.5e-10, "nan", "inf", "0"
+std::string fmt_cosine(double v);  // 0.9999712345 (10 decimals), "nan"
+std::string fmt_rate(double v);    // 99.5%
+
+}  // namespace kvasir

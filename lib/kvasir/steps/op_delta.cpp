@@ -1,0 +1,316 @@
+#include "kvasir/steps/op_delta.hpp"
+
+#include "kvasir/core/error.hpp"
+#include "kvasir/core/rng.hpp"
+#include "kvasir/report/json_common.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+namespace kvasir {
+
+const std::vector<std::string>& all_op_names() {
+    static const std::vector<std::string> names = {"matmul",    "swiglu",      "softmax",        "rmsnorm",
+                                                   "rope_neox", "rope_normal", "router_softmax", "router_sigmoid",
+                                                   "moe"};
+    return names;
+}
+
+void OpsConfig::validate() const {
+    const auto positive = [](const char* name, std::int64_t v, std::int64_t max) {
+        KVASIR_CHECK(v >= 1 && v <= max, ErrorCode::bad_input, "--{} must be in 1..{}, got {}", name, max, v);
+    };
+    positive("tokens", tokens, 1 << 16);
+    positive("hidden", hidden, 1 << 16);
+    positive("intermediate", intermediate, 1 << 17);
+    positive("experts", experts, 1 << 12);
+    positive("top-k", top_k, experts);
+    positive("vocab", vocab, 1 << 20);
+    positive("heads", heads, 1 << 10);
+    positive("head-dim", head_dim, 1 << 12);
+    positive("shards", shards, experts);
+    KVASIR_CHECK(head_dim % 2 == 0, ErrorCode::bad_input, "--head-dim must be even, got {}", head_dim);
+    KVASIR_CHECK(position_offset >= 0 && position_offset <= (std::int64_t{1} << 30), ErrorCode::bad_input,
+                 "--position-offset must be in 0..2^30, got {}", position_offset);
+    KVASIR_CHECK(std::isfinite(rope_theta) && rope_theta > 1.0, ErrorCode::bad_input, "--rope-theta must be > 1, got {}",
+                 rope_theta);
+    KVASIR_CHECK(std::isfinite(rms_eps) && rms_eps > 0, ErrorCode::bad_input, "--rms-eps must be > 0, got {}", rms_eps);
+    for (const std::string& op : ops)
+        KVASIR_CHECK(std::find(all_op_names().begin(), all_op_names().end(), op) != all_op_names().end(),
+                     ErrorCode::bad_input, "unknown op '{}' (known: {})", op, fmt::join(all_op_names(), ", "));
+    // The moe op holds 3 matrices per expert in f32: refuse what would not fit comfortably.
+    const double moe_bytes = 3.0 * 4.0 * static_cast<double>(experts) * static_cast<double>(hidden) *
+                             static_cast<double>(intermediate);
+    KVASIR_CHECK(moe_bytes <= 8e9, ErrorCode::bad_input, "--experts × --hidden × --intermediate needs {:.1f} GB of weights (limit 8 GB)",
+                 moe_bytes / 1e9);
+}
+
+namespace {
+
+// Seeded inputs of one op; tensor names are "ops/<op>/<tensor>" so any node,
+// on any machine, regenerates them from the seed alone.
+Tensor input(const OpsConfig& c, const std::string& op, const std::string& name, Shape shape, double mean, double sd) {
+    return seeded_normal(c.seed, "ops/" + op + "/" + name, std::move(shape), mean, sd);
+}
+
+struct NodeOutput {
+    Tensor value;  // the numeric output compared across nodes
+    Tensor ids;    // router ops: chosen ids
+};
+
+struct OpPlan {
+    std::string inputs;
+    std::function<NodeOutput(Backend&)> run;
+};
+
+struct MoeInputs {
+    Tensor x;
+    std::vector<Tensor> storage;  // owns the expert matrices
+    std::vector<ExpertWeights> experts;
+    RoutingPlan plan;
+};
+
+MoeInputs make_moe_inputs(const OpsConfig& c, Backend& reference) {
+    MoeInputs m;
+    const double sh = 1.0 / std::sqrt(static_cast<double>(c.hidden));
+    const double si = 1.0 / std::sqrt(static_cast<double>(c.intermediate));
+    m.x = input(c, "moe", "x", {c.tokens, c.hidden}, 0.0, 1.0);
+    const Tensor router_w = input(c, "moe", "router", {c.experts, c.hidden}, 0.0, sh);
+    m.storage.reserve(static_cast<std::size_t>(3 * c.experts));
+    for (std::int64_t e = 0; e < c.experts; ++e) {
+        m.storage.push_back(input(c, "moe", fmt::format("expert{}.gate", e), {c.intermediate, c.hidden}, 0.0, sh));
+        m.storage.push_back(input(c, "moe", fmt::format("expert{}.up", e), {c.intermediate, c.hidden}, 0.0, sh));
+        m.storage.push_back(input(c, "moe", fmt::format("expert{}.down", e), {c.hidden, c.intermediate}, 0.0, si));
+    }
+    for (std::int64_t e = 0; e < c.experts; ++e) {
+        const auto i = static_cast<std::size_t>(3 * e);
+        m.experts.push_back({m.storage[i].view(), m.storage[i + 1].view(), m.storage[i + 2].view()});
+    }
+    // Router authority: the reference decides which experts run and with what weight.
+    RouterParams rp;
+    rp.top_k = static_cast<int>(c.top_k);
+    const RouterOutput r = reference.route(reference.matmul(m.x, router_w), rp);
+    m.plan.ids = r.ids;
+    m.plan.weights = r.weights;
+    return m;
+}
+
+}  // namespace
+
+OpsReport run_op_delta(const OpsConfig& c, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference) {
+    c.validate();
+    KVASIR_CHECK(!nodes.empty() && reference < nodes.size(), ErrorCode::internal, "run_op_delta: bad reference index");
+    OpsReport report;
+    report.config = c;
+    report.reference = reference;
+    for (const auto& n : nodes) report.nodes.push_back(n->capabilities());
+
+    const std::vector<std::string> selected = c.ops.empty() ? all_op_names() : c.ops;
+    const auto wants = [&](const std::string& op) { return std::find(selected.begin(), selected.end(), op) != selected.end(); };
+    const std::int64_t T = c.tokens, H = c.hidden, I = c.intermediate, E = c.experts;
+    const double sh = 1.0 / std::sqrt(static_cast<double>(H));
+
+    std::vector<std::int64_t> positions(static_cast<std::size_t>(T));
+    for (std::int64_t t = 0; t < T; ++t) positions[static_cast<std::size_t>(t)] = c.position_offset + t;
+
+    for (const std::string& op : all_op_names()) {
+        if (!wants(op)) continue;
+        OpPlan plan;
+        // Inputs are generated once per op and shared by every node.
+        std::shared_ptr<void> keep;
+        std::shared_ptr<MoeInputs> moe_inputs;
+        if (op == "matmul") {
+            auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "x", {T, H}, 0, 1),
+                                                                  input(c, op, "w", {I, H}, 0, sh));
+            keep = in;
+            plan.inputs = fmt::format("x[{},{}]~N(0,1) · w[{},{}]ᵀ~N(0,1/√{})", T, H, I, H, H);
+            plan.run = [in](Backend& b) { return NodeOutput{b.matmul(in->first, in->second), {}}; };
+        } else if (op == "swiglu") {
+            auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "gate", {T, I}, 0, 2),
+                                                                  input(c, op, "up", {T, I}, 0, 1));
+            keep = in;
+            plan.inputs = fmt::format("silu(gate[{},{}]~N(0,2)) · up~N(0,1)", T, I);
+            plan.run = [in](Backend& b) { return NodeOutput{b.swiglu(in->first, in->second), {}}; };
+        } else if (op == "softmax") {
+            auto in = std::make_shared<Tensor>(input(c, op, "x", {T, c.vocab}, 0, 3));
+            keep = in;
+            plan.inputs = fmt::format("x[{},{}]~N(0,3), row-wise", T, c.vocab);
+            plan.run = [in](Backend& b) { return NodeOutput{b.softmax(*in), {}}; };
+        } else if (op == "rmsnorm") {
+            auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "x", {T, H}, 0, 1),
+                                                                  input(c, op, "weight", {H}, 1, 0.1));
+            keep = in;
+            const double eps = c.rms_eps;
+            plan.inputs = fmt::format("x[{},{}]~N(0,1), weight~N(1,0.1), eps {}", T, H, eps);
+            plan.run = [in, eps](Backend& b) { return NodeOutput{b.rmsnorm(in->first, in->second, eps), {}}; };
+        } else if (op == "rope_neox" || op == "rope_normal") {
+            auto in = std::make_shared<Tensor>(input(c, op, "x", {T, c.heads, c.head_dim}, 0, 1));
+            keep = in;
+            RopeParams rp{c.rope_theta, op == "rope_neox" ? RopeLayout::neox : RopeLayout::normal};
+            plan.inputs = fmt::format("x[{},{},{}]~N(0,1), positions {}..{}, theta {}", T, c.heads, c.head_dim,
+                                      c.position_offset, c.position_offset + T - 1, c.rope_theta);
+            plan.run = [in, rp, positions](Backend& b) { return NodeOutput{b.rope(*in, positions, rp), {}}; };
+        } else if (op == "router_softmax") {
+            auto in = std::make_shared<Tensor>(input(c, op, "logits", {T, E}, 0, 1));
+            keep = in;
+            RouterParams rp;
+            rp.top_k = static_cast<int>(c.top_k);
+            plan.inputs = fmt::format("logits[{},{}]~N(0,1), softmax, top-{}, renormalised", T, E, c.top_k);
+            plan.run = [in, rp](Backend& b) {
+                RouterOutput r = b.route(*in, rp);
+                return NodeOutput{std::move(r.scores), std::move(r.ids)};
+            };
+        } else if (op == "router_sigmoid") {
+            auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "logits", {T, E}, 0, 1),
+                                                                  input(c, op, "bias", {E}, 0, 0.1));
+            keep = in;
+            RouterParams rp;
+            rp.top_k = static_cast<int>(c.top_k);
+            rp.scoring = RouterScoring::sigmoid;
+            rp.scaling = 2.5;
+            // Grouped selection as in DeepSeek-V3 where the shape allows it.
+            if (E % 4 == 0 && E / 4 >= 2 && c.top_k <= 2 * (E / 4)) {
+                rp.n_group = 4;
+                rp.topk_group = 2;
+            }
+            plan.inputs = fmt::format("logits[{},{}]~N(0,1), sigmoid + bias~N(0,0.1), {} groups keep {}, top-{}, ×2.5",
+                                      T, E, rp.n_group, rp.topk_group, c.top_k);
+            plan.run = [in, rp](Backend& b) mutable {
+                const TensorView bias = in->second.view();
+                rp.bias = &bias;
+                RouterOutput r = b.route(in->first, rp);
+                return NodeOutput{std::move(r.scores), std::move(r.ids)};
+            };
+        } else if (op == "moe") {
+            auto in = std::make_shared<MoeInputs>(make_moe_inputs(c, *nodes[reference]));
+            keep = in;
+            plan.inputs = fmt::format("x[{},{}]~N(0,1), {} experts of {}×{}, top-{} pinned by {}", T, H, E, I, H, c.top_k,
+                                      nodes[reference]->capabilities().node);
+            plan.run = [in](Backend& b) { return NodeOutput{b.moe_block(in->x, in->experts, in->plan), {}}; };
+            moe_inputs = in;
+        }
+
+        OpResult res;
+        res.op = op;
+        res.inputs = plan.inputs;
+        const std::size_t n = nodes.size();
+        res.errors.assign(n, "");
+        std::vector<std::optional<NodeOutput>> outs(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            try {
+                outs[i] = plan.run(*nodes[i]);
+                if (res.output_shape.empty()) res.output_shape = outs[i]->value.shape();
+            } catch (const std::exception& e) {
+                res.errors[i] = e.what();
+            }
+        }
+        res.matrix.assign(n, std::vector<std::optional<CompareStats>>(n));
+        res.id_matrix.assign(n, std::vector<std::optional<IndexAgreement>>(n));
+        for (std::size_t a = 0; a < n; ++a)
+            for (std::size_t b = 0; b < n; ++b) {
+                if (a == b || !outs[a] || !outs[b]) continue;
+                try {
+                    res.matrix[a][b] = compare(outs[a]->value, outs[b]->value);
+                    if (!outs[a]->ids.empty()) res.id_matrix[a][b] = compare_indices(outs[a]->ids, outs[b]->ids);
+                } catch (const Error& e) {
+                    if (res.errors[b].empty()) res.errors[b] = e.what();
+                }
+            }
+        // Shard check on every node: the same block split over N expert-parallel
+        // nodes, each summing only its experts, then the partials combined.
+        if (moe_inputs) {
+            const MoeInputs& in = *moe_inputs;
+            for (std::size_t i = 0; i < n; ++i) {
+                ShardCheck sc;
+                sc.node = report.nodes[i].node;
+                sc.shards = c.shards;
+                if (!outs[i]) {
+                    sc.error = res.errors[i];
+                    report.shard_checks.push_back(std::move(sc));
+                    continue;
+                }
+                try {
+                    Tensor combined;
+                    for (int s = 0; s < c.shards; ++s) {
+                        std::vector<bool> mine(static_cast<std::size_t>(E));
+                        for (std::int64_t e = 0; e < E; ++e) mine[static_cast<std::size_t>(e)] = (e * c.shards / E) == s;
+                        Tensor partial = nodes[i]->moe_block(in.x, in.experts, in.plan, &mine);
+                        combined = s == 0 ? std::move(partial) : nodes[i]->add(combined, partial);
+                    }
+                    sc.stats = compare(outs[i]->value, combined);
+                } catch (const std::exception& e) {
+                    sc.error = e.what();
+                }
+                report.shard_checks.push_back(std::move(sc));
+            }
+        }
+        report.ops.push_back(std::move(res));
+    }
+    return report;
+}
+
+nlohmann::ordered_json to_json(const OpsConfig& c) {
+    nlohmann::ordered_json j;
+    j["seed"] = c.seed;
+    j["tokens"] = c.tokens;
+    j["hidden"] = c.hidden;
+    j["intermediate"] = c.intermediate;
+    j["experts"] = c.experts;
+    j["top_k"] = c.top_k;
+    j["vocab"] = c.vocab;
+    j["heads"] = c.heads;
+    j["head_dim"] = c.head_dim;
+    j["position_offset"] = c.position_offset;
+    j["rope_theta"] = c.rope_theta;
+    j["rms_eps"] = c.rms_eps;
+    j["shards"] = c.shards;
+    return j;
+}
+
+nlohmann::ordered_json to_json(const OpsReport& r) {
+    nlohmann::ordered_json j;
+    j["schema"] = "kvasir-equiv/ops/1";
+    j["tool"] = tool_json();
+    j["config"] = to_json(r.config);
+    j["reference"] = r.nodes[r.reference].node;
+    j["nodes"] = nlohmann::ordered_json::array();
+    for (const Capabilities& c : r.nodes) j["nodes"].push_back(to_json(c));
+    j["ops"] = nlohmann::ordered_json::array();
+    for (const OpResult& op : r.ops) {
+        nlohmann::ordered_json o;
+        o["op"] = op.op;
+        o["inputs"] = op.inputs;
+        o["output_shape"] = op.output_shape;
+        nlohmann::ordered_json errors = nlohmann::ordered_json::object();
+        for (std::size_t i = 0; i < op.errors.size(); ++i)
+            if (!op.errors[i].empty()) errors[r.nodes[i].node] = op.errors[i];
+        o["errors"] = errors;
+        o["pairs"] = nlohmann::ordered_json::array();
+        for (std::size_t a = 0; a < op.matrix.size(); ++a)
+            for (std::size_t b = 0; b < op.matrix.size(); ++b) {
+                if (!op.matrix[a][b]) continue;
+                nlohmann::ordered_json p;
+                p["reference"] = r.nodes[a].node;
+                p["candidate"] = r.nodes[b].node;
+                p["stats"] = to_json(*op.matrix[a][b]);
+                if (op.id_matrix[a][b]) p["ids"] = to_json(*op.id_matrix[a][b]);
+                o["pairs"].push_back(std::move(p));
+            }
+        j["ops"].push_back(std::move(o));
+    }
+    j["shard_checks"] = nlohmann::ordered_json::array();
+    for (const ShardCheck& s : r.shard_checks) {
+        nlohmann::ordered_json o;
+        o["node"] = s.node;
+        o["shards"] = s.shards;
+        if (s.stats) o["stats"] = to_json(*s.stats);
+        else o["error"] = s.error;
+        j["shard_checks"].push_back(std::move(o));
+    }
+    return j;
+}
+
+}  // namespace kvasir

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kvasir-equiv needs to build and test, and
+# configures + builds it. Sourced by scripts/kvasir and scripts/test.
+#
+#   KVASIR_BUILD_DIR   build folder (default: build)
+#   KVASIR_BUILD_TYPE  CMake build type (default: Release)
+set -euo pipefail
+
+KVASIR_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+KVASIR_BUILD_DIR="${KVASIR_BUILD_DIR:-$KVASIR_ROOT/build}"
+KVASIR_BUILD_TYPE="${KVASIR_BUILD_TYPE:-Release}"
+
+# Build and test dependencies, all from Debian. hipcc/libamdhip64-dev let CI
+# compile the HIP backend even though this machine has no AMD GPU; PoCL gives
+# a real OpenCL device on the CPU; OpenBLAS is only the benchmarks' yardstick.
+KVASIR_PACKAGES=(
+  cmake ninja-build g++ pkg-config git
+  libcli11-dev nlohmann-json3-dev libfmt-dev libgtest-dev libbenchmark-dev
+  ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
+  clang libclang-rt-14-dev
+  hipcc libamdhip64-dev
+  libopenblas-dev
+)
+
+kvasir_install_packages() {
+  local missing=()
+  local p
+  for p in "${KVASIR_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$p")
+    fi
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "kvasir: missing Debian packages; run as root:" >&2
+    echo "  apt-get update && apt-get install -y ${missing[*]}" >&2
+    exit 2
+  fi
+  echo "kvasir: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+# Configure (once) and build the given targets (default: all), quietly unless
+# something fails.
+kvasir_build() {
+  local log="$KVASIR_BUILD_DIR.log"
+  if [ ! -f "$KVASIR_BUILD_DIR/build.ninja" ]; then
+    if ! cmake -S "$KVASIR_ROOT" -B "$KVASIR_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$KVASIR_BUILD_TYPE" \
+        "${KVASIR_CMAKE_ARGS[@]}" >"$log" 2>&1; then
+      cat "$log" >&2
+      echo "kvasir: configure failed (log above, also in $log)" >&2
+      exit 3
+    fi
+    grep -E "✓|✗" "$log" >&2 || true
+  fi
+  if ! cmake --build "$KVASIR_BUILD_DIR" "$@" >"$log" 2>&1; then
+    grep -E "error|Error|FAILED" "$log" | head -40 >&2
+    echo "kvasir: build failed (full log: $log)" >&2
+    exit 3
+  fi
+}
+
+KVASIR_CMAKE_ARGS=(${KVASIR_CMAKE_ARGS:-})

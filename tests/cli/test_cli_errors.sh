@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Bad usage and bad input: exit code 2 and exactly one line on stderr that
+# names the problem. Usage: test_cli_errors.sh PATH/TO/kvasir-equiv
+set -u
+bin="$1"
+failures=0
+expect_usage_error() {
+  local want="$1"; shift
+  local err rc
+  err=$("$bin" "$@" 2>&1 >/dev/null); rc=$?
+  local lines
+  lines=$(printf '%s\n' "$err" | grep -c .)
+  if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ! printf '%s' "$err" | grep -q -- "$want"; then
+    echo "FAIL: kvasir-equiv $* → rc=$rc, stderr ($lines lines): $err (wanted rc 2, one line containing '$want')"
+    failures=$((failures + 1))
+  else
+    echo "ok: $* → $err"
+  fi
+}
+expect_usage_error "unknown backend 'tpu'" ops --backends tpu
+expect_usage_error "unknown op 'gemm'" ops --ops gemm
+expect_usage_error "unknown option 'speed'" ops --backends cpu:speed=fast
+expect_usage_error "acc must be f32 or f16" ops --backends cpu:acc=f8
+expect_usage_error "--tokens must be in 1.." ops --tokens 0
+expect_usage_error "--hidden must be in 1.." ops --hidden -5
+expect_usage_error "--head-dim must be even" ops --head-dim 7
+expect_usage_error "--top-k must be in 1..16" ops --top-k 17
+expect_usage_error "not key=value" ops --backends cpu:acc
+expect_usage_error "given twice" ops --backends cpu,cpu
+expect_usage_error "error" ops --no-such-flag
+expect_usage_error "error" frobnicate
+expect_usage_error "error" ops --tokens abc
+
+# --help and --version succeed.
+"$bin" --help >/dev/null || { echo "FAIL: --help"; failures=$((failures + 1)); }
+"$bin" ops --help | grep -q -- "--backends" || { echo "FAIL: ops --help lacks --backends"; failures=$((failures + 1)); }
+"$bin" --version | grep -q "kvasir-equiv" || { echo "FAIL: --version"; failures=$((failures + 1)); }
+
+# A report file is written whole, and an unwritable path is a clear error.
+tmp=$(mktemp -d)
+if "$bin" ops --backends cpu --ops matmul,softmax --tokens 2 --hidden 64 --intermediate 32 -o "$tmp/r.json" >/dev/null; then
+  grep -q '"schema": "kvasir-equiv/ops/1"' "$tmp/r.json" || { echo "FAIL: report lacks schema"; failures=$((failures + 1)); }
+  [ -z "$(ls -A "$tmp" | grep -v '^r.json$')" ] || { echo "FAIL: temp files left: $(ls -A "$tmp")"; failures=$((failures + 1)); }
+else
+  echo "FAIL: small ops run failed"; failures=$((failures + 1))
+fi
+expect_usage_error "$tmp/missing/r.json" ops --backends cpu --ops matmul --tokens 1 --hidden 8 --intermediate 8 -o "$tmp/missing/r.json"
+rm -rf "$tmp"
+
+echo "$failures failed"
+[ "$failures" -eq 0 ]

@@ -1,0 +1,276 @@
+// Statistics of protocol steps 2–6 against hand-computed values and numpy.
+// numpy values were produced with numpy 2.4 (np.quantile, default 'linear').
+#include "kvasir/core/error.hpp"
+#include "kvasir/metrics/metrics.hpp"
+#include "kvasir/metrics/stats.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace kvasir {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+TEST(NeumaierSum, RecoversWhatAPlainSumLoses) {
+    // A plain left-to-right sum gives 0 for both; Kahan (not Neumaier) also
+    // fails the second, where the big term arrives after the small one.
+    EXPECT_EQ(compensated_sum(std::vector<double>{1e16, 1.0, -1e16}), 1.0);
+    EXPECT_EQ(compensated_sum(std::vector<double>{1.0, 1e100, 1.0, -1e100}), 2.0);
+    EXPECT_EQ(compensated_sum(std::vector<double>{}), 0.0);
+    EXPECT_EQ(compensated_sum(std::vector<double>{kInf, 1.0}), kInf);
+    EXPECT_TRUE(std::isnan(compensated_sum(std::vector<double>{kInf, -kInf})));
+    EXPECT_TRUE(std::isnan(compensated_sum(std::vector<double>{1.0, kNaN, 2.0})));
+}
+
+TEST(Quantile, HandComputedSmallSample) {
+    // n = 4: h = 3q → q=0.5: h=1.5 → 2.5; q=0.9: h=2.7 → 3.7.
+    const Summary s = summarize(std::vector<double>{4, 1, 3, 2});
+    EXPECT_EQ(s.count, 4);
+    EXPECT_EQ(s.mean, 2.5);
+    EXPECT_EQ(s.median, 2.5);
+    EXPECT_EQ(s.p90, 3.7);
+    EXPECT_EQ(s.p99, 3.9699999999999998);  // numpy's own rounding of 3.97
+    EXPECT_EQ(s.p999, 3.997);
+    EXPECT_EQ(s.min, 1.0);
+    EXPECT_EQ(s.max, 4.0);
+}
+
+TEST(Quantile, MatchesNumpyBitForBit) {
+    {
+        const Summary s = summarize(std::vector<double>{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5});
+        EXPECT_EQ(s.median, 4.0);
+        EXPECT_EQ(s.p90, 6.0);
+        EXPECT_EQ(s.p99, 8.700000000000001);
+        EXPECT_EQ(s.p999, 8.97);
+        EXPECT_EQ(s.mean, 4.0);
+    }
+    {
+        const Summary s = summarize(std::vector<double>{0.5, -2.25, 7.125, 1e-3, 3.3, 10.0, -0.7});
+        EXPECT_EQ(s.median, 0.5);
+        EXPECT_EQ(s.p90, 8.275);
+        EXPECT_EQ(s.p99, 9.827499999999999);
+        EXPECT_EQ(s.p999, 9.98275);
+        EXPECT_DOUBLE_EQ(s.mean, 2.5680000000000005);
+        EXPECT_EQ(s.min, -2.25);
+    }
+    {
+        // i·sqrt(i), i = 1000..1 (unsorted input): np.quantile(a, [.5,.9,.99,.999]).
+        std::vector<double> a;
+        for (int i = 1000; i >= 1; --i) a.push_back(i * std::sqrt(static_cast<double>(i)));
+        const Summary s = summarize(a);
+        EXPECT_EQ(s.median, 11197.118779792123);
+        EXPECT_EQ(s.p90, 27004.501249768615);
+        EXPECT_EQ(s.p99, 31150.094873797945);
+        EXPECT_EQ(s.p999, 31575.40171960404);  // np.percentile(a, 99.9) gives ...048: 99.9/100 != 0.999
+        EXPECT_DOUBLE_EQ(s.mean, 12664.925956336248);
+    }
+}
+
+TEST(Quantile, EdgesAndErrors) {
+    const std::vector<double> one = {7.5};
+    for (double q : {0.0, 0.5, 1.0}) EXPECT_EQ(quantile_sorted(one, q), 7.5);
+    const std::vector<double> two = {1.0, 3.0};
+    EXPECT_EQ(quantile_sorted(two, 0.0), 1.0);
+    EXPECT_EQ(quantile_sorted(two, 0.25), 1.5);
+    EXPECT_EQ(quantile_sorted(two, 1.0), 3.0);
+    const std::vector<double> infs = {1.0, kInf, kInf};  // no inf − inf from interpolating equal infinities
+    EXPECT_EQ(quantile_sorted(infs, 0.75), kInf);
+    EXPECT_THROW(quantile_sorted(std::vector<double>{}, 0.5), Error);
+    EXPECT_THROW(quantile_sorted(two, 1.5), Error);
+    EXPECT_THROW(quantile_sorted(two, kNaN), Error);
+}
+
+TEST(Summarize, NanPoisonsEverything) {
+    const Summary s = summarize(std::vector<double>{1, 2, kNaN, 4});
+    EXPECT_EQ(s.count, 4);
+    for (double v : {s.mean, s.median, s.p90, s.p99, s.p999, s.min, s.max}) {
+        EXPECT_TRUE(std::isnan(v));
+        EXPECT_FALSE(within(v, kInf));
+    }
+    const nlohmann::ordered_json j = to_json(s);
+    EXPECT_EQ(j["max"], "nan");
+    EXPECT_EQ(j.begin().key(), "count");
+}
+
+TEST(Summarize, EmptyIsNanNotZero) {
+    const Summary s = summarize(std::vector<double>{});
+    EXPECT_EQ(s.count, 0);
+    EXPECT_TRUE(std::isnan(s.max));
+    EXPECT_FALSE(within(s.max, 1.0));  // a gate over no data does not pass vacuously
+}
+
+TEST(LogSoftmax, HandComputed) {
+    EXPECT_DOUBLE_EQ(logsumexp(std::vector<double>{0, 0}), std::log(2.0));
+    EXPECT_DOUBLE_EQ(logsumexp(std::vector<double>{1000, 1000}), 1000 + std::log(2.0));  // no overflow
+    EXPECT_DOUBLE_EQ(logsumexp(std::vector<double>{-1000, -1000, -1000}), -1000 + std::log(3.0));
+    EXPECT_EQ(logsumexp(std::vector<double>{-kInf, 0}), 0.0);
+    EXPECT_EQ(logsumexp(std::vector<double>{-kInf, -kInf}), -kInf);
+    EXPECT_EQ(logsumexp(std::vector<double>{1, kInf}), kInf);
+    EXPECT_TRUE(std::isnan(logsumexp(std::vector<double>{1, kNaN})));
+    EXPECT_THROW(logsumexp(std::vector<double>{}), Error);
+
+    // softmax([0, ln 3]) = [1/4, 3/4]
+    const std::vector<double> lp = log_softmax(std::vector<double>{0, std::log(3.0)});
+    EXPECT_DOUBLE_EQ(lp[0], std::log(0.25));
+    EXPECT_DOUBLE_EQ(lp[1], std::log(0.75));
+    // A masked token has probability 0; the rest renormalise.
+    const std::vector<double> masked = log_softmax(std::vector<double>{-kInf, 2.0, 2.0});
+    EXPECT_EQ(masked[0], -kInf);
+    EXPECT_DOUBLE_EQ(masked[1], std::log(0.5));
+    // No distribution at all → NaN, not zeros.
+    for (double v : log_softmax(std::vector<double>{-kInf, -kInf})) EXPECT_TRUE(std::isnan(v));
+    for (double v : log_softmax(std::vector<double>{0, kInf})) EXPECT_TRUE(std::isnan(v));
+    std::vector<double> out(1);
+    EXPECT_THROW(log_softmax(std::vector<double>{1, 2}, out), Error);
+}
+
+TEST(KlDivergence, TwoClassByHand) {
+    // P = softmax([0,0]) = [1/2,1/2], Q = softmax([0, ln 3]) = [1/4, 3/4]:
+    // KL = ½ln(½/¼) + ½ln(½/¾) = ½ln(4/3).
+    const double kl = kl_divergence_from_logits(std::vector<double>{0, 0}, std::vector<double>{0, std::log(3.0)});
+    EXPECT_NEAR(kl, 0.5 * std::log(4.0 / 3.0), 1e-15);
+}
+
+TEST(KlDivergence, ThreeClassByHand) {
+    // P = [1/6, 2/6, 3/6] (logits ln 1, ln 2, ln 3), Q uniform:
+    // KL = 1/6·ln(1/2) + 1/3·ln(1) + 1/2·ln(3/2).
+    const double kl = kl_divergence_from_logits(std::vector<double>{0, std::log(2.0), std::log(3.0)},
+                                                std::vector<double>{5, 5, 5});
+    EXPECT_NEAR(kl, std::log(0.5) / 6 + 0.5 * std::log(1.5), 1e-15);
+    // Not symmetric: KL(Q‖P) = ln(1/3) − (1/3)·ln(1·2·3/216) by hand.
+    const double rev = kl_divergence_from_logits(std::vector<double>{5, 5, 5},
+                                                 std::vector<double>{0, std::log(2.0), std::log(3.0)});
+    EXPECT_NEAR(rev, std::log(1.0 / 3.0) - std::log(6.0 / 216.0) / 3.0, 1e-15);
+}
+
+TEST(KlDivergence, IdenticalLogitsGiveExactlyZero) {
+    std::vector<double> logits;
+    for (int i = 0; i < 150000; ++i) logits.push_back(std::sin(i * 0.37) * 12.0 - 0.001 * i);
+    EXPECT_EQ(kl_divergence_from_logits(logits, logits), 0.0);
+    logits[7] = -kInf;  // masked token, same on both sides
+    EXPECT_EQ(kl_divergence_from_logits(logits, logits), 0.0);
+}
+
+TEST(KlDivergence, TinyDifferencesAreAccurateAndNonNegative) {
+    // KL(softmax[0,0] ‖ softmax[0,e]) = ln cosh(e/2) ≈ e²/8 − e⁴/192. At
+    // e = 1e-6 the value is 1.25e-13, below the ~1e-16·|log p| rounding of
+    // the log-probabilities times their count; the term-wise non-negative
+    // form still gets it to ~1e-9 relative, where Σp·(log p − log q) would
+    // be wrong in the 3rd digit.
+    for (double e : {1e-3, 1e-6, -1e-6, 1e-7}) {
+        const double kl = kl_divergence_from_logits(std::vector<double>{0, 0}, std::vector<double>{0, e});
+        const double exact = e * e / 8 - e * e * e * e / 192;
+        EXPECT_NEAR(kl, exact, 1e-6 * exact) << e;
+    }
+    // Never negative, whatever the perturbation.
+    std::vector<double> a, b;
+    for (int i = 0; i < 1000; ++i) {
+        a.push_back(std::cos(i * 1.3) * 5);
+        b.push_back(a.back() + 1e-12 * std::sin(i * 7.1));
+    }
+    EXPECT_GE(kl_divergence_from_logits(a, b), 0.0);
+}
+
+TEST(KlDivergence, ZerosAndNonFinite) {
+    // P puts no mass where Q is masked → finite; Q masks where P has mass → +inf.
+    EXPECT_NEAR(kl_divergence_from_logits(std::vector<double>{-kInf, 0, 0}, std::vector<double>{0, 0, 0}),
+                std::log(1.5), 1e-15);  // P=[0,½,½], Q=[⅓,⅓,⅓]: ln(3/2)
+    EXPECT_EQ(kl_divergence_from_logits(std::vector<double>{0, 0}, std::vector<double>{-kInf, 0}), kInf);
+    // Extreme but finite: q ≫ p where p underflows (no 0·inf NaN).
+    const double extreme = kl_divergence_from_logits(std::vector<double>{0, -800}, std::vector<double>{0, 0});
+    EXPECT_NEAR(extreme, std::log(2.0), 1e-15);  // P≈[1,0], Q=[½,½]
+    const double flipped = kl_divergence_from_logits(std::vector<double>{-800, 0}, std::vector<double>{0, -800});
+    EXPECT_NEAR(flipped, 800.0, 1e-12);  // P≈[0,1], Q≈[1,e^-800]: ln(1/e^-800)
+    EXPECT_TRUE(std::isnan(kl_divergence_from_logits(std::vector<double>{0, kNaN}, std::vector<double>{0, 0})));
+    EXPECT_TRUE(std::isnan(kl_divergence_from_logits(std::vector<double>{0, 0}, std::vector<double>{kInf, 0})));
+    EXPECT_THROW(kl_divergence_from_logits(std::vector<double>{0, 0}, std::vector<double>{0}), Error);
+    EXPECT_THROW(kl_divergence_from_logits(std::vector<double>{}, std::vector<double>{}), Error);
+}
+
+TEST(Binomial, RateAndSigma) {
+    const Fraction f = binomial(90, 100);
+    EXPECT_EQ(f.successes, 90);
+    EXPECT_EQ(f.n, 100);
+    EXPECT_DOUBLE_EQ(f.rate, 0.9);
+    EXPECT_DOUBLE_EQ(f.sigma, 0.03);  // sqrt(0.9·0.1/100)
+    EXPECT_EQ(binomial(100, 100).sigma, 0.0);
+    EXPECT_EQ(binomial(0, 7).rate, 0.0);
+    EXPECT_DOUBLE_EQ(binomial(1, 4).sigma, std::sqrt(0.25 * 0.75 / 4));
+    EXPECT_THROW(binomial(0, 0), Error);
+    EXPECT_THROW(binomial(5, 4), Error);
+    EXPECT_THROW(binomial(-1, 4), Error);
+    EXPECT_EQ(to_json(f)["rate"].get<double>(), f.rate);
+}
+
+TEST(PowerFit, RecoversExactExponents) {
+    std::vector<double> x, y_sqrt, y_lin;
+    for (int l = 1; l <= 49; ++l) {
+        x.push_back(l);
+        y_sqrt.push_back(3e-5 * std::sqrt(static_cast<double>(l)));
+        y_lin.push_back(2e-4 * l);
+    }
+    const PowerFit a = fit_power_law(x, y_sqrt);
+    EXPECT_NEAR(a.alpha, 0.5, 1e-12);
+    EXPECT_NEAR(a.c, 3e-5, 3e-5 * 1e-12);
+    EXPECT_NEAR(a.r2, 1.0, 1e-12);
+    EXPECT_EQ(a.points_used, 49);
+    EXPECT_EQ(a.points_excluded, 0);
+    const PowerFit b = fit_power_law(x, y_lin);
+    EXPECT_NEAR(b.alpha, 1.0, 1e-12);
+    EXPECT_NEAR(b.c, 2e-4, 2e-4 * 1e-12);
+    EXPECT_NEAR(b.r2, 1.0, 1e-12);
+}
+
+TEST(PowerFit, NoisyDataMatchesNumpyPolyfit) {
+    // np.polyfit(log x, log y, 1) and R² computed in numpy.
+    const std::vector<double> x = {1, 2, 3, 4, 5, 6, 7, 8};
+    const std::vector<double> y = {1.1, 1.9, 3.2, 3.9, 5.3, 5.8, 7.4, 7.7};
+    const PowerFit f = fit_power_law(x, y);
+    EXPECT_NEAR(f.alpha, 0.9700600803832964, 1e-13);
+    EXPECT_NEAR(f.c, 1.056864831122998, 1e-13);
+    EXPECT_NEAR(f.r2, 0.9937314600158441, 1e-13);
+}
+
+TEST(PowerFit, ExclusionsAndDegenerateCases) {
+    // Zero deltas (bit-identical early layers) are excluded and counted.
+    const PowerFit z = fit_power_law(std::vector<double>{1, 2, 3, 4}, std::vector<double>{0, 0, 3, 4});
+    EXPECT_EQ(z.points_used, 2);
+    EXPECT_EQ(z.points_excluded, 2);
+    EXPECT_NEAR(z.alpha, 1.0, 1e-12);
+    // Fewer than two usable points: no slope.
+    const PowerFit one = fit_power_law(std::vector<double>{1, 2}, std::vector<double>{0, 5});
+    EXPECT_EQ(one.points_used, 1);
+    EXPECT_TRUE(std::isnan(one.alpha));
+    EXPECT_FALSE(within(one.alpha, 10.0));
+    EXPECT_TRUE(std::isnan(fit_power_law(std::vector<double>{}, std::vector<double>{}).alpha));
+    // All x equal: no slope either.
+    EXPECT_TRUE(std::isnan(fit_power_law(std::vector<double>{3, 3}, std::vector<double>{1, 2}).alpha));
+    // Constant y: α = 0, exact fit.
+    const PowerFit flat = fit_power_law(std::vector<double>{1, 2, 4}, std::vector<double>{5, 5, 5});
+    EXPECT_EQ(flat.alpha, 0.0);
+    EXPECT_EQ(flat.r2, 1.0);
+    // A blown-up layer poisons the fit instead of being skipped.
+    const PowerFit nan = fit_power_law(std::vector<double>{1, 2, 3}, std::vector<double>{1, kNaN, 3});
+    EXPECT_TRUE(std::isnan(nan.alpha));
+    EXPECT_TRUE(std::isnan(fit_power_law(std::vector<double>{1, 2, 3}, std::vector<double>{1, kInf, 3}).r2));
+    // Caller bugs.
+    EXPECT_THROW(fit_power_law(std::vector<double>{0, 1}, std::vector<double>{1, 2}), Error);  // 0-based depth
+    EXPECT_THROW(fit_power_law(std::vector<double>{1, 2}, std::vector<double>{1}), Error);
+    EXPECT_EQ(to_json(nan)["alpha"], "nan");
+}
+
+TEST(Perplexity, ExpOfMeanNll) {
+    EXPECT_DOUBLE_EQ(perplexity_from_nll(std::vector<double>{std::log(2.0), std::log(2.0)}), 2.0);
+    EXPECT_DOUBLE_EQ(perplexity_from_nll(std::vector<double>{std::log(2.0), std::log(8.0)}), 4.0);  // geometric mean
+    EXPECT_EQ(perplexity_from_nll(std::vector<double>{0, 0, 0}), 1.0);
+    EXPECT_TRUE(std::isnan(perplexity_from_nll(std::vector<double>{1, kNaN})));
+    EXPECT_THROW(perplexity_from_nll(std::vector<double>{}), Error);
+}
+
+}  // namespace
+}  // namespace kvasir
