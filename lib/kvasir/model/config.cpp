@@ -1,0 +1,625 @@
+#include "kvasir/model/config.hpp"
+
+#include "kvasir/core/error.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+
+namespace kvasir {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr std::int64_t kMaxDim = std::int64_t{1} << 20;      // any width: hidden, heads, head_dim, vocab, ffn
+constexpr std::int64_t kMaxLayers = std::int64_t{1} << 16;
+constexpr std::int64_t kMaxExperts = std::int64_t{1} << 16;
+constexpr std::int64_t kMaxPositions = std::int64_t{1} << 40;
+constexpr double kMaxRopeTheta = 1e12;
+constexpr std::uintmax_t kMaxConfigBytes = std::uintmax_t{64} << 20;
+
+struct ArchInfo {
+    Architecture arch;
+    const char* model_type;
+    std::string_view class_prefix;  // of the `architectures` class names, e.g. Qwen3MoeForCausalLM
+};
+constexpr ArchInfo kArchs[] = {
+    {Architecture::qwen2_moe, "qwen2_moe", "Qwen2Moe"},
+    {Architecture::qwen3_moe, "qwen3_moe", "Qwen3Moe"},
+    {Architecture::mixtral, "mixtral", "Mixtral"},
+    {Architecture::deepseek_v3, "deepseek_v3", "DeepseekV3"},
+};
+
+// Defaults of the transformers 5.24 config classes (Qwen2MoeConfig,
+// Qwen3MoeConfig, MixtralConfig, DeepseekV3Config): a key absent from
+// config.json means this value to transformers.
+struct Defaults {
+    std::int64_t vocab, hidden, intermediate, layers, heads, kv_heads, max_positions;
+    double rms_eps, rope_theta;
+    std::int64_t experts, top_k, moe_intermediate;
+    bool norm_topk_prob;
+};
+Defaults defaults_of(Architecture a) {
+    switch (a) {
+        case Architecture::qwen2_moe:
+            return {151936, 2048, 5632, 24, 16, 16, 32768, 1e-6, 10000.0, 60, 4, 1408, false};
+        case Architecture::qwen3_moe:
+            return {151936, 2048, 6144, 24, 32, 4, 32768, 1e-6, 10000.0, 128, 8, 768, false};
+        case Architecture::mixtral:  // MixtralConfig.default_theta = 1e6
+            return {32000, 4096, 14336, 32, 32, 8, 4096 * 32, 1e-5, 1000000.0, 8, 2, 0, true};
+        case Architecture::deepseek_v3:
+            return {129280, 7168, 18432, 61, 128, 128, 4096, 1e-6, 10000.0, 256, 8, 2048, true};
+    }
+    return {};
+}
+
+// A JSON value for a message: compact, escaped (so one line), truncated.
+std::string show(const json& v) {
+    std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+    if (s.size() > 48) s = s.substr(0, 45) + "...";
+    return s;
+}
+
+std::string one_line(std::string s) {
+    std::replace(s.begin(), s.end(), '\n', ' ');
+    std::replace(s.begin(), s.end(), '\r', ' ');
+    return s;
+}
+
+// Typed access to the keys of a config.json object; every failure names the
+// file and the key.
+class Keys {
+public:
+    Keys(const json& obj, const std::string& source) : obj_(obj), src_(source) {}
+
+    const std::string& source() const { return src_; }
+
+    // The value of `key`, or nullptr when absent. With null_is_absent, a JSON
+    // null counts as absent (for keys whose None means "the default" in transformers).
+    const json* find(std::string_view key, bool null_is_absent = false) const {
+        auto it = obj_.find(key);
+        if (it == obj_.end()) return nullptr;
+        if (null_is_absent && it->is_null()) return nullptr;
+        return &*it;
+    }
+
+    std::int64_t integer(std::string_view key, std::int64_t def, std::int64_t lo, std::int64_t hi,
+                         bool null_is_absent = false) const {
+        const json* v = find(key, null_is_absent);
+        return v ? integer_value(*v, key, lo, hi) : def;
+    }
+
+    std::int64_t integer_value(const json& v, std::string_view key, std::int64_t lo, std::int64_t hi) const {
+        if (!v.is_number_integer())
+            fail(ErrorCode::bad_input, "{}: {} must be an integer, got {}", src_, key, show(v));
+        std::int64_t x = 0;
+        if (v.is_number_unsigned()) {
+            const auto u = v.get<std::uint64_t>();
+            if (u > static_cast<std::uint64_t>(hi))
+                fail(ErrorCode::bad_input, "{}: {} = {} is out of range [{}, {}]", src_, key, u, lo, hi);
+            x = static_cast<std::int64_t>(u);
+        } else {
+            x = v.get<std::int64_t>();
+        }
+        if (x < lo || x > hi) fail(ErrorCode::bad_input, "{}: {} = {} is out of range [{}, {}]", src_, key, x, lo, hi);
+        return x;
+    }
+
+    // A finite number in (lo, hi] (lo exclusive: every real-valued key here must be positive).
+    double real_value(const json& v, std::string_view key, double lo, double hi) const {
+        if (!v.is_number()) fail(ErrorCode::bad_input, "{}: {} must be a number, got {}", src_, key, show(v));
+        const double x = v.get<double>();
+        if (!std::isfinite(x) || !(x > lo) || !(x <= hi))
+            fail(ErrorCode::bad_input, "{}: {} = {} is out of range ({}, {}]", src_, key, show(v), lo, hi);
+        return x;
+    }
+    double real(std::string_view key, double def, double lo, double hi) const {
+        const json* v = find(key);
+        return v ? real_value(*v, key, lo, hi) : def;
+    }
+
+    bool boolean(std::string_view key, bool def) const {
+        const json* v = find(key);
+        if (!v) return def;
+        if (!v->is_boolean()) fail(ErrorCode::bad_input, "{}: {} must be true or false, got {}", src_, key, show(*v));
+        return v->get<bool>();
+    }
+
+    std::string string(std::string_view key, std::string def) const {
+        const json* v = find(key);
+        if (!v) return def;
+        if (!v->is_string()) fail(ErrorCode::bad_input, "{}: {} must be a string, got {}", src_, key, show(*v));
+        return v->get<std::string>();
+    }
+
+    // An integer that may be written under an alias (transformers' attribute_map:
+    // e.g. Qwen3MoeConfig saves num_experts as "num_local_experts").
+    std::int64_t integer_aliased(std::string_view key, std::string_view alias, std::int64_t def, std::int64_t lo,
+                                 std::int64_t hi) const {
+        const json* a = find(key);
+        const json* b = find(alias);
+        if (a && b) {
+            const std::int64_t x = integer_value(*a, key, lo, hi);
+            const std::int64_t y = integer_value(*b, alias, lo, hi);
+            if (x != y) fail(ErrorCode::bad_input, "{}: {} ({}) and {} ({}) disagree", src_, key, x, alias, y);
+            return x;
+        }
+        if (a) return integer_value(*a, key, lo, hi);
+        if (b) return integer_value(*b, alias, lo, hi);
+        return def;
+    }
+
+private:
+    const json& obj_;
+    const std::string& src_;
+};
+
+std::optional<Architecture> arch_from_model_type(std::string_view t) {
+    for (const auto& a : kArchs)
+        if (t == a.model_type) return a.arch;
+    return std::nullopt;
+}
+
+std::optional<Architecture> arch_from_class(std::string_view cls) {
+    for (const auto& a : kArchs) {
+        if (!cls.starts_with(a.class_prefix)) continue;
+        const std::string_view rest = cls.substr(a.class_prefix.size());
+        if (rest.starts_with("For") || rest == "Model") return a.arch;
+    }
+    return std::nullopt;
+}
+
+Architecture detect_architecture(const Keys& k) {
+    const json* mt = k.find("model_type", true);
+    const json* archs = k.find("architectures", true);
+    std::optional<std::string> cls;
+    if (archs) {
+        if (!archs->is_array() || archs->empty() || !(*archs)[0].is_string())
+            fail(ErrorCode::bad_input, "{}: architectures must be a non-empty list of class names, got {}",
+                 k.source(), show(*archs));
+        cls = (*archs)[0].get<std::string>();
+    }
+    if (mt) {
+        if (!mt->is_string()) fail(ErrorCode::bad_input, "{}: model_type must be a string, got {}", k.source(), show(*mt));
+        const std::string type = mt->get<std::string>();
+        const auto a = arch_from_model_type(type);
+        if (!a)
+            fail(ErrorCode::bad_input, "{}: model_type {} is not a supported architecture (supported: {})", k.source(),
+                 show(*mt), supported_architectures());
+        if (cls && arch_from_class(*cls) != a)
+            fail(ErrorCode::bad_input, "{}: architectures[0] {} does not match model_type {}", k.source(),
+                 show(json(*cls)), show(*mt));
+        return *a;
+    }
+    if (!cls)
+        fail(ErrorCode::bad_input, "{}: neither model_type nor architectures is given (supported: {})", k.source(),
+             supported_architectures());
+    const auto a = arch_from_class(*cls);
+    if (!a)
+        fail(ErrorCode::bad_input, "{}: architectures[0] {} is not a supported architecture (supported: {})",
+             k.source(), show(json(*cls)), supported_architectures());
+    return *a;
+}
+
+// rope_theta / rope_type as transformers 5.24 standardises them
+// (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict): the legacy
+// rope_scaling dict wins over rope_parameters; rope_theta comes from that
+// dict, else the top-level rope_theta, else the class default.
+void read_rope(const Keys& k, double default_theta, ModelConfig& c) {
+    const json* params = nullptr;
+    std::string_view params_key;
+    for (std::string_view key : {"rope_scaling", "rope_parameters"}) {
+        const json* v = k.find(key, true);
+        if (!v) continue;
+        if (!v->is_object()) fail(ErrorCode::bad_input, "{}: {} must be an object, got {}", k.source(), key, show(*v));
+        if (v->empty()) continue;
+        params = v;
+        params_key = key;
+        break;
+    }
+    c.rope_theta = k.real("rope_theta", default_theta, 0.0, kMaxRopeTheta);
+    c.rope_type = "default";
+    if (!params) return;
+    const Keys p(*params, k.source());
+    const std::string theta_key = std::string(params_key) + ".rope_theta";
+    if (const json* t = p.find("rope_theta", true)) c.rope_theta = k.real_value(*t, theta_key, 0.0, kMaxRopeTheta);
+    for (std::string_view key : {"rope_type", "type"}) {
+        if (const json* t = p.find(key, true)) {
+            if (!t->is_string())
+                fail(ErrorCode::bad_input, "{}: {}.{} must be a string, got {}", k.source(), params_key, key, show(*t));
+            c.rope_type = t->get<std::string>();
+            break;
+        }
+    }
+}
+
+void read_mlp_only_layers(const Keys& k, ModelConfig& c) {
+    const json* v = k.find("mlp_only_layers", true);  // None → [] (Qwen*MoeConfig.__post_init__)
+    if (!v) return;
+    if (!v->is_array()) fail(ErrorCode::bad_input, "{}: mlp_only_layers must be a list of layer indices, got {}",
+                             k.source(), show(*v));
+    for (const json& e : *v) c.mlp_only_layers.push_back(k.integer_value(e, "mlp_only_layers", 0, c.num_layers - 1));
+}
+
+// Sliding-window attention as the Qwen configs resolve it: only when
+// use_sliding_window is true (Qwen3MoeConfig sets sliding_window = None
+// otherwise; Qwen2MoeConfig 0).
+void read_qwen_sliding_window(const Keys& k, ModelConfig& c) {
+    const bool use = k.boolean("use_sliding_window", false);
+    const std::int64_t window = k.integer("sliding_window", 4096, 0, kMaxPositions, true);
+    c.sliding_window = use ? window : 0;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+const char* architecture_name(Architecture a) noexcept {
+    for (const auto& info : kArchs)
+        if (info.arch == a) return info.model_type;
+    return "?";
+}
+
+std::string_view supported_architectures() noexcept {
+    return "qwen2_moe, qwen3_moe, mixtral, deepseek_v3 (router/MoE layer only)";
+}
+
+const char* router_scoring_name(RouterScoring s) noexcept {
+    return s == RouterScoring::softmax ? "softmax" : "sigmoid";
+}
+
+bool ModelConfig::is_moe(std::int64_t layer) const {
+    KVASIR_CHECK(layer >= 0 && layer < static_cast<std::int64_t>(moe_layers.size()), ErrorCode::bad_input,
+                 "{}: layer {} does not exist (the model has {} layers)", source, layer, moe_layers.size());
+    return moe_layers[static_cast<std::size_t>(layer)];
+}
+
+std::int64_t ModelConfig::num_moe_layers() const {
+    return static_cast<std::int64_t>(std::count(moe_layers.begin(), moe_layers.end(), true));
+}
+
+ModelConfig parse_model_config(std::string_view text, const std::string& source) {
+    json j;
+    try {
+        j = json::parse(text.begin(), text.end());
+    } catch (const json::exception& e) {
+        fail(ErrorCode::bad_input, "{}: invalid JSON: {}", source, one_line(e.what()));
+    }
+    KVASIR_CHECK(j.is_object(), ErrorCode::bad_input, "{}: the top level must be a JSON object, got {}", source,
+                 j.type_name());
+    const Keys k(j, source);
+
+    ModelConfig c;
+    c.source = source;
+    c.architecture = detect_architecture(k);
+    const Defaults d = defaults_of(c.architecture);
+    const bool deepseek = c.architecture == Architecture::deepseek_v3;
+
+    // --- common ------------------------------------------------------------------
+    c.hidden_size = k.integer("hidden_size", d.hidden, 1, kMaxDim);
+    c.num_layers = k.integer("num_hidden_layers", d.layers, 1, kMaxLayers);
+    c.num_heads = k.integer("num_attention_heads", d.heads, 1, kMaxDim);
+    // None → num_attention_heads (MixtralConfig / DeepseekV3Config.__post_init__).
+    {
+        const json* v = k.find("num_key_value_heads");
+        c.num_kv_heads = !v ? d.kv_heads : v->is_null() ? c.num_heads
+                                                         : k.integer_value(*v, "num_key_value_heads", 1, kMaxDim);
+    }
+    if (deepseek) {
+        // MLA: q·k runs over qk_nope_head_dim + qk_rope_head_dim (DeepseekV3Config.qk_head_dim).
+        c.head_dim = k.integer("qk_nope_head_dim", 128, 0, kMaxDim) + k.integer("qk_rope_head_dim", 64, 1, kMaxDim);
+    } else if (const json* v = k.find("head_dim", true)) {
+        c.head_dim = k.integer_value(*v, "head_dim", 1, kMaxDim);
+    } else {
+        // getattr(config, "head_dim", None) or hidden_size // num_attention_heads
+        KVASIR_CHECK(c.hidden_size % c.num_heads == 0, ErrorCode::bad_input,
+                     "{}: head_dim is not given and hidden_size ({}) is not divisible by num_attention_heads ({})",
+                     source, c.hidden_size, c.num_heads);
+        c.head_dim = c.hidden_size / c.num_heads;
+    }
+    read_rope(k, d.rope_theta, c);
+    c.rms_norm_eps = k.real("rms_norm_eps", d.rms_eps, 0.0, 0.5);
+    c.hidden_act = k.string("hidden_act", "silu");
+    KVASIR_CHECK(c.hidden_act == "silu", ErrorCode::unsupported,
+                 "{}: hidden_act \"{}\" is not supported (the experts are SwiGLU: silu only)", source,
+                 one_line(c.hidden_act.substr(0, 32)));
+    c.vocab_size = k.integer("vocab_size", d.vocab, 1, kMaxDim);
+    c.tie_word_embeddings = k.boolean("tie_word_embeddings", false);
+    c.max_position_embeddings = k.integer("max_position_embeddings", d.max_positions, 1, kMaxPositions);
+
+    // --- per architecture ------------------------------------------------------------
+    RouterConfig& r = c.router;
+    switch (c.architecture) {
+        case Architecture::qwen3_moe:
+        case Architecture::qwen2_moe: {
+            const bool q3 = c.architecture == Architecture::qwen3_moe;
+            if (q3) {
+                // Qwen3MoeAttention: q/k/v AND o_proj take bias=config.attention_bias; q_norm/k_norm always.
+                c.qk_norm = true;
+                c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
+                // attribute_map {"num_experts": "num_local_experts"}: save_pretrained writes num_local_experts.
+                r.num_experts = k.integer_aliased("num_experts", "num_local_experts", d.experts, 1, kMaxExperts);
+            } else {
+                // Qwen2MoeAttention: q/k/v bias=config.qkv_bias (default True), o_proj none.
+                c.attention_bias = k.boolean("qkv_bias", true);
+                r.num_experts = k.integer("num_experts", d.experts, 1, kMaxExperts);
+                // Qwen2MoeSparseMoeBlock: shared_expert (SwiGLU) × sigmoid(shared_expert_gate(x)).
+                c.shared_expert_intermediate_size =
+                    k.integer("shared_expert_intermediate_size", 5632, 1, kMaxDim);
+                c.shared_expert_gate = true;
+            }
+            read_qwen_sliding_window(k, c);
+            r.top_k = k.integer("num_experts_per_tok", d.top_k, 1, kMaxExperts);
+            r.norm_topk_prob = k.boolean("norm_topk_prob", d.norm_topk_prob);
+            c.intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
+            c.moe_intermediate_size = k.integer("moe_intermediate_size", d.moe_intermediate, 1, kMaxDim);
+            c.decoder_sparse_step = k.integer("decoder_sparse_step", 1, 1, kMaxLayers);
+            read_mlp_only_layers(k, c);
+            // Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer.__init__ (transformers 5.24):
+            //   if (layer_idx not in config.mlp_only_layers) and (
+            //       config.num_experts > 0 and (layer_idx + 1) % config.decoder_sparse_step == 0):
+            //       self.mlp = <SparseMoeBlock>  else: self.mlp = <MLP>(intermediate_size=config.intermediate_size)
+            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
+            for (std::int64_t l = 0; l < c.num_layers; ++l) {
+                const bool listed = std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), l) !=
+                                    c.mlp_only_layers.end();
+                c.moe_layers[static_cast<std::size_t>(l)] =
+                    !listed && r.num_experts > 0 && (l + 1) % c.decoder_sparse_step == 0;
+            }
+            break;
+        }
+        case Architecture::mixtral: {
+            // attribute_map {"num_experts": "num_local_experts"}.
+            r.num_experts = k.integer_aliased("num_local_experts", "num_experts", d.experts, 1, kMaxExperts);
+            r.top_k = k.integer("num_experts_per_tok", d.top_k, 1, kMaxExperts);
+            // MixtralTopKRouter.forward: router_top_value /= router_top_value.sum(...) unconditionally.
+            r.norm_topk_prob = true;
+            // MixtralExperts: intermediate_dim = config.intermediate_size; no dense layers.
+            c.moe_intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
+            c.intermediate_size = 0;
+            c.sliding_window = k.integer("sliding_window", 0, 0, kMaxPositions, true);  // None = full attention
+            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);        // MixtralDecoderLayer
+            break;
+        }
+        case Architecture::deepseek_v3: {
+            if (const json* v = k.find("scoring_func", true)) {  // hub configs carry it; transformers hard-codes sigmoid
+                KVASIR_CHECK(v->is_string() && v->get<std::string>() == "sigmoid", ErrorCode::bad_input,
+                             "{}: scoring_func {} is not supported for deepseek_v3 (sigmoid only)", source, show(*v));
+            }
+            r.scoring = RouterScoring::sigmoid;
+            r.score_correction_bias = true;  // DeepseekV3TopkRouter always has e_score_correction_bias
+            // attribute_map {"num_local_experts": "n_routed_experts"}.
+            r.num_experts = k.integer_aliased("n_routed_experts", "num_local_experts", d.experts, 1, kMaxExperts);
+            r.top_k = k.integer("num_experts_per_tok", d.top_k, 1, kMaxExperts);
+            r.norm_topk_prob = k.boolean("norm_topk_prob", true);
+            r.n_group = k.integer("n_group", 8, 1, kMaxExperts);
+            r.topk_group = k.integer("topk_group", 4, 1, kMaxExperts);
+            r.routed_scaling_factor = k.real("routed_scaling_factor", 2.5, 0.0, 1e6);
+            c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
+            c.intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
+            c.moe_intermediate_size = k.integer("moe_intermediate_size", d.moe_intermediate, 1, kMaxDim);
+            // DeepseekV3MoE: shared_experts = MLP(intermediate_size = moe_intermediate_size * n_shared_experts), no gate.
+            c.shared_expert_intermediate_size =
+                k.integer("n_shared_experts", 1, 0, 1024) * c.moe_intermediate_size;
+            c.first_k_dense_replace = k.integer("first_k_dense_replace", 3, 0, c.num_layers);
+            // DeepseekV3DecoderLayer.__init__: if layer_idx >= config.first_k_dense_replace: DeepseekV3MoE
+            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
+            for (std::int64_t l = c.first_k_dense_replace; l < c.num_layers; ++l)
+                c.moe_layers[static_cast<std::size_t>(l)] = true;
+            break;
+        }
+    }
+    validate_model_config(c);
+    return c;
+}
+
+ModelConfig load_model_config(const std::string& dir_or_file) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    std::string path = dir_or_file;
+    if (fs::is_directory(path, ec)) path = (fs::path(dir_or_file) / "config.json").string();
+    KVASIR_CHECK(fs::is_regular_file(path, ec), ErrorCode::bad_input, "{}: no such file (expected a Hugging Face "
+                 "config.json or a folder holding one)", path);
+    const std::uintmax_t size = fs::file_size(path, ec);
+    KVASIR_CHECK(!ec, ErrorCode::bad_input, "{}: cannot read: {}", path, ec.message());
+    KVASIR_CHECK(size <= kMaxConfigBytes, ErrorCode::bad_input, "{}: {} bytes is too large for a config.json "
+                 "(limit {} bytes)", path, size, kMaxConfigBytes);
+    std::ifstream in(path, std::ios::binary);
+    KVASIR_CHECK(in.good(), ErrorCode::bad_input, "{}: cannot open for reading", path);
+    std::string text(static_cast<std::size_t>(size), '\0');
+    in.read(text.data(), static_cast<std::streamsize>(size));
+    KVASIR_CHECK(static_cast<std::uintmax_t>(in.gcount()) == size, ErrorCode::bad_input, "{}: short read", path);
+    return parse_model_config(text, path);
+}
+
+void validate_model_config(const ModelConfig& c) {
+    const std::string& s = c.source;
+    auto dim = [&](std::int64_t v, const char* key, std::int64_t lo, std::int64_t hi) {
+        KVASIR_CHECK(v >= lo && v <= hi, ErrorCode::bad_input, "{}: {} = {} is out of range [{}, {}]", s, key, v, lo,
+                     hi);
+    };
+    dim(c.hidden_size, "hidden_size", 1, kMaxDim);
+    dim(c.num_layers, "num_hidden_layers", 1, kMaxLayers);
+    dim(c.num_heads, "num_attention_heads", 1, kMaxDim);
+    dim(c.num_kv_heads, "num_key_value_heads", 1, kMaxDim);
+    dim(c.head_dim, "head_dim", 1, kMaxDim);
+    dim(c.vocab_size, "vocab_size", 1, kMaxDim);
+    dim(c.max_position_embeddings, "max_position_embeddings", 1, kMaxPositions);
+    dim(c.sliding_window, "sliding_window", 0, kMaxPositions);
+    KVASIR_CHECK(c.num_heads % c.num_kv_heads == 0, ErrorCode::bad_input,
+                 "{}: num_key_value_heads ({}) must divide num_attention_heads ({})", s, c.num_kv_heads, c.num_heads);
+    KVASIR_CHECK(c.head_dim % 2 == 0, ErrorCode::bad_input, "{}: head_dim ({}) must be even for rotary embeddings", s,
+                 c.head_dim);
+    KVASIR_CHECK(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps > 0.0 && c.rms_norm_eps <= 0.5,
+                 ErrorCode::bad_input, "{}: rms_norm_eps = {} is out of range (0, 0.5]", s, c.rms_norm_eps);
+    KVASIR_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0.0 && c.rope_theta <= kMaxRopeTheta,
+                 ErrorCode::bad_input, "{}: rope_theta = {} is out of range (0, {}]", s, c.rope_theta, kMaxRopeTheta);
+
+    KVASIR_CHECK(static_cast<std::int64_t>(c.moe_layers.size()) == c.num_layers, ErrorCode::bad_input,
+                 "{}: {} MoE-layer flags for num_hidden_layers = {}", s, c.moe_layers.size(), c.num_layers);
+    const bool any_moe = c.num_moe_layers() > 0;
+    const bool any_dense = c.num_moe_layers() < c.num_layers;
+    dim(c.intermediate_size, "intermediate_size", any_dense ? 1 : 0, kMaxDim);
+    dim(c.moe_intermediate_size, "moe_intermediate_size", any_moe ? 1 : 0, kMaxDim);
+    dim(c.shared_expert_intermediate_size, "shared_expert_intermediate_size", 0, kMaxDim);
+    KVASIR_CHECK(!c.shared_expert_gate || c.shared_expert_intermediate_size > 0, ErrorCode::bad_input,
+                 "{}: a shared_expert_gate needs shared_expert_intermediate_size > 0", s);
+    for (std::int64_t l : c.mlp_only_layers) dim(l, "mlp_only_layers", 0, c.num_layers - 1);
+
+    const RouterConfig& r = c.router;
+    const char* experts_key = c.architecture == Architecture::mixtral       ? "num_local_experts"
+                              : c.architecture == Architecture::deepseek_v3 ? "n_routed_experts"
+                                                                            : "num_experts";
+    dim(r.num_experts, experts_key, 1, kMaxExperts);
+    KVASIR_CHECK(r.top_k >= 1 && r.top_k <= r.num_experts, ErrorCode::bad_input,
+                 "{}: num_experts_per_tok ({}) must be in [1, {} = {}]", s, r.top_k, experts_key, r.num_experts);
+    KVASIR_CHECK(std::isfinite(r.routed_scaling_factor) && r.routed_scaling_factor > 0.0, ErrorCode::bad_input,
+                 "{}: routed_scaling_factor = {} must be a positive number", s, r.routed_scaling_factor);
+    KVASIR_CHECK(r.n_group >= 1 && r.num_experts % r.n_group == 0, ErrorCode::bad_input,
+                 "{}: n_group ({}) must divide {} ({})", s, r.n_group, experts_key, r.num_experts);
+    KVASIR_CHECK(r.topk_group >= 1 && r.topk_group <= r.n_group, ErrorCode::bad_input,
+                 "{}: topk_group ({}) must be in [1, n_group = {}]", s, r.topk_group, r.n_group);
+    if (r.scoring == RouterScoring::sigmoid) {
+        const std::int64_t per_group = r.num_experts / r.n_group;
+        // DeepseekV3TopkRouter scores a group by the sum of its top-2 experts.
+        KVASIR_CHECK(per_group >= 2, ErrorCode::bad_input,
+                     "{}: n_group ({}) leaves fewer than 2 experts per group ({} = {})", s, r.n_group, experts_key,
+                     r.num_experts);
+        KVASIR_CHECK(r.top_k <= r.topk_group * per_group, ErrorCode::bad_input,
+                     "{}: num_experts_per_tok ({}) exceeds the experts of topk_group ({}) groups of {}", s, r.top_k,
+                     r.topk_group, per_group);
+    } else {
+        KVASIR_CHECK(r.n_group == 1 && r.topk_group == 1 && !r.score_correction_bias &&
+                         r.routed_scaling_factor == 1.0,
+                     ErrorCode::bad_input, "{}: grouped top-k, score-correction bias and routed_scaling_factor are "
+                     "only modelled with sigmoid scoring", s);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tensor names
+// ---------------------------------------------------------------------------
+
+ModelTensorNames model_tensor_names(const ModelConfig& c) {
+    ModelTensorNames n;
+    n.embed = "model.embed_tokens.weight";
+    n.final_norm = "model.norm.weight";
+    n.lm_head = c.tie_word_embeddings ? n.embed : "lm_head.weight";
+    return n;
+}
+
+LayerTensorNames layer_tensor_names(const ModelConfig& c, std::int64_t layer) {
+    const bool moe = c.is_moe(layer);  // also checks the range
+    const std::string p = fmt::format("model.layers.{}.", layer);
+    LayerTensorNames n;
+    n.input_norm = p + "input_layernorm.weight";
+    n.post_attention_norm = p + "post_attention_layernorm.weight";
+    if (c.architecture != Architecture::deepseek_v3) {
+        const std::string a = p + "self_attn.";
+        n.q_proj = a + "q_proj.weight";
+        n.k_proj = a + "k_proj.weight";
+        n.v_proj = a + "v_proj.weight";
+        n.o_proj = a + "o_proj.weight";
+        if (c.attention_bias) {
+            n.q_bias = a + "q_proj.bias";
+            n.k_bias = a + "k_proj.bias";
+            n.v_bias = a + "v_proj.bias";
+        }
+        if (c.attention_out_bias) n.o_bias = a + "o_proj.bias";
+        if (c.qk_norm) {
+            n.q_norm = a + "q_norm.weight";
+            n.k_norm = a + "k_norm.weight";
+        }
+    }
+    if (!moe) {
+        n.mlp_gate = p + "mlp.gate_proj.weight";
+        n.mlp_up = p + "mlp.up_proj.weight";
+        n.mlp_down = p + "mlp.down_proj.weight";
+        return n;
+    }
+    const auto experts = static_cast<std::size_t>(c.num_experts());
+    n.experts.resize(experts);
+    if (c.architecture == Architecture::mixtral) {
+        const std::string m = p + "block_sparse_moe.";
+        n.router = m + "gate.weight";
+        for (std::size_t e = 0; e < experts; ++e) {
+            n.experts[e].gate = fmt::format("{}experts.{}.w1.weight", m, e);
+            n.experts[e].up = fmt::format("{}experts.{}.w3.weight", m, e);
+            n.experts[e].down = fmt::format("{}experts.{}.w2.weight", m, e);
+        }
+        return n;
+    }
+    const std::string m = p + "mlp.";
+    n.router = m + "gate.weight";
+    for (std::size_t e = 0; e < experts; ++e) {
+        n.experts[e].gate = fmt::format("{}experts.{}.gate_proj.weight", m, e);
+        n.experts[e].up = fmt::format("{}experts.{}.up_proj.weight", m, e);
+        n.experts[e].down = fmt::format("{}experts.{}.down_proj.weight", m, e);
+    }
+    if (c.architecture == Architecture::deepseek_v3) {
+        n.router_bias = m + "gate.e_score_correction_bias";
+        if (c.has_shared_expert()) {
+            n.shared_gate = m + "shared_experts.gate_proj.weight";
+            n.shared_up = m + "shared_experts.up_proj.weight";
+            n.shared_down = m + "shared_experts.down_proj.weight";
+        }
+    } else if (c.has_shared_expert()) {
+        n.shared_gate = m + "shared_expert.gate_proj.weight";
+        n.shared_up = m + "shared_expert.up_proj.weight";
+        n.shared_down = m + "shared_expert.down_proj.weight";
+        if (c.shared_expert_gate) n.shared_expert_gate = m + "shared_expert_gate.weight";
+    }
+    return n;
+}
+
+std::vector<TensorSpec> model_tensor_specs(const ModelConfig& c) {
+    const ModelTensorNames n = model_tensor_names(c);
+    std::vector<TensorSpec> out{{n.embed, {c.vocab_size, c.hidden_size}}, {n.final_norm, {c.hidden_size}}};
+    if (!c.tie_word_embeddings) out.push_back({n.lm_head, {c.vocab_size, c.hidden_size}});
+    return out;
+}
+
+std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& c, std::int64_t layer) {
+    const LayerTensorNames n = layer_tensor_names(c, layer);
+    const std::int64_t H = c.hidden_size;
+    std::vector<TensorSpec> out;
+    auto add = [&](const std::string& name, Shape shape) {
+        if (!name.empty()) out.push_back({name, std::move(shape)});
+    };
+    add(n.input_norm, {H});
+    add(n.post_attention_norm, {H});
+    add(n.q_proj, {c.q_dim(), H});
+    add(n.k_proj, {c.kv_dim(), H});
+    add(n.v_proj, {c.kv_dim(), H});
+    add(n.o_proj, {H, c.q_dim()});
+    add(n.q_bias, {c.q_dim()});
+    add(n.k_bias, {c.kv_dim()});
+    add(n.v_bias, {c.kv_dim()});
+    add(n.o_bias, {H});
+    add(n.q_norm, {c.head_dim});
+    add(n.k_norm, {c.head_dim});
+    add(n.mlp_gate, {c.intermediate_size, H});
+    add(n.mlp_up, {c.intermediate_size, H});
+    add(n.mlp_down, {H, c.intermediate_size});
+    add(n.router, {c.num_experts(), H});
+    add(n.router_bias, {c.num_experts()});
+    for (const ExpertTensorNames& e : n.experts) {
+        add(e.gate, {c.moe_intermediate_size, H});
+        add(e.up, {c.moe_intermediate_size, H});
+        add(e.down, {H, c.moe_intermediate_size});
+    }
+    add(n.shared_gate, {c.shared_expert_intermediate_size, H});
+    add(n.shared_up, {c.shared_expert_intermediate_size, H});
+    add(n.shared_down, {H, c.shared_expert_intermediate_size});
+    add(n.shared_expert_gate, {1, H});
+    return out;
+}
+
+}  // namespace kvasir

@@ -1,0 +1,179 @@
+// Hugging Face config.json → ModelConfig, the neutral description of a MoE
+// model that the rest of kvasir works from, and the names (and shapes) of the
+// tensors a Hugging Face checkpoint of each architecture holds.
+//
+// Semantics follow transformers 5.24 (the version the fixtures are made with):
+// the default of every key is the default of that architecture's config
+// class, and which layers are MoE is decided by the same rule as the
+// architecture's decoder layer (see ModelConfig::moe_layers).
+//
+// Supported: qwen2_moe, qwen3_moe, mixtral (full model), and deepseek_v3 at
+// layer level only: its router (sigmoid scores + e_score_correction_bias,
+// grouped top-k, routed_scaling_factor), routed and shared experts are
+// described; its MLA attention is not (full_forward_supported() == false).
+#pragma once
+
+#include "kvasir/core/tensor.hpp"  // Shape
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvasir {
+
+enum class Architecture : std::uint8_t { qwen2_moe, qwen3_moe, mixtral, deepseek_v3 };
+
+// The config.json `model_type`: "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3".
+const char* architecture_name(Architecture a) noexcept;
+// For messages: "qwen2_moe, qwen3_moe, mixtral, deepseek_v3 (router/MoE layer only)".
+std::string_view supported_architectures() noexcept;
+
+enum class RouterScoring : std::uint8_t {
+    softmax,  // p = softmax(x·Wᵀ); top-k of p; weights = p (renormalised if norm_topk_prob)
+    sigmoid,  // DeepSeek-V3: s = sigmoid(x·Wᵀ); selection on s + bias, weights from s
+};
+const char* router_scoring_name(RouterScoring s) noexcept;  // "softmax", "sigmoid"
+
+// Everything a layer-level audit needs to route tokens the way the reference
+// implementation does.
+struct RouterConfig {
+    RouterScoring scoring = RouterScoring::softmax;
+    std::int64_t num_experts = 0;
+    std::int64_t top_k = 0;
+    // Divide the k selected weights by their sum. qwen2/qwen3: config
+    // norm_topk_prob; mixtral: always (MixtralTopKRouter has no switch);
+    // deepseek_v3: norm_topk_prob (denominator + 1e-20, as transformers).
+    bool norm_topk_prob = false;
+    // --- DeepSeek-style (sigmoid) routing; neutral values for softmax routers.
+    // transformers' DeepseekV3TopkRouter: s = sigmoid(logits); c = s + bias
+    // (e_score_correction_bias, used for *selection only*); group score = sum
+    // of the top-2 c in each of n_group equal groups; keep the topk_group best
+    // groups; top_k of c among their experts; weights = s at those experts
+    // (renormalised if norm_topk_prob) × routed_scaling_factor.
+    bool score_correction_bias = false;  // the checkpoint has e_score_correction_bias [num_experts]
+    std::int64_t n_group = 1;
+    std::int64_t topk_group = 1;
+    double routed_scaling_factor = 1.0;
+};
+
+struct ModelConfig {
+    std::string source;             // path of the config.json it was read from (for messages)
+    Architecture architecture = Architecture::qwen3_moe;
+
+    std::int64_t hidden_size = 0;
+    std::int64_t num_layers = 0;     // num_hidden_layers
+    std::int64_t num_heads = 0;      // num_attention_heads
+    std::int64_t num_kv_heads = 0;   // num_key_value_heads (null/absent: num_heads)
+    std::int64_t head_dim = 0;       // explicit head_dim, else hidden_size / num_heads
+                                     // (deepseek_v3: qk_nope_head_dim + qk_rope_head_dim)
+    double rope_theta = 10000.0;     // rope_parameters.rope_theta | rope_scaling.rope_theta | rope_theta
+                                     // | the class default (mixtral 1e6, others 1e4)
+    std::string rope_type = "default";  // anything else (yarn, ...) is not implemented by the forward pass
+    double rms_norm_eps = 1e-6;
+    std::string hidden_act = "silu";    // only silu (SwiGLU) is accepted
+
+    bool qk_norm = false;              // per-head RMSNorm on q and k before rope (qwen3_moe)
+    bool attention_bias = false;       // q/k/v projections have a bias (qwen2_moe: qkv_bias; qwen3_moe: attention_bias)
+    bool attention_out_bias = false;   // o_proj has a bias (qwen3_moe: attention_bias)
+    std::int64_t sliding_window = 0;   // 0 = full causal attention; >0 is not implemented by the forward pass
+    std::int64_t max_position_embeddings = 0;
+
+    std::int64_t vocab_size = 0;
+    bool tie_word_embeddings = false;  // lm_head is embed_tokens (no lm_head.weight in the checkpoint)
+
+    std::int64_t intermediate_size = 0;                // dense-MLP layers; 0 when the architecture has none (mixtral)
+    std::int64_t moe_intermediate_size = 0;            // per routed expert (mixtral: intermediate_size)
+    std::int64_t shared_expert_intermediate_size = 0;  // 0 = no shared expert
+                                                       // (deepseek_v3: n_shared_experts × moe_intermediate_size)
+    bool shared_expert_gate = false;  // shared output × sigmoid(x·w_gateᵀ), w_gate [1, hidden] (qwen2_moe)
+
+    // Provenance of moe_layers (as read; neutral values where the architecture has no such key).
+    std::int64_t decoder_sparse_step = 1;
+    std::vector<std::int64_t> mlp_only_layers;
+    std::int64_t first_k_dense_replace = 0;
+    // Per layer: true when the layer's MLP is the sparse MoE block. Rules of transformers 5.24:
+    //  qwen2_moe / qwen3_moe (Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer.__init__):
+    //    MoE iff (layer not in mlp_only_layers) and (num_experts > 0 and (layer + 1) % decoder_sparse_step == 0)
+    //  mixtral (MixtralDecoderLayer): every layer
+    //  deepseek_v3 (DeepseekV3DecoderLayer): MoE iff layer >= first_k_dense_replace
+    std::vector<bool> moe_layers;
+
+    RouterConfig router;
+
+    std::int64_t num_experts() const { return router.num_experts; }
+    std::int64_t top_k() const { return router.top_k; }
+    bool norm_topk_prob() const { return router.norm_topk_prob; }
+    bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
+    std::int64_t q_dim() const { return num_heads * head_dim; }
+    std::int64_t kv_dim() const { return num_kv_heads * head_dim; }
+    // Throws Error(bad_input) for a layer outside [0, num_layers).
+    bool is_moe(std::int64_t layer) const;
+    std::int64_t num_moe_layers() const;
+    // False for deepseek_v3 (MLA attention is not described): layer-level audits only.
+    bool full_forward_supported() const { return architecture != Architecture::deepseek_v3; }
+};
+
+// Read <dir>/config.json (or the file itself). Throws Error(bad_input) with one
+// line "PATH: problem" naming the offending key: unreadable/oversized file,
+// invalid JSON, unknown architecture (listing the supported ones), a value of
+// the wrong type or out of range, inconsistent values. Error(unsupported) for a
+// valid config this tool does not model (hidden_act other than silu).
+ModelConfig load_model_config(const std::string& dir_or_file);
+// The same on text already in memory; `source` names it in messages.
+ModelConfig parse_model_config(std::string_view json_text, const std::string& source);
+// The range and consistency checks, for a ModelConfig built another way (e.g.
+// from GGUF metadata). Throws Error(bad_input) "SOURCE: field: problem".
+void validate_model_config(const ModelConfig& cfg);
+
+// ---------------------------------------------------------------------------
+// Hugging Face tensor names. Verified against what transformers 5.24
+// save_pretrained writes: experts are saved one tensor per expert and matrix
+// (the fused in-memory `experts.gate_up_proj` [E, 2I, H] / `experts.down_proj`
+// are split back on save), under the legacy names below.
+//   qwen2_moe / qwen3_moe / deepseek_v3: model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight
+//   mixtral:                             model.layers.L.block_sparse_moe.experts.E.{w1,w3,w2}.weight
+//                                        (w1 = gate, w3 = up, w2 = down)
+// Shapes are PyTorch Linear [out, in].
+// ---------------------------------------------------------------------------
+struct TensorSpec {
+    std::string name;
+    Shape shape;
+};
+
+struct ExpertTensorNames {
+    std::string gate, up, down;
+};
+
+// Names of one decoder layer; a name is empty when the layer has no such tensor.
+struct LayerTensorNames {
+    std::string input_norm;           // input_layernorm.weight [H]
+    std::string post_attention_norm;  // post_attention_layernorm.weight [H]
+    // attention (empty for deepseek_v3: MLA is not described)
+    std::string q_proj, k_proj, v_proj, o_proj;
+    std::string q_bias, k_bias, v_bias, o_bias;
+    std::string q_norm, k_norm;  // [head_dim]
+    // dense MLP (is_moe(layer) == false)
+    std::string mlp_gate, mlp_up, mlp_down;
+    // MoE block (is_moe(layer) == true)
+    std::string router;       // [E, H]
+    std::string router_bias;  // deepseek_v3 e_score_correction_bias [E]
+    std::vector<ExpertTensorNames> experts;
+    std::string shared_gate, shared_up, shared_down;  // shared expert
+    std::string shared_expert_gate;                   // [1, H]
+};
+
+struct ModelTensorNames {
+    std::string embed;       // model.embed_tokens.weight [V, H]
+    std::string final_norm;  // model.norm.weight [H]
+    std::string lm_head;     // lm_head.weight [V, H]; == embed when tie_word_embeddings
+};
+
+LayerTensorNames layer_tensor_names(const ModelConfig& cfg, std::int64_t layer);
+ModelTensorNames model_tensor_names(const ModelConfig& cfg);
+// Every tensor of layer `layer` with its expected shape (deepseek_v3: without the attention).
+std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& cfg, std::int64_t layer);
+// The non-layer tensors (embed, final norm, lm_head unless tied).
+std::vector<TensorSpec> model_tensor_specs(const ModelConfig& cfg);
+
+}  // namespace kvasir

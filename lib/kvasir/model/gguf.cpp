@@ -1,0 +1,796 @@
+// GGUF reader. The parser is a single forward pass over a byte span with a
+// cursor that refuses to move past the end; every length and count is checked
+// against the bytes that remain *before* anything is allocated for it.
+#include "kvasir/model/gguf.hpp"
+
+#include "kvasir/core/error.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <utility>
+
+namespace kvasir {
+
+namespace {
+
+constexpr std::uint32_t kDefaultAlignment = 32;
+// Element-count ceiling shared with shape_numel(): a tensor whose non-zero dims
+// multiply past it is rejected, so every Shape we hand out is valid.
+constexpr std::uint64_t kMaxElements = std::uint64_t{1} << 62;
+// The smallest encodings, used to bound header counts by the bytes left:
+// a KV pair is at least key length (8) + value type (4) + a 1-byte value; a
+// tensor info at least name length (8) + n_dims (4) + one dim (8) + type (4)
+// + offset (8).
+constexpr std::uint64_t kMinKvBytes = 8 + 4 + 1;
+constexpr std::uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;
+constexpr std::size_t kMaxDims = 4;
+
+// A name from the file made safe for a one-line message: printable ASCII kept,
+// everything else as \xNN, long names cut.
+std::string printable(std::string_view s, std::size_t max_len = 80) {
+    std::string out;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+        if (out.size() >= max_len) {
+            out += "...";
+            break;
+        }
+        const auto c = static_cast<unsigned char>(s[i]);
+        if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'')
+            out += static_cast<char>(c);
+        else
+            out += fmt::format("\\x{:02x}", c);
+    }
+    return out;
+}
+
+bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t& out) { return !__builtin_mul_overflow(a, b, &out); }
+bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t& out) { return !__builtin_add_overflow(a, b, &out); }
+
+// Fixed encoded size of a scalar value type; 0 for string/array.
+std::uint64_t fixed_size(GgufType t) {
+    switch (t) {
+        case GgufType::u8: case GgufType::i8: case GgufType::boolean: return 1;
+        case GgufType::u16: case GgufType::i16: return 2;
+        case GgufType::u32: case GgufType::i32: case GgufType::f32: return 4;
+        case GgufType::u64: case GgufType::i64: case GgufType::f64: return 8;
+        default: return 0;
+    }
+}
+
+bool known_type(std::uint32_t t) { return t <= static_cast<std::uint32_t>(GgufType::f64); }
+
+// Bounds-checked little-endian cursor over the file. Every failure names the
+// file and the byte offset where the problem sits.
+class Cursor {
+public:
+    Cursor(std::span<const std::byte> bytes, const std::string& file) : bytes_(bytes), file_(file) {}
+
+    std::size_t pos() const { return pos_; }
+    std::size_t remaining() const { return bytes_.size() - pos_; }
+
+    // Make sure n more bytes exist; `what` describes them for the message.
+    void need(std::uint64_t n, std::string_view what) const {
+        if (n > remaining())
+            fail(ErrorCode::bad_input, "{}: {} at byte {} runs past the end of the file ({} bytes needed, {} left)",
+                 file_, what, pos_, n, remaining());
+    }
+
+    template <typename T>
+    T read(std::string_view what) {
+        need(sizeof(T), what);
+        // Assemble little-endian bytes explicitly: correct on any host and
+        // free of alignment assumptions.
+        std::uint64_t v = 0;
+        for (std::size_t i = 0; i < sizeof(T); ++i)
+            v |= static_cast<std::uint64_t>(std::to_integer<std::uint8_t>(bytes_[pos_ + i])) << (8 * i);
+        pos_ += sizeof(T);
+        if constexpr (std::is_same_v<T, float>) {
+            return std::bit_cast<float>(static_cast<std::uint32_t>(v));
+        } else if constexpr (std::is_same_v<T, double>) {
+            return std::bit_cast<double>(v);
+        } else {
+            return static_cast<T>(v);
+        }
+    }
+
+    std::string read_string(std::string_view what) {
+        const auto len = read<std::uint64_t>(what);
+        if (len > remaining())
+            fail(ErrorCode::bad_input, "{}: {} at byte {} has length {}, past the end of the file ({} bytes left)",
+                 file_, what, pos_ - 8, len, remaining());
+        std::string s(reinterpret_cast<const char*>(bytes_.data() + pos_), static_cast<std::size_t>(len));
+        pos_ += static_cast<std::size_t>(len);
+        return s;
+    }
+
+private:
+    std::span<const std::byte> bytes_;
+    const std::string& file_;
+    std::size_t pos_ = 0;
+};
+
+struct ValueReader {
+    Cursor& cur;
+    const std::string& file;
+    const std::string& key;
+
+    bool read_bool(std::string_view what) {
+        const auto at = cur.pos();
+        const auto b = cur.read<std::uint8_t>(what);
+        if (b > 1)
+            fail(ErrorCode::bad_input, "{}: metadata key '{}': bool at byte {} is {}, not 0 or 1", file,
+                 printable(key), at, b);
+        return b == 1;
+    }
+
+    GgufValue::Scalar scalar(GgufType t) {
+        const std::string what = fmt::format("value of metadata key '{}'", printable(key));
+        switch (t) {
+            case GgufType::u8: return cur.read<std::uint8_t>(what);
+            case GgufType::i8: return cur.read<std::int8_t>(what);
+            case GgufType::u16: return cur.read<std::uint16_t>(what);
+            case GgufType::i16: return cur.read<std::int16_t>(what);
+            case GgufType::u32: return cur.read<std::uint32_t>(what);
+            case GgufType::i32: return cur.read<std::int32_t>(what);
+            case GgufType::f32: return cur.read<float>(what);
+            case GgufType::boolean: return read_bool(what);
+            case GgufType::string: return cur.read_string(what);
+            case GgufType::u64: return cur.read<std::uint64_t>(what);
+            case GgufType::i64: return cur.read<std::int64_t>(what);
+            case GgufType::f64: return cur.read<double>(what);
+            case GgufType::array: break;
+        }
+        KVASIR_ASSERT(false);
+        return std::uint8_t{0};
+    }
+
+    template <typename T>
+    std::vector<T> elements(std::uint64_t n, std::string_view what) {
+        std::vector<T> out;
+        out.reserve(static_cast<std::size_t>(n));  // bounded by the bytes left (checked by the caller)
+        for (std::uint64_t i = 0; i < n; ++i) {
+            if constexpr (std::is_same_v<T, bool>)
+                out.push_back(read_bool(what));
+            else if constexpr (std::is_same_v<T, std::string>)
+                out.push_back(cur.read_string(what));
+            else
+                out.push_back(cur.read<T>(what));
+        }
+        return out;
+    }
+
+    GgufValue::Array array() {
+        const auto at = cur.pos();
+        const auto raw_type = cur.read<std::uint32_t>(fmt::format("array type of metadata key '{}'", printable(key)));
+        if (raw_type == static_cast<std::uint32_t>(GgufType::array))
+            fail(ErrorCode::bad_input, "{}: metadata key '{}' at byte {} is an array of arrays (nested arrays are not supported)",
+                 file, printable(key), at);
+        if (!known_type(raw_type))
+            fail(ErrorCode::bad_input, "{}: metadata key '{}' at byte {} is an array of unknown value type {}", file,
+                 printable(key), at, raw_type);
+        const auto t = static_cast<GgufType>(raw_type);
+        const auto n = cur.read<std::uint64_t>(fmt::format("array length of metadata key '{}'", printable(key)));
+        // Strings take at least their 8-byte length each.
+        const std::uint64_t min_elem = t == GgufType::string ? 8 : fixed_size(t);
+        if (n > cur.remaining() / min_elem)
+            fail(ErrorCode::bad_input,
+                 "{}: metadata key '{}': array of {} {} at byte {} runs past the end of the file ({} bytes left)", file,
+                 printable(key), n, gguf_type_name(t), at, cur.remaining());
+        const std::string what = fmt::format("element of metadata array '{}'", printable(key));
+        switch (t) {
+            case GgufType::u8: return elements<std::uint8_t>(n, what);
+            case GgufType::i8: return elements<std::int8_t>(n, what);
+            case GgufType::u16: return elements<std::uint16_t>(n, what);
+            case GgufType::i16: return elements<std::int16_t>(n, what);
+            case GgufType::u32: return elements<std::uint32_t>(n, what);
+            case GgufType::i32: return elements<std::int32_t>(n, what);
+            case GgufType::f32: return elements<float>(n, what);
+            case GgufType::boolean: return elements<bool>(n, what);
+            case GgufType::string: return elements<std::string>(n, what);
+            case GgufType::u64: return elements<std::uint64_t>(n, what);
+            case GgufType::i64: return elements<std::int64_t>(n, what);
+            case GgufType::f64: return elements<double>(n, what);
+            case GgufType::array: break;
+        }
+        KVASIR_ASSERT(false);
+        return std::vector<std::uint8_t>{};
+    }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// GgufValue
+// ---------------------------------------------------------------------------
+
+std::string_view gguf_type_name(GgufType type) noexcept {
+    static constexpr std::array<std::string_view, 13> names = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+                                                              "bool", "string", "array", "u64", "i64", "f64"};
+    const auto i = static_cast<std::uint32_t>(type);
+    return i < names.size() ? names[i] : std::string_view("?");
+}
+
+namespace {
+// Variant index ↔ GgufType: indices 0..8 are types 0..8, 9..11 are 10..12.
+GgufType type_of_index(std::size_t index) {
+    return static_cast<GgufType>(index < 9 ? index : index + 1);
+}
+}  // namespace
+
+GgufType GgufValue::type() const noexcept {
+    if (const auto* s = scalar()) return type_of_index(s->index());
+    return GgufType::array;
+}
+
+GgufType GgufValue::array_type() const noexcept {
+    if (const auto* a = array()) return type_of_index(a->index());
+    return GgufType::array;
+}
+
+std::size_t GgufValue::array_size() const noexcept {
+    if (const auto* a = array()) return std::visit([](const auto& v) { return v.size(); }, *a);
+    return 0;
+}
+
+std::optional<std::int64_t> GgufValue::as_int() const noexcept {
+    const auto* s = scalar();
+    if (s == nullptr) return std::nullopt;
+    return std::visit(
+        [](const auto& v) -> std::optional<std::int64_t> {
+            using T = std::decay_t<decltype(v)>;
+            if constexpr (std::is_same_v<T, std::uint64_t>) {
+                if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return std::nullopt;
+                return static_cast<std::int64_t>(v);
+            } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+                return static_cast<std::int64_t>(v);
+            } else {
+                return std::nullopt;
+            }
+        },
+        *s);
+}
+
+std::optional<double> GgufValue::as_float() const noexcept {
+    const auto* s = scalar();
+    if (s == nullptr) return std::nullopt;
+    if (const auto* f = std::get_if<float>(s)) return *f;
+    if (const auto* d = std::get_if<double>(s)) return *d;
+    return std::nullopt;
+}
+
+namespace {
+template <typename T>
+std::string render(const T& v) {
+    if constexpr (std::is_same_v<T, std::string>)
+        return fmt::format("'{}'", printable(v, 64));
+    else if constexpr (std::is_same_v<T, bool>)
+        return v ? "true" : "false";
+    else if constexpr (std::is_same_v<T, std::uint8_t> || std::is_same_v<T, std::int8_t>)
+        return fmt::format("{}", static_cast<int>(v));
+    else
+        return fmt::format("{}", v);
+}
+}  // namespace
+
+std::string GgufValue::summary(std::size_t max_items) const {
+    if (const auto* s = scalar()) return std::visit([](const auto& v) { return render(v); }, *s);
+    return std::visit(
+        [&](const auto& vec) {
+            std::string out = fmt::format("[{} × {}", gguf_type_name(array_type()), vec.size());
+            for (std::size_t i = 0; i < vec.size() && i < max_items; ++i) {
+                out += i == 0 ? ": " : ", ";
+                if constexpr (std::is_same_v<std::decay_t<decltype(vec)>, std::vector<bool>>)
+                    out += render<bool>(vec[i]);
+                else
+                    out += render(vec[i]);
+            }
+            if (vec.size() > max_items) out += ", …";
+            return out + "]";
+        },
+        *array());
+}
+
+// ---------------------------------------------------------------------------
+// GgufFile
+// ---------------------------------------------------------------------------
+
+GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string name) {
+    GgufFile f;
+    f.name_ = std::move(name);
+    f.file_size_ = bytes.size();
+    const std::string& file = f.name_;
+    Cursor cur(bytes, file);
+
+    // --- header -----------------------------------------------------------
+    if (bytes.size() < 4)
+        fail(ErrorCode::bad_input, "{}: not a GGUF file (only {} bytes, the magic alone needs 4)", file, bytes.size());
+    if (std::memcmp(bytes.data(), "GGUF", 4) != 0) {
+        std::string magic;
+        for (int i = 0; i < 4; ++i) magic += printable(std::string_view(reinterpret_cast<const char*>(bytes.data()) + i, 1));
+        fail(ErrorCode::bad_input, "{}: not a GGUF file (magic is '{}', expected 'GGUF')", file, magic);
+    }
+    cur.read<std::uint32_t>("magic");
+    const auto version = cur.read<std::uint32_t>("GGUF version");
+    if (version == 1)
+        fail(ErrorCode::bad_input,
+             "{}: GGUF version 1 is not supported (obsolete 32-bit layout; re-convert the model with a current llama.cpp)",
+             file);
+    if (version != 2 && version != 3) {
+        // A big-endian file has its version byte-swapped (0x03000000).
+        if ((version & 0xffffu) == 0 && (version >> 24) >= 1 && (version >> 24) <= 3)
+            fail(ErrorCode::bad_input, "{}: big-endian GGUF files are not supported", file);
+        fail(ErrorCode::bad_input, "{}: unsupported GGUF version {} (this reader handles versions 2 and 3)", file,
+             version);
+    }
+    f.version_ = version;
+    const auto n_tensors = cur.read<std::uint64_t>("tensor count");
+    const auto n_kv = cur.read<std::uint64_t>("metadata count");
+    // Bound both counts by what the rest of the file could hold before any
+    // loop or reservation trusts them.
+    if (n_kv > cur.remaining() / kMinKvBytes)
+        fail(ErrorCode::bad_input,
+             "{}: metadata count {} is impossible: the {} bytes after the header hold at most {} key/value pairs", file,
+             n_kv, cur.remaining(), cur.remaining() / kMinKvBytes);
+    if (n_tensors > cur.remaining() / kMinTensorInfoBytes)
+        fail(ErrorCode::bad_input,
+             "{}: tensor count {} is impossible: the {} bytes after the header hold at most {} tensor infos", file,
+             n_tensors, cur.remaining(), cur.remaining() / kMinTensorInfoBytes);
+    if (n_kv * kMinKvBytes + n_tensors * kMinTensorInfoBytes > cur.remaining())  // no overflow: both bounded above
+        fail(ErrorCode::bad_input, "{}: {} metadata entries and {} tensor infos cannot fit in the {} bytes after the header",
+             file, n_kv, n_tensors, cur.remaining());
+
+    // --- metadata ---------------------------------------------------------
+    f.keys_.reserve(static_cast<std::size_t>(n_kv));
+    f.values_.reserve(static_cast<std::size_t>(n_kv));
+    for (std::uint64_t i = 0; i < n_kv; ++i) {
+        const auto at = cur.pos();
+        std::string key = cur.read_string(fmt::format("key of metadata entry {}", i));
+        if (f.key_index_.count(key) != 0)
+            fail(ErrorCode::bad_input, "{}: duplicate metadata key '{}' at byte {}", file, printable(key), at);
+        const auto type_at = cur.pos();
+        const auto raw_type = cur.read<std::uint32_t>(fmt::format("value type of metadata key '{}'", printable(key)));
+        if (!known_type(raw_type))
+            fail(ErrorCode::bad_input, "{}: metadata key '{}' has unknown value type {} at byte {}", file,
+                 printable(key), raw_type, type_at);
+        ValueReader vr{cur, file, key};
+        const auto t = static_cast<GgufType>(raw_type);
+        GgufValue value = t == GgufType::array ? GgufValue(vr.array()) : GgufValue(vr.scalar(t));
+        f.key_index_.emplace(key, f.keys_.size());
+        f.keys_.push_back(std::move(key));
+        f.values_.push_back(std::move(value));
+    }
+
+    if (const auto* a = f.find("general.alignment")) {
+        const auto* v = a->scalar() ? std::get_if<std::uint32_t>(a->scalar()) : nullptr;
+        if (v == nullptr)
+            fail(ErrorCode::bad_input, "{}: general.alignment is a {}, not a u32", file, gguf_type_name(a->type()));
+        if (*v == 0 || (*v & (*v - 1)) != 0)
+            fail(ErrorCode::bad_input, "{}: general.alignment {} is not a non-zero power of two", file, *v);
+        f.alignment_ = *v;
+    } else {
+        f.alignment_ = kDefaultAlignment;
+    }
+
+    // --- tensor infos -----------------------------------------------------
+    f.tensors_.reserve(static_cast<std::size_t>(n_tensors));
+    for (std::uint64_t i = 0; i < n_tensors; ++i) {
+        const auto at = cur.pos();
+        GgufTensor t;
+        t.file = file;
+        t.name = cur.read_string(fmt::format("name of tensor {}", i));
+        const std::string pname = printable(t.name);
+        if (f.tensor_index_.count(t.name) != 0)
+            fail(ErrorCode::bad_input, "{}: duplicate tensor name '{}' at byte {}", file, pname, at);
+        const auto n_dims = cur.read<std::uint32_t>(fmt::format("dimension count of tensor '{}'", pname));
+        if (n_dims == 0 || n_dims > kMaxDims)
+            fail(ErrorCode::bad_input, "{}: tensor '{}' has {} dimensions (ggml tensors have 1 to {})", file, pname,
+                 n_dims, kMaxDims);
+        std::uint64_t nonzero_product = 1;
+        bool any_zero = false;
+        for (std::uint32_t d = 0; d < n_dims; ++d) {
+            const auto ne = cur.read<std::uint64_t>(fmt::format("dimension {} of tensor '{}'", d, pname));
+            if (ne > kMaxElements)
+                fail(ErrorCode::bad_input, "{}: tensor '{}' dimension {} is {}, above the 2^62 limit", file, pname, d,
+                     ne);
+            if (ne == 0) {
+                any_zero = true;
+            } else if (!checked_mul(nonzero_product, ne, nonzero_product) || nonzero_product > kMaxElements) {
+                fail(ErrorCode::bad_input, "{}: tensor '{}' dimensions multiply past 2^62 elements", file, pname);
+            }
+            t.ne.push_back(static_cast<std::int64_t>(ne));
+        }
+        t.numel = any_zero ? 0 : static_cast<std::int64_t>(nonzero_product);
+        const auto type_at = cur.pos();
+        const auto raw_type = cur.read<std::uint32_t>(fmt::format("type of tensor '{}'", pname));
+        const auto traits = ggml_type_traits(raw_type);
+        if (!traits)
+            fail(ErrorCode::bad_input, "{}: tensor '{}' has unknown ggml type {} at byte {}", file, pname, raw_type,
+                 type_at);
+        t.type = traits->type;
+        if (t.ne[0] % traits->block_size != 0)
+            fail(ErrorCode::bad_input, "{}: tensor '{}' row length {} is not a multiple of the {} block size {}", file,
+                 pname, t.ne[0], traits->name, traits->block_size);
+        t.offset = cur.read<std::uint64_t>(fmt::format("data offset of tensor '{}'", pname));
+        // nbytes = rows × blocks-per-row × block_bytes, every step checked.
+        const std::uint64_t row_blocks = static_cast<std::uint64_t>(t.ne[0]) / traits->block_size;
+        std::uint64_t row_bytes = 0;
+        std::uint64_t nbytes = 0;
+        const std::uint64_t rows = t.ne[0] == 0 ? 0 : static_cast<std::uint64_t>(t.numel) / static_cast<std::uint64_t>(t.ne[0]);
+        if (!checked_mul(row_blocks, traits->block_bytes, row_bytes) || !checked_mul(rows, row_bytes, nbytes) ||
+            nbytes > std::numeric_limits<std::size_t>::max())
+            fail(ErrorCode::bad_input, "{}: tensor '{}' byte size overflows", file, pname);
+        t.nbytes = static_cast<std::size_t>(nbytes);
+        t.shape.assign(t.ne.rbegin(), t.ne.rend());
+        f.tensor_index_.emplace(t.name, f.tensors_.size());
+        f.tensors_.push_back(std::move(t));
+    }
+
+    // --- data section -----------------------------------------------------
+    std::uint64_t data_start = 0;
+    if (!checked_add(cur.pos(), f.alignment_ - 1, data_start))
+        fail(ErrorCode::bad_input, "{}: data section offset overflows", file);
+    data_start -= data_start % f.alignment_;
+    f.data_start_ = data_start;
+    for (auto& t : f.tensors_) {
+        const std::string pname = printable(t.name);
+        if (t.offset % f.alignment_ != 0)
+            fail(ErrorCode::bad_input, "{}: tensor '{}' data offset {} is not a multiple of the alignment {}", file,
+                 pname, t.offset, f.alignment_);
+        std::uint64_t begin = 0;
+        std::uint64_t end = 0;
+        if (!checked_add(data_start, t.offset, begin) || !checked_add(begin, t.nbytes, end) || end > bytes.size())
+            fail(ErrorCode::bad_input,
+                 "{}: tensor '{}' data (offset {} + {} bytes after the data section at {}) runs past the end of the file "
+                 "({} bytes)",
+                 file, pname, t.offset, t.nbytes, data_start, bytes.size());
+        t.file_offset = begin;
+        t.data = bytes.data() + begin;
+    }
+    // Overlap: legal files lay tensors out back to back; two tensors sharing
+    // bytes means a corrupt or crafted header.
+    std::vector<const GgufTensor*> by_offset;
+    by_offset.reserve(f.tensors_.size());
+    for (const auto& t : f.tensors_)
+        if (t.nbytes != 0) by_offset.push_back(&t);
+    std::sort(by_offset.begin(), by_offset.end(),
+              [](const GgufTensor* a, const GgufTensor* b) { return a->offset < b->offset; });
+    for (std::size_t i = 1; i < by_offset.size(); ++i) {
+        const GgufTensor& a = *by_offset[i - 1];
+        const GgufTensor& b = *by_offset[i];
+        if (a.offset + a.nbytes > b.offset)  // no overflow: both ranges were checked inside the file
+            fail(ErrorCode::bad_input, "{}: tensors '{}' and '{}' overlap in the data section", file, printable(a.name),
+                 printable(b.name));
+    }
+    return f;
+}
+
+GgufFile GgufFile::open(const std::string& path) {
+    MappedFile mapping(path);
+    GgufFile f = parse(mapping.bytes(), path);
+    f.mapping_.emplace(std::move(mapping));  // the move keeps the mapped address: tensor pointers stay valid
+    return f;
+}
+
+const GgufValue* GgufFile::find(std::string_view key) const {
+    const auto it = key_index_.find(key);
+    return it == key_index_.end() ? nullptr : &values_[it->second];
+}
+
+const GgufValue& GgufFile::get(std::string_view key) const {
+    const auto* v = find(key);
+    if (v == nullptr) fail(ErrorCode::bad_input, "{}: metadata key '{}' is missing", name_, printable(key));
+    return *v;
+}
+
+namespace {
+std::string describe(const GgufValue& v) {
+    if (v.is_array()) return fmt::format("an array of {}", gguf_type_name(v.array_type()));
+    return fmt::format("a {}", gguf_type_name(v.type()));
+}
+}  // namespace
+
+template <typename T>
+const T& GgufFile::get_scalar(std::string_view key, GgufType expected) const {
+    const GgufValue& v = get(key);
+    const auto* s = v.scalar();
+    const T* p = s ? std::get_if<T>(s) : nullptr;
+    if (p == nullptr)
+        fail(ErrorCode::bad_input, "{}: metadata key '{}' is {}, not a {}", name_, printable(key), describe(v),
+             gguf_type_name(expected));
+    return *p;
+}
+
+template <typename T>
+const std::vector<T>& GgufFile::get_array(std::string_view key, GgufType expected) const {
+    const GgufValue& v = get(key);
+    const auto* a = v.array();
+    const std::vector<T>* p = a ? std::get_if<std::vector<T>>(a) : nullptr;
+    if (p == nullptr)
+        fail(ErrorCode::bad_input, "{}: metadata key '{}' is {}, not an array of {}", name_, printable(key),
+             describe(v), gguf_type_name(expected));
+    return *p;
+}
+
+std::uint8_t GgufFile::get_u8(std::string_view k) const { return get_scalar<std::uint8_t>(k, GgufType::u8); }
+std::int8_t GgufFile::get_i8(std::string_view k) const { return get_scalar<std::int8_t>(k, GgufType::i8); }
+std::uint16_t GgufFile::get_u16(std::string_view k) const { return get_scalar<std::uint16_t>(k, GgufType::u16); }
+std::int16_t GgufFile::get_i16(std::string_view k) const { return get_scalar<std::int16_t>(k, GgufType::i16); }
+std::uint32_t GgufFile::get_u32(std::string_view k) const { return get_scalar<std::uint32_t>(k, GgufType::u32); }
+std::int32_t GgufFile::get_i32(std::string_view k) const { return get_scalar<std::int32_t>(k, GgufType::i32); }
+std::uint64_t GgufFile::get_u64(std::string_view k) const { return get_scalar<std::uint64_t>(k, GgufType::u64); }
+std::int64_t GgufFile::get_i64(std::string_view k) const { return get_scalar<std::int64_t>(k, GgufType::i64); }
+float GgufFile::get_f32(std::string_view k) const { return get_scalar<float>(k, GgufType::f32); }
+double GgufFile::get_f64(std::string_view k) const { return get_scalar<double>(k, GgufType::f64); }
+bool GgufFile::get_bool(std::string_view k) const { return get_scalar<bool>(k, GgufType::boolean); }
+const std::string& GgufFile::get_string(std::string_view k) const {
+    return get_scalar<std::string>(k, GgufType::string);
+}
+
+std::int64_t GgufFile::get_int(std::string_view key) const {
+    const GgufValue& v = get(key);
+    const auto i = v.as_int();
+    if (!i)
+        fail(ErrorCode::bad_input, "{}: metadata key '{}' is {}, not an integer that fits in i64", name_,
+             printable(key), describe(v));
+    return *i;
+}
+
+double GgufFile::get_float(std::string_view key) const {
+    const GgufValue& v = get(key);
+    const auto x = v.as_float();
+    if (!x) fail(ErrorCode::bad_input, "{}: metadata key '{}' is {}, not a f32 or f64", name_, printable(key), describe(v));
+    return *x;
+}
+
+std::span<const std::uint8_t> GgufFile::get_array_u8(std::string_view k) const { return get_array<std::uint8_t>(k, GgufType::u8); }
+std::span<const std::int8_t> GgufFile::get_array_i8(std::string_view k) const { return get_array<std::int8_t>(k, GgufType::i8); }
+std::span<const std::uint16_t> GgufFile::get_array_u16(std::string_view k) const { return get_array<std::uint16_t>(k, GgufType::u16); }
+std::span<const std::int16_t> GgufFile::get_array_i16(std::string_view k) const { return get_array<std::int16_t>(k, GgufType::i16); }
+std::span<const std::uint32_t> GgufFile::get_array_u32(std::string_view k) const { return get_array<std::uint32_t>(k, GgufType::u32); }
+std::span<const std::int32_t> GgufFile::get_array_i32(std::string_view k) const { return get_array<std::int32_t>(k, GgufType::i32); }
+std::span<const std::uint64_t> GgufFile::get_array_u64(std::string_view k) const { return get_array<std::uint64_t>(k, GgufType::u64); }
+std::span<const std::int64_t> GgufFile::get_array_i64(std::string_view k) const { return get_array<std::int64_t>(k, GgufType::i64); }
+std::span<const float> GgufFile::get_array_f32(std::string_view k) const { return get_array<float>(k, GgufType::f32); }
+std::span<const double> GgufFile::get_array_f64(std::string_view k) const { return get_array<double>(k, GgufType::f64); }
+const std::vector<bool>& GgufFile::get_array_bool(std::string_view k) const { return get_array<bool>(k, GgufType::boolean); }
+std::span<const std::string> GgufFile::get_array_string(std::string_view k) const {
+    return get_array<std::string>(k, GgufType::string);
+}
+
+const GgufTensor* GgufFile::find_tensor(std::string_view tensor_name) const {
+    const auto it = tensor_index_.find(tensor_name);
+    return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
+}
+
+const GgufTensor& GgufFile::tensor(std::string_view tensor_name) const {
+    const auto* t = find_tensor(tensor_name);
+    if (t == nullptr) fail(ErrorCode::bad_input, "{}: no tensor '{}'", name_, printable(tensor_name));
+    return *t;
+}
+
+// ---------------------------------------------------------------------------
+// Tensor names
+// ---------------------------------------------------------------------------
+
+namespace {
+struct RoleName {
+    std::string_view name;
+    GgufRole role;
+    bool per_layer;
+    bool expert_stacked;
+};
+// llama.cpp's names (src/llama-arch.cpp LLM_TENSOR_NAMES), base part only.
+constexpr std::array<RoleName, 23> kRoleNames = {{
+    {"token_embd", GgufRole::token_embd, false, false},
+    {"output_norm", GgufRole::output_norm, false, false},
+    {"output", GgufRole::output, false, false},
+    {"attn_norm", GgufRole::attn_norm, true, false},
+    {"attn_q", GgufRole::attn_q, true, false},
+    {"attn_k", GgufRole::attn_k, true, false},
+    {"attn_v", GgufRole::attn_v, true, false},
+    {"attn_output", GgufRole::attn_output, true, false},
+    {"attn_q_norm", GgufRole::attn_q_norm, true, false},
+    {"attn_k_norm", GgufRole::attn_k_norm, true, false},
+    {"ffn_norm", GgufRole::ffn_norm, true, false},
+    {"ffn_gate_inp", GgufRole::ffn_gate_inp, true, false},
+    {"ffn_gate_exps", GgufRole::ffn_gate_exps, true, true},
+    {"ffn_up_exps", GgufRole::ffn_up_exps, true, true},
+    {"ffn_down_exps", GgufRole::ffn_down_exps, true, true},
+    {"ffn_gate_inp_shexp", GgufRole::ffn_gate_inp_shexp, true, false},
+    {"ffn_gate_shexp", GgufRole::ffn_gate_shexp, true, false},
+    {"ffn_up_shexp", GgufRole::ffn_up_shexp, true, false},
+    {"ffn_down_shexp", GgufRole::ffn_down_shexp, true, false},
+    {"ffn_gate", GgufRole::ffn_gate, true, false},
+    {"ffn_up", GgufRole::ffn_up, true, false},
+    {"ffn_down", GgufRole::ffn_down, true, false},
+    {"exp_probs_b", GgufRole::exp_probs_b, true, false},
+}};
+
+// A plain non-negative decimal below 2^31 (no sign, no leading zeros except "0").
+std::optional<int> parse_index(std::string_view s) {
+    if (s.empty() || s.size() > 10 || (s.size() > 1 && s[0] == '0')) return std::nullopt;
+    std::int64_t v = 0;
+    for (char c : s) {
+        if (c < '0' || c > '9') return std::nullopt;
+        v = v * 10 + (c - '0');
+    }
+    if (v > std::numeric_limits<int>::max()) return std::nullopt;
+    return static_cast<int>(v);
+}
+
+const RoleName* lookup_role(std::string_view base) {
+    for (const auto& r : kRoleNames)
+        if (r.name == base) return &r;
+    return nullptr;
+}
+}  // namespace
+
+std::string_view gguf_role_name(GgufRole role) noexcept {
+    for (const auto& r : kRoleNames)
+        if (r.role == role) return r.name;
+    return "?";
+}
+
+std::optional<GgufTensorRole> gguf_tensor_role(std::string_view name) {
+    GgufTensorRole out;
+    // Suffix: ".weight" or ".bias". exp_probs_b is always a bias, whatever
+    // llama.cpp's suffix ("blk.N.exp_probs_b.bias").
+    if (name.ends_with(".weight")) {
+        name.remove_suffix(7);
+    } else if (name.ends_with(".bias")) {
+        name.remove_suffix(5);
+        out.bias = true;
+    } else {
+        return std::nullopt;
+    }
+    if (!name.starts_with("blk.")) {
+        const auto* r = lookup_role(name);
+        if (r == nullptr || r->per_layer) return std::nullopt;
+        out.role = r->role;
+        return out;
+    }
+    name.remove_prefix(4);
+    const auto dot = name.find('.');
+    if (dot == std::string_view::npos) return std::nullopt;
+    const auto layer = parse_index(name.substr(0, dot));
+    if (!layer) return std::nullopt;
+    out.layer = *layer;
+    std::string_view base = name.substr(dot + 1);
+    // Legacy Mixtral conversions store one tensor per expert: blk.N.ffn_gate.E.
+    if (const auto edot = base.find('.'); edot != std::string_view::npos) {
+        const auto expert = parse_index(base.substr(edot + 1));
+        base = base.substr(0, edot);
+        if (!expert || (base != "ffn_gate" && base != "ffn_up" && base != "ffn_down")) return std::nullopt;
+        out.expert = *expert;
+    }
+    const auto* r = lookup_role(base);
+    if (r == nullptr || !r->per_layer) return std::nullopt;
+    out.role = r->role;
+    out.expert_stacked = r->expert_stacked;
+    if (r->role == GgufRole::exp_probs_b) out.bias = true;
+    return out;
+}
+
+// ---------------------------------------------------------------------------
+// Hyperparameters
+// ---------------------------------------------------------------------------
+
+std::string_view gguf_supported_architectures() noexcept { return "qwen2moe, qwen3moe, llama"; }
+
+GgufModelParams read_gguf_model_params(const GgufFile& file) {
+    GgufModelParams p;
+    const std::string& fname = file.name();
+    p.architecture = file.get_string("general.architecture");
+    const std::string& arch = p.architecture;
+    if (arch != "qwen2moe" && arch != "qwen3moe" && arch != "llama")
+        fail(ErrorCode::unsupported, "{}: architecture '{}' is not supported (supported: {})", fname, printable(arch),
+             gguf_supported_architectures());
+    const auto key = [&](std::string_view suffix) { return fmt::format("{}.{}", arch, suffix); };
+    const auto opt_int = [&](std::string_view suffix, std::int64_t fallback) {
+        const std::string k = key(suffix);
+        return file.has(k) ? file.get_int(k) : fallback;
+    };
+    const auto positive = [&](std::string_view suffix, std::int64_t v) {
+        if (v <= 0 || v > (std::int64_t{1} << 31))
+            fail(ErrorCode::bad_input, "{}: {} is {}, not a positive count", fname, key(suffix), v);
+        return v;
+    };
+
+    p.block_count = positive("block_count", file.get_int(key("block_count")));
+    p.embedding_length = positive("embedding_length", file.get_int(key("embedding_length")));
+    p.feed_forward_length = opt_int("feed_forward_length", 0);
+    p.head_count = positive("attention.head_count", file.get_int(key("attention.head_count")));
+    {
+        // head_count_kv may be per-layer (an array) in some converters; we
+        // accept that only when every layer agrees.
+        const std::string k = key("attention.head_count_kv");
+        const GgufValue* v = file.find(k);
+        if (v == nullptr) {
+            p.head_count_kv = p.head_count;
+        } else if (!v->is_array()) {
+            p.head_count_kv = file.get_int(k);
+        } else {
+            std::optional<std::int64_t> common;
+            std::visit(
+                [&](const auto& vec) {
+                    using E = typename std::decay_t<decltype(vec)>::value_type;
+                    if constexpr (std::is_integral_v<E> && !std::is_same_v<E, bool>) {
+                        for (const auto& e : vec) {
+                            const auto x = static_cast<std::int64_t>(e);
+                            if (common && *common != x)
+                                fail(ErrorCode::unsupported, "{}: {} varies per layer (not supported)", fname, k);
+                            common = x;
+                        }
+                    }
+                },
+                *v->array());
+            if (!common) fail(ErrorCode::bad_input, "{}: {} is {}, not an integer", fname, k, v->summary(0));
+            p.head_count_kv = *common;
+        }
+        positive("attention.head_count_kv", p.head_count_kv);
+        if (p.head_count % p.head_count_kv != 0)
+            fail(ErrorCode::bad_input, "{}: head_count {} is not a multiple of head_count_kv {}", fname, p.head_count,
+                 p.head_count_kv);
+    }
+    p.key_length = positive("attention.key_length", opt_int("attention.key_length", p.embedding_length / p.head_count));
+    p.value_length = positive("attention.value_length", opt_int("attention.value_length", p.key_length));
+    if (file.has(key("rope.freq_base"))) p.rope_freq_base = file.get_float(key("rope.freq_base"));
+    p.rms_norm_eps = file.get_float(key("attention.layer_norm_rms_epsilon"));
+    if (!(p.rms_norm_eps > 0.0) || !(p.rope_freq_base > 0.0))
+        fail(ErrorCode::bad_input, "{}: rms epsilon {} / rope base {} must be positive", fname, p.rms_norm_eps,
+             p.rope_freq_base);
+
+    p.expert_count = opt_int("expert_count", 0);
+    p.expert_used_count = opt_int("expert_used_count", 0);
+    if (arch != "llama" && p.expert_count == 0)
+        fail(ErrorCode::bad_input, "{}: {} has no {}", fname, arch, key("expert_count"));
+    if (p.expert_count != 0) {
+        positive("expert_count", p.expert_count);
+        if (p.expert_used_count <= 0 || p.expert_used_count > p.expert_count)
+            fail(ErrorCode::bad_input, "{}: {} is {}, not in 1..{}", fname, key("expert_used_count"),
+                 p.expert_used_count, p.expert_count);
+        // Mixtral (llama arch) sizes its experts with the dense FFN key.
+        p.expert_feed_forward_length =
+            positive("expert_feed_forward_length", opt_int("expert_feed_forward_length", p.feed_forward_length));
+    }
+    p.expert_shared_feed_forward_length = opt_int("expert_shared_feed_forward_length", 0);
+    p.norm_topk_prob = arch != "qwen2moe";
+    if (const std::string k = key("expert_weights_norm"); file.has(k)) p.norm_topk_prob = file.get_bool(k);
+
+    if (file.has("tokenizer.ggml.tokens")) {
+        const GgufValue& v = file.get("tokenizer.ggml.tokens");
+        p.vocab_size = static_cast<std::int64_t>(v.array_size());
+    } else if (file.has(key("vocab_size"))) {
+        p.vocab_size = file.get_int(key("vocab_size"));
+    } else if (const auto* te = file.find_tensor("token_embd.weight"); te != nullptr && te->ne.size() == 2) {
+        p.vocab_size = te->ne[1];
+    }
+    positive("vocab_size", p.vocab_size);
+
+    p.moe_layers.assign(static_cast<std::size_t>(p.block_count), false);
+    bool has_output = false;
+    for (const auto& t : file.tensors()) {
+        const auto r = gguf_tensor_role(t.name);
+        if (!r) continue;
+        if (r->role == GgufRole::output) has_output = true;
+        if (r->role == GgufRole::attn_q_norm) p.qk_norm = true;
+        if (r->role == GgufRole::ffn_gate_shexp || r->role == GgufRole::ffn_up_shexp ||
+            r->role == GgufRole::ffn_down_shexp)
+            p.shared_expert = true;
+        if (r->role == GgufRole::ffn_gate_inp_shexp) p.shared_expert_gate = true;
+        if (r->layer >= p.block_count)
+            fail(ErrorCode::bad_input, "{}: tensor '{}' belongs to layer {} but block_count is {}", fname,
+                 printable(t.name), r->layer, p.block_count);
+        if (r->role == GgufRole::ffn_gate_inp && r->layer >= 0) p.moe_layers[static_cast<std::size_t>(r->layer)] = true;
+    }
+    p.tied_embeddings = !has_output;
+    return p;
+}
+
+}  // namespace kvasir

@@ -1,0 +1,564 @@
+// HF config.json → ModelConfig, checked against the committed fixtures (the
+// values scripts/make_fixtures.py gave transformers, written out by hand
+// here) and against the tensors those fixtures' model.safetensors hold.
+#include "kvasir/core/error.hpp"
+#include "kvasir/model/config.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <map>
+#include <set>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+using kvasir::Architecture;
+using kvasir::Error;
+using kvasir::ErrorCode;
+using kvasir::ModelConfig;
+using kvasir::RouterScoring;
+using kvasir::Shape;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+const std::string kModels = std::string(KVASIR_SOURCE_DIR) + "/fixtures/models/";
+
+// ---------------------------------------------------------------------------
+// A minimal safetensors header reader (8-byte little-endian length + JSON), so
+// this test does not depend on the real reader.
+// ---------------------------------------------------------------------------
+struct HeaderEntry {
+    std::string dtype;
+    Shape shape;
+    std::uint64_t begin = 0, end = 0;
+};
+struct Header {
+    std::map<std::string, HeaderEntry> tensors;
+    std::uint64_t data_start = 0;
+};
+
+Header read_header(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    EXPECT_TRUE(in.good()) << path;
+    unsigned char len[8] = {};
+    in.read(reinterpret_cast<char*>(len), 8);
+    std::uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+    EXPECT_LT(n, 100u << 20) << path;
+    std::string text(n, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(n));
+    const json j = json::parse(text);
+    Header h;
+    h.data_start = 8 + n;
+    for (const auto& [name, v] : j.items()) {
+        if (name == "__metadata__") continue;
+        HeaderEntry e;
+        e.dtype = v.at("dtype").get<std::string>();
+        for (const auto& d : v.at("shape")) e.shape.push_back(d.get<std::int64_t>());
+        e.begin = v.at("data_offsets").at(0).get<std::uint64_t>();
+        e.end = v.at("data_offsets").at(1).get<std::uint64_t>();
+        h.tensors.emplace(name, std::move(e));
+    }
+    return h;
+}
+
+std::vector<std::int32_t> read_i32(const std::string& path, const std::string& name) {
+    const Header h = read_header(path);
+    const HeaderEntry& e = h.tensors.at(name);
+    EXPECT_EQ(e.dtype, "I32");
+    std::ifstream in(path, std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(h.data_start + e.begin));
+    std::vector<std::int32_t> out((e.end - e.begin) / 4);
+    in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(e.end - e.begin));
+    return out;
+}
+
+// ---------------------------------------------------------------------------
+// What make_fixtures.py configured, by hand.
+// ---------------------------------------------------------------------------
+struct Expected {
+    std::string dir;
+    std::string dtype;  // of every weight in model.safetensors
+    Architecture arch;
+    std::int64_t hidden, layers, heads, kv_heads, head_dim;
+    double rope_theta, eps;
+    bool qk_norm, qkv_bias, o_bias;
+    std::int64_t vocab;
+    bool tied;
+    std::int64_t experts, top_k;
+    bool norm_topk;
+    std::int64_t moe_ff, dense_ff, shared_ff;
+    bool shared_gate;
+    std::int64_t sparse_step;
+    std::vector<std::int64_t> mlp_only;
+    std::vector<bool> moe;
+};
+
+const std::vector<Expected>& fixtures() {
+    static const std::vector<Expected> all = {
+        {"qwen3_moe_tiny", "F32", Architecture::qwen3_moe, 96, 4, 4, 2, 32, 1e6, 1e-6, true, false, false, 384, false,
+         8, 2, true, 64, 192, 0, false, 1, {2}, {true, true, false, true}},
+        {"qwen3_moe_tiny_bf16", "BF16", Architecture::qwen3_moe, 96, 4, 4, 2, 32, 1e6, 1e-6, true, false, false, 384,
+         false, 8, 2, true, 64, 192, 0, false, 1, {2}, {true, true, false, true}},
+        {"mixtral_tiny", "F32", Architecture::mixtral, 64, 3, 4, 2, 16, 5e5, 1e-5, false, false, false, 320, false, 6,
+         2, true, 96, 0, 0, false, 1, {}, {true, true, true}},
+        {"qwen2_moe_tiny", "F32", Architecture::qwen2_moe, 64, 4, 4, 2, 16, 1e4, 1e-6, false, true, false, 352, true, 8,
+         4, false, 32, 128, 96, true, 2, {}, {false, true, false, true}},
+    };
+    return all;
+}
+
+class FixtureConfig : public ::testing::TestWithParam<Expected> {};
+
+TEST_P(FixtureConfig, EveryFieldMatchesTheScript) {
+    const Expected& x = GetParam();
+    const ModelConfig c = kvasir::load_model_config(kModels + x.dir);
+    EXPECT_EQ(c.source, kModels + x.dir + "/config.json");
+    EXPECT_EQ(c.architecture, x.arch);
+    EXPECT_EQ(c.hidden_size, x.hidden);
+    EXPECT_EQ(c.num_layers, x.layers);
+    EXPECT_EQ(c.num_heads, x.heads);
+    EXPECT_EQ(c.num_kv_heads, x.kv_heads);
+    EXPECT_EQ(c.head_dim, x.head_dim);
+    EXPECT_EQ(c.rope_theta, x.rope_theta);
+    EXPECT_EQ(c.rope_type, "default");
+    EXPECT_EQ(c.rms_norm_eps, x.eps);
+    EXPECT_EQ(c.hidden_act, "silu");
+    EXPECT_EQ(c.qk_norm, x.qk_norm);
+    EXPECT_EQ(c.attention_bias, x.qkv_bias);
+    EXPECT_EQ(c.attention_out_bias, x.o_bias);
+    EXPECT_EQ(c.sliding_window, 0);
+    EXPECT_EQ(c.max_position_embeddings, 1024);
+    EXPECT_EQ(c.vocab_size, x.vocab);
+    EXPECT_EQ(c.tie_word_embeddings, x.tied);
+    EXPECT_EQ(c.num_experts(), x.experts);
+    EXPECT_EQ(c.top_k(), x.top_k);
+    EXPECT_EQ(c.norm_topk_prob(), x.norm_topk);
+    EXPECT_EQ(c.moe_intermediate_size, x.moe_ff);
+    EXPECT_EQ(c.intermediate_size, x.dense_ff);
+    EXPECT_EQ(c.shared_expert_intermediate_size, x.shared_ff);
+    EXPECT_EQ(c.has_shared_expert(), x.shared_ff > 0);
+    EXPECT_EQ(c.shared_expert_gate, x.shared_gate);
+    EXPECT_EQ(c.decoder_sparse_step, x.sparse_step);
+    EXPECT_EQ(c.mlp_only_layers, x.mlp_only);
+    EXPECT_EQ(c.moe_layers, x.moe);
+    EXPECT_TRUE(c.full_forward_supported());
+    // Router: plain softmax top-k.
+    EXPECT_EQ(c.router.scoring, RouterScoring::softmax);
+    EXPECT_FALSE(c.router.score_correction_bias);
+    EXPECT_EQ(c.router.n_group, 1);
+    EXPECT_EQ(c.router.topk_group, 1);
+    EXPECT_EQ(c.router.routed_scaling_factor, 1.0);
+    std::int64_t moe = 0;
+    for (std::int64_t l = 0; l < x.layers; ++l) {
+        EXPECT_EQ(c.is_moe(l), x.moe[static_cast<std::size_t>(l)]) << "layer " << l;
+        moe += x.moe[static_cast<std::size_t>(l)] ? 1 : 0;
+    }
+    EXPECT_EQ(c.num_moe_layers(), moe);
+    EXPECT_THROW((void)c.is_moe(x.layers), Error);
+    EXPECT_THROW((void)c.is_moe(-1), Error);
+}
+
+// The MoE layers transformers built (saved by the script as `moe_layers`)
+// are the ones our rule picks.
+TEST_P(FixtureConfig, MoeLayersAgreeWithTransformers) {
+    const Expected& x = GetParam();
+    const ModelConfig c = kvasir::load_model_config(kModels + x.dir);
+    const std::vector<std::int32_t> hf = read_i32(kModels + x.dir + "/reference.safetensors", "moe_layers");
+    std::vector<std::int32_t> ours;
+    for (std::int64_t l = 0; l < c.num_layers; ++l)
+        if (c.is_moe(l)) ours.push_back(static_cast<std::int32_t>(l));
+    EXPECT_EQ(ours, hf);
+}
+
+// Layer 0's names all exist in the checkpoint, and in fact the specs of all
+// layers plus the globals are exactly the checkpoint's tensors, with shapes.
+TEST_P(FixtureConfig, TensorNamesAreTheCheckpointsTensors) {
+    const Expected& x = GetParam();
+    const ModelConfig c = kvasir::load_model_config(kModels + x.dir);
+    const Header h = read_header(kModels + x.dir + "/model.safetensors");
+
+    for (const kvasir::TensorSpec& t : kvasir::layer_tensor_specs(c, 0))
+        EXPECT_TRUE(h.tensors.count(t.name)) << "layer 0 tensor " << t.name << " missing from " << x.dir;
+
+    std::set<std::string> listed;
+    auto check = [&](const std::vector<kvasir::TensorSpec>& specs) {
+        for (const kvasir::TensorSpec& t : specs) {
+            EXPECT_TRUE(listed.insert(t.name).second) << "listed twice: " << t.name;
+            auto it = h.tensors.find(t.name);
+            if (it == h.tensors.end()) {
+                ADD_FAILURE() << t.name << " missing from " << x.dir;
+                continue;
+            }
+            EXPECT_EQ(it->second.shape, t.shape) << t.name;
+            EXPECT_EQ(it->second.dtype, x.dtype) << t.name;
+        }
+    };
+    check(kvasir::model_tensor_specs(c));
+    for (std::int64_t l = 0; l < c.num_layers; ++l) check(kvasir::layer_tensor_specs(c, l));
+    for (const auto& [name, e] : h.tensors) EXPECT_TRUE(listed.count(name)) << "not described: " << name;
+    EXPECT_EQ(listed.size(), h.tensors.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureConfig, ::testing::ValuesIn(fixtures()),
+                         [](const ::testing::TestParamInfo<Expected>& i) { return i.param.dir; });
+
+TEST(ConfigNames, PerArchitectureNamingScheme) {
+    const ModelConfig q3 = kvasir::load_model_config(kModels + "qwen3_moe_tiny");
+    const kvasir::LayerTensorNames a = kvasir::layer_tensor_names(q3, 0);
+    EXPECT_EQ(a.q_proj, "model.layers.0.self_attn.q_proj.weight");
+    EXPECT_EQ(a.q_norm, "model.layers.0.self_attn.q_norm.weight");
+    EXPECT_EQ(a.k_norm, "model.layers.0.self_attn.k_norm.weight");
+    EXPECT_EQ(a.q_bias, "");
+    EXPECT_EQ(a.router, "model.layers.0.mlp.gate.weight");
+    ASSERT_EQ(a.experts.size(), 8u);
+    EXPECT_EQ(a.experts[7].gate, "model.layers.0.mlp.experts.7.gate_proj.weight");
+    EXPECT_EQ(a.experts[7].up, "model.layers.0.mlp.experts.7.up_proj.weight");
+    EXPECT_EQ(a.experts[7].down, "model.layers.0.mlp.experts.7.down_proj.weight");
+    EXPECT_EQ(a.mlp_gate, "");
+    const kvasir::LayerTensorNames dense = kvasir::layer_tensor_names(q3, 2);
+    EXPECT_EQ(dense.mlp_gate, "model.layers.2.mlp.gate_proj.weight");
+    EXPECT_EQ(dense.mlp_down, "model.layers.2.mlp.down_proj.weight");
+    EXPECT_TRUE(dense.experts.empty());
+    EXPECT_EQ(dense.router, "");
+    EXPECT_EQ(kvasir::model_tensor_names(q3).lm_head, "lm_head.weight");
+
+    const ModelConfig mx = kvasir::load_model_config(kModels + "mixtral_tiny");
+    const kvasir::LayerTensorNames m = kvasir::layer_tensor_names(mx, 1);
+    EXPECT_EQ(m.router, "model.layers.1.block_sparse_moe.gate.weight");
+    EXPECT_EQ(m.experts[5].gate, "model.layers.1.block_sparse_moe.experts.5.w1.weight");
+    EXPECT_EQ(m.experts[5].up, "model.layers.1.block_sparse_moe.experts.5.w3.weight");
+    EXPECT_EQ(m.experts[5].down, "model.layers.1.block_sparse_moe.experts.5.w2.weight");
+    EXPECT_EQ(m.q_norm, "");
+
+    const ModelConfig q2 = kvasir::load_model_config(kModels + "qwen2_moe_tiny");
+    const kvasir::LayerTensorNames s = kvasir::layer_tensor_names(q2, 1);
+    EXPECT_EQ(s.q_bias, "model.layers.1.self_attn.q_proj.bias");
+    EXPECT_EQ(s.v_bias, "model.layers.1.self_attn.v_proj.bias");
+    EXPECT_EQ(s.o_bias, "");
+    EXPECT_EQ(s.shared_gate, "model.layers.1.mlp.shared_expert.gate_proj.weight");
+    EXPECT_EQ(s.shared_down, "model.layers.1.mlp.shared_expert.down_proj.weight");
+    EXPECT_EQ(s.shared_expert_gate, "model.layers.1.mlp.shared_expert_gate.weight");
+    EXPECT_EQ(kvasir::model_tensor_names(q2).lm_head, "model.embed_tokens.weight");  // tied
+    EXPECT_THROW((void)kvasir::layer_tensor_names(q2, 4), Error);
+}
+
+// ---------------------------------------------------------------------------
+// Other configs: real-world shapes, legacy keys, defaults, DeepSeek router.
+// ---------------------------------------------------------------------------
+TEST(ConfigParse, LegacyQwen15MoeConfig) {
+    // Qwen1.5-MoE-A2.7B's config.json (transformers 4.x: top-level rope_theta, no qkv_bias key).
+    const char* text = R"({
+      "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 2048,
+      "intermediate_size": 5632, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+      "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16, "num_experts": 60,
+      "num_experts_per_tok": 4, "norm_topk_prob": false, "decoder_sparse_step": 1, "rms_norm_eps": 1e-06,
+      "rope_theta": 1000000.0, "max_position_embeddings": 8192, "vocab_size": 151936, "tie_word_embeddings": false,
+      "use_sliding_window": false, "sliding_window": 32768, "hidden_act": "silu", "torch_dtype": "bfloat16"})";
+    const ModelConfig c = kvasir::parse_model_config(text, "qwen15/config.json");
+    EXPECT_EQ(c.architecture, Architecture::qwen2_moe);
+    EXPECT_EQ(c.rope_theta, 1e6);
+    EXPECT_TRUE(c.attention_bias);  // Qwen2MoeConfig.qkv_bias defaults to True
+    EXPECT_FALSE(c.attention_out_bias);
+    EXPECT_EQ(c.head_dim, 128);
+    EXPECT_EQ(c.sliding_window, 0);  // use_sliding_window false
+    EXPECT_EQ(c.num_moe_layers(), 24);
+    EXPECT_TRUE(c.shared_expert_gate);
+    EXPECT_EQ(c.shared_expert_intermediate_size, 5632);
+}
+
+TEST(ConfigParse, Mixtral8x7bConfig) {
+    const char* text = R"({
+      "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
+      "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "num_local_experts": 8, "num_experts_per_tok": 2, "rms_norm_eps": 1e-05, "rope_theta": 1e6,
+      "sliding_window": null, "vocab_size": 32000, "max_position_embeddings": 32768, "tie_word_embeddings": false})";
+    const ModelConfig c = kvasir::parse_model_config(text, "mixtral/config.json");
+    EXPECT_EQ(c.head_dim, 128);
+    EXPECT_EQ(c.moe_intermediate_size, 14336);
+    EXPECT_EQ(c.intermediate_size, 0);
+    EXPECT_TRUE(c.norm_topk_prob());
+    EXPECT_EQ(c.num_moe_layers(), 32);
+    EXPECT_EQ(c.sliding_window, 0);
+}
+
+TEST(ConfigParse, MissingKeysTakeTheTransformersDefaults) {
+    const ModelConfig c = kvasir::parse_model_config(R"({"model_type": "qwen3_moe"})", "min/config.json");
+    EXPECT_EQ(c.hidden_size, 2048);
+    EXPECT_EQ(c.num_layers, 24);
+    EXPECT_EQ(c.num_heads, 32);
+    EXPECT_EQ(c.num_kv_heads, 4);
+    EXPECT_EQ(c.head_dim, 64);
+    EXPECT_EQ(c.num_experts(), 128);
+    EXPECT_EQ(c.top_k(), 8);
+    EXPECT_FALSE(c.norm_topk_prob());
+    EXPECT_EQ(c.moe_intermediate_size, 768);
+    EXPECT_EQ(c.intermediate_size, 6144);
+    EXPECT_EQ(c.rope_theta, 10000.0);
+    EXPECT_EQ(c.rms_norm_eps, 1e-6);
+    EXPECT_EQ(c.vocab_size, 151936);
+    EXPECT_EQ(c.num_moe_layers(), 24);
+
+    // No model_type: the architecture comes from `architectures`.
+    const ModelConfig m = kvasir::parse_model_config(R"({"architectures": ["MixtralForCausalLM"]})", "a/config.json");
+    EXPECT_EQ(m.architecture, Architecture::mixtral);
+    EXPECT_EQ(m.rope_theta, 1e6);  // MixtralConfig.default_theta
+    EXPECT_EQ(m.rms_norm_eps, 1e-5);
+}
+
+TEST(ConfigParse, SparseStepAndMlpOnlyLayersCombine) {
+    // (l+1) % 3 == 0 → layers 2, 5; mlp_only_layers removes 5.
+    const ModelConfig c = kvasir::parse_model_config(
+        R"({"model_type": "qwen2_moe", "num_hidden_layers": 7, "decoder_sparse_step": 3, "mlp_only_layers": [5, 0]})",
+        "s/config.json");
+    EXPECT_EQ(c.moe_layers, (std::vector<bool>{false, false, true, false, false, false, false}));
+}
+
+TEST(ConfigParse, RopeParametersWinOverTopLevelRopeTheta) {
+    const ModelConfig c = kvasir::parse_model_config(
+        R"({"model_type": "qwen3_moe", "rope_theta": 5.0, "rope_parameters": {"rope_type": "yarn", "rope_theta": 7.0}})",
+        "r/config.json");
+    EXPECT_EQ(c.rope_theta, 7.0);
+    EXPECT_EQ(c.rope_type, "yarn");
+    const ModelConfig d = kvasir::parse_model_config(
+        R"({"model_type": "qwen3_moe", "rope_theta": 5.0, "rope_scaling": {"type": "linear", "factor": 2.0}})",
+        "r/config.json");
+    EXPECT_EQ(d.rope_theta, 5.0);
+    EXPECT_EQ(d.rope_type, "linear");
+}
+
+TEST(ConfigParse, DeepSeekV3RouterAtLayerLevel) {
+    // deepseek-ai/DeepSeek-V3 config.json (abridged to the keys that matter here).
+    const char* text = R"({
+      "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
+      "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+      "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+      "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+      "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4,
+      "num_experts_per_tok": 8, "moe_layer_freq": 1, "first_k_dense_replace": 3, "norm_topk_prob": true,
+      "scoring_func": "sigmoid", "hidden_act": "silu", "max_position_embeddings": 163840, "rms_norm_eps": 1e-06,
+      "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                       "original_max_position_embeddings": 4096, "type": "yarn"},
+      "rope_theta": 10000, "tie_word_embeddings": false, "vocab_size": 129280})";
+    const ModelConfig c = kvasir::parse_model_config(text, "dsv3/config.json");
+    EXPECT_EQ(c.architecture, Architecture::deepseek_v3);
+    EXPECT_FALSE(c.full_forward_supported());
+    EXPECT_EQ(c.router.scoring, RouterScoring::sigmoid);
+    EXPECT_TRUE(c.router.score_correction_bias);
+    EXPECT_EQ(c.router.num_experts, 256);
+    EXPECT_EQ(c.router.top_k, 8);
+    EXPECT_EQ(c.router.n_group, 8);
+    EXPECT_EQ(c.router.topk_group, 4);
+    EXPECT_EQ(c.router.routed_scaling_factor, 2.5);
+    EXPECT_TRUE(c.router.norm_topk_prob);
+    EXPECT_EQ(c.shared_expert_intermediate_size, 2048);
+    EXPECT_FALSE(c.shared_expert_gate);
+    EXPECT_EQ(c.rope_type, "yarn");
+    EXPECT_FALSE(c.is_moe(2));
+    EXPECT_TRUE(c.is_moe(3));
+    EXPECT_EQ(c.num_moe_layers(), 58);
+    const kvasir::LayerTensorNames n = kvasir::layer_tensor_names(c, 3);
+    EXPECT_EQ(n.router, "model.layers.3.mlp.gate.weight");
+    EXPECT_EQ(n.router_bias, "model.layers.3.mlp.gate.e_score_correction_bias");
+    EXPECT_EQ(n.experts[255].down, "model.layers.3.mlp.experts.255.down_proj.weight");
+    EXPECT_EQ(n.shared_up, "model.layers.3.mlp.shared_experts.up_proj.weight");
+    EXPECT_EQ(n.shared_expert_gate, "");
+    EXPECT_EQ(n.q_proj, "");  // MLA attention is not described
+    const kvasir::LayerTensorNames d = kvasir::layer_tensor_names(c, 0);
+    EXPECT_EQ(d.mlp_up, "model.layers.0.mlp.up_proj.weight");
+    const auto specs = kvasir::layer_tensor_specs(c, 3);
+    EXPECT_EQ(specs.size(), 2u + 2u + 3u * 256u + 3u);  // norms, router + bias, experts, shared
+}
+
+// ---------------------------------------------------------------------------
+// Errors: Error(bad_input), one line, "SOURCE: ..." naming the key.
+// ---------------------------------------------------------------------------
+json base_config() {
+    std::ifstream in(kModels + "qwen3_moe_tiny/config.json");
+    return json::parse(in);
+}
+
+void expect_error(const std::string& text, std::initializer_list<std::string> needles,
+                  ErrorCode code = ErrorCode::bad_input) {
+    const std::string src = "bad/config.json";
+    try {
+        (void)kvasir::parse_model_config(text, src);
+        ADD_FAILURE() << "no error for: " << text.substr(0, 200);
+    } catch (const Error& e) {
+        const std::string msg = e.what();
+        EXPECT_EQ(e.code(), code) << msg;
+        EXPECT_EQ(msg.rfind(src + ": ", 0), 0u) << msg;
+        EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+        for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+    }
+}
+
+void expect_error(const json& j, std::initializer_list<std::string> needles, ErrorCode code = ErrorCode::bad_input) {
+    expect_error(j.dump(), needles, code);
+}
+
+json with(const char* key, json value) {
+    json j = base_config();
+    j[key] = std::move(value);
+    return j;
+}
+
+TEST(ConfigErrors, UnknownArchitectureListsTheSupportedOnes) {
+    json j = base_config();
+    j["model_type"] = "llama";
+    j["architectures"] = {"LlamaForCausalLM"};
+    expect_error(j, {"model_type", "\"llama\"", "qwen2_moe, qwen3_moe, mixtral"});
+    j.erase("model_type");
+    expect_error(j, {"architectures", "LlamaForCausalLM", "qwen2_moe, qwen3_moe, mixtral"});
+    j.erase("architectures");
+    expect_error(j, {"model_type", "qwen2_moe, qwen3_moe, mixtral"});
+    expect_error(with("architectures", {"MixtralForCausalLM"}), {"architectures", "does not match model_type"});
+    expect_error(with("model_type", 3), {"model_type must be a string"});
+}
+
+TEST(ConfigErrors, BadValuesNameTheKey) {
+    expect_error(with("hidden_size", -5), {"hidden_size", "out of range"});
+    expect_error(with("hidden_size", 0), {"hidden_size"});
+    expect_error(with("hidden_size", "96"), {"hidden_size must be an integer", "\"96\""});
+    expect_error(with("hidden_size", 96.5), {"hidden_size must be an integer"});
+    expect_error(with("hidden_size", std::int64_t{1} << 30), {"hidden_size", "out of range"});
+    expect_error(with("hidden_size", std::uint64_t{18446744073709551615u}), {"hidden_size", "out of range"});
+    expect_error(with("hidden_size", nullptr), {"hidden_size must be an integer, got null"});
+    expect_error(with("num_hidden_layers", 0), {"num_hidden_layers"});
+    expect_error(with("num_key_value_heads", 3), {"num_key_value_heads (3) must divide num_attention_heads (4)"});
+    expect_error(with("num_experts_per_tok", 9), {"num_experts_per_tok (9)", "num_experts = 8"});
+    expect_error(with("num_experts_per_tok", 0), {"num_experts_per_tok"});
+    expect_error(with("num_local_experts", 0), {"num_local_experts"});
+    expect_error(with("head_dim", 31), {"head_dim (31) must be even"});
+    expect_error(with("vocab_size", std::int64_t{1} << 21), {"vocab_size"});
+    expect_error(with("rms_norm_eps", 0), {"rms_norm_eps"});
+    expect_error(with("rms_norm_eps", "1e-6"), {"rms_norm_eps must be a number"});
+    expect_error(with("decoder_sparse_step", 0), {"decoder_sparse_step"});
+    expect_error(with("mlp_only_layers", {7}), {"mlp_only_layers = 7", "out of range [0, 3]"});
+    expect_error(with("mlp_only_layers", {-1}), {"mlp_only_layers"});
+    expect_error(with("mlp_only_layers", "2"), {"mlp_only_layers must be a list"});
+    expect_error(with("tie_word_embeddings", 1), {"tie_word_embeddings must be true or false"});
+    expect_error(with("norm_topk_prob", "yes"), {"norm_topk_prob"});
+    expect_error(with("moe_intermediate_size", 0), {"moe_intermediate_size"});
+    expect_error(with("max_position_embeddings", -1), {"max_position_embeddings"});
+    expect_error(with("hidden_act", "gelu"), {"hidden_act", "gelu"}, ErrorCode::unsupported);
+    {
+        json j = base_config();
+        j["rope_parameters"]["rope_theta"] = -1.0;
+        expect_error(j, {"rope_parameters.rope_theta", "out of range"});
+        j["rope_parameters"] = 5;
+        expect_error(j, {"rope_parameters must be an object"});
+    }
+    {
+        json j = base_config();  // both spellings of the expert count, disagreeing
+        j["num_experts"] = 4;
+        expect_error(j, {"num_experts (4) and num_local_experts (8) disagree"});
+        j["num_experts"] = 8;
+        EXPECT_EQ(kvasir::parse_model_config(j.dump(), "ok/config.json").num_experts(), 8);
+    }
+    {
+        json j = base_config();  // no head_dim and hidden not divisible by heads
+        j.erase("head_dim");
+        j["num_attention_heads"] = 5;
+        j["num_key_value_heads"] = 5;
+        expect_error(j, {"head_dim is not given", "hidden_size (96)", "num_attention_heads (5)"});
+    }
+}
+
+TEST(ConfigErrors, DeepSeekGroupsMustFit) {
+    const std::string base = R"({"model_type": "deepseek_v3", "n_routed_experts": 64, "num_experts_per_tok": 6,
+                                 "num_hidden_layers": 4, )";
+    expect_error(base + R"("n_group": 5, "topk_group": 2})", {"n_group (5) must divide n_routed_experts (64)"});
+    expect_error(base + R"("n_group": 8, "topk_group": 9})", {"topk_group (9)"});
+    expect_error(base + R"("n_group": 16, "topk_group": 1})",
+                 {"num_experts_per_tok (6) exceeds", "topk_group (1) groups of 4"});
+    expect_error(base + R"("n_group": 64, "topk_group": 1})", {"fewer than 2 experts per group"});
+    expect_error(base + R"("n_group": 8, "topk_group": 4, "scoring_func": "softmax"})", {"scoring_func", "softmax"});
+    expect_error(base + R"("n_group": 8, "topk_group": 4, "routed_scaling_factor": 0})", {"routed_scaling_factor"});
+    expect_error(base + R"("n_group": 8, "topk_group": 4, "first_k_dense_replace": 5})",
+                 {"first_k_dense_replace = 5", "out of range [0, 4]"});
+    const ModelConfig ok = kvasir::parse_model_config(base + R"("n_group": 8, "topk_group": 4, "first_k_dense_replace": 1})",
+                                                      "ok/config.json");
+    EXPECT_EQ(ok.moe_layers, (std::vector<bool>{false, true, true, true}));
+}
+
+TEST(ConfigErrors, MalformedJson) {
+    expect_error(std::string("{\"model_type\": \"qwen3_moe\",\n"), {"invalid JSON"});
+    expect_error(std::string("[1, 2]"), {"top level must be a JSON object", "array"});
+    expect_error(std::string("\"qwen3_moe\""), {"top level must be a JSON object"});
+    expect_error(std::string("{\"model_type\": \"qwen3\xff_moe\"}"), {"invalid JSON"});
+    expect_error(std::string(""), {"invalid JSON"});
+}
+
+class TempDir {
+public:
+    TempDir() {
+        std::string tmpl = (fs::temp_directory_path() / "kvasir_test_config_XXXXXX").string();
+        path_ = ::mkdtemp(tmpl.data());
+    }
+    ~TempDir() {
+        std::error_code ec;
+        fs::remove_all(path_, ec);
+    }
+    const std::string& path() const { return path_; }
+
+private:
+    std::string path_;
+};
+
+TEST(ConfigErrors, FilesAndFolders) {
+    TempDir tmp;
+    ASSERT_FALSE(tmp.path().empty());
+    // A folder without config.json.
+    try {
+        (void)kvasir::load_model_config(tmp.path());
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::bad_input);
+        EXPECT_NE(std::string(e.what()).find(tmp.path() + "/config.json: no such file"), std::string::npos) << e.what();
+    }
+    // A bad value in a file: the message names the file path and the key.
+    {
+        std::ofstream out(tmp.path() + "/config.json");
+        json j = base_config();
+        j["num_experts_per_tok"] = 100;
+        out << j.dump(2);
+    }
+    for (const std::string& arg : {tmp.path(), tmp.path() + "/config.json"}) {
+        try {
+            (void)kvasir::load_model_config(arg);
+            ADD_FAILURE() << "no error";
+        } catch (const Error& e) {
+            const std::string msg = e.what();
+            EXPECT_EQ(e.code(), ErrorCode::bad_input);
+            EXPECT_EQ(msg.rfind(tmp.path() + "/config.json: num_experts_per_tok", 0), 0u) << msg;
+        }
+    }
+    EXPECT_THROW((void)kvasir::load_model_config(tmp.path() + "/nope.json"), Error);
+}
+
+TEST(ConfigValidate, ConfigsBuiltElsewhereAreChecked) {
+    ModelConfig c = kvasir::load_model_config(kModels + "qwen3_moe_tiny");
+    EXPECT_NO_THROW(kvasir::validate_model_config(c));
+    c.source = "model.gguf";
+    c.router.top_k = 9;
+    try {
+        kvasir::validate_model_config(c);
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(std::string(e.what()).rfind("model.gguf: num_experts_per_tok (9)", 0), 0u) << e.what();
+    }
+    c.router.top_k = 2;
+    c.moe_layers.pop_back();
+    EXPECT_THROW(kvasir::validate_model_config(c), Error);
+}
+
+}  // namespace

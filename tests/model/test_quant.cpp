@@ -1,0 +1,156 @@
+// Dequantisation from first principles: blocks are packed here by the inverse
+// of the documented layout (independently of quant.cpp) from chosen scales and
+// quants, and the expected values are computed by hand. The cross-check
+// against the gguf package lives in test_gguf.cpp.
+#include "kvasir/core/dtype.hpp"
+#include "kvasir/core/error.hpp"
+#include "kvasir/model/quant.hpp"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+using namespace kvasir;
+
+namespace {
+
+void put_f16(std::vector<std::byte>& b, std::size_t at, float v) {
+    const std::uint16_t h = f32_to_f16_bits(v);
+    b[at] = std::byte{static_cast<std::uint8_t>(h)};
+    b[at + 1] = std::byte{static_cast<std::uint8_t>(h >> 8)};
+}
+
+std::uint8_t& byte_at(std::vector<std::byte>& b, std::size_t i) { return reinterpret_cast<std::uint8_t&>(b[i]); }
+
+}  // namespace
+
+TEST(QuantTraits, Geometry) {
+    const auto q4k = ggml_type_traits(12);
+    ASSERT_TRUE(q4k);
+    EXPECT_EQ(q4k->type, GgmlType::Q4_K);
+    EXPECT_EQ(q4k->name, "Q4_K");
+    EXPECT_EQ(q4k->block_size, 256u);
+    EXPECT_EQ(q4k->block_bytes, 144u);
+    EXPECT_EQ(ggml_traits(GgmlType::Q6_K).block_bytes, 210u);
+    EXPECT_EQ(ggml_traits(GgmlType::Q8_0).block_bytes, 34u);
+    EXPECT_EQ(ggml_traits(GgmlType::Q8_0).block_size, 32u);
+    EXPECT_EQ(ggml_traits(GgmlType::BF16).block_bytes, 2u);
+    EXPECT_EQ(ggml_traits(GgmlType::F32).block_size, 1u);
+    EXPECT_EQ(ggml_type_name(GgmlType::IQ2_XXS), "IQ2_XXS");
+    // Removed or never-assigned ids are unknown.
+    for (std::uint32_t id : {4u, 5u, 31u, 32u, 33u, 36u, 37u, 38u, 42u, 1000u, 0xffffffffu})
+        EXPECT_FALSE(ggml_type_traits(id)) << id;
+    for (auto t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})
+        EXPECT_TRUE(ggml_type_dequantizable(t));
+    for (auto t : {GgmlType::Q4_0, GgmlType::Q5_K, GgmlType::F64, GgmlType::I32, GgmlType::IQ4_XS})
+        EXPECT_FALSE(ggml_type_dequantizable(t));
+}
+
+TEST(QuantRow, Q8_0FromHandPackedBlock) {
+    // Two blocks, the second starting at an odd address inside the buffer:
+    // the kernels must not assume alignment.
+    std::vector<std::byte> b(1 + 2 * 34);
+    put_f16(b, 1, 0.5f);
+    put_f16(b, 1 + 34, -0.125f);
+    for (int i = 0; i < 32; ++i) {
+        byte_at(b, 1 + 2 + i) = static_cast<std::uint8_t>(i - 16);
+        byte_at(b, 1 + 34 + 2 + i) = static_cast<std::uint8_t>(i == 0 ? -128 : 127 - i);
+    }
+    std::array<float, 64> y{};
+    dequantize_row_q8_0(b.data() + 1, y.data(), 64);
+    for (int i = 0; i < 32; ++i) EXPECT_EQ(y[i], static_cast<float>(i - 16) * 0.5f) << i;
+    EXPECT_EQ(y[32], 16.0f);  // -128 × -0.125
+    for (int i = 1; i < 32; ++i) EXPECT_EQ(y[32 + i], static_cast<float>(127 - i) * -0.125f) << i;
+}
+
+TEST(QuantRow, Q4_KFromHandPackedBlock) {
+    // Eight 6-bit scales and mins, every one different and using the top bits,
+    // so a mix-up of the packing shows.
+    std::array<std::uint8_t, 8> sc{}, mn{};
+    for (int j = 0; j < 8; ++j) {
+        sc[j] = static_cast<std::uint8_t>(3 + 8 * j);   // 3 .. 59
+        mn[j] = static_cast<std::uint8_t>(63 - 7 * j);  // 63 .. 14
+    }
+    auto q_of = [](int e) { return (e * 7 + e / 32) % 16; };
+    std::vector<std::byte> b(144);
+    put_f16(b, 0, 0.5f);
+    put_f16(b, 2, 0.25f);
+    // Inverse of the documented packing.
+    for (int j = 0; j < 4; ++j) {
+        byte_at(b, 4 + j) = static_cast<std::uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+        byte_at(b, 4 + j + 4) = static_cast<std::uint8_t>(mn[j] | ((mn[j + 4] >> 4) << 6));
+        byte_at(b, 4 + j + 8) = static_cast<std::uint8_t>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+    }
+    for (int e = 0; e < 256; ++e) {
+        const int sub = e / 32, l = e % 32;
+        byte_at(b, 16 + 32 * (sub / 2) + l) |= static_cast<std::uint8_t>(q_of(e) << (4 * (sub % 2)));
+    }
+    std::array<float, 256> y{};
+    dequantize_row_q4_k(b.data(), y.data(), 256);
+    for (int e = 0; e < 256; ++e) {
+        const int j = e / 32;
+        const float expect = (0.5f * static_cast<float>(sc[j])) * static_cast<float>(q_of(e)) -
+                             0.25f * static_cast<float>(mn[j]);
+        EXPECT_EQ(y[e], expect) << "element " << e;
+    }
+}
+
+TEST(QuantRow, Q6_KFromHandPackedBlock) {
+    auto q_of = [](int e) { return (e * 5 + e / 64) % 64 - 32; };  // −32 .. 31
+    std::vector<std::byte> b(210);
+    for (int s = 0; s < 16; ++s) byte_at(b, 192 + s) = static_cast<std::uint8_t>(static_cast<std::int8_t>(3 * s - 24));
+    put_f16(b, 208, 0.25f);
+    for (int e = 0; e < 256; ++e) {
+        const int h = e / 128, r = e % 128;
+        const int q6 = q_of(e) + 32;
+        byte_at(b, 64 * h + r % 64) |= static_cast<std::uint8_t>((q6 & 15) << (4 * (r / 64)));
+        byte_at(b, 128 + 32 * h + r % 32) |= static_cast<std::uint8_t>((q6 >> 4) << (2 * (r / 32)));
+    }
+    std::array<float, 256> y{};
+    dequantize_row_q6_k(b.data(), y.data(), 256);
+    for (int e = 0; e < 256; ++e) {
+        const float scale = static_cast<float>(3 * (e / 16) - 24);
+        EXPECT_EQ(y[e], (0.25f * scale) * static_cast<float>(q_of(e))) << "element " << e;
+    }
+}
+
+TEST(QuantRow, PlainFloatsAreExactIncludingSpecials) {
+    // F32: a bit copy, signalling-NaN payload included.
+    const std::array<std::uint32_t, 4> f32_bits = {0x7f800001u, 0x80000000u, 0x00000001u, 0x3f800000u};
+    std::array<float, 4> y{};
+    dequantize_row(GgmlType::F32, reinterpret_cast<const std::byte*>(f32_bits.data()), y.data(), 4);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(std::bit_cast<std::uint32_t>(y[i]), f32_bits[i]);
+    // F16: ±inf, NaN payload, subnormal, largest finite.
+    const std::array<std::uint16_t, 5> f16_bits = {0x7c00u, 0xfc00u, 0x7e01u, 0x0001u, 0x7bffu};
+    std::array<float, 5> h{};
+    dequantize_row(GgmlType::F16, reinterpret_cast<const std::byte*>(f16_bits.data()), h.data(), 5);
+    EXPECT_EQ(h[0], INFINITY);
+    EXPECT_EQ(h[1], -INFINITY);
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(h[2]), 0x7fc02000u);
+    EXPECT_EQ(h[3], std::ldexp(1.0f, -24));
+    EXPECT_EQ(h[4], 65504.0f);
+    // BF16: the top half of an f32.
+    const std::array<std::uint16_t, 3> bf_bits = {0xff81u, 0x3f80u, 0x0001u};
+    std::array<float, 3> g{};
+    dequantize_row(GgmlType::BF16, reinterpret_cast<const std::byte*>(bf_bits.data()), g.data(), 3);
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(g[0]), 0xff810000u);
+    EXPECT_EQ(g[1], 1.0f);
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(g[2]), 0x00010000u);
+}
+
+TEST(QuantRow, UnsupportedTypeAndBadLengthAreRefused) {
+    std::array<std::byte, 64> src{};
+    std::array<float, 64> y{};
+    try {
+        dequantize_row(GgmlType::Q5_K, src.data(), y.data(), 256);
+        FAIL();
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::unsupported);
+        EXPECT_NE(std::string(e.what()).find("Q5_K"), std::string::npos);
+    }
+    EXPECT_THROW(dequantize_row(GgmlType::Q8_0, src.data(), y.data(), 31), Error);
+}
