@@ -21,6 +21,7 @@
 #pragma once
 
 #include "kvasir/core/tensor.hpp"
+#include "kvasir/model/config.hpp"  // RouterScoring
 
 #include <cstdint>
 #include <map>
@@ -72,8 +73,6 @@ struct RopeParams {
     double theta = 1e6;
     RopeLayout layout = RopeLayout::neox;
 };
-
-enum class RouterScoring { softmax, sigmoid };
 
 struct RouterParams {
     int top_k = 8;
