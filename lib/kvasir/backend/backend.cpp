@@ -283,4 +283,25 @@ Tensor Backend::add(const TensorView& a, const TensorView& b) {
     return out;
 }
 
+Tensor Backend::mul(const TensorView& a, const TensorView& b) {
+    check_same_shape("mul", a, b);
+    const Capabilities& caps = capabilities();
+    const DType acc = combine_dtype();
+    Tensor out(caps.output, a.shape);
+    const std::int64_t n = a.numel();
+    for (std::int64_t i = 0; i < n; ++i)
+        out.set(i, round_to(caps.storage, round_to(acc, round_to(caps.storage, a.at(i)) * round_to(caps.storage, b.at(i)))));
+    return out;
+}
+
+Tensor Backend::scale(const TensorView& x, double s) {
+    const Capabilities& caps = capabilities();
+    const DType acc = combine_dtype();
+    const double sc = round_to(acc, s);
+    Tensor out(caps.output, x.shape);
+    const std::int64_t n = x.numel();
+    for (std::int64_t i = 0; i < n; ++i) out.set(i, round_to(caps.storage, round_to(acc, round_to(caps.storage, x.at(i)) * sc)));
+    return out;
+}
+
 }  // namespace kvasir

@@ -141,6 +141,12 @@ public:
     // block), in the combine precision. Optional.
     virtual Tensor add(const TensorView& a, const TensorView& b);
 
+    // Element-wise product (shared-expert gate · shared-expert output). Optional:
+    // the default multiplies in the combine precision and rounds to storage.
+    virtual Tensor mul(const TensorView& a, const TensorView& b);
+    // x · s (attention's 1/√d, routed_scaling_factor). Optional, as mul.
+    virtual Tensor scale(const TensorView& x, double s);
+
 protected:
     // dtype in which the default moe_block/add accumulate.
     DType combine_dtype() const;

@@ -216,11 +216,13 @@ std::uint16_t to_half_bits(double x) noexcept {
     const auto sign = static_cast<std::uint16_t>((b >> 48) & 0x8000u);
     const int e = static_cast<int>((b >> 52) & 0x7ff) - 1023;
     if (e > bias) return static_cast<std::uint16_t>(sign | inf);  // |x| >= 2^(bias+1), infinity included
-    const std::uint64_t sig = (b & 0x000fffffffffffffull) | (e == -1023 ? 0 : 0x0010000000000000ull);
     // Normal results keep `mant` bits below the leading one; below 2^(1-bias)
     // the quantum is fixed (gradual underflow), so more bits are dropped.
+    // Double subnormals (and zero) take the early return, so the implicit bit
+    // can always be set.
     const int shift = (52 - mant) + std::max(0, (1 - bias) - e);
-    if (shift > 53) return sign;  // below half the smallest subnormal (double subnormals too)
+    if (shift > 53) return sign;  // below half the smallest subnormal
+    const std::uint64_t sig = (b & 0x000fffffffffffffull) | 0x0010000000000000ull;
     std::uint64_t q = sig >> shift;
     const std::uint64_t rem = sig & ((std::uint64_t{1} << shift) - 1);
     const std::uint64_t half = std::uint64_t{1} << (shift - 1);
