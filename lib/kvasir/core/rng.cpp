@@ -405,7 +405,9 @@ Tensor generate(const char* what, std::uint64_t seed, std::string_view name, Sha
     std::uint64_t started = 1;  // range 0 is this thread's
     try {
         for (; started < workers; ++started) {
-            const auto [b0, b1] = range(started);
+            // Plain copies: clang 14 cannot capture structured bindings.
+            const auto r = range(started);
+            const std::uint64_t b0 = r.first, b1 = r.second;
             pool.emplace_back([&t, &st, draw, a, scale, b0, b1] { fill_range(t, st, draw, a, scale, b0, b1); });
         }
     } catch (const std::system_error&) {
