@@ -19,7 +19,10 @@ void write_file_atomic(const std::string& path, std::string_view content) {
     namespace fs = std::filesystem;
     const fs::path target(path);
     const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-    std::string tmpl = (dir / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
+    std::string name = ".";
+    name += target.filename().string();
+    name += ".tmp-XXXXXX";
+    std::string tmpl = (dir / name).string();
     const int fd = ::mkstemp(tmpl.data());
     if (fd < 0) fail(ErrorCode::bad_input, "{}: cannot create a temporary file beside it: {}", path, std::strerror(errno));
     const auto abandon = [&](const char* what) {
