@@ -1,7 +1,9 @@
 #include "commands.hpp"
 #include "nodes.hpp"
 
+#include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
+#include "kvasir/model/model.hpp"
 #include "kvasir/report/ops_text.hpp"
 #include "kvasir/steps/op_delta.hpp"
 
@@ -9,21 +11,33 @@
 
 #include <iostream>
 #include <memory>
+#include <optional>
 
 namespace kvasir::app {
 
 namespace {
 
 struct OpsOptions {
+    std::string model;
+    std::int64_t layer = -1;
     OpsConfig config;
     NodeOptions nodes;
     OutputOptions output;
 };
 
 void run_ops(OpsOptions& opt) {
-    opt.config.validate();
+    std::optional<Model> model;
+    OpsConfig config = opt.config;
+    if (!opt.model.empty()) {
+        model.emplace(Model::open(opt.model));
+        config.model = &*model;
+        config.layer = opt.layer < 0 ? 0 : opt.layer;
+    } else {
+        KVASIR_CHECK(opt.layer < 0, ErrorCode::bad_input, "--layer needs --model");
+    }
+    config.resolved().validate();
     Nodes nodes = create_nodes(opt.nodes);
-    const OpsReport report = run_op_delta(opt.config, nodes.nodes, nodes.reference);
+    const OpsReport report = run_op_delta(config, nodes.nodes, nodes.reference);
     const auto json = to_json(report);
     if (!opt.output.output_file.empty()) write_file_atomic(opt.output.output_file, json.dump(2) + "\n");
     if (opt.output.json)
@@ -43,6 +57,8 @@ void set_ops_command(CLI::App& app) {
     cmd->add_option("--ops", c.ops, "Ops to run, comma separated (default: all): matmul, swiglu, softmax, rmsnorm, "
                                     "rope_neox, rope_normal, router_softmax, router_sigmoid, moe")
         ->delimiter(',');
+    cmd->add_option("-m,--model", opt->model, "Take shapes and weights from this model (HF folder, .safetensors, .gguf)");
+    cmd->add_option("-l,--layer", opt->layer, "Layer of --model whose weights are used (default 0)");
     cmd->add_option("--seed", c.seed, "Seed of the counter-based input generator")->capture_default_str();
     cmd->add_option("--tokens", c.tokens, "Tokens (rows) per op")->capture_default_str();
     cmd->add_option("--hidden", c.hidden, "Model width")->capture_default_str();

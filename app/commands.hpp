@@ -29,7 +29,12 @@ void add_node_options(CLI::App& cmd, NodeOptions& nodes);
 // Exit code a command sets for main() to return (0 unless it decided otherwise).
 int& command_exit_code();
 
+// The embedded default model: the qwen3_moe fixture made by transformers.
+std::string default_model_path();
+
 void set_backends_command(CLI::App& app);
 void set_ops_command(CLI::App& app);
+void set_inspect_command(CLI::App& app);
+void set_matrix_command(CLI::App& app);
 
 }  // namespace kvasir::app

@@ -2,6 +2,8 @@
 
 namespace kvasir::app {
 
+std::string default_model_path() { return std::string(KVASIR_SOURCE_DIR) + "/fixtures/models/qwen3_moe_tiny"; }
+
 int& command_exit_code() {
     static int code = 0;
     return code;

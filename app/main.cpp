@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
                "Run 'kvasir-equiv COMMAND --help' for a command's options.");
     kvasir::app::set_backends_command(app);
     kvasir::app::set_ops_command(app);
+    kvasir::app::set_matrix_command(app);
+    kvasir::app::set_inspect_command(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {

@@ -19,6 +19,33 @@ const std::vector<std::string>& all_op_names() {
     return names;
 }
 
+OpsConfig OpsConfig::resolved() const {
+    if (model == nullptr) return *this;
+    const ModelConfig& m = model->config();
+    KVASIR_CHECK(layer >= 0 && layer < m.num_layers, ErrorCode::bad_input, "--layer {} is outside 0..{} of {}", layer,
+                 m.num_layers - 1, model->path());
+    OpsConfig c = *this;
+    c.hidden = m.hidden_size;
+    c.heads = m.num_heads;
+    c.head_dim = m.head_dim;
+    c.rope_theta = m.rope_theta;
+    c.rms_eps = m.rms_norm_eps;
+    c.vocab = m.vocab_size;
+    if (m.is_moe(layer)) {
+        c.intermediate = m.moe_intermediate_size;
+        c.experts = m.num_experts();
+        c.top_k = m.top_k();
+        c.shards = std::min<int>(c.shards, static_cast<int>(c.experts));
+    } else {
+        c.intermediate = m.intermediate_size;
+        std::vector<std::string> moe_ops{"router_softmax", "router_sigmoid", "moe"};
+        for (const std::string& op : c.ops)
+            KVASIR_CHECK(std::find(moe_ops.begin(), moe_ops.end(), op) == moe_ops.end(), ErrorCode::bad_input,
+                         "op '{}' needs a MoE layer, but layer {} of {} is dense", op, layer, model->path());
+    }
+    return c;
+}
+
 void OpsConfig::validate() const {
     const auto positive = [](const char* name, std::int64_t v, std::int64_t max) {
         KVASIR_CHECK(v >= 1 && v <= max, ErrorCode::bad_input, "--{} must be in 1..{}, got {}", name, max, v);
@@ -70,11 +97,43 @@ struct MoeInputs {
     Tensor x;
     std::vector<Tensor> storage;  // owns the expert matrices
     std::vector<ExpertWeights> experts;
+    TensorView bias;
     RoutingPlan plan;
 };
 
+RouterParams model_router_params(const ModelConfig& m, const TensorView* bias) {
+    RouterParams rp;
+    rp.top_k = static_cast<int>(m.top_k());
+    rp.scoring = m.router.scoring;
+    rp.renormalize = m.router.norm_topk_prob;
+    rp.scaling = m.router.routed_scaling_factor;
+    rp.n_group = static_cast<int>(m.router.n_group);
+    rp.topk_group = static_cast<int>(m.router.topk_group);
+    rp.bias = bias;
+    return rp;
+}
+
+// The MoE input with real statistics: a seeded hidden state through the
+// layer's own post-attention RMSNorm, on the reference, stored as f32 so
+// every node reads identical values.
+Tensor model_moe_input(const OpsConfig& c, const LayerWeights& lw, Backend& reference, const std::string& op) {
+    const Tensor h = input(c, op, "hidden", {c.tokens, c.hidden}, 0.0, 1.0);
+    return Tensor::convert(reference.rmsnorm(h, lw.post_attention_norm, c.rms_eps), DType::f32);
+}
+
 MoeInputs make_moe_inputs(const OpsConfig& c, Backend& reference) {
     MoeInputs m;
+    if (c.model != nullptr) {
+        const LayerWeights& lw = c.model->layer(c.layer);
+        m.x = model_moe_input(c, lw, reference, "moe");
+        m.experts = lw.experts;
+        m.bias = lw.router_bias;
+        const RouterParams rp = model_router_params(c.model->config(), present(m.bias) ? &m.bias : nullptr);
+        const RouterOutput r = reference.route(reference.matmul(m.x, lw.router), rp);
+        m.plan.ids = r.ids;
+        m.plan.weights = r.weights;
+        return m;
+    }
     const double sh = 1.0 / std::sqrt(static_cast<double>(c.hidden));
     const double si = 1.0 / std::sqrt(static_cast<double>(c.intermediate));
     m.x = input(c, "moe", "x", {c.tokens, c.hidden}, 0.0, 1.0);
@@ -100,7 +159,8 @@ MoeInputs make_moe_inputs(const OpsConfig& c, Backend& reference) {
 
 }  // namespace
 
-OpsReport run_op_delta(const OpsConfig& c, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference) {
+OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference) {
+    const OpsConfig c = requested.resolved();
     c.validate();
     KVASIR_CHECK(!nodes.empty() && reference < nodes.size(), ErrorCode::internal, "run_op_delta: bad reference index");
     OpsReport report;
@@ -108,7 +168,17 @@ OpsReport run_op_delta(const OpsConfig& c, std::vector<std::unique_ptr<Backend>>
     report.reference = reference;
     for (const auto& n : nodes) report.nodes.push_back(n->capabilities());
 
-    const std::vector<std::string> selected = c.ops.empty() ? all_op_names() : c.ops;
+    std::vector<std::string> selected = c.ops.empty() ? all_op_names() : c.ops;
+    const LayerWeights* lw = c.model != nullptr ? &c.model->layer(c.layer) : nullptr;
+    if (lw != nullptr) {
+        // Only the ops the layer has weights for; the router op of the model's own scoring.
+        const bool sigmoid = c.model->config().router.scoring == RouterScoring::sigmoid;
+        std::erase_if(selected, [&](const std::string& op) {
+            if (!lw->moe) return op == "router_softmax" || op == "router_sigmoid" || op == "moe";
+            return op == (sigmoid ? "router_softmax" : "router_sigmoid");
+        });
+    }
+    const std::string where = lw != nullptr ? fmt::format("{} layer {}", c.model->path(), c.layer) : "";
     const auto wants = [&](const std::string& op) { return std::find(selected.begin(), selected.end(), op) != selected.end(); };
     const std::int64_t T = c.tokens, H = c.hidden, I = c.intermediate, E = c.experts;
     const double sh = 1.0 / std::sqrt(static_cast<double>(H));
@@ -122,7 +192,14 @@ OpsReport run_op_delta(const OpsConfig& c, std::vector<std::unique_ptr<Backend>>
         // Inputs are generated once per op and shared by every node.
         std::shared_ptr<void> keep;
         std::shared_ptr<MoeInputs> moe_inputs;
-        if (op == "matmul") {
+        if (op == "matmul" && lw != nullptr) {
+            const TensorView w = lw->moe ? lw->experts[0].gate : lw->mlp_gate;
+            auto in = std::make_shared<std::pair<Tensor, Tensor>>(model_moe_input(c, *lw, *nodes[reference], op), Tensor());
+            keep = in;
+            plan.inputs = fmt::format("x[{},{}] real-statistics · {}ᵀ {} of {}", T, H, lw->moe ? "expert 0 gate" : "mlp gate",
+                                      shape_str(w.shape), where);
+            plan.run = [in, w](Backend& b) { return NodeOutput{b.matmul(in->first, w), {}}; };
+        } else if (op == "matmul") {
             auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "x", {T, H}, 0, 1),
                                                                   input(c, op, "w", {I, H}, 0, sh));
             keep = in;
@@ -139,6 +216,13 @@ OpsReport run_op_delta(const OpsConfig& c, std::vector<std::unique_ptr<Backend>>
             keep = in;
             plan.inputs = fmt::format("x[{},{}]~N(0,3), row-wise", T, c.vocab);
             plan.run = [in](Backend& b) { return NodeOutput{b.softmax(*in), {}}; };
+        } else if (op == "rmsnorm" && lw != nullptr) {
+            auto in = std::make_shared<Tensor>(input(c, op, "x", {T, H}, 0, 1));
+            keep = in;
+            const double eps = c.rms_eps;
+            const TensorView w = lw->post_attention_norm;
+            plan.inputs = fmt::format("x[{},{}]~N(0,1), post-attention norm of {}, eps {}", T, H, where, eps);
+            plan.run = [in, w, eps](Backend& b) { return NodeOutput{b.rmsnorm(*in, w, eps), {}}; };
         } else if (op == "rmsnorm") {
             auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "x", {T, H}, 0, 1),
                                                                   input(c, op, "weight", {H}, 1, 0.1));
@@ -153,6 +237,21 @@ OpsReport run_op_delta(const OpsConfig& c, std::vector<std::unique_ptr<Backend>>
             plan.inputs = fmt::format("x[{},{},{}]~N(0,1), positions {}..{}, theta {}", T, c.heads, c.head_dim,
                                       c.position_offset, c.position_offset + T - 1, c.rope_theta);
             plan.run = [in, rp, positions](Backend& b) { return NodeOutput{b.rope(*in, positions, rp), {}}; };
+        } else if ((op == "router_softmax" || op == "router_sigmoid") && lw != nullptr) {
+            const Tensor x = model_moe_input(c, *lw, *nodes[reference], op);
+            auto in = std::make_shared<std::pair<Tensor, TensorView>>(
+                Tensor::convert(nodes[reference]->matmul(x, lw->router), DType::f32), lw->router_bias);
+            keep = in;
+            const RouterParams base = model_router_params(c.model->config(), nullptr);
+            plan.inputs = fmt::format("real router logits [{},{}] of {}, {} top-{}{}", T, E, where,
+                                      op == "router_softmax" ? "softmax" : "sigmoid", c.top_k,
+                                      base.renormalize ? ", renormalised" : "");
+            plan.run = [in, base](Backend& b) {
+                RouterParams rp = base;
+                if (present(in->second)) rp.bias = &in->second;
+                RouterOutput r = b.route(in->first, rp);
+                return NodeOutput{std::move(r.scores), std::move(r.ids)};
+            };
         } else if (op == "router_softmax") {
             auto in = std::make_shared<Tensor>(input(c, op, "logits", {T, E}, 0, 1));
             keep = in;
@@ -187,8 +286,11 @@ OpsReport run_op_delta(const OpsConfig& c, std::vector<std::unique_ptr<Backend>>
         } else if (op == "moe") {
             auto in = std::make_shared<MoeInputs>(make_moe_inputs(c, *nodes[reference]));
             keep = in;
-            plan.inputs = fmt::format("x[{},{}]~N(0,1), {} experts of {}×{}, top-{} pinned by {}", T, H, E, I, H, c.top_k,
-                                      nodes[reference]->capabilities().node);
+            plan.inputs = lw != nullptr
+                              ? fmt::format("x[{},{}] real-statistics, {} real experts of {}×{} of {}, top-{} pinned by {}", T,
+                                            H, E, I, H, where, c.top_k, nodes[reference]->capabilities().node)
+                              : fmt::format("x[{},{}]~N(0,1), {} experts of {}×{}, top-{} pinned by {}", T, H, E, I, H,
+                                            c.top_k, nodes[reference]->capabilities().node);
             plan.run = [in](Backend& b) { return NodeOutput{b.moe_block(in->x, in->experts, in->plan), {}}; };
             moe_inputs = in;
         }
@@ -255,6 +357,11 @@ OpsReport run_op_delta(const OpsConfig& c, std::vector<std::unique_ptr<Backend>>
 nlohmann::ordered_json to_json(const OpsConfig& c) {
     nlohmann::ordered_json j;
     j["seed"] = c.seed;
+    if (c.model != nullptr) {
+        j["model"] = c.model->path();
+        j["model_fingerprint"] = c.model->fingerprint();
+        j["layer"] = c.layer;
+    }
     j["tokens"] = c.tokens;
     j["hidden"] = c.hidden;
     j["intermediate"] = c.intermediate;

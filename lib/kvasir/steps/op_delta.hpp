@@ -11,6 +11,7 @@
 
 #include "kvasir/backend/backend.hpp"
 #include "kvasir/metrics/metrics.hpp"
+#include "kvasir/model/model.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -38,8 +39,23 @@ struct OpsConfig {
     int shards = 4;                    // simulated nodes in the shard check
     std::vector<std::string> ops;      // empty: all
 
+    // Real weights: with a model, the shapes come from its config and layer
+    // `layer` supplies the weights — matmul uses expert 0's gate matrix,
+    // rmsnorm the post-attention norm, rope the model's head_dim and theta,
+    // the router its real router matrix and scoring (only the router op that
+    // matches the model's scoring runs), moe the real routed experts (the
+    // part an expert-parallel worker computes; a shared expert stays on the
+    // backbone and is not part of this block). Activations stay
+    // seeded: a seeded N(0,1) hidden state is passed through the layer's own
+    // post-attention RMSNorm on the reference, which gives the MoE input its
+    // real statistics (every MoE input is such a norm's output).
+    const Model* model = nullptr;
+    std::int64_t layer = -1;
+
     // Throws Error(bad_input) naming the first bad field.
     void validate() const;
+    // With a model: the config with the model's shapes filled in.
+    OpsConfig resolved() const;
 };
 
 // Ops in the order they are run and reported.

@@ -1,0 +1,143 @@
+#include "commands.hpp"
+
+#include "kvasir/model/model.hpp"
+#include "kvasir/report/json_common.hpp"
+#include "kvasir/report/text.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+
+namespace kvasir::app {
+
+namespace {
+
+struct InspectOptions {
+    std::string model = default_model_path();
+    bool json = false;
+    bool tensors = false;
+};
+
+std::string human_bytes(std::uint64_t b) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = static_cast<double>(b);
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        ++u;
+    }
+    return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.1f} {}", v, units[u]);
+}
+
+void run_inspect(const InspectOptions& opt) {
+    const Model model = Model::open(opt.model);
+    const ModelConfig& c = model.config();
+    const std::vector<ModelTensorEntry> table = model.tensor_table();
+    std::map<std::int64_t, std::set<std::string>> layer_dtypes;
+    std::map<std::string, std::uint64_t> dtype_bytes;
+    for (const ModelTensorEntry& t : table) {
+        layer_dtypes[t.layer].insert(t.dtype);
+        dtype_bytes[t.dtype] += t.bytes;
+    }
+    if (opt.json) {
+        nlohmann::ordered_json j;
+        j["schema"] = "kvasir-equiv/inspect/1";
+        j["tool"] = tool_json();
+        j["path"] = model.path();
+        j["format"] = model.format();
+        j["fingerprint"] = model.fingerprint();
+        nlohmann::ordered_json a;
+        a["architecture"] = architecture_name(c.architecture);
+        a["layers"] = c.num_layers;
+        a["hidden_size"] = c.hidden_size;
+        a["heads"] = c.num_heads;
+        a["kv_heads"] = c.num_kv_heads;
+        a["head_dim"] = c.head_dim;
+        a["vocab_size"] = c.vocab_size;
+        a["rope_theta"] = c.rope_theta;
+        a["rms_norm_eps"] = c.rms_norm_eps;
+        a["qk_norm"] = c.qk_norm;
+        a["attention_bias"] = c.attention_bias;
+        a["tie_word_embeddings"] = c.tie_word_embeddings;
+        a["experts"] = c.num_experts();
+        a["top_k"] = c.top_k();
+        a["norm_topk_prob"] = c.norm_topk_prob();
+        a["router_scoring"] = router_scoring_name(c.router.scoring);
+        a["moe_intermediate_size"] = c.moe_intermediate_size;
+        a["intermediate_size"] = c.intermediate_size;
+        a["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+        a["shared_expert_gate"] = c.shared_expert_gate;
+        j["config"] = a;
+        j["layers"] = nlohmann::ordered_json::array();
+        for (std::int64_t l = 0; l < c.num_layers; ++l) {
+            nlohmann::ordered_json lj;
+            lj["layer"] = l;
+            lj["kind"] = c.is_moe(l) ? "moe" : "dense";
+            lj["bytes"] = model.layer_bytes(l);
+            lj["dtypes"] = layer_dtypes[l];
+            j["layers"].push_back(std::move(lj));
+        }
+        j["tensors"] = nlohmann::ordered_json::array();
+        for (const ModelTensorEntry& t : table) {
+            nlohmann::ordered_json tj;
+            tj["name"] = t.name;
+            tj["dtype"] = t.dtype;
+            tj["shape"] = t.shape;
+            tj["bytes"] = t.bytes;
+            tj["layer"] = t.layer;
+            j["tensors"].push_back(std::move(tj));
+        }
+        std::cout << j.dump(2) << '\n';
+        return;
+    }
+    const Style st = style_for(stdout);
+    std::cout << st.bold(model.path()) << "  " << model.format() << "  fingerprint " << model.fingerprint() << "\n";
+    std::cout << fmt::format(
+        "{}: {} layers, hidden {}, heads {} (kv {}, head dim {}), vocab {}, rope θ {}, rms eps {}{}{}{}\n",
+        architecture_name(c.architecture), c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
+        c.vocab_size, c.rope_theta, c.rms_norm_eps, c.qk_norm ? ", q/k norm" : "", c.attention_bias ? ", qkv bias" : "",
+        c.tie_word_embeddings ? ", tied embeddings" : "");
+    if (c.num_moe_layers() > 0)
+        std::cout << fmt::format("MoE: {} experts × {} wide, top-{} ({} router{}){}\n", c.num_experts(),
+                                 c.moe_intermediate_size, c.top_k(), router_scoring_name(c.router.scoring),
+                                 c.norm_topk_prob() ? ", renormalised" : "",
+                                 c.has_shared_expert()
+                                     ? fmt::format(", shared expert {} wide{}", c.shared_expert_intermediate_size,
+                                                   c.shared_expert_gate ? " with sigmoid gate" : "")
+                                     : "");
+    std::cout << "\n";
+    TextTable lt({"layer", "kind", "bytes", "dtypes"});
+    for (std::int64_t l = 0; l < c.num_layers; ++l)
+        lt.add_row({std::to_string(l), c.is_moe(l) ? "moe" : "dense", human_bytes(model.layer_bytes(l)),
+                    fmt::format("{}", fmt::join(layer_dtypes[l], " "))});
+    std::cout << lt.render();
+    std::uint64_t total = 0;
+    for (const auto& [d, b] : dtype_bytes) total += b;
+    std::cout << fmt::format("\n{} tensors, {} in all", table.size(), human_bytes(total));
+    for (const auto& [d, b] : dtype_bytes) std::cout << fmt::format("; {} {}", d, human_bytes(b));
+    std::cout << "\n";
+    if (opt.tensors) {
+        TextTable tt({"tensor", "dtype", "shape", "bytes"});
+        for (const ModelTensorEntry& t : table) tt.add_row({t.name, t.dtype, shape_str(t.shape), std::to_string(t.bytes)});
+        std::cout << "\n" << tt.render();
+    } else {
+        std::cout << st.dim("(--tensors lists every tensor)") << "\n";
+    }
+}
+
+}  // namespace
+
+void set_inspect_command(CLI::App& app) {
+    auto opt = std::make_shared<InspectOptions>();
+    CLI::App* cmd = app.add_subcommand("inspect", "Describe a model: architecture, MoE/dense layers, experts, dtypes, bytes per layer, tensors");
+    cmd->add_option("model", opt->model, "HF folder, .safetensors file or .gguf file (default: the embedded fixture)");
+    cmd->add_flag("--json", opt->json, "Print as JSON");
+    cmd->add_flag("--tensors", opt->tensors, "List every tensor");
+    cmd->callback([opt] { run_inspect(*opt); });
+}
+
+}  // namespace kvasir::app

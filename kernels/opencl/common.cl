@@ -1,0 +1,63 @@
+// Prelude of every kvasir OpenCL program: one switchboard for storage format and accumulator type,
+// so each kernel is written once and the host picks the variant with -D flags (KV_STORAGE_*, KV_ACC_HALF).
+
+// Contraction off: a*b+c is rounded twice unless a kernel asks for fma()
+// explicitly. Left on, the device compiler could fuse whatever it likes and
+// the "fma" capability would be a guess.
+#pragma OPENCL FP_CONTRACT OFF
+
+#ifndef KV_STORAGE_HALF
+#define KV_STORAGE_HALF 0
+#endif
+#ifndef KV_STORAGE_BF16
+#define KV_STORAGE_BF16 0
+#endif
+#ifndef KV_ACC_HALF
+#define KV_ACC_HALF 0
+#endif
+
+// Storage. Half buffers go through vload_half/vstore_half_rte, which are core
+// OpenCL (no cl_khr_fp16 needed): half is only a memory format, values are
+// f32 in registers. vstore_half_rte rounds to nearest even, as the host does.
+#if KV_STORAGE_HALF
+typedef half kv_store_t;
+#define KV_LOAD(p, i) vload_half((size_t)(i), (p))
+#define KV_STORE(v, p, i) vstore_half_rte((v), (size_t)(i), (p))
+#elif KV_STORAGE_BF16
+// OpenCL has no bf16: buffers hold f32 values that are bf16-representable
+// (the host rounds the inputs), and every store rounds to bf16 here, so the
+// intermediates a kernel writes and reads back (softmax's exponentials) are
+// what a bf16-storing device would hold.
+typedef float kv_store_t;
+inline float kv_round_bf16(float v) {
+    const uint u = as_uint(v);
+    if (isnan(v)) return as_float(u | 0x00400000u);  // stays a (quiet) NaN, never turns into inf
+    // Round to nearest even on the upper 16 bits; a carry into the exponent
+    // rounds to the next binade or to inf, as IEEE rounding does.
+    return as_float((u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u);
+}
+#define KV_LOAD(p, i) ((p)[(i)])
+#define KV_STORE(v, p, i) ((p)[(i)] = kv_round_bf16(v))
+#else
+typedef float kv_store_t;
+#define KV_LOAD(p, i) ((p)[(i)])
+#define KV_STORE(v, p, i) ((p)[(i)] = (v))
+#endif
+
+// Accumulation. In f16 the running sum is a half variable: each step is
+// evaluated in f32 (one fma) and rounded to half, so the sum is rounded to
+// half after every add — the contract in backend.hpp. Needs cl_khr_fp16.
+#if KV_ACC_HALF
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+typedef half kv_acc_t;
+#define KV_ACC_ZERO ((half)0.0f)
+#define KV_ACC_FMA(a, b, acc) convert_half_rte(fma((a), (b), convert_float(acc)))
+#define KV_ACC_ADD(acc, v) convert_half_rte(convert_float(acc) + convert_float(v))
+#define KV_ACC_TO_FLOAT(acc) convert_float(acc)
+#else
+typedef float kv_acc_t;
+#define KV_ACC_ZERO 0.0f
+#define KV_ACC_FMA(a, b, acc) fma((a), (b), (acc))
+#define KV_ACC_ADD(acc, v) ((acc) + (v))
+#define KV_ACC_TO_FLOAT(acc) (acc)
+#endif

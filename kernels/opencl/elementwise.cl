@@ -1,0 +1,47 @@
+// Element-wise ops with the device's own exp/pow/sin/cos (OpenCL 1.2 full profile: exp ≤ 3 ulp, pow ≤ 16,
+// sin/cos ≤ 4, x/y ≤ 2.5) instead of the host libm: the transcendental differences the audit must bound.
+//
+// Reference loops (cpu-ref, f64):
+//   swiglu:  y = g / (1 + e^-g) · u
+//   sigmoid: y = 1 / (1 + e^-x)
+//   rope:    (a, b) → (a·cos θ − b·sin θ, b·cos θ + a·sin θ), θ = pos · theta^(−2i/d)
+// Written in the same operation order as the cpu backend, so only the
+// built-ins and the compiler differ.
+
+__kernel void kv_swiglu(__global const kv_store_t* g, __global const kv_store_t* u, __global kv_store_t* y,
+                        const ulong n) {
+    const size_t i = get_global_id(0);
+    if (i >= n) return;
+    const float gv = KV_LOAD(g, i);
+    KV_STORE(gv / (1.0f + exp(-gv)) * KV_LOAD(u, i), y, i);
+}
+
+__kernel void kv_sigmoid(__global const kv_store_t* x, __global kv_store_t* y, const ulong n) {
+    const size_t i = get_global_id(0);
+    if (i >= n) return;
+    KV_STORE(1.0f / (1.0f + exp(-KV_LOAD(x, i))), y, i);
+}
+
+// One work-item per (pair i, head h, token t). Inverse frequency, angle and
+// sin/cos are computed in f32 on the device, as GPU kernels do, and
+// recomputed per head rather than shared: cheaper than a table round trip.
+// neox != 0: pairs (i, i + d/2); else adjacent pairs (2i, 2i + 1).
+__kernel void kv_rope(__global const kv_store_t* x, __global kv_store_t* y, __global const float* pos,
+                      const int heads, const int d, const float theta, const int neox) {
+    const int i = (int)get_global_id(0);
+    const int h = (int)get_global_id(1);
+    const int t = (int)get_global_id(2);
+    const int half_d = d / 2;
+    if (i >= half_d || h >= heads) return;
+    const float inv_freq = pow(theta, -2.0f * (float)i / (float)d);
+    const float angle = pos[t] * inv_freq;
+    const float c = cos(angle);
+    const float s = sin(angle);
+    const size_t base = ((size_t)t * (size_t)heads + (size_t)h) * (size_t)d;
+    const size_t i0 = base + (size_t)(neox ? i : 2 * i);
+    const size_t i1 = base + (size_t)(neox ? i + half_d : 2 * i + 1);
+    const float a = KV_LOAD(x, i0);
+    const float b = KV_LOAD(x, i1);
+    KV_STORE(a * c - b * s, y, i0);
+    KV_STORE(b * c + a * s, y, i1);
+}

@@ -1,0 +1,77 @@
+// Row reductions as a device wants them: ONE work-group per row, each work-item folds a strided slice,
+// then a power-of-two tree in local memory — a reduction order no sequential or SIMD CPU loop produces.
+//
+// Reference loops (cpu-ref, f64):
+//   softmax: m = max_c x[c]; e[c] = exp(x[c] - m); y[c] = e[c] / Σ_c e[c]
+//   rmsnorm: y[c] = x[c] / sqrt(Σ_c x[c]² / cols + eps) · w[c]
+// Work-item l folds columns l, l + WG, l + 2·WG, ... in ascending order, then
+// the tree adds partial l + s into partial l for s = WG/2, WG/4, ..., 1.
+
+#ifndef KV_ROW_WG
+#define KV_ROW_WG 256  // a power of two: the tree halves it
+#endif
+
+// max that lets NaN win, so a NaN anywhere in the row poisons the whole row
+// as it does on the oracle (fmax would silently drop it).
+inline float kv_max_nan(float a, float b) { return (b > a || isnan(b)) ? b : a; }
+
+__kernel __attribute__((reqd_work_group_size(KV_ROW_WG, 1, 1)))
+void kv_softmax(__global const kv_store_t* x, __global kv_store_t* y, const int cols) {
+    __local float red_max[KV_ROW_WG];
+    __local kv_acc_t red_sum[KV_ROW_WG];
+    const int l = (int)get_local_id(0);
+    const size_t base = (size_t)get_group_id(0) * (size_t)cols;
+
+    float m = -INFINITY;
+    for (int c = l; c < cols; c += KV_ROW_WG) m = kv_max_nan(m, KV_LOAD(x, base + c));
+    red_max[l] = m;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = KV_ROW_WG / 2; s > 0; s >>= 1) {
+        if (l < s) red_max[l] = kv_max_nan(red_max[l], red_max[l + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    m = red_max[0];
+
+    // e = exp(x - m) goes through y, i.e. through the storage format: a
+    // half-storing device sums the rounded values it actually holds.
+    kv_acc_t sum = KV_ACC_ZERO;
+    for (int c = l; c < cols; c += KV_ROW_WG) {
+        KV_STORE(exp(KV_LOAD(x, base + c) - m), y, base + c);
+        sum = KV_ACC_ADD(sum, KV_LOAD(y, base + c));
+    }
+    red_sum[l] = sum;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = KV_ROW_WG / 2; s > 0; s >>= 1) {
+        if (l < s) red_sum[l] = KV_ACC_ADD(red_sum[l], red_sum[l + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float total = KV_ACC_TO_FLOAT(red_sum[0]);
+
+    // Each work-item rescales only the columns it wrote: no barrier needed.
+    for (int c = l; c < cols; c += KV_ROW_WG) KV_STORE(KV_LOAD(y, base + c) / total, y, base + c);
+}
+
+__kernel __attribute__((reqd_work_group_size(KV_ROW_WG, 1, 1)))
+void kv_rmsnorm(__global const kv_store_t* x, __global const kv_store_t* w, __global kv_store_t* y,
+                const int cols, const float eps) {
+    __local kv_acc_t red_sum[KV_ROW_WG];
+    const int l = (int)get_local_id(0);
+    const size_t base = (size_t)get_group_id(0) * (size_t)cols;
+
+    // Sum of squares with explicit fma, like the matmul dot products.
+    kv_acc_t ss = KV_ACC_ZERO;
+    for (int c = l; c < cols; c += KV_ROW_WG) {
+        const float v = KV_LOAD(x, base + c);
+        ss = KV_ACC_FMA(v, v, ss);
+    }
+    red_sum[l] = ss;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = KV_ROW_WG / 2; s > 0; s >>= 1) {
+        if (l < s) red_sum[l] = KV_ACC_ADD(red_sum[l], red_sum[l + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    // sqrt then divide (≤ 3 + 2.5 ulp by the spec) rather than rsqrt: the
+    // same formula as the CPU backends, so only the sum order differs.
+    const float inv = 1.0f / sqrt(KV_ACC_TO_FLOAT(red_sum[0]) / (float)cols + eps);
+    for (int c = l; c < cols; c += KV_ROW_WG) KV_STORE(KV_LOAD(x, base + c) * inv * KV_LOAD(w, c), y, base + c);
+}

@@ -1,0 +1,716 @@
+// opencl: host side — device enumeration, RAII over the C API, a per-device
+// runtime (context, queue, program cache) and the ops. The contract and the
+// numerics are documented in opencl_backend.hpp; kernels in kernels/opencl.
+#include "kvasir/backend/opencl/opencl_backend.hpp"
+
+#include "kvasir/core/error.hpp"
+
+#include <CL/cl.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <type_traits>
+#include <utility>
+
+namespace kvasir {
+namespace {
+
+// --- errors ------------------------------------------------------------------------
+
+const char* cl_error_name(cl_int code) {
+    // Numeric so the table does not depend on CL_TARGET_OPENCL_VERSION.
+    switch (code) {
+        case 0: return "CL_SUCCESS";
+        case -1: return "CL_DEVICE_NOT_FOUND";
+        case -2: return "CL_DEVICE_NOT_AVAILABLE";
+        case -3: return "CL_COMPILER_NOT_AVAILABLE";
+        case -4: return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
+        case -5: return "CL_OUT_OF_RESOURCES";
+        case -6: return "CL_OUT_OF_HOST_MEMORY";
+        case -7: return "CL_PROFILING_INFO_NOT_AVAILABLE";
+        case -8: return "CL_MEM_COPY_OVERLAP";
+        case -9: return "CL_IMAGE_FORMAT_MISMATCH";
+        case -10: return "CL_IMAGE_FORMAT_NOT_SUPPORTED";
+        case -11: return "CL_BUILD_PROGRAM_FAILURE";
+        case -12: return "CL_MAP_FAILURE";
+        case -13: return "CL_MISALIGNED_SUB_BUFFER_OFFSET";
+        case -14: return "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST";
+        case -15: return "CL_COMPILE_PROGRAM_FAILURE";
+        case -16: return "CL_LINKER_NOT_AVAILABLE";
+        case -17: return "CL_LINK_PROGRAM_FAILURE";
+        case -18: return "CL_DEVICE_PARTITION_FAILED";
+        case -19: return "CL_KERNEL_ARG_INFO_NOT_AVAILABLE";
+        case -30: return "CL_INVALID_VALUE";
+        case -31: return "CL_INVALID_DEVICE_TYPE";
+        case -32: return "CL_INVALID_PLATFORM";
+        case -33: return "CL_INVALID_DEVICE";
+        case -34: return "CL_INVALID_CONTEXT";
+        case -35: return "CL_INVALID_QUEUE_PROPERTIES";
+        case -36: return "CL_INVALID_COMMAND_QUEUE";
+        case -37: return "CL_INVALID_HOST_PTR";
+        case -38: return "CL_INVALID_MEM_OBJECT";
+        case -39: return "CL_INVALID_IMAGE_FORMAT_DESCRIPTOR";
+        case -40: return "CL_INVALID_IMAGE_SIZE";
+        case -41: return "CL_INVALID_SAMPLER";
+        case -42: return "CL_INVALID_BINARY";
+        case -43: return "CL_INVALID_BUILD_OPTIONS";
+        case -44: return "CL_INVALID_PROGRAM";
+        case -45: return "CL_INVALID_PROGRAM_EXECUTABLE";
+        case -46: return "CL_INVALID_KERNEL_NAME";
+        case -47: return "CL_INVALID_KERNEL_DEFINITION";
+        case -48: return "CL_INVALID_KERNEL";
+        case -49: return "CL_INVALID_ARG_INDEX";
+        case -50: return "CL_INVALID_ARG_VALUE";
+        case -51: return "CL_INVALID_ARG_SIZE";
+        case -52: return "CL_INVALID_KERNEL_ARGS";
+        case -53: return "CL_INVALID_WORK_DIMENSION";
+        case -54: return "CL_INVALID_WORK_GROUP_SIZE";
+        case -55: return "CL_INVALID_WORK_ITEM_SIZE";
+        case -56: return "CL_INVALID_GLOBAL_OFFSET";
+        case -57: return "CL_INVALID_EVENT_WAIT_LIST";
+        case -58: return "CL_INVALID_EVENT";
+        case -59: return "CL_INVALID_OPERATION";
+        case -60: return "CL_INVALID_GL_OBJECT";
+        case -61: return "CL_INVALID_BUFFER_SIZE";
+        case -62: return "CL_INVALID_MIP_LEVEL";
+        case -63: return "CL_INVALID_GLOBAL_WORK_SIZE";
+        case -64: return "CL_INVALID_PROPERTY";
+        case -65: return "CL_INVALID_IMAGE_DESCRIPTOR";
+        case -66: return "CL_INVALID_COMPILER_OPTIONS";
+        case -67: return "CL_INVALID_LINKER_OPTIONS";
+        case -68: return "CL_INVALID_DEVICE_PARTITION_COUNT";
+        case -69: return "CL_INVALID_PIPE_SIZE";
+        case -70: return "CL_INVALID_DEVICE_QUEUE";
+        case -71: return "CL_INVALID_SPEC_ID";
+        case -72: return "CL_MAX_SIZE_RESTRICTION_EXCEEDED";
+        case -1001: return "CL_PLATFORM_NOT_FOUND_KHR";
+        default: return "unknown OpenCL error";
+    }
+}
+
+// "lib/kvasir/backend/opencl/opencl_backend.cpp" rather than the build
+// machine's absolute path.
+const char* short_file(const char* file) {
+    const char* lib = std::strstr(file, "lib/kvasir/");
+    return lib != nullptr ? lib : file;
+}
+
+[[noreturn]] void cl_fail(cl_int code, std::string_view call, const char* file, int line) {
+    fail(ErrorCode::backend_failure, "opencl: {} failed with {} ({}) at {}:{}", call, cl_error_name(code), code,
+         short_file(file), line);
+}
+
+void cl_check(cl_int code, std::string_view statement, const char* file, int line) {
+    // Report the called function, not the whole argument list.
+    if (code != CL_SUCCESS) cl_fail(code, statement.substr(0, statement.find('(')), file, line);
+}
+
+// The clCreateX(..., cl_int* errcode_ret) calls: run, check, return the object.
+template <typename F>
+auto cl_create(const char* call, const char* file, int line, F&& create) {
+    cl_int err = CL_SUCCESS;
+    auto object = create(&err);
+    if (err == CL_SUCCESS && object == nullptr) err = CL_INVALID_VALUE;  // never trust a null with "success"
+    if (err != CL_SUCCESS) cl_fail(err, call, file, line);
+    return object;
+}
+
+}  // namespace
+}  // namespace kvasir
+
+// KVCL_CHECK(clFoo(...)): throw Error(backend_failure) naming clFoo, the CL
+// error and file:line. KVCL_CREATE(clCreateFoo, args...) appends the errcode
+// pointer and does the same for the create-style calls.
+#define KVCL_CHECK(call) ::kvasir::cl_check((call), #call, __FILE__, __LINE__)
+#define KVCL_CREATE(fn, ...) \
+    ::kvasir::cl_create(#fn, __FILE__, __LINE__, [&](cl_int* kvcl_err_) { return fn(__VA_ARGS__, kvcl_err_); })
+
+namespace kvasir {
+namespace {
+
+// --- RAII ----------------------------------------------------------------------------
+
+// Owns one reference to a CL object; move-only. Release errors are ignored:
+// there is nothing useful to do with them in a destructor.
+template <typename T, cl_int(CL_API_CALL* Release)(T)>
+class ClHandle {
+public:
+    ClHandle() = default;
+    explicit ClHandle(T handle) : handle_(handle) {}
+    ClHandle(ClHandle&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+    ClHandle& operator=(ClHandle&& other) noexcept {
+        if (this != &other) {
+            reset();
+            handle_ = std::exchange(other.handle_, nullptr);
+        }
+        return *this;
+    }
+    ClHandle(const ClHandle&) = delete;
+    ClHandle& operator=(const ClHandle&) = delete;
+    ~ClHandle() { reset(); }
+
+    T get() const { return handle_; }
+
+private:
+    void reset() noexcept {
+        if (handle_ != nullptr) Release(handle_);
+        handle_ = nullptr;
+    }
+    T handle_ = nullptr;
+};
+
+using ClContext = ClHandle<cl_context, clReleaseContext>;
+using ClQueue = ClHandle<cl_command_queue, clReleaseCommandQueue>;
+using ClProgram = ClHandle<cl_program, clReleaseProgram>;
+using ClKernel = ClHandle<cl_kernel, clReleaseKernel>;
+using ClMem = ClHandle<cl_mem, clReleaseMemObject>;
+
+// --- device queries -------------------------------------------------------------------
+
+std::string trimmed(std::string s) {
+    while (!s.empty() && (s.back() == '\0' || s.back() == ' ' || s.back() == '\n')) s.pop_back();
+    return s;
+}
+
+std::string device_string(cl_device_id d, cl_device_info what) {
+    std::size_t n = 0;
+    KVCL_CHECK(clGetDeviceInfo(d, what, 0, nullptr, &n));
+    std::string s(n, '\0');
+    KVCL_CHECK(clGetDeviceInfo(d, what, n, s.data(), nullptr));
+    return trimmed(std::move(s));
+}
+
+std::string platform_string(cl_platform_id p, cl_platform_info what) {
+    std::size_t n = 0;
+    KVCL_CHECK(clGetPlatformInfo(p, what, 0, nullptr, &n));
+    std::string s(n, '\0');
+    KVCL_CHECK(clGetPlatformInfo(p, what, n, s.data(), nullptr));
+    return trimmed(std::move(s));
+}
+
+template <typename T>
+T device_value(cl_device_id d, cl_device_info what) {
+    T v{};
+    KVCL_CHECK(clGetDeviceInfo(d, what, sizeof(T), &v, nullptr));
+    return v;
+}
+
+bool has_extension(const std::string& extensions, std::string_view name) {
+    std::size_t pos = 0;
+    while ((pos = extensions.find(name, pos)) != std::string::npos) {
+        const std::size_t end = pos + name.size();
+        const bool starts = pos == 0 || extensions[pos - 1] == ' ';
+        const bool ends = end == extensions.size() || extensions[end] == ' ';
+        if (starts && ends) return true;
+        pos = end;
+    }
+    return false;
+}
+
+struct DeviceInfo {
+    int index = 0;
+    cl_platform_id platform = nullptr;
+    cl_device_id id = nullptr;
+    std::string name, platform_name, platform_version, vendor, driver, device_version, opencl_c, extensions;
+    cl_uint compute_units = 1;
+    std::size_t max_work_group = 1;
+    std::array<std::size_t, 3> max_work_item{1, 1, 1};
+    bool fp16 = false, fp64 = false;
+
+    std::string label() const { return fmt::format("{} ({})", name, platform_name); }
+};
+
+struct Enumeration {
+    std::vector<DeviceInfo> devices;
+    std::string reason;  // why `devices` is empty
+};
+
+Enumeration enumerate_devices() {
+    Enumeration out;
+    cl_uint n_platforms = 0;
+    const cl_int err = clGetPlatformIDs(0, nullptr, &n_platforms);
+    if (err == -1001 /* CL_PLATFORM_NOT_FOUND_KHR */ || (err == CL_SUCCESS && n_platforms == 0)) {
+        out.reason = "no OpenCL platform: the ICD loader found no driver (install pocl-opencl-icd or a GPU's OpenCL driver)";
+        return out;
+    }
+    cl_check(err, "clGetPlatformIDs", __FILE__, __LINE__);
+    std::vector<cl_platform_id> platforms(n_platforms);
+    KVCL_CHECK(clGetPlatformIDs(n_platforms, platforms.data(), nullptr));
+    std::vector<std::string> empty_platforms;
+    for (cl_platform_id p : platforms) {
+        const std::string pname = platform_string(p, CL_PLATFORM_NAME);
+        cl_uint n_devices = 0;
+        const cl_int derr = clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 0, nullptr, &n_devices);
+        if (derr == CL_DEVICE_NOT_FOUND || (derr == CL_SUCCESS && n_devices == 0)) {
+            empty_platforms.push_back(pname);
+            continue;
+        }
+        cl_check(derr, "clGetDeviceIDs", __FILE__, __LINE__);
+        std::vector<cl_device_id> ids(n_devices);
+        KVCL_CHECK(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, n_devices, ids.data(), nullptr));
+        for (cl_device_id d : ids) {
+            DeviceInfo info;
+            info.index = static_cast<int>(out.devices.size());
+            info.platform = p;
+            info.id = d;
+            info.platform_name = pname;
+            info.platform_version = platform_string(p, CL_PLATFORM_VERSION);
+            info.name = device_string(d, CL_DEVICE_NAME);
+            info.vendor = device_string(d, CL_DEVICE_VENDOR);
+            info.driver = device_string(d, CL_DRIVER_VERSION);
+            info.device_version = device_string(d, CL_DEVICE_VERSION);
+            info.opencl_c = device_string(d, CL_DEVICE_OPENCL_C_VERSION);
+            info.extensions = device_string(d, CL_DEVICE_EXTENSIONS);
+            info.compute_units = device_value<cl_uint>(d, CL_DEVICE_MAX_COMPUTE_UNITS);
+            info.max_work_group = device_value<std::size_t>(d, CL_DEVICE_MAX_WORK_GROUP_SIZE);
+            KVCL_CHECK(clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof(info.max_work_item),
+                                       info.max_work_item.data(), nullptr));
+            info.fp16 = has_extension(info.extensions, "cl_khr_fp16");
+            info.fp64 = has_extension(info.extensions, "cl_khr_fp64");
+            out.devices.push_back(std::move(info));
+        }
+    }
+    if (out.devices.empty()) {
+        std::string names;
+        for (const std::string& s : empty_platforms) names += (names.empty() ? "" : ", ") + s;
+        out.reason = fmt::format("{} OpenCL platform(s) ({}) but no device", n_platforms, names);
+    }
+    return out;
+}
+
+// Enumerated once per process: cl_platform_id/cl_device_id stay valid for the
+// process and the per-device runtimes are keyed by them. A throwing first
+// attempt leaves the static uninitialised, so the next call retries.
+const Enumeration& devices() {
+    static const Enumeration e = enumerate_devices();
+    return e;
+}
+
+std::string first_lines(const std::string& text, int n) {
+    std::string out;
+    std::size_t pos = 0;
+    for (int i = 0; i < n && pos < text.size(); ++i) {
+        const std::size_t nl = text.find('\n', pos);
+        const std::size_t end = nl == std::string::npos ? text.size() : nl;
+        out += "    " + text.substr(pos, end - pos) + "\n";
+        pos = end + 1;
+    }
+    if (pos < text.size()) out += "    [...]\n";
+    if (out.empty()) out = "    (empty)\n";
+    out.pop_back();
+    return out;
+}
+
+// "-cl-std=CL1.2" where the device's OpenCL C is at least 1.2 (PoCL, most
+// GPUs), "-cl-std=CL1.1" on a 1.1-only device, nothing on a 1.0 device.
+std::string cl_std_option(const std::string& opencl_c) {
+    int major = 1, minor = 0;
+    if (std::sscanf(opencl_c.c_str(), "OpenCL C %d.%d", &major, &minor) != 2) return "";
+    if (major > 1 || minor >= 2) return "-cl-std=CL1.2";
+    if (minor == 1) return "-cl-std=CL1.1";
+    return "";
+}
+
+// --- per-device runtime ---------------------------------------------------------------
+
+// Context, in-order queue and program cache of one device, shared by every
+// backend created for it. Deliberately never destroyed (see runtime_for).
+class DeviceRuntime {
+public:
+    explicit DeviceRuntime(const DeviceInfo& info) : info_(info), std_option_(cl_std_option(info.opencl_c)) {
+        const cl_context_properties props[] = {CL_CONTEXT_PLATFORM, reinterpret_cast<cl_context_properties>(info.platform),
+                                               0};
+        context_ = ClContext(KVCL_CREATE(clCreateContext, props, 1, &info.id, nullptr, nullptr));
+        queue_ = ClQueue(KVCL_CREATE(clCreateCommandQueue, context_.get(), info.id, 0));
+    }
+
+    cl_context context() const { return context_.get(); }
+    cl_command_queue queue() const { return queue_.get(); }
+
+    // The program of kernels/opencl/<file>, prelude (common.cl) first, built
+    // with `defines`; compiled on first use, then cached.
+    cl_program program(std::string_view file, const std::string& defines) {
+        const std::string key = fmt::format("{}|{}", file, defines);
+        const std::lock_guard lock(mutex_);
+        auto it = programs_.find(key);
+        if (it == programs_.end()) {
+            const std::string_view prelude = opencl_embedded::kernel_source("common.cl");
+            const std::string_view body = opencl_embedded::kernel_source(file);
+            KVASIR_CHECK(!prelude.empty() && !body.empty(), ErrorCode::internal,
+                         "opencl: kernel source '{}' is not embedded in this binary (have: {})", file,
+                         opencl_embedded::kernel_names());
+            std::string source = fmt::format("{}\n#line 1\n{}", prelude, body);
+            it = programs_.emplace(key, build(fmt::format("kernels/opencl/{}", file), source, defines)).first;
+        }
+        return it->second.get();
+    }
+
+    // Uncached build; Error(backend_failure) with the build log on failure.
+    ClProgram build(std::string_view what, const std::string& source, std::string_view options) const {
+        const char* text = source.c_str();
+        const std::size_t length = source.size();
+        ClProgram program(KVCL_CREATE(clCreateProgramWithSource, context_.get(), 1, &text, &length));
+        const std::string opts = std_option_ + (options.empty() ? "" : " ") + std::string(options);
+        const cl_int err = clBuildProgram(program.get(), 1, &info_.id, opts.c_str(), nullptr, nullptr);
+        if (err != CL_SUCCESS) {
+            std::string log;
+            std::size_t n = 0;
+            if (clGetProgramBuildInfo(program.get(), info_.id, CL_PROGRAM_BUILD_LOG, 0, nullptr, &n) == CL_SUCCESS &&
+                n > 0) {
+                log.resize(n);
+                if (clGetProgramBuildInfo(program.get(), info_.id, CL_PROGRAM_BUILD_LOG, n, log.data(), nullptr) !=
+                    CL_SUCCESS)
+                    log = "(build log unavailable)";
+            }
+            fail(ErrorCode::backend_failure,
+                 "opencl: building {} for {} failed with {} ({}), options '{}'; build log (first 40 lines):\n{}", what,
+                 info_.label(), cl_error_name(err), err, opts, first_lines(trimmed(std::move(log)), 40));
+        }
+        return program;
+    }
+
+private:
+    const DeviceInfo& info_;
+    std::string std_option_;
+    ClContext context_;
+    ClQueue queue_;
+    std::mutex mutex_;
+    std::map<std::string, ClProgram> programs_;
+};
+
+// One runtime per device for the life of the process. Intentionally leaked:
+// releasing CL objects from static destructors races the ICD's and the
+// driver's own teardown at exit (a known crash source with several ICDs).
+DeviceRuntime& runtime_for(const DeviceInfo& info) {
+    static std::mutex mutex;
+    static auto* runtimes = new std::map<cl_device_id, std::unique_ptr<DeviceRuntime>>();
+    const std::lock_guard lock(mutex);
+    auto& slot = (*runtimes)[info.id];
+    if (!slot) slot = std::make_unique<DeviceRuntime>(info);
+    return *slot;
+}
+
+const DeviceInfo& device_at(int index, std::string_view spec) {
+    const Enumeration& e = devices();
+    if (e.devices.empty()) fail(ErrorCode::unsupported, "backend '{}' is absent: {}", spec, e.reason);
+    if (index < 0 || index >= static_cast<int>(e.devices.size())) {
+        std::string list;
+        for (const DeviceInfo& d : e.devices) list += fmt::format("{}opencl:{} = {}", list.empty() ? "" : ", ", d.index, d.label());
+        fail(ErrorCode::bad_input, "backend '{}': no OpenCL device {} (available: {})", spec, index, list);
+    }
+    return e.devices[static_cast<std::size_t>(index)];
+}
+
+// KV_WN of matmul.cl: outputs per work-item along n (independent fma chains).
+constexpr std::size_t kMatmulOutputsPerItem = 8;
+
+std::size_t round_up(std::size_t n, std::size_t m) { return (n + m - 1) / m * m; }
+
+std::size_t floor_pow2(std::size_t n) {
+    std::size_t p = 1;
+    while (p * 2 <= n) p *= 2;
+    return p;
+}
+
+// --- the backend ------------------------------------------------------------------------
+
+class OpenclBackend final : public Backend {
+public:
+    explicit OpenclBackend(const BackendSpec& spec) {
+        for (const auto& [key, value] : spec.options) {
+            if (key == "storage") {
+                const auto t = parse_dtype(value);
+                KVASIR_CHECK(t && (*t == DType::f32 || *t == DType::f16 || *t == DType::bf16), ErrorCode::bad_input,
+                             "backend '{}': storage must be f32, f16 or bf16, not '{}'", spec.canonical(), value);
+                caps_.storage = *t;
+            } else if (key == "acc") {
+                const auto t = parse_dtype(value);
+                KVASIR_CHECK(t && (*t == DType::f32 || *t == DType::f16), ErrorCode::bad_input,
+                             "backend '{}': acc must be f32 or f16, not '{}'", spec.canonical(), value);
+                caps_.accumulation = *t;
+            } else {
+                fail(ErrorCode::bad_input, "backend '{}': unknown option '{}' (opencl takes storage=, acc=)",
+                     spec.canonical(), key);
+            }
+        }
+        info_ = &device_at(spec.device, spec.canonical());
+        if (caps_.accumulation == DType::f16 && !info_->fp16)
+            fail(ErrorCode::unsupported,
+                 "backend '{}': device {} has no cl_khr_fp16, so it cannot accumulate in half (storage=f16 works: "
+                 "half buffers need no extension)",
+                 spec.canonical(), info_->label());
+
+        // Work-group shapes are fixed per device so results never depend on
+        // the runtime's choice: 16×16 matmul tiles where 256 work-items fit.
+        const auto tile_fits = [&](std::size_t t) {
+            return info_->max_work_group >= t * t && info_->max_work_item[0] >= t && info_->max_work_item[1] >= t;
+        };
+        tile_ = tile_fits(16) ? 16 : tile_fits(8) ? 8 : 4;
+        row_wg_ = floor_pow2(std::min<std::size_t>({256, info_->max_work_group, info_->max_work_item[0]}));
+        elem_wg_ = std::min<std::size_t>(64, row_wg_);
+        defines_ = fmt::format(
+            "-DKV_STORAGE_HALF={} -DKV_STORAGE_BF16={} -DKV_ACC_HALF={} -DKV_TILE={} -DKV_WN={} -DKV_ROW_WG={}",
+            caps_.storage == DType::f16 ? 1 : 0, caps_.storage == DType::bf16 ? 1 : 0,
+            caps_.accumulation == DType::f16 ? 1 : 0, tile_, kMatmulOutputsPerItem, row_wg_);
+        runtime_ = &runtime_for(*info_);
+
+        BackendSpec canonical;
+        canonical.name = "opencl";
+        canonical.device = info_->index;
+        canonical.device_given = true;
+        if (caps_.storage != DType::f32) canonical.options["storage"] = dtype_name(caps_.storage);
+        if (caps_.accumulation != DType::f32) canonical.options["acc"] = dtype_name(caps_.accumulation);
+        caps_.node = canonical.canonical();
+        caps_.backend = "opencl";
+        caps_.device = info_->name;
+        caps_.runtime = fmt::format("{} ({}), driver {}, {}", info_->platform_name, info_->platform_version,
+                                    info_->driver, info_->opencl_c);
+        caps_.output = DType::f32;
+        caps_.fma = true;  // fma() explicit in matmul and rmsnorm; FP_CONTRACT OFF elsewhere
+        caps_.threads = static_cast<int>(info_->compute_units);
+        caps_.deterministic = true;
+        caps_.extra = {
+            {"platform", fmt::format("{} ({})", info_->platform_name, info_->platform_version)},
+            {"vendor", info_->vendor},
+            {"driver", info_->driver},
+            {"opencl_c", info_->opencl_c},
+            {"cl_khr_fp16", info_->fp16 ? "yes" : "no"},
+            {"cl_khr_fp64", info_->fp64 ? "yes" : "no"},
+            {"compute_units", std::to_string(info_->compute_units)},
+            {"kernels", fmt::format("matmul {0}x{1} output tiles by {0}x{0} work-groups in local memory "
+                                    "(TILE_K {0}), one fma chain per output; softmax/rmsnorm one {2}-wide "
+                                    "work-group tree per row",
+                                    tile_, tile_ * kMatmulOutputsPerItem, row_wg_)},
+            {"fp_contract", "off; fma() explicit in matmul and rmsnorm"},
+            {"storage_format", caps_.storage == DType::f16    ? "half buffers (vload_half/vstore_half_rte)"
+                               : caps_.storage == DType::bf16 ? "f32 buffers of bf16 values (host rounds inputs, kernels round stores)"
+                                                              : "f32 buffers"},
+            {"build_options", fmt::format("{} {}", cl_std_option(info_->opencl_c), defines_)},
+        };
+    }
+
+    const Capabilities& capabilities() const override { return caps_; }
+
+    Tensor matmul(const TensorView& x, const TensorView& w) override {
+        check_matmul_args(x, w);
+        const std::int64_t t_count = rows_of(x), n_count = w.dim(0), k_count = w.dim(1);
+        Shape shape = x.shape;
+        shape.back() = n_count;
+        check_int_range("matmul", {t_count, n_count, k_count});
+        if (t_count == 0 || n_count == 0 || k_count == 0) return Tensor(DType::f32, shape);  // empty sums are +0
+        const std::lock_guard lock(mutex_);
+        const ClMem xb = upload(x), wb = upload(w);
+        const ClMem yb = output(t_count * n_count);
+        const cl_kernel k = kernel("matmul.cl", "kv_matmul", tile_ * tile_);
+        set_args(k, xb, wb, yb, static_cast<cl_int>(t_count), static_cast<cl_int>(n_count),
+                 static_cast<cl_int>(k_count));
+        // Work-items along n cover kMatmulOutputsPerItem outputs each.
+        const std::size_t global[2] = {round_up(static_cast<std::size_t>(n_count), tile_ * kMatmulOutputsPerItem) /
+                                           kMatmulOutputsPerItem,
+                                       round_up(static_cast<std::size_t>(t_count), tile_)};
+        const std::size_t local[2] = {tile_, tile_};
+        KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, 2, nullptr, global, local, 0, nullptr, nullptr));
+        return download(yb, shape);
+    }
+
+    Tensor swiglu(const TensorView& gate, const TensorView& up) override {
+        check_same_shape("swiglu", gate, up);
+        const std::int64_t n = gate.numel();
+        if (n == 0) return Tensor(DType::f32, gate.shape);
+        const std::lock_guard lock(mutex_);
+        const ClMem gb = upload(gate), ub = upload(up);
+        const ClMem yb = output(n);
+        const cl_kernel k = kernel("elementwise.cl", "kv_swiglu", 0);
+        set_args(k, gb, ub, yb, static_cast<cl_ulong>(n));
+        launch_1d(k, n);
+        return download(yb, gate.shape);
+    }
+
+    Tensor sigmoid(const TensorView& x) override {
+        const std::int64_t n = x.numel();
+        if (n == 0) return Tensor(DType::f32, x.shape);
+        const std::lock_guard lock(mutex_);
+        const ClMem xb = upload(x);
+        const ClMem yb = output(n);
+        const cl_kernel k = kernel("elementwise.cl", "kv_sigmoid", 0);
+        set_args(k, xb, yb, static_cast<cl_ulong>(n));
+        launch_1d(k, n);
+        return download(yb, x.shape);
+    }
+
+    Tensor softmax(const TensorView& x) override {
+        KVASIR_CHECK(x.rank() >= 1, ErrorCode::bad_input, "softmax: scalar input");
+        const std::int64_t cols = x.dim(-1), rows = rows_of(x);
+        check_int_range("softmax", {rows, cols});
+        if (rows == 0 || cols == 0) return Tensor(DType::f32, x.shape);
+        const std::lock_guard lock(mutex_);
+        const ClMem xb = upload(x);
+        const ClMem yb = output(rows * cols);
+        const cl_kernel k = kernel("rows.cl", "kv_softmax", row_wg_);
+        set_args(k, xb, yb, static_cast<cl_int>(cols));
+        launch_rows(k, rows);
+        return download(yb, x.shape);
+    }
+
+    Tensor rmsnorm(const TensorView& x, const TensorView& weight, double eps) override {
+        check_rmsnorm_args(x, weight);
+        const std::int64_t cols = x.dim(-1), rows = rows_of(x);
+        check_int_range("rmsnorm", {rows, cols});
+        if (rows == 0 || cols == 0) return Tensor(DType::f32, x.shape);
+        const std::lock_guard lock(mutex_);
+        const ClMem xb = upload(x), wb = upload(weight);
+        const ClMem yb = output(rows * cols);
+        const cl_kernel k = kernel("rows.cl", "kv_rmsnorm", row_wg_);
+        set_args(k, xb, wb, yb, static_cast<cl_int>(cols), static_cast<cl_float>(eps));
+        launch_rows(k, rows);
+        return download(yb, x.shape);
+    }
+
+    Tensor rope(const TensorView& x, std::span<const std::int64_t> positions, const RopeParams& params) override {
+        check_rope_args(x, positions);
+        const std::int64_t t_count = x.dim(0), heads = x.dim(1), d = x.dim(2);
+        check_int_range("rope", {t_count, heads, d});
+        if (x.numel() == 0) return Tensor(DType::f32, x.shape);
+        // Positions cross as f32, the type the angle is computed in (exact up
+        // to 2^24, which no context length reaches).
+        std::vector<cl_float> pos(positions.size());
+        for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<cl_float>(positions[i]);
+        const std::lock_guard lock(mutex_);
+        const ClMem xb = upload(x);
+        const ClMem pb = upload_raw(pos.data(), pos.size() * sizeof(cl_float));
+        const ClMem yb = output(x.numel());
+        const cl_kernel k = kernel("elementwise.cl", "kv_rope", 0);
+        set_args(k, xb, yb, pb, static_cast<cl_int>(heads), static_cast<cl_int>(d),
+                 static_cast<cl_float>(params.theta), static_cast<cl_int>(params.layout == RopeLayout::neox ? 1 : 0));
+        const std::size_t global[3] = {static_cast<std::size_t>(d / 2), static_cast<std::size_t>(heads),
+                                       static_cast<std::size_t>(t_count)};
+        KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, 3, nullptr, global, nullptr, 0, nullptr, nullptr));
+        return download(yb, x.shape);
+    }
+
+private:
+    static void check_int_range(const char* op, std::initializer_list<std::int64_t> dims) {
+        for (std::int64_t d : dims)
+            KVASIR_CHECK(d < (std::int64_t{1} << 31), ErrorCode::unsupported,
+                         "{}: dimension {} exceeds the 32-bit indices of the OpenCL kernels", op, d);
+    }
+
+    std::size_t storage_bytes() const { return caps_.storage == DType::f16 ? 2 : 4; }
+
+    ClMem upload_raw(const void* data, std::size_t bytes) const {
+        return ClMem(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, bytes,
+                                 const_cast<void*>(data)));
+    }
+
+    // The tensor as the device holds it: f32, half bits, or f32 values
+    // rounded to bf16 (one rounding from the caller's dtype in every case).
+    ClMem upload(const TensorView& v) const {
+        if (caps_.storage == DType::f32 && v.dtype == DType::f32) return upload_raw(v.data, static_cast<std::size_t>(v.numel()) * 4);
+        Tensor staged;
+        if (caps_.storage == DType::f16)
+            staged = Tensor::convert(v, DType::f16);
+        else if (caps_.storage == DType::bf16)
+            staged = Tensor::convert(Tensor::convert(v, DType::bf16), DType::f32);
+        else
+            staged = Tensor::convert(v, DType::f32);
+        return upload_raw(staged.raw(), staged.nbytes());
+    }
+
+    ClMem output(std::int64_t numel) const {
+        return ClMem(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_WRITE,
+                                 static_cast<std::size_t>(numel) * storage_bytes(), nullptr));
+    }
+
+    // Blocking read on the in-order queue: waits for the kernel, and any
+    // execution error surfaces here through KVCL_CHECK.
+    Tensor download(const ClMem& buffer, const Shape& shape) const {
+        Tensor y(caps_.storage == DType::f16 ? DType::f16 : DType::f32, shape);
+        KVCL_CHECK(clEnqueueReadBuffer(runtime_->queue(), buffer.get(), CL_TRUE, 0, y.nbytes(), y.raw(), 0, nullptr,
+                                       nullptr));
+        // bf16 needs nothing here: the kernels' stores already rounded to it.
+        if (caps_.storage == DType::f16) return Tensor::convert(y, DType::f32);
+        return y;
+    }
+
+    // Kernels are per backend (clSetKernelArg on a shared kernel would race);
+    // `required_wg` > 0 checks that the compiled kernel really admits the
+    // fixed work-group size it was written for.
+    cl_kernel kernel(const char* file, const char* name, std::size_t required_wg) {
+        const std::string key = fmt::format("{}:{}", file, name);
+        auto it = kernels_.find(key);
+        if (it != kernels_.end()) return it->second.get();
+        const cl_program program = runtime_->program(file, defines_);
+        ClKernel k(KVCL_CREATE(clCreateKernel, program, name));
+        if (required_wg > 0) {
+            std::size_t allowed = 0;
+            KVCL_CHECK(clGetKernelWorkGroupInfo(k.get(), info_->id, CL_KERNEL_WORK_GROUP_SIZE, sizeof(allowed), &allowed,
+                                                nullptr));
+            KVASIR_CHECK(allowed >= required_wg, ErrorCode::backend_failure,
+                         "opencl: kernel {} admits {} work-items per group on {}, it needs {}", name, allowed,
+                         info_->label(), required_wg);
+        }
+        return kernels_.emplace(key, std::move(k)).first->second.get();
+    }
+
+    static void set_arg(cl_kernel k, cl_uint index, const ClMem& buffer) {
+        const cl_mem handle = buffer.get();
+        KVCL_CHECK(clSetKernelArg(k, index, sizeof(cl_mem), &handle));
+    }
+    template <typename T>
+        requires std::is_arithmetic_v<T>
+    static void set_arg(cl_kernel k, cl_uint index, T value) {
+        KVCL_CHECK(clSetKernelArg(k, index, sizeof(T), &value));
+    }
+    template <typename... Args>
+    static void set_args(cl_kernel k, const Args&... args) {
+        cl_uint index = 0;
+        (set_arg(k, index++, args), ...);
+    }
+
+    void launch_1d(cl_kernel k, std::int64_t n) const {
+        const std::size_t global = round_up(static_cast<std::size_t>(n), elem_wg_);
+        KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, 1, nullptr, &global, &elem_wg_, 0, nullptr, nullptr));
+    }
+
+    void launch_rows(cl_kernel k, std::int64_t rows) const {
+        const std::size_t global = static_cast<std::size_t>(rows) * row_wg_;
+        KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, 1, nullptr, &global, &row_wg_, 0, nullptr, nullptr));
+    }
+
+    Capabilities caps_;
+    const DeviceInfo* info_ = nullptr;
+    DeviceRuntime* runtime_ = nullptr;
+    std::size_t tile_ = 16, row_wg_ = 256, elem_wg_ = 64;
+    std::string defines_;
+    std::mutex mutex_;
+    std::map<std::string, ClKernel> kernels_;
+};
+
+}  // namespace
+
+std::vector<BackendDevice> opencl_probe(std::string& reason) {
+    try {
+        const Enumeration& e = devices();
+        std::vector<BackendDevice> out;
+        for (const DeviceInfo& d : e.devices) out.push_back(BackendDevice{d.index, d.label()});
+        if (out.empty()) reason = e.reason;
+        return out;
+    } catch (const std::exception& err) {
+        reason = err.what();
+        return {};
+    }
+}
+
+std::unique_ptr<Backend> make_opencl_backend(const BackendSpec& spec) { return std::make_unique<OpenclBackend>(spec); }
+
+void opencl_build_program_for_test(int device, std::string_view source, std::string_view options) {
+    const DeviceInfo& info = device_at(device, fmt::format("opencl:{}", device));
+    runtime_for(info).build("a test program", std::string(source), options);
+}
+
+}  // namespace kvasir

@@ -1,0 +1,586 @@
+#include "kvasir/model/model.hpp"
+
+#include "kvasir/core/error.hpp"
+#include "kvasir/model/gguf.hpp"
+#include "kvasir/model/quant.hpp"
+#include "kvasir/model/safetensors.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+
+namespace kvasir {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Helpers shared by both formats
+// ---------------------------------------------------------------------------
+
+// Decoder layer of a Hugging Face tensor name ("model.layers.12.mlp..." → 12), −1 otherwise.
+std::int64_t hf_layer_of(std::string_view name) {
+    constexpr std::string_view prefix = "model.layers.";
+    if (!name.starts_with(prefix)) return -1;
+    name.remove_prefix(prefix.size());
+    std::int64_t v = -1;
+    const auto [p, ec] = std::from_chars(name.data(), name.data() + name.size(), v);
+    if (ec != std::errc() || p == name.data() || p == name.data() + name.size() || *p != '.') return -1;
+    return v;
+}
+
+void check_shape(const std::string& file, const std::string& name, const Shape& found, const Shape& expected) {
+    KVASIR_CHECK(found == expected, ErrorCode::bad_input, "{}: tensor {} has shape {}, expected {} from the config",
+                 file, name, shape_str(found), shape_str(expected));
+}
+
+[[noreturn]] void missing(const std::string& file, const std::string& name) {
+    fail(ErrorCode::bad_input, "{}: missing tensor {}", file, name);
+}
+
+// The text hashed by fingerprint(): every field of the config that changes
+// what the model computes, in a fixed order and spelling.
+std::string canonical_config_text(const ModelConfig& c) {
+    std::string s;
+    auto line = [&](std::string_view key, const auto& value) { s += fmt::format("{}={}\n", key, value); };
+    line("architecture", architecture_name(c.architecture));
+    line("hidden_size", c.hidden_size);
+    line("num_layers", c.num_layers);
+    line("num_heads", c.num_heads);
+    line("num_kv_heads", c.num_kv_heads);
+    line("head_dim", c.head_dim);
+    line("rope_theta", fmt::format("{:.17g}", c.rope_theta));
+    line("rope_type", c.rope_type);
+    line("rms_norm_eps", fmt::format("{:.17g}", c.rms_norm_eps));
+    line("hidden_act", c.hidden_act);
+    line("qk_norm", c.qk_norm);
+    line("attention_bias", c.attention_bias);
+    line("attention_out_bias", c.attention_out_bias);
+    line("sliding_window", c.sliding_window);
+    line("vocab_size", c.vocab_size);
+    line("tie_word_embeddings", c.tie_word_embeddings);
+    line("intermediate_size", c.intermediate_size);
+    line("moe_intermediate_size", c.moe_intermediate_size);
+    line("shared_expert_intermediate_size", c.shared_expert_intermediate_size);
+    line("shared_expert_gate", c.shared_expert_gate);
+    std::string pattern;
+    for (bool m : c.moe_layers) pattern += m ? 'M' : 'D';
+    line("layers", pattern);
+    line("router.scoring", router_scoring_name(c.router.scoring));
+    line("router.num_experts", c.router.num_experts);
+    line("router.top_k", c.router.top_k);
+    line("router.norm_topk_prob", c.router.norm_topk_prob);
+    line("router.score_correction_bias", c.router.score_correction_bias);
+    line("router.n_group", c.router.n_group);
+    line("router.topk_group", c.router.topk_group);
+    line("router.routed_scaling_factor", fmt::format("{:.17g}", c.router.routed_scaling_factor));
+    return s;
+}
+
+// 128-bit FNV-1a (offset basis and prime of the FNV specification).
+class Fnv1a128 {
+public:
+    void update(std::span<const std::byte> bytes) {
+        for (std::byte b : bytes) {
+            h_ ^= static_cast<unsigned __int128>(std::to_integer<unsigned>(b));
+            h_ *= kPrime;
+        }
+    }
+    void update(std::string_view s) { update(std::as_bytes(std::span<const char>(s.data(), s.size()))); }
+    std::string hex() const {
+        return fmt::format("{:016x}{:016x}", static_cast<std::uint64_t>(h_ >> 64), static_cast<std::uint64_t>(h_));
+    }
+
+private:
+    static constexpr unsigned __int128 kPrime = (static_cast<unsigned __int128>(1) << 88) + 0x13b;
+    unsigned __int128 h_ = (static_cast<unsigned __int128>(0x6c62272e07bb0142ULL) << 64) | 0x62b821756295c58dULL;
+};
+
+bool aligned_for(const void* p, std::size_t n) { return reinterpret_cast<std::uintptr_t>(p) % n == 0; }
+
+// GGUF stores rms epsilon (and usually rope base) as f32: 1e-6 arrives as
+// 9.99999997e-07. The converter wrote float32(decimal literal of config.json),
+// so the shortest decimal that round-trips through f32 IS that literal (for
+// any literal of ≤ 7 significant digits); reading it back as a double gives
+// the value the Hugging Face model computes with. A value that is not an f32
+// (the file held an f64) is returned as it is.
+double decimal_of_f32(double x) {
+    const auto f = static_cast<float>(x);
+    if (static_cast<double>(f) != x || !std::isfinite(f)) return x;
+    const std::string s = fmt::format("{}", f);  // shortest round-trip representation
+    double d = x;
+    const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), d);
+    return ec == std::errc() && p == s.data() + s.size() && static_cast<float>(d) == f ? d : x;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// GGUF → ModelConfig
+// ---------------------------------------------------------------------------
+
+ModelConfig model_config_from_gguf(const GgufFile& file, const std::string& path) {
+    const GgufModelParams p = read_gguf_model_params(file);
+    ModelConfig c;
+    c.source = path;
+    if (p.architecture == "qwen2moe") {
+        c.architecture = Architecture::qwen2_moe;
+    } else if (p.architecture == "qwen3moe") {
+        c.architecture = Architecture::qwen3_moe;
+    } else if (p.architecture == "llama" && p.expert_count > 0) {
+        c.architecture = Architecture::mixtral;
+    } else {
+        fail(ErrorCode::unsupported, "{}: GGUF architecture '{}' without experts is not a MoE model (supported: "
+             "qwen2moe, qwen3moe, llama with experts = mixtral)", path, p.architecture);
+    }
+    const std::string& a = p.architecture;
+    c.hidden_size = p.embedding_length;
+    c.num_layers = p.block_count;
+    c.num_heads = p.head_count;
+    c.num_kv_heads = p.head_count_kv;
+    c.head_dim = p.key_length;
+    KVASIR_CHECK(p.value_length == p.key_length, ErrorCode::unsupported,
+                 "{}: {}.attention.value_length {} differs from key_length {} (not modelled)", path, a, p.value_length,
+                 p.key_length);
+    c.rope_theta = decimal_of_f32(p.rope_freq_base);
+    c.rms_norm_eps = decimal_of_f32(p.rms_norm_eps);
+    // Rope scaling changes the rotation; the forward pass refuses anything but
+    // "default", so carry the file's type through instead of ignoring it.
+    if (const std::string k = a + ".rope.scaling.type"; file.has(k)) {
+        const std::string& t = file.get_string(k);
+        if (t != "none" && !t.empty()) c.rope_type = t;
+    }
+    c.max_position_embeddings = file.has(a + ".context_length") ? file.get_int(a + ".context_length") : 32768;
+    c.qk_norm = p.qk_norm;
+    for (const GgufTensor& t : file.tensors()) {
+        const auto r = gguf_tensor_role(t.name);
+        if (!r || !r->bias) continue;
+        if (r->role == GgufRole::attn_q || r->role == GgufRole::attn_k || r->role == GgufRole::attn_v)
+            c.attention_bias = true;
+        if (r->role == GgufRole::attn_output) c.attention_out_bias = true;
+    }
+    // V is what the computation uses: the embedding's rows (a tokenizer list
+    // may be shorter or padded differently).
+    c.vocab_size = p.vocab_size;
+    if (const GgufTensor* te = file.find_tensor("token_embd.weight"); te != nullptr && te->shape.size() == 2)
+        c.vocab_size = te->shape[0];
+    c.tie_word_embeddings = p.tied_embeddings;
+    c.moe_layers = p.moe_layers;
+    c.moe_intermediate_size = p.expert_feed_forward_length;
+    if (c.architecture == Architecture::mixtral) {
+        c.intermediate_size = 0;
+    } else {
+        c.intermediate_size = p.feed_forward_length;
+        for (std::int64_t l = 0; l < c.num_layers; ++l)
+            if (!c.moe_layers[static_cast<std::size_t>(l)]) c.mlp_only_layers.push_back(l);
+    }
+    c.shared_expert_intermediate_size = p.shared_expert ? p.expert_shared_feed_forward_length : 0;
+    if (p.shared_expert && c.shared_expert_intermediate_size == 0) {
+        // Older converters omit the key: the shared expert's rows say it.
+        for (const GgufTensor& t : file.tensors()) {
+            const auto r = gguf_tensor_role(t.name);
+            if (r && r->role == GgufRole::ffn_up_shexp && !r->bias && t.shape.size() == 2) {
+                c.shared_expert_intermediate_size = t.shape[0];
+                break;
+            }
+        }
+    }
+    c.shared_expert_gate = p.shared_expert_gate;
+    c.router.scoring = RouterScoring::softmax;
+    c.router.num_experts = p.expert_count;
+    c.router.top_k = p.expert_used_count;
+    c.router.norm_topk_prob = p.norm_topk_prob;
+    validate_model_config(c);
+    return c;
+}
+
+// ---------------------------------------------------------------------------
+// Model
+// ---------------------------------------------------------------------------
+
+struct Model::Impl {
+    std::string path;
+    std::string format;
+    ModelConfig cfg;
+    RopeLayout rope = RopeLayout::neox;
+    std::optional<SafetensorsCheckpoint> st;
+    std::optional<GgufFile> gg;
+    std::string label;  // FILE in messages: the checkpoint / GGUF path
+
+    mutable std::mutex mu;
+    mutable std::map<std::int64_t, std::unique_ptr<LayerWeights>> layers;
+    mutable std::map<std::string, TensorView, std::less<>> resolved;  // tensor name → view (each resolved once)
+    mutable std::deque<Tensor> owned;                                 // dequantised / realigned copies
+    mutable std::uint64_t owned_bytes = 0;
+    mutable std::optional<TensorView> embed, final_norm, lm_head;
+
+    // --- name lists ---------------------------------------------------------
+    std::vector<std::string> gguf_layer_names(std::int64_t l) const;
+    bool gguf_stacked(std::int64_t l) const {
+        return gg->find_tensor(fmt::format("blk.{}.ffn_gate_exps.weight", l)) != nullptr;
+    }
+
+    // --- resolution (mu held) -------------------------------------------------
+    TensorView resolve(const std::string& name, const Shape& expected) const;
+    TensorView resolve_gguf(const std::string& name) const;
+    LayerWeights load_st(std::int64_t l) const;
+    LayerWeights load_gguf(std::int64_t l) const;
+    void check_present() const;
+};
+
+TensorView Model::Impl::resolve_gguf(const std::string& name) const {
+    const GgufTensor* t = gg->find_tensor(name);
+    if (t == nullptr) missing(label, name);
+    std::optional<DType> kind;
+    switch (t->type) {
+        case GgmlType::F32: kind = DType::f32; break;
+        case GgmlType::F16: kind = DType::f16; break;
+        case GgmlType::BF16: kind = DType::bf16; break;
+        case GgmlType::F64: kind = DType::f64; break;
+        default: break;
+    }
+    if (kind && aligned_for(t->data, dtype_size(*kind))) return TensorView{*kind, t->data, t->shape};
+    Tensor copy;
+    if (kind == DType::f64) {  // not dequantizable, but a plain float type: realign it
+        copy = Tensor(DType::f64, t->shape);
+        if (t->nbytes > 0) std::memcpy(copy.raw(), t->data, t->nbytes);
+    } else {
+        copy = dequantize(*t);  // quantised, or a misaligned F32/F16/BF16 (widened exactly)
+    }
+    owned_bytes += copy.nbytes();
+    owned.push_back(std::move(copy));
+    return owned.back().view();
+}
+
+TensorView Model::Impl::resolve(const std::string& name, const Shape& expected) const {
+    if (name.empty()) return {};
+    // Each name is always asked for with the same expected shape, so the
+    // cached (already checked) view is the answer.
+    if (auto it = resolved.find(name); it != resolved.end()) return it->second;
+    TensorView v;
+    std::string file = label;
+    if (st) {
+        v = st->view(name);
+        file = st->shard_of(name);
+    } else {
+        v = resolve_gguf(name);
+    }
+    // The qwen2_moe shared-expert gate is [1, H] in HF and a vector [H] in GGUF.
+    Shape found = v.shape;
+    if (expected.size() == 2 && expected[0] == 1 && found.size() == 1) found = {1, found[0]};
+    check_shape(file, name, found, expected);
+    v.shape = found;
+    resolved.emplace(name, v);
+    return v;
+}
+
+std::vector<std::string> Model::Impl::gguf_layer_names(std::int64_t l) const {
+    const ModelConfig& c = cfg;
+    auto w = [&](std::string_view base) { return fmt::format("blk.{}.{}.weight", l, base); };
+    auto b = [&](std::string_view base) { return fmt::format("blk.{}.{}.bias", l, base); };
+    std::vector<std::string> n{w("attn_norm"), w("ffn_norm"), w("attn_q"), w("attn_k"), w("attn_v"), w("attn_output")};
+    if (c.attention_bias) n.insert(n.end(), {b("attn_q"), b("attn_k"), b("attn_v")});
+    if (c.attention_out_bias) n.push_back(b("attn_output"));
+    if (c.qk_norm) n.insert(n.end(), {w("attn_q_norm"), w("attn_k_norm")});
+    if (!c.is_moe(l)) {
+        n.insert(n.end(), {w("ffn_gate"), w("ffn_up"), w("ffn_down")});
+        return n;
+    }
+    n.push_back(w("ffn_gate_inp"));
+    if (gguf_stacked(l)) {
+        n.insert(n.end(), {w("ffn_gate_exps"), w("ffn_up_exps"), w("ffn_down_exps")});
+    } else {
+        for (std::int64_t e = 0; e < c.num_experts(); ++e)
+            for (const char* m : {"ffn_gate", "ffn_up", "ffn_down"}) n.push_back(fmt::format("blk.{}.{}.{}.weight", l, m, e));
+    }
+    if (c.has_shared_expert()) n.insert(n.end(), {w("ffn_gate_shexp"), w("ffn_up_shexp"), w("ffn_down_shexp")});
+    if (c.shared_expert_gate) n.push_back(w("ffn_gate_inp_shexp"));
+    return n;
+}
+
+void Model::Impl::check_present() const {
+    if (st) {
+        const ModelTensorNames g = model_tensor_names(cfg);
+        for (const std::string* n : {&g.embed, &g.final_norm, &g.lm_head})
+            if (!st->contains(*n)) missing(label, *n);
+        for (std::int64_t l = 0; l < cfg.num_layers; ++l)
+            for (const TensorSpec& s : layer_tensor_specs(cfg, l))
+                if (!st->contains(s.name)) missing(label, s.name);
+        return;
+    }
+    std::vector<std::string> names{"token_embd.weight", "output_norm.weight"};
+    if (!cfg.tie_word_embeddings) names.emplace_back("output.weight");
+    for (std::int64_t l = 0; l < cfg.num_layers; ++l) {
+        auto more = gguf_layer_names(l);
+        names.insert(names.end(), more.begin(), more.end());
+    }
+    for (const auto& n : names)
+        if (gg->find_tensor(n) == nullptr) missing(label, n);
+}
+
+LayerWeights Model::Impl::load_st(std::int64_t l) const {
+    const ModelConfig& c = cfg;
+    const LayerTensorNames n = layer_tensor_names(c, l);
+    const std::int64_t H = c.hidden_size, D = c.head_dim, I = c.moe_intermediate_size,
+                       Is = c.shared_expert_intermediate_size, F = c.intermediate_size, E = c.num_experts();
+    LayerWeights w;
+    w.index = l;
+    w.moe = c.is_moe(l);
+    w.input_norm = resolve(n.input_norm, {H});
+    w.post_attention_norm = resolve(n.post_attention_norm, {H});
+    w.q_proj = resolve(n.q_proj, {c.q_dim(), H});
+    w.k_proj = resolve(n.k_proj, {c.kv_dim(), H});
+    w.v_proj = resolve(n.v_proj, {c.kv_dim(), H});
+    w.o_proj = resolve(n.o_proj, {H, c.q_dim()});
+    w.q_bias = resolve(n.q_bias, {c.q_dim()});
+    w.k_bias = resolve(n.k_bias, {c.kv_dim()});
+    w.v_bias = resolve(n.v_bias, {c.kv_dim()});
+    w.o_bias = resolve(n.o_bias, {H});
+    w.q_norm = resolve(n.q_norm, {D});
+    w.k_norm = resolve(n.k_norm, {D});
+    w.mlp_gate = resolve(n.mlp_gate, {F, H});
+    w.mlp_up = resolve(n.mlp_up, {F, H});
+    w.mlp_down = resolve(n.mlp_down, {H, F});
+    w.router = resolve(n.router, {E, H});
+    w.router_bias = resolve(n.router_bias, {E});
+    for (const ExpertTensorNames& e : n.experts)
+        w.experts.push_back({resolve(e.gate, {I, H}), resolve(e.up, {I, H}), resolve(e.down, {H, I})});
+    w.shared_gate = resolve(n.shared_gate, {Is, H});
+    w.shared_up = resolve(n.shared_up, {Is, H});
+    w.shared_down = resolve(n.shared_down, {H, Is});
+    w.shared_expert_gate = resolve(n.shared_expert_gate, {1, H});
+    return w;
+}
+
+LayerWeights Model::Impl::load_gguf(std::int64_t l) const {
+    const ModelConfig& c = cfg;
+    const std::int64_t H = c.hidden_size, D = c.head_dim, I = c.moe_intermediate_size,
+                       Is = c.shared_expert_intermediate_size, F = c.intermediate_size, E = c.num_experts();
+    auto w_ = [&](std::string_view base) { return fmt::format("blk.{}.{}.weight", l, base); };
+    auto b_ = [&](std::string_view base) { return fmt::format("blk.{}.{}.bias", l, base); };
+    LayerWeights w;
+    w.index = l;
+    w.moe = c.is_moe(l);
+    w.input_norm = resolve(w_("attn_norm"), {H});
+    w.post_attention_norm = resolve(w_("ffn_norm"), {H});
+    w.q_proj = resolve(w_("attn_q"), {c.q_dim(), H});
+    w.k_proj = resolve(w_("attn_k"), {c.kv_dim(), H});
+    w.v_proj = resolve(w_("attn_v"), {c.kv_dim(), H});
+    w.o_proj = resolve(w_("attn_output"), {H, c.q_dim()});
+    if (c.attention_bias) {
+        w.q_bias = resolve(b_("attn_q"), {c.q_dim()});
+        w.k_bias = resolve(b_("attn_k"), {c.kv_dim()});
+        w.v_bias = resolve(b_("attn_v"), {c.kv_dim()});
+    }
+    if (c.attention_out_bias) w.o_bias = resolve(b_("attn_output"), {H});
+    if (c.qk_norm) {
+        w.q_norm = resolve(w_("attn_q_norm"), {D});
+        w.k_norm = resolve(w_("attn_k_norm"), {D});
+    }
+    if (!w.moe) {
+        w.mlp_gate = resolve(w_("ffn_gate"), {F, H});
+        w.mlp_up = resolve(w_("ffn_up"), {F, H});
+        w.mlp_down = resolve(w_("ffn_down"), {H, F});
+        return w;
+    }
+    w.router = resolve(w_("ffn_gate_inp"), {E, H});
+    if (gguf_stacked(l)) {
+        // One contiguous [E, rows, cols] block per matrix: expert e is the e-th slice.
+        const TensorView g = resolve(w_("ffn_gate_exps"), {E, I, H});
+        const TensorView u = resolve(w_("ffn_up_exps"), {E, I, H});
+        const TensorView d = resolve(w_("ffn_down_exps"), {E, H, I});
+        auto slice = [](const TensorView& stack, std::int64_t e) {
+            const std::size_t bytes = static_cast<std::size_t>(stack.shape[1] * stack.shape[2]) * dtype_size(stack.dtype);
+            return TensorView{stack.dtype, static_cast<const std::byte*>(stack.data) + static_cast<std::size_t>(e) * bytes,
+                              {stack.shape[1], stack.shape[2]}};
+        };
+        for (std::int64_t e = 0; e < E; ++e) w.experts.push_back({slice(g, e), slice(u, e), slice(d, e)});
+    } else {
+        for (std::int64_t e = 0; e < E; ++e)
+            w.experts.push_back({resolve(fmt::format("blk.{}.ffn_gate.{}.weight", l, e), {I, H}),
+                                 resolve(fmt::format("blk.{}.ffn_up.{}.weight", l, e), {I, H}),
+                                 resolve(fmt::format("blk.{}.ffn_down.{}.weight", l, e), {H, I})});
+    }
+    if (c.has_shared_expert()) {
+        w.shared_gate = resolve(w_("ffn_gate_shexp"), {Is, H});
+        w.shared_up = resolve(w_("ffn_up_shexp"), {Is, H});
+        w.shared_down = resolve(w_("ffn_down_shexp"), {H, Is});
+    }
+    if (c.shared_expert_gate) w.shared_expert_gate = resolve(w_("ffn_gate_inp_shexp"), {1, H});
+    return w;
+}
+
+Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+Model::~Model() = default;
+
+Model Model::open(const std::string& path) {
+    auto impl = std::make_unique<Impl>();
+    impl->path = path;
+    std::error_code ec;
+    const fs::file_status status = fs::status(path, ec);
+    KVASIR_CHECK(!ec && fs::exists(status), ErrorCode::bad_input, "{}: no such file or directory", path);
+
+    bool is_gguf = false;
+    if (fs::is_regular_file(status)) {
+        char magic[4] = {0, 0, 0, 0};
+        std::ifstream in(path, std::ios::binary);
+        in.read(magic, 4);
+        is_gguf = in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+    }
+
+    if (is_gguf) {
+        impl->format = "gguf";
+        impl->label = path;
+        impl->gg.emplace(GgufFile::open(path));
+        impl->cfg = model_config_from_gguf(*impl->gg, path);
+        // llama.cpp permutes q/k of llama-architecture files for adjacent-pair rope.
+        impl->rope = impl->gg->get_string("general.architecture") == "llama" ? RopeLayout::normal : RopeLayout::neox;
+    } else if (fs::is_directory(status)) {
+        impl->format = "safetensors";
+        impl->cfg = load_model_config(path);
+        impl->st.emplace(SafetensorsCheckpoint::open(path));
+        impl->label = impl->st->sharded() ? (fs::path(path) / "model.safetensors.index.json").string()
+                                          : impl->st->shard_files().front();
+    } else if (fs::path(path).extension() == ".safetensors") {
+        impl->format = "safetensors";
+        const fs::path dir = fs::absolute(path).parent_path();
+        impl->cfg = load_model_config(dir.string());
+        // A shard of a sharded checkpoint stands for the whole checkpoint.
+        if (fs::is_regular_file(dir / "model.safetensors.index.json", ec)) {
+            auto whole = SafetensorsCheckpoint::open((dir / "model.safetensors.index.json").string());
+            const bool member = std::any_of(whole.shard_files().begin(), whole.shard_files().end(),
+                                            [&](const std::string& s) { return fs::equivalent(s, path, ec); });
+            if (member) {
+                impl->label = (dir / "model.safetensors.index.json").string();
+                impl->st.emplace(std::move(whole));
+            }
+        }
+        if (!impl->st) {
+            impl->st.emplace(SafetensorsCheckpoint::open(path));
+            impl->label = path;
+        }
+    } else {
+        fail(ErrorCode::bad_input, "{}: not a model (expected a folder with config.json, a .safetensors file in such "
+             "a folder, or a .gguf file)", path);
+    }
+    impl->check_present();
+    return Model(std::move(impl));
+}
+
+const ModelConfig& Model::config() const { return impl_->cfg; }
+const std::string& Model::path() const { return impl_->path; }
+std::string Model::format() const { return impl_->format; }
+RopeLayout Model::rope_layout() const { return impl_->rope; }
+const SafetensorsCheckpoint* Model::checkpoint() const { return impl_->st ? &*impl_->st : nullptr; }
+const GgufFile* Model::gguf() const { return impl_->gg ? &*impl_->gg : nullptr; }
+
+const LayerWeights& Model::layer(std::int64_t l) const {
+    const Impl& m = *impl_;
+    KVASIR_CHECK(l >= 0 && l < m.cfg.num_layers, ErrorCode::bad_input, "{}: layer {} does not exist (the model has {} "
+                 "layers)", m.path, l, m.cfg.num_layers);
+    std::lock_guard lock(m.mu);
+    if (auto it = m.layers.find(l); it != m.layers.end()) return *it->second;
+    auto w = std::make_unique<LayerWeights>(m.st ? m.load_st(l) : m.load_gguf(l));
+    return *m.layers.emplace(l, std::move(w)).first->second;
+}
+
+TensorView Model::embed() const {
+    const Impl& m = *impl_;
+    std::lock_guard lock(m.mu);
+    if (!m.embed)
+        m.embed = m.resolve(m.st ? model_tensor_names(m.cfg).embed : "token_embd.weight",
+                            {m.cfg.vocab_size, m.cfg.hidden_size});
+    return *m.embed;
+}
+
+TensorView Model::final_norm() const {
+    const Impl& m = *impl_;
+    std::lock_guard lock(m.mu);
+    if (!m.final_norm)
+        m.final_norm = m.resolve(m.st ? model_tensor_names(m.cfg).final_norm : "output_norm.weight", {m.cfg.hidden_size});
+    return *m.final_norm;
+}
+
+TensorView Model::lm_head() const {
+    if (impl_->cfg.tie_word_embeddings) return embed();
+    const Impl& m = *impl_;
+    std::lock_guard lock(m.mu);
+    if (!m.lm_head)
+        m.lm_head = m.resolve(m.st ? model_tensor_names(m.cfg).lm_head : "output.weight",
+                              {m.cfg.vocab_size, m.cfg.hidden_size});
+    return *m.lm_head;
+}
+
+std::uint64_t Model::layer_bytes(std::int64_t l) const {
+    const Impl& m = *impl_;
+    KVASIR_CHECK(l >= 0 && l < m.cfg.num_layers, ErrorCode::bad_input, "{}: layer {} does not exist (the model has {} "
+                 "layers)", m.path, l, m.cfg.num_layers);
+    if (m.st) {
+        std::vector<std::string> names;
+        for (const TensorSpec& s : layer_tensor_specs(m.cfg, l)) names.push_back(s.name);
+        return m.st->bytes_of(names);
+    }
+    std::uint64_t total = 0;
+    for (const GgufTensor& t : m.gg->tensors()) {
+        const auto r = gguf_tensor_role(t.name);
+        if (r && r->layer == l) total += t.nbytes;
+    }
+    return total;
+}
+
+std::vector<ModelTensorEntry> Model::tensor_table() const {
+    const Impl& m = *impl_;
+    std::vector<ModelTensorEntry> out;
+    if (m.st) {
+        for (const std::string& name : m.st->names()) {
+            const SafetensorsTensorInfo& info = m.st->info(name);
+            out.push_back({name, safetensors_dtype_name(info.dtype), info.shape, info.nbytes, hf_layer_of(name)});
+        }
+    } else {
+        for (const GgufTensor& t : m.gg->tensors()) {
+            const auto r = gguf_tensor_role(t.name);
+            out.push_back({t.name, std::string(ggml_type_name(t.type)), t.shape, t.nbytes, r ? r->layer : -1});
+        }
+        std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+    }
+    return out;
+}
+
+std::string Model::fingerprint() const {
+    Fnv1a128 h;
+    h.update("kvasir-model v1\n");
+    h.update(impl_->format + "\n");
+    h.update(canonical_config_text(impl_->cfg));
+    for (const ModelTensorEntry& e : tensor_table()) h.update(fmt::format("{} {} {}\n", e.name, e.dtype, shape_str(e.shape)));
+    const TensorView norm = final_norm();
+    h.update(std::span<const std::byte>(static_cast<const std::byte*>(norm.data),
+                                        static_cast<std::size_t>(norm.numel()) * dtype_size(norm.dtype)));
+    return h.hex();
+}
+
+std::vector<std::int64_t> Model::loaded_layers() const {
+    std::lock_guard lock(impl_->mu);
+    std::vector<std::int64_t> out;
+    for (const auto& [l, _] : impl_->layers) out.push_back(l);
+    return out;
+}
+
+std::uint64_t Model::owned_bytes() const {
+    std::lock_guard lock(impl_->mu);
+    return impl_->owned_bytes;
+}
+
+}  // namespace kvasir

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# inspect and matrix on the committed fixtures, and bad model files.
+# Usage: test_cli_model.sh PATH/TO/kvasir-equiv   (run from the repo root)
+set -u
+bin="$1"
+failures=0
+check() {  # description, command...
+  local what="$1"; shift
+  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; failures=$((failures + 1)); fi
+}
+tmp=$(mktemp -d)
+
+out=$("$bin" inspect fixtures/models/qwen3_moe_tiny)
+check "inspect names the architecture and layers" grep -q "qwen3_moe: 4 layers, hidden 96" <<<"$out"
+check "inspect marks layer 2 dense" grep -qE "^2 +dense" <<<"$out"
+check "inspect shows experts" grep -q "MoE: 8 experts × 64 wide, top-2" <<<"$out"
+"$bin" inspect fixtures/models/qwen3_moe_tiny.q8_0.gguf --json >"$tmp/i.json"
+check "inspect --json on GGUF lists Q8_0 tensors" grep -q '"dtype": "Q8_0"' "$tmp/i.json"
+check "inspect --json on GGUF gives the format" grep -q '"format": "gguf"' "$tmp/i.json"
+"$bin" inspect fixtures/models/mixtral_tiny --tensors >"$tmp/m.txt"
+check "inspect --tensors lists mixtral expert tensors" grep -q "block_sparse_moe.experts.0.w1.weight" "$tmp/m.txt"
+
+"$bin" matrix --backends cpu-ref,cpu,cpu:acc=f16 --markdown "$tmp/m.md" -o "$tmp/m.json" >"$tmp/m.out"
+check "matrix exits 0" test $? -eq 0
+check "matrix markdown has the pair table" grep -q "| cpu vs cpu-ref |" "$tmp/m.md"
+check "matrix json records the model fingerprint" grep -q '"model_fingerprint"' "$tmp/m.json"
+
+expect_usage_error() {
+  local want="$1"; shift
+  local err rc lines
+  err=$("$bin" "$@" 2>&1 >/dev/null); rc=$?
+  lines=$(printf '%s\n' "$err" | grep -c .)
+  if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ! printf '%s' "$err" | grep -q -- "$want"; then
+    echo "FAIL: $* → rc=$rc ($lines lines): $err (wanted rc 2 and '$want')"; failures=$((failures + 1))
+  else
+    echo "ok: $* → $err"
+  fi
+}
+printf 'GGUF\x03\x00\x00\x00' >"$tmp/trunc.gguf"
+expect_usage_error "trunc.gguf" inspect "$tmp/trunc.gguf"
+mkdir "$tmp/bad" && cp fixtures/models/qwen3_moe_tiny/config.json "$tmp/bad/"
+printf '\xff\xff\xff\xff\xff\xff\xff\x7f{}' >"$tmp/bad/model.safetensors"
+expect_usage_error "model.safetensors: header length" inspect "$tmp/bad"
+expect_usage_error "no-such-model" inspect "$tmp/no-such-model"
+expect_usage_error "layer 2" ops --model fixtures/models/qwen3_moe_tiny --layer 2 --ops moe
+expect_usage_error "--layer 9 is outside" matrix --layer 9
+expect_usage_error "--layer needs --model" ops --layer 1
+rm -rf "$tmp"
+echo "$failures failed"
+[ "$failures" -eq 0 ]
