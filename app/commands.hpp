@@ -36,5 +36,12 @@ void set_backends_command(CLI::App& app);
 void set_ops_command(CLI::App& app);
 void set_inspect_command(CLI::App& app);
 void set_matrix_command(CLI::App& app);
+// Protocol steps 2–6 (app/cmd_steps.cpp).
+void set_drift_command(CLI::App& app);
+void set_logits_command(CLI::App& app);
+void set_decide_command(CLI::App& app);
+void set_generate_command(CLI::App& app);
+void set_perplexity_command(CLI::App& app);
+void set_audit_command(CLI::App& app);
 
 }  // namespace kvasir::app

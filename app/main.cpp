@@ -21,9 +21,15 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     app.footer("Exit codes: 0 ok, 1 a node fails the gate, 2 bad usage or input, 3 internal error.\n"
                "Run 'kvasir-equiv COMMAND --help' for a command's options.");
+    kvasir::app::set_audit_command(app);
     kvasir::app::set_backends_command(app);
     kvasir::app::set_ops_command(app);
     kvasir::app::set_matrix_command(app);
+    kvasir::app::set_drift_command(app);
+    kvasir::app::set_logits_command(app);
+    kvasir::app::set_decide_command(app);
+    kvasir::app::set_generate_command(app);
+    kvasir::app::set_perplexity_command(app);
     kvasir::app::set_inspect_command(app);
     try {
         app.parse(argc, argv);

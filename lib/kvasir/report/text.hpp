@@ -35,7 +35,7 @@ private:
 
 // Number formats used in every table.
 std::string fmt_sci(double v);     // 3.5e-10, "nan", "inf", "0"
-std::string fmt_cosine(double v);  // 0.9999712345 (10 decimals), "nan"
+std::string fmt_cosine(double v);  // "1", "1-2.1e-13" when within 1e-5 of 1, else 0.9999712345; "nan"
 std::string fmt_rate(double v);    // 99.5%
 
 }  // namespace kvasir
