@@ -74,6 +74,26 @@ std::string BackendSpec::canonical() const {
     return out;
 }
 
+bool apply_precision_option(const BackendSpec& spec, const std::string& key, const std::string& value,
+                            Capabilities& caps) {
+    if (key == "storage") {
+        const auto t = parse_dtype(value);
+        KVASIR_CHECK(t && (*t == DType::f32 || *t == DType::f16 || *t == DType::bf16), ErrorCode::bad_input,
+                     "backend '{}': storage must be f32, f16 or bf16, not '{}'", spec.canonical(), value);
+        caps.storage = *t;
+        return true;
+    }
+    if (key == "acc") {
+        const auto t = parse_dtype(value);
+        KVASIR_CHECK(t && (*t == DType::f32 || *t == DType::f16), ErrorCode::bad_input,
+                     "backend '{}': acc must be f32 or f16, not '{}' (f64 accumulation is cpu-ref)", spec.canonical(),
+                     value);
+        caps.accumulation = *t;
+        return true;
+    }
+    return false;
+}
+
 // --- argument checks -----------------------------------------------------------
 
 std::int64_t rows_of(const TensorView& x) {

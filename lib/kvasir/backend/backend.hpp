@@ -152,6 +152,12 @@ protected:
     DType combine_dtype() const;
 };
 
+// The precision options every backend accepts: storage=f32|f16|bf16 and
+// acc=f32|f16. Returns false for any other key; throws Error(bad_input)
+// naming the spec for a bad value. Sets caps.storage / caps.accumulation.
+bool apply_precision_option(const BackendSpec& spec, const std::string& key, const std::string& value,
+                            Capabilities& caps);
+
 // Shape checks shared by backends; each throws Error(bad_input) naming the op.
 void check_matmul_args(const TensorView& x, const TensorView& w);
 void check_same_shape(const char* op, const TensorView& a, const TensorView& b);

@@ -62,18 +62,8 @@ public:
                      spec.canonical());
         int threads = omp_get_max_threads();
         for (const auto& [key, value] : spec.options) {
-            if (key == "storage") {
-                const auto t = parse_dtype(value);
-                KVASIR_CHECK(t && (*t == DType::f32 || *t == DType::f16 || *t == DType::bf16), ErrorCode::bad_input,
-                             "backend '{}': storage must be f32, f16 or bf16, not '{}'", spec.canonical(), value);
-                caps_.storage = *t;
-            } else if (key == "acc") {
-                const auto t = parse_dtype(value);
-                KVASIR_CHECK(t && (*t == DType::f32 || *t == DType::f16), ErrorCode::bad_input,
-                             "backend '{}': acc must be f32 or f16, not '{}' (f64 accumulation is cpu-ref)",
-                             spec.canonical(), value);
-                caps_.accumulation = *t;
-            } else if (key == "threads") {
+            if (apply_precision_option(spec, key, value, caps_)) continue;
+            if (key == "threads") {
                 char* end = nullptr;
                 const long n = std::strtol(value.c_str(), &end, 10);
                 KVASIR_CHECK(end != value.c_str() && *end == '\0' && n >= 1 && n <= 1024, ErrorCode::bad_input,

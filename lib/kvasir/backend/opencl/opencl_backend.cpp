@@ -423,17 +423,7 @@ class OpenclBackend final : public Backend {
 public:
     explicit OpenclBackend(const BackendSpec& spec) {
         for (const auto& [key, value] : spec.options) {
-            if (key == "storage") {
-                const auto t = parse_dtype(value);
-                KVASIR_CHECK(t && (*t == DType::f32 || *t == DType::f16 || *t == DType::bf16), ErrorCode::bad_input,
-                             "backend '{}': storage must be f32, f16 or bf16, not '{}'", spec.canonical(), value);
-                caps_.storage = *t;
-            } else if (key == "acc") {
-                const auto t = parse_dtype(value);
-                KVASIR_CHECK(t && (*t == DType::f32 || *t == DType::f16), ErrorCode::bad_input,
-                             "backend '{}': acc must be f32 or f16, not '{}'", spec.canonical(), value);
-                caps_.accumulation = *t;
-            } else {
+            if (!apply_precision_option(spec, key, value, caps_)) {
                 fail(ErrorCode::bad_input, "backend '{}': unknown option '{}' (opencl takes storage=, acc=)",
                      spec.canonical(), key);
             }
