@@ -37,7 +37,8 @@ struct StepOptions {
 void add_step_options(CLI::App& cmd, StepOptions& o, const char* tokens_help) {
     cmd.add_option("-m,--model", o.model, "Model: HF folder, .safetensors or .gguf")->capture_default_str();
     add_node_options(cmd, o.nodes);
-    cmd.add_option("--tokens", o.tokens, tokens_help);
+    // 0 stands for "not given" in TokenOptions, so an explicit 0 is refused here.
+    cmd.add_option("--tokens", o.tokens, tokens_help)->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
     cmd.add_option("--tokens-file", o.tokens_file, "Token ids from FILE (whitespace-separated decimal ids)");
     cmd.add_option("--seed", o.seed, "Seed of generated token ids (and of --perturb-router)")->capture_default_str();
     cmd.add_flag("--repeat", o.repeat, "Run every node twice: bit-identical or not, and the run-to-run max|Δ|");
@@ -49,7 +50,6 @@ void fill_common(StepCommon& c, const Model& model, const StepOptions& o) {
     c.model = &model;
     c.seed = o.seed;
     c.repeat = o.repeat;
-    KVASIR_CHECK(o.tokens >= 0, ErrorCode::bad_input, "--tokens must be ≥ 1, got {}", o.tokens);
     c.tokens = resolve_tokens(model, TokenOptions{o.tokens_file, o.tokens, o.seed, 24});
 }
 

@@ -1,6 +1,7 @@
 #include "kvasir/backend/registry.hpp"
 
 #include "kvasir/backend/cpu_backends.hpp"
+#include "kvasir/backend/fault.hpp"
 #include "kvasir/core/error.hpp"
 
 #include <fmt/format.h>
@@ -31,8 +32,8 @@ std::vector<BackendDevice> host_device(std::string&) { return {BackendDevice{0, 
 const std::vector<Entry>& entries() {
     static const std::vector<Entry> table = {
         {"cpu-ref", "f64 oracle: plain loops, f64 accumulation", true, "", host_device, make_cpu_ref_backend},
-        {"cpu", "f32 SIMD + threads, FMA; variants storage=f32|f16|bf16, acc=f32|f16", true, "", host_device,
-         make_cpu_backend},
+        {"cpu", "f32 SIMD + threads, FMA; variants storage=f32|f16|bf16, acc=f32|f16, fault=… (injection)", true, "",
+         host_device, make_cpu_with_fault},
 #if defined(KVASIR_HAVE_OPENCL)
         {"opencl", "OpenCL devices, kernels compiled at run time", true, "", opencl_probe, make_opencl_backend},
 #else

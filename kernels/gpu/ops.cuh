@@ -1,0 +1,223 @@
+// The GPU kernels of kvasir, written once and compiled by nvcc (cuda) and hipcc (hip).
+// What makes them different: every reduction has ONE fixed order on every vendor —
+// no warp shuffles (a 64-lane wavefront would change the tree), no atomics except in
+// the nondeterministic split-K variant — and every fused multiply-add is an explicit
+// fmaf (the compilers are told not to contract), so cuda and hip compute the same bits.
+//
+// Read next to lib/kvasir/backend/cpu_ref.cpp (the f64 loops these must match):
+//   matmul_kernel    y[t,n] = Σ_k x[t,k]·w[n,k]   one fmaf chain per output in ascending k
+//                                                 (f32), or the exact f16-accumulation step
+//   softmax_kernel   max, then e = exp(x - max) rounded to storage, Σe by a fixed tree, e/Σ
+//   rmsnorm_kernel   Σx² by a fixed tree (fmaf), x · 1/sqrt(Σx²/n + eps) · w
+//   swiglu_kernel    g / (1 + e^-g) · u           (the cpu backend's formula)
+//   sigmoid_kernel   1 / (1 + e^-x)
+//   rope_kernel      angle = pos · inv_freq in f32 (inv_freq from the host, as transformers
+//                    computes it), (a, b) → (a·c - b·s, b·c + a·s) with fmaf
+//   store_kernel     round a buffer to the storage format (after split-K atomics)
+//
+// Conventions: buffers hold f32 values that are already rounded to the node's
+// storage format; every kernel rounds what it writes with kg_store(·, storage).
+// Sizes are checked by the host (every count < 2^31); offsets use size_t.
+#pragma once
+
+#include "kernels/gpu/math.cuh"
+
+#include <cstddef>
+
+namespace kvasir::KG_NS {
+
+// Block size of every reduction kernel. Fixed (not the warp size) so that the
+// reduction tree — and therefore the result — is the same on every vendor.
+constexpr int kReduceThreads = 256;
+
+// Matmul tiling: a 64×64 block of outputs per 256 threads, 4×4 per thread,
+// K staged through shared memory 16 at a time.
+constexpr int kTile = 64;
+constexpr int kTileK = 16;
+constexpr int kMatmulThreads = 256;
+
+// Accumulation step of one output element. f32: one rounding per product+sum
+// (fma). f16: the running sum is rounded to half after every add; the product
+// of two floats is exact in double, so this is bit-identical to the CPU
+// emulation of an F16-accumulating unit (cpu:acc=f16).
+template <bool kF16Acc>
+struct Accum;
+template <>
+struct Accum<false> {
+    __device__ static float step(float acc, float a, float b) { return fmaf(a, b, acc); }
+    __device__ static float add(float a, float b) { return a + b; }
+};
+template <>
+struct Accum<true> {
+    __device__ static float step(float acc, float a, float b) {
+        return static_cast<float>(kg_round_f16(static_cast<double>(acc) + static_cast<double>(a) * static_cast<double>(b)));
+    }
+    __device__ static float add(float a, float b) {
+        return static_cast<float>(kg_round_f16(static_cast<double>(a) + static_cast<double>(b)));
+    }
+};
+
+// y[T, N] = x[T, K] · w[N, K]ᵀ over k in [blockIdx.z·k_chunk, +k_chunk).
+// kAtomic (split-K, the nondeterministic variant): partial sums are added to y
+// with atomicAdd, in whatever order the blocks finish, and y is rounded to
+// storage afterwards by store_kernel. Otherwise y is written once, rounded.
+template <bool kF16Acc, bool kAtomic>
+__global__ void __launch_bounds__(kMatmulThreads)
+    matmul_kernel(const float* x, const float* w, float* y, int t_count, int n_count, int k_count, int k_chunk,
+                  int storage) {
+    // Transposed tiles ([k][row]) so the inner loop reads rows of both with
+    // consecutive threads on consecutive addresses; +1 breaks bank conflicts
+    // on the transposing stores.
+    __shared__ float xs[kTileK][kTile + 1];
+    __shared__ float ws[kTileK][kTile + 1];
+    const int tid = static_cast<int>(threadIdx.x);
+    const int tx = tid % 16, ty = tid / 16;
+    const int row0 = static_cast<int>(blockIdx.y) * kTile, col0 = static_cast<int>(blockIdx.x) * kTile;
+    const int k_begin = static_cast<int>(blockIdx.z) * k_chunk;
+    const int k_end = min(k_count, k_begin + k_chunk);
+    using A = Accum<kF16Acc>;
+    float acc[4][4];
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    for (int k0 = k_begin; k0 < k_end; k0 += kTileK) {
+        for (int e = tid; e < kTile * kTileK; e += kMatmulThreads) {
+            const int r = e / kTileK, kk = e % kTileK, gk = k0 + kk;
+            const int gx = row0 + r, gw = col0 + r;
+            xs[kk][r] = gx < t_count && gk < k_end ? x[static_cast<std::size_t>(gx) * k_count + gk] : 0.0f;
+            ws[kk][r] = gw < n_count && gk < k_end ? w[static_cast<std::size_t>(gw) * k_count + gk] : 0.0f;
+        }
+        __syncthreads();
+        // Padding never enters a sum: the loop stops at the real K.
+        const int kk_end = min(kTileK, k_end - k0);
+        for (int kk = 0; kk < kk_end; ++kk) {
+            float a[4], b[4];
+            for (int i = 0; i < 4; ++i) a[i] = xs[kk][ty + 16 * i];
+            for (int j = 0; j < 4; ++j) b[j] = ws[kk][tx + 16 * j];
+            for (int i = 0; i < 4; ++i)
+                for (int j = 0; j < 4; ++j) acc[i][j] = A::step(acc[i][j], a[i], b[j]);
+        }
+        __syncthreads();
+    }
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) {
+            const int r = row0 + ty + 16 * i, c = col0 + tx + 16 * j;
+            if (r >= t_count || c >= n_count) continue;
+            float* dst = y + static_cast<std::size_t>(r) * n_count + c;
+            if (kAtomic)
+                atomicAdd(dst, acc[i][j]);
+            else
+                *dst = kg_store(acc[i][j], storage);
+        }
+}
+
+// Sum (or max) of one value per thread over the block, by a fixed binary
+// tree in shared memory: thread t adds t + 128, then t + 64, ... The result
+// is returned to every thread; `red` is reusable after the call.
+template <typename Op>
+__device__ float block_reduce(float v, float* red, Op op) {
+    const int tid = static_cast<int>(threadIdx.x);
+    red[tid] = v;
+    __syncthreads();
+    for (int stride = kReduceThreads / 2; stride > 0; stride /= 2) {
+        if (tid < stride) red[tid] = op(red[tid], red[tid + stride]);
+        __syncthreads();
+    }
+    const float out = red[0];
+    __syncthreads();
+    return out;
+}
+
+struct MaxOp {
+    // fmaxf drops a NaN, as the oracle's fmax does; the NaN then poisons the
+    // row through exp(NaN - max).
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+template <bool kF16Acc>
+struct SumOp {
+    __device__ float operator()(float a, float b) const { return Accum<kF16Acc>::add(a, b); }
+};
+
+// One block per row. Thread t owns columns t, t + 256, ... and sums them in
+// that order; the 256 partial sums then go through the tree.
+template <bool kF16Acc>
+__global__ void __launch_bounds__(kReduceThreads)
+    softmax_kernel(const float* x, float* y, int cols, int storage) {
+    __shared__ float red[kReduceThreads];
+    const float* xr = x + static_cast<std::size_t>(blockIdx.x) * cols;
+    float* yr = y + static_cast<std::size_t>(blockIdx.x) * cols;
+    const int tid = static_cast<int>(threadIdx.x);
+    float m = -INFINITY;
+    for (int c = tid; c < cols; c += kReduceThreads) m = fmaxf(m, xr[c]);
+    m = block_reduce(m, red, MaxOp{});
+    float s = 0.0f;
+    for (int c = tid; c < cols; c += kReduceThreads) {
+        const float e = kg_store(kg_expf(xr[c] - m), storage);
+        yr[c] = e;
+        s = Accum<kF16Acc>::add(s, e);
+    }
+    s = block_reduce(s, red, SumOp<kF16Acc>{});
+    for (int c = tid; c < cols; c += kReduceThreads) yr[c] = kg_store(yr[c] / s, storage);
+}
+
+template <bool kF16Acc>
+__global__ void __launch_bounds__(kReduceThreads)
+    rmsnorm_kernel(const float* x, const float* weight, float* y, int cols, float eps, int storage) {
+    __shared__ float red[kReduceThreads];
+    const float* xr = x + static_cast<std::size_t>(blockIdx.x) * cols;
+    float* yr = y + static_cast<std::size_t>(blockIdx.x) * cols;
+    const int tid = static_cast<int>(threadIdx.x);
+    float s = 0.0f;
+    for (int c = tid; c < cols; c += kReduceThreads) {
+        if (kF16Acc)
+            s = Accum<true>::add(s, xr[c] * xr[c]);  // the square rounded to f32, as the cpu node does
+        else
+            s = fmaf(xr[c], xr[c], s);
+    }
+    s = block_reduce(s, red, SumOp<kF16Acc>{});
+    // Correctly rounded division (build flags) and square root (kg_sqrtf) on both vendors.
+    const float inv = 1.0f / kg_sqrtf(s / static_cast<float>(cols) + eps);
+    for (int c = tid; c < cols; c += kReduceThreads) yr[c] = kg_store(xr[c] * inv * weight[c], storage);
+}
+
+__global__ void swiglu_kernel(const float* gate, const float* up, float* y, std::size_t n, int storage) {
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+        const float g = gate[i];
+        y[i] = kg_store(g / (1.0f + kg_expf(-g)) * up[i], storage);
+    }
+}
+
+__global__ void sigmoid_kernel(const float* x, float* y, std::size_t n, int storage) {
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+        y[i] = kg_store(1.0f / (1.0f + kg_expf(-x[i])), storage);
+}
+
+// One thread per (token, head, pair). neox pairs (i, i + d/2), normal pairs
+// (2i, 2i + 1). positions are f32 (converted on the host like the cpu node).
+__global__ void rope_kernel(const float* x, const float* positions, const float* inv_freq, float* y, int t_count,
+                            int heads, int dim, int neox, int storage) {
+    const int half = dim / 2;
+    const std::size_t total = static_cast<std::size_t>(t_count) * heads * half;
+    for (std::size_t g = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < total;
+         g += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+        const int i = static_cast<int>(g % half);
+        const std::size_t th = g / half;  // token · heads + head
+        const int t = static_cast<int>(th / heads);
+        float s, c;
+        kg_sincosf(positions[t] * inv_freq[i], &s, &c);
+        const std::size_t base = th * dim;
+        const std::size_t i0 = base + (neox ? i : 2 * i), i1 = base + (neox ? i + half : 2 * i + 1);
+        const float a = x[i0], b = x[i1];
+        y[i0] = kg_store(fmaf(a, c, -(b * s)), storage);
+        y[i1] = kg_store(fmaf(b, c, a * s), storage);
+    }
+}
+
+__global__ void store_kernel(float* y, std::size_t n, int storage) {
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+        y[i] = kg_store(y[i], storage);
+}
+
+}  // namespace kvasir::KG_NS

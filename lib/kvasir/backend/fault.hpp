@@ -1,0 +1,137 @@
+// Fault injection: a Backend decorator that breaks an otherwise good node in
+// one controlled way, so that the audit's verdicts can be shown to catch what
+// they claim to catch (a perturbation of a chosen size → unfit at the size the
+// tolerances name; a NaN → error; a flipped routing decision; a flipped bit in
+// a weight). Deterministic: the same spec and the same call sequence inject
+// the same fault, on every machine.
+//
+// Spec syntax (options of the cpu backend; the registry routes cpu specs with
+// a fault option to make_cpu_with_fault()):
+//
+//   cpu:fault=perturb[,fault_size=1e-3][,fault_seed=N][,fault_op=matmul]
+//       EVERY output element of EVERY call of fault_op (default matmul) is
+//       multiplied by (1 ± fault_size), the sign drawn per element from the
+//       counter-based RNG (seed fault_seed, stream "fault/perturb/<call>"),
+//       then rounded to the output dtype. So the relative error of each
+//       element is exactly fault_size (up to the output rounding) — the
+//       per-op error a real backend shows, at a size the user picks —
+//       and errors are incoherent (random signs), as cross-backend errors are.
+//   cpu:fault=nan[,fault_op=matmul][,fault_call=0][,fault_index=0]
+//       ONE element (fault_index modulo the element count) of the output of
+//       call number fault_call (0-based) of fault_op becomes NaN.
+//   cpu:fault=route[,fault_call=0][,fault_token=0]
+//       In call fault_call of route(), token fault_token (modulo T) gets its
+//       k-th choice replaced by its (k+1)-th: the best-scoring expert (score
+//       + bias, ignoring groups) that top-k did not pick. Its combine weights
+//       are recomputed from the scores as route() does (renormalised and
+//       scaled per RouterParams). Every other row is the inner backend's,
+//       bit for bit. Refused at route() time when k equals the expert count
+//       (there is no (k+1)-th expert).
+//   cpu:fault=bitflip[,fault_call=0][,fault_index=0][,fault_bit=B]
+//       The weight matrix read by matmul call number fault_call is replaced,
+//       for that call and every later call reading the same memory, by a
+//       copy with bit B of element fault_index (modulo its element count)
+//       flipped — the original weights (often a read-only mmap) are never
+//       touched. B counts from the least significant bit of the element's
+//       storage (0 … width−1); the default is the top mantissa bit (f32 22,
+//       f16 9, bf16 6, f64 51), which changes the value by a factor in
+//       [0.5, 1.5]: a silent corruption, not an obvious NaN. An exponent bit
+//       (f32: 23…30) scales it by a power of two instead.
+//
+// fault_op is one of matmul, swiglu, softmax, sigmoid, rmsnorm, rope,
+// moe_block, add, mul, scale. Options that do not belong to the chosen kind
+// are refused (Error(bad_input)), so a typo never yields a clean node.
+//
+// Composite ops. moe_block and route are, on the inner backend, compositions
+// of matmul/swiglu and softmax/sigmoid. When the fault targets an op they are
+// composed of, the decorator runs the default composition (Backend::moe_block
+// / Backend::route) on ITSELF, so the fault reaches the expert matmuls and the
+// router's softmax; otherwise it forwards them to the inner backend untouched.
+//
+// Capabilities: the inner backend's, with node = the inner node plus the fault
+// options (e.g. "cpu:fault=perturb,fault_size=1e-3") and extra "fault" = a
+// one-line description.
+#pragma once
+
+#include "kvasir/backend/backend.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvasir {
+
+enum class FaultKind { none, perturb, nan, route, bitflip };
+
+struct FaultSpec {
+    FaultKind kind = FaultKind::none;
+    double size = 1e-3;             // perturb: relative size
+    std::uint64_t seed = 0x5eed;    // perturb: RNG seed
+    std::string op = "matmul";      // perturb, nan: target op
+    std::int64_t call = 0;          // nan, route, bitflip: which call (0-based)
+    std::int64_t index = 0;         // nan: output element; bitflip: weight element
+    std::int64_t token = 0;         // route: token row
+    int bit = -1;                   // bitflip: bit to flip; -1 = top mantissa bit of the dtype
+    // The options exactly as given (key → value), for the node name.
+    std::vector<std::pair<std::string, std::string>> options;
+};
+
+// The fault options (keys starting with "fault") of `spec`, removed from
+// `*rest` when given. FaultKind::none when there is no "fault" key; a
+// "fault_*" key without "fault", an unknown key, a bad value or a key that
+// does not apply to the kind → Error(bad_input) naming the spec.
+FaultSpec parse_fault_spec(const BackendSpec& spec, BackendSpec* rest = nullptr);
+
+// "perturb: every matmul output ×(1 ± 1e-3), seed 24301" etc.
+std::string describe(const FaultSpec& fault);
+
+class FaultBackend final : public Backend {
+public:
+    FaultBackend(std::unique_ptr<Backend> inner, FaultSpec fault);
+
+    const Capabilities& capabilities() const override { return caps_; }
+    Tensor matmul(const TensorView& x, const TensorView& w) override;
+    Tensor swiglu(const TensorView& gate, const TensorView& up) override;
+    Tensor softmax(const TensorView& x) override;
+    Tensor sigmoid(const TensorView& x) override;
+    Tensor rmsnorm(const TensorView& x, const TensorView& weight, double eps) override;
+    Tensor rope(const TensorView& x, std::span<const std::int64_t> positions, const RopeParams& params) override;
+    RouterOutput route(const TensorView& logits, const RouterParams& params) override;
+    Tensor moe_block(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan,
+                     const std::vector<bool>* expert_filter = nullptr) override;
+    Tensor add(const TensorView& a, const TensorView& b) override;
+    Tensor mul(const TensorView& a, const TensorView& b) override;
+    Tensor scale(const TensorView& x, double s) override;
+
+    const FaultSpec& fault() const { return fault_; }
+    // One line per injected fault, in order ("nan: matmul call 0 element 5"),
+    // for tests and for debugging an audit.
+    const std::vector<std::string>& injections() const { return log_; }
+
+private:
+    Tensor after(const char* op, Tensor out);  // applies perturb / nan to op's output
+    bool composes(const char* composite) const;
+
+    std::unique_ptr<Backend> inner_;
+    FaultSpec fault_;
+    Capabilities caps_;
+    std::vector<std::string> log_;
+    std::int64_t op_calls_ = 0;      // calls of fault_.op so far
+    std::int64_t route_calls_ = 0;
+    std::int64_t matmul_calls_ = 0;  // bitflip
+    const void* flipped_source_ = nullptr;  // bitflip: the weight memory that is corrupted
+    Tensor flipped_copy_;
+    Shape flipped_shape_;
+    DType flipped_dtype_ = DType::f32;
+};
+
+std::unique_ptr<Backend> make_fault_backend(std::unique_ptr<Backend> inner, FaultSpec fault);
+
+// The registry's factory for "cpu" specs: strips the fault options, builds the
+// cpu backend with make_cpu_backend() from the rest (so "cpu:acc=f16,fault=nan"
+// is a faulty f16-accumulating node) and wraps it. Without a fault option it
+// returns the plain cpu backend. Error(bad_input) for a name other than cpu.
+std::unique_ptr<Backend> make_cpu_with_fault(const BackendSpec& spec);
+
+}  // namespace kvasir

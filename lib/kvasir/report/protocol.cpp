@@ -1,0 +1,833 @@
+#include "kvasir/report/protocol.hpp"
+
+#include "kvasir/core/error.hpp"
+#include "kvasir/core/io.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+
+namespace kvasir {
+
+// ============================================================================
+// SHA-256 (FIPS 180-4 §6.2). Written for clarity, not speed: protocols and
+// token streams are kilobytes.
+// ============================================================================
+
+namespace {
+
+constexpr std::array<std::uint32_t, 64> kSha256K = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+constexpr std::uint32_t rotr(std::uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+void sha256_block(std::array<std::uint32_t, 8>& h, const std::uint8_t* block) {
+    std::array<std::uint32_t, 64> w{};
+    for (int t = 0; t < 16; ++t)
+        w[t] = (std::uint32_t{block[4 * t]} << 24) | (std::uint32_t{block[4 * t + 1]} << 16) |
+               (std::uint32_t{block[4 * t + 2]} << 8) | std::uint32_t{block[4 * t + 3]};
+    for (int t = 16; t < 64; ++t) {
+        const std::uint32_t s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
+        const std::uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
+        w[t] = w[t - 16] + s0 + w[t - 7] + s1;
+    }
+    std::uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+    for (int t = 0; t < 64; ++t) {
+        const std::uint32_t big_s1 = rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25);
+        const std::uint32_t ch = (e & f) ^ (~e & g);
+        const std::uint32_t t1 = hh + big_s1 + ch + kSha256K[t] + w[t];
+        const std::uint32_t big_s0 = rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22);
+        const std::uint32_t maj = (a & b) ^ (a & c) ^ (b & c);
+        const std::uint32_t t2 = big_s0 + maj;
+        hh = g;
+        g = f;
+        f = e;
+        e = d + t1;
+        d = c;
+        c = b;
+        b = a;
+        a = t1 + t2;
+    }
+    h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += hh;
+}
+
+}  // namespace
+
+std::array<std::uint8_t, 32> sha256(std::string_view data) {
+    std::array<std::uint32_t, 8> h = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                      0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    const auto* p = reinterpret_cast<const std::uint8_t*>(data.data());
+    const std::size_t n = data.size();
+    std::size_t full = n / 64;
+    for (std::size_t i = 0; i < full; ++i) sha256_block(h, p + 64 * i);
+    // Padding: 0x80, zeros to 56 mod 64, then the bit length big-endian.
+    std::array<std::uint8_t, 128> tail{};
+    const std::size_t rest = n - 64 * full;
+    if (rest > 0) std::memcpy(tail.data(), p + 64 * full, rest);
+    tail[rest] = 0x80;
+    const std::size_t tail_len = rest + 1 + 8 <= 64 ? 64 : 128;
+    const std::uint64_t bits = static_cast<std::uint64_t>(n) * 8u;
+    for (int i = 0; i < 8; ++i) tail[tail_len - 1 - i] = static_cast<std::uint8_t>(bits >> (8 * i));
+    sha256_block(h, tail.data());
+    if (tail_len == 128) sha256_block(h, tail.data() + 64);
+    std::array<std::uint8_t, 32> out{};
+    for (int i = 0; i < 8; ++i)
+        for (int j = 0; j < 4; ++j) out[4 * i + j] = static_cast<std::uint8_t>(h[i] >> (24 - 8 * j));
+    return out;
+}
+
+std::string sha256_hex(std::string_view data) {
+    static const char* digits = "0123456789abcdef";
+    std::string out;
+    out.reserve(64);
+    for (const std::uint8_t b : sha256(data)) {
+        out += digits[b >> 4];
+        out += digits[b & 15];
+    }
+    return out;
+}
+
+// ============================================================================
+// Canonical JSON
+// ============================================================================
+
+// nlohmann::json (not ordered_json) keeps objects in a std::map, so dump()
+// already writes keys in byte order; dump() without an indent writes no
+// whitespace. An ordered_json document must be converted first (the caller's
+// type makes that explicit).
+std::string canonical_json(const nlohmann::json& doc) { return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict); }
+
+std::string content_hash(const nlohmann::json& doc) { return "sha256:" + sha256_hex(canonical_json(doc)); }
+
+std::string json_pointer_child(const std::string& parent, std::string_view token) {
+    std::string out = parent + "/";
+    for (const char c : token) {
+        if (c == '~')
+            out += "~0";
+        else if (c == '/')
+            out += "~1";
+        else
+            out += c;
+    }
+    return out;
+}
+
+std::string json_pointer_child(const std::string& parent, std::size_t index) {
+    return parent + "/" + std::to_string(index);
+}
+
+// ============================================================================
+// JSON Schema subset
+// ============================================================================
+
+namespace {
+
+std::string type_of(const nlohmann::json& j) {
+    if (j.is_number_integer()) return "integer";
+    if (j.is_number_float()) return "number";
+    return j.type_name();  // null, boolean, string, array, object
+}
+
+// "integer" includes integral floats (3.0), as JSON Schema 2020-12 says.
+bool has_type(const nlohmann::json& j, const std::string& t) {
+    if (t == "null") return j.is_null();
+    if (t == "boolean") return j.is_boolean();
+    if (t == "string") return j.is_string();
+    if (t == "array") return j.is_array();
+    if (t == "object") return j.is_object();
+    if (t == "number") return j.is_number();
+    if (t == "integer") {
+        if (j.is_number_integer()) return true;
+        if (!j.is_number_float()) return false;
+        const double v = j.get<double>();
+        return std::isfinite(v) && std::floor(v) == v;
+    }
+    fail(ErrorCode::internal, "schema: unknown type name '{}'", t);
+}
+
+std::string describe_value(const nlohmann::json& j) {
+    std::string text = j.dump();
+    if (text.size() > 40) text = text.substr(0, 37) + "...";
+    return fmt::format("{} {}", type_of(j), text);
+}
+
+std::string article(const std::string& type) {
+    return (type == "integer" || type == "array" || type == "object") ? "an " + type : "a " + type;
+}
+
+std::size_t utf8_length(const std::string& s) {
+    std::size_t n = 0;
+    for (const char c : s)
+        if ((static_cast<unsigned char>(c) & 0xc0) != 0x80) ++n;
+    return n;
+}
+
+class SchemaWalker {
+public:
+    SchemaWalker(const nlohmann::json& root, std::vector<SchemaViolation>& out) : root_(root), out_(out) {}
+
+    void validate(const nlohmann::json& schema, const nlohmann::json& doc, const std::string& path, int depth) {
+        KVASIR_CHECK(depth < 64, ErrorCode::internal, "schema: $ref nesting deeper than 64 at {}", path);
+        if (schema.is_boolean()) {
+            if (!schema.get<bool>()) add(path, "not allowed here");
+            return;
+        }
+        KVASIR_CHECK(schema.is_object(), ErrorCode::internal, "schema: a schema must be an object or a boolean (at {})", path);
+        static const std::set<std::string> supported = {
+            "type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties", "items",
+            "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "pattern",
+            "$ref", "$schema", "$id", "$comment", "$defs", "title", "description", "default", "examples"};
+        for (const auto& [key, value] : schema.items())
+            KVASIR_CHECK(supported.count(key) != 0, ErrorCode::internal,
+                         "schema keyword '{}' is not supported by kvasir's validator", key);
+
+        if (schema.contains("$ref")) validate(resolve(schema["$ref"].get<std::string>()), doc, path, depth + 1);
+
+        if (schema.contains("type")) {
+            std::vector<std::string> types;
+            if (schema["type"].is_string())
+                types.push_back(schema["type"].get<std::string>());
+            else
+                for (const auto& t : schema["type"]) types.push_back(t.get<std::string>());
+            const bool ok = std::any_of(types.begin(), types.end(), [&](const std::string& t) { return has_type(doc, t); });
+            if (!ok) {
+                std::string want;
+                for (std::size_t i = 0; i < types.size(); ++i)
+                    want += (i == 0 ? "" : i + 1 == types.size() ? " or " : ", ") + article(types[i]);
+                add(path, fmt::format("expected {}, got {}", want, describe_value(doc)));
+                return;  // the remaining keywords would only repeat the type error
+            }
+        }
+        if (schema.contains("enum")) {
+            const auto& options = schema["enum"];
+            if (std::find(options.begin(), options.end(), doc) == options.end())
+                add(path, fmt::format("{} is not one of {}", doc.dump(), options.dump()));
+        }
+        if (schema.contains("const") && doc != schema["const"])
+            add(path, fmt::format("expected {}, got {}", schema["const"].dump(), doc.dump()));
+
+        if (doc.is_number()) numeric(schema, doc, path);
+        if (doc.is_string()) string(schema, doc.get<std::string>(), path);
+        if (doc.is_array()) array(schema, doc, path, depth);
+        if (doc.is_object()) object(schema, doc, path, depth);
+    }
+
+private:
+    void add(const std::string& path, std::string message) { out_.push_back({path, std::move(message)}); }
+
+    const nlohmann::json& resolve(const std::string& ref) {
+        KVASIR_CHECK(ref.rfind("#", 0) == 0, ErrorCode::internal, "schema: only local $ref (#/...) is supported, not '{}'", ref);
+        const nlohmann::json::json_pointer ptr(ref.substr(1));
+        KVASIR_CHECK(root_.contains(ptr), ErrorCode::internal, "schema: $ref '{}' points nowhere", ref);
+        return root_.at(ptr);
+    }
+
+    void numeric(const nlohmann::json& s, const nlohmann::json& doc, const std::string& path) {
+        const double v = doc.get<double>();
+        const auto bound = [&](const char* key, auto ok, const char* relation) {
+            if (!s.contains(key)) return;
+            const double b = s[key].get<double>();
+            if (!ok(v, b)) add(path, fmt::format("{} is not {} {}", doc.dump(), relation, s[key].dump()));
+        };
+        bound("minimum", [](double a, double b) { return a >= b; }, ">=");
+        bound("maximum", [](double a, double b) { return a <= b; }, "<=");
+        bound("exclusiveMinimum", [](double a, double b) { return a > b; }, ">");
+        bound("exclusiveMaximum", [](double a, double b) { return a < b; }, "<");
+    }
+
+    void string(const nlohmann::json& s, const std::string& v, const std::string& path) {
+        if (s.contains("minLength") && utf8_length(v) < s["minLength"].get<std::size_t>())
+            add(path, fmt::format("string shorter than {} characters", s["minLength"].get<std::size_t>()));
+        if (s.contains("pattern")) {
+            const std::string& pat = s["pattern"].get_ref<const std::string&>();
+            if (!std::regex_search(v, regex(pat)))
+                add(path, fmt::format("\"{}\" does not match the pattern {}", v.size() > 60 ? v.substr(0, 57) + "..." : v, pat));
+        }
+    }
+
+    void array(const nlohmann::json& s, const nlohmann::json& doc, const std::string& path, int depth) {
+        if (s.contains("minItems") && doc.size() < s["minItems"].get<std::size_t>())
+            add(path, fmt::format("expected at least {} items, got {}", s["minItems"].get<std::size_t>(), doc.size()));
+        if (s.contains("maxItems") && doc.size() > s["maxItems"].get<std::size_t>())
+            add(path, fmt::format("expected at most {} items, got {}", s["maxItems"].get<std::size_t>(), doc.size()));
+        if (s.contains("items"))
+            for (std::size_t i = 0; i < doc.size(); ++i) validate(s["items"], doc[i], json_pointer_child(path, i), depth + 1);
+    }
+
+    void object(const nlohmann::json& s, const nlohmann::json& doc, const std::string& path, int depth) {
+        if (s.contains("required"))
+            for (const auto& key : s["required"])
+                if (!doc.contains(key.get<std::string>()))
+                    add(path, fmt::format("missing key '{}'", key.get<std::string>()));
+        for (const auto& [key, value] : doc.items()) {
+            const std::string child = json_pointer_child(path, key);
+            bool matched = false;
+            if (s.contains("properties") && s["properties"].contains(key)) {
+                matched = true;
+                validate(s["properties"][key], value, child, depth + 1);
+            }
+            if (s.contains("patternProperties"))
+                for (const auto& [pat, sub] : s["patternProperties"].items())
+                    if (std::regex_search(key, regex(pat))) {
+                        matched = true;
+                        validate(sub, value, child, depth + 1);
+                    }
+            if (matched || !s.contains("additionalProperties")) continue;
+            const auto& extra = s["additionalProperties"];
+            if (extra.is_boolean() && !extra.get<bool>())
+                add(child, "unknown key");
+            else
+                validate(extra, value, child, depth + 1);
+        }
+    }
+
+    const std::regex& regex(const std::string& pattern) {
+        auto it = regexes_.find(pattern);
+        if (it == regexes_.end()) {
+            try {
+                it = regexes_.emplace(pattern, std::make_unique<std::regex>(pattern, std::regex::ECMAScript)).first;
+            } catch (const std::regex_error& e) {
+                fail(ErrorCode::internal, "schema: invalid pattern '{}': {}", pattern, e.what());
+            }
+        }
+        return *it->second;
+    }
+
+    const nlohmann::json& root_;
+    std::vector<SchemaViolation>& out_;
+    std::map<std::string, std::unique_ptr<std::regex>> regexes_;
+};
+
+}  // namespace
+
+std::vector<SchemaViolation> schema_violations(const nlohmann::json& schema, const nlohmann::json& doc) {
+    std::vector<SchemaViolation> out;
+    SchemaWalker(schema, out).validate(schema, doc, "", 0);
+    return out;
+}
+
+void validate_against_schema(const nlohmann::json& schema, const nlohmann::json& doc, const std::string& source) {
+    const auto v = schema_violations(schema, doc);
+    if (!v.empty()) fail(ErrorCode::bad_input, "{}: {}: {}", source, v.front().path.empty() ? "/" : v.front().path, v.front().message);
+}
+
+// ============================================================================
+// Criteria
+// ============================================================================
+
+const char* to_string(Direction d) noexcept { return d == Direction::max ? "max" : "min"; }
+
+const char* margin_unit(MarginScale s) noexcept { return s == MarginScale::linear ? "units" : "decades"; }
+
+const char* to_string(Tier t) noexcept { return t == Tier::sensitive ? "sensitive" : "tolerant"; }
+
+const std::vector<CriterionInfo>& criterion_catalog() {
+    using D = Direction;
+    using S = MarginScale;
+    static const std::vector<CriterionInfo> catalog = {
+        {"ops.max_rel", "ops", D::max, S::log, false, true,
+         "step 1: guarded per-element max relative delta of each op's output vs the reference (worst op unless a per-op tolerance names it)"},
+        {"ops.cosine_min", "ops", D::min, S::complement_log, false, true,
+         "step 1: cosine of each op's output with the reference's (worst op unless a per-op tolerance names it)"},
+        {"shard.max_rel", "ops", D::max, S::log, false, true,
+         "step 1: MoE block split across simulated nodes and recombined vs monolithic, same node (accumulation order only)"},
+        {"drift.final_rel", "drift", D::max, S::log, false, true,
+         "step 2: normwise relative delta ||h_cand - h_ref|| / ||h_ref|| of the residual stream after the last layer"},
+        {"drift.alpha_max", "drift", D::max, S::linear, false, true,
+         "step 2: fitted growth exponent alpha of drift(L) ~ L^alpha over depth (0.5 incoherent, 1 coherent); 0 when drift is identically zero"},
+        {"logits.kl_p99", "logits", D::max, S::log, false, true,
+         "step 3: 99th percentile over positions of KL(P_ref || P_cand) of the next-token distributions, in nats"},
+        {"logits.linf_max", "logits", D::max, S::log, false, true,
+         "step 3: max over positions of the L-infinity norm of the logit delta"},
+        {"decide.top1_agreement_min", "decide", D::min, S::complement_log, false, true,
+         "step 4: fraction of positions whose argmax token equals the reference's"},
+        {"decide.routing_agreement_min", "decide", D::min, S::complement_log, false, false,
+         "step 4: fraction of (token, layer) rows whose top-k expert SET equals the reference's, each node running its own router (no authority)"},
+        {"generate.first_divergence_min", "generate", D::min, S::linear, true, true,
+         "step 5: index of the first generated token that differs from the reference's under independent greedy decoding; n when none differs"},
+        {"generate.divergences_max", "generate", D::max, S::linear, true, false,
+         "step 5: positions whose argmax differs from the reference's when both are fed the reference's tokens (teacher forcing)"},
+        {"perplexity.ratio_max", "perplexity", D::max, S::log, false, true,
+         "step 6: |ppl_cand / ppl_ref - 1| on the perplexity stream"},
+        {"determinism", "determinism", D::max, S::log, false, true,
+         "every step run twice on the same node: max over outputs of the run-to-run guarded max_rel; 0 = bit-identical"},
+    };
+    return catalog;
+}
+
+std::string criterion_op(std::string_view name) {
+    // ops.<op>.<metric> with exactly two dots.
+    if (name.rfind("ops.", 0) != 0) return "";
+    const std::string_view rest = name.substr(4);
+    const std::size_t dot = rest.find('.');
+    if (dot == std::string_view::npos || rest.find('.', dot + 1) != std::string_view::npos) return "";
+    return std::string(rest.substr(0, dot));
+}
+
+std::string criterion_family(std::string_view name) {
+    const std::string op = criterion_op(name);
+    if (op.empty()) return std::string(name);
+    return "ops." + std::string(name.substr(4 + op.size() + 1));
+}
+
+std::optional<CriterionInfo> find_criterion(std::string_view name) {
+    const std::string op = criterion_op(name);
+    if (!op.empty()) {
+        const auto& ops = all_op_names();
+        if (std::find(ops.begin(), ops.end(), op) == ops.end()) return std::nullopt;
+    }
+    const std::string family = criterion_family(name);
+    for (const CriterionInfo& c : criterion_catalog())
+        if (c.name == family) {
+            CriterionInfo out = c;
+            if (!op.empty()) {
+                out.name = std::string(name);
+                out.required = false;
+                out.meaning = fmt::format("step 1: {} of op '{}' only (overrides {})", family.substr(4), op, family);
+            }
+            return out;
+        }
+    return std::nullopt;
+}
+
+// ============================================================================
+// Protocol
+// ============================================================================
+
+const std::vector<std::string>& protocol_step_names() {
+    static const std::vector<std::string> names = {"ops",      "drift",      "logits",     "decide",
+                                                   "generate", "perplexity", "determinism"};
+    return names;
+}
+
+bool Protocol::runs(std::string_view step) const {
+    if (step == "ops") return ops.enabled;
+    if (step == "drift") return drift.enabled;
+    if (step == "logits") return logits.enabled;
+    if (step == "decide") return decide.enabled;
+    if (step == "generate") return generate.enabled;
+    if (step == "perplexity") return perplexity.enabled;
+    if (step == "determinism") return determinism.enabled;
+    fail(ErrorCode::internal, "unknown protocol step '{}'", step);
+}
+
+OpsConfig Protocol::ops_config() const {
+    OpsConfig c;
+    c.seed = seed;
+    c.tokens = ops.tokens;
+    c.hidden = ops.hidden;
+    c.intermediate = ops.intermediate;
+    c.experts = ops.experts;
+    c.top_k = ops.top_k;
+    c.vocab = ops.vocab;
+    c.heads = ops.heads;
+    c.head_dim = ops.head_dim;
+    c.rope_theta = ops.rope_theta;
+    c.rms_eps = ops.rms_eps;
+    c.shards = ops.shards;
+    c.ops = ops.ops;
+    return c;
+}
+
+namespace {
+
+// Walks a protocol document, refusing with "<source>: <pointer>: <problem>".
+class Reader {
+public:
+    explicit Reader(std::string source) : source_(std::move(source)) {}
+
+    [[noreturn]] void bad(const std::string& path, const std::string& problem) const {
+        fail(ErrorCode::bad_input, "{}: {}: {}", source_, path.empty() ? "/" : path, problem);
+    }
+
+    // An object whose keys are exactly `required` plus any of `optional`.
+    const nlohmann::json& object(const nlohmann::json& j, const std::string& path, std::vector<std::string> required,
+                                 std::vector<std::string> optional = {}) const {
+        if (!j.is_object()) bad(path, fmt::format("expected an object, got {}", describe_value(j)));
+        std::vector<std::string> known = required;
+        known.insert(known.end(), optional.begin(), optional.end());
+        for (const auto& [key, value] : j.items())
+            if (std::find(known.begin(), known.end(), key) == known.end()) {
+                std::sort(known.begin(), known.end());
+                std::string list;
+                for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+                bad(json_pointer_child(path, key), fmt::format("unknown key (allowed here: {})", list));
+            }
+        for (const auto& key : required)
+            if (!j.contains(key)) bad(path, fmt::format("missing key '{}'", key));
+        return j;
+    }
+
+    std::string string(const nlohmann::json& parent, const std::string& key, const std::string& path, bool allow_empty = false) const {
+        const auto& j = parent.at(key);
+        const std::string p = json_pointer_child(path, key);
+        if (!j.is_string()) bad(p, fmt::format("expected a string, got {}", describe_value(j)));
+        const std::string s = j.get<std::string>();
+        if (!allow_empty && s.empty()) bad(p, "must not be empty");
+        return s;
+    }
+
+    double number(const nlohmann::json& j, const std::string& p) const {
+        if (!j.is_number()) bad(p, fmt::format("expected a number, got {}", describe_value(j)));
+        const double v = j.get<double>();
+        if (!std::isfinite(v)) bad(p, "must be finite");
+        return v;
+    }
+    double number(const nlohmann::json& parent, const std::string& key, const std::string& path) const {
+        return number(parent.at(key), json_pointer_child(path, key));
+    }
+
+    std::int64_t integer(const nlohmann::json& j, const std::string& p, std::int64_t lo, std::int64_t hi) const {
+        if (!has_type(j, "integer")) bad(p, fmt::format("expected an integer, got {}", describe_value(j)));
+        const double d = j.get<double>();
+        if (d < static_cast<double>(lo) || d > static_cast<double>(hi))
+            bad(p, fmt::format("{} is out of range [{}, {}]", j.dump(), lo, hi));
+        return j.is_number_float() ? static_cast<std::int64_t>(d) : j.get<std::int64_t>();
+    }
+    std::int64_t integer(const nlohmann::json& parent, const std::string& key, const std::string& path, std::int64_t lo,
+                         std::int64_t hi) const {
+        return integer(parent.at(key), json_pointer_child(path, key), lo, hi);
+    }
+
+    bool boolean(const nlohmann::json& parent, const std::string& key, const std::string& path) const {
+        const auto& j = parent.at(key);
+        if (!j.is_boolean()) bad(json_pointer_child(path, key), fmt::format("expected a boolean, got {}", describe_value(j)));
+        return j.get<bool>();
+    }
+
+    const std::string& source() const { return source_; }
+
+private:
+    std::string source_;
+};
+
+std::string resolve_path(const std::string& base_dir, const std::string& p) {
+    namespace fs = std::filesystem;
+    const fs::path path(p);
+    if (path.is_absolute() || base_dir.empty()) return path.lexically_normal().string();
+    return (fs::path(base_dir) / path).lexically_normal().string();
+}
+
+bool is_lower_hex(const std::string& s, std::size_t n) {
+    return s.size() == n && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+constexpr std::int64_t kMaxTokens = std::int64_t{1} << 24;  // 16 M tokens: far beyond any audit, catches typos
+
+TokenStream read_stream(const Reader& r, const nlohmann::json& parent, const std::string& key, const std::string& path,
+                        const std::string& base_dir) {
+    const std::string p = json_pointer_child(path, key);
+    const auto& j = r.object(parent.at(key), p, {"path", "sha256", "offset", "count"});
+    TokenStream s;
+    s.path = r.string(j, "path", p);
+    s.resolved_path = resolve_path(base_dir, s.path);
+    s.sha256 = r.string(j, "sha256", p);
+    if (!is_lower_hex(s.sha256, 64)) r.bad(json_pointer_child(p, "sha256"), "expected 64 lowercase hex digits (sha256 of the file)");
+    s.offset = r.integer(j, "offset", p, 0, kMaxTokens);
+    s.count = r.integer(j, "count", p, 1, kMaxTokens);
+    return s;
+}
+
+void read_ops(const Reader& r, const nlohmann::json& j, const std::string& p, OpsStep& ops) {
+    r.object(j, p, {"tokens", "shapes", "rope_theta", "rms_eps", "shards", "ops", "weights"}, {"layer"});
+    ops.enabled = true;
+    ops.tokens = r.integer(j, "tokens", p, 1, 1 << 20);
+    const std::string sp = json_pointer_child(p, "shapes");
+    const auto& s = r.object(j.at("shapes"), sp, {"hidden", "intermediate", "experts", "top_k", "vocab", "heads", "head_dim"});
+    ops.hidden = r.integer(s, "hidden", sp, 1, 1 << 20);
+    ops.intermediate = r.integer(s, "intermediate", sp, 1, 1 << 20);
+    ops.experts = r.integer(s, "experts", sp, 1, 1 << 12);
+    ops.top_k = r.integer(s, "top_k", sp, 1, 1 << 12);
+    ops.vocab = r.integer(s, "vocab", sp, 1, 1 << 22);
+    ops.heads = r.integer(s, "heads", sp, 1, 1 << 12);
+    ops.head_dim = r.integer(s, "head_dim", sp, 2, 1 << 12);
+    if (ops.top_k > ops.experts)
+        r.bad(json_pointer_child(sp, "top_k"), fmt::format("{} exceeds experts = {}", ops.top_k, ops.experts));
+    if (ops.head_dim % 2 != 0) r.bad(json_pointer_child(sp, "head_dim"), fmt::format("{} must be even (rope pairs)", ops.head_dim));
+    ops.rope_theta = r.number(j, "rope_theta", p);
+    if (!(ops.rope_theta > 0)) r.bad(json_pointer_child(p, "rope_theta"), "must be > 0");
+    ops.rms_eps = r.number(j, "rms_eps", p);
+    if (!(ops.rms_eps > 0)) r.bad(json_pointer_child(p, "rms_eps"), "must be > 0");
+    ops.shards = static_cast<int>(r.integer(j, "shards", p, 1, 1024));
+    const std::string op_p = json_pointer_child(p, "ops");
+    const auto& list = j.at("ops");
+    if (!list.is_array()) r.bad(op_p, fmt::format("expected an array, got {}", describe_value(list)));
+    if (list.empty()) r.bad(op_p, "must name at least one op");
+    for (std::size_t i = 0; i < list.size(); ++i) {
+        const std::string ip = json_pointer_child(op_p, i);
+        if (!list[i].is_string()) r.bad(ip, fmt::format("expected a string, got {}", describe_value(list[i])));
+        const std::string name = list[i].get<std::string>();
+        const auto& known = all_op_names();
+        if (std::find(known.begin(), known.end(), name) == known.end())
+            r.bad(ip, fmt::format("unknown op '{}' (known: {})", name, fmt::join(known, ", ")));
+        if (std::find(ops.ops.begin(), ops.ops.end(), name) != ops.ops.end()) r.bad(ip, fmt::format("op '{}' listed twice", name));
+        ops.ops.push_back(name);
+    }
+    ops.weights = r.string(j, "weights", p);
+    if (ops.weights != "seeded" && ops.weights != "model")
+        r.bad(json_pointer_child(p, "weights"), fmt::format("\"{}\" is not one of [\"seeded\",\"model\"]", ops.weights));
+    if (j.contains("layer")) ops.layer = r.integer(j, "layer", p, 0, 1 << 16);
+}
+
+Tolerances read_tier(const Reader& r, const nlohmann::json& j, const std::string& p) {
+    if (!j.is_object()) r.bad(p, fmt::format("expected an object, got {}", describe_value(j)));
+    Tolerances out;
+    for (const auto& [name, t] : j.items()) {
+        const std::string cp = json_pointer_child(p, name);
+        const auto info = find_criterion(name);
+        if (!info) {
+            std::string known;
+            for (const auto& c : criterion_catalog()) known += (known.empty() ? "" : ", ") + c.name;
+            r.bad(cp, fmt::format("unknown criterion (known: {}, and ops.<op>.max_rel / ops.<op>.cosine_min)", known));
+        }
+        r.object(t, cp, {"value", "why"});
+        Tolerance tol;
+        const std::string vp = json_pointer_child(cp, "value");
+        if (info->integer)
+            tol.value = static_cast<double>(r.integer(t.at("value"), vp, 0, kMaxTokens));
+        else
+            tol.value = r.number(t.at("value"), vp);
+        if (info->scale == MarginScale::log && tol.value < 0) r.bad(vp, fmt::format("{} must be >= 0", t.at("value").dump()));
+        if (info->scale == MarginScale::complement_log && !(tol.value >= 0 && tol.value <= 1))
+            r.bad(vp, fmt::format("{} must be in [0, 1]", t.at("value").dump()));
+        tol.why = r.string(t, "why", cp);
+        if (tol.why.find('\n') != std::string::npos || tol.why.find('\r') != std::string::npos)
+            r.bad(json_pointer_child(cp, "why"), "must be one line");
+        out.emplace(name, std::move(tol));
+    }
+    return out;
+}
+
+// Tier checks that need the steps: see the list at the top of protocol.hpp.
+void check_tiers(const Reader& r, const Protocol& pr) {
+    for (const Tier tier : {Tier::sensitive, Tier::tolerant}) {
+        const std::string tp = json_pointer_child("/tiers", to_string(tier));
+        const Tolerances& tols = pr.tier(tier);
+        for (const auto& [name, tol] : tols) {
+            const std::string cp = json_pointer_child(tp, name);
+            const auto info = find_criterion(name);
+            if (!pr.runs(info->step))
+                r.bad(cp, fmt::format("step '{}' is not run by this protocol (no /steps/{})", info->step, info->step));
+            const std::string op = criterion_op(name);
+            if (!op.empty() && std::find(pr.ops.ops.begin(), pr.ops.ops.end(), op) == pr.ops.ops.end())
+                r.bad(cp, fmt::format("op '{}' is not among /steps/ops/ops", op));
+            if (name == "generate.first_divergence_min" && tol.value > static_cast<double>(pr.generate.n))
+                r.bad(json_pointer_child(cp, "value"),
+                      fmt::format("{} exceeds /steps/generate/n = {} (could never pass)", tol.value, pr.generate.n));
+            if (name == "generate.divergences_max" && !pr.generate.teacher_forcing)
+                r.bad(cp, "needs /steps/generate/teacher_forcing = true");
+        }
+        for (const CriterionInfo& c : criterion_catalog())
+            if (c.required && pr.runs(c.step) && tols.count(c.name) == 0)
+                r.bad(tp, fmt::format("missing tolerance '{}' (required while step '{}' runs)", c.name, c.step));
+    }
+    // The sensitive tier is the stricter one: a node that is fit must also
+    // meet the tolerant tier, or "unfit-sensitive" would not sit between fit
+    // and unfit.
+    for (const auto& [name, s] : pr.sensitive) {
+        const auto t = pr.tolerant.find(name);
+        if (t == pr.tolerant.end()) continue;
+        const auto info = find_criterion(name);
+        const bool looser = info->direction == Direction::max ? s.value > t->second.value : s.value < t->second.value;
+        if (looser)
+            r.bad(json_pointer_child(json_pointer_child("/tiers/sensitive", name), "value"),
+                  fmt::format("{} is looser than the tolerant tier's {} (the sensitive tier must be at least as strict)",
+                              s.value, t->second.value));
+    }
+}
+
+}  // namespace
+
+Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, const std::string& base_dir) {
+    const Reader r(source);
+    r.object(doc, "", {"format", "id", "version", "description", "reference", "seed", "steps", "tiers"}, {"$schema", "model"});
+    Protocol pr;
+    pr.source = source;
+    pr.base_dir = base_dir;
+    const std::string format = r.string(doc, "format", "");
+    if (format != "kvasir-equiv/protocol/1")
+        r.bad("/format", fmt::format("\"{}\" is not a supported format (this build reads \"kvasir-equiv/protocol/1\")", format));
+    if (doc.contains("$schema")) r.string(doc, "$schema", "");
+    pr.id = r.string(doc, "id", "");
+    if (!std::regex_match(pr.id, std::regex("[a-z0-9][a-z0-9_.-]*")))
+        r.bad("/id", fmt::format("\"{}\" must be lowercase letters, digits, '_', '.', '-'", pr.id));
+    pr.version = r.integer(doc, "version", "", 1, std::numeric_limits<std::int32_t>::max());
+    pr.description = r.string(doc, "description", "");
+    if (doc.contains("model")) {
+        pr.model = r.string(doc, "model", "");
+        pr.model_resolved = resolve_path(base_dir, pr.model);
+    }
+    pr.reference = r.string(doc, "reference", "");
+    try {
+        BackendSpec::parse(pr.reference);
+    } catch (const Error& e) {
+        r.bad("/reference", e.what());
+    }
+    {
+        const auto& s = doc.at("seed");
+        if (!has_type(s, "integer") || s.get<double>() < 0 || s.get<double>() >= 18446744073709551616.0)
+            r.bad("/seed", fmt::format("expected a non-negative integer, got {}", describe_value(s)));
+        pr.seed = s.is_number_unsigned() ? s.get<std::uint64_t>() : static_cast<std::uint64_t>(s.get<double>());
+    }
+
+    const auto& steps = r.object(doc.at("steps"), "/steps", {}, protocol_step_names());
+    if (steps.empty()) r.bad("/steps", "names no step (nothing compared is never a pass)");
+    if (steps.contains("ops")) read_ops(r, steps["ops"], "/steps/ops", pr.ops);
+    const std::array<std::pair<const char*, TokenStep*>, 3> token_steps = {
+        {{"drift", &pr.drift}, {"logits", &pr.logits}, {"decide", &pr.decide}}};
+    for (const auto& [name, step] : token_steps) {
+        if (!steps.contains(name)) continue;
+        const std::string p = json_pointer_child("/steps", name);
+        r.object(steps[name], p, {"tokens"});
+        step->enabled = true;
+        step->tokens = read_stream(r, steps[name], "tokens", p, base_dir);
+    }
+    if (steps.contains("generate")) {
+        const std::string p = "/steps/generate";
+        const auto& g = r.object(steps["generate"], p, {"prompt", "n", "teacher_forcing"});
+        pr.generate.enabled = true;
+        pr.generate.prompt = read_stream(r, g, "prompt", p, base_dir);
+        pr.generate.n = r.integer(g, "n", p, 1, 1 << 16);
+        pr.generate.teacher_forcing = r.boolean(g, "teacher_forcing", p);
+    }
+    if (steps.contains("perplexity")) {
+        const std::string p = "/steps/perplexity";
+        const auto& g = r.object(steps["perplexity"], p, {"tokens", "context"});
+        pr.perplexity.enabled = true;
+        pr.perplexity.tokens = read_stream(r, g, "tokens", p, base_dir);
+        if (pr.perplexity.tokens.count < 2)
+            r.bad("/steps/perplexity/tokens/count", "needs at least 2 tokens (one predicted from another)");
+        pr.perplexity.context = r.integer(g, "context", p, 1, kMaxTokens);
+    }
+    if (steps.contains("determinism")) {
+        const auto& d = r.object(steps["determinism"], "/steps/determinism", {"repeats"});
+        pr.determinism.enabled = true;
+        pr.determinism.repeats = static_cast<int>(r.integer(d, "repeats", "/steps/determinism", 2, 16));
+    }
+    if (pr.ops.enabled) {
+        try {
+            pr.ops_config().validate();
+        } catch (const Error& e) {
+            r.bad("/steps/ops", e.what());
+        }
+    }
+
+    const auto& tiers = r.object(doc.at("tiers"), "/tiers", {"sensitive", "tolerant"});
+    pr.sensitive = read_tier(r, tiers.at("sensitive"), "/tiers/sensitive");
+    pr.tolerant = read_tier(r, tiers.at("tolerant"), "/tiers/tolerant");
+    check_tiers(r, pr);
+
+    pr.document = doc;
+    pr.content_hash = content_hash(doc);
+    return pr;
+}
+
+namespace {
+
+// nlohmann keeps the LAST of duplicate keys without a word; in a protocol
+// that would silently drop one of two tolerances. Refuse duplicates while
+// parsing, naming their pointer.
+nlohmann::json parse_json_strict(const std::string& text, const std::string& source) {
+    struct Frame {
+        bool is_object = false;
+        std::set<std::string> keys;
+        std::string key;
+        std::size_t index = 0;
+    };
+    std::vector<Frame> stack;
+    const auto pointer = [&](std::size_t upto) {
+        std::string p;
+        for (std::size_t i = 0; i < upto; ++i)
+            p = stack[i].is_object ? json_pointer_child(p, stack[i].key) : json_pointer_child(p, stack[i].index);
+        return p;
+    };
+    const auto bump = [&]() {
+        if (!stack.empty() && !stack.back().is_object) ++stack.back().index;
+    };
+    const nlohmann::json::parser_callback_t cb = [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        using E = nlohmann::json::parse_event_t;
+        switch (event) {
+            case E::object_start: stack.push_back(Frame{true, {}, {}, 0}); break;
+            case E::array_start: stack.push_back(Frame{false, {}, {}, 0}); break;
+            case E::key: {
+                const std::string key = parsed.get<std::string>();
+                if (!stack.back().keys.insert(key).second)
+                    fail(ErrorCode::bad_input, "{}: {}: duplicate key", source,
+                         json_pointer_child(pointer(stack.size() - 1), key));
+                stack.back().key = key;
+                break;
+            }
+            case E::object_end:
+            case E::array_end:
+                stack.pop_back();
+                bump();
+                break;
+            case E::value: bump(); break;
+        }
+        return true;
+    };
+    try {
+        return nlohmann::json::parse(text, cb);
+    } catch (const nlohmann::json::parse_error& e) {
+        fail(ErrorCode::bad_input, "{}: invalid JSON: {}", source, e.what());
+    }
+}
+
+}  // namespace
+
+Protocol load_protocol(const std::string& path) {
+    const std::string text = read_text_file(path, 4u << 20);
+    const nlohmann::json doc = parse_json_strict(text, path);
+    const std::filesystem::path p(path);
+    return parse_protocol(doc, path, p.has_parent_path() ? p.parent_path().string() : std::string("."));
+}
+
+std::vector<std::int32_t> read_token_stream(const TokenStream& s) {
+    const std::string& file = s.resolved_path.empty() ? s.path : s.resolved_path;
+    const std::string text = read_text_file(file, 64u << 20);
+    const std::string actual = sha256_hex(text);
+    KVASIR_CHECK(actual == s.sha256, ErrorCode::bad_input,
+                 "{}: sha256 is {}, the protocol pins {} (the token stream changed: update the protocol)", file, actual,
+                 s.sha256);
+    std::vector<std::int32_t> ids;
+    std::size_t i = 0;
+    while (i < text.size()) {
+        if (std::isspace(static_cast<unsigned char>(text[i])) != 0) {
+            ++i;
+            continue;
+        }
+        std::size_t j = i;
+        std::int64_t v = 0;
+        while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j])) != 0 && v <= std::numeric_limits<std::int32_t>::max()) {
+            v = v * 10 + (text[j] - '0');
+            ++j;
+        }
+        const bool ended = j == text.size() || std::isspace(static_cast<unsigned char>(text[j])) != 0;
+        KVASIR_CHECK(j > i && ended && v <= std::numeric_limits<std::int32_t>::max(), ErrorCode::bad_input,
+                     "{}: token {} is not a non-negative integer below 2^31 (near \"{}\")", file, ids.size(),
+                     text.substr(i, std::min<std::size_t>(12, text.size() - i)));
+        ids.push_back(static_cast<std::int32_t>(v));
+        i = j;
+    }
+    KVASIR_CHECK(s.offset + s.count <= static_cast<std::int64_t>(ids.size()), ErrorCode::bad_input,
+                 "{}: holds {} tokens, the protocol reads {} from offset {}", file, ids.size(), s.count, s.offset);
+    return std::vector<std::int32_t>(ids.begin() + s.offset, ids.begin() + s.offset + s.count);
+}
+
+}  // namespace kvasir

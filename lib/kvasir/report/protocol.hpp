@@ -1,0 +1,274 @@
+// Audit protocols: versioned JSON files (protocols/*.json) that say WHAT an
+// audit runs (steps, shapes, seed, token streams, default model and
+// reference) and WHAT counts as passing (the tolerances of two tiers). The
+// tolerances live here and nowhere in code (SPEC §3).
+//
+// This header also holds the three small pieces of machinery the protocol
+// files and the reports need and that no Debian C++ package provides:
+//   * SHA-256 (FIPS 180-4), for the protocol's content hash and for pinning
+//     token-stream files;
+//   * canonical JSON (sorted keys, no whitespace) — what the hash is over;
+//   * a validator for the subset of JSON Schema (draft 2020-12) that
+//     protocols/protocol.schema.json and protocols/report.schema.json use.
+//
+// ---------------------------------------------------------------------------
+// Protocol file format "kvasir-equiv/protocol/1" (protocols/README.md has a
+// commented example; protocols/protocol.schema.json is the machine form):
+//
+//   {
+//     "format": "kvasir-equiv/protocol/1",
+//     "id": "default", "version": 1, "description": "...",
+//     "model": "../fixtures/models/qwen3_moe_tiny",   default --model
+//     "reference": "cpu-ref",                         default --reference
+//     "seed": 20261129,                               seeded inputs (counter RNG)
+//     "steps": {                                      a step runs iff it is present
+//       "ops":        {"tokens", "shapes": {hidden, intermediate, experts, top_k,
+//                      vocab, heads, head_dim}, "rope_theta", "rms_eps", "shards",
+//                      "ops": [names], "weights": "seeded"|"model", "layer"},
+//       "drift":      {"tokens": STREAM},
+//       "logits":     {"tokens": STREAM},
+//       "decide":     {"tokens": STREAM},
+//       "generate":   {"prompt": STREAM, "n", "teacher_forcing"},
+//       "perplexity": {"tokens": STREAM, "context"},
+//       "determinism": {"repeats"}
+//     },
+//     "tiers": {
+//       "sensitive": {CRITERION: {"value": number, "why": "one line"}, ...},
+//       "tolerant":  {CRITERION: {"value": number, "why": "one line"}, ...}
+//     }
+//   }
+//   STREAM = {"path": "../fixtures/tokens/default.txt", "sha256": "<64 hex>",
+//             "offset": 0, "count": 64}
+//
+// Relative paths (model, token streams) are relative to the folder of the
+// protocol file, so a protocol and its inputs travel together. A token
+// stream's sha256 (of the file's bytes) is part of the protocol document, so
+// the content hash pins the tokens too; read_token_stream() verifies it.
+//
+// Refusals. Every problem is Error(bad_input) with one line
+//   "<file>: <JSON pointer>: <problem>"
+// e.g. "protocols/x.json: /tiers/sensitive/logits.kl_p99/value: expected a
+// number, got string". Refused: malformed JSON, unknown keys at any level,
+// missing keys, wrong types, non-integers where integers are required,
+// out-of-range values, a criterion name that is not in the catalogue, a
+// required criterion missing from a tier for a step the protocol runs, a
+// tolerance for a step the protocol does not run, a sensitive tolerance
+// LOOSER than the tolerant one (the sensitive tier must be at least as
+// strict), a first-divergence tolerance above generate.n, divergences_max
+// without teacher forcing.
+// ---------------------------------------------------------------------------
+#pragma once
+
+#include "kvasir/steps/op_delta.hpp"  // OpsConfig, all_op_names()
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvasir {
+
+// --- SHA-256 ------------------------------------------------------------------
+
+// FIPS 180-4 SHA-256 of `data` (any bytes, any length).
+std::array<std::uint8_t, 32> sha256(std::string_view data);
+// The same as 64 lowercase hex digits.
+std::string sha256_hex(std::string_view data);
+
+// --- canonical JSON and content hash -------------------------------------------
+
+// The document with object keys sorted (byte order) and no whitespace, numbers
+// in nlohmann's shortest round-trip form (1e-3 and 0.001 are the same double
+// and print alike; the integer 1 and the float 1.0 do NOT). Two files that
+// differ only in key order or whitespace have the same canonical JSON.
+std::string canonical_json(const nlohmann::json& doc);
+// "sha256:" + sha256_hex(canonical_json(doc)).
+std::string content_hash(const nlohmann::json& doc);
+
+// JSON pointer (RFC 6901) of `token` below `parent`: "~" → "~0", "/" → "~1".
+std::string json_pointer_child(const std::string& parent, std::string_view token);
+std::string json_pointer_child(const std::string& parent, std::size_t index);
+
+// --- JSON Schema subset -----------------------------------------------------------
+//
+// Supported keywords (draft 2020-12 semantics): type (a name or an array of
+// names; "integer" accepts 3.0), enum, const, properties, required,
+// additionalProperties (false or a schema), patternProperties, items (one
+// schema for every element), minItems, maxItems, minimum, maximum,
+// exclusiveMinimum, exclusiveMaximum (numbers), minLength, pattern
+// (ECMAScript regex, searched — not anchored — as the standard says), and
+// $ref to a local "#/..." pointer. Annotations are ignored: $schema, $id,
+// $comment, $defs, title, description, default, examples. Any OTHER keyword
+// is Error(internal): a validator that silently ignored, say, "oneOf" would
+// pass documents the schema means to refuse.
+
+struct SchemaViolation {
+    std::string path;     // JSON pointer into the document ("" = the root)
+    std::string message;  // "expected a number, got string", "unknown key", ...
+};
+
+// Every violation, in document order. Empty = valid.
+std::vector<SchemaViolation> schema_violations(const nlohmann::json& schema, const nlohmann::json& doc);
+// Throws Error(bad_input) "<source>: <path>: <message>" for the first violation.
+void validate_against_schema(const nlohmann::json& schema, const nlohmann::json& doc, const std::string& source);
+
+// --- criteria ---------------------------------------------------------------------
+
+// How a criterion passes: max → value <= tolerance (within()), min → value >=
+// tolerance (at_least()). NaN never passes either way.
+enum class Direction { max, min };
+const char* to_string(Direction d) noexcept;  // "max", "min"
+
+// How a margin is measured (CriterionResult::margin), so that margins of
+// quantities spanning many decades are comparable:
+//   log            decades: log10(tolerance / value) — error magnitudes
+//                  (max_rel, KL, |ratio−1|, ...); value <= 0 → +inf,
+//                  tolerance 0 with value > 0 → −inf;
+//   complement_log decades on 1−x: log10((1−tolerance)/(1−value)) — cosines and
+//                  agreement rates, whose interesting part is the distance to 1;
+//                  value >= 1 → +inf, tolerance 1 with value < 1 → −inf;
+//   linear         plain difference in the criterion's unit, sign so that
+//                  positive is inside: tolerance − value (max), value −
+//                  tolerance (min) — token counts and the growth exponent α.
+enum class MarginScale { log, complement_log, linear };
+const char* margin_unit(MarginScale s) noexcept;  // "decades", "decades", "units"
+
+struct CriterionInfo {
+    std::string name;     // "logits.kl_p99"
+    std::string step;     // the protocol step that measures it: "logits"
+    Direction direction = Direction::max;
+    MarginScale scale = MarginScale::log;
+    bool integer = false;  // counts: tolerance must be an integer
+    bool required = true;  // a tier must have it whenever its step runs
+    std::string meaning;   // one line: what is measured, and how
+};
+
+// The fixed catalogue — these names are the contract between the protocol
+// files, the steps that produce measurements, and the verdicts:
+//   ops.max_rel ops.cosine_min shard.max_rel drift.final_rel drift.alpha_max
+//   logits.kl_p99 logits.linf_max decide.top1_agreement_min
+//   decide.routing_agreement_min generate.first_divergence_min
+//   generate.divergences_max perplexity.ratio_max determinism
+// plus per-op overrides "ops.<op>.max_rel" / "ops.<op>.cosine_min" for every
+// <op> of all_op_names(). Optional (required == false): the per-op overrides,
+// decide.routing_agreement_min (measured WITHOUT router authority: it shows
+// why authority is needed, see SPEC §1) and generate.divergences_max (needs
+// teacher forcing). Every other criterion is required in both tiers whenever
+// its step runs.
+const std::vector<CriterionInfo>& criterion_catalog();
+// The catalogue entry of `name`, per-op names included (they inherit their
+// family's direction/scale/step); nullopt for an unknown name.
+std::optional<CriterionInfo> find_criterion(std::string_view name);
+// "ops.matmul.max_rel" → "ops.max_rel"; any other name → itself.
+std::string criterion_family(std::string_view name);
+// "ops.matmul.max_rel" → "matmul"; "" for a name that is not per-op.
+std::string criterion_op(std::string_view name);
+
+// --- protocol -------------------------------------------------------------------
+
+struct Tolerance {
+    double value = 0;
+    std::string why;  // one-line justification, shown in reports
+};
+// Criterion name → tolerance. std::map: reports list criteria in name order.
+using Tolerances = std::map<std::string, Tolerance>;
+
+enum class Tier { sensitive, tolerant };
+const char* to_string(Tier t) noexcept;  // "sensitive", "tolerant"
+
+// A token stream: `count` ids starting at `offset` of a whitespace-separated
+// file of non-negative integers.
+struct TokenStream {
+    std::string path;           // as written in the protocol
+    std::string resolved_path;  // relative to the protocol's folder
+    std::string sha256;         // 64 hex digits of the file's bytes
+    std::int64_t offset = 0;
+    std::int64_t count = 0;
+};
+
+// Step 1 (per-op delta). Field meanings as OpsConfig's.
+struct OpsStep {
+    bool enabled = false;
+    std::int64_t tokens = 16;
+    std::int64_t hidden = 2048, intermediate = 768, experts = 16, top_k = 8, vocab = 4096, heads = 8, head_dim = 128;
+    double rope_theta = 1e6;
+    double rms_eps = 1e-6;
+    int shards = 4;
+    std::vector<std::string> ops;  // never empty: protocols name the ops they gate
+    std::string weights = "seeded";  // "seeded" | "model" (real weights of `layer`)
+    std::int64_t layer = 0;
+};
+struct TokenStep {  // drift, logits, decide: a forward over `tokens`
+    bool enabled = false;
+    TokenStream tokens;
+};
+struct GenerateStep {
+    bool enabled = false;
+    TokenStream prompt;
+    std::int64_t n = 32;           // tokens decoded greedily
+    bool teacher_forcing = false;  // also decode fed with the reference's tokens
+};
+struct PerplexityStep {
+    bool enabled = false;
+    TokenStream tokens;
+    std::int64_t context = 64;  // window: each position is predicted from at most this many before it
+};
+struct DeterminismStep {
+    bool enabled = false;
+    int repeats = 2;  // runs of the same node compared with each other (>= 2)
+};
+
+struct Protocol {
+    std::string source;    // the file it came from (for messages)
+    std::string base_dir;  // folder relative paths are resolved against
+    std::string id;
+    std::int64_t version = 0;
+    std::string description;
+    std::string model;           // as written; "" = none named
+    std::string model_resolved;  // relative to base_dir
+    std::string reference;       // node spec of the default reference
+    std::uint64_t seed = 0;
+
+    OpsStep ops;
+    TokenStep drift, logits, decide;
+    GenerateStep generate;
+    PerplexityStep perplexity;
+    DeterminismStep determinism;
+
+    Tolerances sensitive, tolerant;
+    const Tolerances& tier(Tier t) const { return t == Tier::sensitive ? sensitive : tolerant; }
+
+    nlohmann::json document;   // as parsed
+    std::string content_hash;  // content_hash(document)
+
+    // "ops", "drift", "logits", "decide", "generate", "perplexity",
+    // "determinism"; Error(internal) for another name.
+    bool runs(std::string_view step) const;
+    // Step 1's configuration (seed from the protocol; model/layer left for the
+    // caller to set when weights == "model").
+    OpsConfig ops_config() const;
+};
+
+// Names of the steps, in protocol order.
+const std::vector<std::string>& protocol_step_names();
+
+// Parse and check a protocol document (see the top of this file). `source`
+// prefixes every message; `base_dir` resolves relative paths (no file is
+// opened here: token streams are read by read_token_stream()).
+Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, const std::string& base_dir);
+// Read (64 MiB bound), parse JSON ("<path>: invalid JSON: ..." on a syntax
+// error) and parse_protocol with base_dir = the file's folder.
+Protocol load_protocol(const std::string& path);
+
+// The stream's ids. Error(bad_input) naming the file when it cannot be read,
+// its sha256 differs from the protocol's (the message gives the actual hash),
+// a field is not a non-negative integer below 2^31, or offset + count runs
+// past the end.
+std::vector<std::int32_t> read_token_stream(const TokenStream& stream);
+
+}  // namespace kvasir

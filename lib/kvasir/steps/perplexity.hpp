@@ -1,0 +1,75 @@
+// Protocol step 6 — task level: perplexity on a token stream.
+//
+// The stream (StepCommon::tokens: by default fixtures/tokens/default.txt,
+// chosen by the CLI) is cut into consecutive, non-overlapping windows of
+// `context` tokens (the last window keeps what is left if that is at least 2
+// tokens; a shorter tail predicts nothing and is dropped). Each window is
+// one forward pass from an empty cache; inside it position t predicts token
+// t+1, so a window of C tokens gives C − 1 predictions with NLL =
+// −log softmax(logits[t])[token t+1] (f64, token_nll). Per node:
+//   perplexity = exp(mean NLL over every prediction of every window)
+// and, against the reference: delta = ppl_node − ppl_ref, ratio = ppl_node /
+// ppl_ref, and the largest per-prediction |ΔNLL|. The absolute value means
+// little on the fixtures: random weights on a random stream are confidently
+// wrong (peaked distributions, logits up to ~14), so their perplexity lies
+// far ABOVE the vocabulary size that a uniform guess would score (exactly V).
+// The ratio is the point: measured 1 ± 2e-7 for the f32 backends, ~1.001–
+// 1.002 with f16 accumulation or bf16 storage.
+//
+// Routing: pinned by the reference (router authority, per window) by
+// default, as a swarm runs; router_authority = false lets each node route
+// for itself.
+#pragma once
+
+#include "kvasir/steps/protocol_steps.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvasir {
+
+struct PerplexityConfig : StepCommon {
+    std::int64_t context = 64;    // window length, 2 … 65536
+    bool router_authority = true;
+    void validate() const;        // StepCommon::validate + context range + at least one window of ≥ 2 tokens
+};
+
+// The windows [begin, end) of a stream of n tokens (pure, for tests).
+std::vector<std::pair<std::int64_t, std::int64_t>> perplexity_windows(std::int64_t n, std::int64_t context);
+
+struct NodePerplexity {
+    std::string node;
+    std::string error;
+    bool reference = false;
+    std::int64_t predictions = 0;
+    double mean_nll = 0;          // nats
+    double perplexity = 0;
+    double delta = 0;             // perplexity − reference perplexity
+    double ratio = 1;             // perplexity / reference perplexity
+    double nll_max_abs_delta = 0; // max over predictions |NLL − NLL_ref| (0 for the reference)
+};
+
+struct PerplexityReport {
+    PerplexityConfig config;
+    std::vector<Capabilities> nodes;
+    std::size_t reference = 0;
+    std::int64_t windows = 0;
+    std::int64_t predictions = 0;
+    std::vector<NodePerplexity> results;  // one per node, reference INCLUDED, in node order
+    std::vector<SelfCheck> repeat;        // per node: every window twice (logits compared)
+};
+
+PerplexityReport run_perplexity(const PerplexityConfig& config, std::vector<std::unique_ptr<Backend>>& nodes,
+                                std::size_t reference);
+
+// Schema "kvasir-equiv/perplexity/1": schema, tool, config {common…,
+// context, routing}, reference, nodes[], windows, predictions, results[{node,
+// reference, error | predictions, mean_nll, perplexity, delta, ratio,
+// nll_max_abs_delta}], repeat[].
+nlohmann::ordered_json to_json(const PerplexityReport& report);
+
+}  // namespace kvasir

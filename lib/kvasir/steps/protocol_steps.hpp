@@ -1,0 +1,203 @@
+// What protocol steps 2–6 (drift, logits, decide, generate, perplexity)
+// share: where their token ids come from, the common part of their
+// configuration, the self non-determinism record (each backend run twice),
+// and the pure statistics they are built from.
+//
+// Every step compares each CANDIDATE node with the REFERENCE node (index
+// `reference` into the node list; the f64 oracle cpu-ref unless the user names
+// another). A candidate whose run throws kvasir::Error is recorded as an
+// error for that step and the others go on; a failing reference fails the
+// step (there is nothing to compare with), and the exception propagates.
+// Backend-pair matrices are step 1's business (`ops`, `matrix`); a pair of two
+// candidates is measured here by naming one of them as the reference.
+//
+// The pure functions at the bottom take logits/ids and no model, so the
+// statistics are tested on constructed cases (identical logits → KL 0, a
+// planted flip at position k → first divergence k, ...), and the step runs
+// only glue them to forward passes.
+//
+// All statistics are f64 (inputs are widened exactly through TensorView::at)
+// and NaN never disappears: a NaN logit makes the KL, the L∞, the agreement
+// test at that position fail, never pass (see metrics.hpp, stats.hpp).
+#pragma once
+
+#include "kvasir/backend/backend.hpp"
+#include "kvasir/metrics/stats.hpp"
+#include "kvasir/model/config.hpp"
+#include "kvasir/model/model.hpp"
+#include "kvasir/steps/forward.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvasir {
+
+// ---------------------------------------------------------------------------
+// Token ids
+// ---------------------------------------------------------------------------
+
+// A token sequence and one line saying where it came from (reported in every
+// step's JSON so a reader can regenerate the run).
+struct TokenSequence {
+    std::vector<std::int32_t> ids;
+    std::string source;
+};
+
+// Whitespace-separated decimal ids (spaces, tabs, newlines, CR). `name`
+// stands for the file in messages. Every id must be in [0, vocab). Bad
+// content throws Error(bad_input) with ONE line naming the file and the
+// position, e.g.
+//   "ids.txt:3:7: token 12 'x9' is not a token id (non-negative decimal integer)"
+//   "ids.txt:1:1: token 1 id 999 is outside the vocabulary [0, 384)"
+//   "ids.txt: no token ids"
+// (line and column 1-based, in bytes; the offending text is truncated to 24
+// bytes and non-printable bytes are shown as \xNN, so the message stays one
+// printable line whatever the file holds).
+std::vector<std::int32_t> parse_token_ids(std::string_view text, const std::string& name, std::int64_t vocab);
+
+// read_text_file(path) + parse_token_ids. Error(bad_input) naming the path
+// when it cannot be read.
+TokenSequence read_token_file(const std::string& path, std::int64_t vocab);
+
+// n ids from kvasir's counter-based RNG: id_i = floor(u_i · vocab) with u_i
+// = seeded_uniform(seed, "steps/tokens", [n], 0, 1) in f64 (clamped to
+// vocab − 1 against rounding), so any node, on any machine, regenerates the
+// same prompt from the seed alone.
+TokenSequence seeded_tokens(std::uint64_t seed, std::int64_t n, std::int64_t vocab);
+
+// The reference data that ships next to a model (made by transformers, see
+// fixtures/models/README.md), when there is one:
+//   folder F                → F/reference.safetensors
+//   F/x.safetensors         → F/reference.safetensors
+//   P.gguf                  → P.reference.safetensors
+// Empty when that file does not exist. No content check here.
+std::string reference_data_path(const std::string& model_path);
+
+// How a step's token ids are chosen (the CLI options --tokens-file, --tokens,
+// --seed): a file wins; else `count` > 0 gives `count` seeded ids; else the
+// model's reference data `input_ids` when it exists (the prompt transformers
+// ran: the fixtures' 24 tokens), else `default_count` seeded ids. A reference
+// file that exists but cannot be read or has no usable input_ids is an error
+// (bad_input naming it): silently falling back would change the prompt
+// without anyone noticing.
+struct TokenOptions {
+    std::string file;
+    std::int64_t count = 0;
+    std::uint64_t seed = 20261129;
+    std::int64_t default_count = 24;
+};
+TokenSequence resolve_tokens(const Model& model, const TokenOptions& options);
+
+// ---------------------------------------------------------------------------
+// Configuration shared by every step
+// ---------------------------------------------------------------------------
+
+struct StepCommon {
+    const Model* model = nullptr;  // required; must outlive the run
+    TokenSequence tokens;          // the prompt (perplexity: the stream)
+    std::uint64_t seed = 20261129; // seeded token ids and perturbations
+    // Self non-determinism: run every node (the reference included) a second
+    // time and compare the two runs bit for bit.
+    bool repeat = false;
+
+    // Throws Error(bad_input): no model, a model whose full forward pass is
+    // not implemented (deepseek_v3: Error(unsupported)), no tokens, an id
+    // outside the vocabulary (naming the source and the position).
+    void validate() const;
+};
+
+// { model, model_fingerprint, architecture, layers, tokens_source,
+//   token_count, seed, repeat }. Shared first keys of every step's "config".
+nlohmann::ordered_json common_json(const StepCommon& c);
+
+// ---------------------------------------------------------------------------
+// Self non-determinism (item: the same backend run twice)
+// ---------------------------------------------------------------------------
+
+struct SelfCheck {
+    std::string node;
+    std::string error;            // the second (or first) run threw: the check did not happen
+    bool bit_identical = false;   // every compared output has the same bits
+    double max_abs = 0;           // run-to-run max|Δ| over the compared outputs (NaN: non-finite patterns differ)
+    std::string compared;         // what was compared, one line
+    std::int64_t routing_rows_differing = 0;  // (layer, token) rows whose expert SETS differ
+    std::int64_t tokens_differing = 0;        // generated / argmax tokens that differ
+};
+// From forward_pass results: max_abs is the largest of the logits, final
+// hidden and hidden-state deltas.
+SelfCheck self_check_of(const std::string& node, const RunToRunDelta& d);
+// The record of a repeat that threw (error = the message).
+SelfCheck self_check_error(const std::string& node, const std::string& error);
+nlohmann::ordered_json to_json(const SelfCheck& s);
+
+// max|a − b| over two tensors of the same element count, f64. 0 for equal
+// values; NaN when their non-finite patterns differ. (run_to_run_delta does
+// this for whole ForwardResults; this is for single tensors.)
+double max_abs_difference(const TensorView& a, const TensorView& b);
+// Same dtype, shape and bytes.
+bool same_bits(const TensorView& a, const TensorView& b);
+
+// ---------------------------------------------------------------------------
+// Pure statistics (no model)
+// ---------------------------------------------------------------------------
+
+// Argmax of each row of [T, V] logits: ties to the lower id, NaN never wins,
+// an all-NaN row gives −1 (it agrees with nothing).
+std::vector<std::int32_t> argmax_rows(const TensorView& logits);
+// top1 − top2 of each row (NaN ignored; NaN if fewer than 2 non-NaN values).
+std::vector<double> top_margins(const TensorView& logits);
+
+// Fraction of rows whose argmax agrees, with its binomial σ. Shapes must
+// match and be [T, V] (bad_input otherwise). A −1 (all-NaN) row never agrees.
+Fraction top1_agreement(const TensorView& ref_logits, const TensorView& cand_logits);
+
+// First index where two token sequences differ; −1 when they agree on their
+// common length and have the same length; the shorter length when one is a
+// proper prefix of the other.
+std::int64_t first_divergence(std::span<const std::int32_t> ref, std::span<const std::int32_t> cand);
+
+// Per position t of [T, V] logits (P = softmax over V, f64):
+//   linf[t]   = max_v |cand − ref|
+//   l2[t]     = sqrt(Σ_v (cand − ref)²)
+//   kl[t]     = KL(P_ref ‖ P_cand) (kl_divergence_from_logits)
+//   dp_top[t] = P_cand(a_t) − P_ref(a_t), a_t = argmax of the reference row
+//               (the probability the candidate gives the reference's choice;
+//               NaN when the reference row is all NaN)
+// A non-finite mismatch in a row makes linf/l2 NaN (never a number that
+// could pass a tolerance).
+struct PositionDivergence {
+    std::vector<double> linf, l2, kl, dp_top;
+};
+PositionDivergence logit_divergence(const TensorView& ref_logits, const TensorView& cand_logits);
+// sqrt(mean x²), compensated; NaN propagates; empty → NaN.
+double rms(std::span<const double> xs);
+
+// ‖cand − ref‖₂ / ‖ref‖₂ over whole tensors (equal element counts, f64):
+// the relative residual delta of step 2. 0/0 (both zero) → 0; x/0 → +inf;
+// a non-finite mismatch → NaN.
+double relative_l2(const TensorView& ref, const TensorView& cand);
+
+// Router "gap" of each token: the k-th minus the (k+1)-th largest SELECTION
+// score, from router logits [T, E] in f64, where the score is what the
+// router ranks: softmax probability over all E experts (softmax routers —
+// the fixtures' layer.{l}.router_gap), or sigmoid(logit) + bias (sigmoid
+// routers; `bias` may be null). Grouped top-k (n_group > 1) is ignored: the
+// gap is between the k-th and (k+1)-th score overall. A token whose gap is
+// below the observed error (the CLI's --border) is a BORDER token: a
+// backend's error can swap its k-th and (k+1)-th expert. E == k (nothing to
+// swap) → +inf. A NaN logit in a row → NaN gap.
+std::vector<double> router_gaps(const TensorView& router_logits, const RouterConfig& router, const TensorView* bias);
+
+// Negative log-likelihood of targets[t] under row t of [T, V] logits:
+// −log_softmax(row t)[targets[t]], f64, nats. targets.size() must be ≤ T and
+// every target in [0, V) (bad_input otherwise). NaN logits → NaN.
+std::vector<double> token_nll(const TensorView& logits, std::span<const std::int32_t> targets);
+
+}  // namespace kvasir

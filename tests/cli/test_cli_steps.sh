@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Protocol steps 2–6 as subcommands: each runs on the default fixture with
+# exit 0, its --json parses and carries its schema, -o writes the same
+# document; bad token files and unknown backends are one-line usage errors
+# (exit 2).
+# Usage: test_cli_steps.sh PATH/TO/kvasir-equiv   (run from the repo root)
+set -u
+bin="$1"
+failures=0
+check() {  # description, command...
+  local what="$1"; shift
+  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; failures=$((failures + 1)); fi
+}
+tmp=$(mktemp -d)
+nodes="cpu-ref,cpu"
+
+json_parses() {  # file
+  if command -v python3 >/dev/null 2>&1; then
+    python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$1"
+  else
+    grep -q '"schema"' "$1"  # no python: at least the document started
+  fi
+}
+
+for step in drift logits decide generate perplexity; do
+  extra=""
+  [ "$step" = perplexity ] && extra="--context 32"
+  [ "$step" = generate ] && extra="--new-tokens 4"
+  # shellcheck disable=SC2086
+  "$bin" "$step" --backends "$nodes" $extra --json -o "$tmp/$step.o.json" >"$tmp/$step.json"
+  rc=$?
+  check "$step --json exits 0" test "$rc" -eq 0
+  check "$step --json parses" json_parses "$tmp/$step.json"
+  check "$step --json has schema kvasir-equiv/$step/1" grep -q "\"schema\": \"kvasir-equiv/$step/1\"" "$tmp/$step.json"
+  check "$step -o writes the same document" cmp -s "$tmp/$step.json" "$tmp/$step.o.json"
+  # shellcheck disable=SC2086
+  "$bin" "$step" --backends "$nodes" $extra >"$tmp/$step.txt"
+  check "$step table exits 0" test $? -eq 0
+done
+check "drift json has the fitted exponent" grep -q '"alpha"' "$tmp/drift.json"
+check "drift table states the routing" grep -q "routing pinned by the reference" "$tmp/drift.txt"
+check "logits json has KL p99" grep -q '"p99"' "$tmp/logits.json"
+check "decide json shows both authorities" grep -q '"with_authority"' "$tmp/decide.json"
+check "decide table lists the planted border token" grep -q "L3/t23" "$tmp/decide.txt"
+check "generate json has the first divergence" grep -q '"first_divergence"' "$tmp/generate.json"
+check "perplexity json has the ratio" grep -q '"ratio"' "$tmp/perplexity.json"
+
+"$bin" drift --backends "$nodes" --repeat --json >"$tmp/repeat.json"
+check "--repeat reports bit-identical runs" grep -q '"bit_identical": true' "$tmp/repeat.json"
+"$bin" decide --backends "$nodes" --perturb-router 0.03 --json >"$tmp/perturb.json"
+check "--perturb-router flips a border token" grep -q '"border_flipped": [1-9]' "$tmp/perturb.json"
+printf '1 2 3\n4 5 6 7 8\n' >"$tmp/ok.txt"
+"$bin" logits --backends "$nodes" --tokens-file "$tmp/ok.txt" --json >"$tmp/file.json"
+check "--tokens-file is used" grep -q '"token_count": 8' "$tmp/file.json"
+"$bin" logits --backends "$nodes" --tokens 5 --json >"$tmp/seeded.json"
+check "--tokens N gives N seeded ids" grep -q '"token_count": 5' "$tmp/seeded.json"
+
+expect_usage_error() {
+  local want="$1"; shift
+  local err rc lines
+  err=$("$bin" "$@" 2>&1 >/dev/null); rc=$?
+  lines=$(printf '%s\n' "$err" | grep -c .)
+  if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ! printf '%s' "$err" | grep -q -- "$want"; then
+    echo "FAIL: $* → rc=$rc ($lines lines): $err (wanted rc 2 and '$want')"; failures=$((failures + 1))
+  else
+    echo "ok: $* → $err"
+  fi
+}
+printf '1 2\n3 oops 4\n' >"$tmp/bad.txt"
+expect_usage_error "bad.txt:2:3: token 4 'oops'" logits --backends "$nodes" --tokens-file "$tmp/bad.txt"
+printf '1 2 999\n' >"$tmp/range.txt"
+expect_usage_error "range.txt:1:5: token 3 id 999 is outside the vocabulary" drift --tokens-file "$tmp/range.txt"
+: >"$tmp/empty.txt"
+expect_usage_error "empty.txt: no token ids" generate --tokens-file "$tmp/empty.txt"
+expect_usage_error "no-such-file.txt" perplexity --stream "$tmp/no-such-file.txt"
+expect_usage_error "unknown backend" decide --backends cpu-ref,warp-drive
+expect_usage_error "exclude each other" logits --tokens 4 --tokens-file "$tmp/ok.txt"
+expect_usage_error "--tokens" drift --tokens 0
+expect_usage_error "--threshold must be > 0" drift --threshold -1
+expect_usage_error "--context must be in 2..65536" perplexity --context 1
+rm -rf "$tmp"
+echo "$failures failed"
+[ "$failures" -eq 0 ]

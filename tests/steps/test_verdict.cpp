@@ -1,0 +1,792 @@
+// The verdict machinery of `audit`, independent of the steps that measure:
+//  * SHA-256 against the FIPS 180-2 / NIST vectors (and the padding
+//    boundaries, against Python's hashlib), canonical JSON and the protocol
+//    content hash (key order and whitespace do not change it, a value does);
+//  * the shipped protocols: each parses, validates against
+//    protocols/protocol.schema.json with the C++ validator, and its token
+//    streams match their pinned sha256;
+//  * bad protocol files refused with "<file>: <JSON pointer>: <problem>" —
+//    unknown keys, missing tolerances, wrong types and the cross-field rules —
+//    and, where a schema can say it, refused by the schema at the same pointer;
+//  * verdict classes from synthetic measurements (fit, unfit-sensitive,
+//    unfit, error, reference), NaN/Inf never passing, a missing measurement
+//    failing, per-op tolerances overriding their family, margins and the
+//    tightest passing tolerance, exit codes for every gate incl. zero nodes;
+//  * the fault-injection backend: each fault really perturbs what it says
+//    and nothing else.
+#include "kvasir/backend/cpu_backends.hpp"
+#include "kvasir/backend/fault.hpp"
+#include "kvasir/core/error.hpp"
+#include "kvasir/core/io.hpp"
+#include "kvasir/core/rng.hpp"
+#include "kvasir/metrics/metrics.hpp"
+#include "kvasir/report/protocol.hpp"
+#include "kvasir/report/verdict.hpp"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <string>
+
+namespace fs = std::filesystem;
+using namespace kvasir;
+using nlohmann::json;
+
+namespace {
+
+const fs::path kProtocols = fs::path(KVASIR_SOURCE_DIR) / "protocols";
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+json read_json(const fs::path& p) { return json::parse(read_text_file(p.string())); }
+
+// Expect Error(bad_input) whose message starts with `prefix` and contains `part`.
+template <typename F>
+void expect_bad_input(F&& f, const std::string& prefix, const std::string& part) {
+    try {
+        f();
+        ADD_FAILURE() << "no error; expected one starting with: " << prefix;
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::bad_input) << e.what();
+        const std::string msg = e.what();
+        EXPECT_EQ(msg.rfind(prefix, 0), 0u) << "message: " << msg << "\nexpected prefix: " << prefix;
+        EXPECT_NE(msg.find(part), std::string::npos) << "message: " << msg << "\nexpected to contain: " << part;
+        EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line: " << msg;
+    }
+}
+
+}  // namespace
+
+// --- SHA-256 ------------------------------------------------------------------------
+
+TEST(Sha256, KnownVectors) {
+    EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+              "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    EXPECT_EQ(sha256_hex(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(Sha256, PaddingBoundaries) {
+    // 55 bytes: the length fits the first block; 56: it spills into a second;
+    // 64: a full block then a padding-only block. Values from Python hashlib.
+    EXPECT_EQ(sha256_hex(std::string(55, 'a')), "9f4390f8d30c2dd92ec9f095b65e2b9ae9b0a925a5258e241c9f1e910f734318");
+    EXPECT_EQ(sha256_hex(std::string(56, 'a')), "b35439a4ac6f0948b6d6f9e3c6af0f5f590ce20f1bde7090ef7970686ec6738a");
+    EXPECT_EQ(sha256_hex(std::string(63, 'a')), "7d3e74a05d7db15bce4ad9ec0658ea98e3f06eeecf16b4c6fff2da457ddc2f34");
+    EXPECT_EQ(sha256_hex(std::string(64, 'a')), "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb");
+    EXPECT_EQ(sha256_hex(std::string(65, 'a')), "635361c48bb9eab14198e76ea8ab7f1a41685d6ad62aa9146d301d4f17eb0ae0");
+    EXPECT_EQ(sha256_hex(std::string(119, 'a')), "31eba51c313a5c08226adf18d4a359cfdfd8d2e816b13f4af952f7ea6584dcfb");
+    EXPECT_EQ(sha256_hex(std::string(120, 'a')), "2f3d335432c70b580af0e8e1b3674a7c020d683aa5f73aaaedfdc55af904c21c");
+}
+
+// --- canonical JSON / content hash ------------------------------------------------
+
+TEST(ContentHash, KeyOrderAndWhitespaceDoNotMatterValuesDo) {
+    const json a = json::parse(R"({"b": 1, "a": {"y": [1, 2], "x": 0.001}})");
+    const json b = json::parse("{\n  \"a\" : {\"x\":1e-3,\n\"y\":[1,2]},\t\"b\":1}");
+    EXPECT_EQ(canonical_json(a), R"({"a":{"x":0.001,"y":[1,2]},"b":1})");
+    EXPECT_EQ(content_hash(a), content_hash(b));
+    EXPECT_EQ(content_hash(a), "sha256:" + sha256_hex(R"({"a":{"x":0.001,"y":[1,2]},"b":1})"));
+    json c = a;
+    c["a"]["x"] = 0.002;
+    EXPECT_NE(content_hash(a), content_hash(c));
+    json d = a;
+    d["a"]["y"] = json::array({2, 1});  // array order is content
+    EXPECT_NE(content_hash(a), content_hash(d));
+}
+
+TEST(ContentHash, ShippedProtocolReformattedKeepsItsHash) {
+    const Protocol p = load_protocol((kProtocols / "default.json").string());
+    // Rewrite the same document with another indent and reversed key order
+    // at the top level; the hash must not move.
+    const json doc = read_json(kProtocols / "default.json");
+    std::string text = "{";
+    std::vector<std::string> keys;
+    for (const auto& [k, v] : doc.items()) keys.push_back(k);
+    for (auto it = keys.rbegin(); it != keys.rend(); ++it)
+        text += (it == keys.rbegin() ? "\n" : ",\n") + json(*it).dump() + ":   " + doc[*it].dump(7);
+    text += "\n}\n";
+    const fs::path dir = fs::temp_directory_path() / ("kvasir_hash_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    write_file_atomic((dir / "reformatted.json").string(), text);
+    const Protocol q = load_protocol((dir / "reformatted.json").string());
+    EXPECT_EQ(p.content_hash, q.content_hash);
+    EXPECT_EQ(p.content_hash.size(), 7u + 64u);
+    // A changed tolerance moves it.
+    json changed = doc;
+    changed["tiers"]["sensitive"]["logits.kl_p99"]["value"] = 2e-6;
+    EXPECT_NE(parse_protocol(changed, "x", dir.string()).content_hash, p.content_hash);
+    fs::remove_all(dir);
+}
+
+// --- shipped protocols -------------------------------------------------------------
+
+class ShippedProtocol : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ShippedProtocol, ParsesValidatesAndPinsItsTokens) {
+    const fs::path path = kProtocols / (GetParam() + ".json");
+    const Protocol p = load_protocol(path.string());
+    EXPECT_EQ(p.id, GetParam());
+    EXPECT_GE(p.version, 1);
+    const json schema = read_json(kProtocols / "protocol.schema.json");
+    const auto v = schema_violations(schema, read_json(path));
+    for (const auto& x : v) ADD_FAILURE() << x.path << ": " << x.message;
+    for (const std::string& step : protocol_step_names()) EXPECT_TRUE(p.runs(step)) << step;
+    // Every required criterion in both tiers, each with a one-line why.
+    for (const Tier t : {Tier::sensitive, Tier::tolerant})
+        for (const CriterionInfo& c : criterion_catalog()) {
+            if (!c.required) continue;
+            ASSERT_EQ(p.tier(t).count(c.name), 1u) << to_string(t) << " " << c.name;
+            EXPECT_FALSE(p.tier(t).at(c.name).why.empty());
+        }
+    for (const TokenStream* s : {&p.drift.tokens, &p.logits.tokens, &p.decide.tokens, &p.generate.prompt, &p.perplexity.tokens}) {
+        const auto ids = read_token_stream(*s);
+        EXPECT_EQ(static_cast<std::int64_t>(ids.size()), s->count);
+    }
+    EXPECT_TRUE(fs::exists(p.model_resolved)) << p.model_resolved;
+    const OpsConfig ops = p.ops_config();
+    EXPECT_NO_THROW(ops.validate());
+    EXPECT_EQ(ops.seed, p.seed);
+}
+
+INSTANTIATE_TEST_SUITE_P(Protocols, ShippedProtocol, ::testing::Values("default", "ci", "strict"));
+
+TEST(Protocol, ReadmeDocumentsEveryCriterion) {
+    const std::string readme = read_text_file((kProtocols / "README.md").string());
+    for (const CriterionInfo& c : criterion_catalog()) EXPECT_NE(readme.find("`" + c.name + "`"), std::string::npos) << c.name;
+    EXPECT_NE(readme.find("PROVISIONAL"), std::string::npos);
+}
+
+TEST(Protocol, TokenStreamWithWrongHashIsRefused) {
+    Protocol p = load_protocol((kProtocols / "ci.json").string());
+    TokenStream s = p.logits.tokens;
+    s.sha256 = std::string(64, '0');
+    expect_bad_input([&] { read_token_stream(s); }, s.resolved_path + ": sha256 is ", "the protocol pins 000");
+    s = p.logits.tokens;
+    s.offset = 380;
+    s.count = 10;
+    expect_bad_input([&] { read_token_stream(s); }, s.resolved_path + ": holds 384 tokens", "from offset 380");
+}
+
+// --- bad protocols ------------------------------------------------------------------
+
+struct BadCase {
+    const char* name;
+    std::function<void(json&)> mutate;
+    const char* pointer;   // where the problem is
+    const char* problem;   // a part of the message
+    bool schema_catches;   // a JSON Schema can express this rule
+};
+
+class BadProtocol : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadProtocol, RefusedWithThePointer) {
+    const BadCase& c = GetParam();
+    json doc = read_json(kProtocols / "default.json");
+    c.mutate(doc);
+    expect_bad_input([&] { parse_protocol(doc, "protocols/x.json", kProtocols.string()); },
+                     std::string("protocols/x.json: ") + c.pointer + ": ", c.problem);
+    const auto v = schema_violations(read_json(kProtocols / "protocol.schema.json"), doc);
+    if (c.schema_catches) {
+        ASSERT_FALSE(v.empty()) << "the schema accepts case " << c.name;
+        bool at = false;
+        for (const auto& x : v) at = at || x.path == c.pointer;
+        EXPECT_TRUE(at) << "schema reports " << v.front().path << ": " << v.front().message;
+    } else {
+        EXPECT_TRUE(v.empty()) << "cross-field rule unexpectedly caught by the schema: " << v.front().path;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BadProtocol,
+    ::testing::Values(
+        BadCase{"unknown_top_key", [](json& d) { d["extra"] = 1; }, "/extra", "unknown key", true},
+        BadCase{"unknown_nested_key", [](json& d) { d["steps"]["ops"]["shapez"] = d["steps"]["ops"]["shapes"]; },
+                "/steps/ops/shapez", "unknown key (allowed here:", true},
+        BadCase{"unknown_tolerance_key", [](json& d) { d["tiers"]["sensitive"]["logits.kl_p99"]["valeu"] = 1; },
+                "/tiers/sensitive/logits.kl_p99/valeu", "unknown key", true},
+        BadCase{"missing_tolerance", [](json& d) { d["tiers"]["sensitive"].erase("logits.kl_p99"); }, "/tiers/sensitive",
+                "missing tolerance 'logits.kl_p99' (required while step 'logits' runs)", false},
+        BadCase{"tolerance_value_string", [](json& d) { d["tiers"]["sensitive"]["logits.kl_p99"]["value"] = "1e-6"; },
+                "/tiers/sensitive/logits.kl_p99/value", "expected a number, got string", true},
+        BadCase{"tolerance_without_why", [](json& d) { d["tiers"]["tolerant"]["determinism"].erase("why"); },
+                "/tiers/tolerant/determinism", "missing key 'why'", true},
+        BadCase{"why_two_lines", [](json& d) { d["tiers"]["tolerant"]["determinism"]["why"] = "a\nb"; },
+                "/tiers/tolerant/determinism/why", "one line", true},
+        BadCase{"missing_step_key", [](json& d) { d["steps"]["generate"].erase("n"); }, "/steps/generate", "missing key 'n'", true},
+        BadCase{"count_not_integer", [](json& d) { d["steps"]["logits"]["tokens"]["count"] = 64.5; },
+                "/steps/logits/tokens/count", "expected an integer, got number 64.5", true},
+        BadCase{"bad_sha256", [](json& d) { d["steps"]["drift"]["tokens"]["sha256"] = "E4B1"; }, "/steps/drift/tokens/sha256",
+                "64 lowercase hex", true},
+        BadCase{"unknown_criterion", [](json& d) { d["tiers"]["tolerant"]["logits.kl99"] = {{"value", 1}, {"why", "x"}}; },
+                "/tiers/tolerant/logits.kl99", "unknown criterion", true},
+        BadCase{"unknown_op_criterion", [](json& d) { d["tiers"]["tolerant"]["ops.gemm.max_rel"] = {{"value", 1}, {"why", "x"}}; },
+                "/tiers/tolerant/ops.gemm.max_rel", "unknown criterion", true},
+        BadCase{"cosine_above_one", [](json& d) { d["tiers"]["tolerant"]["ops.cosine_min"]["value"] = 1.5; },
+                "/tiers/tolerant/ops.cosine_min/value", "must be in [0, 1]", true},
+        BadCase{"negative_magnitude", [](json& d) { d["tiers"]["tolerant"]["shard.max_rel"]["value"] = -1; },
+                "/tiers/tolerant/shard.max_rel/value", "must be >= 0", true},
+        BadCase{"sensitive_looser", [](json& d) { d["tiers"]["sensitive"]["ops.cosine_min"]["value"] = 0.99; },
+                "/tiers/sensitive/ops.cosine_min/value", "looser than the tolerant tier's 0.999", false},
+        BadCase{"step_not_run", [](json& d) { d["steps"].erase("generate"); }, "/tiers/sensitive/generate.first_divergence_min",
+                "step 'generate' is not run by this protocol", false},
+        BadCase{"divergence_beyond_n", [](json& d) { d["tiers"]["sensitive"]["generate.first_divergence_min"]["value"] = 33; },
+                "/tiers/sensitive/generate.first_divergence_min/value", "exceeds /steps/generate/n = 32", false},
+        BadCase{"divergences_without_teacher_forcing",
+                [](json& d) { d["tiers"]["tolerant"]["generate.divergences_max"] = {{"value", 2}, {"why", "x"}}; },
+                "/tiers/tolerant/generate.divergences_max", "needs /steps/generate/teacher_forcing = true", false},
+        BadCase{"per_op_for_op_not_run",
+                [](json& d) {
+                    d["steps"]["ops"]["ops"] = json::array({"matmul", "moe"});
+                    d["tiers"]["tolerant"]["ops.softmax.max_rel"] = {{"value", 1}, {"why", "x"}};
+                },
+                "/tiers/tolerant/ops.softmax.max_rel", "op 'softmax' is not among /steps/ops/ops", false},
+        BadCase{"unknown_op", [](json& d) { d["steps"]["ops"]["ops"][1] = "gemm"; }, "/steps/ops/ops/1", "unknown op 'gemm'", true},
+        BadCase{"wrong_format", [](json& d) { d["format"] = "kvasir-equiv/protocol/2"; }, "/format", "not a supported format", true},
+        BadCase{"tiers_not_object", [](json& d) { d["tiers"]["tolerant"] = json::array(); }, "/tiers/tolerant",
+                "expected an object, got array", true},
+        BadCase{"count_integer_wrong_type", [](json& d) { d["tiers"]["tolerant"]["generate.first_divergence_min"]["value"] = 2.5; },
+                "/tiers/tolerant/generate.first_divergence_min/value", "expected an integer", true},
+        BadCase{"top_k_above_experts", [](json& d) { d["steps"]["ops"]["shapes"]["top_k"] = 17; }, "/steps/ops/shapes/top_k",
+                "exceeds experts = 16", false}),
+    [](const ::testing::TestParamInfo<BadCase>& param_info) { return std::string(param_info.param.name); });
+
+TEST(Protocol, FileLevelProblems) {
+    const fs::path dir = fs::temp_directory_path() / ("kvasir_badproto_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    const std::string dup = (dir / "dup.json").string();
+    write_file_atomic(dup, R"({"tiers": {"sensitive": {"determinism": {"value": 0, "why": "a", "value": 1}}}})");
+    expect_bad_input([&] { load_protocol(dup); }, dup + ": /tiers/sensitive/determinism/value: ", "duplicate key");
+    const std::string broken = (dir / "broken.json").string();
+    write_file_atomic(broken, "{\"id\": \"x\",\n  ");
+    expect_bad_input([&] { load_protocol(broken); }, broken + ": invalid JSON: ", "parse error");
+    const std::string missing = (dir / "missing.json").string();
+    expect_bad_input([&] { load_protocol(missing); }, missing + ": cannot read", "");
+    fs::remove_all(dir);
+}
+
+// --- schema validator ----------------------------------------------------------------
+
+TEST(SchemaValidator, SubsetSemantics) {
+    const json schema = json::parse(R"({
+      "type": "object", "required": ["a"], "additionalProperties": false,
+      "properties": {"a": {"type": "integer", "minimum": 1}, "b": {"$ref": "#/$defs/d"}},
+      "patternProperties": {"^x_": {"type": "string", "pattern": "^[a-z]+$"}},
+      "$defs": {"d": {"type": ["number", "string"], "pattern": "^(nan|inf)$", "exclusiveMaximum": 10}}})");
+    EXPECT_TRUE(schema_violations(schema, json::parse(R"({"a": 3, "b": 9.5, "x_q": "abc"})")).empty());
+    EXPECT_TRUE(schema_violations(schema, json::parse(R"({"a": 3.0, "b": "nan"})")).empty());  // 3.0 is an integer
+    const auto v = schema_violations(schema, json::parse(R"({"b": "NaN", "c": 1, "x_q": "A", "a": 0})"));
+    std::set<std::string> got;
+    for (const auto& x : v) got.insert(x.path + " " + x.message);
+    EXPECT_EQ(got.count(" missing key 'a'"), 0u);  // a is present (0), only too small
+    EXPECT_EQ(got.count("/a 0 is not >= 1"), 1u);
+    EXPECT_EQ(got.count("/c unknown key"), 1u);
+    EXPECT_EQ(v.size(), 4u);
+    EXPECT_FALSE(schema_violations(schema, json::parse(R"({"a": 1, "b": 10})")).empty());  // exclusive
+    EXPECT_FALSE(schema_violations(schema, json::parse(R"({"a": 1.5})")).empty());
+    // An unsupported keyword is an internal error, never silently ignored.
+    EXPECT_THROW(schema_violations(json::parse(R"({"oneOf": []})"), json(1)), Error);
+}
+
+// --- verdicts ----------------------------------------------------------------------------
+
+namespace {
+
+Tolerances sensitive_tols() {
+    return {{"logits.kl_p99", {1e-6, "s"}},
+            {"decide.top1_agreement_min", {0.99, "s"}},
+            {"ops.max_rel", {1e-2, "s"}},
+            {"ops.softmax.max_rel", {1e-1, "softmax is allowed more"}},
+            {"determinism", {0, "s"}},
+            {"generate.first_divergence_min", {32, "s"}}};
+}
+Tolerances tolerant_tols() {
+    return {{"logits.kl_p99", {1e-2, "t"}},
+            {"decide.top1_agreement_min", {0.9, "t"}},
+            {"ops.max_rel", {1e2, "t"}},
+            {"determinism", {1e-2, "t"}},
+            {"generate.first_divergence_min", {8, "t"}}};
+}
+
+NodeInput good_node(const std::string& name = "cpu") {
+    NodeInput n;
+    n.node = name;
+    n.capabilities = {{"node", name}, {"accumulation", "f32"}};
+    n.measurements = {{"logits.kl_p99", "logits", 1e-9},
+                      {"decide.top1_agreement_min", "decide", 1.0},
+                      {"ops.matmul.max_rel", "ops", 1e-3},
+                      {"ops.moe.max_rel", "ops", 9e-4},
+                      {"ops.softmax.max_rel", "ops", 5e-2},
+                      {"determinism", "determinism", 0},
+                      {"generate.first_divergence_min", "generate", 32}};
+    return n;
+}
+
+void set(NodeInput& n, const std::string& criterion, double value) {
+    for (auto& m : n.measurements)
+        if (m.criterion == criterion) m.value = value;
+}
+
+const CriterionResult* find(const std::vector<CriterionResult>& rs, const std::string& name) {
+    for (const auto& r : rs)
+        if (r.criterion == name) return &r;
+    return nullptr;
+}
+
+}  // namespace
+
+TEST(Verdict, Fit) {
+    const NodeVerdict v = judge_node(good_node(), sensitive_tols(), tolerant_tols());
+    EXPECT_EQ(v.verdict, Verdict::fit);
+    EXPECT_TRUE(v.errors.empty());
+    for (const auto& r : v.sensitive) EXPECT_TRUE(r.pass) << describe(r);
+    // Per-op figures are judged individually; softmax against its own tolerance.
+    const CriterionResult* sm = find(v.sensitive, "ops.softmax.max_rel");
+    ASSERT_NE(sm, nullptr);
+    EXPECT_EQ(sm->tolerance_from, "ops.softmax.max_rel");
+    EXPECT_DOUBLE_EQ(sm->tolerance, 1e-1);
+    const CriterionResult* mm = find(v.sensitive, "ops.matmul.max_rel");
+    ASSERT_NE(mm, nullptr);
+    EXPECT_EQ(mm->tolerance_from, "ops.max_rel");
+    // In the tolerant tier softmax has no tolerance of its own: the family judges it.
+    EXPECT_EQ(find(v.tolerant, "ops.softmax.max_rel")->tolerance_from, "ops.max_rel");
+    // Worst: the decade-scaled criterion with the least margin — softmax,
+    // 5e-2 against its own 1e-1: log10(2) decades inside (matmul sits 1 decade
+    // inside; generate.first_divergence_min, at 0 tokens of margin, is linear
+    // and does not compete while everything passes).
+    ASSERT_TRUE(v.worst.has_value());
+    EXPECT_EQ(v.worst->criterion, "ops.softmax.max_rel");
+    EXPECT_NEAR(v.worst->margin, std::log10(2.0), 1e-12);
+    EXPECT_NEAR(mm->margin, 1.0, 1e-12);
+    EXPECT_EQ(v.capabilities["determinism_measured"]["bit_identical"], true);
+}
+
+TEST(Verdict, UnfitSensitiveIsNotRejected) {
+    NodeInput n = good_node("cpu:acc=f16");
+    set(n, "logits.kl_p99", 1e-5);  // outside 1e-6 (sensitive), inside 1e-2 (tolerant)
+    const NodeVerdict v = judge_node(n, sensitive_tols(), tolerant_tols());
+    EXPECT_EQ(v.verdict, Verdict::unfit_sensitive);
+    ASSERT_TRUE(v.worst.has_value());
+    EXPECT_EQ(v.worst->criterion, "logits.kl_p99");
+    EXPECT_EQ(v.worst->tier, Tier::sensitive);
+    EXPECT_NEAR(v.worst->margin, -1.0, 1e-12);
+    EXPECT_DOUBLE_EQ(v.worst->tightest_passing, 1e-5);
+    EXPECT_TRUE(find(v.tolerant, "logits.kl_p99")->pass);
+}
+
+TEST(Verdict, UnfitWhenATolerantCriterionFails) {
+    NodeInput n = good_node("cpu:fault=perturb,fault_size=1e-1");
+    set(n, "decide.top1_agreement_min", 0.5);
+    const NodeVerdict v = judge_node(n, sensitive_tols(), tolerant_tols());
+    EXPECT_EQ(v.verdict, Verdict::unfit);
+    ASSERT_TRUE(v.worst.has_value());
+    EXPECT_EQ(v.worst->criterion, "decide.top1_agreement_min");
+    EXPECT_EQ(v.worst->tier, Tier::tolerant);
+    // complement_log margin: log10((1 − 0.9) / (1 − 0.5)) = log10(0.2).
+    EXPECT_NEAR(v.worst->margin, std::log10(0.2), 1e-12);
+}
+
+TEST(Verdict, StepErrorIsError) {
+    NodeInput n = good_node("opencl:0");
+    n.errors["logits"] = "clEnqueueNDRangeKernel failed: CL_OUT_OF_RESOURCES";
+    const NodeVerdict v = judge_node(n, sensitive_tols(), tolerant_tols());
+    EXPECT_EQ(v.verdict, Verdict::error);
+    EXPECT_EQ(v.errors.at("logits"), "clEnqueueNDRangeKernel failed: CL_OUT_OF_RESOURCES");
+}
+
+TEST(Verdict, NaNAndInfAreErrorsAndNeverPass) {
+    for (const double bad : {kNaN, kInf, -kInf}) {
+        NodeInput n = good_node("cpu:fault=nan");
+        set(n, "logits.kl_p99", bad);
+        const NodeVerdict v = judge_node(n, sensitive_tols(), tolerant_tols());
+        EXPECT_EQ(v.verdict, Verdict::error) << bad;
+        ASSERT_EQ(v.errors.count("logits"), 1u);
+        EXPECT_NE(v.errors.at("logits").find("non-finite where the reference had none"), std::string::npos);
+        for (const auto* tier : {&v.sensitive, &v.tolerant}) {
+            const CriterionResult* r = find(*tier, "logits.kl_p99");
+            ASSERT_NE(r, nullptr);
+            EXPECT_FALSE(r->pass);  // -inf too, although it is "below" every tolerance
+        }
+        ASSERT_TRUE(v.worst.has_value());
+        EXPECT_EQ(v.worst->criterion, "logits.kl_p99");
+    }
+    // The primitive itself: NaN on either side fails both directions.
+    const Tolerance t{1.0, "x"};
+    EXPECT_FALSE(judge_criterion("logits.kl_p99", "logits", kNaN, t, "logits.kl_p99", Tier::tolerant).pass);
+    EXPECT_FALSE(judge_criterion("ops.cosine_min", "ops", kNaN, Tolerance{0.5, "x"}, "ops.cosine_min", Tier::tolerant).pass);
+    EXPECT_FALSE(judge_criterion("logits.kl_p99", "logits", 0.0, Tolerance{kNaN, "x"}, "logits.kl_p99", Tier::tolerant).pass);
+    EXPECT_TRUE(std::isnan(judge_criterion("logits.kl_p99", "logits", kNaN, t, "logits.kl_p99", Tier::tolerant).tightest_passing));
+}
+
+TEST(Verdict, MissingMeasurementFails) {
+    NodeInput n = good_node();
+    n.measurements.erase(std::remove_if(n.measurements.begin(), n.measurements.end(),
+                                        [](const Measurement& m) { return m.criterion == "generate.first_divergence_min"; }),
+                         n.measurements.end());
+    const NodeVerdict v = judge_node(n, sensitive_tols(), tolerant_tols());
+    EXPECT_EQ(v.verdict, Verdict::unfit);  // fails the tolerant tier too: nothing compared is never a pass
+    const CriterionResult* r = find(v.tolerant, "generate.first_divergence_min");
+    ASSERT_NE(r, nullptr);
+    EXPECT_FALSE(r->measured);
+    EXPECT_FALSE(r->pass);
+    EXPECT_TRUE(std::isnan(r->value));
+    EXPECT_EQ(describe(*r), "generate.first_divergence_min not measured (tolerance >= 8)");
+    // A family tolerance with no op measured at all is missing too.
+    NodeInput no_ops = good_node();
+    no_ops.measurements.erase(std::remove_if(no_ops.measurements.begin(), no_ops.measurements.end(),
+                                             [](const Measurement& m) { return m.step == "ops"; }),
+                              no_ops.measurements.end());
+    const NodeVerdict w = judge_node(no_ops, sensitive_tols(), tolerant_tols());
+    EXPECT_EQ(w.verdict, Verdict::unfit);
+    ASSERT_NE(find(w.tolerant, "ops.max_rel"), nullptr);
+    EXPECT_FALSE(find(w.tolerant, "ops.max_rel")->measured);
+    // ... and so is the per-op override when its op was not measured.
+    ASSERT_NE(find(w.sensitive, "ops.softmax.max_rel"), nullptr);
+    EXPECT_FALSE(find(w.sensitive, "ops.softmax.max_rel")->measured);
+}
+
+TEST(Verdict, RepeatedMeasurementsAreJudgedOnTheWorst) {
+    NodeInput n = good_node();
+    n.measurements.push_back({"logits.kl_p99", "logits", 5e-6});  // worse than 1e-9
+    n.measurements.push_back({"logits.kl_p99", "logits", 1e-12});
+    NodeVerdict v = judge_node(n, sensitive_tols(), tolerant_tols());
+    EXPECT_DOUBLE_EQ(find(v.sensitive, "logits.kl_p99")->value, 5e-6);
+    EXPECT_EQ(v.verdict, Verdict::unfit_sensitive);
+    n.measurements.push_back({"decide.top1_agreement_min", "decide", 0.95});  // min direction: smaller is worse
+    v = judge_node(n, sensitive_tols(), tolerant_tols());
+    EXPECT_DOUBLE_EQ(find(v.sensitive, "decide.top1_agreement_min")->value, 0.95);
+}
+
+TEST(Verdict, ReferenceIsReportedNotJudged) {
+    NodeInput n = good_node("cpu-ref");
+    n.is_reference = true;
+    set(n, "logits.kl_p99", kNaN);  // ignored: the reference is not judged
+    const NodeVerdict v = judge_node(n, sensitive_tols(), tolerant_tols());
+    EXPECT_EQ(v.verdict, Verdict::reference);
+    EXPECT_TRUE(v.sensitive.empty());
+    EXPECT_TRUE(v.tolerant.empty());
+    EXPECT_FALSE(v.worst.has_value());
+    EXPECT_TRUE(v.errors.empty());
+    EXPECT_EQ(v.capabilities["node"], "cpu-ref");
+}
+
+TEST(Verdict, UnknownMeasurementIsLoud) {
+    NodeInput n = good_node();
+    n.measurements.push_back({"logits.kl99", "logits", 0});
+    try {
+        judge_node(n, sensitive_tols(), tolerant_tols());
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::internal);
+        EXPECT_NE(std::string(e.what()).find("'logits.kl99'"), std::string::npos);
+    }
+}
+
+TEST(Verdict, Margins) {
+    const auto m = [](const char* c, double v, double t) {
+        return judge_criterion(c, "s", v, Tolerance{t, "w"}, c, Tier::sensitive);
+    };
+    // log scale, direction max: decades inside.
+    EXPECT_NEAR(m("logits.kl_p99", 1e-9, 1e-6).margin, 3.0, 1e-12);
+    EXPECT_NEAR(m("logits.kl_p99", 1e-4, 1e-6).margin, -2.0, 1e-12);
+    EXPECT_EQ(m("determinism", 0, 0).margin, kInf);  // bit-identical: exactly as required
+    EXPECT_TRUE(m("determinism", 0, 0).pass);
+    EXPECT_EQ(m("determinism", 1e-7, 0).margin, -kInf);
+    EXPECT_FALSE(m("determinism", 1e-7, 0).pass);
+    // complement_log, direction min: decades of 1 − x.
+    EXPECT_NEAR(m("ops.cosine_min", 1 - 1e-7, 1 - 1e-5).margin, 2.0, 1e-6);
+    EXPECT_EQ(m("ops.cosine_min", 1.0, 0.99999).margin, kInf);
+    EXPECT_NEAR(m("ops.cosine_min", 0.999, 0.99999).margin, -2.0, 1e-6);
+    // linear: tokens.
+    EXPECT_DOUBLE_EQ(m("generate.first_divergence_min", 20, 8).margin, 12);
+    EXPECT_DOUBLE_EQ(m("generate.first_divergence_min", 3, 8).margin, -5);
+    EXPECT_DOUBLE_EQ(m("drift.alpha_max", 0.5, 1.5).margin, 1.0);
+    // margin >= 0 exactly when it passes; the tightest passing tolerance is the value.
+    for (const double v : {1e-12, 1e-6, 1e-3}) {
+        const CriterionResult r = m("logits.kl_p99", v, 1e-6);
+        EXPECT_EQ(r.pass, r.margin >= 0);
+        EXPECT_EQ(r.tightest_passing, v);
+        EXPECT_TRUE(m("logits.kl_p99", v, r.tightest_passing).pass);
+    }
+    EXPECT_EQ(describe(m("logits.kl_p99", 1e-4, 1e-6)), "logits.kl_p99 1.00e-04 > 1.00e-06 (-2 decades)");
+}
+
+TEST(Verdict, ExitCodes) {
+    NodeInput ref = good_node("cpu-ref");
+    ref.is_reference = true;
+    NodeInput f16 = good_node("cpu:acc=f16");
+    set(f16, "logits.kl_p99", 1e-5);
+    NodeInput bad = good_node("cpu:fault=perturb");
+    set(bad, "logits.kl_p99", 1.0);
+    NodeInput err = good_node("cpu:fault=nan");
+    set(err, "decide.top1_agreement_min", kNaN);
+    const auto v = [&](std::initializer_list<const NodeInput*> ns) {
+        std::vector<NodeVerdict> out;
+        for (const NodeInput* n : ns) out.push_back(judge_node(*n, sensitive_tols(), tolerant_tols()));
+        return out;
+    };
+    const NodeInput fit = good_node();
+    ASSERT_EQ(v({&f16})[0].verdict, Verdict::unfit_sensitive);
+    ASSERT_EQ(v({&bad})[0].verdict, Verdict::unfit);
+    ASSERT_EQ(v({&err})[0].verdict, Verdict::error);
+
+    EXPECT_EQ(exit_code(v({&ref, &fit}), Gate::sensitive), 0);
+    EXPECT_EQ(exit_code(v({&ref, &fit, &f16}), Gate::sensitive), 1);
+    EXPECT_EQ(exit_code(v({&ref, &fit, &f16}), Gate::tolerant), 0);
+    EXPECT_EQ(exit_code(v({&ref, &fit, &f16}), Gate::none), 0);
+    EXPECT_EQ(exit_code(v({&ref, &fit, &bad}), Gate::tolerant), 1);
+    EXPECT_EQ(exit_code(v({&ref, &fit, &bad}), Gate::none), 0);
+    EXPECT_EQ(exit_code(v({&ref, &fit, &err}), Gate::sensitive), 1);
+    EXPECT_EQ(exit_code(v({&ref, &fit, &err}), Gate::tolerant), 1);  // error nodes fail every gate but none
+    EXPECT_EQ(exit_code(v({&ref, &fit, &err}), Gate::none), 0);
+    // Nothing compared is never a pass, under every gate.
+    for (const Gate g : {Gate::sensitive, Gate::tolerant, Gate::none}) {
+        EXPECT_EQ(exit_code({}, g), 1) << to_string(g);
+        EXPECT_EQ(exit_code(v({&ref}), g), 1) << to_string(g);
+    }
+    // A reference that failed a step fails the real gates.
+    NodeInput broken_ref = ref;
+    broken_ref.errors["logits"] = "oracle crashed";
+    EXPECT_EQ(exit_code(v({&broken_ref, &fit}), Gate::tolerant), 1);
+    EXPECT_EQ(exit_code(v({&broken_ref, &fit}), Gate::none), 0);
+
+    EXPECT_EQ(parse_gate("tolerant"), Gate::tolerant);
+    expect_bad_input([] { parse_gate("strict"); }, "gate 'strict': ", "sensitive, tolerant or none");
+}
+
+TEST(Verdict, JudgedAgainstAShippedProtocol) {
+    // Figures in the ranges the README gives for an f32 node are fit under the
+    // default protocol; the f16-accumulation figures are unfit-sensitive.
+    const Protocol p = load_protocol((kProtocols / "default.json").string());
+    NodeInput f32;
+    f32.node = "cpu";
+    f32.measurements = {{"ops.max_rel", "ops", 9.8e-4},           {"ops.cosine_min", "ops", 1 - 1.1e-13},
+                        {"shard.max_rel", "ops", 9.1e-5},         {"drift.final_rel", "drift", 2e-6},
+                        {"drift.alpha_max", "drift", 0.6},        {"logits.kl_p99", "logits", 1e-10},
+                        {"logits.linf_max", "logits", 1e-5},      {"decide.top1_agreement_min", "decide", 1.0},
+                        {"decide.routing_agreement_min", "decide", 1.0}, {"generate.first_divergence_min", "generate", 32},
+                        {"perplexity.ratio_max", "perplexity", 1e-7}, {"determinism", "determinism", 0}};
+    EXPECT_EQ(judge_node(f32, p).verdict, Verdict::fit);
+    NodeInput f16 = f32;
+    f16.node = "cpu:acc=f16";
+    set(f16, "ops.max_rel", 25.7);
+    set(f16, "ops.cosine_min", 1 - 6.1e-5);
+    set(f16, "shard.max_rel", 2e-4);
+    set(f16, "drift.final_rel", 1e-2);
+    set(f16, "logits.kl_p99", 1e-4);
+    set(f16, "logits.linf_max", 5e-2);
+    const NodeVerdict v = judge_node(f16, p);
+    EXPECT_EQ(v.verdict, Verdict::unfit_sensitive);
+    ASSERT_TRUE(v.worst.has_value());
+    EXPECT_EQ(v.worst->criterion, "ops.max_rel");
+}
+
+TEST(Verdict, Json) {
+    NodeInput n = good_node("cpu:acc=f16");
+    set(n, "logits.kl_p99", kNaN);
+    const nlohmann::ordered_json j = to_json(judge_node(n, sensitive_tols(), tolerant_tols()));
+    std::vector<std::string> keys;
+    for (const auto& [k, v] : j.items()) keys.push_back(k);
+    EXPECT_EQ(keys, (std::vector<std::string>{"node", "verdict", "capabilities", "worst", "errors", "criteria"}));
+    EXPECT_EQ(j["verdict"], "error");
+    EXPECT_EQ(j["worst"]["value"], "nan");  // never null: a NaN is shown as such
+    EXPECT_EQ(j["worst"]["pass"], false);
+}
+
+// --- fault injection -------------------------------------------------------------------
+
+namespace {
+
+Tensor normal(const char* name, Shape shape, double sd = 1.0) {
+    return seeded_normal(20261129, name, std::move(shape), 0.0, sd, DType::f32, 1);
+}
+
+std::unique_ptr<Backend> cpu1() { return make_cpu_backend(BackendSpec::parse("cpu:threads=1")); }
+std::unique_ptr<Backend> faulty(const std::string& opts) { return make_cpu_with_fault(BackendSpec::parse("cpu:threads=1," + opts)); }
+
+bool bit_equal(const Tensor& a, const Tensor& b) {
+    return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+}  // namespace
+
+TEST(Fault, SpecParsingAndNodeName) {
+    auto plain = make_cpu_with_fault(BackendSpec::parse("cpu"));
+    EXPECT_EQ(plain->capabilities().node, "cpu");
+    EXPECT_EQ(dynamic_cast<FaultBackend*>(plain.get()), nullptr);
+
+    auto p = make_cpu_with_fault(BackendSpec::parse("cpu:fault=perturb,fault_size=1e-3"));
+    EXPECT_EQ(p->capabilities().node, "cpu:fault=perturb,fault_size=1e-3");
+    const auto& extra = p->capabilities().extra;
+    ASSERT_FALSE(extra.empty());
+    EXPECT_EQ(extra.back().first, "fault");
+    auto* fb = dynamic_cast<FaultBackend*>(p.get());
+    ASSERT_NE(fb, nullptr);
+    EXPECT_EQ(fb->fault().kind, FaultKind::perturb);
+    EXPECT_DOUBLE_EQ(fb->fault().size, 1e-3);
+
+    auto f16 = make_cpu_with_fault(BackendSpec::parse("cpu:acc=f16,fault=nan"));
+    EXPECT_EQ(f16->capabilities().node, "cpu:acc=f16,fault=nan");
+    EXPECT_EQ(f16->capabilities().accumulation, DType::f16);
+
+    BackendSpec rest;
+    const FaultSpec f = parse_fault_spec(BackendSpec::parse("cpu:acc=f16,fault=route,fault_token=3"), &rest);
+    EXPECT_EQ(f.kind, FaultKind::route);
+    EXPECT_EQ(f.token, 3);
+    EXPECT_EQ(rest.canonical(), "cpu:acc=f16");
+
+    expect_bad_input([] { make_cpu_with_fault(BackendSpec::parse("cpu:fault=bogus")); }, "backend 'cpu:fault=bogus': ",
+                     "perturb, nan, route or bitflip");
+    expect_bad_input([] { make_cpu_with_fault(BackendSpec::parse("cpu:fault_size=1e-3")); }, "backend 'cpu:fault_size=1e-3': ",
+                     "without fault=");
+    expect_bad_input([] { make_cpu_with_fault(BackendSpec::parse("cpu:fault=perturb,fault_size=2")); }, "backend ", "(0, 1]");
+    expect_bad_input([] { make_cpu_with_fault(BackendSpec::parse("cpu:fault=perturb,fault_token=1")); }, "backend ",
+                     "'fault_token' does not apply to fault=perturb");
+    expect_bad_input([] { make_cpu_with_fault(BackendSpec::parse("cpu:fault=nan,fault_op=gemm")); }, "backend ", "fault_op must be");
+    expect_bad_input([] { make_cpu_with_fault(BackendSpec::parse("cpu:fault=bitflip,fault_bit=x")); }, "backend ", "fault_bit");
+    expect_bad_input([] { make_cpu_with_fault(BackendSpec::parse("cpu-ref:fault=nan")); }, "backend 'cpu-ref:fault=nan': ",
+                     "cpu only");
+}
+
+TEST(Fault, PerturbHasExactlyTheRequestedRelativeSize) {
+    const Tensor x = normal("x", {16, 256});
+    const Tensor w = normal("w", {64, 256}, 1.0 / 16);
+    const Tensor clean = cpu1()->matmul(x, w);
+    for (const double size : {1e-3, 1e-1}) {
+        auto f = faulty(fmt::format("fault=perturb,fault_size={}", size));
+        const Tensor y = f->matmul(x, w);
+        const CompareStats s = compare(clean, y);
+        EXPECT_NEAR(s.max_rel, size, size * 1e-3) << size;  // ±size per element, up to f32 rounding
+        EXPECT_NEAR(s.nmse, size * size, size * size * 1e-2);  // every element moved by exactly `size`
+        EXPECT_FALSE(s.bit_identical);
+        // Deterministic: a second node with the same spec injects the same noise.
+        EXPECT_TRUE(bit_equal(y, faulty(fmt::format("fault=perturb,fault_size={}", size))->matmul(x, w)));
+    }
+    // Another seed, other signs.
+    EXPECT_FALSE(bit_equal(faulty("fault=perturb,fault_seed=1")->matmul(x, w), faulty("fault=perturb,fault_seed=2")->matmul(x, w)));
+    // Ops other than the target are untouched.
+    const Tensor g = normal("g", {4, 64});
+    EXPECT_TRUE(bit_equal(cpu1()->softmax(g), faulty("fault=perturb")->softmax(g)));
+}
+
+TEST(Fault, PerturbReachesTheExpertMatmulsOfTheMoeBlock) {
+    const std::int64_t h = 32, inter = 16, e = 4;
+    std::vector<Tensor> store;
+    std::vector<ExpertWeights> experts;
+    for (std::int64_t i = 0; i < e; ++i) {
+        store.push_back(normal(fmt::format("g{}", i).c_str(), {inter, h}, 0.2));
+        store.push_back(normal(fmt::format("u{}", i).c_str(), {inter, h}, 0.2));
+        store.push_back(normal(fmt::format("d{}", i).c_str(), {h, inter}, 0.2));
+    }
+    for (std::int64_t i = 0; i < e; ++i) experts.push_back({store[3 * i].view(), store[3 * i + 1].view(), store[3 * i + 2].view()});
+    const Tensor x = normal("x", {3, h});
+    RoutingPlan plan{Tensor(DType::i32, {3, 2}), Tensor(DType::f32, {3, 2})};
+    const int ids[6] = {0, 1, 2, 3, 1, 2};
+    for (int i = 0; i < 6; ++i) {
+        plan.ids.as<std::int32_t>()[i] = ids[i];
+        plan.weights.set(i, 0.5);
+    }
+    const Tensor clean = cpu1()->moe_block(x, experts, plan);
+    const CompareStats s = compare(clean, faulty("fault=perturb,fault_size=1e-2")->moe_block(x, experts, plan));
+    EXPECT_FALSE(s.bit_identical);
+    EXPECT_GT(s.max_rel, 1e-3);
+    // A fault aimed elsewhere leaves the block bit-identical.
+    EXPECT_TRUE(bit_equal(clean, faulty("fault=perturb,fault_op=softmax")->moe_block(x, experts, plan)));
+}
+
+TEST(Fault, NanAppearsAtOneElementOfOneCall) {
+    const Tensor x = normal("x", {8, 32});
+    const Tensor w = normal("w", {16, 32});
+    auto f = faulty("fault=nan,fault_call=1,fault_index=5");
+    const Tensor clean = cpu1()->matmul(x, w);
+    const Tensor first = f->matmul(x, w);
+    EXPECT_TRUE(bit_equal(clean, first));  // call 0 untouched
+    const Tensor second = f->matmul(x, w);
+    std::int64_t nans = 0;
+    for (std::int64_t i = 0; i < second.numel(); ++i)
+        if (std::isnan(second.at(i))) {
+            ++nans;
+            EXPECT_EQ(i, 5);
+        } else {
+            EXPECT_EQ(second.at(i), clean.at(i));
+        }
+    EXPECT_EQ(nans, 1);
+    EXPECT_TRUE(bit_equal(clean, f->matmul(x, w)));  // one-shot
+    const CompareStats s = compare(clean, second);
+    EXPECT_EQ(s.nonfinite_mismatch, 1);
+    EXPECT_FALSE(within(s.max_rel, 1e300));  // a poisoned comparison passes nothing
+    ASSERT_EQ(dynamic_cast<FaultBackend*>(f.get())->injections().size(), 1u);
+}
+
+TEST(Fault, RouteChangesExactlyOneRowToItsNextExpert) {
+    const Tensor logits = normal("router", {12, 16});
+    RouterParams rp;
+    rp.top_k = 4;
+    const RouterOutput clean = cpu1()->route(logits, rp);
+    auto f = faulty("fault=route,fault_token=3");
+    const RouterOutput bad = f->route(logits, rp);
+    const IndexAgreement a = compare_indices(clean.ids, bad.ids);
+    EXPECT_EQ(a.rows, 12);
+    EXPECT_EQ(a.exact_matches, 11);
+    // The changed row is token 3, its last choice replaced by the (k+1)-th.
+    RouterParams rp5 = rp;
+    rp5.top_k = 5;
+    const RouterOutput five = cpu1()->route(logits, rp5);
+    for (std::int64_t t = 0; t < 12; ++t)
+        for (std::int64_t j = 0; j < 4; ++j) {
+            const std::int32_t want = (t == 3 && j == 3) ? five.ids.as<std::int32_t>()[t * 5 + 4] : clean.ids.as<std::int32_t>()[t * 4 + j];
+            EXPECT_EQ(bad.ids.as<std::int32_t>()[t * 4 + j], want) << t << "," << j;
+            if (t != 3) {
+                EXPECT_EQ(bad.weights.at(t * 4 + j), clean.weights.at(t * 4 + j));
+            }
+        }
+    double sum = 0;
+    for (std::int64_t j = 0; j < 4; ++j) sum += bad.weights.at(3 * 4 + j);
+    EXPECT_NEAR(sum, 1.0, 1e-6);  // still renormalised
+    // Only call 0 is faulted.
+    EXPECT_EQ(compare_indices(clean.ids, f->route(logits, rp).ids).exact_matches, 12);
+    RouterParams all = rp;
+    all.top_k = 16;
+    expect_bad_input([&] { faulty("fault=route")->route(logits, all); }, "fault=route: top-16 of 16", "no (k+1)-th");
+}
+
+TEST(Fault, BitflipChangesOneWeightOnACopy) {
+    const Tensor x = normal("x", {8, 32});
+    const Tensor w = normal("w", {16, 32});
+    const Tensor w_before = w;
+    auto f = faulty("fault=bitflip,fault_index=37");
+    const Tensor y = f->matmul(x, w);
+    EXPECT_TRUE(bit_equal(w, w_before));  // the caller's weights are never written
+    // Same result as a clean matmul with that one bit flipped by hand.
+    Tensor flipped = w;
+    std::uint32_t u;
+    std::memcpy(&u, flipped.as<float>() + 37, 4);
+    u ^= 1u << 22;  // default: top mantissa bit of f32
+    std::memcpy(flipped.as<float>() + 37, &u, 4);
+    EXPECT_NE(flipped.at(37), w.at(37));
+    const auto clean = cpu1();
+    EXPECT_TRUE(bit_equal(y, clean->matmul(x, flipped)));
+    // Only output column 37 / K = 1 reads that weight.
+    const Tensor ref = clean->matmul(x, w);
+    for (std::int64_t t = 0; t < 8; ++t)
+        for (std::int64_t n = 0; n < 16; ++n) {
+            if (n == 1) {
+                EXPECT_NE(y.at(t * 16 + n), ref.at(t * 16 + n));
+            } else {
+                EXPECT_EQ(y.at(t * 16 + n), ref.at(t * 16 + n));
+            }
+        }
+    // Persistent corruption of that memory; other weights untouched.
+    EXPECT_TRUE(bit_equal(f->matmul(x, w), y));
+    const Tensor w2 = normal("w2", {16, 32});
+    EXPECT_TRUE(bit_equal(f->matmul(x, w2), clean->matmul(x, w2)));
+    expect_bad_input([&] { faulty("fault=bitflip,fault_bit=40")->matmul(x, w); }, "fault=bitflip: bit 40", "32-bit f32");
+}
