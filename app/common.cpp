@@ -17,8 +17,7 @@ void add_output_options(CLI::App& cmd, OutputOptions& out) {
 void add_node_options(CLI::App& cmd, NodeOptions& nodes) {
     cmd.add_option("-b,--backends", nodes.backends,
                    "Nodes to run, comma separated: NAME[:DEVICE][:key=value,...], e.g. cpu-ref,cpu,cpu:acc=f16. "
-                   "Default: every available backend plus cpu:acc=f16")
-        ->delimiter(',');
+                   "Default: every available backend plus cpu:acc=f16");
     cmd.add_option("-r,--reference", nodes.reference, "Node every other node is compared with")
         ->capture_default_str();
 }

@@ -20,4 +20,7 @@ struct Nodes {
 // error (exit 2); absent backends are simply not in the default list.
 Nodes create_nodes(const NodeOptions& options);
 
+// Splits --backends values into node specs (see nodes.cpp for the comma rule).
+std::vector<std::string> split_node_list(const std::vector<std::string>& args);
+
 }  // namespace kvasir::app

@@ -36,6 +36,10 @@ expect_usage_error "error" ops --tokens abc
 "$bin" ops --help | grep -q -- "--backends" || { echo "FAIL: ops --help lacks --backends"; failures=$((failures + 1)); }
 "$bin" --version | grep -q "kvasir-equiv" || { echo "FAIL: --version"; failures=$((failures + 1)); }
 
+# Commas separate nodes and also a node's options.
+"$bin" ops --backends cpu-ref,cpu:acc=f16,storage=bf16,cpu --ops matmul --tokens 2 --hidden 16 --intermediate 8 \
+  | grep -q "cpu:acc=f16,storage=bf16" || { echo "FAIL: multi-option node in --backends"; failures=$((failures + 1)); }
+
 # A report file is written whole, and an unwritable path is a clear error.
 tmp=$(mktemp -d)
 if "$bin" ops --backends cpu --ops matmul,softmax --tokens 2 --hidden 64 --intermediate 32 -o "$tmp/r.json" >/dev/null; then
