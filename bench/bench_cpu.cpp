@@ -108,6 +108,17 @@ void BM_rope(benchmark::State& state) {
 }
 BENCHMARK(BM_rope)->DenseRange(0, 3);
 
+// Seeded input generation (Philox + libm-free Box–Muller), all threads.
+void BM_seeded(benchmark::State& state) {
+    const bool normal = state.range(0) == 0;
+    for (auto _ : state)
+        benchmark::DoNotOptimize(normal ? seeded_normal(1, "bench/rng", {1 << 22}, 0, 1)
+                                        : seeded_uniform(1, "bench/rng", {1 << 22}, 0, 1));
+    state.SetLabel(normal ? "normal f32" : "uniform f32");
+    state.SetItemsProcessed(state.iterations() * (1 << 22));
+}
+BENCHMARK(BM_seeded)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 
 BENCHMARK_MAIN();

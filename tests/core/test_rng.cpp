@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <bit>
 #include <cfloat>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -506,17 +505,5 @@ TEST(SeededTensor, BadArgumentsAreBadInput) {
     for (std::int64_t i = 0; i < 5; ++i) EXPECT_EQ(same.at(i), 2.0);
 }
 
-TEST(SeededTensor, GenerationSpeedReport) {
-    // Reported, not asserted: the machine is shared and may run sanitizers.
-    const kvasir::Shape shape{1 << 22};
-    const auto t0 = std::chrono::steady_clock::now();
-    const Tensor t = kvasir::seeded_normal(1, "speed", shape, 0.0, 1.0);
-    const auto t1 = std::chrono::steady_clock::now();
-    const double ns = std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(t.numel());
-    RecordProperty("seeded_normal_f32_ns_per_element", std::to_string(ns));
-    std::printf("seeded_normal f32, %lld elements: %.2f ns/element (%u hardware threads)\n",
-                static_cast<long long>(t.numel()), ns, std::thread::hardware_concurrency());
-    EXPECT_EQ(t.numel(), 1 << 22);
-}
 
 }  // namespace
