@@ -1,27 +1,24 @@
-// audit — the main job. Today it runs what exists: step 1 (per-op delta) on
-// the model's first MoE layer with its real weights, and a full forward pass
-// of the model on every node with routing pinned by the reference (logit
-// divergence and top-1 agreement). Verdicts, protocol files and CI gating
-// arrive with the audit issue; until then the exit code says whether the
-// audit ran (0) — not whether the nodes are fit.
+// audit — the main job: run the protocol's six steps on every node, judge
+// each node against the protocol's two tiers, write the reports, and exit
+// 0 (every node meets the gate), 1 (some node does not), 2 (bad usage or
+// input), 3 (internal error).
 #include "commands.hpp"
 #include "nodes.hpp"
 
+#include "kvasir/backend/registry.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
-#include "kvasir/metrics/metrics.hpp"
-#include "kvasir/metrics/stats.hpp"
 #include "kvasir/model/model.hpp"
-#include "kvasir/model/safetensors.hpp"
-#include "kvasir/report/json_common.hpp"
-#include "kvasir/report/ops_text.hpp"
-#include "kvasir/report/text.hpp"
-#include "kvasir/steps/forward.hpp"
-#include "kvasir/steps/op_delta.hpp"
+#include "kvasir/report/audit_text.hpp"
+#include "kvasir/report/protocol.hpp"
+#include "kvasir/report/writers.hpp"
+#include "kvasir/steps/audit.hpp"
 
 #include <fmt/format.h>
 
-#include <filesystem>
+#include <unistd.h>
+
+#include <cstdio>
 #include <iostream>
 #include <memory>
 
@@ -30,133 +27,113 @@ namespace kvasir::app {
 namespace {
 
 struct AuditOptions {
-    std::string model = default_model_path();
+    std::string protocol = std::string(KVASIR_SOURCE_DIR) + "/protocols/default.json";
+    std::string model;  // empty: the protocol's model, else the embedded fixture
     NodeOptions nodes;
+    bool reference_given = false;
+    std::string gate = "sensitive";
+    std::optional<std::uint64_t> seed;
     OutputOptions output;
+    OutputPaths files;
 };
 
-// The fixture's own prompt when it ships reference data, else 24 ids.
-std::vector<std::int32_t> audit_tokens(const Model& model) {
-    const std::filesystem::path ref = std::filesystem::path(model.path()) / "reference.safetensors";
-    if (std::filesystem::is_regular_file(ref)) {
-        const SafetensorsFile f = SafetensorsFile::open(ref.string());
-        if (f.contains("input_ids")) {
-            const TensorView v = f.view("input_ids");
-            std::vector<std::int32_t> ids(static_cast<std::size_t>(v.numel()));
-            for (std::int64_t i = 0; i < v.numel(); ++i) ids[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(v.at(i));
-            return ids;
+// Like create_nodes(), but a node whose backend exists and fails to start
+// (Error(backend_failure): a device that does not initialise) becomes an
+// error node of the audit instead of stopping it. Bad specs and absent
+// backends named explicitly stay exit 2.
+Nodes create_audit_nodes(const NodeOptions& options, std::vector<NodeInput>& failed) {
+    NodeOptions ok = options;
+    ok.backends.clear();
+    const std::vector<std::string> specs = options.backends.empty() ? default_nodes() : split_node_list(options.backends);
+    for (const std::string& s : specs) {
+        try {
+            (void)create_backend(s);
+            ok.backends.push_back(s);
+        } catch (const Error& e) {
+            if (e.code() != ErrorCode::backend_failure) throw;
+            NodeInput n;
+            n.node = s;
+            n.capabilities["node"] = s;
+            n.errors["create"] = e.what();
+            failed.push_back(std::move(n));
         }
     }
-    std::vector<std::int32_t> ids(24);
-    for (std::size_t i = 0; i < ids.size(); ++i)
-        ids[i] = static_cast<std::int32_t>((i * 7919 + 13) % static_cast<std::size_t>(model.config().vocab_size));
-    return ids;
+    // A list that became empty must not fall back to the defaults.
+    if (ok.backends.empty()) ok.backends.push_back(options.reference);
+    return create_nodes(ok);
 }
 
-void run_audit(const AuditOptions& opt) {
-    const Model model = Model::open(opt.model);
-    Nodes nodes = create_nodes(opt.nodes);
-    const std::size_t ref = nodes.reference;
-    const Style st = style_for(stdout);
+// "[3/7] decide" on stderr when it is a terminal; nothing otherwise.
+std::function<void(const AuditProgress&)> progress_printer() {
+    if (!isatty(STDERR_FILENO)) return {};
+    return [](const AuditProgress& p) {
+        const int pct = p.steps > 0 ? (100 * (p.step_index - 1)) / p.steps : 0;
+        std::string line = fmt::format("\r\033[K[{}/{} {:3d}%] {}", p.step_index, p.steps, pct, p.step);
+        if (!p.node.empty()) line += fmt::format(" — {} ({}/{})", p.node, p.node_index, p.nodes);
+        std::fputs(line.c_str(), stderr);
+        std::fflush(stderr);
+    };
+}
 
-    // Step 1 on the first MoE layer's real weights.
-    OpsConfig oc;
-    oc.model = &model;
-    for (std::int64_t l = 0; l < model.config().num_layers; ++l)
-        if (model.config().is_moe(l)) {
-            oc.layer = l;
-            break;
-        }
-    KVASIR_CHECK(oc.layer >= 0, ErrorCode::bad_input, "{}: the model has no MoE layer", opt.model);
-    const OpsReport ops = run_op_delta(oc, nodes.nodes, ref);
+void run_audit_command(const AuditOptions& opt) {
+    const Protocol protocol = load_protocol(opt.protocol);
+    const Gate gate = parse_gate(opt.gate);
+    std::string model_path = opt.model;
+    if (model_path.empty()) model_path = protocol.model.empty() ? default_model_path() : protocol.model_resolved;
+    const Model model = Model::open(model_path);
 
-    // Full forward, routing pinned by the reference.
-    const std::vector<std::int32_t> tokens = audit_tokens(model);
-    const ForwardResult ref_run = forward(*nodes.nodes[ref], model, tokens);
-    ForwardOptions pinned;
-    pinned.routing = &ref_run.routing;
-    nlohmann::ordered_json nodes_json = nlohmann::ordered_json::array();
-    TextTable summary({"node", "logits max|Δ|", "cosine", "KL p99", "top-1 agree", "worst op (max rel)", "status"});
-    const std::int64_t vocab = model.config().vocab_size;
-    for (std::size_t i = 0; i < nodes.nodes.size(); ++i) {
-        const Capabilities& caps = nodes.nodes[i]->capabilities();
-        nlohmann::ordered_json nj;
-        nj["capabilities"] = to_json(caps);
-        if (i == ref) {
-            summary.add_row({caps.node, "", "", "", "", "", st.dim("reference")});
-            nj["role"] = "reference";
-            nodes_json.push_back(std::move(nj));
-            continue;
-        }
-        std::string worst_op = "—";
-        double worst = -1;
-        for (const OpResult& op : ops.ops)
-            if (op.matrix[ref][i] && !(op.matrix[ref][i]->max_rel <= worst)) {
-                worst = op.matrix[ref][i]->max_rel;
-                worst_op = fmt::format("{} ({})", op.op, fmt_sci(worst));
-            }
-        try {
-            const ForwardResult run = forward(*nodes.nodes[i], model, tokens, pinned);
-            const CompareStats s = compare(ref_run.logits, run.logits);
-            std::vector<double> kl;
-            std::int64_t agree = 0;
-            const std::int64_t T = static_cast<std::int64_t>(tokens.size());
-            const std::vector<double> rl = ref_run.logits.to_f64(), cl = run.logits.to_f64();
-            for (std::int64_t t = 0; t < T; ++t) {
-                const std::span<const double> a(rl.data() + t * vocab, static_cast<std::size_t>(vocab));
-                const std::span<const double> b(cl.data() + t * vocab, static_cast<std::size_t>(vocab));
-                kl.push_back(kl_divergence_from_logits(a, b));
-                agree += std::max_element(a.begin(), a.end()) - a.begin() == std::max_element(b.begin(), b.end()) - b.begin();
-            }
-            const Summary ks = summarize(kl);
-            summary.add_row({caps.node, fmt_sci(s.max_abs), fmt_cosine(s.cosine), fmt_sci(ks.p99),
-                             fmt::format("{}/{}", agree, T), worst_op, finite_parity(s) ? "measured" : st.red("NaN/Inf")});
-            nj["logits"] = to_json(s);
-            nj["kl"] = to_json(ks);
-            nj["top1_agreement"] = to_json(binomial(agree, T));
-        } catch (const std::exception& e) {
-            summary.add_row({caps.node, "", "", "", "", worst_op, st.red(std::string("error: ") + e.what())});
-            nj["error"] = e.what();
-        }
-        nodes_json.push_back(std::move(nj));
-    }
+    NodeOptions node_opts = opt.nodes;
+    if (!opt.reference_given) node_opts.reference = protocol.reference;
+    AuditConfig cfg;
+    cfg.protocol = &protocol;
+    cfg.model = &model;
+    cfg.gate = gate;
+    cfg.seed = opt.seed;
+    Nodes nodes = create_audit_nodes(node_opts, cfg.failed_nodes);
+    cfg.progress = progress_printer();
 
-    nlohmann::ordered_json j;
-    j["schema"] = "kvasir-equiv/audit-preview/1";
-    j["tool"] = tool_json();
-    j["model"] = model.path();
-    j["model_fingerprint"] = model.fingerprint();
-    j["reference"] = nodes.nodes[ref]->capabilities().node;
-    j["verdicts"] = "not implemented yet: protocol files, tolerances and verdicts arrive with the audit issue";
-    j["nodes"] = nodes_json;
-    j["ops"] = to_json(ops);
-    if (!opt.output.output_file.empty()) write_file_atomic(opt.output.output_file, j.dump(2) + "\n");
-    if (opt.output.json) {
-        std::cout << j.dump(2) << '\n';
-        return;
-    }
-    std::cout << st.bold("kvasir-equiv audit (preview)") << "  model " << model.path() << " ("
-              << architecture_name(model.config().architecture) << "), " << tokens.size() << " tokens, reference "
-              << nodes.nodes[ref]->capabilities().node << "\n"
-              << st.dim("Full forward on every node with routing pinned by the reference; step 1 on layer " +
-                        std::to_string(oc.layer) + "'s real weights.") << "\n\n"
-              << summary.render() << "\n"
-              << render_ops_text(ops, st) << "\n"
-              << st.yellow("Verdicts (fit / unfit-sensitive / unfit) and CI gating are not implemented yet: exit code 0 "
-                           "means the audit ran, not that the nodes passed.")
-              << "\n";
+    const AuditRun run = run_audit(cfg, nodes.nodes, nodes.reference);
+    if (cfg.progress) std::fputs("\r\033[K", stderr);
+    const int code = exit_code(run.report.nodes, gate);
+
+    OutputPaths files = opt.files;
+    files.json = opt.output.output_file;
+    write_outputs(run.report, files);  // atomically, each file, after everything ran
+    if (opt.output.json)
+        std::cout << audit_report_json(run.report).dump(2) << '\n';
+    else
+        std::cout << render_audit_text(run.report, style_for(stdout));
+    command_exit_code() = code;
 }
 
 }  // namespace
 
 void set_audit_command(CLI::App& app) {
     auto opt = std::make_shared<AuditOptions>();
-    CLI::App* cmd = app.add_subcommand("audit", "The main job: measure every node against the reference on a real model "
-                                                "(default: the embedded fixture)");
-    cmd->add_option("-m,--model", opt->model, "Model: HF folder, .safetensors or .gguf")->capture_default_str();
+    CLI::App* cmd = app.add_subcommand(
+        "audit",
+        "The main job: run the protocol's six steps on every node, judge each node fit / unfit-sensitive / unfit / "
+        "error, write the reports. Exit 0: every node meets the gate; 1: some node does not; 2: bad usage or input; "
+        "3: internal error");
+    cmd->add_option("-p,--protocol", opt->protocol, "Protocol file (steps, shapes, seed, tolerances)")
+        ->capture_default_str();
+    cmd->add_option("-m,--model", opt->model,
+                    "Model: HF folder, .safetensors or .gguf (default: the protocol's model, the embedded fixture)");
     add_node_options(*cmd, opt->nodes);
+    cmd->get_option("--reference")->description("Node every other node is compared with (default: the protocol's, cpu-ref)");
+    cmd->get_option("--reference")->each([opt](const std::string&) { opt->reference_given = true; });
+    cmd->add_option("--gate", opt->gate,
+                    "Which tier a node must meet for exit 0: sensitive (fit), tolerant (fit or unfit-sensitive), none")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"sensitive", "tolerant", "none"}));
+    cmd->add_option("--seed", opt->seed, "Override the protocol's seed (seeded op inputs); the report records it");
     add_output_options(*cmd, opt->output);
-    cmd->callback([opt] { run_audit(*opt); });
+    cmd->add_option("--junit", opt->files.junit, "Write JUnit XML (a testcase per node per criterion)");
+    cmd->add_option("--markdown", opt->files.markdown, "Write a Markdown report");
+    cmd->add_option("--csv", opt->files.csv, "Write the MoE-block cosine pair matrix as CSV");
+    cmd->add_option("--svg-heatmap", opt->files.heatmap_svg, "Write an SVG heatmap of the MoE-block cosine pair matrix");
+    cmd->add_option("--svg-drift", opt->files.drift_svg, "Write an SVG plot of drift against depth (with √L and L guides)");
+    cmd->callback([opt] { run_audit_command(*opt); });
 }
 
 }  // namespace kvasir::app

@@ -20,6 +20,7 @@ KVASIR_PACKAGES=(
   clang libclang-rt-14-dev
   hipcc libamdhip64-dev
   libopenblas-dev
+  python3-jsonschema
 )
 
 kvasir_install_packages() {

@@ -25,11 +25,6 @@ check "matrix exits 0" test $? -eq 0
 check "matrix markdown has the pair table" grep -q "| cpu vs cpu-ref |" "$tmp/m.md"
 check "matrix json records the model fingerprint" grep -q '"model_fingerprint"' "$tmp/m.json"
 
-"$bin" audit --backends cpu-ref,cpu,cpu:acc=f16 >"$tmp/a.out"
-check "audit (preview) runs on the fixture" test $? -eq 0
-check "audit shows every node" grep -q "cpu:acc=f16" "$tmp/a.out"
-"$bin" audit --backends cpu --json -o "$tmp/a.json" >/dev/null
-check "audit --json -o writes the report" grep -q '"schema": "kvasir-equiv/audit-preview/1"' "$tmp/a.json"
 
 expect_usage_error() {
   local want="$1"; shift

@@ -24,6 +24,20 @@ const std::vector<std::string>& fault_ops() {
     return ops;
 }
 
+// FNV-1a 64 of a tensor's bytes (dtype and shape included).
+std::uint64_t content_hash(const Tensor& t) {
+    std::uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](const void* p, std::size_t n) {
+        const auto* b = static_cast<const unsigned char*>(p);
+        for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    };
+    const int dt = static_cast<int>(t.dtype());
+    mix(&dt, sizeof dt);
+    for (const std::int64_t d : t.shape()) mix(&d, sizeof d);
+    mix(t.raw(), t.nbytes());
+    return h;
+}
+
 std::int64_t parse_count(const BackendSpec& spec, const std::string& key, const std::string& v, std::int64_t max) {
     char* end = nullptr;
     errno = 0;
@@ -93,11 +107,11 @@ FaultSpec parse_fault_spec(const BackendSpec& spec, BackendSpec* rest) {
                          "backend '{}': fault_op must be one of {}, not '{}'", spec.canonical(), fmt::join(fault_ops(), ", "), v);
             f.op = v;
         } else if (key == "fault_call") {
-            f.call = parse_count(spec, key, v, std::int64_t{1} << 40);
+            f.call = (v == "all" && f.kind == FaultKind::route) ? kEvery : parse_count(spec, key, v, std::int64_t{1} << 40);
         } else if (key == "fault_index") {
             f.index = parse_count(spec, key, v, std::int64_t{1} << 62);
         } else if (key == "fault_token") {
-            f.token = parse_count(spec, key, v, std::int64_t{1} << 40);
+            f.token = v == "all" ? kEvery : parse_count(spec, key, v, std::int64_t{1} << 40);
         } else if (key == "fault_bit") {
             f.bit = static_cast<int>(parse_count(spec, key, v, 63));
         }
@@ -111,7 +125,10 @@ std::string describe(const FaultSpec& f) {
         case FaultKind::perturb:
             return fmt::format("perturb: every {} output element x(1 +/- {:g}), random signs, seed {}", f.op, f.size, f.seed);
         case FaultKind::nan: return fmt::format("nan: element {} of {} call {}", f.index, f.op, f.call);
-        case FaultKind::route: return fmt::format("route: token {} of route call {} takes its (k+1)-th expert for its k-th", f.token, f.call);
+        case FaultKind::route:
+            return fmt::format("route: token {} of route call {} takes its (k+1)-th expert for its k-th",
+                               f.token == kEvery ? std::string("every") : std::to_string(f.token),
+                               f.call == kEvery ? std::string("every") : std::to_string(f.call));
         case FaultKind::bitflip:
             return fmt::format("bitflip: bit {} of weight element {} read by matmul call {}",
                                f.bit < 0 ? std::string("(top mantissa)") : std::to_string(f.bit), f.index, f.call);
@@ -144,8 +161,12 @@ Tensor FaultBackend::after(const char* op, Tensor out) {
     const std::int64_t n = out.numel();
     if (fault_.kind == FaultKind::perturb) {
         // ±size with a per-element random sign: |relative error| = size for
-        // every element, signs incoherent between elements and calls.
-        const SeededStream rng(fault_.seed, fmt::format("fault/perturb/{}", call));
+        // every element, signs incoherent between elements and calls. The
+        // sign stream is keyed by the content of the clean output, not by the
+        // call number: the same inputs get the same perturbation on every
+        // run, so the faulty node is deterministic, as real backends are
+        // (a determinism failure must not mask what the fault is about).
+        const SeededStream rng(fault_.seed, fmt::format("fault/perturb/{:016x}", content_hash(out)));
         for (std::int64_t i = 0; i < n; ++i) {
             const double sign = (rng.bits(static_cast<std::uint64_t>(i)) & 1u) != 0 ? 1.0 : -1.0;
             out.set(i, out.at(i) * (1.0 + sign * fault_.size));
@@ -239,12 +260,21 @@ RouterOutput FaultBackend::route(const TensorView& logits, const RouterParams& p
     RouterOutput out = inner_->route(logits, params);
     if (fault_.kind != FaultKind::route) return out;
     const std::int64_t call = route_calls_++;
-    if (call != fault_.call) return out;
+    if (call != fault_.call && fault_.call != kEvery) return out;
     const std::int64_t t_count = out.ids.dim(0), k = out.ids.dim(1), e_count = out.scores.dim(1);
     KVASIR_CHECK(k < e_count, ErrorCode::bad_input, "fault=route: top-{} of {} experts leaves no (k+1)-th expert to swap in", k,
                  e_count);
     KVASIR_CHECK(t_count > 0, ErrorCode::bad_input, "fault=route: route call {} has no tokens", call);
-    const std::int64_t t = fault_.token % t_count;
+    if (fault_.token == kEvery) {
+        for (std::int64_t t = 0; t < t_count; ++t) swap_kth(out, params, call, t);
+    } else {
+        swap_kth(out, params, call, fault_.token % t_count);
+    }
+    return out;
+}
+
+void FaultBackend::swap_kth(RouterOutput& out, const RouterParams& params, std::int64_t call, std::int64_t t) {
+    const std::int64_t k = out.ids.dim(1), e_count = out.scores.dim(1);
     std::int32_t* ids = out.ids.as<std::int32_t>();
     // The (k+1)-th choice: best selection score (score + bias) among the
     // experts top-k left out; NaN never preferred; ties to the lower id.
@@ -276,8 +306,7 @@ RouterOutput FaultBackend::route(const TensorView& logits, const RouterParams& p
         v *= params.scaling;
         out.weights.set(t * k + j, v);
     }
-    log_.push_back(fmt::format("route: call {} token {} expert {} -> {}", call, t, replaced, best));
-    return out;
+    if (log_.size() < kMaxLog) log_.push_back(fmt::format("route: call {} token {} expert {} -> {}", call, t, replaced, best));
 }
 
 std::unique_ptr<Backend> make_fault_backend(std::unique_ptr<Backend> inner, FaultSpec fault) {

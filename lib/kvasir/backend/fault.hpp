@@ -11,16 +11,18 @@
 //   cpu:fault=perturb[,fault_size=1e-3][,fault_seed=N][,fault_op=matmul]
 //       EVERY output element of EVERY call of fault_op (default matmul) is
 //       multiplied by (1 ± fault_size), the sign drawn per element from the
-//       counter-based RNG (seed fault_seed, stream "fault/perturb/<call>"),
-//       then rounded to the output dtype. So the relative error of each
+//       counter-based RNG (seed fault_seed, stream "fault/perturb/<FNV-1a
+//       hash of the clean output>": the same inputs get the same signs on
+//       every run, so the node stays deterministic), then rounded to the output dtype. So the relative error of each
 //       element is exactly fault_size (up to the output rounding) — the
 //       per-op error a real backend shows, at a size the user picks —
 //       and errors are incoherent (random signs), as cross-backend errors are.
 //   cpu:fault=nan[,fault_op=matmul][,fault_call=0][,fault_index=0]
 //       ONE element (fault_index modulo the element count) of the output of
 //       call number fault_call (0-based) of fault_op becomes NaN.
-//   cpu:fault=route[,fault_call=0][,fault_token=0]
-//       In call fault_call of route(), token fault_token (modulo T) gets its
+//   cpu:fault=route[,fault_call=0|all][,fault_token=0|all]
+//       In call fault_call of route() (every call: all), token fault_token
+//       (modulo T; every token: all) gets its
 //       k-th choice replaced by its (k+1)-th: the best-scoring expert (score
 //       + bias, ignoring groups) that top-k did not pick. Its combine weights
 //       are recomputed from the scores as route() does (renormalised and
@@ -64,14 +66,17 @@ namespace kvasir {
 
 enum class FaultKind { none, perturb, nan, route, bitflip };
 
+// fault_call=all / fault_token=all.
+inline constexpr std::int64_t kEvery = -1;
+
 struct FaultSpec {
     FaultKind kind = FaultKind::none;
     double size = 1e-3;             // perturb: relative size
     std::uint64_t seed = 0x5eed;    // perturb: RNG seed
     std::string op = "matmul";      // perturb, nan: target op
-    std::int64_t call = 0;          // nan, route, bitflip: which call (0-based)
+    std::int64_t call = 0;          // nan, route, bitflip: which call (0-based); kEvery (route): every call
     std::int64_t index = 0;         // nan: output element; bitflip: weight element
-    std::int64_t token = 0;         // route: token row
+    std::int64_t token = 0;         // route: token row; kEvery: every row
     int bit = -1;                   // bitflip: bit to flip; -1 = top mantissa bit of the dtype
     // The options exactly as given (key → value), for the node name.
     std::vector<std::pair<std::string, std::string>> options;
@@ -112,6 +117,9 @@ public:
 private:
     Tensor after(const char* op, Tensor out);  // applies perturb / nan to op's output
     bool composes(const char* composite) const;
+    // route: token t of this call takes its (k+1)-th expert for its k-th.
+    void swap_kth(RouterOutput& out, const RouterParams& params, std::int64_t call, std::int64_t t);
+    static constexpr std::size_t kMaxLog = 256;  // injections() keeps the first ones
 
     std::unique_ptr<Backend> inner_;
     FaultSpec fault_;

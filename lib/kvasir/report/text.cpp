@@ -39,6 +39,11 @@ static std::size_t display_width(const std::string& s) {
 
 TextTable::TextTable(std::vector<std::string> header) : header_(std::move(header)) {}
 
+TextTable& TextTable::left_aligned(std::size_t columns) {
+    left_columns_ = std::max<std::size_t>(1, columns);
+    return *this;
+}
+
 void TextTable::add_row(std::vector<std::string> cells) {
     cells.resize(header_.size());
     rows_.push_back(std::move(cells));
@@ -55,7 +60,7 @@ std::string TextTable::render(const std::string& indent) const {
         for (std::size_t c = 0; c < row.size(); ++c) {
             const std::string pad(width[c] - display_width(row[c]), ' ');
             if (c > 0) out += "  ";
-            out += c == 0 ? row[c] + pad : pad + row[c];
+            out += c < left_columns_ ? row[c] + pad : pad + row[c];
         }
         while (!out.empty() && out.back() == ' ') out.pop_back();
         out += '\n';

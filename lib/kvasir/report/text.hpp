@@ -2,6 +2,7 @@
 // only when the stream is a TTY and NO_COLOR is unset (https://no-color.org).
 #pragma once
 
+#include <cstddef>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -24,11 +25,15 @@ class TextTable {
 public:
     explicit TextTable(std::vector<std::string> header);
     void add_row(std::vector<std::string> cells);
-    // First column left-aligned, the rest right-aligned; widths measured in
-    // code points with ANSI escapes ignored.
+    // Left-align the first `columns` columns (default 1: labels left,
+    // numbers right).
+    TextTable& left_aligned(std::size_t columns);
+    // Widths measured in code points with ANSI escapes ignored; trailing
+    // spaces trimmed.
     std::string render(const std::string& indent = "") const;
 
 private:
+    std::size_t left_columns_ = 1;
     std::vector<std::string> header_;
     std::vector<std::vector<std::string>> rows_;
 };

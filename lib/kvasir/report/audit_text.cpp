@@ -1,0 +1,116 @@
+#include "kvasir/report/audit_text.hpp"
+
+#include <fmt/format.h>
+
+#include <map>
+
+namespace kvasir {
+
+namespace {
+
+std::string colour_verdict(Verdict v, const Style& st) {
+    const std::string s = to_string(v);
+    switch (v) {
+        case Verdict::fit: return st.green(s);
+        case Verdict::unfit_sensitive: return st.yellow(s);
+        case Verdict::unfit:
+        case Verdict::error: return st.red(s);
+        case Verdict::reference: return st.dim(s);
+    }
+    return s;
+}
+
+std::string cell(const std::optional<double>& v, bool cosine) {
+    if (!v) return "—";
+    return cosine ? fmt_cosine(*v) : fmt_sci(*v);
+}
+
+std::string render_pair(const PairMatrix& m, const Style& st) {
+    std::string out = st.bold(m.name) + "  " + st.dim(m.description) + "\n";
+    for (const bool cosine : {false, true}) {
+        std::vector<std::string> header{cosine ? "cosine" : "max|Δ|"};
+        header.insert(header.end(), m.nodes.begin(), m.nodes.end());
+        TextTable t(header);
+        for (std::size_t a = 0; a < m.nodes.size(); ++a) {
+            std::vector<std::string> row{m.nodes[a]};
+            for (std::size_t b = 0; b < m.nodes.size(); ++b)
+                row.push_back(a == b ? "·" : cell(cosine ? m.cosine[a][b] : m.max_abs[a][b], cosine));
+            t.add_row(row);
+        }
+        out += t.render("  ");
+    }
+    return out;
+}
+
+}  // namespace
+
+std::string render_audit_text(const AuditReport& r, const Style& st) {
+    std::string out;
+    out += st.bold("kvasir-equiv audit") +
+           fmt::format("  protocol {} v{} ({})  seed {}\n", r.protocol.id, r.protocol.version,
+                       r.protocol.content_hash.substr(0, 19), r.seed);
+    std::string model = r.model.value("path", std::string("?"));
+    if (r.model.contains("architecture")) model += " (" + r.model["architecture"].get<std::string>() + ")";
+    out += fmt::format("model {}  reference {}  gate {}\n\n", model, r.reference, to_string(r.gate));
+
+    TextTable t({"node", "verdict", "gate", "why (worst criterion: value vs tolerance, margin)"});
+    t.left_aligned(4);
+    std::map<Verdict, int> counts;
+    for (const NodeVerdict& v : r.nodes) {
+        ++counts[v.verdict];
+        std::string why;
+        if (v.verdict == Verdict::reference)
+            why = st.dim("the reference: every other node is compared with it");
+        else if (v.verdict == Verdict::error && !v.errors.empty())
+            why = st.red(v.errors.begin()->first + ": " + v.errors.begin()->second);
+        else if (v.worst)
+            why = describe(*v.worst);
+        const std::string gate =
+            v.verdict == Verdict::reference ? "" : (meets_gate(v, r.gate) ? st.green("pass") : st.red("FAIL"));
+        t.add_row({v.node, colour_verdict(v.verdict, st), gate, why});
+    }
+    out += t.render();
+
+    bool any_error = false;
+    for (const NodeVerdict& v : r.nodes)
+        for (const auto& [step, msg] : v.errors) {
+            if (!any_error) out += "\n" + st.bold("Errors") + "\n";
+            any_error = true;
+            out += "  " + st.red(fmt::format("{} [{}]: {}", v.node, step, msg)) + "\n";
+        }
+
+    // The headline matrices: the MoE block and the plain matmul.
+    int shown = 0;
+    for (const PairMatrix& m : r.pairs)
+        if (m.name == "moe" || m.name == "matmul") {
+            out += (shown++ == 0 ? "\n" + st.bold("Backend pairs (step 1, every node against every node)") + "\n" : "") +
+                   render_pair(m, st);
+        }
+    if (shown > 0 && r.pairs.size() > static_cast<std::size_t>(shown))
+        out += st.dim(fmt::format("  ({} more op matrices in --json / --markdown)", r.pairs.size() - shown)) + "\n";
+
+    if (!r.drift.empty()) {
+        std::size_t layers = 0;
+        for (const DriftSeries& d : r.drift) layers = std::max(layers, d.rel.size());
+        std::vector<std::string> header{"drift ‖Δ‖/‖ref‖"};
+        for (std::size_t l = 0; l < layers; ++l) header.push_back(fmt::format("L{}", l + 1));
+        header.emplace_back("α");
+        TextTable d(header);
+        for (const DriftSeries& s : r.drift) {
+            std::vector<std::string> row{s.node};
+            for (std::size_t l = 0; l < layers; ++l) row.push_back(l < s.rel.size() ? fmt_sci(s.rel[l]) : "");
+            row.push_back(fmt::format("{:.2f}", s.alpha));
+            d.add_row(row);
+        }
+        out += "\n" + st.bold("Drift over depth (step 2, residual stream after each layer)") + "\n" + d.render("  ");
+    }
+
+    const int code = exit_code(r.nodes, r.gate);
+    out += "\n" + fmt::format("{} fit, {} unfit-sensitive, {} unfit, {} error → exit {} (gate {})",
+                              counts[Verdict::fit], counts[Verdict::unfit_sensitive], counts[Verdict::unfit],
+                              counts[Verdict::error], code, to_string(r.gate)) +
+           "\n";
+    return out;
+}
+
+}  // namespace kvasir

@@ -1,0 +1,385 @@
+#include "kvasir/steps/audit.hpp"
+
+#include "kvasir/core/error.hpp"
+#include "kvasir/metrics/metrics.hpp"
+#include "kvasir/steps/decide.hpp"
+#include "kvasir/steps/drift.hpp"
+#include "kvasir/steps/forward.hpp"
+#include "kvasir/steps/generate.hpp"
+#include "kvasir/steps/logits.hpp"
+#include "kvasir/steps/op_delta.hpp"
+#include "kvasir/steps/perplexity.hpp"
+#include "kvasir/steps/protocol_steps.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+
+namespace kvasir {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+TokenSequence stream_tokens(const TokenStream& s) {
+    return {read_token_stream(s), fmt::format("{} [{}, {})", s.path, s.offset, s.offset + s.count)};
+}
+
+// NaN-sticky maximum.
+double worse_max(double a, double b) { return (std::isnan(a) || std::isnan(b)) ? kNaN : std::max(a, b); }
+
+// Everything the steps need, built and validated before anything runs.
+struct Plan {
+    std::uint64_t seed = 0;
+    std::optional<OpsConfig> ops;
+    std::optional<DriftConfig> drift;
+    std::optional<LogitsConfig> logits;
+    std::optional<DecideConfig> decide;
+    std::optional<GenerateConfig> generate;
+    std::optional<PerplexityConfig> perplexity;
+    std::optional<TokenSequence> determinism_tokens;
+    int repeats = 0;
+    std::vector<std::string> steps;
+};
+
+template <class C>
+C token_step(const AuditConfig& ac, std::uint64_t seed, const TokenStream& s) {
+    C c;
+    c.model = ac.model;
+    c.tokens = stream_tokens(s);
+    c.seed = seed;
+    c.repeat = false;  // self non-determinism is the determinism step's business
+    return c;
+}
+
+Plan make_plan(const AuditConfig& ac) {
+    const Protocol& p = *ac.protocol;
+    Plan plan;
+    plan.seed = ac.seed.value_or(p.seed);
+    if (p.ops.enabled) {
+        OpsConfig oc = p.ops_config();
+        oc.seed = plan.seed;
+        if (p.ops.weights == "model") {
+            oc.model = ac.model;
+            oc.layer = p.ops.layer;
+        }
+        oc.validate();
+        plan.ops = oc;
+        plan.steps.push_back("ops");
+    }
+    if (p.drift.enabled) {
+        plan.drift = token_step<DriftConfig>(ac, plan.seed, p.drift.tokens);
+        plan.drift->validate();
+        plan.steps.push_back("drift");
+    }
+    if (p.logits.enabled) {
+        plan.logits = token_step<LogitsConfig>(ac, plan.seed, p.logits.tokens);
+        plan.logits->router_authority = true;
+        plan.logits->validate();
+        plan.steps.push_back("logits");
+    }
+    if (p.decide.enabled) {
+        plan.decide = token_step<DecideConfig>(ac, plan.seed, p.decide.tokens);
+        plan.decide->validate();
+        plan.steps.push_back("decide");
+    }
+    if (p.generate.enabled) {
+        plan.generate = token_step<GenerateConfig>(ac, plan.seed, p.generate.prompt);
+        plan.generate->new_tokens = static_cast<int>(p.generate.n);
+        plan.generate->validate();
+        plan.steps.push_back("generate");
+    }
+    if (p.perplexity.enabled) {
+        plan.perplexity = token_step<PerplexityConfig>(ac, plan.seed, p.perplexity.tokens);
+        plan.perplexity->context = p.perplexity.context;
+        plan.perplexity->router_authority = true;
+        plan.perplexity->validate();
+        plan.steps.push_back("perplexity");
+    }
+    if (p.determinism.enabled) {
+        // The longest forward any token step runs (the logits stream when
+        // there is one): determinism is measured on the work the audit does.
+        const TokenStream* s = p.logits.enabled ? &p.logits.tokens
+                               : p.drift.enabled ? &p.drift.tokens
+                               : p.decide.enabled ? &p.decide.tokens
+                                                  : nullptr;
+        StepCommon c;
+        c.model = ac.model;
+        c.tokens = s ? stream_tokens(*s) : seeded_tokens(plan.seed, 16, ac.model->config().vocab_size);
+        c.validate();
+        plan.determinism_tokens = c.tokens;
+        plan.repeats = p.determinism.repeats;
+        plan.steps.push_back("determinism");
+    }
+    return plan;
+}
+
+// Per-node accumulation of measurements and errors.
+class Ledger {
+public:
+    Ledger(const std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference) : reference_(reference) {
+        for (std::size_t i = 0; i < nodes.size(); ++i) inputs_.push_back(node_input(nodes[i]->capabilities(), i == reference));
+        for (std::size_t i = 0; i < nodes.size(); ++i) index_[inputs_[i].node] = i;
+    }
+    std::size_t index_of(const std::string& node) const {
+        const auto it = index_.find(node);
+        KVASIR_CHECK(it != index_.end(), ErrorCode::internal, "a step reported node '{}' that the audit did not create", node);
+        return it->second;
+    }
+    void measure(std::size_t i, const std::string& step, const std::string& criterion, double value) {
+        inputs_[i].measurements.push_back({criterion, step, value});
+    }
+    void error(std::size_t i, const std::string& step, const std::string& message) {
+        std::string& e = inputs_[i].errors[step];
+        e = e.empty() ? message : e + "; " + message;
+    }
+    // The reference failed a step: nothing was compared.
+    void reference_failed(const std::string& step, const std::string& message) {
+        for (std::size_t i = 0; i < inputs_.size(); ++i)
+            error(i, step, i == reference_ ? message : "not compared: the reference failed: " + message);
+    }
+    std::vector<NodeInput>& inputs() { return inputs_; }
+
+private:
+    std::size_t reference_;
+    std::vector<NodeInput> inputs_;
+    std::map<std::string, std::size_t> index_;
+};
+
+void take_ops(const OpsReport& r, Ledger& led, AuditReport& out) {
+    const std::size_t ref = r.reference;
+    for (const OpResult& op : r.ops) {
+        for (std::size_t i = 0; i < r.nodes.size(); ++i) {
+            if (!op.errors[i].empty()) led.error(i, "ops", op.op + ": " + op.errors[i]);
+            if (i != ref && !op.errors[ref].empty())
+                led.error(i, "ops", op.op + ": not compared: the reference failed: " + op.errors[ref]);
+            if (i == ref || !op.matrix[ref][i]) continue;
+            led.measure(i, "ops", "ops." + op.op + ".max_rel", op.matrix[ref][i]->max_rel);
+            led.measure(i, "ops", "ops." + op.op + ".cosine_min", op.matrix[ref][i]->cosine);
+        }
+    }
+    for (const ShardCheck& s : r.shard_checks) {
+        const std::size_t i = led.index_of(s.node);
+        if (!s.error.empty()) led.error(i, "ops", "shard check: " + s.error);
+        if (s.stats) led.measure(i, "ops", "shard.max_rel", s.stats->max_rel);
+    }
+    // The MoE block first: it is the headline matrix (CSV, heatmap).
+    for (const OpResult& op : r.ops)
+        if (op.op == "moe") out.pairs.push_back(pair_matrix(r, op.op));
+    for (const OpResult& op : r.ops)
+        if (op.op != "moe") out.pairs.push_back(pair_matrix(r, op.op));
+}
+
+// α for the verdict: see the header.
+double drift_alpha(const NodeDrift& d) {
+    if (d.fit.points_used >= 2) return d.fit.alpha;  // NaN only if the fit itself failed
+    for (const LayerDrift& l : d.layers)
+        if (!std::isfinite(l.free_rel)) return kNaN;
+    return 0.0;
+}
+
+void take_drift(const DriftReport& r, Ledger& led, AuditReport& out) {
+    for (const NodeDrift& d : r.results) {
+        const std::size_t i = led.index_of(d.node);
+        if (!d.error.empty()) {
+            led.error(i, "drift", d.error);
+            continue;
+        }
+        DriftSeries s{d.node, {}, drift_alpha(d)};
+        for (const LayerDrift& l : d.layers) s.rel.push_back(l.free_rel);
+        led.measure(i, "drift", "drift.final_rel", d.layers.empty() ? kNaN : d.layers.back().free_rel);
+        led.measure(i, "drift", "drift.alpha_max", s.alpha);
+        out.drift.push_back(std::move(s));
+    }
+}
+
+void take_logits(const LogitsReport& r, Ledger& led) {
+    for (const NodeLogits& n : r.results) {
+        const std::size_t i = led.index_of(n.node);
+        if (!n.error.empty()) {
+            led.error(i, "logits", n.error);
+            continue;
+        }
+        led.measure(i, "logits", "logits.kl_p99", n.kl.p99);
+        led.measure(i, "logits", "logits.linf_max", n.linf.max);
+    }
+}
+
+void take_decide(const DecideReport& r, Ledger& led) {
+    for (const NodeDecide& n : r.results) {
+        const std::size_t i = led.index_of(n.node);
+        if (!n.error.empty()) {
+            led.error(i, "decide", n.error);
+            continue;
+        }
+        led.measure(i, "decide", "decide.top1_agreement_min", n.top1_pinned.rate);
+        if (n.routing_free.rows > 0) led.measure(i, "decide", "decide.routing_agreement_min", n.routing_free.exact_match_rate);
+    }
+}
+
+void take_generate(const GenerateReport& r, const Protocol& p, Ledger& led) {
+    for (const NodeGenerate& n : r.results) {
+        const std::size_t i = led.index_of(n.node);
+        if (!n.error.empty()) {
+            led.error(i, "generate", n.error);
+            continue;
+        }
+        const double first = n.first_divergence < 0 ? static_cast<double>(r.config.new_tokens)
+                                                    : static_cast<double>(n.first_divergence);
+        led.measure(i, "generate", "generate.first_divergence_min", first);
+        if (p.generate.teacher_forcing)
+            led.measure(i, "generate", "generate.divergences_max", static_cast<double>(n.divergences));
+    }
+}
+
+void take_perplexity(const PerplexityReport& r, Ledger& led) {
+    for (const NodePerplexity& n : r.results) {
+        const std::size_t i = led.index_of(n.node);
+        if (!n.error.empty()) {
+            led.error(i, "perplexity", n.error);
+            continue;
+        }
+        if (n.reference) continue;
+        led.measure(i, "perplexity", "perplexity.ratio_max", std::abs(n.ratio - 1.0));
+    }
+}
+
+// Guarded max_rel of b against a (0 when bit-identical; NaN when their
+// non-finite patterns differ).
+double run_to_run_rel(const Tensor& a, const Tensor& b) {
+    if (same_bits(a.view(), b.view())) return 0.0;
+    const CompareStats s = compare(a.view(), b.view());
+    return finite_parity(s) ? s.max_rel : kNaN;
+}
+
+nlohmann::ordered_json run_determinism(const Plan& plan, const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>& nodes,
+                                       Ledger& led, int step_index) {
+    nlohmann::ordered_json j;
+    j["tokens_source"] = plan.determinism_tokens->source;
+    j["token_count"] = plan.determinism_tokens->ids.size();
+    j["repeats"] = plan.repeats;
+    j["compared"] = "logits, final hidden and every hidden state of the full forward (own router), runs 2..R vs run 1";
+    nlohmann::ordered_json per = nlohmann::ordered_json::array();
+    const auto& ids = plan.determinism_tokens->ids;
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+        if (ac.progress)
+            ac.progress({"determinism", step_index, static_cast<int>(plan.steps.size()), nodes[i]->capabilities().node,
+                         static_cast<int>(i) + 1, static_cast<int>(nodes.size())});
+        nlohmann::ordered_json nj;
+        nj["node"] = nodes[i]->capabilities().node;
+        try {
+            const ForwardResult first = forward(*nodes[i], *ac.model, ids);
+            double worst = 0;
+            std::int64_t routing_rows = 0;
+            for (int r = 1; r < plan.repeats; ++r) {
+                const ForwardResult again = forward(*nodes[i], *ac.model, ids);
+                worst = worse_max(worst, run_to_run_rel(first.logits, again.logits));
+                worst = worse_max(worst, run_to_run_rel(first.final_hidden, again.final_hidden));
+                for (std::size_t k = 0; k < first.hidden.size() && k < again.hidden.size(); ++k)
+                    worst = worse_max(worst, run_to_run_rel(first.hidden[k], again.hidden[k]));
+                routing_rows += run_to_run_delta(first, again).routing_rows_differing;
+            }
+            led.measure(i, "determinism", "determinism", worst);
+            nj["bit_identical"] = worst == 0.0;
+            nj["run_to_run_max_rel"] = json_double(worst);
+            nj["routing_rows_differing"] = routing_rows;
+        } catch (const Error& e) {
+            if (e.code() == ErrorCode::internal) throw;
+            led.error(i, "determinism", e.what());  // each node against its own first run: no one else is affected
+            nj["error"] = e.what();
+        }
+        per.push_back(std::move(nj));
+    }
+    j["nodes"] = std::move(per);
+    return j;
+}
+
+}  // namespace
+
+nlohmann::ordered_json audit_model_json(const Model& model) {
+    nlohmann::ordered_json m;
+    m["fingerprint"] = model.fingerprint();
+    m["path"] = model.path();
+    m["architecture"] = architecture_name(model.config().architecture);
+    m["layers"] = model.config().num_layers;
+    return m;
+}
+
+AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference) {
+    KVASIR_ASSERT(ac.protocol != nullptr && ac.model != nullptr);
+    KVASIR_ASSERT(reference < nodes.size());
+    const Protocol& p = *ac.protocol;
+    const Plan plan = make_plan(ac);  // every bad input is refused here, before any work
+
+    AuditRun run;
+    run.step_order = plan.steps;
+    AuditReport& out = run.report;
+    out.protocol = protocol_ref(p);
+    out.model = audit_model_json(*ac.model);
+    out.reference = nodes[reference]->capabilities().node;
+    out.seed = plan.seed;
+    out.gate = ac.gate;
+    Ledger led(nodes, reference);
+
+    int step_index = 0;
+    // Runs one step; a failure of the reference (the runners record the
+    // candidates' own failures) is recorded, anything internal propagates.
+    auto step = [&](const std::string& name, auto&& body) {
+        ++step_index;
+        if (ac.progress) ac.progress({name, step_index, static_cast<int>(plan.steps.size()), "", 0, static_cast<int>(nodes.size())});
+        try {
+            body();
+        } catch (const Error& e) {
+            if (e.code() == ErrorCode::internal) throw;
+            led.reference_failed(name, e.what());
+            out.steps[name] = nlohmann::ordered_json{{"error", e.what()}};
+        }
+    };
+
+    if (plan.ops) step("ops", [&] {
+            const OpsReport r = run_op_delta(*plan.ops, nodes, reference);
+            take_ops(r, led, out);
+            out.steps["ops"] = to_json(r);
+        });
+    if (plan.drift) step("drift", [&] {
+            const DriftReport r = run_drift(*plan.drift, nodes, reference);
+            take_drift(r, led, out);
+            out.steps["drift"] = to_json(r);
+        });
+    if (plan.logits) step("logits", [&] {
+            const LogitsReport r = run_logits(*plan.logits, nodes, reference);
+            take_logits(r, led);
+            out.steps["logits"] = to_json(r);
+        });
+    if (plan.decide) step("decide", [&] {
+            const DecideReport r = run_decide(*plan.decide, nodes, reference);
+            take_decide(r, led);
+            out.steps["decide"] = to_json(r);
+        });
+    if (plan.generate) step("generate", [&] {
+            const GenerateReport r = run_generate(*plan.generate, nodes, reference);
+            take_generate(r, p, led);
+            out.steps["generate"] = to_json(r);
+        });
+    if (plan.perplexity) step("perplexity", [&] {
+            const PerplexityReport r = run_perplexity(*plan.perplexity, nodes, reference);
+            take_perplexity(r, led);
+            out.steps["perplexity"] = to_json(r);
+        });
+    if (plan.determinism_tokens) {
+        ++step_index;
+        out.steps["determinism"] = run_determinism(plan, ac, nodes, led, step_index);
+    }
+
+    run.inputs = led.inputs();
+    for (const NodeInput& f : ac.failed_nodes) {
+        KVASIR_CHECK(!f.errors.empty(), ErrorCode::internal, "failed node '{}' without an error", f.node);
+        run.inputs.push_back(f);
+    }
+    out.nodes = judge(run.inputs, p);
+    return run;
+}
+
+}  // namespace kvasir

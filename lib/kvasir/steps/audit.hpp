@@ -1,0 +1,98 @@
+// The audit (SPEC §2–§3): run every step a protocol names on every node,
+// turn what each step measured into verdict Measurements, judge them against
+// the protocol's two tiers, and assemble the AuditReport the writers render.
+//
+// Order: ops → drift → logits → decide → generate → perplexity → determinism
+// (protocol order). Every step compares each candidate with the reference
+// node. What happens when something fails:
+//   * a candidate that throws in a step: that step's error is recorded for
+//     that node (verdict error) and the audit goes on;
+//   * the reference throws in a step: the error is recorded on the reference
+//     and, as "not compared: the reference failed", on every candidate for
+//     that step (nothing compared is never a pass), and the audit goes on with
+//     the next step. exit_code() is then 1;
+//   * Error(internal) anywhere (a bug of this tool, not of a backend)
+//     propagates: the process exits 3 and writes nothing.
+// Every step's configuration is checked (token streams read and verified
+// against their sha256, ids inside the vocabulary, ...) BEFORE any step runs:
+// bad input is exit 2 with nothing half-done.
+//
+// Measurements per candidate (criterion names: protocol.hpp's catalogue):
+//   ops          ops.<op>.max_rel, ops.<op>.cosine_min for every op (vs the
+//                reference, same seeded inputs); shard.max_rel (the node's own
+//                sharded vs monolithic MoE block)
+//   drift        drift.final_rel = ‖Δ‖/‖ref‖ of the residual after the last
+//                layer (free running); drift.alpha_max = fitted α of the
+//                per-layer series — 0 when fewer than two layers have a
+//                nonzero delta (a bit-identical node has no growth), NaN when
+//                a delta is not finite
+//   logits       logits.kl_p99, logits.linf_max (router authority on)
+//   decide       decide.top1_agreement_min = top-1 agreement WITH router
+//                authority (how the swarm runs: discrete decisions pinned);
+//                decide.routing_agreement_min = exact expert-set agreement
+//                WITHOUT authority (pooled over MoE layers and tokens)
+//   generate     generate.first_divergence_min = first differing greedy token
+//                (n when none); generate.divergences_max = argmax differences
+//                under teacher forcing
+//   perplexity   perplexity.ratio_max = |ppl/ppl_ref − 1|
+//   determinism  the full forward pass (own router) run `repeats` times on the
+//                node: max over runs 2…R and over logits, final hidden and
+//                every hidden state of the guarded max_rel against run 1; 0 =
+//                bit-identical. Measured on the reference too (reported in its
+//                capabilities, not judged).
+#pragma once
+
+#include "kvasir/backend/backend.hpp"
+#include "kvasir/model/model.hpp"
+#include "kvasir/report/protocol.hpp"
+#include "kvasir/report/verdict.hpp"
+#include "kvasir/report/writers.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvasir {
+
+// Where the audit is, for a progress line: step `step` (1-based index of
+// `steps`), node `node` (1-based of `nodes`; 0 = the step is starting).
+struct AuditProgress {
+    std::string step;
+    int step_index = 0, steps = 0;
+    std::string node;
+    int node_index = 0, nodes = 0;
+};
+
+struct AuditConfig {
+    const Protocol* protocol = nullptr;  // required
+    const Model* model = nullptr;        // required
+    Gate gate = Gate::sensitive;
+    // Overrides the protocol's seed (seeded op inputs, seeded perturbations).
+    // The report records the seed actually used next to the protocol's hash.
+    std::optional<std::uint64_t> seed;
+    // Called at the start of each step and before each node of the
+    // determinism step. Optional; must not throw.
+    std::function<void(const AuditProgress&)> progress;
+    // Nodes that were asked for but could not be created (a device that
+    // failed to initialise, an OpenCL program that did not build): judged
+    // as error, listed after the nodes that ran. Each needs errors set.
+    std::vector<NodeInput> failed_nodes;
+};
+
+struct AuditRun {
+    AuditReport report;                  // verdicts, pairs, drift, per-step JSON
+    std::vector<std::string> step_order; // the steps that ran, in order
+    std::vector<NodeInput> inputs;       // what judge() was given, per node
+};
+
+// Runs the protocol's steps on `nodes` (nodes[reference] is the reference).
+// Error(bad_input) for a bad configuration (see the top of this file).
+AuditRun run_audit(const AuditConfig& config, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference);
+
+// The model block of the report: fingerprint, path, architecture, layers.
+nlohmann::ordered_json audit_model_json(const Model& model);
+
+}  // namespace kvasir

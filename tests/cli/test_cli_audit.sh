@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# audit from the command line: exit codes per gate, every report file (the
+# JSON checked against the shipped schema and the JUnit XML by Python's XML
+# parser via scripts/validate_report.py), bad protocols refused with the JSON
+# pointer of the problem, and an audit killed mid-way leaving the previous
+# report intact and no partial file.
+# Usage: test_cli_audit.sh PATH/TO/kvasir-equiv   (run from the repo root)
+set -u
+bin="$1"
+failures=0
+check() {  # description, command...
+  local what="$1"; shift
+  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; failures=$((failures + 1)); fi
+}
+tmp=$(mktemp -d)
+ci=protocols/ci.json
+
+# Gate decides the exit code.
+"$bin" audit -p $ci -b cpu-ref,cpu >"$tmp/fit.out"; rc=$?
+check "all nodes fit → exit 0" test $rc -eq 0
+check "summary line names the verdict counts" grep -q "1 fit, 0 unfit-sensitive, 0 unfit, 0 error → exit 0 (gate sensitive)" "$tmp/fit.out"
+
+"$bin" audit -p $ci -b cpu-ref,cpu,cpu:acc=f16 \
+  -o "$tmp/r.json" --junit "$tmp/r.xml" --markdown "$tmp/r.md" --csv "$tmp/r.csv" \
+  --svg-heatmap "$tmp/h.svg" --svg-drift "$tmp/d.svg" >"$tmp/f16.out"; rc=$?
+check "f16 accumulation under the sensitive gate → exit 1" test $rc -eq 1
+check "f16 accumulation is unfit-sensitive" grep -qE "^cpu:acc=f16 +unfit-sensitive +FAIL" "$tmp/f16.out"
+"$bin" audit -p $ci -b cpu-ref,cpu,cpu:acc=f16 --gate tolerant >/dev/null; rc=$?
+check "the same nodes under --gate tolerant → exit 0" test $rc -eq 0
+"$bin" audit -p $ci -b cpu-ref,cpu:fault=nan --gate tolerant >"$tmp/nan.out"; rc=$?
+check "a NaN node fails even the tolerant gate → exit 1" test $rc -eq 1
+check "the NaN node is an error" grep -qE "^cpu:fault=nan +error" "$tmp/nan.out"
+"$bin" audit -p $ci -b cpu-ref,cpu:fault=nan --gate none >/dev/null; rc=$?
+check "--gate none reports but never fails → exit 0" test $rc -eq 0
+
+# Every report file, checked by independent parsers.
+for f in r.json r.xml r.md r.csv h.svg d.svg; do check "$f written" test -s "$tmp/$f"; done
+if python3 -c "import jsonschema" 2>/dev/null; then
+  check "JSON report valid against protocols/report.schema.json (Python jsonschema)" \
+    python3 scripts/validate_report.py "$tmp/r.json"
+else
+  echo "SKIP: Python jsonschema not installed: the independent schema check did NOT run"
+fi
+check "JUnit XML accepted by an XML parser with consistent counts" python3 scripts/validate_report.py --junit "$tmp/r.xml"
+check "JUnit has a failure for the sensitive f16 node" grep -q '<failure' "$tmp/r.xml"
+check "JSON records exit code 1" grep -q '"exit_code": 1' "$tmp/r.json"
+check "Markdown has the verdict table" grep -q "unfit-sensitive" "$tmp/r.md"
+check "CSV header names every node" grep -q '^node,cpu-ref,cpu,cpu:acc=f16' "$tmp/r.csv"
+check "heatmap is SVG" grep -q '<svg' "$tmp/h.svg"
+check "drift plot has sqrt(L) and L guides" test "$(grep -c 'class="guide"' "$tmp/d.svg")" -ge 2
+"$bin" audit -p $ci -b cpu-ref,cpu --json >"$tmp/stdout.json"
+check "--json prints the report on stdout" python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['schema']=='kvasir-equiv/audit/1'" "$tmp/stdout.json"
+
+# Bad usage and bad protocols: exit 2, one line, naming the problem.
+expect_usage_error() {
+  local want="$1"; shift
+  local err rc lines
+  err=$("$bin" "$@" 2>&1 >/dev/null); rc=$?
+  lines=$(printf '%s\n' "$err" | grep -c .)
+  if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ! printf '%s' "$err" | grep -q -- "$want"; then
+    echo "FAIL: $* → rc=$rc ($lines lines): $err (wanted rc 2 and '$want')"; failures=$((failures + 1))
+  else
+    echo "ok: $* → $err"
+  fi
+}
+expect_usage_error "--gate" audit -p $ci --gate maybe
+expect_usage_error "no-such.json" audit -p "$tmp/no-such.json"
+python3 - "$tmp" <<'PY'
+import copy, json, os, sys
+base = json.load(open("protocols/ci.json"))
+tokens = os.path.abspath("fixtures/tokens/default.txt")  # the copies live elsewhere
+for step in base["steps"].values():
+    for key in ("tokens", "prompt"):
+        if isinstance(step.get(key), dict):
+            step[key]["path"] = tokens
+base.pop("model", None)
+def write(name, edit):
+    doc = copy.deepcopy(base)
+    edit(doc)
+    json.dump(doc, open(os.path.join(sys.argv[1], name), "w"))
+write("type.json", lambda d: d["tiers"]["sensitive"]["logits.kl_p99"].update(value="tiny"))
+write("unknown.json", lambda d: d["steps"]["ops"].update(shapez=1))
+write("missing.json", lambda d: d["tiers"]["tolerant"].pop("perplexity.ratio_max"))
+PY
+expect_usage_error "/tiers/sensitive/logits.kl_p99/value" audit -p "$tmp/type.json"
+expect_usage_error "/steps/ops/shapez" audit -p "$tmp/unknown.json"
+expect_usage_error "/tiers/tolerant" audit -p "$tmp/missing.json"
+
+# Killed mid-way: the previous report stays, no partial or temporary file.
+echo '{"previous": true}' >"$tmp/keep.json"
+"$bin" audit -b cpu-ref,cpu,cpu:acc=f16 -o "$tmp/keep.json" --junit "$tmp/keep.xml" >/dev/null 2>&1 &
+pid=$!
+sleep 2
+kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+check "the previous report is intact after kill -9" grep -q '"previous": true' "$tmp/keep.json"
+check "no JUnit file appeared" test ! -e "$tmp/keep.xml"
+check "no temporary file left beside it" test -z "$(find "$tmp" -name '*.tmp-*')"
+
+rm -rf "$tmp"
+echo "$failures failed"
+[ "$failures" -eq 0 ]

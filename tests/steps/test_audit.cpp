@@ -1,0 +1,351 @@
+// The audit end to end (lib/kvasir/steps/audit.hpp) with the SHIPPED ci
+// protocol on the transformers-made fixture: every verdict class produced by
+// a real node, the exit code of every gate, the report valid against the
+// shipped schema, a node that throws (candidate and reference), a node that
+// is not deterministic, a node that could not be created, bad input refused
+// before any work, progress reporting.
+//
+// Nodes and why each gets its verdict (measured, protocols/README.md):
+//   cpu                         fit: f32, every criterion inside the sensitive tier
+//   cpu:acc=f16                 unfit-sensitive: f16 accumulation is ~1e-2 per op
+//   cpu:fault=perturb,size=0.1  unfit: 10% on every matmul output is a different model
+//   cpu:fault=nan               error: a NaN where the reference has none
+//   cpu:fault=route (all, all)  unfit: every token's k-th expert swapped for the (k+1)-th
+//   flaky (test decorator)      unfit-sensitive: last-bit noise, run to run
+#include "kvasir/backend/registry.hpp"
+#include "kvasir/core/error.hpp"
+#include "kvasir/core/io.hpp"
+#include "kvasir/model/model.hpp"
+#include "kvasir/report/audit_text.hpp"
+#include "kvasir/report/protocol.hpp"
+#include "kvasir/report/verdict.hpp"
+#include "kvasir/report/writers.hpp"
+#include "kvasir/steps/audit.hpp"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace fs = std::filesystem;
+using namespace kvasir;
+using nlohmann::json;
+
+namespace {
+
+const fs::path kRoot = KVASIR_SOURCE_DIR;
+
+// Forwards every op to a real backend, with a hook on matmul outputs and an
+// optional failure: the misbehaving devices of the tests.
+class Decorated final : public Backend {
+public:
+    Decorated(std::unique_ptr<Backend> inner, std::string name) : inner_(std::move(inner)), caps_(inner_->capabilities()) {
+        caps_.node = std::move(name);
+    }
+    std::function<void(Tensor&, std::int64_t call)> on_matmul;
+    std::int64_t throw_from_call = -1;  // matmul calls from this one on throw Error(backend_failure)
+
+    const Capabilities& capabilities() const override { return caps_; }
+    Tensor matmul(const TensorView& x, const TensorView& w) override {
+        const std::int64_t call = calls_++;
+        if (throw_from_call >= 0 && call >= throw_from_call)
+            fail(ErrorCode::backend_failure, "{}: device lost (test fault) at matmul call {}", caps_.node, call);
+        Tensor y = inner_->matmul(x, w);
+        if (on_matmul) on_matmul(y, call);
+        return y;
+    }
+    Tensor swiglu(const TensorView& g, const TensorView& u) override { return inner_->swiglu(g, u); }
+    Tensor softmax(const TensorView& x) override { return inner_->softmax(x); }
+    Tensor sigmoid(const TensorView& x) override { return inner_->sigmoid(x); }
+    Tensor rmsnorm(const TensorView& x, const TensorView& w, double eps) override { return inner_->rmsnorm(x, w, eps); }
+    Tensor rope(const TensorView& x, std::span<const std::int64_t> p, const RopeParams& r) override {
+        return inner_->rope(x, p, r);
+    }
+
+private:
+    std::unique_ptr<Backend> inner_;
+    Capabilities caps_;
+    std::int64_t calls_ = 0;
+};
+
+// Flips the lowest mantissa bit of element 0 of the output of about half
+// the matmul calls, chosen by a hash of the call number (not periodic, so a
+// second run of the same forward pass flips a different set): f32-sized
+// noise that differs from one run to the next.
+std::unique_ptr<Backend> flaky_node() {
+    auto d = std::make_unique<Decorated>(create_backend("cpu"), "flaky");
+    d->on_matmul = [](Tensor& y, std::int64_t call) {
+        std::uint64_t h = static_cast<std::uint64_t>(call) + 0x9e3779b97f4a7c15ull;  // splitmix64 finaliser
+        h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+        h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+        h ^= h >> 31;
+        if ((h & 1u) != 0 && y.numel() > 0 && y.dtype() == DType::f32) {
+            std::uint32_t u;
+            std::memcpy(&u, y.raw(), 4);
+            u ^= 1u;
+            std::memcpy(y.raw(), &u, 4);
+        }
+    };
+    return d;
+}
+
+std::unique_ptr<Backend> dying_node(const std::string& inner, const std::string& name, std::int64_t from_call) {
+    auto d = std::make_unique<Decorated>(create_backend(inner), name);
+    d->throw_from_call = from_call;
+    return d;
+}
+
+const Protocol& ci_protocol() {
+    static const Protocol p = load_protocol((kRoot / "protocols" / "ci.json").string());
+    return p;
+}
+const Model& fixture() {
+    static const Model m = Model::open((kRoot / "fixtures" / "models" / "qwen3_moe_tiny").string());
+    return m;
+}
+
+AuditRun audit(std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference = 0, AuditConfig cfg = {}) {
+    cfg.protocol = &ci_protocol();
+    cfg.model = &fixture();
+    return run_audit(cfg, nodes, reference);
+}
+
+const NodeVerdict& verdict_of(const AuditRun& run, const std::string& node) {
+    for (const NodeVerdict& v : run.report.nodes)
+        if (v.node == node) return v;
+    throw std::runtime_error("no node " + node);
+}
+
+// The one big audit the verdict-class tests share (≈ 5 s).
+class AuditClasses : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        std::vector<std::unique_ptr<Backend>> nodes;
+        for (const char* s : {"cpu-ref", "cpu", "cpu:acc=f16", "cpu:fault=perturb,fault_size=0.1", "cpu:fault=nan",
+                              "cpu:fault=route,fault_call=all,fault_token=all"})
+            nodes.push_back(create_backend(s));
+        nodes.push_back(flaky_node());
+        run_ = new AuditRun(audit(nodes));
+    }
+    static void TearDownTestSuite() {
+        delete run_;
+        run_ = nullptr;
+    }
+    static AuditRun* run_;
+};
+AuditRun* AuditClasses::run_ = nullptr;
+
+TEST_F(AuditClasses, EveryVerdictClassFromARealNode) {
+    EXPECT_EQ(verdict_of(*run_, "cpu-ref").verdict, Verdict::reference);
+    EXPECT_EQ(verdict_of(*run_, "cpu").verdict, Verdict::fit);
+    EXPECT_EQ(verdict_of(*run_, "cpu:acc=f16").verdict, Verdict::unfit_sensitive);
+    EXPECT_EQ(verdict_of(*run_, "cpu:fault=perturb,fault_size=0.1").verdict, Verdict::unfit);
+    EXPECT_EQ(verdict_of(*run_, "cpu:fault=nan").verdict, Verdict::error);
+    EXPECT_EQ(verdict_of(*run_, "cpu:fault=route,fault_call=all,fault_token=all").verdict, Verdict::unfit);
+    EXPECT_EQ(verdict_of(*run_, "flaky").verdict, Verdict::unfit_sensitive);
+    EXPECT_EQ(run_->step_order, (std::vector<std::string>{"ops", "drift", "logits", "decide", "generate", "perplexity",
+                                                          "determinism"}));
+}
+
+TEST_F(AuditClasses, AFitNodeHasEveryCriterionMeasuredAndPassing) {
+    const NodeVerdict& v = verdict_of(*run_, "cpu");
+    for (const Tier tier : {Tier::sensitive, Tier::tolerant}) {
+        ASSERT_FALSE(v.tier(tier).empty());
+        for (const CriterionResult& c : v.tier(tier)) {
+            EXPECT_TRUE(c.measured) << to_string(tier) << " " << c.criterion;
+            EXPECT_TRUE(c.pass) << describe(c);
+            EXPECT_TRUE(std::isfinite(c.value)) << describe(c);
+        }
+        // Every tolerance of the tier is judged (nothing silently skipped).
+        for (const auto& [name, tol] : ci_protocol().tier(tier)) {
+            const bool present = std::any_of(v.tier(tier).begin(), v.tier(tier).end(),
+                                             [&](const CriterionResult& c) { return c.tolerance_from == name; });
+            EXPECT_TRUE(present) << name;
+        }
+    }
+    EXPECT_TRUE(v.errors.empty());
+    EXPECT_EQ(v.capabilities["determinism_measured"]["bit_identical"], true);
+}
+
+TEST_F(AuditClasses, WhyEachFaultyNodeFails) {
+    // f16 accumulation: inside the tolerant tier, outside the sensitive one on the logits.
+    const NodeVerdict& f16 = verdict_of(*run_, "cpu:acc=f16");
+    for (const CriterionResult& c : f16.tolerant) EXPECT_TRUE(c.pass) << describe(c);
+    const auto kl = std::find_if(f16.sensitive.begin(), f16.sensitive.end(),
+                                 [](const CriterionResult& c) { return c.criterion == "logits.kl_p99"; });
+    ASSERT_NE(kl, f16.sensitive.end());
+    EXPECT_FALSE(kl->pass);
+    EXPECT_GT(kl->value, 1e-6);
+    // The NaN: recorded as the step error that caused it.
+    const NodeVerdict& nan = verdict_of(*run_, "cpu:fault=nan");
+    ASSERT_TRUE(nan.errors.count("ops"));
+    EXPECT_NE(nan.errors.at("ops").find("non-finite"), std::string::npos) << nan.errors.at("ops");
+    // Routing swapped everywhere: routing agreement without authority collapses.
+    const NodeVerdict& route = verdict_of(*run_, "cpu:fault=route,fault_call=all,fault_token=all");
+    const auto ra = std::find_if(route.tolerant.begin(), route.tolerant.end(),
+                                 [](const CriterionResult& c) { return c.criterion == "decide.routing_agreement_min"; });
+    ASSERT_NE(ra, route.tolerant.end());
+    EXPECT_FALSE(ra->pass);
+    EXPECT_LT(ra->value, 0.5);
+    // Run-to-run noise: the sensitive tier demands bit-identical replay.
+    const NodeVerdict& flaky = verdict_of(*run_, "flaky");
+    ASSERT_TRUE(flaky.worst.has_value());
+    EXPECT_EQ(flaky.worst->criterion, "determinism");
+    EXPECT_GT(flaky.worst->value, 0.0);
+    EXPECT_LT(flaky.worst->value, 1e-3);
+    EXPECT_EQ(flaky.capabilities["determinism_measured"]["bit_identical"], false);
+}
+
+TEST_F(AuditClasses, ExitCodePerGate) {
+    const std::vector<NodeVerdict>& all = run_->report.nodes;
+    EXPECT_EQ(exit_code(all, Gate::sensitive), 1);
+    EXPECT_EQ(exit_code(all, Gate::tolerant), 1);  // unfit and error nodes
+    EXPECT_EQ(exit_code(all, Gate::none), 0);
+    auto only = [&](std::initializer_list<const char*> names) {
+        std::vector<NodeVerdict> out;
+        for (const char* n : names) out.push_back(verdict_of(*run_, n));
+        return out;
+    };
+    EXPECT_EQ(exit_code(only({"cpu-ref", "cpu"}), Gate::sensitive), 0);
+    EXPECT_EQ(exit_code(only({"cpu-ref", "cpu", "cpu:acc=f16"}), Gate::sensitive), 1);
+    EXPECT_EQ(exit_code(only({"cpu-ref", "cpu", "cpu:acc=f16"}), Gate::tolerant), 0);
+    EXPECT_EQ(exit_code(only({"cpu-ref", "cpu:fault=nan"}), Gate::tolerant), 1);
+    EXPECT_EQ(exit_code(only({"cpu-ref"}), Gate::none), 1);  // nothing compared is never a pass
+}
+
+TEST_F(AuditClasses, ReportValidAgainstTheShippedSchemaWithEverySection) {
+    const json doc = json::parse(audit_report_json(run_->report).dump());
+    const json schema = json::parse(read_text_file((kRoot / "protocols" / "report.schema.json").string()));
+    const auto violations = schema_violations(schema, doc);
+    for (const auto& v : violations) ADD_FAILURE() << v.path << ": " << v.message;
+    EXPECT_EQ(doc["schema"], "kvasir-equiv/audit/1");
+    EXPECT_EQ(doc["protocol"]["content_hash"], ci_protocol().content_hash);
+    EXPECT_EQ(doc["model"]["fingerprint"], fixture().fingerprint());
+    EXPECT_EQ(doc["exit_code"], 1);
+    EXPECT_EQ(doc["nodes"].size(), 7u);
+    ASSERT_FALSE(doc["pairs"].empty());
+    EXPECT_EQ(doc["pairs"][0]["name"], "moe");  // the headline matrix
+    EXPECT_EQ(doc["pairs"][0]["nodes"].size(), 7u);
+    EXPECT_EQ(doc["drift"].size(), 6u);  // every candidate that ran the drift step
+    for (const char* s : {"ops", "drift", "logits", "decide", "generate", "perplexity", "determinism"})
+        EXPECT_TRUE(doc["steps"].contains(s)) << s;
+    // A terminal rendering names every node with its verdict.
+    const std::string text = render_audit_text(run_->report, Style{});
+    for (const NodeVerdict& v : run_->report.nodes) EXPECT_NE(text.find(v.node), std::string::npos) << v.node;
+    EXPECT_NE(text.find("unfit-sensitive"), std::string::npos);
+    EXPECT_NE(text.find("→ exit 1 (gate sensitive)"), std::string::npos);
+}
+
+TEST(Audit, ACandidateThatThrowsIsAnErrorAndTheOthersAreStillJudged) {
+    std::vector<std::unique_ptr<Backend>> nodes;
+    nodes.push_back(create_backend("cpu-ref"));
+    nodes.push_back(dying_node("cpu", "dies", 3));
+    nodes.push_back(create_backend("cpu"));
+    const AuditRun run = audit(nodes);
+    const NodeVerdict& dies = verdict_of(run, "dies");
+    EXPECT_EQ(dies.verdict, Verdict::error);
+    // It died in step 1 and in every later step that calls matmul.
+    for (const char* step : {"ops", "drift", "logits", "decide", "generate", "perplexity", "determinism"}) {
+        ASSERT_TRUE(dies.errors.count(step)) << step;
+        EXPECT_NE(dies.errors.at(step).find("device lost"), std::string::npos) << dies.errors.at(step);
+    }
+    EXPECT_EQ(verdict_of(run, "cpu").verdict, Verdict::fit);
+    EXPECT_EQ(exit_code(run.report.nodes, Gate::sensitive), 1);
+    EXPECT_EQ(exit_code(run.report.nodes, Gate::none), 0);
+}
+
+TEST(Audit, AReferenceThatThrowsLeavesNothingComparedAndFails) {
+    std::vector<std::unique_ptr<Backend>> nodes;
+    nodes.push_back(dying_node("cpu-ref", "dying-ref", 0));
+    nodes.push_back(create_backend("cpu"));
+    const AuditRun run = audit(nodes);
+    EXPECT_EQ(verdict_of(run, "dying-ref").verdict, Verdict::reference);
+    const NodeVerdict& cpu = verdict_of(run, "cpu");
+    EXPECT_EQ(cpu.verdict, Verdict::error);
+    ASSERT_TRUE(cpu.errors.count("logits"));
+    EXPECT_NE(cpu.errors.at("logits").find("not compared: the reference failed"), std::string::npos);
+    EXPECT_EQ(exit_code(run.report.nodes, Gate::sensitive), 1);
+    EXPECT_EQ(exit_code(run.report.nodes, Gate::tolerant), 1);
+}
+
+TEST(Audit, ANodeThatCouldNotBeCreatedIsAnError) {
+    std::vector<std::unique_ptr<Backend>> nodes;
+    nodes.push_back(create_backend("cpu-ref"));
+    nodes.push_back(create_backend("cpu"));
+    AuditConfig cfg;
+    NodeInput failed;
+    failed.node = "opencl:7";
+    failed.capabilities["node"] = "opencl:7";
+    failed.errors["create"] = "clCreateContext: CL_OUT_OF_RESOURCES";
+    cfg.failed_nodes.push_back(failed);
+    const AuditRun run = audit(nodes, 0, cfg);
+    ASSERT_EQ(run.report.nodes.size(), 3u);
+    EXPECT_EQ(verdict_of(run, "opencl:7").verdict, Verdict::error);
+    EXPECT_EQ(verdict_of(run, "cpu").verdict, Verdict::fit);
+    EXPECT_EQ(exit_code(run.report.nodes, Gate::sensitive), 1);
+}
+
+TEST(Audit, BadInputIsRefusedBeforeAnyStepRuns) {
+    // The ci protocol with a token stream whose pinned hash does not match.
+    json doc = json::parse(read_text_file((kRoot / "protocols" / "ci.json").string()));
+    doc["steps"]["logits"]["tokens"]["sha256"] = std::string(64, '0');
+    const Protocol p = parse_protocol(doc, "tampered.json", (kRoot / "protocols").string());
+    std::vector<std::unique_ptr<Backend>> nodes;
+    nodes.push_back(create_backend("cpu-ref"));
+    nodes.push_back(create_backend("cpu"));
+    int started = 0;
+    AuditConfig cfg;
+    cfg.protocol = &p;
+    cfg.model = &fixture();
+    cfg.progress = [&](const AuditProgress&) { ++started; };
+    try {
+        (void)run_audit(cfg, nodes, 0);
+        ADD_FAILURE() << "a tampered token stream was accepted";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::bad_input);
+        EXPECT_NE(std::string(e.what()).find("sha256"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(started, 0);  // refused before any step began
+}
+
+TEST(Audit, ProgressNamesEveryStepInOrder) {
+    std::vector<std::unique_ptr<Backend>> nodes;
+    nodes.push_back(create_backend("cpu-ref"));
+    nodes.push_back(create_backend("cpu"));
+    std::vector<std::string> seen;
+    AuditConfig cfg;
+    cfg.progress = [&](const AuditProgress& p) {
+        EXPECT_EQ(p.steps, 7);
+        EXPECT_GE(p.step_index, 1);
+        EXPECT_LE(p.step_index, 7);
+        seen.push_back(p.node.empty() ? p.step : p.step + "/" + p.node);
+    };
+    (void)audit(nodes, 0, cfg);
+    EXPECT_EQ(seen, (std::vector<std::string>{"ops", "drift", "logits", "decide", "generate", "perplexity",
+                                              "determinism/cpu-ref", "determinism/cpu"}));
+}
+
+TEST(Audit, TheSeedOverrideChangesStepOneInputsAndIsRecorded) {
+    std::vector<std::unique_ptr<Backend>> a, b;
+    for (auto* v : {&a, &b}) {
+        v->push_back(create_backend("cpu-ref"));
+        v->push_back(create_backend("cpu"));
+    }
+    AuditConfig cfg;
+    cfg.seed = 7;
+    const AuditRun r7 = audit(a, 0, cfg);
+    const AuditRun rp = audit(b);
+    EXPECT_EQ(r7.report.seed, 7u);
+    EXPECT_EQ(rp.report.seed, ci_protocol().seed);
+    // Different seeded inputs → different step-1 figures; same protocol hash.
+    EXPECT_NE(r7.report.pairs[0].max_abs[0][1], rp.report.pairs[0].max_abs[0][1]);
+    EXPECT_EQ(r7.report.protocol.content_hash, rp.report.protocol.content_hash);
+}
+
+}  // namespace
