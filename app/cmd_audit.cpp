@@ -4,6 +4,7 @@
 // input), 3 (internal error).
 #include "commands.hpp"
 #include "nodes.hpp"
+#include "report_output.hpp"
 
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/core/error.hpp"
@@ -31,10 +32,8 @@ struct AuditOptions {
     std::string model;  // empty: the protocol's model, else the embedded fixture
     NodeOptions nodes;
     bool reference_given = false;
-    std::string gate = "sensitive";
     std::optional<std::uint64_t> seed;
-    OutputOptions output;
-    OutputPaths files;
+    ReportOptions report;
 };
 
 // Like create_nodes(), but a node whose backend exists and fails to start
@@ -77,7 +76,7 @@ std::function<void(const AuditProgress&)> progress_printer() {
 
 void run_audit_command(const AuditOptions& opt) {
     const Protocol protocol = load_protocol(opt.protocol);
-    const Gate gate = parse_gate(opt.gate);
+    const Gate gate = parse_gate(opt.report.gate);
     std::string model_path = opt.model;
     if (model_path.empty()) model_path = protocol.model.empty() ? default_model_path() : protocol.model_resolved;
     const Model model = Model::open(model_path);
@@ -94,19 +93,34 @@ void run_audit_command(const AuditOptions& opt) {
 
     const AuditRun run = run_audit(cfg, nodes.nodes, nodes.reference);
     if (cfg.progress) std::fputs("\r\033[K", stderr);
-    const int code = exit_code(run.report.nodes, gate);
-
-    OutputPaths files = opt.files;
-    files.json = opt.output.output_file;
-    write_outputs(run.report, files);  // atomically, each file, after everything ran
-    if (opt.output.json)
-        std::cout << audit_report_json(run.report).dump(2) << '\n';
-    else
-        std::cout << render_audit_text(run.report, style_for(stdout));
-    command_exit_code() = code;
+    emit_report(run, opt.report);
 }
 
 }  // namespace
+
+void add_report_options(CLI::App& cmd, ReportOptions& o) {
+    cmd.add_option("--gate", o.gate,
+                   "Which tier a node must meet for exit 0: sensitive (fit), tolerant (fit or unfit-sensitive), none")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"sensitive", "tolerant", "none"}));
+    add_output_options(cmd, o.output);
+    cmd.add_option("--junit", o.files.junit, "Write JUnit XML (a testcase per node per criterion)");
+    cmd.add_option("--markdown", o.files.markdown, "Write a Markdown report");
+    cmd.add_option("--csv", o.files.csv, "Write the MoE-block cosine pair matrix as CSV");
+    cmd.add_option("--svg-heatmap", o.files.heatmap_svg, "Write an SVG heatmap of the MoE-block cosine pair matrix");
+    cmd.add_option("--svg-drift", o.files.drift_svg, "Write an SVG plot of drift against depth (with √L and L guides)");
+}
+
+void emit_report(const AuditRun& run, const ReportOptions& o) {
+    OutputPaths files = o.files;
+    files.json = o.output.output_file;
+    write_outputs(run.report, files);  // atomically, each file, after everything ran
+    if (o.output.json)
+        std::cout << audit_report_json(run.report).dump(2) << '\n';
+    else
+        std::cout << render_audit_text(run.report, style_for(stdout));
+    command_exit_code() = exit_code(run.report.nodes, run.report.gate);
+}
 
 void set_audit_command(CLI::App& app) {
     auto opt = std::make_shared<AuditOptions>();
@@ -122,17 +136,8 @@ void set_audit_command(CLI::App& app) {
     add_node_options(*cmd, opt->nodes);
     cmd->get_option("--reference")->description("Node every other node is compared with (default: the protocol's, cpu-ref)");
     cmd->get_option("--reference")->each([opt](const std::string&) { opt->reference_given = true; });
-    cmd->add_option("--gate", opt->gate,
-                    "Which tier a node must meet for exit 0: sensitive (fit), tolerant (fit or unfit-sensitive), none")
-        ->capture_default_str()
-        ->check(CLI::IsMember({"sensitive", "tolerant", "none"}));
     cmd->add_option("--seed", opt->seed, "Override the protocol's seed (seeded op inputs); the report records it");
-    add_output_options(*cmd, opt->output);
-    cmd->add_option("--junit", opt->files.junit, "Write JUnit XML (a testcase per node per criterion)");
-    cmd->add_option("--markdown", opt->files.markdown, "Write a Markdown report");
-    cmd->add_option("--csv", opt->files.csv, "Write the MoE-block cosine pair matrix as CSV");
-    cmd->add_option("--svg-heatmap", opt->files.heatmap_svg, "Write an SVG heatmap of the MoE-block cosine pair matrix");
-    cmd->add_option("--svg-drift", opt->files.drift_svg, "Write an SVG plot of drift against depth (with √L and L guides)");
+    add_report_options(*cmd, opt->report);
     cmd->callback([opt] { run_audit_command(*opt); });
 }
 

@@ -43,5 +43,9 @@ void set_decide_command(CLI::App& app);
 void set_generate_command(CLI::App& app);
 void set_perplexity_command(CLI::App& app);
 void set_audit_command(CLI::App& app);
+// capture / compare (app/cmd_capture.cpp).
+void set_capture_command(CLI::App& app);
+void set_compare_command(CLI::App& app);
+
 
 }  // namespace kvasir::app

@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
     app.footer("Exit codes: 0 ok, 1 a node fails the gate, 2 bad usage or input, 3 internal error.\n"
                "Run 'kvasir-equiv COMMAND --help' for a command's options.");
     kvasir::app::set_audit_command(app);
+    kvasir::app::set_capture_command(app);
+    kvasir::app::set_compare_command(app);
     kvasir::app::set_backends_command(app);
     kvasir::app::set_ops_command(app);
     kvasir::app::set_matrix_command(app);

@@ -20,7 +20,7 @@ KVASIR_PACKAGES=(
   clang libclang-rt-14-dev
   hipcc libamdhip64-dev
   libopenblas-dev
-  python3-jsonschema
+  python3-jsonschema python3-numpy
 )
 
 kvasir_install_packages() {

@@ -46,10 +46,12 @@ std::string render_pair(const PairMatrix& m, const Style& st) {
 
 std::string render_audit_text(const AuditReport& r, const Style& st) {
     std::string out;
-    out += st.bold("kvasir-equiv audit") +
+    const bool from_captures = r.model.value("source", std::string()) == "captures";
+    out += st.bold(from_captures ? "kvasir-equiv compare" : "kvasir-equiv audit") +
            fmt::format("  protocol {} v{} ({})  seed {}\n", r.protocol.id, r.protocol.version,
                        r.protocol.content_hash.substr(0, 19), r.seed);
-    std::string model = r.model.value("path", std::string("?"));
+    std::string model = r.model.value("path", std::string());
+    if (model.empty()) model = "fingerprint " + r.model.value("fingerprint", std::string("?"));
     if (r.model.contains("architecture")) model += " (" + r.model["architecture"].get<std::string>() + ")";
     out += fmt::format("model {}  reference {}  gate {}\n\n", model, r.reference, to_string(r.gate));
 

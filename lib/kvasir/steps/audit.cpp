@@ -1,4 +1,6 @@
 #include "kvasir/steps/audit.hpp"
+#include "kvasir/steps/audit_plan.hpp"
+#include "kvasir/steps/capture.hpp"
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/metrics/metrics.hpp"
@@ -23,26 +25,20 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+// Guarded max_rel of b against a (0 when bit-identical; NaN when their
+// non-finite patterns differ).
+double run_to_run_rel(const Tensor& a, const Tensor& b) {
+    if (same_bits(a.view(), b.view())) return 0.0;
+    const CompareStats s = compare(a.view(), b.view());
+    return finite_parity(s) ? s.max_rel : kNaN;
+}
+
 TokenSequence stream_tokens(const TokenStream& s) {
     return {read_token_stream(s), fmt::format("{} [{}, {})", s.path, s.offset, s.offset + s.count)};
 }
 
 // NaN-sticky maximum.
 double worse_max(double a, double b) { return (std::isnan(a) || std::isnan(b)) ? kNaN : std::max(a, b); }
-
-// Everything the steps need, built and validated before anything runs.
-struct Plan {
-    std::uint64_t seed = 0;
-    std::optional<OpsConfig> ops;
-    std::optional<DriftConfig> drift;
-    std::optional<LogitsConfig> logits;
-    std::optional<DecideConfig> decide;
-    std::optional<GenerateConfig> generate;
-    std::optional<PerplexityConfig> perplexity;
-    std::optional<TokenSequence> determinism_tokens;
-    int repeats = 0;
-    std::vector<std::string> steps;
-};
 
 template <class C>
 C token_step(const AuditConfig& ac, std::uint64_t seed, const TokenStream& s) {
@@ -54,9 +50,13 @@ C token_step(const AuditConfig& ac, std::uint64_t seed, const TokenStream& s) {
     return c;
 }
 
-Plan make_plan(const AuditConfig& ac) {
+}  // namespace
+
+namespace detail {
+
+AuditPlan make_audit_plan(const AuditConfig& ac) {
     const Protocol& p = *ac.protocol;
-    Plan plan;
+    AuditPlan plan;
     plan.seed = ac.seed.value_or(p.seed);
     if (p.ops.enabled) {
         OpsConfig oc = p.ops_config();
@@ -116,12 +116,41 @@ Plan make_plan(const AuditConfig& ac) {
     return plan;
 }
 
+double determinism_of(Backend& node, const Model& model, const std::vector<std::int32_t>& ids, int repeats,
+                      std::int64_t* routing_rows) {
+    const ForwardResult first = forward(node, model, ids);
+    double worst = 0;
+    std::int64_t rows = 0;
+    for (int r = 1; r < repeats; ++r) {
+        const ForwardResult again = forward(node, model, ids);
+        worst = worse_max(worst, run_to_run_rel(first.logits, again.logits));
+        worst = worse_max(worst, run_to_run_rel(first.final_hidden, again.final_hidden));
+        for (std::size_t k = 0; k < first.hidden.size() && k < again.hidden.size(); ++k)
+            worst = worse_max(worst, run_to_run_rel(first.hidden[k], again.hidden[k]));
+        rows += run_to_run_delta(first, again).routing_rows_differing;
+    }
+    if (routing_rows != nullptr) *routing_rows = rows;
+    return worst;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::AuditPlan;
+
 // Per-node accumulation of measurements and errors.
 class Ledger {
 public:
     Ledger(const std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference) : reference_(reference) {
         for (std::size_t i = 0; i < nodes.size(); ++i) inputs_.push_back(node_input(nodes[i]->capabilities(), i == reference));
         for (std::size_t i = 0; i < nodes.size(); ++i) index_[inputs_[i].node] = i;
+    }
+    Ledger(std::vector<NodeInput> inputs, std::size_t reference) : reference_(reference), inputs_(std::move(inputs)) {
+        for (std::size_t i = 0; i < inputs_.size(); ++i) {
+            inputs_[i].is_reference = i == reference;
+            index_[inputs_[i].node] = i;
+        }
     }
     std::size_t index_of(const std::string& node) const {
         const auto it = index_.find(node);
@@ -246,15 +275,7 @@ void take_perplexity(const PerplexityReport& r, Ledger& led) {
     }
 }
 
-// Guarded max_rel of b against a (0 when bit-identical; NaN when their
-// non-finite patterns differ).
-double run_to_run_rel(const Tensor& a, const Tensor& b) {
-    if (same_bits(a.view(), b.view())) return 0.0;
-    const CompareStats s = compare(a.view(), b.view());
-    return finite_parity(s) ? s.max_rel : kNaN;
-}
-
-nlohmann::ordered_json run_determinism(const Plan& plan, const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>& nodes,
+nlohmann::ordered_json run_determinism(const AuditPlan& plan, const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>& nodes,
                                        Ledger& led, int step_index) {
     nlohmann::ordered_json j;
     j["tokens_source"] = plan.determinism_tokens->source;
@@ -270,17 +291,8 @@ nlohmann::ordered_json run_determinism(const Plan& plan, const AuditConfig& ac, 
         nlohmann::ordered_json nj;
         nj["node"] = nodes[i]->capabilities().node;
         try {
-            const ForwardResult first = forward(*nodes[i], *ac.model, ids);
-            double worst = 0;
             std::int64_t routing_rows = 0;
-            for (int r = 1; r < plan.repeats; ++r) {
-                const ForwardResult again = forward(*nodes[i], *ac.model, ids);
-                worst = worse_max(worst, run_to_run_rel(first.logits, again.logits));
-                worst = worse_max(worst, run_to_run_rel(first.final_hidden, again.final_hidden));
-                for (std::size_t k = 0; k < first.hidden.size() && k < again.hidden.size(); ++k)
-                    worst = worse_max(worst, run_to_run_rel(first.hidden[k], again.hidden[k]));
-                routing_rows += run_to_run_delta(first, again).routing_rows_differing;
-            }
+            const double worst = detail::determinism_of(*nodes[i], *ac.model, ids, plan.repeats, &routing_rows);
             led.measure(i, "determinism", "determinism", worst);
             nj["bit_identical"] = worst == 0.0;
             nj["run_to_run_max_rel"] = json_double(worst);
@@ -311,7 +323,7 @@ AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>&
     KVASIR_ASSERT(ac.protocol != nullptr && ac.model != nullptr);
     KVASIR_ASSERT(reference < nodes.size());
     const Protocol& p = *ac.protocol;
-    const Plan plan = make_plan(ac);  // every bad input is refused here, before any work
+    const AuditPlan plan = detail::make_audit_plan(ac);  // every bad input is refused here, before any work
 
     AuditRun run;
     run.step_order = plan.steps;
@@ -379,6 +391,308 @@ AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>&
         run.inputs.push_back(f);
     }
     out.nodes = judge(run.inputs, p);
+    return run;
+}
+
+namespace {
+
+bool wants_step(const CompareConfig& c, const std::string& step) {
+    if (!c.protocol->runs(step)) return false;
+    return c.only_steps.empty() || std::find(c.only_steps.begin(), c.only_steps.end(), step) != c.only_steps.end();
+}
+
+// "drift.hidden.<l>" for l = 0 … until absent.
+std::vector<TensorView> numbered(const Capture& c, const std::string& prefix) {
+    std::vector<TensorView> out;
+    for (std::size_t l = 0; c.has(prefix + std::to_string(l)); ++l) out.push_back(c.view(prefix + std::to_string(l)));
+    return out;
+}
+
+std::vector<std::int32_t> int_vector(const TensorView& v) {
+    std::vector<std::int32_t> out(static_cast<std::size_t>(v.numel()));
+    for (std::int64_t i = 0; i < v.numel(); ++i) out[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(v.at(i));
+    return out;
+}
+
+std::vector<double> double_vector(const TensorView& v) {
+    std::vector<double> out(static_cast<std::size_t>(v.numel()));
+    for (std::int64_t i = 0; i < v.numel(); ++i) out[static_cast<std::size_t>(i)] = v.at(i);
+    return out;
+}
+
+Capabilities capabilities_named(const std::string& node) {
+    Capabilities c;
+    c.node = node;
+    return c;
+}
+
+}  // namespace
+
+AuditRun compare_captures(const CompareConfig& cc, const std::vector<const Capture*>& caps, std::size_t reference) {
+    KVASIR_ASSERT(cc.protocol != nullptr);
+    const Protocol& p = *cc.protocol;
+    KVASIR_CHECK(!caps.empty(), ErrorCode::bad_input, "compare needs at least one capture");
+    KVASIR_CHECK(reference < caps.size(), ErrorCode::bad_input, "reference index {} of {} captures", reference, caps.size());
+    for (const std::string& s : cc.only_steps)
+        KVASIR_CHECK(p.runs(s), ErrorCode::bad_input, "--only-steps: protocol '{}' does not run step '{}'", p.id, s);
+    // They must be captures of the same thing.
+    std::string fingerprint;
+    std::map<std::string, std::string> names;
+    for (const Capture* c : caps) {
+        KVASIR_CHECK(c->protocol_hash() == p.content_hash, ErrorCode::bad_input,
+                     "{}: captured with protocol hash {}, but {} ({} v{}) has {}", c->path(), c->protocol_hash(), p.source,
+                     p.id, p.version, p.content_hash);
+        KVASIR_CHECK(c->seed() == caps[0]->seed(), ErrorCode::bad_input, "{}: seed {} differs from {}'s seed {}", c->path(),
+                     c->seed(), caps[0]->path(), caps[0]->seed());
+        if (!c->model_fingerprint().empty()) {
+            if (fingerprint.empty()) fingerprint = c->model_fingerprint();
+            KVASIR_CHECK(c->model_fingerprint() == fingerprint, ErrorCode::bad_input,
+                         "{}: model fingerprint {} differs from {} (another model was captured)", c->path(),
+                         c->model_fingerprint(), fingerprint);
+        }
+        const auto [it, fresh] = names.emplace(c->node(), c->path());
+        KVASIR_CHECK(fresh, ErrorCode::bad_input, "{} and {} both capture node '{}'", it->second, c->path(), c->node());
+    }
+
+    AuditRun run;
+    AuditReport& out = run.report;
+    out.protocol = protocol_ref(p);
+    out.model = nlohmann::ordered_json::object();
+    out.model["fingerprint"] = fingerprint.empty() ? std::string("none (model-independent captures)") : fingerprint;
+    out.model["source"] = "captures";
+    out.reference = caps[reference]->node();
+    out.seed = caps[0]->seed();
+    out.gate = cc.gate;
+
+    std::vector<NodeInput> inputs;
+    for (const Capture* c : caps) {
+        NodeInput n;
+        n.node = c->node();
+        n.capabilities = c->capabilities();
+        inputs.push_back(std::move(n));
+    }
+    Ledger led(std::move(inputs), reference);
+    const std::size_t n = caps.size();
+    const Capture& ref = *caps[reference];
+    nlohmann::ordered_json sources = nlohmann::ordered_json::array();
+    for (const Capture* c : caps) sources.push_back({{"node", c->node()}, {"capture", c->path()}});
+    out.steps["captures"] = sources;
+
+    // Which captures took part in a step; the others get their error.
+    auto present = [&](const std::string& step) {
+        std::vector<bool> ok(n, false);
+        for (std::size_t i = 0; i < n; ++i) {
+            const Capture& c = *caps[i];
+            if (const auto e = c.errors().find(step); e != c.errors().end())
+                led.error(i, step, e->second);
+            else if (!c.has_step(step))
+                led.error(i, step, fmt::format("not captured ({} has no step '{}')", c.path(), step));
+            ok[i] = c.has_step(step);
+        }
+        if (!ok[reference]) led.reference_failed(step, fmt::format("the reference capture {} has no step '{}'", ref.path(), step));
+        return ok;
+    };
+    auto step = [&](const std::string& name, auto&& body) {
+        if (!wants_step(cc, name)) return;
+        run.step_order.push_back(name);
+        const std::vector<bool> ok = present(name);
+        if (!ok[reference]) return;
+        try {
+            body(ok);
+        } catch (const Error& e) {
+            if (e.code() == ErrorCode::internal) throw;
+            led.reference_failed(name, e.what());
+        }
+    };
+
+    step("ops", [&](const std::vector<bool>& ok) {
+        OpsReport r;
+        r.reference = reference;
+        for (const Capture* c : caps) r.nodes.push_back(capabilities_named(c->node()));
+        for (const std::string& op : all_op_names()) {
+            bool any = false;
+            std::vector<std::optional<TensorView>> values(n), ids(n);
+            std::vector<std::string> errors(n);
+            for (std::size_t i = 0; i < n; ++i) {
+                if (!ok[i] || !caps[i]->has("ops." + op + ".out")) continue;
+                any = true;
+                values[i] = caps[i]->view("ops." + op + ".out");
+                if (caps[i]->has("ops." + op + ".ids")) ids[i] = caps[i]->view("ops." + op + ".ids");
+            }
+            if (!any) continue;
+            std::string inputs = "from captures";
+            const auto& meta = ref.metadata();
+            if (const auto m = meta.find("ops_inputs"); m != meta.end()) {
+                const auto j = nlohmann::json::parse(m->second, nullptr, false);
+                if (j.is_object() && j.contains(op) && j[op].is_string()) inputs = j[op].get<std::string>();
+            }
+            for (std::size_t i = 0; i < n; ++i)
+                if (ok[i] && !values[i]) errors[i] = "not captured";
+            r.ops.push_back(op_result_from_outputs(op, inputs, values, ids, std::move(errors)));
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+            if (!ok[i] || !caps[i]->has("ops.moe.shard_combined") || !caps[i]->has("ops.moe.out")) continue;
+            ShardCheck sc;
+            sc.node = caps[i]->node();
+            sc.shards = static_cast<int>(p.ops.shards);
+            sc.stats = compare(caps[i]->view("ops.moe.out"), caps[i]->view("ops.moe.shard_combined"));
+            r.shard_checks.push_back(std::move(sc));
+        }
+        take_ops(r, led, out);
+    });
+
+    step("drift", [&](const std::vector<bool>& ok) {
+        const std::vector<TensorView> rh = numbered(ref, "drift.hidden.");
+        KVASIR_CHECK(rh.size() >= 2, ErrorCode::bad_input, "{}: drift step without hidden states", ref.path());
+        DriftReport r;
+        for (std::size_t i = 0; i < n; ++i) {
+            if (i == reference || !ok[i]) continue;
+            NodeDrift nd;
+            nd.node = caps[i]->node();
+            try {
+                const std::vector<TensorView> ch = numbered(*caps[i], "drift.hidden.");
+                KVASIR_CHECK(ch.size() == rh.size(), ErrorCode::bad_input, "{}: {} hidden states, the reference has {}",
+                             caps[i]->path(), ch.size(), rh.size());
+                std::vector<double> depth, delta;
+                for (std::size_t k = 1; k < rh.size(); ++k) {
+                    LayerDrift ld;
+                    ld.layer = static_cast<std::int64_t>(k) - 1;
+                    ld.free_rel = relative_l2(rh[k], ch[k]);
+                    depth.push_back(static_cast<double>(k));
+                    delta.push_back(ld.free_rel);
+                    nd.layers.push_back(ld);
+                }
+                nd.fit = fit_power_law(depth, delta);
+            } catch (const Error& e) {
+                if (e.code() == ErrorCode::internal) throw;
+                nd = NodeDrift{};
+                nd.node = caps[i]->node();
+                nd.error = e.what();
+            }
+            r.results.push_back(std::move(nd));
+        }
+        take_drift(r, led, out);
+    });
+
+    step("logits", [&](const std::vector<bool>& ok) {
+        const TensorView rl = ref.view("logits.logits");
+        LogitsReport r;
+        for (std::size_t i = 0; i < n; ++i) {
+            if (i == reference || !ok[i]) continue;
+            NodeLogits nl;
+            nl.node = caps[i]->node();
+            try {
+                nl.positions = logit_divergence(rl, caps[i]->view("logits.logits"));
+                nl.linf = summarize(nl.positions.linf);
+                nl.kl = summarize(nl.positions.kl);
+            } catch (const Error& e) {
+                if (e.code() == ErrorCode::internal) throw;
+                nl = NodeLogits{};
+                nl.node = caps[i]->node();
+                nl.error = e.what();
+            }
+            r.results.push_back(std::move(nl));
+        }
+        take_logits(r, led);
+    });
+
+    step("decide", [&](const std::vector<bool>& ok) {
+        const TensorView rl = ref.view("decide.pinned.logits");
+        const std::vector<TensorView> rids = numbered(ref, "decide.free.ids.");
+        DecideReport r;
+        for (std::size_t i = 0; i < n; ++i) {
+            if (i == reference || !ok[i]) continue;
+            NodeDecide nd;
+            nd.node = caps[i]->node();
+            try {
+                nd.top1_pinned = top1_agreement(rl, caps[i]->view("decide.pinned.logits"));
+                const std::vector<TensorView> cids = numbered(*caps[i], "decide.free.ids.");
+                KVASIR_CHECK(cids.size() == rids.size(), ErrorCode::bad_input, "{}: routing of {} MoE layers, the reference has {}",
+                             caps[i]->path(), cids.size(), rids.size());
+                for (std::size_t l = 0; l < rids.size(); ++l) {
+                    const IndexAgreement a = compare_indices(rids[l], cids[l]);
+                    nd.routing_free.rows += a.rows;
+                    nd.routing_free.exact_matches += a.exact_matches;
+                }
+                if (nd.routing_free.rows > 0)
+                    nd.routing_free.exact_match_rate =
+                        static_cast<double>(nd.routing_free.exact_matches) / static_cast<double>(nd.routing_free.rows);
+            } catch (const Error& e) {
+                if (e.code() == ErrorCode::internal) throw;
+                nd = NodeDecide{};
+                nd.node = caps[i]->node();
+                nd.error = e.what();
+            }
+            r.results.push_back(std::move(nd));
+        }
+        take_decide(r, led);
+    });
+
+    step("generate", [&](const std::vector<bool>& ok) {
+        const std::vector<std::int32_t> rt = int_vector(ref.view("generate.tokens"));
+        GenerateReport r;
+        r.config.new_tokens = static_cast<int>(p.generate.n);
+        for (std::size_t i = 0; i < n; ++i) {
+            if (i == reference || !ok[i]) continue;
+            NodeGenerate ng;
+            ng.node = caps[i]->node();
+            try {
+                const std::vector<std::int32_t> ct = int_vector(caps[i]->view("generate.tokens"));
+                const std::vector<std::int32_t> pinned = int_vector(caps[i]->view("generate.pinned_own"));
+                KVASIR_CHECK(ct.size() == rt.size() && pinned.size() == rt.size(), ErrorCode::bad_input,
+                             "{}: {} generated tokens, the reference has {}", caps[i]->path(), ct.size(), rt.size());
+                ng.first_divergence = first_divergence(rt, ct);
+                for (std::size_t s = 0; s < rt.size(); ++s) ng.divergences += pinned[s] != rt[s];
+            } catch (const Error& e) {
+                if (e.code() == ErrorCode::internal) throw;
+                ng = NodeGenerate{};
+                ng.node = caps[i]->node();
+                ng.error = e.what();
+            }
+            r.results.push_back(std::move(ng));
+        }
+        take_generate(r, p, led);
+    });
+
+    step("perplexity", [&](const std::vector<bool>& ok) {
+        const std::vector<double> rn = double_vector(ref.view("perplexity.nll"));
+        const double ref_ppl = perplexity_from_nll(rn);
+        PerplexityReport r;
+        for (std::size_t i = 0; i < n; ++i) {
+            if (i == reference || !ok[i]) continue;
+            NodePerplexity np;
+            np.node = caps[i]->node();
+            try {
+                const std::vector<double> cn = double_vector(caps[i]->view("perplexity.nll"));
+                KVASIR_CHECK(cn.size() == rn.size(), ErrorCode::bad_input, "{}: {} predictions, the reference has {}",
+                             caps[i]->path(), cn.size(), rn.size());
+                np.perplexity = perplexity_from_nll(cn);
+                np.ratio = np.perplexity / ref_ppl;
+            } catch (const Error& e) {
+                if (e.code() == ErrorCode::internal) throw;
+                np = NodePerplexity{};
+                np.node = caps[i]->node();
+                np.error = e.what();
+            }
+            r.results.push_back(std::move(np));
+        }
+        take_perplexity(r, led);
+    });
+
+    step("determinism", [&](const std::vector<bool>& ok) {
+        for (std::size_t i = 0; i < n; ++i)
+            if (ok[i]) led.measure(i, "determinism", "determinism", caps[i]->view("determinism.run_to_run_max_rel").at(0));
+    });
+
+    run.inputs = led.inputs();
+    // Judge only the steps compared: the protocol's tolerances restricted to them.
+    Tolerances sens, tol;
+    for (const auto& [tier_out, tier_in] : {std::pair{&sens, &p.sensitive}, std::pair{&tol, &p.tolerant}})
+        for (const auto& [name, t] : *tier_in) {
+            const auto info = find_criterion(name);
+            if (info && wants_step(cc, info->step)) tier_out->emplace(name, t);
+        }
+    for (const NodeInput& in : run.inputs) out.nodes.push_back(judge_node(in, sens, tol));
     return run;
 }
 

@@ -92,6 +92,27 @@ struct AuditRun {
 // Error(bad_input) for a bad configuration (see the top of this file).
 AuditRun run_audit(const AuditConfig& config, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference);
 
+class Capture;  // capture.hpp
+
+struct CompareConfig {
+    const Protocol* protocol = nullptr;  // required; its content hash must be every capture's
+    Gate gate = Gate::sensitive;
+    // Steps to judge (a subset of the protocol's); empty = all the protocol
+    // runs. Tolerances of other steps are not applied: an ops-only external
+    // node (numpy, torch) is judged on step 1 with --only-steps ops.
+    std::vector<std::string> only_steps;
+};
+
+// compare: the audit from captures (capture.hpp). The same measurements,
+// verdicts, pair matrices and drift series as run_audit() on the same nodes
+// with reference cpu-ref. Error(bad_input) naming the capture when captures
+// disagree on protocol hash, seed or model fingerprint (model-dependent
+// captures only), when two carry the same node name, or when `reference`
+// is out of range. A capture without a judged step → that step is an error
+// of that node ("not captured"); the reference without it → nothing
+// compared for that step.
+AuditRun compare_captures(const CompareConfig& config, const std::vector<const Capture*>& captures, std::size_t reference);
+
 // The model block of the report: fingerprint, path, architecture, layers.
 nlohmann::ordered_json audit_model_json(const Model& model);
 

@@ -159,7 +159,35 @@ MoeInputs make_moe_inputs(const OpsConfig& c, Backend& reference) {
 
 }  // namespace
 
-OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference) {
+OpResult op_result_from_outputs(const std::string& op, const std::string& inputs,
+                                const std::vector<std::optional<TensorView>>& values,
+                                const std::vector<std::optional<TensorView>>& ids, std::vector<std::string> errors) {
+    const std::size_t n = values.size();
+    KVASIR_CHECK(ids.size() == n && errors.size() == n, ErrorCode::internal, "op_result_from_outputs: {} values, {} ids, {} errors",
+                 n, ids.size(), errors.size());
+    OpResult res;
+    res.op = op;
+    res.inputs = inputs;
+    res.errors = std::move(errors);
+    for (const auto& v : values)
+        if (v && res.output_shape.empty()) res.output_shape = v->shape;
+    res.matrix.assign(n, std::vector<std::optional<CompareStats>>(n));
+    res.id_matrix.assign(n, std::vector<std::optional<IndexAgreement>>(n));
+    for (std::size_t a = 0; a < n; ++a)
+        for (std::size_t b = 0; b < n; ++b) {
+            if (a == b || !values[a] || !values[b]) continue;
+            try {
+                res.matrix[a][b] = compare(*values[a], *values[b]);
+                if (ids[a] && ids[b]) res.id_matrix[a][b] = compare_indices(*ids[a], *ids[b]);
+            } catch (const Error& e) {
+                if (res.errors[b].empty()) res.errors[b] = e.what();
+            }
+        }
+    return res;
+}
+
+OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference,
+                       OpsOutputs* outputs) {
     const OpsConfig c = requested.resolved();
     c.validate();
     KVASIR_CHECK(!nodes.empty() && reference < nodes.size(), ErrorCode::internal, "run_op_delta: bad reference index");
@@ -295,32 +323,31 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
             moe_inputs = in;
         }
 
-        OpResult res;
-        res.op = op;
-        res.inputs = plan.inputs;
         const std::size_t n = nodes.size();
-        res.errors.assign(n, "");
+        std::vector<std::string> errors(n);
         std::vector<std::optional<NodeOutput>> outs(n);
         for (std::size_t i = 0; i < n; ++i) {
             try {
                 outs[i] = plan.run(*nodes[i]);
-                if (res.output_shape.empty()) res.output_shape = outs[i]->value.shape();
             } catch (const std::exception& e) {
-                res.errors[i] = e.what();
+                errors[i] = e.what();
             }
         }
-        res.matrix.assign(n, std::vector<std::optional<CompareStats>>(n));
-        res.id_matrix.assign(n, std::vector<std::optional<IndexAgreement>>(n));
-        for (std::size_t a = 0; a < n; ++a)
-            for (std::size_t b = 0; b < n; ++b) {
-                if (a == b || !outs[a] || !outs[b]) continue;
-                try {
-                    res.matrix[a][b] = compare(outs[a]->value, outs[b]->value);
-                    if (!outs[a]->ids.empty()) res.id_matrix[a][b] = compare_indices(outs[a]->ids, outs[b]->ids);
-                } catch (const Error& e) {
-                    if (res.errors[b].empty()) res.errors[b] = e.what();
-                }
+        if (outputs != nullptr) {
+            outputs->resize(n);
+            for (std::size_t i = 0; i < n; ++i) {
+                if (!outs[i]) continue;
+                (*outputs)[i]["ops." + op + ".out"] = outs[i]->value;
+                if (!outs[i]->ids.empty()) (*outputs)[i]["ops." + op + ".ids"] = outs[i]->ids;
             }
+        }
+        std::vector<std::optional<TensorView>> values(n), ids(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            if (!outs[i]) continue;
+            values[i] = outs[i]->value.view();
+            if (!outs[i]->ids.empty()) ids[i] = outs[i]->ids.view();
+        }
+        OpResult res = op_result_from_outputs(op, plan.inputs, values, ids, std::move(errors));
         // Shard check on every node: the same block split over N expert-parallel
         // nodes, each summing only its experts, then the partials combined.
         if (moe_inputs) {
@@ -343,6 +370,7 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
                         combined = s == 0 ? std::move(partial) : nodes[i]->add(combined, partial);
                     }
                     sc.stats = compare(outs[i]->value, combined);
+                    if (outputs != nullptr) (*outputs)[i]["ops.moe.shard_combined"] = std::move(combined);
                 } catch (const std::exception& e) {
                     sc.error = e.what();
                 }

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -89,7 +90,20 @@ struct OpsReport {
 
 // Runs step 1. A node that throws on an op is recorded as an error for that
 // op and the others go on. `nodes[reference]` is the reference.
-OpsReport run_op_delta(const OpsConfig& config, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference);
+// `outputs` (optional) receives every node's raw outputs, per node index:
+// "ops.<op>.out" (the compared value), "ops.<op>.ids" (router ops) and
+// "ops.moe.shard_combined" (the shard check's recombined block) — what a
+// capture stores (protocols/CAPTURE.md).
+using OpsOutputs = std::vector<std::map<std::string, Tensor>>;
+OpsReport run_op_delta(const OpsConfig& config, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference,
+                       OpsOutputs* outputs = nullptr);
+
+// The pair matrices of one op from the nodes' outputs (nullopt: the node did
+// not produce it): what run_op_delta does after running the op, exposed for
+// compare. `errors` (one per node) is completed with comparison failures.
+OpResult op_result_from_outputs(const std::string& op, const std::string& inputs,
+                                const std::vector<std::optional<TensorView>>& values,
+                                const std::vector<std::optional<TensorView>>& ids, std::vector<std::string> errors);
 
 nlohmann::ordered_json to_json(const OpsConfig& config);
 nlohmann::ordered_json to_json(const OpsReport& report);

@@ -27,17 +27,10 @@ void PerplexityConfig::validate() const {
                  "{}: {} token(s) predict nothing (need at least 2)", tokens.source, tokens.ids.size());
 }
 
-namespace {
-
-struct Pass {
-    std::vector<Tensor> logits;                     // per window [C, V]
-    std::vector<std::vector<RoutingPlan>> routing;  // per window
-    std::vector<double> nll;                        // every prediction, window by window
-};
-
-Pass run_windows(Backend& be, const PerplexityConfig& c, const std::vector<std::pair<std::int64_t, std::int64_t>>& windows,
-                 const Pass* authority) {
-    Pass p;
+PerplexityPass run_perplexity_windows(Backend& be, const PerplexityConfig& c,
+                                      const std::vector<std::pair<std::int64_t, std::int64_t>>& windows,
+                                      const PerplexityPass* authority) {
+    PerplexityPass p;
     const std::vector<std::int32_t>& ids = c.tokens.ids;
     for (std::size_t w = 0; w < windows.size(); ++w) {
         const auto [b, e] = windows[w];
@@ -52,6 +45,15 @@ Pass run_windows(Backend& be, const PerplexityConfig& c, const std::vector<std::
         p.routing.push_back(std::move(fr.routing));
     }
     return p;
+}
+
+namespace {
+
+using Pass = PerplexityPass;
+
+Pass run_windows(Backend& be, const PerplexityConfig& c, const std::vector<std::pair<std::int64_t, std::int64_t>>& windows,
+                 const Pass* authority) {
+    return run_perplexity_windows(be, c, windows, authority);
 }
 
 double mean_of(const std::vector<double>& xs) {

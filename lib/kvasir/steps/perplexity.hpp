@@ -63,6 +63,18 @@ struct PerplexityReport {
     std::vector<SelfCheck> repeat;        // per node: every window twice (logits compared)
 };
 
+// One backend's pass over the windows (exposed for capture): per window the
+// logits and the routing used, and the NLL of every prediction in order.
+// `authority` (may be null) pins each window's routing to its plans.
+struct PerplexityPass {
+    std::vector<Tensor> logits;                     // per window [C, V]
+    std::vector<std::vector<RoutingPlan>> routing;  // per window
+    std::vector<double> nll;                        // every prediction, window by window
+};
+PerplexityPass run_perplexity_windows(Backend& be, const PerplexityConfig& config,
+                                      const std::vector<std::pair<std::int64_t, std::int64_t>>& windows,
+                                      const PerplexityPass* authority);
+
 PerplexityReport run_perplexity(const PerplexityConfig& config, std::vector<std::unique_ptr<Backend>>& nodes,
                                 std::size_t reference);
 

@@ -1,0 +1,84 @@
+// Captures (protocols/CAPTURE.md): what ONE node computed for a protocol,
+// written on the machine the node lives on, and compared later with captures
+// from other machines and other runtimes (numpy, PyTorch, ...).
+//
+// capture_node() runs exactly the computations run_audit() runs for a
+// candidate — same inputs, same options, discrete decisions pinned to the
+// same authority (the f64 oracle cpu-ref, which runs anywhere and is run
+// beside the node) — and keeps the raw outputs. compare_captures() (audit.hpp)
+// turns them into the same measurements, verdicts and report as run_audit().
+//
+// Files are safetensors with a __metadata__ block and a content hash over
+// metadata and tensors; read_capture() refuses a file whose hash does not
+// match (tampered), a truncated file (the safetensors reader), or one of
+// another format. Tensors are memory-mapped, not loaded: compare touches only
+// the tensors it compares, one step at a time.
+#pragma once
+
+#include "kvasir/backend/backend.hpp"
+#include "kvasir/core/tensor.hpp"
+#include "kvasir/model/safetensors.hpp"
+#include "kvasir/steps/audit.hpp"
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvasir {
+
+inline constexpr const char* kCaptureFormat = "kvasir-equiv/capture/1";
+
+// A capture being written (owns its tensors).
+struct CaptureData {
+    std::map<std::string, std::string> metadata;  // every key of CAPTURE.md but content_hash
+    std::map<std::string, Tensor> tensors;
+};
+
+// A capture read back (tensors stay in the mapped file).
+class Capture {
+public:
+    static Capture open(const std::string& path);  // read_capture
+
+    const std::string& path() const { return path_; }
+    const std::string& node() const { return node_; }
+    const nlohmann::ordered_json& capabilities() const { return capabilities_; }
+    const std::string& protocol_hash() const;
+    const std::string& model_fingerprint() const;
+    std::uint64_t seed() const { return seed_; }
+    const std::vector<std::string>& steps() const { return steps_; }
+    const std::map<std::string, std::string>& errors() const { return errors_; }
+    const std::map<std::string, std::string>& metadata() const { return file_->metadata(); }
+    // Did this capture run `step` (listed in steps, not failed)?
+    bool has_step(const std::string& step) const;
+    bool has(const std::string& tensor) const { return file_->contains(tensor); }
+    // Error(bad_input) "<path>: capture has no tensor '<name>'" when absent.
+    TensorView view(const std::string& tensor) const;
+
+private:
+    std::string path_, node_;
+    nlohmann::ordered_json capabilities_;
+    std::uint64_t seed_ = 0;
+    std::vector<std::string> steps_;
+    std::map<std::string, std::string> errors_;
+    std::shared_ptr<SafetensorsFile> file_;
+};
+
+// SHA-256 content hash (CAPTURE.md) of metadata (content_hash itself
+// skipped) and tensors, "sha256:<hex>".
+std::string capture_content_hash(const std::map<std::string, std::string>& metadata,
+                                 const std::map<std::string, TensorView>& tensors);
+
+// Runs `steps` (a subset of the protocol's, in protocol order; empty = all)
+// on `node`, with `authority` (cpu-ref; may be the node itself) deciding
+// routing, anchors and teacher-forced tokens. Per-step failures of the node
+// are recorded in metadata "errors" and the capture goes on; a failure of
+// the authority, or bad input, throws. `config.failed_nodes` is ignored.
+CaptureData capture_node(const AuditConfig& config, Backend& node, Backend& authority,
+                         const std::vector<std::string>& steps = {});
+
+// Adds content_hash and writes atomically (write_safetensors).
+void write_capture(const std::string& path, const CaptureData& capture);
+
+}  // namespace kvasir

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""An external node: protocol step 1 ("ops") computed with PyTorch on the CPU,
+written as a kvasir-equiv capture (protocols/CAPTURE.md).
+
+  scripts/torch_node.py --protocol protocols/ci.json -o torch.safetensors
+
+The seeded inputs, the reference's routing plan of the MoE block and the
+capture writer are numpy_node.py's (scripts/kvasir_rng.py draws the inputs bit
+for bit as kvasir does); every op itself runs in torch as a PyTorch user writes
+it: torch.matmul, torch.softmax, torch.sigmoid, F.silu, the Hugging Face
+RMSNorm and rotary recipes, torch.topk routing with DeepSeek-V3's grouped
+selection, and the HF expert loop with index_add_.
+
+Needs numpy and torch (a CPU build is enough); safetensors is optional.
+"""
+
+import platform
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy_node  # noqa: E402
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    print("torch_node.py: PyTorch is not installed (pip install torch; a CPU build is enough)", file=sys.stderr)
+    sys.exit(2)
+
+
+def torch_blas():
+    try:
+        cfg = torch.__config__.show()
+        m = re.search(r"BLAS_INFO=([^,\s]+)", cfg)
+        blas = m.group(1) if m else "?"
+        return f"BLAS {blas}, oneDNN {'on' if torch.backends.mkldnn.is_available() else 'off'}"
+    except Exception:
+        return "BLAS unknown"
+
+
+class TorchOps:
+    backend = "torch"
+
+    def __init__(self, dtype):
+        self.dt = {"float32": torch.float32, "float64": torch.float64}[str(np.dtype(dtype))]
+        torch.use_deterministic_algorithms(True)
+
+    def runtime(self):
+        return f"torch {torch.__version__} / python {platform.python_version()} / {torch_blas()}"
+
+    def threads(self):
+        return torch.get_num_threads()
+
+    def fma(self):
+        # ATen's vectorised CPU kernels and the BLAS use FMA where the CPU has it.
+        return numpy_node.cpu_has_fma()
+
+    def tensor(self, a):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(self.dt)
+
+    def numpy(self, t):
+        return t.detach().cpu().numpy()
+
+    def matmul(self, x, w):
+        return torch.matmul(x, w.T)
+
+    def swiglu(self, gate, up):
+        return F.silu(gate) * up
+
+    def softmax(self, x):
+        return torch.softmax(x, dim=-1)
+
+    def sigmoid(self, x):
+        return torch.sigmoid(x)
+
+    def rmsnorm(self, x, w, eps):
+        # transformers' LlamaRMSNorm / Qwen3MoeRMSNorm
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return w * (x * torch.rsqrt(variance + eps))
+
+    def rope(self, x, positions, theta, layout):
+        T, nh, d = x.shape
+        # transformers' default rope init: inv_freq in f32 from int64 arange
+        inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).to(self.dt) / d))
+        freqs = torch.from_numpy(positions).to(self.dt)[:, None] * inv_freq[None, :]  # [T, d/2]
+        if layout == "neox":
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
+            x1, x2 = x[..., : d // 2], x[..., d // 2:]
+            rotated = torch.cat((-x2, x1), dim=-1)  # rotate_half
+            return x * cos + rotated * sin
+        # GPT-J / interleaved pairs (2i, 2i+1)
+        cos, sin = freqs.cos()[:, None, :], freqs.sin()[:, None, :]
+        a, b = x[..., 0::2], x[..., 1::2]
+        return torch.stack((a * cos - b * sin, b * cos + a * sin), dim=-1).reshape(T, nh, d)
+
+    def router(self, logits, k, scoring, bias=None, n_group=1, topk_group=1):
+        if scoring == "softmax":
+            scores = torch.softmax(logits, dim=-1)
+            return scores, torch.topk(scores, k, dim=-1).indices.to(torch.int32)
+        # DeepSeek-V3 MoEGate (noaux_tc): sigmoid, +bias for the choice, grouped top-k.
+        scores = torch.sigmoid(logits)
+        T, E = scores.shape
+        choice = scores + bias[None, :]
+        if n_group > 1:
+            group_scores = choice.view(T, n_group, -1).topk(2, dim=-1)[0].sum(dim=-1)
+            group_idx = torch.topk(group_scores, k=topk_group, dim=-1)[1]
+            group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+            score_mask = group_mask.unsqueeze(-1).expand(T, n_group, E // n_group).reshape(T, -1)
+            choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
+        return scores, torch.topk(choice, k, dim=-1).indices.to(torch.int32)
+
+    def moe_block(self, x, experts, ids, weights, expert_filter=None):
+        # The transformers expert loop: gather the expert's tokens, run it,
+        # scale by the routing weight, index_add_ into the output.
+        ids_t = torch.from_numpy(np.ascontiguousarray(ids)).long()
+        w_t = torch.from_numpy(np.ascontiguousarray(weights)).to(self.dt)
+        out = torch.zeros_like(x)
+        for e, (g, u, d) in enumerate(experts):
+            if expert_filter is not None and not expert_filter[e]:
+                continue
+            tok, slot = torch.where(ids_t == e)
+            if tok.numel() == 0:
+                continue
+            cur = x[tok]
+            y = torch.matmul(F.silu(torch.matmul(cur, g.T)) * torch.matmul(cur, u.T), d.T)
+            out.index_add_(0, tok, y * w_t[tok, slot, None])
+        return out
+
+    def add(self, a, b):
+        return a + b
+
+
+def main(argv=None):
+    with torch.inference_mode():
+        return numpy_node.node_main(sys.argv[1:] if argv is None else argv, TorchOps, "torch", "scripts/torch_node.py")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# External runtimes as nodes (issue 8): the numpy RNG is bit-identical to
+# kvasir's, scripts/numpy_node.py writes a valid capture of step 1 that
+# `compare` judges fit against a cpu-ref capture, a float64 numpy node agrees
+# with the oracle to ~1e-12, and a tampered or truncated capture is refused
+# (exit 2, naming the content hash). The torch node runs too where PyTorch is
+# installed. Skips (exit 0) where python3 or numpy is missing.
+# Usage: test_python_nodes.sh PATH/TO/kvasir-equiv   (run from the repo root)
+set -u
+bin="$1"
+py="${PYTHON:-python3}"
+failures=0
+check() {  # description, command...
+  local what="$1"; shift
+  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; failures=$((failures + 1)); fi
+}
+if ! command -v "$py" >/dev/null 2>&1; then
+  echo "SKIP: $py not found: the external-node test needs python3 with numpy"
+  exit 0
+fi
+if ! "$py" -c "import numpy" 2>/dev/null; then
+  echo "SKIP: numpy is not importable by $py (apt-get install python3-numpy)"
+  exit 0
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+ci=protocols/ci.json
+
+# The vectorised RNG against fixtures/rng_vectors.json and rng_reference.py.
+"$py" scripts/kvasir_rng.py --check --cases 100 >"$tmp/rng.out" 2>&1
+check "kvasir_rng.py --check: bit-identical to the fixture and the reference" test $? -eq 0
+grep -q "OK" "$tmp/rng.out" || cat "$tmp/rng.out"
+
+# The numpy node, with both container writers: the content hash does not
+# depend on the writer, and each file verifies.
+"$py" scripts/numpy_node.py -p $ci -o "$tmp/numpy.safetensors" -q
+check "numpy_node.py on $ci exits 0" test $? -eq 0
+"$py" scripts/numpy_node.py -p $ci -o "$tmp/numpy-own.safetensors" --writer own -q
+check "numpy_node.py --writer own exits 0" test $? -eq 0
+"$py" scripts/numpy_node.py -p $ci -o "$tmp/numpy64.safetensors" --dtype float64 -q
+check "numpy_node.py --dtype float64 exits 0" test $? -eq 0
+check "captures verify (content hash recomputed)" \
+  "$py" scripts/capture_format.py verify "$tmp/numpy.safetensors" "$tmp/numpy-own.safetensors" "$tmp/numpy64.safetensors"
+content_hash() { "$py" -c 'import sys; sys.path.insert(0, "scripts"); import capture_format as c; print(c.read_capture(sys.argv[1])[0]["content_hash"])' "$1"; }
+check "both writers give the same content hash" test "$(content_hash "$tmp/numpy.safetensors")" = "$(content_hash "$tmp/numpy-own.safetensors")"
+proto_hash=$("$py" scripts/capture_format.py protocol-hash $ci)
+check "capture records the protocol's content hash" \
+  "$py" -c 'import sys; sys.path.insert(0, "scripts"); import capture_format as c; sys.exit(c.read_capture(sys.argv[1])[0]["protocol_hash"] != sys.argv[2])' \
+  "$tmp/numpy.safetensors" "$proto_hash"
+"$py" scripts/numpy_node.py -p protocols/ci.json -o "$tmp/bad.safetensors" --seed -1 -q 2>/dev/null
+check "a bad seed is refused without a capture" test ! -e "$tmp/bad.safetensors"
+
+# Against kvasir: a cpu-ref capture of step 1, then compare.
+"$bin" capture --backend cpu-ref --protocol $ci --steps ops -o "$tmp/ref.safetensors" >"$tmp/capture.out" 2>&1
+rc=$?
+check "capture --backend cpu-ref --steps ops exits 0" test $rc -eq 0
+[ $rc -eq 0 ] || cat "$tmp/capture.out"
+"$bin" compare -p $ci "$tmp/ref.safetensors" "$tmp/numpy.safetensors" --only-steps ops >"$tmp/cmp.out" 2>&1
+rc=$?
+check "compare cpu-ref numpy:f32 --only-steps ops exits 0" test $rc -eq 0
+check "compare names numpy:f32 fit" grep -qE "^numpy:f32 +fit( |$)" "$tmp/cmp.out"
+[ $rc -eq 0 ] || cat "$tmp/cmp.out"
+
+# The float64 numpy node against the oracle's own capture: same inputs, same
+# routing, only the summation order and libm differ.
+if [ -s "$tmp/ref.safetensors" ]; then
+  "$py" - "$tmp/ref.safetensors" "$tmp/numpy64.safetensors" >"$tmp/f64.out" 2>&1 <<'EOF'
+import sys
+sys.path.insert(0, "scripts")
+import numpy as np
+import capture_format as c
+_, ref = c.read_capture(sys.argv[1])
+_, got = c.read_capture(sys.argv[2])
+bad = 0
+for name in sorted(got):
+    a, r = np.asarray(got[name]), np.asarray(ref.get(name))
+    if name.endswith(".ids"):
+        ok = all(set(x) == set(y) for x, y in zip(a.tolist(), r.tolist()))
+        print(f"{name}: ids {'equal as sets' if ok else 'DIFFER'}")
+    else:
+        a, r = a.astype(np.float64), r.astype(np.float64)
+        rel = float(np.max(np.abs(a - r)) / np.max(np.abs(r)))
+        ok = a.shape == r.shape and rel <= 1e-11
+        print(f"{name}: max|d|/max|ref| {rel:.2e}")
+    bad += not ok
+sys.exit(1 if bad else 0)
+EOF
+  check "numpy float64 matches the cpu-ref capture (<= 1e-11 relative, ids as sets)" test $? -eq 0
+  cat "$tmp/f64.out"
+fi
+
+# A capture whose tensor bytes were changed after writing: refused by compare.
+"$py" - "$tmp/numpy.safetensors" "$tmp/tampered.safetensors" <<'EOF'
+import struct, sys
+raw = bytearray(open(sys.argv[1], "rb").read())
+(hlen,) = struct.unpack("<Q", raw[:8])
+pos = 8 + hlen + (len(raw) - 8 - hlen) // 2  # a byte inside the tensor data
+raw[pos] ^= 0x01
+open(sys.argv[2], "wb").write(raw)
+EOF
+check "the tampered copy fails capture_format.py verify" \
+  bash -c "! '$py' scripts/capture_format.py verify '$tmp/tampered.safetensors' >/dev/null"
+"$bin" compare -p $ci "$tmp/ref.safetensors" "$tmp/tampered.safetensors" --only-steps ops >"$tmp/tamper.out" 2>&1
+rc=$?
+check "compare refuses a tampered capture with exit 2" test $rc -eq 2
+check "the refusal mentions the content hash" grep -qi "content.hash" "$tmp/tamper.out"
+head -c "$(( $(stat -c %s "$tmp/numpy.safetensors") - 100 ))" "$tmp/numpy.safetensors" >"$tmp/truncated.safetensors"
+"$bin" compare -p $ci "$tmp/ref.safetensors" "$tmp/truncated.safetensors" --only-steps ops >"$tmp/trunc.out" 2>&1
+check "compare refuses a truncated capture with exit 2" test $? -eq 2
+
+# The torch node, where PyTorch is installed.
+if "$py" -c "import torch" 2>/dev/null; then
+  "$py" scripts/torch_node.py -p $ci -o "$tmp/torch.safetensors" -q
+  check "torch_node.py on $ci exits 0" test $? -eq 0
+  "$bin" compare -p $ci "$tmp/ref.safetensors" "$tmp/numpy.safetensors" "$tmp/torch.safetensors" --only-steps ops \
+    >"$tmp/cmp3.out" 2>&1
+  rc=$?
+  check "compare cpu-ref numpy torch exits 0" test $rc -eq 0
+  check "compare names torch:f32 fit" grep -qE "^torch:f32 +fit( |$)" "$tmp/cmp3.out"
+  [ $rc -eq 0 ] || cat "$tmp/cmp3.out"
+else
+  echo "skip: torch is not importable by $py: torch_node.py not run"
+fi
+
+echo "$failures failure(s)"
+[ "$failures" -eq 0 ]
