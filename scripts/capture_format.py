@@ -248,6 +248,9 @@ def write_capture(path, metadata, tensors, writer="auto"):
             _write_own(tmp, meta, tensors)
         else:
             raise ValueError(f"unknown writer {writer!r}")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a capture is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -7,11 +7,7 @@
 # Usage: test_cli_audit.sh PATH/TO/kvasir-equiv   (run from the repo root)
 set -u
 bin="$1"
-failures=0
-check() {  # description, command...
-  local what="$1"; shift
-  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; failures=$((failures + 1)); fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 tmp=$(mktemp -d)
 ci=protocols/ci.json
 
@@ -52,17 +48,6 @@ check "drift plot has sqrt(L) and L guides" test "$(grep -c 'class="guide"' "$tm
 check "--json prints the report on stdout" python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['schema']=='kvasir-equiv/audit/1'" "$tmp/stdout.json"
 
 # Bad usage and bad protocols: exit 2, one line, naming the problem.
-expect_usage_error() {
-  local want="$1"; shift
-  local err rc lines
-  err=$("$bin" "$@" 2>&1 >/dev/null); rc=$?
-  lines=$(printf '%s\n' "$err" | grep -c .)
-  if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ! printf '%s' "$err" | grep -q -- "$want"; then
-    echo "FAIL: $* → rc=$rc ($lines lines): $err (wanted rc 2 and '$want')"; failures=$((failures + 1))
-  else
-    echo "ok: $* → $err"
-  fi
-}
 expect_usage_error "--gate" audit -p $ci --gate maybe
 expect_usage_error "no-such.json" audit -p "$tmp/no-such.json"
 python3 - "$tmp" <<'PY'

@@ -3,20 +3,7 @@
 # names the problem. Usage: test_cli_errors.sh PATH/TO/kvasir-equiv
 set -u
 bin="$1"
-failures=0
-expect_usage_error() {
-  local want="$1"; shift
-  local err rc
-  err=$("$bin" "$@" 2>&1 >/dev/null); rc=$?
-  local lines
-  lines=$(printf '%s\n' "$err" | grep -c .)
-  if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ! printf '%s' "$err" | grep -q -- "$want"; then
-    echo "FAIL: kvasir-equiv $* → rc=$rc, stderr ($lines lines): $err (wanted rc 2, one line containing '$want')"
-    failures=$((failures + 1))
-  else
-    echo "ok: $* → $err"
-  fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 expect_usage_error "unknown backend 'tpu'" ops --backends tpu
 expect_usage_error "unknown op 'gemm'" ops --ops gemm
 expect_usage_error "unknown option 'speed'" ops --backends cpu:speed=fast

@@ -3,11 +3,7 @@
 # Usage: test_cli_model.sh PATH/TO/kvasir-equiv   (run from the repo root)
 set -u
 bin="$1"
-failures=0
-check() {  # description, command...
-  local what="$1"; shift
-  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; failures=$((failures + 1)); fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 tmp=$(mktemp -d)
 
 out=$("$bin" inspect fixtures/models/qwen3_moe_tiny)
@@ -26,17 +22,6 @@ check "matrix markdown has the pair table" grep -q "| cpu vs cpu-ref |" "$tmp/m.
 check "matrix json records the model fingerprint" grep -q '"model_fingerprint"' "$tmp/m.json"
 
 
-expect_usage_error() {
-  local want="$1"; shift
-  local err rc lines
-  err=$("$bin" "$@" 2>&1 >/dev/null); rc=$?
-  lines=$(printf '%s\n' "$err" | grep -c .)
-  if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ! printf '%s' "$err" | grep -q -- "$want"; then
-    echo "FAIL: $* → rc=$rc ($lines lines): $err (wanted rc 2 and '$want')"; failures=$((failures + 1))
-  else
-    echo "ok: $* → $err"
-  fi
-}
 printf 'GGUF\x03\x00\x00\x00' >"$tmp/trunc.gguf"
 expect_usage_error "trunc.gguf" inspect "$tmp/trunc.gguf"
 mkdir "$tmp/bad" && cp fixtures/models/qwen3_moe_tiny/config.json "$tmp/bad/"

@@ -6,11 +6,7 @@
 # Usage: test_cli_steps.sh PATH/TO/kvasir-equiv   (run from the repo root)
 set -u
 bin="$1"
-failures=0
-check() {  # description, command...
-  local what="$1"; shift
-  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; failures=$((failures + 1)); fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 tmp=$(mktemp -d)
 nodes="cpu-ref,cpu"
 
@@ -55,17 +51,6 @@ check "--tokens-file is used" grep -q '"token_count": 8' "$tmp/file.json"
 "$bin" logits --backends "$nodes" --tokens 5 --json >"$tmp/seeded.json"
 check "--tokens N gives N seeded ids" grep -q '"token_count": 5' "$tmp/seeded.json"
 
-expect_usage_error() {
-  local want="$1"; shift
-  local err rc lines
-  err=$("$bin" "$@" 2>&1 >/dev/null); rc=$?
-  lines=$(printf '%s\n' "$err" | grep -c .)
-  if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ! printf '%s' "$err" | grep -q -- "$want"; then
-    echo "FAIL: $* → rc=$rc ($lines lines): $err (wanted rc 2 and '$want')"; failures=$((failures + 1))
-  else
-    echo "ok: $* → $err"
-  fi
-}
 printf '1 2\n3 oops 4\n' >"$tmp/bad.txt"
 expect_usage_error "bad.txt:2:3: token 4 'oops'" logits --backends "$nodes" --tokens-file "$tmp/bad.txt"
 printf '1 2 999\n' >"$tmp/range.txt"

@@ -8,12 +8,8 @@
 # Usage: test_python_nodes.sh PATH/TO/kvasir-equiv   (run from the repo root)
 set -u
 bin="$1"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 py="${PYTHON:-python3}"
-failures=0
-check() {  # description, command...
-  local what="$1"; shift
-  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; failures=$((failures + 1)); fi
-}
 if ! command -v "$py" >/dev/null 2>&1; then
   echo "SKIP: $py not found: the external-node test needs python3 with numpy"
   exit 0

@@ -356,7 +356,8 @@ std::string shortest(double x) {
 }  // namespace
 
 std::string markdown_report(const AuditReport& r) {
-    std::string out = "# kvasir-equiv audit\n\n";
+    const bool from_captures = r.model.value("source", std::string()) == "captures";
+    std::string out = from_captures ? "# kvasir-equiv compare\n\n" : "# kvasir-equiv audit\n\n";
     const int code = exit_code(r.nodes, r.gate);
     out += fmt::format("Protocol `{}` v{} (`{}`), reference `{}`, seed {}, gate **{}** → exit code **{}**.\n\n", r.protocol.id,
                        r.protocol.version, r.protocol.content_hash, r.reference, r.seed, to_string(r.gate), code);

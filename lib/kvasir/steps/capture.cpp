@@ -1,5 +1,6 @@
 #include "kvasir/steps/capture.hpp"
 
+#include "kvasir/backend/forwarding.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/report/json_common.hpp"
 #include "kvasir/report/protocol.hpp"
@@ -15,31 +16,8 @@ namespace kvasir {
 
 namespace {
 
-// A non-owning Backend: run_op_delta takes owned nodes; capture lends it the
-// caller's. Every op, the optional ones included, goes to the lent backend
-// unchanged.
-class Lent final : public Backend {
-public:
-    explicit Lent(Backend& b) : b_(b) {}
-    const Capabilities& capabilities() const override { return b_.capabilities(); }
-    Tensor matmul(const TensorView& x, const TensorView& w) override { return b_.matmul(x, w); }
-    Tensor swiglu(const TensorView& g, const TensorView& u) override { return b_.swiglu(g, u); }
-    Tensor softmax(const TensorView& x) override { return b_.softmax(x); }
-    Tensor sigmoid(const TensorView& x) override { return b_.sigmoid(x); }
-    Tensor rmsnorm(const TensorView& x, const TensorView& w, double eps) override { return b_.rmsnorm(x, w, eps); }
-    Tensor rope(const TensorView& x, std::span<const std::int64_t> p, const RopeParams& r) override { return b_.rope(x, p, r); }
-    RouterOutput route(const TensorView& logits, const RouterParams& params) override { return b_.route(logits, params); }
-    Tensor moe_block(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan,
-                     const std::vector<bool>* filter) override {
-        return b_.moe_block(x, experts, plan, filter);
-    }
-    Tensor add(const TensorView& a, const TensorView& b) override { return b_.add(a, b); }
-    Tensor mul(const TensorView& a, const TensorView& b) override { return b_.mul(a, b); }
-    Tensor scale(const TensorView& x, double s) override { return b_.scale(x, s); }
-
-private:
-    Backend& b_;
-};
+// run_op_delta takes owned nodes; capture lends it the caller's.
+using Lent = ForwardingBackend;
 
 const char* safetensors_dtype(DType d) {
     switch (d) {

@@ -21,7 +21,7 @@ void DecideConfig::validate() const {
 }
 
 RouterPerturbedBackend::RouterPerturbedBackend(Backend& inner, double eps, std::uint64_t seed)
-    : inner_(inner), eps_(eps), seed_(seed), caps_(inner.capabilities()) {
+    : ForwardingBackend(inner), eps_(eps), seed_(seed), caps_(inner.capabilities()) {
     caps_.extra.emplace_back("perturb_router", fmt::format("{}", eps));
 }
 
@@ -32,7 +32,7 @@ RouterOutput RouterPerturbedBackend::route(const TensorView& logits, const Route
                                         DType::f64, 1);
     Tensor noisy(logits.dtype, logits.shape);
     for (std::int64_t i = 0; i < logits.numel(); ++i) noisy.set(i, logits.at(i) + noise.at(i));
-    return inner_.route(noisy, params);
+    return ForwardingBackend::route(noisy, params);
 }
 
 namespace {

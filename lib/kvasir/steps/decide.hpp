@@ -40,6 +40,7 @@
 // perturb, and the agreement stays 100% — which is the point.
 #pragma once
 
+#include "kvasir/backend/forwarding.hpp"
 #include "kvasir/metrics/metrics.hpp"
 #include "kvasir/steps/protocol_steps.hpp"
 
@@ -103,30 +104,14 @@ DecideReport run_decide(const DecideConfig& config, std::vector<std::unique_ptr<
 // router-call counter: call it before every forward pass so that the n-th
 // MoE layer always sees the same noise. capabilities() are inner's with an
 // extra ("perturb_router", EPS). `inner` must outlive it.
-class RouterPerturbedBackend : public Backend {
+class RouterPerturbedBackend : public ForwardingBackend {
 public:
     RouterPerturbedBackend(Backend& inner, double eps, std::uint64_t seed);
     void reset() { calls_ = 0; }
     const Capabilities& capabilities() const override { return caps_; }
-    Tensor matmul(const TensorView& x, const TensorView& w) override { return inner_.matmul(x, w); }
-    Tensor swiglu(const TensorView& g, const TensorView& u) override { return inner_.swiglu(g, u); }
-    Tensor softmax(const TensorView& x) override { return inner_.softmax(x); }
-    Tensor sigmoid(const TensorView& x) override { return inner_.sigmoid(x); }
-    Tensor rmsnorm(const TensorView& x, const TensorView& w, double eps) override { return inner_.rmsnorm(x, w, eps); }
-    Tensor rope(const TensorView& x, std::span<const std::int64_t> pos, const RopeParams& p) override {
-        return inner_.rope(x, pos, p);
-    }
     RouterOutput route(const TensorView& logits, const RouterParams& params) override;
-    Tensor moe_block(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan,
-                     const std::vector<bool>* filter = nullptr) override {
-        return inner_.moe_block(x, experts, plan, filter);
-    }
-    Tensor add(const TensorView& a, const TensorView& b) override { return inner_.add(a, b); }
-    Tensor mul(const TensorView& a, const TensorView& b) override { return inner_.mul(a, b); }
-    Tensor scale(const TensorView& x, double s) override { return inner_.scale(x, s); }
 
 private:
-    Backend& inner_;
     double eps_;
     std::uint64_t seed_;
     int calls_ = 0;

@@ -1,0 +1,41 @@
+// A Backend that forwards every op — the optional ones included, so the
+// inner backend's own route/moe_block/add/mul/scale run, not the defaults —
+// to another backend it does not own. Decorators derive from it and
+// override only what they change (RouterPerturbedBackend: route), and
+// capture lends a caller's backend to code that takes owned nodes.
+// `inner` must outlive it.
+#pragma once
+
+#include "kvasir/backend/backend.hpp"
+
+namespace kvasir {
+
+class ForwardingBackend : public Backend {
+public:
+    explicit ForwardingBackend(Backend& inner) : inner_(inner) {}
+    const Capabilities& capabilities() const override { return inner_.capabilities(); }
+    Tensor matmul(const TensorView& x, const TensorView& w) override { return inner_.matmul(x, w); }
+    Tensor swiglu(const TensorView& g, const TensorView& u) override { return inner_.swiglu(g, u); }
+    Tensor softmax(const TensorView& x) override { return inner_.softmax(x); }
+    Tensor sigmoid(const TensorView& x) override { return inner_.sigmoid(x); }
+    Tensor rmsnorm(const TensorView& x, const TensorView& w, double eps) override { return inner_.rmsnorm(x, w, eps); }
+    Tensor rope(const TensorView& x, std::span<const std::int64_t> pos, const RopeParams& p) override {
+        return inner_.rope(x, pos, p);
+    }
+    RouterOutput route(const TensorView& logits, const RouterParams& params) override { return inner_.route(logits, params); }
+    Tensor moe_block(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan,
+                     const std::vector<bool>* filter = nullptr) override {
+        return inner_.moe_block(x, experts, plan, filter);
+    }
+    Tensor add(const TensorView& a, const TensorView& b) override { return inner_.add(a, b); }
+    Tensor mul(const TensorView& a, const TensorView& b) override { return inner_.mul(a, b); }
+    Tensor scale(const TensorView& x, double s) override { return inner_.scale(x, s); }
+
+protected:
+    Backend& inner() { return inner_; }
+
+private:
+    Backend& inner_;
+};
+
+}  // namespace kvasir
