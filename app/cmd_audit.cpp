@@ -19,6 +19,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -33,6 +34,7 @@ struct AuditOptions {
     NodeOptions nodes;
     bool reference_given = false;
     std::optional<std::uint64_t> seed;
+    bool timings = false;
     ReportOptions report;
 };
 
@@ -79,7 +81,9 @@ void run_audit_command(const AuditOptions& opt) {
     const Gate gate = parse_gate(opt.report.gate);
     std::string model_path = opt.model;
     if (model_path.empty()) model_path = protocol.model.empty() ? default_model_path() : protocol.model_resolved;
+    const auto t_open = std::chrono::steady_clock::now();
     const Model model = Model::open(model_path);
+    const double open_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_open).count();
 
     NodeOptions node_opts = opt.nodes;
     if (!opt.reference_given) node_opts.reference = protocol.reference;
@@ -93,6 +97,13 @@ void run_audit_command(const AuditOptions& opt) {
 
     const AuditRun run = run_audit(cfg, nodes.nodes, nodes.reference);
     if (cfg.progress) std::fputs("\r\033[K", stderr);
+    if (opt.timings) {
+        // Layers are memory-mapped and loaded lazily inside the steps: "open"
+        // is the header/config parse; weight bytes are read on first use.
+        std::string line = fmt::format("timings: open {:.2f} s", open_s);
+        for (const auto& [step, secs] : run.step_seconds) line += fmt::format(", {} {:.2f} s", step, secs);
+        std::fprintf(stderr, "%s\n", line.c_str());
+    }
     emit_report(run, opt.report);
 }
 
@@ -137,6 +148,7 @@ void set_audit_command(CLI::App& app) {
     cmd->get_option("--reference")->description("Node every other node is compared with (default: the protocol's, cpu-ref)");
     cmd->get_option("--reference")->each([opt](const std::string&) { opt->reference_given = true; });
     cmd->add_option("--seed", opt->seed, "Override the protocol's seed (seeded op inputs); the report records it");
+    cmd->add_flag("--timings", opt->timings, "Print wall seconds per step on stderr (not in the report: reports are reproducible)");
     add_report_options(*cmd, opt->report);
     cmd->callback([opt] { run_audit_command(*opt); });
 }

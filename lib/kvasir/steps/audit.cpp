@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -341,6 +342,7 @@ AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>&
     auto step = [&](const std::string& name, auto&& body) {
         ++step_index;
         if (ac.progress) ac.progress({name, step_index, static_cast<int>(plan.steps.size()), "", 0, static_cast<int>(nodes.size())});
+        const auto t0 = std::chrono::steady_clock::now();
         try {
             body();
         } catch (const Error& e) {
@@ -348,6 +350,7 @@ AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>&
             led.reference_failed(name, e.what());
             out.steps[name] = nlohmann::ordered_json{{"error", e.what()}};
         }
+        run.step_seconds.emplace_back(name, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     };
 
     if (plan.ops) step("ops", [&] {
@@ -382,7 +385,10 @@ AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>&
         });
     if (plan.determinism_tokens) {
         ++step_index;
+        const auto t0 = std::chrono::steady_clock::now();
         out.steps["determinism"] = run_determinism(plan, ac, nodes, led, step_index);
+        run.step_seconds.emplace_back("determinism",
+                                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
 
     run.inputs = led.inputs();

@@ -86,6 +86,9 @@ struct AuditRun {
     AuditReport report;                  // verdicts, pairs, drift, per-step JSON
     std::vector<std::string> step_order; // the steps that ran, in order
     std::vector<NodeInput> inputs;       // what judge() was given, per node
+    // Wall seconds per step, in order (not part of the report: reports are
+    // reproducible byte for byte, timings are not). Shown by --timings.
+    std::vector<std::pair<std::string, double>> step_seconds;
 };
 
 // Runs the protocol's steps on `nodes` (nodes[reference] is the reference).
