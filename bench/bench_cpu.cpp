@@ -1,7 +1,23 @@
-// CPU op benchmarks: every op on cpu-ref, cpu and cpu:acc=f16 at real expert
-// shapes, and the matmul side by side with OpenBLAS sgemm (the yardstick a
-// user would otherwise reach for; used here only, never by the tool).
-// Counters: GFLOP/s for matmul (2·T·N·K flops), elements/s otherwise.
+// CPU benchmarks at Qwen3-30B-A3B shapes (hidden 2048, 128 experts of FFN
+// 768, top-8, 32 query / 4 KV heads of 128), every op of the Backend
+// interface on cpu-ref and on cpu (and its variants), and the matmul side by
+// side with OpenBLAS sgemm — the yardstick a user would otherwise reach for,
+// linked into this program only, never into the tool.
+//
+// Names: op/node/…  e.g. "matmul/cpu:threads=2/f32/T:16/N:768/K:2048",
+// "openblas_sgemm/threads:2/T:16/N:768/K:2048", "moe_layer/cpu:threads=1/T:128".
+// All times are wall-clock (UseRealTime: the threads' work counts).
+// Counters: GFLOP/s for matmul and the MoE (2 flops per multiply-add),
+// items_per_second (elements) for the rest.
+//
+//   ./bench_cpu --benchmark_filter='^(matmul/cpu:threads|openblas)' --benchmark_min_time=0.3
+//   ./bench_cpu --benchmark_filter='^moe_layer' --benchmark_min_time=1
+//
+// The matmul inputs are seeded normals; the weights of the bf16/f16 rows are
+// the same values converted to that dtype before timing (the form a
+// checkpoint hands over), run on the node with that storage. The MoE weights
+// (128 experts × 3 matrices, 2.4 GB in f32, 1.2 GB in bf16) are made on first
+// use, which takes a few seconds.
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/core/rng.hpp"
 
@@ -11,14 +27,19 @@
 #include <cblas.h>
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 using namespace kvasir;
 
 namespace {
+
+constexpr std::int64_t kHidden = 2048, kExpertFfn = 768, kExperts = 128, kTopK = 8;
+constexpr std::int64_t kHeads = 32, kKvHeads = 4, kHeadDim = 128;
 
 Backend& node(const std::string& spec) {
     static std::map<std::string, std::unique_ptr<Backend>> cache;
@@ -27,98 +48,230 @@ Backend& node(const std::string& spec) {
     return *b;
 }
 
-const char* kSpecs[] = {"cpu-ref", "cpu", "cpu:threads=1", "cpu:acc=f16", "cpu:storage=bf16"};
+benchmark::Counter gflops(double flops) {
+    return benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
 
-// args: spec index, T, N, K
-void BM_matmul(benchmark::State& state) {
-    const std::string spec = kSpecs[state.range(0)];
-    const std::int64_t T = state.range(1), N = state.range(2), K = state.range(3);
-    const Tensor x = seeded_normal(1, "bench/x", {T, K}, 0, 1);
-    const Tensor w = seeded_normal(1, "bench/w", {N, K}, 0, 1 / std::sqrt(double(K)));
+// Seeded tensors, made once per (name, shape, dtype).
+const Tensor& input(const std::string& name, const Shape& shape, double stddev, DType dtype = DType::f32) {
+    static std::map<std::string, Tensor> cache;
+    std::string key = name + "/" + dtype_name(dtype);
+    for (auto d : shape) key += "x" + std::to_string(d);
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+        Tensor t = seeded_normal(1, name, shape, 0, stddev);
+        if (dtype != DType::f32) t = Tensor::convert(t, dtype);
+        it = cache.emplace(key, std::move(t)).first;
+    }
+    return it->second;
+}
+
+// ---- matmul ------------------------------------------------------------------------
+
+void matmul(benchmark::State& state, std::string spec, DType wdtype, std::int64_t T, std::int64_t N, std::int64_t K) {
+    const Tensor& x = input("bench/x", {T, K}, 1);
+    const Tensor& w = input("bench/w", {N, K}, 1 / std::sqrt(double(K)), wdtype);
     Backend& b = node(spec);
     for (auto _ : state) benchmark::DoNotOptimize(b.matmul(x, w));
-    state.SetLabel(spec);
-    state.counters["GFLOP/s"] = benchmark::Counter(2.0 * double(T * N * K), benchmark::Counter::kIsIterationInvariantRate,
-                                                   benchmark::Counter::kIs1000);
+    state.counters["GFLOP/s"] = gflops(2.0 * double(T * N * K));
 }
-
-void matmul_shapes(benchmark::internal::Benchmark* b, std::initializer_list<int> specs) {
-    for (int s : specs)
-        for (int t : {1, 16, 128, 512}) {
-            b->Args({s, t, 768, 2048});
-            b->Args({s, t, 2048, 768});
-        }
-}
-
-BENCHMARK(BM_matmul)->Apply([](auto* b) { matmul_shapes(b, {1, 2, 4}); })->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_matmul)->Apply([](auto* b) {
-    for (int s : {0, 3})
-        for (int t : {1, 16}) b->Args({s, t, 768, 2048});
-})->Unit(benchmark::kMillisecond);
 
 #if defined(KVASIR_BENCH_OPENBLAS)
-void BM_openblas_sgemm(benchmark::State& state) {
-    const std::int64_t T = state.range(1), N = state.range(2), K = state.range(3);
-    openblas_set_num_threads(state.range(0) == 2 ? 1 : 0 /* 0: all */);
-    const Tensor x = seeded_normal(1, "bench/x", {T, K}, 0, 1);
-    const Tensor w = seeded_normal(1, "bench/w", {N, K}, 0, 1 / std::sqrt(double(K)));
+void openblas_sgemm(benchmark::State& state, int threads, std::int64_t T, std::int64_t N, std::int64_t K) {
+    const Tensor& x = input("bench/x", {T, K}, 1);
+    const Tensor& w = input("bench/w", {N, K}, 1 / std::sqrt(double(K)));
     Tensor y(DType::f32, {T, N});
+    openblas_set_num_threads(threads);
     for (auto _ : state) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(N), int(K), 1.0f, x.as<float>(), int(K),
                     w.as<float>(), int(K), 0.0f, y.as<float>(), int(N));
         benchmark::DoNotOptimize(y.raw());
+        benchmark::ClobberMemory();
     }
-    state.SetLabel(state.range(0) == 2 ? "openblas 1 thread" : "openblas all threads");
-    state.counters["GFLOP/s"] = benchmark::Counter(2.0 * double(T * N * K), benchmark::Counter::kIsIterationInvariantRate,
-                                                   benchmark::Counter::kIs1000);
+    state.counters["GFLOP/s"] = gflops(2.0 * double(T * N * K));
 }
-BENCHMARK(BM_openblas_sgemm)->Apply([](auto* b) { matmul_shapes(b, {1, 2}); })->Unit(benchmark::kMicrosecond);
 #endif
 
-// args: spec index
-void BM_rowops(benchmark::State& state, const char* op) {
-    const std::string spec = kSpecs[state.range(0)];
-    const Tensor x = seeded_normal(2, "bench/r", {64, 2048}, 0, 1);
-    const Tensor w = seeded_normal(2, "bench/rw", {2048}, 1, 0.1);
+// ---- element-wise and row ops ------------------------------------------------------
+
+enum class RowOp { softmax, rmsnorm, swiglu, sigmoid };
+
+void row_op(benchmark::State& state, std::string spec, RowOp op, Shape shape) {
+    const Tensor& x = input("bench/r", shape, 1);
+    const Tensor& u = input("bench/u", shape, 1);
+    const Tensor& nw = input("bench/nw", {shape.back()}, 0.1);
     Backend& b = node(spec);
-    const std::string o = op;
     for (auto _ : state) {
-        if (o == "softmax") benchmark::DoNotOptimize(b.softmax(x));
-        else if (o == "rmsnorm") benchmark::DoNotOptimize(b.rmsnorm(x, w, 1e-6));
-        else if (o == "swiglu") benchmark::DoNotOptimize(b.swiglu(x, x));
-        else benchmark::DoNotOptimize(b.sigmoid(x));
+        switch (op) {
+            case RowOp::softmax: benchmark::DoNotOptimize(b.softmax(x)); break;
+            case RowOp::rmsnorm: benchmark::DoNotOptimize(b.rmsnorm(x, nw, 1e-6)); break;
+            case RowOp::swiglu: benchmark::DoNotOptimize(b.swiglu(x, u)); break;
+            case RowOp::sigmoid: benchmark::DoNotOptimize(b.sigmoid(x)); break;
+        }
     }
-    state.SetLabel(spec);
     state.SetItemsProcessed(state.iterations() * x.numel());
 }
-BENCHMARK_CAPTURE(BM_rowops, softmax, "softmax")->DenseRange(0, 3);
-BENCHMARK_CAPTURE(BM_rowops, rmsnorm, "rmsnorm")->DenseRange(0, 3);
-BENCHMARK_CAPTURE(BM_rowops, swiglu, "swiglu")->DenseRange(0, 3);
-BENCHMARK_CAPTURE(BM_rowops, sigmoid, "sigmoid")->DenseRange(0, 3);
 
-void BM_rope(benchmark::State& state) {
-    const std::string spec = kSpecs[state.range(0)];
-    const Tensor x = seeded_normal(3, "bench/rope", {64, 32, 128}, 0, 1);
-    std::vector<std::int64_t> pos(64);
-    for (int i = 0; i < 64; ++i) pos[std::size_t(i)] = i;
+void rope(benchmark::State& state, std::string spec, std::int64_t T, std::int64_t heads) {
+    const Tensor& x = input("bench/rope", {T, heads, kHeadDim}, 1);
+    std::vector<std::int64_t> pos(static_cast<std::size_t>(T));
+    for (std::int64_t i = 0; i < T; ++i) pos[std::size_t(i)] = 1000 + i;
     Backend& b = node(spec);
     for (auto _ : state) benchmark::DoNotOptimize(b.rope(x, pos, {1e6, RopeLayout::neox}));
-    state.SetLabel(spec);
     state.SetItemsProcessed(state.iterations() * x.numel());
 }
-BENCHMARK(BM_rope)->DenseRange(0, 3);
+
+RouterParams qwen_router() {
+    RouterParams p;
+    p.top_k = int(kTopK);
+    p.scoring = RouterScoring::softmax;
+    p.renormalize = true;  // Qwen3-MoE: norm_topk_prob
+    return p;
+}
+
+void route(benchmark::State& state, std::string spec, std::int64_t T) {
+    const Tensor& logits = input("bench/logits", {T, kExperts}, 1);
+    Backend& b = node(spec);
+    for (auto _ : state) benchmark::DoNotOptimize(b.route(logits, qwen_router()));
+    state.SetItemsProcessed(state.iterations() * logits.numel());
+}
+
+// ---- the MoE block and layer -------------------------------------------------------
+
+// 128 experts, weights ~ N(0, 1/fan_in), in f32 or bf16; made once per dtype.
+const std::vector<ExpertWeights>& experts(DType dtype) {
+    static std::map<DType, std::pair<std::vector<Tensor>, std::vector<ExpertWeights>>> cache;
+    auto& [store, views] = cache[dtype];
+    if (views.empty()) {
+        const auto make = [dtype](const std::string& name, Shape shape, double stddev) {
+            Tensor t = seeded_normal(1, name, std::move(shape), 0, stddev);
+            if (dtype == DType::f32) return t;
+            return Tensor::convert(t, dtype);
+        };
+        for (std::int64_t e = 0; e < kExperts; ++e) {
+            const std::string id = std::to_string(e);
+            store.push_back(make("moe/gate" + id, {kExpertFfn, kHidden}, 1 / std::sqrt(double(kHidden))));
+            store.push_back(make("moe/up" + id, {kExpertFfn, kHidden}, 1 / std::sqrt(double(kHidden))));
+            store.push_back(make("moe/down" + id, {kHidden, kExpertFfn}, 1 / std::sqrt(double(kExpertFfn))));
+        }
+        for (std::int64_t e = 0; e < kExperts; ++e)
+            views.push_back({store[std::size_t(3 * e)], store[std::size_t(3 * e + 1)], store[std::size_t(3 * e + 2)]});
+    }
+    return views;
+}
+
+double moe_flops(std::int64_t T) { return 2.0 * double(T * kTopK) * 3.0 * double(kHidden * kExpertFfn); }
+
+// moe_block with a fixed routing plan (the cpu-ref oracle's routing of seeded logits).
+void moe_block(benchmark::State& state, std::string spec, DType wdtype, std::int64_t T) {
+    const Tensor& x = input("bench/moe_x", {T, kHidden}, 1);
+    const auto& ex = experts(wdtype);
+    const RouterOutput r = node("cpu-ref").route(input("bench/moe_logits", {T, kExperts}, 1), qwen_router());
+    const RoutingPlan plan{r.ids, r.weights};
+    Backend& b = node(spec);
+    for (auto _ : state) benchmark::DoNotOptimize(b.moe_block(x, ex, plan));
+    state.counters["GFLOP/s"] = gflops(moe_flops(T));
+}
+
+// The whole routed-MoE layer as scripts/bench_numpy.py times it: router
+// matmul (T×2048 · 2048×128), softmax top-8 with renormalised weights, the 8
+// experts' SwiGLU MLPs per token and the weighted combine; f32 weights.
+void moe_layer(benchmark::State& state, std::string spec, std::int64_t T) {
+    const Tensor& x = input("bench/moe_x", {T, kHidden}, 1);
+    const Tensor& wr = input("bench/router", {kExperts, kHidden}, 1 / std::sqrt(double(kHidden)));
+    const auto& ex = experts(DType::f32);
+    Backend& b = node(spec);
+    for (auto _ : state) {
+        const Tensor logits = b.matmul(x, wr);
+        RouterOutput r = b.route(logits, qwen_router());
+        benchmark::DoNotOptimize(b.moe_block(x, ex, RoutingPlan{std::move(r.ids), std::move(r.weights)}));
+    }
+    state.counters["GFLOP/s"] = gflops(moe_flops(T) + 2.0 * double(T * kExperts * kHidden));
+}
 
 // Seeded input generation (Philox + libm-free Box–Muller), all threads.
-void BM_seeded(benchmark::State& state) {
-    const bool normal = state.range(0) == 0;
+void seeded(benchmark::State& state, bool normal) {
     for (auto _ : state)
         benchmark::DoNotOptimize(normal ? seeded_normal(1, "bench/rng", {1 << 22}, 0, 1)
                                         : seeded_uniform(1, "bench/rng", {1 << 22}, 0, 1));
-    state.SetLabel(normal ? "normal f32" : "uniform f32");
     state.SetItemsProcessed(state.iterations() * (1 << 22));
 }
-BENCHMARK(BM_seeded)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+// ---- registration ------------------------------------------------------------------
+
+template <typename F, typename... Args>
+benchmark::internal::Benchmark* add(const std::string& name, F f, Args... args) {
+    return benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& s) { f(s, args...); })->UseRealTime();
+}
+
+std::string shape_name(std::int64_t T, std::int64_t N, std::int64_t K) {
+    return "/T:" + std::to_string(T) + "/N:" + std::to_string(N) + "/K:" + std::to_string(K);
+}
+
+void register_all() {
+    const std::pair<std::int64_t, std::int64_t> expert_nk[] = {{kExpertFfn, kHidden}, {kHidden, kExpertFfn}};
+    const std::int64_t tokens[] = {1, 16, 128, 512};
+    // Our matmuls first, OpenBLAS after: its idle worker threads keep
+    // spinning for a while after each call and would slow what follows.
+    for (const char* spec : {"cpu:threads=2", "cpu:threads=1"})
+        for (auto [wd, storage] : {std::pair{DType::f32, ""}, std::pair{DType::bf16, ",storage=bf16"},
+                                   std::pair{DType::f16, ",storage=f16"}})
+            for (std::int64_t t : tokens)
+                for (auto [n, k] : expert_nk)
+                    add(std::string("matmul/") + spec + storage + "/" + dtype_name(wd) + shape_name(t, n, k), matmul,
+                        std::string(spec) + storage, wd, t, n, k)
+                        ->Unit(benchmark::kMicrosecond);
+    for (const char* spec : {"cpu-ref", "cpu:acc=f16"})
+        for (std::int64_t t : {1, 16})
+            for (auto [n, k] : expert_nk)
+                add(std::string("matmul/") + spec + "/f32" + shape_name(t, n, k), matmul, std::string(spec), DType::f32, t, n, k)
+                    ->Unit(benchmark::kMillisecond);
+#if defined(KVASIR_BENCH_OPENBLAS)
+    for (int threads : {2, 1})
+        for (std::int64_t t : tokens)
+            for (auto [n, k] : expert_nk)
+                add("openblas_sgemm/threads:" + std::to_string(threads) + shape_name(t, n, k), openblas_sgemm, threads, t, n, k)
+                    ->Unit(benchmark::kMicrosecond);
+#endif
+
+    const std::int64_t T = 128;
+    const std::vector<std::string> all_nodes = {"cpu-ref", "cpu", "cpu:acc=f16", "cpu:storage=bf16"};
+    for (const auto& spec : all_nodes) {
+        add("softmax/" + spec + "/router:128x128", row_op, spec, RowOp::softmax, Shape{T, kExperts});
+        add("softmax/" + spec + "/attention:4096x128", row_op, spec, RowOp::softmax, Shape{kHeads * T, T});
+        add("rmsnorm/" + spec + "/hidden:128x2048", row_op, spec, RowOp::rmsnorm, Shape{T, kHidden});
+        add("rmsnorm/" + spec + "/qk_norm:4096x128", row_op, spec, RowOp::rmsnorm, Shape{kHeads * T, kHeadDim});
+        add("swiglu/" + spec + "/routed:1024x768", row_op, spec, RowOp::swiglu, Shape{T * kTopK, kExpertFfn});
+        add("sigmoid/" + spec + "/router:128x128", row_op, spec, RowOp::sigmoid, Shape{T, kExperts});
+        add("rope/" + spec + "/q:128x32x128", rope, spec, T, kHeads);
+        add("rope/" + spec + "/k:128x4x128", rope, spec, T, kKvHeads);
+        add("route/" + spec + "/softmax_top8:128x128", route, spec, T);
+    }
+    for (std::int64_t t : {16, 128}) {
+        for (const char* spec : {"cpu:threads=2", "cpu:threads=1"}) {
+            add(std::string("moe_block/") + spec + "/f32/T:" + std::to_string(t), moe_block, std::string(spec), DType::f32, t)
+                ->Unit(benchmark::kMillisecond);
+            add(std::string("moe_block/") + spec + ",storage=bf16/bf16/T:" + std::to_string(t), moe_block,
+                std::string(spec) + ",storage=bf16", DType::bf16, t)
+                ->Unit(benchmark::kMillisecond);
+            add(std::string("moe_layer/") + spec + "/T:" + std::to_string(t), moe_layer, std::string(spec), t)
+                ->Unit(benchmark::kMillisecond);
+        }
+    }
+    add("moe_block/cpu-ref/f32/T:16", moe_block, std::string("cpu-ref"), DType::f32, std::int64_t{16})
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(1);
+    add("seeded/normal_f32", seeded, true)->Unit(benchmark::kMillisecond);
+    add("seeded/uniform_f32", seeded, false)->Unit(benchmark::kMillisecond);
+}
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+    register_all();
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+}

@@ -1,11 +1,24 @@
-// CPU matmul kernels: y[T, N] = x[T, K] · w[N, K]ᵀ in f32.
+// CPU matmul kernels: y[T, N] = x[T, K] · w[N, K]ᵀ with f32 accumulation.
 //
 // Both operands are K-contiguous (activations row-major, weights in the
-// nn.Linear [out, in] layout), so the kernel is a register-blocked dot
-// product: 3 rows of x × 4 rows of w per tile, 8-lane partial sums folded at
-// the end. Each output element is reduced by exactly one thread in a fixed
-// order, so results do not depend on the thread count. The AVX2 variant fuses
-// products into sums (FMA, one rounding); the generic one rounds twice.
+// nn.Linear [out, in] layout).
+//
+// AVX2 + FMA (matmul_avx2.cpp): a packed, cache-blocked GEMM in the manner
+// described by Goto & van de Geijn ("Anatomy of high-performance matrix
+// multiplication") and the BLIS papers, plus an in-register-transpose GEMV
+// for very few rows. In every path each output element is summed in the
+// same order: K is cut into blocks of kMatmulKBlock; each block is ONE
+// sequential chain of fused multiply-adds in ascending k started from +0,
+// and the block sums are added in ascending order:
+//     for block b:  s_b = 0;  for k in b:  s_b = fma(x[t,k], w[n,k], s_b)
+//     y[t,n] = ((s_0 + s_1) + s_2) + …
+// (the rounding error grows with the block length, 64, more than with K).
+// The result of an element depends neither on the thread count, nor on T
+// or N (a token gives the same bits alone or inside a batch), nor on the
+// path.
+//
+// Generic (matmul_generic.cpp): CPUs without AVX2/FMA; products rounded before
+// they are added, 8 interleaved partial sums folded pairwise at the end.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +26,31 @@
 namespace kvasir::kernels {
 
 bool cpu_has_avx2_fma() noexcept;
+
+// K block of the AVX2 kernels' summation order (see above).
+constexpr std::int64_t kMatmulKBlock = 64;
+
+// How the weight matrix is stored in memory.
+enum class WeightFormat : std::uint8_t { f32, f16, bf16 };
+// Rounding applied to each weight, after it is read as f32 and before it is
+// used (a storage=f16|bf16 node holding f32 weights). none: use as read.
+enum class WeightRounding : std::uint8_t { none, f16, bf16 };
+
+// AVX2 + FMA + F16C: the weights are converted (f16 with F16C, bf16 by a
+// 16-bit shift) and rounded with `rounding` while they are packed, never in a
+// separate pass over the matrix. With io_rounding (a storage=f16|bf16 node)
+// x is rounded while it is packed and every result when its job ends. The
+// result equals "round x, convert/round w, matmul_f32_avx2, round y" bit for
+// bit.
+void matmul_avx2(const float* x, const void* w, WeightFormat format, WeightRounding rounding, float* y,
+                 std::int64_t t_count, std::int64_t n_count, std::int64_t k_count, int threads,
+                 WeightRounding io_rounding = WeightRounding::none);
+
+// dst[i] = src[i] read as f32 and rounded as above (AVX2 + F16C); the
+// element-wise counterpart of what matmul_avx2 does to its weights, used for
+// the activations and results of storage=f16|bf16 nodes. dst may equal src
+// when the format is f32.
+void convert_avx2(const void* src, WeightFormat format, WeightRounding rounding, float* dst, std::int64_t n);
 
 void matmul_f32_avx2(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
                      std::int64_t k_count, int threads);

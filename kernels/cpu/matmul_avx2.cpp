@@ -1,68 +1,674 @@
-// AVX2 + FMA matmul: a 3×4 tile of 8-lane FMA accumulators (12 of the 16 ymm
-// registers) swept along K; the lanes are folded pairwise at the end, which is
-// a different reduction order from the oracle's sequential sum on purpose —
-// that is the arithmetic a SIMD CPU node really does.
+// AVX2 + FMA (+ F16C) matmul: y[T, N] = x[T, K] · w[N, K]ᵀ, f32 accumulation.
+//
+// Arithmetic (the contract, see matmul.hpp): for every output element, each
+// summation block of 64 k is one sequential FMA chain starting from +0, and
+// the block sums are added in order. Vector lanes always run over *different outputs*
+// (columns n), never over k, so no path reorders a sum; threads split the
+// outputs, never K.
+//
+// Two paths share that contract:
+//
+//  * GEMM (T > 3): packed and cache-blocked, after Goto & van de Geijn and
+//    the BLIS papers (own code).
+//      pack all of x, once, into row panels of MR = 6, per K block:
+//          Ap[pc][panel][k][6]                           (shared by the team)
+//      jobs = column chunks of NC (64 for T ≤ 48, 128 above; for few chunks
+//             also row blocks), handed out dynamically; per job:
+//        for pc over K, step KC = 256
+//          pack w[chunk, pc:pc+KC] into column panels of NR = 16:
+//            Bp[panel][k][16]  (k-major; converted/rounded here, transposed
+//            from w's [N, K] rows with 8×8 register transposes)  (L2)
+//          for ic over the job's rows, step MC = 72       (A block, L2)
+//            for each B panel (16 KB, stays in L1)
+//              for each A panel: micro-kernel 6×16 over KC
+//    The micro-kernel holds a 6×16 tile of y in 12 ymm accumulators; per k it
+//    loads two vectors of Bp, broadcasts six values of Ap and issues 12 FMAs
+//    (2 FMA pipes → 6 cycles for 8 loads: never load bound). The chains
+//    start at 0 for each summation block of 64 k; at its end the tile is
+//    stored (first block) or added to y: the block sums of the contract.
+//
+//  * GEMV (T ≤ 3: decoding, the few tokens an expert gets): streaming w once
+//    is the whole cost, so nothing is packed to memory: eight rows of w are
+//    loaded 8 k at a time, transposed in registers (lanes = 8 outputs) and
+//    fed to the same broadcast-FMA chains, one per row of x. Same per-element
+//    order as GEMM, so a token gives the same bits alone as inside a batch.
+//
+// Threads: jobs (GEMM) and 64-output chunks (GEMV) are handed out with
+// schedule(dynamic): a thread that the OS preempts simply takes fewer. Every
+// element is computed start to finish by one job with the arithmetic above,
+// so neither the thread count nor the schedule shows in the result.
 #include "kernels/cpu/matmul.hpp"
 
 #include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <type_traits>
 
 namespace kvasir::kernels {
 namespace {
 
-inline float hsum(__m256 v) {
-    const __m128 lo = _mm256_castps256_ps128(v);
-    const __m128 hi = _mm256_extractf128_ps(v, 1);
-    __m128 s = _mm_add_ps(lo, hi);              // lanes (0+4, 1+5, 2+6, 3+7)
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));     // (0+4+2+6, 1+5+3+7)
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
+using i64 = std::int64_t;
+
+constexpr int kMR = 6;          // rows of the micro-tile (broadcast operand, x)
+constexpr int kNR = 16;         // columns of the micro-tile (two ymm, operand w)
+constexpr i64 kKC = 256;        // K block: a 16×KC B panel is 16 KB (half of L1d)
+constexpr i64 kSumBlock = kMatmulKBlock;  // summation block (divides KC, multiple of 16)
+static_assert(kKC % kSumBlock == 0 && kSumBlock % 16 == 0);
+constexpr i64 kMC = 72;         // rows per A block: 72×256×4 = 72 KB in L2
+constexpr i64 kNcSmallT = 64;   // columns per job, T ≤ 48 (B block 64 KB)
+constexpr i64 kNcLargeT = 128;  // columns per job, T > 48 (B block 128 KB)
+constexpr i64 kGemvChunk = 64;  // outputs per GEMV job
+constexpr i64 kGemvMaxRows = 3;  // T up to this: GEMV path, no packing
+
+// ---------------------------------------------------------------------------
+// Reading weights as f32: conversion from the stored format, then optional
+// rounding to a narrower storage format. Vector (8 consecutive k of one row)
+// and scalar forms produce the same bits.
+// ---------------------------------------------------------------------------
+
+inline __m256 bf16x8_to_f32(__m128i h) {
+    // A bf16 is the top half of an f32: widen each 16-bit lane, shift it up.
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-template <int MT, int NT>
-inline void tile(const float* x, const float* w, float* y, std::int64_t n_count, std::int64_t k_count) {
-    __m256 acc[MT][NT];
-    for (int i = 0; i < MT; ++i)
-        for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps();
-    const std::int64_t k_vec = k_count & ~std::int64_t{7};
-    for (std::int64_t k = 0; k < k_vec; k += 8) {
-        __m256 xv[MT];
-        for (int i = 0; i < MT; ++i) xv[i] = _mm256_loadu_ps(x + i * k_count + k);
-        for (int j = 0; j < NT; ++j) {
-            const __m256 wv = _mm256_loadu_ps(w + j * k_count + k);
-            for (int i = 0; i < MT; ++i) acc[i][j] = _mm256_fmadd_ps(xv[i], wv, acc[i][j]);
+// Round 8 f32 to bf16 precision (RNE on the dropped 16 bits, overflow carries
+// into inf); NaN stays NaN with the quiet bit set, as f32_to_bf16_bits does.
+inline __m256 round_bf16x8(__m256 v) {
+    const __m256i b = _mm256_castps_si256(v);
+    const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), hi_mask);
+    const __m256i quiet = _mm256_or_si256(_mm256_and_si256(b, hi_mask), _mm256_set1_epi32(0x00400000));
+    const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    return _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), is_nan);
+}
+
+inline __m256 round_f16x8(__m256 v) {
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+template <WeightRounding R>
+inline __m256 round_w(__m256 v) {
+    if constexpr (R == WeightRounding::f16) return round_f16x8(v);
+    else if constexpr (R == WeightRounding::bf16) return round_bf16x8(v);
+    else return v;
+}
+
+// Eight consecutive weights w[i … i+7] as f32.
+template <WeightFormat F, WeightRounding R>
+inline __m256 load8(const void* w, i64 i) {
+    __m256 v;
+    if constexpr (F == WeightFormat::f32) {
+        v = _mm256_loadu_ps(static_cast<const float*>(w) + i);
+    } else {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(w) + i));
+        v = F == WeightFormat::f16 ? _mm256_cvtph_ps(h) : bf16x8_to_f32(h);
+    }
+    return round_w<R>(v);
+}
+
+// One weight w[i] as f32, through the same vector instructions as load8.
+template <WeightFormat F, WeightRounding R>
+inline float load1(const void* w, i64 i) {
+    __m256 v;
+    if constexpr (F == WeightFormat::f32) {
+        v = _mm256_set1_ps(static_cast<const float*>(w)[i]);
+    } else {
+        const __m128i h = _mm_set1_epi16(static_cast<short>(static_cast<const std::uint16_t*>(w)[i]));
+        v = F == WeightFormat::f16 ? _mm256_cvtph_ps(h) : bf16x8_to_f32(h);
+    }
+    return _mm256_cvtss_f32(round_w<R>(v));
+}
+
+template <WeightFormat F>
+constexpr i64 sizeof_w() { return F == WeightFormat::f32 ? 4 : 2; }
+
+// In-register 8×8 transpose: on return r[j] holds column j (lane i = old r[i][j]).
+[[gnu::always_inline]] inline void transpose8(__m256 r[8]) {
+    // Interleave pairs of rows: t0 = r0[0] r1[0] r0[1] r1[1] | r0[4] r1[4] r0[5] r1[5] …
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    // Gather quadruples: s0 = column 0 of rows 0-3 | column 4 of rows 0-3, etc.
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+    // Join 128-bit halves: rows 0-3 from s0…s3, rows 4-7 from s4…s7.
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+// The 8×8 block w[row … row+7, k … k+7] transposed into r[0..7] (r[j] =
+// column k+j, lane i = row+i), converted and rounded. For f32 weights the
+// 128-bit halves are placed by the loads themselves (broadcast of 4 floats,
+// then a blend, which does not use the shuffle unit), leaving two 4×4
+// in-lane transposes: 16 shuffles instead of 24 for the generic transpose8.
+// f32 only: the 8×4 block w[row … row+7, k … k+3] transposed into r[0..3].
+template <WeightRounding R>
+[[gnu::always_inline]] inline void load_transposed4_f32(const float* w, i64 row, i64 k_count, i64 k, __m256 r[4]) {
+    const float* base = w + row * k_count + k;
+    __m256 a[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+        const __m256 lo = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(base + i * k_count));
+        const __m256 hi = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(base + (i + 4) * k_count));
+        a[i] = round_w<R>(_mm256_blend_ps(lo, hi, 0xf0));  // row i | row i+4
+    }
+    const __m256 t0 = _mm256_unpacklo_ps(a[0], a[1]), t1 = _mm256_unpackhi_ps(a[0], a[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(a[2], a[3]), t3 = _mm256_unpackhi_ps(a[2], a[3]);
+    r[0] = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+    r[1] = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+    r[2] = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+    r[3] = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+}
+
+template <WeightFormat F, WeightRounding R>
+[[gnu::always_inline]] inline void load_transposed8(const void* w, i64 row, i64 k_count, i64 k, __m256 r[8]) {
+    if constexpr (F == WeightFormat::f32) {
+        load_transposed4_f32<R>(static_cast<const float*>(w), row, k_count, k, r);
+        load_transposed4_f32<R>(static_cast<const float*>(w), row, k_count, k + 4, r + 4);
+    } else {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) r[i] = load8<F, R>(w, (row + i) * k_count + k);
+        transpose8(r);
+    }
+}
+
+inline float fma1(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+
+// ---------------------------------------------------------------------------
+// GEMV path (T ≤ kGemvMaxRows rows of x): 8 rows of w per chain group,
+// transposed in registers so that lane i follows output n+i through its
+// k-ordered chain; each of the TT rows of x has its own chain.
+// ---------------------------------------------------------------------------
+
+template <int TT>
+struct Chains {
+    __m256 v[TT];
+};
+
+// k … k+7 of rows [row, row + 8) of w into the TT chains.
+template <WeightFormat F, WeightRounding R, int TT>
+[[gnu::always_inline]] inline Chains<TT> gemv_step8(const float* x, const void* w, i64 row, i64 k_count, i64 k, Chains<TT> acc) {
+    __m256 r[8];
+    load_transposed8<F, R>(w, row, k_count, k, r);  // r[j] = w[row … row+7, k+j]
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j)
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; ++t)
+            acc.v[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + t * k_count + k + j), r[j], acc.v[t]);
+    return acc;
+}
+
+// The smallest step: 4 k for f32 weights (4 FMAs per chain), 8 otherwise.
+template <WeightFormat F>
+constexpr i64 kGemvSub = F == WeightFormat::f32 ? 4 : 8;
+
+template <WeightFormat F, WeightRounding R, int TT>
+[[gnu::always_inline]] inline Chains<TT> gemv_sub(const float* x, const void* w, i64 row, i64 k_count, i64 k,
+                                                  Chains<TT> acc) {
+    if constexpr (F == WeightFormat::f32) {
+        __m256 r[4];
+        load_transposed4_f32<R>(static_cast<const float*>(w), row, k_count, k, r);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j)
+#pragma GCC unroll 4
+            for (int t = 0; t < TT; ++t)
+                acc.v[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + t * k_count + k + j), r[j], acc.v[t]);
+        return acc;
+    } else {
+        return gemv_step8<F, R, TT>(x, w, row, k_count, k, acc);
+    }
+}
+
+// 16 k: one whole 64-byte line of each f32 row, its two halves back to back.
+template <WeightFormat F, WeightRounding R, int TT>
+[[gnu::always_inline]] inline Chains<TT> gemv_step16(const float* x, const void* w, i64 row, i64 k_count, i64 k, Chains<TT> acc) {
+    return gemv_step8<F, R, TT>(x, w, row, k_count, k + 8, gemv_step8<F, R, TT>(x, w, row, k_count, k, acc));
+}
+
+// k from `k` to the end (fewer than 16), one k at a time for the last < 8.
+template <WeightFormat F, WeightRounding R, int TT>
+[[gnu::always_inline]] inline Chains<TT> gemv_finish(const float* x, const void* w, i64 row, i64 k_count, i64 k, Chains<TT> acc) {
+    if (k + 8 <= k_count) {
+        acc = gemv_step8<F, R, TT>(x, w, row, k_count, k, acc);
+        k += 8;
+    }
+    for (; k < k_count; ++k) {
+        alignas(32) float col[8];
+        for (int i = 0; i < 8; ++i) col[i] = load1<F, R>(w, (row + i) * k_count + k);
+        const __m256 c = _mm256_load_ps(col);
+        for (int t = 0; t < TT; ++t) acc.v[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + t * k_count + k), c, acc.v[t]);
+    }
+    return acc;
+}
+
+// End of a K block: y = (first ? 0 : y) + chain, and the chain restarts at 0.
+template <int TT>
+[[gnu::always_inline]] inline void flush_chains(float* y, i64 n_count, Chains<TT>& acc, bool first) {
+    for (int t = 0; t < TT; ++t) {
+        float* p = y + t * n_count;
+        _mm256_storeu_ps(p, first ? acc.v[t] : _mm256_add_ps(_mm256_loadu_ps(p), acc.v[t]));
+        acc.v[t] = _mm256_setzero_ps();
+    }
+}
+
+// Outputs [n0, n1) of the TT rows.
+template <WeightFormat F, WeightRounding R, int TT>
+void gemv_rows(const float* x, const void* w, float* y, i64 n0, i64 n1, i64 n_count, i64 k_count) {
+    // Each FMA chain issues only once per FMA latency (4 cycles), so two
+    // groups of 8 rows (2·TT chains) run side by side. (Four groups are a
+    // little faster when w sits in L3, but slower when it streams from DRAM,
+    // the MoE case: 32 row streams are too many for the prefetchers.) Their
+    // rows are K floats apart; when K·4 is a multiple of 4 KB, rows at the
+    // same k share an L1 set, so group g runs g·lag 16-k steps behind.
+    constexpr int G = 2;
+    constexpr i64 lag = 4;
+    constexpr i64 block_steps = kSumBlock / 16;  // a summation block in steps of 16 k
+    const i64 steps = k_count / 16;
+    // A block ends before the step that starts at a multiple of KC: flush.
+    const auto boundary = [&](float* yg, Chains<TT>& acc, i64 step) {
+        if (step > 0 && step % block_steps == 0) flush_chains(yg, n_count, acc, step == block_steps);
+    };
+    // The last k (fewer than 16) lie in the last block; then the last flush.
+    const auto finish = [&](float* yg, i64 row, Chains<TT>& acc) {
+        if (16 * steps < k_count) boundary(yg, acc, steps);
+        acc = gemv_finish<F, R, TT>(x, w, row, k_count, 16 * steps, acc);
+        flush_chains(yg, n_count, acc, k_count <= kSumBlock);
+    };
+    i64 n = n0;
+    for (; n + 8 * G <= n1; n += 8 * G) {
+        Chains<TT> a[G] = {};
+        for (i64 s = 0; s < steps + (G - 1) * lag; ++s) {
+#pragma GCC unroll 4
+            for (int g = 0; g < G; ++g) {
+                const i64 sg = s - g * lag;
+                if (sg >= 0 && sg < steps) boundary(y + n + 8 * g, a[g], sg);
+            }
+            if constexpr (TT == 1) {
+                // One chain per group: interleave the groups every 4 (f32) or
+                // 8 k, so that both chains are in the out-of-order window.
+#pragma GCC unroll 4
+                for (i64 q = 0; q < 16; q += kGemvSub<F>)
+#pragma GCC unroll 4
+                    for (int g = 0; g < G; ++g) {
+                        const i64 sg = s - g * lag;
+                        if (sg >= 0 && sg < steps) a[g] = gemv_sub<F, R, TT>(x, w, n + 8 * g, k_count, 16 * sg + q, a[g]);
+                    }
+            } else {
+#pragma GCC unroll 4
+                for (int g = 0; g < G; ++g) {
+                    const i64 sg = s - g * lag;
+                    if (sg >= 0 && sg < steps) a[g] = gemv_step16<F, R, TT>(x, w, n + 8 * g, k_count, 16 * sg, a[g]);
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) finish(y + n + 8 * g, n + 8 * g, a[g]);
+    }
+    for (; n + 8 <= n1; n += 8) {
+        Chains<TT> a{};
+        for (i64 s = 0; s < steps; ++s) {
+            boundary(y + n, a, s);
+            a = gemv_step16<F, R, TT>(x, w, n, k_count, 16 * s, a);
+        }
+        finish(y + n, n, a);
+    }
+    for (; n < n1; ++n)
+        for (int t = 0; t < TT; ++t) {
+            float total = 0.0f, s = 0.0f;
+            for (i64 k = 0; k < k_count; ++k) {
+                if (k > 0 && k % kSumBlock == 0) {
+                    total = k == kSumBlock ? s : total + s;
+                    s = 0.0f;
+                }
+                s = fma1(x[t * k_count + k], load1<F, R>(w, n * k_count + k), s);
+            }
+            y[t * n_count + n] = k_count <= kSumBlock ? s : total + s;
+        }
+}
+
+// ---------------------------------------------------------------------------
+// GEMM path.
+// ---------------------------------------------------------------------------
+
+// Pack rows [n, n + valid) of w, columns [k0, k0 + kc), into one NR panel:
+// dst[k·16 + i] = w[n + i, k0 + k], zero for i ≥ valid (those columns of the
+// micro-tile are computed and thrown away).
+template <WeightFormat F, WeightRounding R>
+void pack_b_panel(const void* w, i64 k_count, i64 n, i64 valid, i64 k0, i64 kc, float* dst) {
+    for (int h = 0; h < 2; ++h) {
+        const i64 rows = n + 8 * h;
+        const i64 v = std::clamp<i64>(valid - 8 * h, 0, 8);
+        float* d = dst + 8 * h;
+        i64 k = 0;
+        if (v == 8) {
+            for (; k + 8 <= kc; k += 8) {
+                __m256 r[8];
+                load_transposed8<F, R>(w, rows, k_count, k0 + k, r);
+                for (int j = 0; j < 8; ++j) _mm256_store_ps(d + (k + j) * kNR, r[j]);
+            }
+        }
+        for (; k < kc; ++k)
+            for (int i = 0; i < 8; ++i) d[k * kNR + i] = i < v ? load1<F, R>(w, (rows + i) * k_count + k0 + k) : 0.0f;
+    }
+}
+
+// Pack rows [t, t + valid) of x, columns [k0, k0 + kc), into one MR panel:
+// dst[k·6 + i] = x[t + i, k0 + k] (rounded as RX), zero for i ≥ valid. Exactly kc·6 floats
+// are written (panels of different threads are adjacent).
+template <WeightRounding RX>
+void pack_a_panel(const float* x, i64 k_count, i64 t, i64 valid, i64 k0, i64 kc, float* dst) {
+    i64 k = 0;
+    if (valid == kMR) {
+        for (; k + 8 <= kc; k += 8) {
+            __m256 r[8];
+#pragma GCC unroll 6
+            for (int i = 0; i < kMR; ++i) r[i] = load8<WeightFormat::f32, RX>(x, (t + i) * k_count + k0 + k);
+            r[6] = r[7] = _mm256_setzero_ps();
+            transpose8(r);  // lanes 0-5 of r[j]: x[t … t+5, k0+k+j]
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; ++j) {
+                float* d = dst + (k + j) * kMR;
+                _mm_storeu_ps(d, _mm256_castps256_ps128(r[j]));
+                _mm_storel_pi(reinterpret_cast<__m64*>(d + 4), _mm256_extractf128_ps(r[j], 1));
+            }
         }
     }
-    for (int i = 0; i < MT; ++i)
-        for (int j = 0; j < NT; ++j) {
-            float s = hsum(acc[i][j]);
-            for (std::int64_t k = k_vec; k < k_count; ++k) s = __builtin_fmaf(x[i * k_count + k], w[j * k_count + k], s);
-            y[i * n_count + j] = s;
-        }
+    for (; k < kc; ++k)
+        for (int i = 0; i < kMR; ++i)
+            dst[k * kMR + i] = i < valid ? load1<WeightFormat::f32, RX>(x, (t + i) * k_count + k0 + k) : 0.0f;
 }
 
-template <int MT>
-inline void row_block(const float* x, const float* w, float* y, std::int64_t n0, std::int64_t n1, std::int64_t n_count,
-                      std::int64_t k_count) {
-    std::int64_t n = n0;
-    for (; n + 4 <= n1; n += 4) tile<MT, 4>(x, w + n * k_count, y + n, n_count, k_count);
-    for (; n < n1; ++n) tile<MT, 1>(x, w + n * k_count, y + n, n_count, k_count);
+void pack_a_panel(WeightRounding rx, const float* x, i64 k_count, i64 t, i64 valid, i64 k0, i64 kc, float* dst) {
+    switch (rx) {
+        case WeightRounding::none: pack_a_panel<WeightRounding::none>(x, k_count, t, valid, k0, kc, dst); break;
+        case WeightRounding::f16: pack_a_panel<WeightRounding::f16>(x, k_count, t, valid, k0, kc, dst); break;
+        case WeightRounding::bf16: pack_a_panel<WeightRounding::bf16>(x, k_count, t, valid, k0, kc, dst); break;
+    }
+}
+
+// The micro-kernel: the chain s = Ap·Bp over this K block (one FMA per
+// element per k, in k order, from +0), then c[M×16] (row stride ldc) =
+// add ? c + s : s. The accumulators are named
+// variables, not an array: GCC keeps those in registers (an array of __m256
+// indexed in loops ends up spilled to the stack on every iteration).
+template <int M>
+void micro_block(i64 kc, const float* a, const float* b, float* c, i64 ldc, bool add) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+#define KVASIR_ROW_FMA(i)                                   \
+    if constexpr (M > i) {                                  \
+        const __m256 av = _mm256_broadcast_ss(a + (i));     \
+        c##i##0 = _mm256_fmadd_ps(av, b0, c##i##0);         \
+        c##i##1 = _mm256_fmadd_ps(av, b1, c##i##1);         \
+    }
+#pragma GCC unroll 4
+    for (i64 k = 0; k < kc; ++k) {
+        const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+        KVASIR_ROW_FMA(0) KVASIR_ROW_FMA(1) KVASIR_ROW_FMA(2) KVASIR_ROW_FMA(3) KVASIR_ROW_FMA(4) KVASIR_ROW_FMA(5)
+        a += kMR;
+        b += kNR;
+    }
+#undef KVASIR_ROW_FMA
+#define KVASIR_ROW_ADD(i)                                                          \
+    if constexpr (M > i) {                                                         \
+        c##i##0 = _mm256_add_ps(_mm256_loadu_ps(c + (i) * ldc), c##i##0);         \
+        c##i##1 = _mm256_add_ps(_mm256_loadu_ps(c + (i) * ldc + 8), c##i##1);     \
+    }
+    if (add) {
+        KVASIR_ROW_ADD(0) KVASIR_ROW_ADD(1) KVASIR_ROW_ADD(2) KVASIR_ROW_ADD(3) KVASIR_ROW_ADD(4) KVASIR_ROW_ADD(5)
+    }
+#undef KVASIR_ROW_ADD
+#define KVASIR_ROW_STORE(i)                                 \
+    if constexpr (M > i) {                                  \
+        _mm256_storeu_ps(c + (i) * ldc, c##i##0);           \
+        _mm256_storeu_ps(c + (i) * ldc + 8, c##i##1);       \
+    }
+    KVASIR_ROW_STORE(0) KVASIR_ROW_STORE(1) KVASIR_ROW_STORE(2) KVASIR_ROW_STORE(3) KVASIR_ROW_STORE(4) KVASIR_ROW_STORE(5)
+#undef KVASIR_ROW_STORE
+}
+
+// The micro-kernel over a whole KC block: one summation block at a time.
+template <int M>
+void micro_kernel(i64 kc, const float* a, const float* b, float* c, i64 ldc, bool add) {
+    for (i64 k = 0; k < kc; k += kSumBlock) {
+        micro_block<M>(std::min(kSumBlock, kc - k), a + k * kMR, b + k * kNR, c, ldc, add || k > 0);
+    }
+}
+
+using MicroKernel = void (*)(i64, const float*, const float*, float*, i64, bool);
+constexpr MicroKernel kMicro[kMR + 1] = {nullptr,         micro_kernel<1>, micro_kernel<2>, micro_kernel<3>,
+                                         micro_kernel<4>, micro_kernel<5>, micro_kernel<6>};
+
+// Round y[0 … n) in place (the result of a storage=f16|bf16 node).
+void round_run(WeightRounding r, float* y, i64 n) {
+    if (r != WeightRounding::none) convert_avx2(y, WeightFormat::f32, r, y, n);
+}
+
+// Packing buffers, kept between calls. A thread_local buffer of the calling
+// thread holds the packed x, which the whole team reads; each team thread
+// packs its blocks of w into its own thread_local buffer (OpenMP reuses its
+// threads, so these are allocated once).
+class Buffer {
+public:
+    float* get(i64 floats) {
+        if (size_ < floats) {
+            const auto bytes = static_cast<std::size_t>((floats * 4 + 63) / 64 * 64);
+            data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+            if (!data_) throw std::bad_alloc();
+            size_ = floats;
+        }
+        return data_.get();
+    }
+
+private:
+    struct Free {
+        void operator()(float* p) const { std::free(p); }
+    };
+    std::unique_ptr<float, Free> data_;
+    i64 size_ = 0;
+};
+
+Buffer& a_buffer() {
+    thread_local Buffer b;
+    return b;
+}
+Buffer& b_buffer() {
+    thread_local Buffer b;
+    return b;
+}
+
+// The packed x: for each K block pc (of width kc = min(KC, K - pc)), all row
+// panels of T, each panel kc·6 floats: panel r of block pc at
+// (pc·row_panels + r·kc)·6 — i.e. blocks are KC·6·row_panels floats apart.
+struct PackedA {
+    const float* data;
+    i64 row_panels;
+    const float* panel(i64 pc, i64 kc, i64 r) const { return data + (pc * row_panels + r * kc) * kMR; }
+};
+
+// One job of the GEMM: rows [t0, t1) × columns [n0, n1) of y, all of K.
+template <WeightFormat F, WeightRounding R>
+void gemm_job(const PackedA& a, const void* w, float* y, WeightRounding ry, i64 n_count, i64 k_count, i64 t0, i64 t1,
+              i64 n0, i64 n1) {
+    const i64 nc = n1 - n0;
+    const i64 panels = (nc + kNR - 1) / kNR;
+    float* bp = b_buffer().get(kKC * panels * kNR);
+    alignas(32) float edge[kMR * kNR];
+    for (i64 pc = 0; pc < k_count; pc += kKC) {
+        const i64 kc = std::min(kKC, k_count - pc);
+        const bool add = pc > 0;
+        for (i64 p = 0; p < panels; ++p)
+            pack_b_panel<F, R>(w, k_count, n0 + p * kNR, std::min<i64>(kNR, nc - p * kNR), pc, kc, bp + p * kc * kNR);
+        for (i64 ic = t0; ic < t1; ic += kMC) {
+            const i64 mc = std::min(kMC, t1 - ic);
+            const i64 r0 = ic / kMR, r1 = (ic + mc + kMR - 1) / kMR;
+            for (i64 p = 0; p < panels; ++p) {
+                const i64 cols = std::min<i64>(kNR, nc - p * kNR);
+                const float* bpp = bp + p * kc * kNR;
+                for (i64 r = r0; r < r1; ++r) {
+                    const int m = static_cast<int>(std::min<i64>(kMR, t1 - r * kMR));
+                    const float* app = a.panel(pc, kc, r);
+                    float* c = y + r * kMR * n_count + n0 + p * kNR;
+                    if (cols == kNR) {
+                        kMicro[m](kc, app, bpp, c, n_count, add);
+                    } else {
+                        // Partial panel: run the full tile on a scratch copy.
+                        if (add)
+                            for (int i = 0; i < m; ++i) std::memcpy(edge + i * kNR, c + i * n_count, sizeof(float) * cols);
+                        kMicro[m](kc, app, bpp, edge, kNR, add);
+                        for (int i = 0; i < m; ++i) std::memcpy(c + i * n_count, edge + i * kNR, sizeof(float) * cols);
+                    }
+                }
+            }
+        }
+    }
+    for (i64 t = t0; t < t1; ++t) round_run(ry, y + t * n_count + n0, n1 - n0);
+}
+
+template <WeightFormat F, WeightRounding R>
+void gemm(const float* x, WeightRounding rx, const void* w, float* y, i64 t_count, i64 n_count, i64 k_count, int threads) {
+    const i64 row_panels = (t_count + kMR - 1) / kMR;
+    const i64 k_blocks = (k_count + kKC - 1) / kKC;
+    const PackedA a{a_buffer().get(k_blocks * kKC * row_panels * kMR), row_panels};
+    // Jobs: column chunks of nc (whole panels), and for few chunks row blocks
+    // too. They are handed out dynamically: a thread the OS preempts does
+    // fewer of them, and since every element is computed by one job with the
+    // same arithmetic, who does which job never shows in the result.
+    const i64 nc = t_count <= 48 ? kNcSmallT : kNcLargeT;
+    const i64 col_jobs = (n_count + nc - 1) / nc;
+    // Row blocks repack the same B block once each, so only when the column
+    // chunks alone cannot keep every thread busy.
+    i64 row_jobs = 1;
+    if (threads > 1 && col_jobs < threads)
+        row_jobs = std::min((row_panels * kMR + kMC - 1) / kMC, (threads + col_jobs - 1) / col_jobs);
+    const i64 rows_per_job = (row_panels + row_jobs - 1) / row_jobs * kMR;
+    row_jobs = (t_count + rows_per_job - 1) / rows_per_job;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        // 1. pack x, once for all jobs (static split of the panels).
+#pragma omp for schedule(static)
+        for (i64 job = 0; job < k_blocks * row_panels; ++job) {
+            const i64 pc = job / row_panels * kKC, r = job % row_panels;
+            const i64 kc = std::min(kKC, k_count - pc);
+            pack_a_panel(rx, x, k_count, r * kMR, std::min<i64>(kMR, t_count - r * kMR), pc, kc,
+                         const_cast<float*>(a.panel(pc, kc, r)));
+        }
+        // (implicit barrier: every panel of x is packed)
+        // 2. the jobs.
+#pragma omp for schedule(dynamic, 1)
+        for (i64 job = 0; job < col_jobs * row_jobs; ++job) {
+            const i64 cj = job % col_jobs, rj = job / col_jobs;
+            const i64 n0 = cj * nc, n1 = std::min(n_count, n0 + nc);
+            const i64 t0 = rj * rows_per_job, t1 = std::min(t_count, t0 + rows_per_job);
+            gemm_job<F, R>(a, w, y, rx, n_count, k_count, t0, t1, n0, n1);
+        }
+    }
+}
+
+template <WeightFormat F, WeightRounding R>
+void run(const float* x, WeightRounding rx, const void* w, float* y, i64 t_count, i64 n_count, i64 k_count, int threads) {
+    // Tiny problems are not worth waking threads for (the result is the same).
+    if (2.0 * static_cast<double>(t_count) * static_cast<double>(n_count) * static_cast<double>(k_count) < 2e5) threads = 1;
+    if (t_count <= kGemvMaxRows) {
+        if (rx != WeightRounding::none) {  // the GEMV reads x in place: round its ≤ 3 rows into a copy
+            float* xr = a_buffer().get(t_count * k_count);
+            convert_avx2(x, WeightFormat::f32, rx, xr, t_count * k_count);
+            x = xr;
+        }
+        // GEMV: chunks of 64 outputs, handed out dynamically.
+        const i64 chunks = (n_count + kGemvChunk - 1) / kGemvChunk;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+        for (i64 c = 0; c < chunks; ++c) {
+            const i64 n0 = c * kGemvChunk, n1 = std::min(n_count, n0 + kGemvChunk);
+            switch (t_count) {
+                case 1: gemv_rows<F, R, 1>(x, w, y, n0, n1, n_count, k_count); break;
+                case 2: gemv_rows<F, R, 2>(x, w, y, n0, n1, n_count, k_count); break;
+                default: gemv_rows<F, R, 3>(x, w, y, n0, n1, n_count, k_count); break;
+            }
+            for (i64 t = 0; t < t_count; ++t) round_run(rx, y + t * n_count + n0, n1 - n0);
+        }
+        return;
+    }
+    gemm<F, R>(x, rx, w, y, t_count, n_count, k_count, threads);
+}
+
+template <WeightFormat F>
+void run_rounded(WeightRounding r, const float* x, WeightRounding rx, const void* w, float* y, i64 t, i64 n, i64 k,
+                 int threads) {
+    switch (r) {
+        case WeightRounding::none: run<F, WeightRounding::none>(x, rx, w, y, t, n, k, threads); break;
+        case WeightRounding::f16: run<F, WeightRounding::f16>(x, rx, w, y, t, n, k, threads); break;
+        case WeightRounding::bf16: run<F, WeightRounding::bf16>(x, rx, w, y, t, n, k, threads); break;
+    }
 }
 
 }  // namespace
 
+void matmul_avx2(const float* x, const void* w, WeightFormat format, WeightRounding rounding, float* y,
+                 std::int64_t t_count, std::int64_t n_count, std::int64_t k_count, int threads,
+                 WeightRounding io_rounding) {
+    if (t_count <= 0 || n_count <= 0) return;
+    if (k_count <= 0) {
+        std::fill(y, y + t_count * n_count, 0.0f);
+        return;
+    }
+    // Rounding a format to itself is the identity.
+    if ((format == WeightFormat::f16 && rounding == WeightRounding::f16) ||
+        (format == WeightFormat::bf16 && rounding == WeightRounding::bf16))
+        rounding = WeightRounding::none;
+    switch (format) {
+        case WeightFormat::f32: run_rounded<WeightFormat::f32>(rounding, x, io_rounding, w, y, t_count, n_count, k_count, threads); break;
+        case WeightFormat::f16: run_rounded<WeightFormat::f16>(rounding, x, io_rounding, w, y, t_count, n_count, k_count, threads); break;
+        case WeightFormat::bf16: run_rounded<WeightFormat::bf16>(rounding, x, io_rounding, w, y, t_count, n_count, k_count, threads); break;
+    }
+}
+
+void convert_avx2(const void* src, WeightFormat format, WeightRounding rounding, float* dst, std::int64_t n) {
+    // Element-wise, so dst may be src (f32 in place).
+    const auto run_one = [&](auto f, auto r) {
+        constexpr WeightFormat F = decltype(f)::value;
+        constexpr WeightRounding R = decltype(r)::value;
+        i64 i = 0;
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8<F, R>(src, i));
+        for (; i < n; ++i) dst[i] = load1<F, R>(src, i);
+    };
+    const auto with_rounding = [&](auto f) {
+        switch (rounding) {
+            case WeightRounding::none: run_one(f, std::integral_constant<WeightRounding, WeightRounding::none>{}); break;
+            case WeightRounding::f16: run_one(f, std::integral_constant<WeightRounding, WeightRounding::f16>{}); break;
+            case WeightRounding::bf16: run_one(f, std::integral_constant<WeightRounding, WeightRounding::bf16>{}); break;
+        }
+    };
+    switch (format) {
+        case WeightFormat::f32: with_rounding(std::integral_constant<WeightFormat, WeightFormat::f32>{}); break;
+        case WeightFormat::f16: with_rounding(std::integral_constant<WeightFormat, WeightFormat::f16>{}); break;
+        case WeightFormat::bf16: with_rounding(std::integral_constant<WeightFormat, WeightFormat::bf16>{}); break;
+    }
+}
+
 void matmul_f32_avx2(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
                      std::int64_t k_count, int threads) {
-    // Parallel over blocks of 4 weight rows: every thread sweeps all tokens
-    // for its slice of N, so a weight row is loaded from memory once.
-    const std::int64_t n_blocks = (n_count + 3) / 4;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (std::int64_t b = 0; b < n_blocks; ++b) {
-        const std::int64_t n0 = b * 4;
-        const std::int64_t n1 = n0 + 4 < n_count ? n0 + 4 : n_count;
-        std::int64_t t = 0;
-        for (; t + 3 <= t_count; t += 3) row_block<3>(x + t * k_count, w, y + t * n_count, n0, n1, n_count, k_count);
-        for (; t < t_count; ++t) row_block<1>(x + t * k_count, w, y + t * n_count, n0, n1, n_count, k_count);
-    }
+    matmul_avx2(x, w, WeightFormat::f32, WeightRounding::none, y, t_count, n_count, k_count, threads);
 }
 
 }  // namespace kvasir::kernels

@@ -1,5 +1,8 @@
-// Portable matmul for CPUs without AVX2/FMA: same tiling and lane structure
-// as the AVX2 kernel, but each product is rounded before it is added.
+// Portable matmul for CPUs without AVX2/FMA: per output element, 8 interleaved
+// partial sums over k (the order a 256-bit SIMD dot product produces) folded
+// pairwise, each product rounded before it is added. Its order differs from
+// the AVX2 path's single FMA chain; both are deterministic and independent of
+// the thread count (threads split the outputs, never K).
 #include "kernels/cpu/matmul.hpp"
 
 #include "kernels/cpu/f16_round.hpp"

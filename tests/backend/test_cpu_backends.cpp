@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numbers>
@@ -292,6 +293,166 @@ TEST(Cpu, ResultsDoNotDependOnThreadCount) {
     const Tensor c = create_backend("cpu:threads=3")->matmul(x, w);
     EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
     EXPECT_EQ(std::memcmp(a.raw(), c.raw(), a.nbytes()), 0);
+}
+
+// ---- the packed AVX2 GEMM / GEMV (kernels/cpu/matmul_avx2.cpp) ------------------
+
+namespace {
+
+// The kernel's contract, written out: per K block of kMatmulKBlock one FMA
+// chain in ascending k from +0; the block sums added in order.
+std::vector<float> fma_chain(const float* x, const float* w, std::int64_t T, std::int64_t N, std::int64_t K) {
+    std::vector<float> y(static_cast<std::size_t>(T * N));
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t n = 0; n < N; ++n) {
+            float total = 0.0f;
+            for (std::int64_t k0 = 0; k0 < K; k0 += kernels::kMatmulKBlock) {
+                float s = 0.0f;
+                for (std::int64_t k = k0; k < std::min(K, k0 + kernels::kMatmulKBlock); ++k)
+                    s = std::fma(x[t * K + k], w[n * K + k], s);
+                total = k0 == 0 ? s : total + s;
+            }
+            y[static_cast<std::size_t>(t * N + n)] = total;
+        }
+    return y;
+}
+
+// Shapes that are not multiples of the 6×16 tile, the 8×8 transposes, the
+// 16-k GEMV step, the 64-k summation block or the 256-wide packing block;
+// K = 1; T ≤ 3 (GEMV) and T > 3 (GEMM).
+const std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>& awkward_shapes() {
+    static const std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>> shapes = {
+        {1, 1, 1},     {1, 17, 1},    {3, 5, 1},     {1, 7, 9},    {1, 33, 100}, {1, 100, 257}, {1, 47, 2048},
+        {2, 16, 16},   {3, 17, 7},    {5, 33, 255},  {7, 1, 513},  {7, 31, 17},  {17, 65, 257}, {33, 129, 300},
+        {49, 130, 33}, {73, 20, 520}, {97, 200, 64}, {6, 16, 256}, {12, 32, 512}, {1, 24, 256},
+        {1, 16, 512},  {2, 24, 261},  {3, 9, 768},   {1, 40, 1030}, {1, 16, 64},   {1, 17, 65},   {2, 33, 128},
+        {5, 16, 129}};
+    return shapes;
+}
+
+}  // namespace
+
+TEST(CpuPacked, AwkwardShapesWithinGammaKBoundAndThreadInvariant) {
+    for (const auto& [T, N, K] : awkward_shapes()) {
+        const Tensor x = seeded_normal(41, "aw/x", {T, K}, 0, 1);
+        const Tensor w = seeded_normal(41, "aw/w", {N, K}, 0, 1 / std::sqrt(static_cast<double>(K)));
+        const Tensor yr = ref()->matmul(x, w);
+        const Tensor y1 = create_backend("cpu:threads=1")->matmul(x, w);
+        for (const char* spec : {"cpu:threads=2", "cpu:threads=3", "cpu:threads=7"}) {
+            const Tensor yt = create_backend(spec)->matmul(x, w);
+            ASSERT_EQ(std::memcmp(y1.raw(), yt.raw(), y1.nbytes()), 0) << spec << " T=" << T << " N=" << N << " K=" << K;
+        }
+        const float* xp = x.as<float>();
+        const float* wp = w.as<float>();
+        for (std::int64_t t = 0; t < T; ++t)
+            for (std::int64_t n = 0; n < N; ++n) {
+                double abs_sum = 0;
+                for (std::int64_t k = 0; k < K; ++k) abs_sum += std::fabs(static_cast<double>(xp[t * K + k]) * wp[n * K + k]);
+                const double bound = gamma(K, kU32) * abs_sum + kU32 * std::fabs(yr.at(t * N + n));
+                ASSERT_LE(std::fabs(y1.at(t * N + n) - yr.at(t * N + n)), bound) << "t=" << t << " n=" << n << " T=" << T
+                                                                                  << " N=" << N << " K=" << K;
+            }
+    }
+}
+
+TEST(CpuPacked, EveryElementIsSummedInTheContractOrder) {
+    if (!kernels::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
+    for (const auto& [T, N, K] : awkward_shapes()) {
+        const Tensor x = seeded_normal(43, "ch/x", {T, K}, 0, 1);
+        const Tensor w = seeded_normal(43, "ch/w", {N, K}, 0, 1);
+        const std::vector<float> want = fma_chain(x.as<float>(), w.as<float>(), T, N, K);
+        for (int threads : {1, 2}) {
+            std::vector<float> got(want.size(), -1.0f);
+            kernels::matmul_f32_avx2(x.as<float>(), w.as<float>(), got.data(), T, N, K, threads);
+            ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+                << "T=" << T << " N=" << N << " K=" << K << " threads=" << threads;
+        }
+    }
+}
+
+TEST(CpuPacked, ATokenGivesTheSameBitsAloneAsInABatch) {
+    // GEMV (T = 1) and GEMM (T > 1) share the per-element order, and so do
+    // all row positions inside the 6-row tiles.
+    const std::int64_t T = 29, N = 70, K = 600;
+    const Tensor x = seeded_normal(47, "bi/x", {T, K}, 0, 1);
+    const Tensor w = seeded_normal(47, "bi/w", {N, K}, 0, 0.05);
+    auto cpu = create_backend("cpu");
+    const Tensor all = cpu->matmul(x, w);
+    for (std::int64_t t = 0; t < T; ++t) {
+        const Tensor one = cpu->matmul(x.view().row(t), w);
+        ASSERT_EQ(std::memcmp(one.raw(), all.as<float>() + t * N, static_cast<std::size_t>(N) * sizeof(float)), 0) << t;
+    }
+}
+
+TEST(CpuPacked, HalfAndBf16WeightsAreConvertedInTheKernelExactly) {
+    // Weights handed over as f16/bf16 (a checkpoint's dtype) give the same bits
+    // as the same weights converted to f32 first, on every storage variant; and
+    // f32 weights and activations rounded by a storage=f16|bf16 node inside the
+    // kernel give the same bits as operands rounded to that dtype beforehand.
+    for (const auto& [T, N, K] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+             {1, 40, 300}, {1, 17, 7}, {3, 20, 40}, {9, 33, 259}}) {
+        const Tensor x = seeded_normal(53, "hb/x", {T, K}, 0, 1);
+        const Tensor w = seeded_normal(53, "hb/w", {N, K}, 0, 0.05);
+        for (DType wd : {DType::f16, DType::bf16}) {
+            const Tensor wn = Tensor::convert(w, wd);            // narrow weights
+            const Tensor wn32 = Tensor::convert(wn, DType::f32);  // the same values in f32
+            for (const char* spec : {"cpu", "cpu:storage=f16", "cpu:storage=bf16", "cpu:threads=1"}) {
+                auto node = create_backend(spec);
+                const Tensor a = node->matmul(x, wn);
+                const Tensor b = node->matmul(x, wn32);
+                ASSERT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << spec << " weights " << dtype_name(wd);
+            }
+            const std::string spec = std::string("cpu:storage=") + dtype_name(wd);
+            const Tensor a = create_backend(spec)->matmul(x, w);    // rounded while packed
+            const Tensor b = create_backend(spec)->matmul(x, wn);   // rounded beforehand
+            ASSERT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << spec;
+            // The activations too: f32 x rounded by the kernel = x rounded beforehand.
+            const Tensor c = create_backend(spec)->matmul(Tensor::convert(x, wd), wn);
+            ASSERT_EQ(std::memcmp(a.raw(), c.raw(), a.nbytes()), 0) << spec << " (x rounded beforehand)";
+        }
+    }
+}
+
+TEST(CpuPacked, InKernelRoundingMatchesRoundTo) {
+    if (!kernels::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
+    // Rounding ties, subnormals of both formats, values near their largest
+    // finite, and (K = 1 only, the scalar path) overflow, inf and NaN.
+    std::vector<float> finite = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -(1.0f + 0x1p-8f), 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f,
+                                 0x1p-130f,     3e-39f,              5.96e-8f,          2.98e-8f,          6.1e-5f,
+                                 1e-7f,         65504.0f,            65519.0f,          3.3e38f,           0.1f,
+                                 -0.3f,         1234.567f,           7.0e-6f,           1.0f,              2.0f};
+    for (auto [r, d] : {std::pair{kernels::WeightRounding::f16, DType::f16}, std::pair{kernels::WeightRounding::bf16, DType::bf16}}) {
+        // Identity x (T = K = 24, the vector paths): y[t, n] = 1 · round(w[n, t]),
+        // every other term adds ±0. Values that round to ±inf would make 0 · inf.
+        std::vector<float> vals;
+        for (float v : finite)
+            if (std::isfinite(round_to(d, v))) vals.push_back(v);
+        const std::int64_t K = 24, N = static_cast<std::int64_t>(vals.size());
+        std::vector<float> w(static_cast<std::size_t>(N * K)), x(static_cast<std::size_t>(K * K), 0.0f);
+        for (std::int64_t n = 0; n < N; ++n)
+            for (std::int64_t k = 0; k < K; ++k)
+                w[static_cast<std::size_t>(n * K + k)] = vals[static_cast<std::size_t>((n + k) % N)] * (k % 3 == 0 ? -1.0f : 1.0f);
+        for (std::int64_t k = 0; k < K; ++k) x[static_cast<std::size_t>(k * K + k)] = 1.0f;
+        std::vector<float> y(static_cast<std::size_t>(K * N));
+        kernels::matmul_avx2(x.data(), w.data(), kernels::WeightFormat::f32, r, y.data(), K, N, K, 1);
+        for (std::int64_t t = 0; t < K; ++t)
+            for (std::int64_t n = 0; n < N; ++n) {
+                const float want = static_cast<float>(round_to(d, w[static_cast<std::size_t>(n * K + t)]));
+                ASSERT_EQ(y[static_cast<std::size_t>(t * N + n)], want) << dtype_name(d) << " " << w[static_cast<std::size_t>(n * K + t)];
+            }
+        // K = 1: y[n] = 1 · round(w[n]), including what overflows and non-finite values.
+        std::vector<float> special = finite;
+        for (float v : {65520.0f, -70000.0f, 3.4e38f, INFINITY, -INFINITY, NAN}) special.push_back(v);
+        std::vector<float> ys(special.size());
+        const float one = 1.0f;
+        kernels::matmul_avx2(&one, special.data(), kernels::WeightFormat::f32, r, ys.data(), 1,
+                             static_cast<std::int64_t>(special.size()), 1, 1);
+        for (std::size_t i = 0; i < special.size(); ++i) {
+            const double want = round_to(d, special[i]);
+            if (std::isnan(want)) EXPECT_TRUE(std::isnan(ys[i])) << special[i];
+            else EXPECT_EQ(ys[i], static_cast<float>(want)) << dtype_name(d) << " " << special[i];
+        }
+    }
 }
 
 TEST(Cpu, ElementwiseOpsWithinFewUlp) {

@@ -96,16 +96,55 @@ public:
     Tensor matmul(const TensorView& x, const TensorView& w) override {
         check_matmul_args(x, w);
         const std::int64_t t_count = rows_of(x), n_count = w.dim(0), k_count = w.dim(1);
-        const Tensor xs = stored(x);
-        const Tensor ws = stored(w);
         Shape shape = x.shape;
         shape.back() = n_count;
         Tensor y(DType::f32, shape);
+        if (caps_.accumulation == DType::f32 && avx2_) {
+            // The weights are read where they lie (f32, f16 or bf16, e.g. a
+            // memory-mapped checkpoint): the kernel converts them and rounds
+            // them to the storage format while it packs them, no extra pass.
+            // The kernel rounds f32 activations while it packs them and the
+            // results as each job ends (io_rounding); activations in another
+            // dtype are converted into a copy first (rounding twice changes
+            // nothing). Same values as stored()/round_stored(), bit for bit.
+            const kernels::WeightRounding rounding = caps_.storage == DType::f16    ? kernels::WeightRounding::f16
+                                                     : caps_.storage == DType::bf16 ? kernels::WeightRounding::bf16
+                                                                                    : kernels::WeightRounding::none;
+            const auto format_of = [](DType d) {
+                return d == DType::f16 ? kernels::WeightFormat::f16
+                       : d == DType::bf16 ? kernels::WeightFormat::bf16 : kernels::WeightFormat::f32;
+            };
+            const auto kernel_readable = [](DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; };
+            Tensor xs;
+            const float* xp = nullptr;
+            if (x.dtype == DType::f32) {
+                xp = x.as<float>();
+            } else if (kernel_readable(x.dtype)) {
+                xs = Tensor(DType::f32, x.shape);
+                kernels::convert_avx2(x.data, format_of(x.dtype), rounding, xs.as<float>(), xs.numel());
+                xp = xs.as<float>();
+            } else {
+                xs = stored(x);
+                xp = xs.as<float>();
+            }
+            Tensor wf;  // only for weights in another dtype (f64): converted to f32 first
+            const void* wp = w.data;
+            kernels::WeightFormat format = format_of(w.dtype);
+            if (!kernel_readable(w.dtype)) {
+                wf = Tensor::convert(w, DType::f32);
+                wp = wf.raw();
+                format = kernels::WeightFormat::f32;
+            }
+            kernels::matmul_avx2(xp, wp, format, rounding, y.as<float>(), t_count, n_count, k_count, caps_.threads,
+                                 rounding);
+            return y;
+        }
+        // f16 accumulation (emulated) and CPUs without AVX2/FMA: both operands
+        // converted and rounded to storage first.
+        const Tensor xs = stored(x);
+        const Tensor ws = stored(w);
         if (caps_.accumulation == DType::f16)
             kernels::matmul_f16acc(xs.as<float>(), ws.as<float>(), y.as<float>(), t_count, n_count, k_count, caps_.threads);
-        else if (avx2_)
-            kernels::matmul_f32_avx2(xs.as<float>(), ws.as<float>(), y.as<float>(), t_count, n_count, k_count,
-                                     caps_.threads);
         else
             kernels::matmul_f32_generic(xs.as<float>(), ws.as<float>(), y.as<float>(), t_count, n_count, k_count,
                                         caps_.threads);
