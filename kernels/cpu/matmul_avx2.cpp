@@ -2,9 +2,11 @@
 //
 // Arithmetic (the contract, see matmul.hpp): for every output element, each
 // summation block of 64 k is one sequential FMA chain starting from +0, and
-// the block sums are added in order. Vector lanes always run over *different outputs*
-// (columns n), never over k, so no path reorders a sum; threads split the
-// outputs, never K.
+// the block sums are added in order. Vector lanes always run over *different
+// outputs* (columns n), never over k, so no path reorders a sum; threads
+// split the outputs, never K. A storage=f16|bf16 node's rounding of x and w
+// happens while they are packed (or, for the GEMV, read), of y when a job
+// ends: no separate pass over any operand.
 //
 // Two paths share that contract:
 //
@@ -29,9 +31,10 @@
 //
 //  * GEMV (T ≤ 3: decoding, the few tokens an expert gets): streaming w once
 //    is the whole cost, so nothing is packed to memory: eight rows of w are
-//    loaded 8 k at a time, transposed in registers (lanes = 8 outputs) and
-//    fed to the same broadcast-FMA chains, one per row of x. Same per-element
-//    order as GEMM, so a token gives the same bits alone as inside a batch.
+//    loaded 4 or 8 k at a time, transposed in registers (lanes = 8 outputs)
+//    and fed to the same broadcast-FMA chains, one per row of x. Same
+//    per-element order as GEMM, so a token gives the same bits alone as
+//    inside a batch.
 //
 // Threads: jobs (GEMM) and 64-output chunks (GEMV) are handed out with
 // schedule(dynamic): a thread that the OS preempts simply takes fewer. Every
