@@ -221,11 +221,18 @@ void register_all() {
                     add(std::string("matmul/") + spec + storage + "/" + dtype_name(wd) + shape_name(t, n, k), matmul,
                         std::string(spec) + storage, wd, t, n, k)
                         ->Unit(benchmark::kMicrosecond);
-    for (const char* spec : {"cpu-ref", "cpu:acc=f16"})
-        for (std::int64_t t : {1, 16})
+    // The f64 oracle at every T, f32 and bf16 weights (bf16 is what real
+    // checkpoints hold: widened inside the kernel while packing).
+    for (DType wd : {DType::f32, DType::bf16})
+        for (std::int64_t t : tokens)
             for (auto [n, k] : expert_nk)
-                add(std::string("matmul/") + spec + "/f32" + shape_name(t, n, k), matmul, std::string(spec), DType::f32, t, n, k)
+                add(std::string("matmul/cpu-ref/") + dtype_name(wd) + shape_name(t, n, k), matmul, std::string("cpu-ref"), wd,
+                    t, n, k)
                     ->Unit(benchmark::kMillisecond);
+    for (std::int64_t t : {1, 16})
+        for (auto [n, k] : expert_nk)
+            add(std::string("matmul/cpu:acc=f16/f32") + shape_name(t, n, k), matmul, std::string("cpu:acc=f16"), DType::f32, t, n, k)
+                ->Unit(benchmark::kMillisecond);
 #if defined(KVASIR_BENCH_OPENBLAS)
     for (int threads : {2, 1})
         for (std::int64_t t : tokens)
@@ -258,9 +265,9 @@ void register_all() {
                 ->Unit(benchmark::kMillisecond);
         }
     }
-    add("moe_block/cpu-ref/f32/T:16", moe_block, std::string("cpu-ref"), DType::f32, std::int64_t{16})
-        ->Unit(benchmark::kMillisecond)
-        ->Iterations(1);
+    for (std::int64_t t : {16, 128})
+        add("moe_block/cpu-ref/f32/T:" + std::to_string(t), moe_block, std::string("cpu-ref"), DType::f32, t)
+            ->Unit(benchmark::kMillisecond);
     add("seeded/normal_f32", seeded, true)->Unit(benchmark::kMillisecond);
     add("seeded/uniform_f32", seeded, false)->Unit(benchmark::kMillisecond);
 }

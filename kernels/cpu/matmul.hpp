@@ -21,6 +21,8 @@
 // they are added, 8 interleaved partial sums folded pairwise at the end.
 #pragma once
 
+#include "kvasir/core/dtype.hpp"
+
 #include <cstdint>
 
 namespace kvasir::kernels {
@@ -62,5 +64,18 @@ void matmul_f32_generic(const float* x, const float* w, float* y, std::int64_t t
 // way an F16-accumulating FMA unit behaves.
 void matmul_f16acc(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
                    std::int64_t k_count, int threads);
+
+// The f64 oracle's matmul (cpu-ref): the textbook loop, bit for bit —
+//     s = +0;  for k ascending:  s = s + x[t,k]·w[n,k];  y[t,n] = s
+// with every product and every sum rounded to double, never fused. w is f64,
+// f32, f16 or bf16 (widened exactly). The AVX2 version packs w into panels of
+// 8 columns per K block (converting while it packs, never a separate pass or
+// a full-size f64 copy) and runs 4×8 register tiles whose lanes are
+// different outputs: blocking moves operands, never the order of a sum, so
+// both versions give the same bits as the loop above for any thread count.
+void matmul_f64_avx2(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count,
+                     std::int64_t n_count, std::int64_t k_count, int threads);
+void matmul_f64_generic(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count,
+                        std::int64_t n_count, std::int64_t k_count, int threads);
 
 }  // namespace kvasir::kernels

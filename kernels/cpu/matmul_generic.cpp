@@ -8,6 +8,8 @@
 #include "kernels/cpu/f16_round.hpp"
 #include "kvasir/core/dtype.hpp"
 
+#include <vector>
+
 namespace kvasir::kernels {
 
 bool cpu_has_avx2_fma() noexcept {
@@ -63,6 +65,27 @@ void matmul_f16acc(const float* x, const float* w, float* y, std::int64_t t_coun
                         acc[j] = round_f16_fast(acc[j] + static_cast<double>(xr[k]) * static_cast<double>(w[(n0 + j) * k_count + k]));
             }
             for (std::int64_t j = 0; j < nn; ++j) y[t * n_count + n0 + j] = static_cast<float>(acc[j]);
+        }
+    }
+}
+
+void matmul_f64_generic(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count,
+                        std::int64_t n_count, std::int64_t k_count, int threads) {
+    // One row of w widened at a time (K doubles per thread), then the
+    // textbook dot product with every row of x.
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<double> row(static_cast<std::size_t>(k_count > 0 ? k_count : 0));
+#pragma omp for schedule(static)
+        for (std::int64_t n = 0; n < n_count; ++n) {
+            for (std::int64_t k = 0; k < k_count; ++k)
+                row[static_cast<std::size_t>(k)] = load_as_f64(w_dtype, w, static_cast<std::size_t>(n * k_count + k));
+            for (std::int64_t t = 0; t < t_count; ++t) {
+                const double* xr = x + t * k_count;
+                double s = 0.0;
+                for (std::int64_t k = 0; k < k_count; ++k) s += xr[k] * row[static_cast<std::size_t>(k)];
+                y[t * n_count + n] = s;
+            }
         }
     }
 }

@@ -27,7 +27,6 @@ using namespace kvasir;
 namespace {
 
 Tensor t64(std::vector<double> v, Shape s) { return Tensor::from_f64(v, std::move(s)); }
-Tensor t32(std::vector<double> v, Shape s) { return Tensor::from_f64(v, std::move(s), DType::f32); }
 
 std::unique_ptr<Backend> ref() { return create_backend("cpu-ref"); }
 
@@ -85,7 +84,9 @@ TEST(Registry, ListsEveryBackendAndDefaultsIncludeF16Variant) {
     EXPECT_TRUE(all[0].available);
     EXPECT_TRUE(all[1].available);
     for (const auto& s : all)
-        if (!s.available) EXPECT_FALSE(s.reason.empty()) << s.name;
+        if (!s.available) {
+            EXPECT_FALSE(s.reason.empty()) << s.name;
+        }
     const auto nodes = default_nodes();
     EXPECT_EQ(nodes.front(), "cpu-ref");
     EXPECT_EQ(nodes.back(), "cpu:acc=f16");
@@ -241,6 +242,90 @@ TEST(CpuRef, ShapeErrorsAreBadInput) {
     EXPECT_THROW(ref()->rmsnorm(t64({1, 2}, {1, 2}), t64({1}, {1}), 1e-6), Error);
     const std::vector<std::int64_t> pos{0};
     EXPECT_THROW(ref()->rope(t64({1, 2, 3}, {1, 1, 3}), pos, {}), Error);
+}
+
+// ---- cpu-ref's blocked matmul is the textbook loop, bit for bit ------------------
+
+namespace {
+
+// The loop matmul.hpp specifies for the oracle, written out independently.
+std::vector<double> textbook_f64(const Tensor& x, const Tensor& w) {
+    const std::int64_t T = x.shape()[0], K = x.shape()[1], N = w.shape()[0];
+    const std::vector<double> xs = x.to_f64(), ws = w.to_f64();
+    std::vector<double> y(static_cast<std::size_t>(T * N));
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t n = 0; n < N; ++n) {
+            double s = 0.0;
+            for (std::int64_t k = 0; k < K; ++k)
+                s += xs[static_cast<std::size_t>(t * K + k)] * ws[static_cast<std::size_t>(n * K + k)];
+            y[static_cast<std::size_t>(t * N + n)] = s;
+        }
+    return y;
+}
+
+bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+}  // namespace
+
+TEST(CpuRefMatmul, BlockedKernelsAreTheTextbookLoopBitForBit) {
+    // Shapes that cut every block edge: T around the 4-row tile, N around the
+    // 8-column panel and 32-column job, K around the 8-wide transpose and
+    // the 256 K block; weights in every format the oracle accepts.
+    const std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>> shapes = {
+        {1, 1, 1}, {1, 8, 8}, {3, 7, 9}, {4, 8, 256}, {5, 33, 257}, {7, 31, 513}, {9, 40, 100}, {2, 65, 1000}};
+    for (const auto& [T, N, K] : shapes) {
+        const Tensor x = seeded_normal(11, "f64/x", {T, K}, 0, 1);
+        const Tensor x64 = Tensor::convert(x.view(), DType::f64);
+        for (DType wd : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+            const Tensor w = Tensor::convert(seeded_normal(12, "f64/w", {N, K}, 0, 1).view(), wd);
+            const std::vector<double> want = textbook_f64(x64, w);
+            for (int threads : {1, 2, 3}) {
+                std::vector<double> got(want.size(), -1.0);
+                kernels::matmul_f64_generic(x64.as<double>(), w.raw(), wd, got.data(), T, N, K, threads);
+                EXPECT_TRUE(same_bits(got, want)) << "generic T=" << T << " N=" << N << " K=" << K << " w " << dtype_name(wd);
+                if (!kernels::cpu_has_avx2_fma()) continue;
+                std::fill(got.begin(), got.end(), -1.0);
+                kernels::matmul_f64_avx2(x64.as<double>(), w.raw(), wd, got.data(), T, N, K, threads);
+                EXPECT_TRUE(same_bits(got, want)) << "avx2 T=" << T << " N=" << N << " K=" << K << " w " << dtype_name(wd)
+                                                  << " threads " << threads;
+            }
+        }
+    }
+}
+
+TEST(CpuRefMatmul, NonFiniteValuesPropagateLikeTheLoop) {
+    // inf·0 = NaN, inf + finite = inf, NaN anywhere poisons its outputs only.
+    Tensor x = Tensor::convert(seeded_normal(13, "nf/x", {5, 20}, 0, 1).view(), DType::f64);
+    Tensor w = seeded_normal(13, "nf/w", {9, 20}, 0, 1);
+    x.as<double>()[1 * 20 + 3] = INFINITY;
+    w.as<float>()[4 * 20 + 7] = NAN;
+    w.as<float>()[6 * 20 + 3] = 0.0f;
+    const std::vector<double> want = textbook_f64(x, w);
+    const Tensor got = ref()->matmul(x, w);
+    const std::vector<double> g = got.to_f64();
+    for (std::size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(std::isnan(g[i]), std::isnan(want[i])) << i;
+        if (!std::isnan(want[i])) {
+            EXPECT_EQ(g[i], want[i]) << i;
+        }
+    }
+    EXPECT_TRUE(std::isnan(g[1 * 9 + 6]));  // inf · 0
+    EXPECT_TRUE(std::isinf(g[1 * 9 + 0]));
+    for (int t = 0; t < 5; ++t) EXPECT_TRUE(std::isnan(g[static_cast<std::size_t>(t * 9 + 4)]));
+}
+
+TEST(CpuRefMatmul, ZeroKGivesZeros) {
+    std::vector<double> y(6, -1.0);
+    const double x = 0;
+    const float w = 0;
+    kernels::matmul_f64_generic(&x, &w, DType::f32, y.data(), 2, 3, 0, 1);
+    EXPECT_EQ(y, std::vector<double>(6, 0.0));
+    if (!kernels::cpu_has_avx2_fma()) return;
+    std::fill(y.begin(), y.end(), -1.0);
+    kernels::matmul_f64_avx2(&x, &w, DType::f32, y.data(), 2, 3, 0, 1);
+    EXPECT_EQ(y, std::vector<double>(6, 0.0));
 }
 
 // ---- cpu (f32) against cpu-ref, with error bounds --------------------------------

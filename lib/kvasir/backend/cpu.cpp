@@ -255,6 +255,14 @@ private:
     void round_stored(Tensor& t) const {
         if (caps_.storage == DType::f32) return;
         float* p = t.as<float>();
+        if (avx2_) {
+            // The kernels' vector rounding, in place: the same bits as
+            // round_to (tested: CpuPacked.InKernelRoundingMatchesRoundTo).
+            kernels::convert_avx2(p, kernels::WeightFormat::f32,
+                                  caps_.storage == DType::f16 ? kernels::WeightRounding::f16 : kernels::WeightRounding::bf16, p,
+                                  t.numel());
+            return;
+        }
         for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(round_to(caps_.storage, p[i]));
     }
 

@@ -1,7 +1,10 @@
 // cpu-ref: the f64 oracle. Every op is the textbook loop in double; read this
-// file next to any kernel to see what that kernel must compute.
+// file next to any kernel to see what that kernel must compute. The matmul's
+// loop is in kernels/cpu/matmul.hpp (matmul_f64_*): blocked for speed, the
+// same sums in the same order, bit for bit.
 #include "kvasir/backend/cpu_backends.hpp"
 
+#include "kernels/cpu/matmul.hpp"
 #include "kvasir/core/error.hpp"
 
 #include <omp.h>
@@ -26,7 +29,11 @@ public:
         caps_.node = "cpu-ref";
         caps_.backend = "cpu-ref";
         caps_.device = host_cpu_description();
-        caps_.runtime = fmt::format("kvasir {} scalar f64", KVASIR_VERSION);
+        avx2_ = kernels::cpu_has_avx2_fma();
+        // The arithmetic is the textbook loop either way (matmul.hpp); only
+        // the matmul's blocking differs.
+        caps_.runtime = fmt::format("kvasir {} f64 textbook order{}", KVASIR_VERSION,
+                                    avx2_ ? ", blocked avx2 matmul" : "");
         caps_.storage = DType::f64;
         caps_.accumulation = DType::f64;
         caps_.output = DType::f64;
@@ -43,20 +50,16 @@ public:
         Shape shape = x.shape;
         shape.back() = n_count;
         Tensor y(DType::f64, shape);
-        const std::vector<double> xs = Tensor::convert(x, DType::f64).to_f64();
-        const Tensor wd = Tensor::convert(w, DType::f64);
-        const double* wp = wd.as<double>();
-        double* yp = y.as<double>();
-#pragma omp parallel for schedule(static)
-        for (std::int64_t t = 0; t < t_count; ++t) {
-            const double* xr = xs.data() + t * k_count;
-            for (std::int64_t n = 0; n < n_count; ++n) {
-                const double* wr = wp + n * k_count;
-                double s = 0.0;
-                for (std::int64_t k = 0; k < k_count; ++k) s += xr[k] * wr[k];
-                yp[t * n_count + n] = s;
-            }
-        }
+        KVASIR_CHECK(w.dtype != DType::i32, ErrorCode::bad_input, "matmul: integer weights");
+        // x widened once (T×K); w is read in place, widened panel by panel
+        // inside the kernel: never a full-size f64 copy of the weights.
+        const Tensor xd = Tensor::convert(x, DType::f64);
+        if (avx2_)
+            kernels::matmul_f64_avx2(xd.as<double>(), w.data, w.dtype, y.as<double>(), t_count, n_count, k_count,
+                                     caps_.threads);
+        else
+            kernels::matmul_f64_generic(xd.as<double>(), w.data, w.dtype, y.as<double>(), t_count, n_count, k_count,
+                                        caps_.threads);
         return y;
     }
 
@@ -138,6 +141,7 @@ public:
 
 private:
     Capabilities caps_;
+    bool avx2_ = false;
 };
 
 }  // namespace

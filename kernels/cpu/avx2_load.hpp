@@ -1,0 +1,143 @@
+// AVX2 + F16C helpers shared by the *_avx2.cpp kernels (include only from
+// files compiled with -mavx2 -mfma -mf16c): reading weights as f32 from their
+// stored format, rounding to a narrower storage format, and in-register
+// transposes of 8-row blocks.
+#pragma once
+
+#include "kernels/cpu/matmul.hpp"
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace kvasir::kernels::avx2 {
+
+using i64 = std::int64_t;
+
+// ---------------------------------------------------------------------------
+// Reading weights as f32: conversion from the stored format, then optional
+// rounding to a narrower storage format. Vector (8 consecutive k of one row)
+// and scalar forms produce the same bits.
+// ---------------------------------------------------------------------------
+
+inline __m256 bf16x8_to_f32(__m128i h) {
+    // A bf16 is the top half of an f32: widen each 16-bit lane, shift it up.
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// Round 8 f32 to bf16 precision (RNE on the dropped 16 bits, overflow carries
+// into inf); NaN stays NaN with the quiet bit set, as f32_to_bf16_bits does.
+inline __m256 round_bf16x8(__m256 v) {
+    const __m256i b = _mm256_castps_si256(v);
+    const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), hi_mask);
+    const __m256i quiet = _mm256_or_si256(_mm256_and_si256(b, hi_mask), _mm256_set1_epi32(0x00400000));
+    const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    return _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), is_nan);
+}
+
+inline __m256 round_f16x8(__m256 v) {
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+template <WeightRounding R>
+inline __m256 round_w(__m256 v) {
+    if constexpr (R == WeightRounding::f16) return round_f16x8(v);
+    else if constexpr (R == WeightRounding::bf16) return round_bf16x8(v);
+    else return v;
+}
+
+// Eight consecutive weights w[i … i+7] as f32.
+template <WeightFormat F, WeightRounding R>
+inline __m256 load8(const void* w, i64 i) {
+    __m256 v;
+    if constexpr (F == WeightFormat::f32) {
+        v = _mm256_loadu_ps(static_cast<const float*>(w) + i);
+    } else {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(w) + i));
+        v = F == WeightFormat::f16 ? _mm256_cvtph_ps(h) : bf16x8_to_f32(h);
+    }
+    return round_w<R>(v);
+}
+
+// One weight w[i] as f32, through the same vector instructions as load8.
+template <WeightFormat F, WeightRounding R>
+inline float load1(const void* w, i64 i) {
+    __m256 v;
+    if constexpr (F == WeightFormat::f32) {
+        v = _mm256_set1_ps(static_cast<const float*>(w)[i]);
+    } else {
+        const __m128i h = _mm_set1_epi16(static_cast<short>(static_cast<const std::uint16_t*>(w)[i]));
+        v = F == WeightFormat::f16 ? _mm256_cvtph_ps(h) : bf16x8_to_f32(h);
+    }
+    return _mm256_cvtss_f32(round_w<R>(v));
+}
+
+template <WeightFormat F>
+constexpr i64 sizeof_w() { return F == WeightFormat::f32 ? 4 : 2; }
+
+// In-register 8×8 transpose: on return r[j] holds column j (lane i = old r[i][j]).
+[[gnu::always_inline]] inline void transpose8(__m256 r[8]) {
+    // Interleave pairs of rows: t0 = r0[0] r1[0] r0[1] r1[1] | r0[4] r1[4] r0[5] r1[5] …
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    // Gather quadruples: s0 = column 0 of rows 0-3 | column 4 of rows 0-3, etc.
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+    // Join 128-bit halves: rows 0-3 from s0…s3, rows 4-7 from s4…s7.
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+// The 8×8 block w[row … row+7, k … k+7] transposed into r[0..7] (r[j] =
+// column k+j, lane i = row+i), converted and rounded. For f32 weights the
+// 128-bit halves are placed by the loads themselves (broadcast of 4 floats,
+// then a blend, which does not use the shuffle unit), leaving two 4×4
+// in-lane transposes: 16 shuffles instead of 24 for the generic transpose8.
+// f32 only: the 8×4 block w[row … row+7, k … k+3] transposed into r[0..3].
+template <WeightRounding R>
+[[gnu::always_inline]] inline void load_transposed4_f32(const float* w, i64 row, i64 k_count, i64 k, __m256 r[4]) {
+    const float* base = w + row * k_count + k;
+    __m256 a[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+        const __m256 lo = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(base + i * k_count));
+        const __m256 hi = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(base + (i + 4) * k_count));
+        a[i] = round_w<R>(_mm256_blend_ps(lo, hi, 0xf0));  // row i | row i+4
+    }
+    const __m256 t0 = _mm256_unpacklo_ps(a[0], a[1]), t1 = _mm256_unpackhi_ps(a[0], a[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(a[2], a[3]), t3 = _mm256_unpackhi_ps(a[2], a[3]);
+    r[0] = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+    r[1] = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+    r[2] = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+    r[3] = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+}
+
+template <WeightFormat F, WeightRounding R>
+[[gnu::always_inline]] inline void load_transposed8(const void* w, i64 row, i64 k_count, i64 k, __m256 r[8]) {
+    if constexpr (F == WeightFormat::f32) {
+        load_transposed4_f32<R>(static_cast<const float*>(w), row, k_count, k, r);
+        load_transposed4_f32<R>(static_cast<const float*>(w), row, k_count, k + 4, r + 4);
+    } else {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) r[i] = load8<F, R>(w, (row + i) * k_count + k);
+        transpose8(r);
+    }
+}
+
+}  // namespace kvasir::kernels::avx2
