@@ -64,18 +64,6 @@ Nodes create_audit_nodes(const NodeOptions& options, std::vector<NodeInput>& fai
     return create_nodes(ok);
 }
 
-// "[3/7] decide" on stderr when it is a terminal; nothing otherwise.
-std::function<void(const AuditProgress&)> progress_printer() {
-    if (!isatty(STDERR_FILENO)) return {};
-    return [](const AuditProgress& p) {
-        const int pct = p.steps > 0 ? (100 * (p.step_index - 1)) / p.steps : 0;
-        std::string line = fmt::format("\r\033[K[{}/{} {:3d}%] {}", p.step_index, p.steps, pct, p.step);
-        if (!p.node.empty()) line += fmt::format(" — {} ({}/{})", p.node, p.node_index, p.nodes);
-        std::fputs(line.c_str(), stderr);
-        std::fflush(stderr);
-    };
-}
-
 void run_audit_command(const AuditOptions& opt) {
     const Protocol protocol = load_protocol(opt.protocol);
     const Gate gate = parse_gate(opt.report.gate);
@@ -96,13 +84,10 @@ void run_audit_command(const AuditOptions& opt) {
     cfg.progress = progress_printer();
 
     const AuditRun run = run_audit(cfg, nodes.nodes, nodes.reference);
-    if (cfg.progress) std::fputs("\r\033[K", stderr);
+    if (cfg.progress) end_progress();
     if (opt.timings) {
-        // Layers are memory-mapped and loaded lazily inside the steps: "open"
-        // is the header/config parse; weight bytes are read on first use.
-        std::string line = fmt::format("timings: open {:.2f} s", open_s);
-        for (const auto& [step, secs] : run.step_seconds) line += fmt::format(", {} {:.2f} s", step, secs);
-        std::fprintf(stderr, "%s\n", line.c_str());
+        // "open" is the header/config parse; the load phase reads the weights.
+        std::fprintf(stderr, "model open %.2f s\n%s", open_s, render_timings(run.timings).c_str());
     }
     emit_report(run, opt.report);
 }
@@ -148,7 +133,7 @@ void set_audit_command(CLI::App& app) {
     cmd->get_option("--reference")->description("Node every other node is compared with (default: the protocol's, cpu-ref)");
     cmd->get_option("--reference")->each([opt](const std::string&) { opt->reference_given = true; });
     cmd->add_option("--seed", opt->seed, "Override the protocol's seed (seeded op inputs); the report records it");
-    cmd->add_flag("--timings", opt->timings, "Print wall seconds per step on stderr (not in the report: reports are reproducible)");
+    cmd->add_flag("--timings", opt->timings, "Print where the time went on stderr: the load phase, then per step its wall seconds, the seconds inside each backend and the rest (comparing); not in the report, which stays reproducible");
     add_report_options(*cmd, opt->report);
     cmd->callback([opt] { run_audit_command(*opt); });
 }

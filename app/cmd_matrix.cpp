@@ -4,10 +4,15 @@
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
 #include "kvasir/model/model.hpp"
+#include "kvasir/report/audit_text.hpp"
 #include "kvasir/report/markdown.hpp"
 #include "kvasir/report/ops_text.hpp"
+#include "kvasir/steps/audit.hpp"
+#include "kvasir/steps/node_clock.hpp"
 #include "kvasir/steps/op_delta.hpp"
 
+#include <chrono>
+#include <cstdio>
 #include <iostream>
 #include <memory>
 
@@ -22,10 +27,17 @@ struct MatrixOptions {
     NodeOptions nodes;
     OutputOptions output;
     std::string markdown_file;
+    bool timings = false;
 };
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 void run_matrix(MatrixOptions& opt) {
+    const auto t_open = std::chrono::steady_clock::now();
     const Model model = Model::open(opt.model);
+    const double open_s = seconds_since(t_open);
     if (opt.layer < 0) {
         for (std::int64_t l = 0; l < model.config().num_layers && opt.layer < 0; ++l)
             if (model.config().is_moe(l)) opt.layer = l;
@@ -35,8 +47,31 @@ void run_matrix(MatrixOptions& opt) {
     c.model = &model;
     c.layer = opt.layer;
     c.ops = {"moe"};
+    c.validate();
+    (void)c.resolved();  // a bad --layer is refused here, in the step's own words
     Nodes nodes = create_nodes(opt.nodes);
-    const OpsReport report = run_op_delta(c, nodes.nodes, nodes.reference);
+
+    // Load: the layer's weights read once, before any node computes, so the
+    // nodes' seconds below are computing only.
+    RunTimings timings;
+    const auto t_load = std::chrono::steady_clock::now();
+    timings.load_bytes = model.load_layer(opt.layer);
+    timings.load_seconds = seconds_since(t_load);
+    timings.loaded = true;
+    for (const auto& n : nodes.nodes) timings.nodes.push_back(n->capabilities().node);
+
+    const auto progress = progress_printer();
+    const int node_count = static_cast<int>(nodes.nodes.size());
+    NodeClock clock(nodes.nodes, [&](std::size_t i) {
+        if (progress) progress({"matrix", 1, 1, timings.nodes[i], static_cast<int>(i) + 1, node_count});
+    });
+    const auto t_run = std::chrono::steady_clock::now();
+    const OpsReport report = run_op_delta(c, clock.timed(), nodes.reference);
+    StepTiming step{"moe", seconds_since(t_run), {}};
+    for (std::size_t i = 0; i < clock.size(); ++i) step.node_seconds.push_back(clock.seconds(i));
+    timings.steps.push_back(std::move(step));
+    if (progress) end_progress();
+    if (opt.timings) std::fprintf(stderr, "model open %.2f s\n%s", open_s, render_timings(timings).c_str());
     const auto json = to_json(report);
     const std::string md = pair_table_markdown(report, "moe");
     if (!opt.output.output_file.empty()) write_file_atomic(opt.output.output_file, json.dump(2) + "\n");
@@ -63,6 +98,8 @@ void set_matrix_command(CLI::App& app) {
     add_node_options(*cmd, opt->nodes);
     add_output_options(*cmd, opt->output);
     cmd->add_option("--markdown", opt->markdown_file, "Also write the pair table as Markdown to FILE");
+    cmd->add_flag("--timings", opt->timings,
+                  "Print where the time went on stderr: loading the layer, computing per backend, comparing");
     cmd->callback([opt] { run_matrix(*opt); });
 }
 

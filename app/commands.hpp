@@ -6,8 +6,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <string>
 #include <vector>
+
+namespace kvasir {
+struct AuditProgress;  // kvasir/steps/audit.hpp
+}
 
 namespace kvasir::app {
 
@@ -28,6 +33,13 @@ void add_node_options(CLI::App& cmd, NodeOptions& nodes);
 
 // Exit code a command sets for main() to return (0 unless it decided otherwise).
 int& command_exit_code();
+
+// A progress line on stderr, rewritten in place — "[3/7  36%] logits — cpu
+// (2/4)": step, the node computing now, the share of the run done — when
+// stderr is a terminal; an empty function (nothing printed) otherwise.
+std::function<void(const AuditProgress&)> progress_printer();
+// Clears the progress line.
+void end_progress();
 
 // The embedded default model: the qwen3_moe fixture made by transformers.
 std::string default_model_path();

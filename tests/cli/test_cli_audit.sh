@@ -29,6 +29,18 @@ check "the NaN node is an error" grep -qE "^cpu:fault=nan +error" "$tmp/nan.out"
 "$bin" audit -p $ci -b cpu-ref,cpu:fault=nan --gate none >/dev/null; rc=$?
 check "--gate none reports but never fails → exit 0" test $rc -eq 0
 
+# --timings: where the time went on stderr; the report itself is unchanged.
+"$bin" audit -p $ci -b cpu-ref,cpu --timings -o "$tmp/t.json" >"$tmp/t.out" 2>"$tmp/t.err"; rc=$?
+check "--timings keeps the exit code" test $rc -eq 0
+check "--timings: the load phase with bytes and GB/s" grep -qE "^  load +[0-9.]+ GB of weights in [0-9.]+ s \([0-9.]+ GB/s\)" "$tmp/t.err"
+check "--timings: a column per node and 'other'" grep -qE "^  step +wall +cpu-ref +cpu +other$" "$tmp/t.err"
+for s in ops drift logits decide generate perplexity determinism total; do
+  check "--timings: a row for $s" grep -qE "^  $s +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$tmp/t.err"
+done
+check "--timings stays out of stdout" bash -c "! grep -q 'timings' '$tmp/t.out'"
+"$bin" audit -p $ci -b cpu-ref,cpu -o "$tmp/t2.json" >/dev/null 2>&1
+check "--timings stays out of the report (byte-identical JSON)" cmp -s "$tmp/t.json" "$tmp/t2.json"
+
 # Every report file, checked by independent parsers.
 for f in r.json r.xml r.md r.csv h.svg d.svg; do check "$f written" test -s "$tmp/$f"; done
 if python3 -c "import jsonschema" 2>/dev/null; then

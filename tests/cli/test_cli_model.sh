@@ -20,6 +20,9 @@ check "inspect --tensors lists mixtral expert tensors" grep -q "block_sparse_moe
 check "matrix exits 0" test $? -eq 0
 check "matrix markdown has the pair table" grep -q "| cpu vs cpu-ref |" "$tmp/m.md"
 check "matrix json records the model fingerprint" grep -q '"model_fingerprint"' "$tmp/m.json"
+"$bin" matrix --backends cpu-ref,cpu --timings >/dev/null 2>"$tmp/mt.err"
+check "matrix --timings: the layer's load phase" grep -qE "^  load +[0-9.]+ GB of weights in" "$tmp/mt.err"
+check "matrix --timings: the moe row split per node" grep -qE "^  moe +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$tmp/mt.err"
 
 
 printf 'GGUF\x03\x00\x00\x00' >"$tmp/trunc.gguf"

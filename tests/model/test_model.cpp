@@ -218,6 +218,9 @@ TEST(ModelSafetensors, TensorTableAndLayerBytes) {
     }
     EXPECT_EQ(total, file.file_size() - file.data_offset());
     for (std::int64_t l = 0; l < 4; ++l) EXPECT_EQ(m.layer_bytes(l), per_layer[l]) << "layer " << l;
+    // The load phase reads exactly those bytes: every tensor of the layer once.
+    for (std::int64_t l = 0; l < 4; ++l) EXPECT_EQ(m.load_layer(l), per_layer[l]) << "layer " << l;
+    EXPECT_EQ(m.load_globals(), per_layer[-1]);  // embedding, final norm, lm_head
     EXPECT_GT(m.layer_bytes(1), m.layer_bytes(0)) << "MoE layer 1 is larger than dense layer 0";
     expect_error([&] { (void)m.layer_bytes(4); }, "layer 4 does not exist");
     expect_error([&] { (void)m.layer(-1); }, "layer -1 does not exist");
@@ -519,6 +522,33 @@ TEST(ModelLazy, LoadingALayerReadsOnlyItsPages) {
     }
     std::cout << "[ measured ] synthetic model: layer 1 " << mine << " of " << m.layer_bytes(1)
               << " bytes resident; layers 0 and 2: " << others << " bytes resident\n";
+}
+
+TEST(ModelLazy, LoadLayerReadsAllOfItsPagesAndNoOthers) {
+    const fs::path base = disk_backed_dir();
+    if (base.empty()) GTEST_SKIP() << "no disk-backed writable directory: mincore cannot tell what was read";
+    TempDir tmp(base);
+    const Synthetic s = make_synthetic();
+    write_text(tmp.path() / "config.json", s.config.dump(2));
+    write_safetensors((tmp.path() / "model.safetensors").string(), views_of(s, [](const std::string&) { return true; }));
+    const Model m = Model::open(tmp.path().string());
+    const SafetensorsCheckpoint& ck = *m.checkpoint();
+    const MappedFile& map = *ck.shard(ck.shard_files().front()).mapping();
+    map.drop_pages();
+    auto resident_of_layer = [&](std::int64_t l) {
+        std::uint64_t r = 0;
+        for (const TensorSpec& spec : layer_tensor_specs(m.config(), l)) {
+            const auto& info = ck.info(spec.name);
+            r += map.resident_bytes(info.offset, info.nbytes);
+        }
+        return r;
+    };
+    for (std::int64_t l = 0; l < 3; ++l)
+        if (resident_of_layer(l) > (256u << 10)) GTEST_SKIP() << "page cache cannot be dropped here";
+    EXPECT_EQ(m.load_layer(1), m.layer_bytes(1));
+    // Every page of layer 1 (rounded in by at most a page at each tensor edge).
+    EXPECT_GE(resident_of_layer(1), m.layer_bytes(1) - 2 * layer_tensor_specs(m.config(), 1).size() * 4096);
+    for (std::int64_t l : {0, 2}) EXPECT_LE(resident_of_layer(l), 256u << 10) << "layer " << l;
 }
 
 // ===========================================================================

@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 namespace fs = std::filesystem;
@@ -314,21 +315,55 @@ TEST(Audit, BadInputIsRefusedBeforeAnyStepRuns) {
     EXPECT_EQ(started, 0);  // refused before any step began
 }
 
-TEST(Audit, ProgressNamesEveryStepInOrder) {
+TEST(Audit, ProgressNamesEveryStepInOrderAndEveryNodeInsideEachStep) {
     std::vector<std::unique_ptr<Backend>> nodes;
     nodes.push_back(create_backend("cpu-ref"));
     nodes.push_back(create_backend("cpu"));
-    std::vector<std::string> seen;
+    std::vector<std::string> steps;
+    std::map<std::string, std::set<std::string>> nodes_seen;
     AuditConfig cfg;
     cfg.progress = [&](const AuditProgress& p) {
         EXPECT_EQ(p.steps, 7);
-        EXPECT_GE(p.step_index, 1);
-        EXPECT_LE(p.step_index, 7);
-        seen.push_back(p.node.empty() ? p.step : p.step + "/" + p.node);
+        ASSERT_GE(p.step_index, 1);
+        ASSERT_LE(p.step_index, 7);
+        if (p.node.empty()) {
+            EXPECT_EQ(p.node_index, 0);
+            steps.push_back(p.step);  // a step starts
+            EXPECT_EQ(static_cast<int>(steps.size()), p.step_index);
+            return;
+        }
+        ASSERT_FALSE(steps.empty());
+        EXPECT_EQ(p.step, steps.back());  // node lines belong to the running step
+        EXPECT_EQ(p.nodes, 2);
+        EXPECT_EQ(p.node, p.node_index == 1 ? "cpu-ref" : "cpu");
+        nodes_seen[p.step].insert(p.node);
     };
-    (void)audit(nodes, 0, cfg);
-    EXPECT_EQ(seen, (std::vector<std::string>{"ops", "drift", "logits", "decide", "generate", "perplexity",
-                                              "determinism/cpu-ref", "determinism/cpu"}));
+    const AuditRun run = audit(nodes, 0, cfg);
+    const std::vector<std::string> order{"ops", "drift", "logits", "decide", "generate", "perplexity", "determinism"};
+    EXPECT_EQ(steps, order);
+    for (const std::string& s : order) EXPECT_EQ(nodes_seen[s], (std::set<std::string>{"cpu-ref", "cpu"})) << s;
+
+    // The timings: one row per step, the seconds inside the nodes never more
+    // than the step's wall time, every node computed in every step, and the
+    // load phase read the fixture's weights (all of them: it runs forwards).
+    const RunTimings& t = run.timings;
+    EXPECT_EQ(t.nodes, (std::vector<std::string>{"cpu-ref", "cpu"}));
+    ASSERT_EQ(t.steps.size(), order.size());
+    for (std::size_t i = 0; i < order.size(); ++i) {
+        EXPECT_EQ(t.steps[i].step, order[i]);
+        ASSERT_EQ(t.steps[i].node_seconds.size(), 2u);
+        double inside = 0;
+        for (double v : t.steps[i].node_seconds) {
+            EXPECT_GT(v, 0.0) << order[i];
+            inside += v;
+        }
+        EXPECT_LE(inside, t.steps[i].wall) << order[i];
+    }
+    ASSERT_TRUE(t.loaded) << t.load_note;
+    std::uint64_t weights = 0;
+    for (std::int64_t l = 0; l < fixture().config().num_layers; ++l) weights += fixture().layer_bytes(l);
+    EXPECT_GT(t.load_bytes, weights);  // the layers plus embedding, final norm and lm_head
+    EXPECT_LE(t.load_bytes, std::filesystem::file_size(kRoot / "fixtures/models/qwen3_moe_tiny/model.safetensors"));
 }
 
 TEST(Audit, TheSeedOverrideChangesStepOneInputsAndIsRecorded) {

@@ -19,6 +19,9 @@
 #include <optional>
 #include <set>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 namespace kvasir {
 
 namespace fs = std::filesystem;
@@ -522,6 +525,51 @@ TensorView Model::lm_head() const {
         m.lm_head = m.resolve(m.st ? model_tensor_names(m.cfg).lm_head : "output.weight",
                               {m.cfg.vocab_size, m.cfg.hidden_size});
     return *m.lm_head;
+}
+
+namespace {
+
+volatile unsigned touch_sink = 0;
+
+// Reads `v`'s bytes: read-ahead advice for its pages, then one load per page.
+std::uint64_t read_through(const TensorView& v) {
+    if (!present(v)) return 0;
+    const std::size_t n = static_cast<std::size_t>(v.numel()) * dtype_size(v.dtype);
+    if (n == 0) return 0;
+    static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const auto* p = static_cast<const unsigned char*>(v.data);
+    const auto begin = reinterpret_cast<std::uintptr_t>(p) & ~(page - 1);
+    // Advice only: an owned (dequantised) tensor or a refusal changes nothing.
+    void* range = reinterpret_cast<void*>(begin);
+    const std::size_t length = reinterpret_cast<std::uintptr_t>(p) + n - begin;
+    (void)madvise(range, length, MADV_SEQUENTIAL);
+    (void)madvise(range, length, MADV_WILLNEED);
+    unsigned sum = 0;
+    for (std::size_t i = 0; i < n; i += page) sum += p[i];
+    sum += p[n - 1];
+    (void)madvise(range, length, MADV_RANDOM);
+    touch_sink = sum;  // the loads must happen
+    return n;
+}
+
+}  // namespace
+
+std::uint64_t Model::load_layer(std::int64_t l) const {
+    const LayerWeights& w = layer(l);
+    std::uint64_t bytes = 0;
+    for (const TensorView* v : {&w.input_norm, &w.post_attention_norm, &w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj,
+                                &w.q_bias, &w.k_bias, &w.v_bias, &w.o_bias, &w.q_norm, &w.k_norm, &w.mlp_gate, &w.mlp_up,
+                                &w.mlp_down, &w.router, &w.router_bias, &w.shared_gate, &w.shared_up, &w.shared_down,
+                                &w.shared_expert_gate})
+        bytes += read_through(*v);
+    for (const ExpertWeights& e : w.experts) bytes += read_through(e.gate) + read_through(e.up) + read_through(e.down);
+    return bytes;
+}
+
+std::uint64_t Model::load_globals() const {
+    std::uint64_t bytes = read_through(embed()) + read_through(final_norm());
+    if (lm_head().data != embed().data) bytes += read_through(lm_head());
+    return bytes;
 }
 
 std::uint64_t Model::layer_bytes(std::int64_t l) const {

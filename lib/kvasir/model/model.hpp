@@ -125,6 +125,14 @@ public:
     TensorView final_norm() const;  // [H]
     TensorView lm_head() const;     // [V, H]; the embedding itself when tied
 
+    // Read every byte of layer l's weights once (resolving the layer first),
+    // so later work finds them in memory: the explicit "load" phase that
+    // `matrix` and `audit` time apart from computing. Pages are asked for
+    // with MADV_WILLNEED (read-ahead), then touched. Returns the bytes read.
+    std::uint64_t load_layer(std::int64_t l) const;
+    // The same for the embedding, the final norm and the lm_head.
+    std::uint64_t load_globals() const;
+
     // Bytes layer l occupies in the file(s) (maps the shards holding it, reads
     // no tensor data).
     std::uint64_t layer_bytes(std::int64_t l) const;

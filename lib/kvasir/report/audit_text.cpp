@@ -115,4 +115,39 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
     return out;
 }
 
+std::string render_timings(const RunTimings& t) {
+    std::string out = "timings (wall seconds; not part of the report)\n";
+    if (t.loaded) {
+        const double gb = static_cast<double>(t.load_bytes) * 1e-9;
+        out += fmt::format("  load   {:.3f} GB of weights in {:.2f} s ({:.2f} GB/s)\n", gb, t.load_seconds,
+                           t.load_seconds > 0 ? gb / t.load_seconds : 0.0);
+    } else {
+        out += fmt::format("  load   {}\n", t.load_note.empty() ? "none" : t.load_note);
+    }
+    std::vector<std::string> header{"step", "wall"};
+    for (const std::string& n : t.nodes) header.push_back(n);
+    header.push_back("other");
+    TextTable table(header);
+    StepTiming total{"total", 0, std::vector<double>(t.nodes.size(), 0.0)};
+    auto row = [&](const StepTiming& s) {
+        std::vector<std::string> cells{s.step, fmt::format("{:.2f}", s.wall)};
+        double inside = 0;
+        for (double v : s.node_seconds) {
+            cells.push_back(fmt::format("{:.2f}", v));
+            inside += v;
+        }
+        cells.push_back(fmt::format("{:.2f}", std::max(0.0, s.wall - inside)));
+        table.add_row(std::move(cells));
+    };
+    for (const StepTiming& s : t.steps) {
+        row(s);
+        total.wall += s.wall;
+        for (std::size_t i = 0; i < s.node_seconds.size() && i < total.node_seconds.size(); ++i)
+            total.node_seconds[i] += s.node_seconds[i];
+    }
+    if (t.steps.size() > 1) row(total);
+    out += table.render("  ");
+    return out;
+}
+
 }  // namespace kvasir

@@ -6,11 +6,17 @@
 
 #include "kvasir/report/text.hpp"
 #include "kvasir/report/writers.hpp"
+#include "kvasir/steps/node_clock.hpp"
 
 #include <string>
 
 namespace kvasir {
 
 std::string render_audit_text(const AuditReport& report, const Style& style);
+
+// --timings: the load phase (bytes, seconds, GB/s), then one row per step —
+// wall seconds, seconds inside each node, and "other" (the step's own work:
+// comparing, statistics, bookkeeping = wall − Σ nodes) — and a total row.
+std::string render_timings(const RunTimings& t);
 
 }  // namespace kvasir

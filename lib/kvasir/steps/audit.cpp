@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <fstream>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -277,7 +278,7 @@ void take_perplexity(const PerplexityReport& r, Ledger& led) {
 }
 
 nlohmann::ordered_json run_determinism(const AuditPlan& plan, const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>& nodes,
-                                       Ledger& led, int step_index) {
+                                       Ledger& led) {
     nlohmann::ordered_json j;
     j["tokens_source"] = plan.determinism_tokens->source;
     j["token_count"] = plan.determinism_tokens->ids.size();
@@ -286,9 +287,6 @@ nlohmann::ordered_json run_determinism(const AuditPlan& plan, const AuditConfig&
     nlohmann::ordered_json per = nlohmann::ordered_json::array();
     const auto& ids = plan.determinism_tokens->ids;
     for (std::size_t i = 0; i < nodes.size(); ++i) {
-        if (ac.progress)
-            ac.progress({"determinism", step_index, static_cast<int>(plan.steps.size()), nodes[i]->capabilities().node,
-                         static_cast<int>(i) + 1, static_cast<int>(nodes.size())});
         nlohmann::ordered_json nj;
         nj["node"] = nodes[i]->capabilities().node;
         try {
@@ -307,6 +305,46 @@ nlohmann::ordered_json run_determinism(const AuditPlan& plan, const AuditConfig&
     }
     j["nodes"] = std::move(per);
     return j;
+}
+
+// Bytes of memory the kernel could hand out now (MemAvailable), 0 when unknown.
+std::uint64_t available_memory() {
+    std::ifstream in("/proc/meminfo");
+    std::string key, unit;
+    std::uint64_t kib = 0;
+    while (in >> key >> kib >> unit)
+        if (key == "MemAvailable:") return kib * 1024;
+    return 0;
+}
+
+// The load phase: read what the steps will use — the whole model when a step
+// runs the forward pass, the ops layer when only step 1 uses real weights.
+void load_weights(const AuditPlan& plan, const Model& model, RunTimings& t) {
+    const bool forward = plan.drift || plan.logits || plan.decide || plan.generate || plan.perplexity ||
+                         plan.determinism_tokens;
+    std::vector<std::int64_t> layers;
+    if (forward) {
+        for (std::int64_t l = 0; l < model.config().num_layers; ++l) layers.push_back(l);
+    } else if (plan.ops && plan.ops->model != nullptr) {
+        layers.push_back(plan.ops->resolved().layer);
+    }
+    if (layers.empty()) {
+        t.load_note = "no model weights used";
+        return;
+    }
+    std::uint64_t want = 0;
+    for (std::int64_t l : layers) want += model.layer_bytes(l);
+    const std::uint64_t avail = available_memory();
+    if (avail != 0 && want > avail / 2) {
+        t.load_note = fmt::format("skipped: {:.2f} GB of weights, {:.2f} GB available — read lazily by the steps",
+                                  static_cast<double>(want) * 1e-9, static_cast<double>(avail) * 1e-9);
+        return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::int64_t l : layers) t.load_bytes += model.load_layer(l);
+    if (forward) t.load_bytes += model.load_globals();
+    t.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t.loaded = true;
 }
 
 }  // namespace
@@ -336,12 +374,30 @@ AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>&
     out.gate = ac.gate;
     Ledger led(nodes, reference);
 
+    RunTimings& timing = run.timings;
+    for (const auto& n : nodes) timing.nodes.push_back(n->capabilities().node);
+    if (ac.load_first) load_weights(plan, *ac.model, timing);
+    else timing.load_note = "off: weights read lazily by the steps";
+
     int step_index = 0;
+    std::string step_name;
+    const int step_count = static_cast<int>(plan.steps.size()), node_count = static_cast<int>(nodes.size());
+    // Every step runs on the timed decorators (same results): they tell the
+    // time spent inside each node and which node is computing.
+    NodeClock clock(nodes, [&](std::size_t i) {
+        if (ac.progress)
+            ac.progress({step_name, step_index, step_count, timing.nodes[i], static_cast<int>(i) + 1, node_count});
+    });
+    std::vector<std::unique_ptr<Backend>>& timed = clock.timed();
     // Runs one step; a failure of the reference (the runners record the
     // candidates' own failures) is recorded, anything internal propagates.
     auto step = [&](const std::string& name, auto&& body) {
         ++step_index;
-        if (ac.progress) ac.progress({name, step_index, static_cast<int>(plan.steps.size()), "", 0, static_cast<int>(nodes.size())});
+        step_name = name;
+        clock.new_phase();
+        if (ac.progress) ac.progress({name, step_index, step_count, "", 0, node_count});
+        std::vector<double> before(nodes.size());
+        for (std::size_t i = 0; i < nodes.size(); ++i) before[i] = clock.seconds(i);
         const auto t0 = std::chrono::steady_clock::now();
         try {
             body();
@@ -350,46 +406,45 @@ AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>&
             led.reference_failed(name, e.what());
             out.steps[name] = nlohmann::ordered_json{{"error", e.what()}};
         }
-        run.step_seconds.emplace_back(name, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        StepTiming st{name, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), {}};
+        for (std::size_t i = 0; i < nodes.size(); ++i) st.node_seconds.push_back(clock.seconds(i) - before[i]);
+        timing.steps.push_back(std::move(st));
     };
 
     if (plan.ops) step("ops", [&] {
-            const OpsReport r = run_op_delta(*plan.ops, nodes, reference);
+            const OpsReport r = run_op_delta(*plan.ops, timed, reference);
             take_ops(r, led, out);
             out.steps["ops"] = to_json(r);
         });
     if (plan.drift) step("drift", [&] {
-            const DriftReport r = run_drift(*plan.drift, nodes, reference);
+            const DriftReport r = run_drift(*plan.drift, timed, reference);
             take_drift(r, led, out);
             out.steps["drift"] = to_json(r);
         });
     if (plan.logits) step("logits", [&] {
-            const LogitsReport r = run_logits(*plan.logits, nodes, reference);
+            const LogitsReport r = run_logits(*plan.logits, timed, reference);
             take_logits(r, led);
             out.steps["logits"] = to_json(r);
         });
     if (plan.decide) step("decide", [&] {
-            const DecideReport r = run_decide(*plan.decide, nodes, reference);
+            const DecideReport r = run_decide(*plan.decide, timed, reference);
             take_decide(r, led);
             out.steps["decide"] = to_json(r);
         });
     if (plan.generate) step("generate", [&] {
-            const GenerateReport r = run_generate(*plan.generate, nodes, reference);
+            const GenerateReport r = run_generate(*plan.generate, timed, reference);
             take_generate(r, p, led);
             out.steps["generate"] = to_json(r);
         });
     if (plan.perplexity) step("perplexity", [&] {
-            const PerplexityReport r = run_perplexity(*plan.perplexity, nodes, reference);
+            const PerplexityReport r = run_perplexity(*plan.perplexity, timed, reference);
             take_perplexity(r, led);
             out.steps["perplexity"] = to_json(r);
         });
-    if (plan.determinism_tokens) {
-        ++step_index;
-        const auto t0 = std::chrono::steady_clock::now();
-        out.steps["determinism"] = run_determinism(plan, ac, nodes, led, step_index);
-        run.step_seconds.emplace_back("determinism",
-                                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
+    // Determinism records each node's own failure itself (nobody else is
+    // affected); only Error(internal) leaves it.
+    if (plan.determinism_tokens)
+        step("determinism", [&] { out.steps["determinism"] = run_determinism(plan, ac, timed, led); });
 
     run.inputs = led.inputs();
     for (const NodeInput& f : ac.failed_nodes) {
@@ -526,15 +581,15 @@ AuditRun compare_captures(const CompareConfig& cc, const std::vector<const Captu
                 if (caps[i]->has("ops." + op + ".ids")) ids[i] = caps[i]->view("ops." + op + ".ids");
             }
             if (!any) continue;
-            std::string inputs = "from captures";
+            std::string op_inputs = "from captures";
             const auto& meta = ref.metadata();
             if (const auto m = meta.find("ops_inputs"); m != meta.end()) {
                 const auto j = nlohmann::json::parse(m->second, nullptr, false);
-                if (j.is_object() && j.contains(op) && j[op].is_string()) inputs = j[op].get<std::string>();
+                if (j.is_object() && j.contains(op) && j[op].is_string()) op_inputs = j[op].get<std::string>();
             }
             for (std::size_t i = 0; i < n; ++i)
                 if (ok[i] && !values[i]) errors[i] = "not captured";
-            r.ops.push_back(op_result_from_outputs(op, inputs, values, ids, std::move(errors)));
+            r.ops.push_back(op_result_from_outputs(op, op_inputs, values, ids, std::move(errors)));
         }
         for (std::size_t i = 0; i < n; ++i) {
             if (!ok[i] || !caps[i]->has("ops.moe.shard_combined") || !caps[i]->has("ops.moe.out")) continue;

@@ -47,6 +47,7 @@
 #include "kvasir/report/protocol.hpp"
 #include "kvasir/report/verdict.hpp"
 #include "kvasir/report/writers.hpp"
+#include "kvasir/steps/node_clock.hpp"
 
 #include <cstdint>
 #include <functional>
@@ -58,7 +59,9 @@
 namespace kvasir {
 
 // Where the audit is, for a progress line: step `step` (1-based index of
-// `steps`), node `node` (1-based of `nodes`; 0 = the step is starting).
+// `steps`), node `node` (1-based of `nodes`; 0 = the step is starting). The
+// node is the one computing now: reported whenever the step's calls move to
+// another node (steps may alternate, e.g. reference then candidate per token).
 struct AuditProgress {
     std::string step;
     int step_index = 0, steps = 0;
@@ -73,9 +76,14 @@ struct AuditConfig {
     // Overrides the protocol's seed (seeded op inputs, seeded perturbations).
     // The report records the seed actually used next to the protocol's hash.
     std::optional<std::uint64_t> seed;
-    // Called at the start of each step and before each node of the
-    // determinism step. Optional; must not throw.
+    // Called at the start of each step and whenever computing moves to
+    // another node. Optional; must not throw.
     std::function<void(const AuditProgress&)> progress;
+    // Read the weights the steps will use before the first step (the "load"
+    // phase of the timings) unless they exceed half the memory available.
+    // Off: weights are read lazily by the first computation that touches
+    // them (results are the same either way).
+    bool load_first = true;
     // Nodes that were asked for but could not be created (a device that
     // failed to initialise, an OpenCL program that did not build): judged
     // as error, listed after the nodes that ran. Each needs errors set.
@@ -86,9 +94,9 @@ struct AuditRun {
     AuditReport report;                  // verdicts, pairs, drift, per-step JSON
     std::vector<std::string> step_order; // the steps that ran, in order
     std::vector<NodeInput> inputs;       // what judge() was given, per node
-    // Wall seconds per step, in order (not part of the report: reports are
-    // reproducible byte for byte, timings are not). Shown by --timings.
-    std::vector<std::pair<std::string, double>> step_seconds;
+    // Where the time went (not part of the report: reports are reproducible
+    // byte for byte, timings are not). Shown by --timings.
+    RunTimings timings;
 };
 
 // Runs the protocol's steps on `nodes` (nodes[reference] is the reference).

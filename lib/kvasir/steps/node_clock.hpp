@@ -1,0 +1,68 @@
+// Where the time of a run goes, node by node: NodeClock wraps each node in a
+// forwarding decorator that measures the wall time of every call into the
+// node (its whole op: upload, kernels, read-back for a device node). What a
+// step spends outside those calls is the step's own work — comparing
+// results, statistics, bookkeeping. The decorator changes no result: every
+// call goes to the node unchanged (ForwardingBackend).
+//
+// It also knows which node is computing: `on_switch` is called when a call
+// goes to a different node than the previous call (a progress line's
+// "backend"). Single-threaded use: steps call nodes one at a time.
+#pragma once
+
+#include "kvasir/backend/backend.hpp"
+
+#include <cstddef>
+#include <functional>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvasir {
+
+class NodeClock {
+public:
+    using OnSwitch = std::function<void(std::size_t node)>;
+
+    // `nodes` must outlive the clock; timed()[i] forwards to *nodes[i].
+    explicit NodeClock(const std::vector<std::unique_ptr<Backend>>& nodes, OnSwitch on_switch = {});
+    ~NodeClock();
+    NodeClock(const NodeClock&) = delete;
+    NodeClock& operator=(const NodeClock&) = delete;
+
+    // The decorators, in the order of the nodes (hand these to the steps).
+    std::vector<std::unique_ptr<Backend>>& timed() { return timed_; }
+    // A new phase (step) begins: the next call reports its node through
+    // on_switch even if it is the node that computed last.
+    void new_phase();
+    // Seconds spent inside calls to node i since construction.
+    double seconds(std::size_t i) const;
+    std::size_t size() const { return timed_.size(); }
+
+    struct Shared;  // implementation detail (node_clock.cpp)
+
+private:
+    std::shared_ptr<Shared> shared_;
+    std::vector<std::unique_ptr<Backend>> timed_;
+};
+
+// Where a run's time went: an optional load phase, then per step its wall
+// time and the seconds spent inside each node (NodeClock); the rest of a
+// step's wall time is its own work (comparing, statistics, bookkeeping).
+struct StepTiming {
+    std::string step;
+    double wall = 0;
+    std::vector<double> node_seconds;  // in node order
+};
+
+struct RunTimings {
+    bool loaded = false;           // false: no load phase, weights read lazily during the steps
+    std::string load_note;         // why there was none (empty when loaded)
+    double load_seconds = 0;       // the load phase (Model::load_layer / load_globals)
+    std::uint64_t load_bytes = 0;
+    std::vector<std::string> nodes;  // node names, the order of node_seconds
+    std::vector<StepTiming> steps;
+};
+
+}  // namespace kvasir
