@@ -1,52 +1,319 @@
-// OpenCL matmul on the expert shapes of Qwen3-30B-A3B (hidden 2048, expert
-// FFN 768), next to the cpu backend on the same inputs. The counter GFLOP is
-// 2·T·N·K per iteration, reported per second. An iteration is what a node
-// really pays per op here: host→device upload of x and w, the kernel, and the
-// read-back (the program is built once, before timing).
+// Every op of the Backend interface on the OpenCL backend (PoCL on this CPU),
+// each next to the cpu backend of the same precision on the same inputs, at
+// the shapes and with the names and counters of bench_cpu.cpp (Qwen3-30B-A3B:
+// hidden 2048, 128 experts of FFN 768, top-8, 32 query / 4 KV heads of 128;
+// the row ops at T = 128), so the two programs' tables line up.
 //
-//   ./bench_opencl --benchmark_min_time=0.5
+// Names: op/node/…  e.g. "matmul/opencl:0/f32/T:16/N:768/K:2048" next to
+// "matmul/cpu/f32/T:16/N:768/K:2048", "softmax/opencl:0:storage=bf16/router:128x128"
+// next to "softmax/cpu:storage=bf16/router:128x128", "moe_block/opencl:0/f32/T:16".
+// Nodes in pairs: opencl:0 | cpu (f32), opencl:0:storage=bf16 | cpu:storage=bf16,
+// opencl:0:storage=f16 | cpu:storage=f16 (moe_block: f32 and bf16 only, as
+// bench_cpu), and opencl:0:acc=f16 | cpu:acc=f16 (row ops, add/mul/scale and
+// matmul at T = 1, 16, as bench_cpu). A node that cannot be created is
+// skipped with the backend's own message: PoCL has no cl_khr_fp16, so every
+// opencl:0:acc=f16 row reads "ERROR OCCURRED: … has no cl_khr_fp16 …".
+// "cpu" runs on all hardware threads (2 here), as PoCL does (2 compute units).
+// All times are wall-clock (UseRealTime). Counters: GFLOP/s for matmul and
+// moe_block (2 flops per multiply-add), items_per_second (elements) for the rest.
+//
+// What one iteration is: one Backend call, exactly what a node pays per op.
+// On opencl that is, per call, the host→device upload of every input
+// (weights included, converted on the host first for storage=f16/bf16) into
+// freshly created buffers, the kernel, and the blocking read-back of the
+// result. The programs are built once per node, in an untimed warm-up call
+// before the timing loop. route, moe_block, add, mul and scale are not
+// overridden by opencl_backend.cpp (nor by cpu.cpp): they run Backend's
+// defaults — route = the node's softmax + top-k and renormalisation on the
+// host; moe_block = per active expert the node's gate and up matmuls, swiglu
+// and down matmul (so the opencl node uploads 3 expert matrices per expert
+// per call) plus a host combine; add/mul/scale = host loops, no device at all.
+// Weights as in bench_cpu: seeded normals, the bf16/f16 rows' weights
+// converted to that dtype before timing; the MoE weights (2.4 GB f32,
+// 1.2 GB bf16) are made on first use, which takes a few seconds.
+//
+// 160 benchmarks (16 of them the opencl acc=f16 skips); a whole run takes ~2 min at
+// --benchmark_min_time=0.05 and ~6 min with the line below plus
+// --benchmark_repetitions=3 (mostly moe_block: 1–8 s per opencl call).
+//
+//   ./bench_opencl --benchmark_min_time=0.3
+//   ./bench_opencl --benchmark_filter='^(softmax|rmsnorm|swiglu|sigmoid|rope|route)/' --benchmark_min_time=0.3
 #include "kvasir/backend/registry.hpp"
-#include "kvasir/core/error.hpp"
 #include "kvasir/core/rng.hpp"
 
 #include <benchmark/benchmark.h>
 
 #include <cmath>
+#include <exception>
+#include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+using namespace kvasir;
 
 namespace {
 
-void matmul(benchmark::State& state, const char* spec) {
-    const std::int64_t T = state.range(0), N = state.range(1), K = state.range(2);
-    std::unique_ptr<kvasir::Backend> node;
-    try {
-        node = kvasir::create_backend(spec);
-    } catch (const kvasir::Error& e) {
-        state.SkipWithError(e.what());
-        return;
+constexpr std::int64_t kHidden = 2048, kExpertFfn = 768, kExperts = 128, kTopK = 8;
+constexpr std::int64_t kHeads = 32, kKvHeads = 4, kHeadDim = 128;
+
+// Nodes, created once per spec; a spec that fails to create keeps its message.
+struct Node {
+    std::unique_ptr<Backend> backend;
+    std::string error;
+};
+
+Node& node_entry(const std::string& spec) {
+    static std::map<std::string, Node> cache;
+    auto [it, fresh] = cache.try_emplace(spec);
+    if (fresh) {
+        try {
+            it->second.backend = create_backend(spec);
+        } catch (const std::exception& e) {
+            it->second.error = e.what();
+        }
     }
-    const kvasir::Tensor x = kvasir::seeded_normal(1, "bench/x", {T, K}, 0, 1);
-    const kvasir::Tensor w = kvasir::seeded_normal(1, "bench/w", {N, K}, 0, 1 / std::sqrt(static_cast<double>(K)));
-    benchmark::DoNotOptimize(node->matmul(x, w));  // warm-up: builds the OpenCL program once
-    for (auto _ : state) benchmark::DoNotOptimize(node->matmul(x, w));
-    state.counters["GFLOP"] =
-        benchmark::Counter(2e-9 * static_cast<double>(T * N * K), benchmark::Counter::kIsIterationInvariantRate);
-    state.SetLabel(node->capabilities().node);
+    return it->second;
 }
 
-// {T, N, K}: up/gate projection (768×2048) and down projection (2048×768).
-void expert_shapes(benchmark::internal::Benchmark* b) {
-    for (std::int64_t t : {16, 128}) {
-        b->Args({t, 768, 2048});
-        b->Args({t, 2048, 768});
+// The node, or nullptr after SkipWithError with the backend's message.
+Backend* node(benchmark::State& state, const std::string& spec) {
+    Node& n = node_entry(spec);
+    if (!n.backend) state.SkipWithError(n.error.c_str());
+    return n.backend.get();
+}
+
+// One untimed warm-up call (builds the node's OpenCL programs), then the
+// timing loop; an op that throws skips the benchmark with its message.
+template <typename Op>
+bool time_op(benchmark::State& state, Op&& op) {
+    try {
+        benchmark::DoNotOptimize(op());
+    } catch (const std::exception& e) {
+        state.SkipWithError(e.what());
+        return false;
     }
-    b->ArgNames({"T", "N", "K"})->Unit(benchmark::kMillisecond)->UseRealTime();
+    for (auto _ : state) {
+        try {
+            benchmark::DoNotOptimize(op());
+        } catch (const std::exception& e) {
+            state.SkipWithError(e.what());
+            return false;
+        }
+    }
+    return true;
+}
+
+benchmark::Counter gflops(double flops) {
+    return benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+
+// Seeded tensors, made once per (name, shape, dtype): the same as bench_cpu's.
+const Tensor& input(const std::string& name, const Shape& shape, double stddev, DType dtype = DType::f32) {
+    static std::map<std::string, Tensor> cache;
+    std::string key = name + "/" + dtype_name(dtype);
+    for (auto d : shape) {
+        key += 'x';  // (not "x" + to_string: GCC 12's false -Wrestrict)
+        key += std::to_string(d);
+    }
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+        Tensor t = seeded_normal(1, name, shape, 0, stddev);
+        if (dtype != DType::f32) t = Tensor::convert(t, dtype);
+        it = cache.emplace(key, std::move(t)).first;
+    }
+    return it->second;
+}
+
+// ---- matmul ------------------------------------------------------------------------
+
+void matmul(benchmark::State& state, std::string spec, DType wdtype, std::int64_t T, std::int64_t N, std::int64_t K) {
+    Backend* b = node(state, spec);
+    if (b == nullptr) return;
+    const Tensor& x = input("bench/x", {T, K}, 1);
+    const Tensor& w = input("bench/w", {N, K}, 1 / std::sqrt(double(K)), wdtype);
+    if (!time_op(state, [&] { return b->matmul(x, w); })) return;
+    state.counters["GFLOP/s"] = gflops(2.0 * double(T * N * K));
+}
+
+// ---- element-wise and row ops ------------------------------------------------------
+
+enum class RowOp { softmax, rmsnorm, swiglu, sigmoid, add, mul, scale };
+
+void row_op(benchmark::State& state, std::string spec, RowOp op, Shape shape) {
+    Backend* b = node(state, spec);
+    if (b == nullptr) return;
+    const Tensor& x = input("bench/r", shape, 1);
+    const Tensor& u = input("bench/u", shape, 1);
+    const Tensor& nw = input("bench/nw", {shape.back()}, 0.1);
+    const double s = 1 / std::sqrt(double(kHeadDim));  // attention's 1/√d
+    const auto call = [&]() -> Tensor {
+        switch (op) {
+            case RowOp::softmax: return b->softmax(x);
+            case RowOp::rmsnorm: return b->rmsnorm(x, nw, 1e-6);
+            case RowOp::swiglu: return b->swiglu(x, u);
+            case RowOp::sigmoid: return b->sigmoid(x);
+            case RowOp::add: return b->add(x, u);
+            case RowOp::mul: return b->mul(x, u);
+            case RowOp::scale: return b->scale(x, s);
+        }
+        return {};
+    };
+    if (!time_op(state, call)) return;
+    state.SetItemsProcessed(state.iterations() * x.numel());
+}
+
+void rope(benchmark::State& state, std::string spec, std::int64_t T, std::int64_t heads) {
+    Backend* b = node(state, spec);
+    if (b == nullptr) return;
+    const Tensor& x = input("bench/rope", {T, heads, kHeadDim}, 1);
+    std::vector<std::int64_t> pos(static_cast<std::size_t>(T));
+    for (std::int64_t i = 0; i < T; ++i) pos[std::size_t(i)] = 1000 + i;
+    if (!time_op(state, [&] { return b->rope(x, pos, {1e6, RopeLayout::neox}); })) return;
+    state.SetItemsProcessed(state.iterations() * x.numel());
+}
+
+RouterParams qwen_router() {
+    RouterParams p;
+    p.top_k = int(kTopK);
+    p.scoring = RouterScoring::softmax;
+    p.renormalize = true;  // Qwen3-MoE: norm_topk_prob
+    return p;
+}
+
+void route(benchmark::State& state, std::string spec, std::int64_t T) {
+    Backend* b = node(state, spec);
+    if (b == nullptr) return;
+    const Tensor& logits = input("bench/logits", {T, kExperts}, 1);
+    if (!time_op(state, [&] { return b->route(logits, qwen_router()); })) return;
+    state.SetItemsProcessed(state.iterations() * logits.numel());
+}
+
+// ---- the MoE block -----------------------------------------------------------------
+
+// 128 experts, weights ~ N(0, 1/fan_in), in f32 or bf16; made once per dtype.
+const std::vector<ExpertWeights>& experts(DType dtype) {
+    static std::map<DType, std::pair<std::vector<Tensor>, std::vector<ExpertWeights>>> cache;
+    auto& [store, views] = cache[dtype];
+    if (views.empty()) {
+        const auto make = [dtype](const std::string& name, Shape shape, double stddev) {
+            Tensor t = seeded_normal(1, name, std::move(shape), 0, stddev);
+            if (dtype == DType::f32) return t;
+            return Tensor::convert(t, dtype);
+        };
+        for (std::int64_t e = 0; e < kExperts; ++e) {
+            const std::string id = std::to_string(e);
+            store.push_back(make("moe/gate" + id, {kExpertFfn, kHidden}, 1 / std::sqrt(double(kHidden))));
+            store.push_back(make("moe/up" + id, {kExpertFfn, kHidden}, 1 / std::sqrt(double(kHidden))));
+            store.push_back(make("moe/down" + id, {kHidden, kExpertFfn}, 1 / std::sqrt(double(kExpertFfn))));
+        }
+        for (std::int64_t e = 0; e < kExperts; ++e)
+            views.push_back({store[std::size_t(3 * e)], store[std::size_t(3 * e + 1)], store[std::size_t(3 * e + 2)]});
+    }
+    return views;
+}
+
+double moe_flops(std::int64_t T) { return 2.0 * double(T * kTopK) * 3.0 * double(kHidden * kExpertFfn); }
+
+// moe_block with a fixed routing plan (the cpu-ref oracle's routing of seeded logits).
+void moe_block(benchmark::State& state, std::string spec, DType wdtype, std::int64_t T) {
+    Backend* b = node(state, spec);
+    if (b == nullptr) return;
+    Backend* oracle = node(state, "cpu-ref");
+    if (oracle == nullptr) return;
+    const Tensor& x = input("bench/moe_x", {T, kHidden}, 1);
+    const auto& ex = experts(wdtype);
+    const RouterOutput r = oracle->route(input("bench/moe_logits", {T, kExperts}, 1), qwen_router());
+    const RoutingPlan plan{r.ids, r.weights};
+    if (!time_op(state, [&] { return b->moe_block(x, ex, plan); })) return;
+    state.counters["GFLOP/s"] = gflops(moe_flops(T));
+}
+
+// ---- registration ------------------------------------------------------------------
+
+template <typename F, typename... Args>
+benchmark::internal::Benchmark* add(const std::string& name, F f, Args... args) {
+    return benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& s) { f(s, args...); })->UseRealTime();
+}
+
+std::string shape_name(std::int64_t T, std::int64_t N, std::int64_t K) {
+    return "/T:" + std::to_string(T) + "/N:" + std::to_string(N) + "/K:" + std::to_string(K);
+}
+
+// An opencl node and the cpu node of the same precision, and the dtype the
+// matmul/moe weights are handed over in.
+struct Pair {
+    const char* opencl;
+    const char* cpu;
+    DType weights;
+};
+constexpr Pair kF32{"opencl:0", "cpu", DType::f32};
+constexpr Pair kBf16{"opencl:0:storage=bf16", "cpu:storage=bf16", DType::bf16};
+constexpr Pair kF16{"opencl:0:storage=f16", "cpu:storage=f16", DType::f16};
+constexpr Pair kAccF16{"opencl:0:acc=f16", "cpu:acc=f16", DType::f32};
+
+void register_all() {
+    const std::pair<std::int64_t, std::int64_t> expert_nk[] = {{kExpertFfn, kHidden}, {kHidden, kExpertFfn}};
+    for (const Pair& p : {kF32, kBf16, kF16, kAccF16})
+        for (std::int64_t t : {1, 16, 128, 512}) {
+            if (std::string_view(p.opencl) == kAccF16.opencl && t > 16) continue;  // f16-accumulation emulation on cpu: ~1 GFLOP/s
+            for (auto [n, k] : expert_nk)
+                for (const char* spec : {p.opencl, p.cpu})
+                    add(std::string("matmul/") + spec + "/" + dtype_name(p.weights) + shape_name(t, n, k), matmul,
+                        std::string(spec), p.weights, t, n, k)
+                        ->Unit(benchmark::kMicrosecond);
+        }
+
+    const std::int64_t T = 128;
+    for (const Pair& p : {kF32, kBf16, kF16, kAccF16})
+        for (const std::string spec : {p.opencl, p.cpu}) {
+            add("softmax/" + spec + "/router:128x128", row_op, spec, RowOp::softmax, Shape{T, kExperts});
+            add("softmax/" + spec + "/attention:4096x128", row_op, spec, RowOp::softmax, Shape{kHeads * T, T});
+            add("rmsnorm/" + spec + "/hidden:128x2048", row_op, spec, RowOp::rmsnorm, Shape{T, kHidden});
+            add("rmsnorm/" + spec + "/qk_norm:4096x128", row_op, spec, RowOp::rmsnorm, Shape{kHeads * T, kHeadDim});
+            add("swiglu/" + spec + "/routed:1024x768", row_op, spec, RowOp::swiglu, Shape{T * kTopK, kExpertFfn});
+            add("sigmoid/" + spec + "/router:128x128", row_op, spec, RowOp::sigmoid, Shape{T, kExperts});
+            add("rope/" + spec + "/q:128x32x128", rope, spec, T, kHeads);
+            add("rope/" + spec + "/k:128x4x128", rope, spec, T, kKvHeads);
+            add("route/" + spec + "/softmax_top8:128x128", route, spec, T);
+            // Not in bench_cpu; the shapes forward.cpp uses them at: the
+            // residual / shared-expert adds and the shared-expert gate over
+            // [T, hidden], and attention's 1/√d on the [heads·T, S] scores.
+            add("add/" + spec + "/residual:128x2048", row_op, spec, RowOp::add, Shape{T, kHidden});
+            add("mul/" + spec + "/shared_gate:128x2048", row_op, spec, RowOp::mul, Shape{T, kHidden});
+            add("scale/" + spec + "/attention:4096x128", row_op, spec, RowOp::scale, Shape{kHeads * T, T});
+        }
+    for (Pair p : {kF32, kBf16})
+        for (std::int64_t t : {16, 128})
+            for (const char* spec : {p.opencl, p.cpu})
+                add(std::string("moe_block/") + spec + "/" + dtype_name(p.weights) + "/T:" + std::to_string(t), moe_block,
+                    std::string(spec), p.weights, t)
+                    ->Unit(benchmark::kMillisecond);
+}
+
+// Device and runtime of each node kind, once, in the output's header.
+void add_context() {
+    for (const char* spec : {"opencl:0", "cpu"}) {
+        Node& n = node_entry(spec);
+        if (n.backend) {
+            const Capabilities& c = n.backend->capabilities();
+            benchmark::AddCustomContext(spec, c.device + "; " + c.runtime);
+        } else {
+            benchmark::AddCustomContext(spec, "unavailable: " + n.error);
+        }
+    }
 }
 
 }  // namespace
 
-BENCHMARK_CAPTURE(matmul, opencl, "opencl:0")->Apply(expert_shapes);
-BENCHMARK_CAPTURE(matmul, cpu, "cpu")->Apply(expert_shapes);
-
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+    register_all();
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+    add_context();
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+}

@@ -321,6 +321,27 @@ TEST_F(Opencl, StorageVariantsRoundToTheirFormat) {
     }
 }
 
+TEST_F(Opencl, WidenedUploadGivesTheStagedPathsBits) {
+    // f32/f16/bf16 operands are widened (and rounded for storage=bf16) by the
+    // vector converter straight into a mapped buffer; f64 operands still take
+    // the staged Tensor::convert path. The same values as f32/f16/bf16 and as
+    // f64 (exact) must give the same device data, hence the same bits.
+    const Tensor x = seeded_normal(19, "u/x", {5, 300}, 0, 1);
+    const Tensor w32 = seeded_normal(19, "u/w", {40, 300}, 0, 0.06);
+    for (DType wd : {DType::f32, DType::f16, DType::bf16})
+        for (const char* spec : {"opencl:0", "opencl:0:storage=bf16"}) {
+            const Tensor w = Tensor::convert(w32.view(), wd);
+            const Tensor w64 = Tensor::convert(w.view(), DType::f64);  // exact
+            auto ocl = node(spec);
+            const Tensor fast = ocl->matmul(x, w), staged = ocl->matmul(x, w64);
+            ASSERT_EQ(fast.nbytes(), staged.nbytes());
+            EXPECT_EQ(std::memcmp(fast.raw(), staged.raw(), fast.nbytes()), 0) << spec << " weights " << dtype_name(wd);
+            const Tensor xf = ocl->rmsnorm(x, Tensor::convert(w.view().row(0), wd), 1e-6);
+            const Tensor xs = ocl->rmsnorm(x, Tensor::convert(w64.view().row(0), DType::f64), 1e-6);
+            EXPECT_EQ(std::memcmp(xf.raw(), xs.raw(), xf.nbytes()), 0) << spec << " rmsnorm weight " << dtype_name(wd);
+        }
+}
+
 // ---- router, MoE, shard check ---------------------------------------------------------------
 
 TEST_F(Opencl, RouterIdsAgreeWithOracleOnSeparatedLogits) {

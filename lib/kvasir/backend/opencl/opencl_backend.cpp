@@ -3,6 +3,7 @@
 // numerics are documented in opencl_backend.hpp; kernels in kernels/opencl.
 #include "kvasir/backend/opencl/opencl_backend.hpp"
 
+#include "kernels/cpu/matmul.hpp"
 #include "kvasir/core/error.hpp"
 
 #include <CL/cl.h>
@@ -601,6 +602,9 @@ private:
     // rounded to bf16 (one rounding from the caller's dtype in every case).
     ClMem upload(const TensorView& v) const {
         if (caps_.storage == DType::f32 && v.dtype == DType::f32) return upload_raw(v.data, static_cast<std::size_t>(v.numel()) * 4);
+        if (caps_.storage != DType::f16 && (v.dtype == DType::f32 || v.dtype == DType::f16 || v.dtype == DType::bf16) &&
+            kernels::cpu_has_avx2_fma())
+            return upload_widened(v);
         Tensor staged;
         if (caps_.storage == DType::f16)
             staged = Tensor::convert(v, DType::f16);
@@ -609,6 +613,27 @@ private:
         else
             staged = Tensor::convert(v, DType::f32);
         return upload_raw(staged.raw(), staged.nbytes());
+    }
+
+    // f32/f16/bf16 → the device's f32 (rounded to bf16 for storage=bf16):
+    // converted by the CPU kernels' vector converter straight into the mapped
+    // buffer — no staging tensor, no second copy (a 151936×2048 lm_head is
+    // 1.2 GB of f32 per decode step). The same bits as the staged path: one
+    // exact widening, then one RNE rounding to bf16 when asked.
+    ClMem upload_widened(const TensorView& v) const {
+        const std::size_t n = static_cast<std::size_t>(v.numel()), bytes = n * 4;
+        ClMem buffer(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_ONLY | CL_MEM_ALLOC_HOST_PTR, bytes, nullptr));
+        void* host = KVCL_CREATE(clEnqueueMapBuffer, runtime_->queue(), buffer.get(), CL_TRUE, CL_MAP_WRITE_INVALIDATE_REGION,
+                                 0, bytes, 0, nullptr, nullptr);
+        const kernels::WeightFormat format = v.dtype == DType::bf16  ? kernels::WeightFormat::bf16
+                                             : v.dtype == DType::f16 ? kernels::WeightFormat::f16
+                                                                     : kernels::WeightFormat::f32;
+        const kernels::WeightRounding rounding =
+            caps_.storage == DType::bf16 ? kernels::WeightRounding::bf16 : kernels::WeightRounding::none;
+        kernels::convert_avx2(v.data, format, v.dtype == DType::bf16 ? kernels::WeightRounding::none : rounding,
+                              static_cast<float*>(host), static_cast<std::int64_t>(n));
+        KVCL_CHECK(clEnqueueUnmapMemObject(runtime_->queue(), buffer.get(), host, 0, nullptr, nullptr));
+        return buffer;
     }
 
     ClMem output(std::int64_t numel) const {
