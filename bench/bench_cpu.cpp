@@ -18,6 +18,7 @@
 // checkpoint hands over), run on the node with that storage. The MoE weights
 // (128 experts × 3 matrices, 2.4 GB in f32, 1.2 GB in bf16) are made on first
 // use, which takes a few seconds.
+#include "bench_inputs.hpp"
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/core/rng.hpp"
 
@@ -35,35 +36,15 @@
 #include <vector>
 
 using namespace kvasir;
+using namespace kvasir::bench;
 
 namespace {
-
-constexpr std::int64_t kHidden = 2048, kExpertFfn = 768, kExperts = 128, kTopK = 8;
-constexpr std::int64_t kHeads = 32, kKvHeads = 4, kHeadDim = 128;
 
 Backend& node(const std::string& spec) {
     static std::map<std::string, std::unique_ptr<Backend>> cache;
     auto& b = cache[spec];
     if (!b) b = create_backend(spec);
     return *b;
-}
-
-benchmark::Counter gflops(double flops) {
-    return benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
-}
-
-// Seeded tensors, made once per (name, shape, dtype).
-const Tensor& input(const std::string& name, const Shape& shape, double stddev, DType dtype = DType::f32) {
-    static std::map<std::string, Tensor> cache;
-    std::string key = name + "/" + dtype_name(dtype);
-    for (auto d : shape) key += "x" + std::to_string(d);
-    auto it = cache.find(key);
-    if (it == cache.end()) {
-        Tensor t = seeded_normal(1, name, shape, 0, stddev);
-        if (dtype != DType::f32) t = Tensor::convert(t, dtype);
-        it = cache.emplace(key, std::move(t)).first;
-    }
-    return it->second;
 }
 
 // ---- matmul ------------------------------------------------------------------------
@@ -121,14 +102,6 @@ void rope(benchmark::State& state, std::string spec, std::int64_t T, std::int64_
     state.SetItemsProcessed(state.iterations() * x.numel());
 }
 
-RouterParams qwen_router() {
-    RouterParams p;
-    p.top_k = int(kTopK);
-    p.scoring = RouterScoring::softmax;
-    p.renormalize = true;  // Qwen3-MoE: norm_topk_prob
-    return p;
-}
-
 void route(benchmark::State& state, std::string spec, std::int64_t T) {
     const Tensor& logits = input("bench/logits", {T, kExperts}, 1);
     Backend& b = node(spec);
@@ -137,30 +110,6 @@ void route(benchmark::State& state, std::string spec, std::int64_t T) {
 }
 
 // ---- the MoE block and layer -------------------------------------------------------
-
-// 128 experts, weights ~ N(0, 1/fan_in), in f32 or bf16; made once per dtype.
-const std::vector<ExpertWeights>& experts(DType dtype) {
-    static std::map<DType, std::pair<std::vector<Tensor>, std::vector<ExpertWeights>>> cache;
-    auto& [store, views] = cache[dtype];
-    if (views.empty()) {
-        const auto make = [dtype](const std::string& name, Shape shape, double stddev) {
-            Tensor t = seeded_normal(1, name, std::move(shape), 0, stddev);
-            if (dtype == DType::f32) return t;
-            return Tensor::convert(t, dtype);
-        };
-        for (std::int64_t e = 0; e < kExperts; ++e) {
-            const std::string id = std::to_string(e);
-            store.push_back(make("moe/gate" + id, {kExpertFfn, kHidden}, 1 / std::sqrt(double(kHidden))));
-            store.push_back(make("moe/up" + id, {kExpertFfn, kHidden}, 1 / std::sqrt(double(kHidden))));
-            store.push_back(make("moe/down" + id, {kHidden, kExpertFfn}, 1 / std::sqrt(double(kExpertFfn))));
-        }
-        for (std::int64_t e = 0; e < kExperts; ++e)
-            views.push_back({store[std::size_t(3 * e)], store[std::size_t(3 * e + 1)], store[std::size_t(3 * e + 2)]});
-    }
-    return views;
-}
-
-double moe_flops(std::int64_t T) { return 2.0 * double(T * kTopK) * 3.0 * double(kHidden * kExpertFfn); }
 
 // moe_block with a fixed routing plan (the cpu-ref oracle's routing of seeded logits).
 void moe_block(benchmark::State& state, std::string spec, DType wdtype, std::int64_t T) {
@@ -198,15 +147,6 @@ void seeded(benchmark::State& state, bool normal) {
 }
 
 // ---- registration ------------------------------------------------------------------
-
-template <typename F, typename... Args>
-benchmark::internal::Benchmark* add(const std::string& name, F f, Args... args) {
-    return benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& s) { f(s, args...); })->UseRealTime();
-}
-
-std::string shape_name(std::int64_t T, std::int64_t N, std::int64_t K) {
-    return "/T:" + std::to_string(T) + "/N:" + std::to_string(N) + "/K:" + std::to_string(K);
-}
 
 void register_all() {
     const std::pair<std::int64_t, std::int64_t> expert_nk[] = {{kExpertFfn, kHidden}, {kHidden, kExpertFfn}};

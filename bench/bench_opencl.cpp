@@ -38,6 +38,7 @@
 //
 //   ./bench_opencl --benchmark_min_time=0.3
 //   ./bench_opencl --benchmark_filter='^(softmax|rmsnorm|swiglu|sigmoid|rope|route)/' --benchmark_min_time=0.3
+#include "bench_inputs.hpp"
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/core/rng.hpp"
 
@@ -53,11 +54,9 @@
 #include <vector>
 
 using namespace kvasir;
+using namespace kvasir::bench;
 
 namespace {
-
-constexpr std::int64_t kHidden = 2048, kExpertFfn = 768, kExperts = 128, kTopK = 8;
-constexpr std::int64_t kHeads = 32, kKvHeads = 4, kHeadDim = 128;
 
 // Nodes, created once per spec; a spec that fails to create keeps its message.
 struct Node {
@@ -104,27 +103,6 @@ bool time_op(benchmark::State& state, Op&& op) {
         }
     }
     return true;
-}
-
-benchmark::Counter gflops(double flops) {
-    return benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
-}
-
-// Seeded tensors, made once per (name, shape, dtype): the same as bench_cpu's.
-const Tensor& input(const std::string& name, const Shape& shape, double stddev, DType dtype = DType::f32) {
-    static std::map<std::string, Tensor> cache;
-    std::string key = name + "/" + dtype_name(dtype);
-    for (auto d : shape) {
-        key += 'x';  // (not "x" + to_string: GCC 12's false -Wrestrict)
-        key += std::to_string(d);
-    }
-    auto it = cache.find(key);
-    if (it == cache.end()) {
-        Tensor t = seeded_normal(1, name, shape, 0, stddev);
-        if (dtype != DType::f32) t = Tensor::convert(t, dtype);
-        it = cache.emplace(key, std::move(t)).first;
-    }
-    return it->second;
 }
 
 // ---- matmul ------------------------------------------------------------------------
@@ -175,14 +153,6 @@ void rope(benchmark::State& state, std::string spec, std::int64_t T, std::int64_
     state.SetItemsProcessed(state.iterations() * x.numel());
 }
 
-RouterParams qwen_router() {
-    RouterParams p;
-    p.top_k = int(kTopK);
-    p.scoring = RouterScoring::softmax;
-    p.renormalize = true;  // Qwen3-MoE: norm_topk_prob
-    return p;
-}
-
 void route(benchmark::State& state, std::string spec, std::int64_t T) {
     Backend* b = node(state, spec);
     if (b == nullptr) return;
@@ -192,30 +162,6 @@ void route(benchmark::State& state, std::string spec, std::int64_t T) {
 }
 
 // ---- the MoE block -----------------------------------------------------------------
-
-// 128 experts, weights ~ N(0, 1/fan_in), in f32 or bf16; made once per dtype.
-const std::vector<ExpertWeights>& experts(DType dtype) {
-    static std::map<DType, std::pair<std::vector<Tensor>, std::vector<ExpertWeights>>> cache;
-    auto& [store, views] = cache[dtype];
-    if (views.empty()) {
-        const auto make = [dtype](const std::string& name, Shape shape, double stddev) {
-            Tensor t = seeded_normal(1, name, std::move(shape), 0, stddev);
-            if (dtype == DType::f32) return t;
-            return Tensor::convert(t, dtype);
-        };
-        for (std::int64_t e = 0; e < kExperts; ++e) {
-            const std::string id = std::to_string(e);
-            store.push_back(make("moe/gate" + id, {kExpertFfn, kHidden}, 1 / std::sqrt(double(kHidden))));
-            store.push_back(make("moe/up" + id, {kExpertFfn, kHidden}, 1 / std::sqrt(double(kHidden))));
-            store.push_back(make("moe/down" + id, {kHidden, kExpertFfn}, 1 / std::sqrt(double(kExpertFfn))));
-        }
-        for (std::int64_t e = 0; e < kExperts; ++e)
-            views.push_back({store[std::size_t(3 * e)], store[std::size_t(3 * e + 1)], store[std::size_t(3 * e + 2)]});
-    }
-    return views;
-}
-
-double moe_flops(std::int64_t T) { return 2.0 * double(T * kTopK) * 3.0 * double(kHidden * kExpertFfn); }
 
 // moe_block with a fixed routing plan (the cpu-ref oracle's routing of seeded logits).
 void moe_block(benchmark::State& state, std::string spec, DType wdtype, std::int64_t T) {
@@ -232,15 +178,6 @@ void moe_block(benchmark::State& state, std::string spec, DType wdtype, std::int
 }
 
 // ---- registration ------------------------------------------------------------------
-
-template <typename F, typename... Args>
-benchmark::internal::Benchmark* add(const std::string& name, F f, Args... args) {
-    return benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& s) { f(s, args...); })->UseRealTime();
-}
-
-std::string shape_name(std::int64_t T, std::int64_t N, std::int64_t K) {
-    return "/T:" + std::to_string(T) + "/N:" + std::to_string(N) + "/K:" + std::to_string(K);
-}
 
 // An opencl node and the cpu node of the same precision, and the dtype the
 // matmul/moe weights are handed over in.

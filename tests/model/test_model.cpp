@@ -487,68 +487,72 @@ TEST(ModelLazy, ShardedCheckpointMapsOnlyTheLayersShard) {
     EXPECT_EQ(m.checkpoint()->open_shards().size(), 4u) << "the fingerprint reads every shard's header";
 }
 
+namespace {
+
+// The synthetic model written to a disk-backed temp dir with its page cache
+// dropped, and how many bytes of each layer's tensors are resident.
+struct ColdModel {
+    TempDir tmp;
+    Model model;
+    explicit ColdModel(const fs::path& base) : tmp(base), model(write(tmp)) { mapping().drop_pages(); }
+    static Model write(TempDir& t) {
+        const Synthetic s = make_synthetic();
+        write_text(t.path() / "config.json", s.config.dump(2));
+        write_safetensors((t.path() / "model.safetensors").string(), views_of(s, [](const std::string&) { return true; }));
+        return Model::open(t.path().string());
+    }
+    const MappedFile& mapping() const {
+        const SafetensorsCheckpoint& ck = *model.checkpoint();
+        return *ck.shard(ck.shard_files().front()).mapping();
+    }
+    std::uint64_t resident_of_layer(std::int64_t l) const {
+        std::uint64_t r = 0;
+        for (const TensorSpec& spec : layer_tensor_specs(model.config(), l)) {
+            const auto& info = model.checkpoint()->info(spec.name);
+            r += mapping().resident_bytes(info.offset, info.nbytes);
+        }
+        return r;
+    }
+    // False when the page cache could not be dropped (mincore cannot tell).
+    bool cold() const {
+        for (std::int64_t l = 0; l < 3; ++l)
+            if (resident_of_layer(l) > (256u << 10)) return false;
+        return true;
+    }
+};
+
+}  // namespace
+
 TEST(ModelLazy, LoadingALayerReadsOnlyItsPages) {
     const fs::path base = disk_backed_dir();
     if (base.empty()) GTEST_SKIP() << "no disk-backed writable directory: mincore cannot tell what was read";
-    TempDir tmp(base);
-    const Synthetic s = make_synthetic();
-    write_text(tmp.path() / "config.json", s.config.dump(2));
-    write_safetensors((tmp.path() / "model.safetensors").string(), views_of(s, [](const std::string&) { return true; }));
-    const Model m = Model::open(tmp.path().string());
-    const SafetensorsCheckpoint& ck = *m.checkpoint();
-    const MappedFile& map = *ck.shard(ck.shard_files().front()).mapping();
-    map.drop_pages();
-    // Byte ranges of each layer's tensors (the writer groups a layer's names together).
-    auto resident_of_layer = [&](std::int64_t l) {
-        std::uint64_t r = 0;
-        for (const TensorSpec& spec : layer_tensor_specs(m.config(), l)) {
-            const auto& info = ck.info(spec.name);
-            r += map.resident_bytes(info.offset, info.nbytes);
-        }
-        return r;
-    };
-    for (std::int64_t l = 0; l < 3; ++l)
-        if (resident_of_layer(l) > (256u << 10)) GTEST_SKIP() << "page cache cannot be dropped here";
-    const double sum = touch(m.layer(1));
+    const ColdModel c(base);
+    if (!c.cold()) GTEST_SKIP() << "page cache cannot be dropped here";
+    const double sum = touch(c.model.layer(1));
     EXPECT_TRUE(std::isfinite(sum));
-    const std::uint64_t mine = resident_of_layer(1);
-    EXPECT_GE(mine, m.layer_bytes(1) - (64u << 10)) << "layer 1 was read";
+    const std::uint64_t mine = c.resident_of_layer(1);
+    EXPECT_GE(mine, c.model.layer_bytes(1) - (64u << 10)) << "layer 1 was read";
     std::uint64_t others = 0;
     for (std::int64_t l : {0, 2}) {
-        const std::uint64_t r = resident_of_layer(l);
+        const std::uint64_t r = c.resident_of_layer(l);
         // Boundary pages shared with layer 1 plus fault-around; a layer is ~6 MiB.
         EXPECT_LE(r, 256u << 10) << "layer " << l << " has " << r << " bytes resident after loading layer 1";
         others += r;
     }
-    std::cout << "[ measured ] synthetic model: layer 1 " << mine << " of " << m.layer_bytes(1)
+    std::cout << "[ measured ] synthetic model: layer 1 " << mine << " of " << c.model.layer_bytes(1)
               << " bytes resident; layers 0 and 2: " << others << " bytes resident\n";
 }
 
 TEST(ModelLazy, LoadLayerReadsAllOfItsPagesAndNoOthers) {
     const fs::path base = disk_backed_dir();
     if (base.empty()) GTEST_SKIP() << "no disk-backed writable directory: mincore cannot tell what was read";
-    TempDir tmp(base);
-    const Synthetic s = make_synthetic();
-    write_text(tmp.path() / "config.json", s.config.dump(2));
-    write_safetensors((tmp.path() / "model.safetensors").string(), views_of(s, [](const std::string&) { return true; }));
-    const Model m = Model::open(tmp.path().string());
-    const SafetensorsCheckpoint& ck = *m.checkpoint();
-    const MappedFile& map = *ck.shard(ck.shard_files().front()).mapping();
-    map.drop_pages();
-    auto resident_of_layer = [&](std::int64_t l) {
-        std::uint64_t r = 0;
-        for (const TensorSpec& spec : layer_tensor_specs(m.config(), l)) {
-            const auto& info = ck.info(spec.name);
-            r += map.resident_bytes(info.offset, info.nbytes);
-        }
-        return r;
-    };
-    for (std::int64_t l = 0; l < 3; ++l)
-        if (resident_of_layer(l) > (256u << 10)) GTEST_SKIP() << "page cache cannot be dropped here";
-    EXPECT_EQ(m.load_layer(1), m.layer_bytes(1));
+    const ColdModel c(base);
+    if (!c.cold()) GTEST_SKIP() << "page cache cannot be dropped here";
+    EXPECT_EQ(c.model.load_layer(1), c.model.layer_bytes(1));
     // Every page of layer 1 (rounded in by at most a page at each tensor edge).
-    EXPECT_GE(resident_of_layer(1), m.layer_bytes(1) - 2 * layer_tensor_specs(m.config(), 1).size() * 4096);
-    for (std::int64_t l : {0, 2}) EXPECT_LE(resident_of_layer(l), 256u << 10) << "layer " << l;
+    EXPECT_GE(c.resident_of_layer(1),
+              c.model.layer_bytes(1) - 2 * layer_tensor_specs(c.model.config(), 1).size() * 4096);
+    for (std::int64_t l : {0, 2}) EXPECT_LE(c.resident_of_layer(l), 256u << 10) << "layer " << l;
 }
 
 // ===========================================================================
