@@ -54,10 +54,8 @@ void run_matrix(MatrixOptions& opt) {
     // Load: the layer's weights read once, before any node computes, so the
     // nodes' seconds below are computing only.
     RunTimings timings;
-    const auto t_load = std::chrono::steady_clock::now();
-    timings.load_bytes = model.load_layer(opt.layer);
-    timings.load_seconds = seconds_since(t_load);
-    timings.loaded = true;
+    const std::int64_t layers[] = {opt.layer};
+    load_phase(model, layers, false, timings);
     for (const auto& n : nodes.nodes) timings.nodes.push_back(n->capabilities().node);
 
     const auto progress = progress_printer();

@@ -75,8 +75,6 @@ void openblas_sgemm(benchmark::State& state, int threads, std::int64_t T, std::i
 
 // ---- element-wise and row ops ------------------------------------------------------
 
-enum class RowOp { softmax, rmsnorm, swiglu, sigmoid };
-
 void row_op(benchmark::State& state, std::string spec, RowOp op, Shape shape) {
     const Tensor& x = input("bench/r", shape, 1);
     const Tensor& u = input("bench/u", shape, 1);
@@ -88,6 +86,9 @@ void row_op(benchmark::State& state, std::string spec, RowOp op, Shape shape) {
             case RowOp::rmsnorm: benchmark::DoNotOptimize(b.rmsnorm(x, nw, 1e-6)); break;
             case RowOp::swiglu: benchmark::DoNotOptimize(b.swiglu(x, u)); break;
             case RowOp::sigmoid: benchmark::DoNotOptimize(b.sigmoid(x)); break;
+            case RowOp::add: benchmark::DoNotOptimize(b.add(x, u)); break;
+            case RowOp::mul: benchmark::DoNotOptimize(b.mul(x, u)); break;
+            case RowOp::scale: benchmark::DoNotOptimize(b.scale(x, 1 / std::sqrt(double(kHeadDim)))); break;
         }
     }
     state.SetItemsProcessed(state.iterations() * x.numel());
@@ -181,19 +182,7 @@ void register_all() {
                     ->Unit(benchmark::kMicrosecond);
 #endif
 
-    const std::int64_t T = 128;
-    const std::vector<std::string> all_nodes = {"cpu-ref", "cpu", "cpu:acc=f16", "cpu:storage=bf16"};
-    for (const auto& spec : all_nodes) {
-        add("softmax/" + spec + "/router:128x128", row_op, spec, RowOp::softmax, Shape{T, kExperts});
-        add("softmax/" + spec + "/attention:4096x128", row_op, spec, RowOp::softmax, Shape{kHeads * T, T});
-        add("rmsnorm/" + spec + "/hidden:128x2048", row_op, spec, RowOp::rmsnorm, Shape{T, kHidden});
-        add("rmsnorm/" + spec + "/qk_norm:4096x128", row_op, spec, RowOp::rmsnorm, Shape{kHeads * T, kHeadDim});
-        add("swiglu/" + spec + "/routed:1024x768", row_op, spec, RowOp::swiglu, Shape{T * kTopK, kExpertFfn});
-        add("sigmoid/" + spec + "/router:128x128", row_op, spec, RowOp::sigmoid, Shape{T, kExperts});
-        add("rope/" + spec + "/q:128x32x128", rope, spec, T, kHeads);
-        add("rope/" + spec + "/k:128x4x128", rope, spec, T, kKvHeads);
-        add("route/" + spec + "/softmax_top8:128x128", route, spec, T);
-    }
+    for (const std::string spec : {"cpu-ref", "cpu", "cpu:acc=f16", "cpu:storage=bf16"}) add_row_ops(spec, row_op, rope, route);
     for (std::int64_t t : {16, 128}) {
         for (const char* spec : {"cpu:threads=2", "cpu:threads=1"}) {
             add(std::string("moe_block/") + spec + "/f32/T:" + std::to_string(t), moe_block, std::string(spec), DType::f32, t)

@@ -87,4 +87,32 @@ benchmark::internal::Benchmark* add(const std::string& name, F f, Args... args) 
     return benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& s) { f(s, args...); })->UseRealTime();
 }
 
+// The element-wise and row ops each program times.
+enum class RowOp { softmax, rmsnorm, swiglu, sigmoid, add, mul, scale };
+
+// The row ops at T = 128 tokens, at the shapes a Qwen3-30B-A3B layer runs
+// them: router and attention softmax, hidden and q/k RMSNorm, the routed
+// experts' SwiGLU, the router sigmoid, RoPE on q and k, the router's top-8;
+// add / mul / scale where forward.cpp uses them: the residual and
+// shared-expert adds and the shared-expert gate over [T, hidden], attention's
+// 1/√d on the [heads·T, S] scores.
+// row_op(state, spec, RowOp, Shape), rope(state, spec, T, heads) and
+// route(state, spec, T) are the calling program's own benchmark bodies.
+template <typename RowOpFn, typename RopeFn, typename RouteFn>
+void add_row_ops(const std::string& spec, RowOpFn row_op, RopeFn rope, RouteFn route) {
+    constexpr std::int64_t T = 128;
+    add("softmax/" + spec + "/router:128x128", row_op, spec, RowOp::softmax, Shape{T, kExperts});
+    add("softmax/" + spec + "/attention:4096x128", row_op, spec, RowOp::softmax, Shape{kHeads * T, T});
+    add("rmsnorm/" + spec + "/hidden:128x2048", row_op, spec, RowOp::rmsnorm, Shape{T, kHidden});
+    add("rmsnorm/" + spec + "/qk_norm:4096x128", row_op, spec, RowOp::rmsnorm, Shape{kHeads * T, kHeadDim});
+    add("swiglu/" + spec + "/routed:1024x768", row_op, spec, RowOp::swiglu, Shape{T * kTopK, kExpertFfn});
+    add("sigmoid/" + spec + "/router:128x128", row_op, spec, RowOp::sigmoid, Shape{T, kExperts});
+    add("rope/" + spec + "/q:128x32x128", rope, spec, T, kHeads);
+    add("rope/" + spec + "/k:128x4x128", rope, spec, T, kKvHeads);
+    add("route/" + spec + "/softmax_top8:128x128", route, spec, T);
+    add("add/" + spec + "/residual:128x2048", row_op, spec, RowOp::add, Shape{T, kHidden});
+    add("mul/" + spec + "/shared_gate:128x2048", row_op, spec, RowOp::mul, Shape{T, kHidden});
+    add("scale/" + spec + "/attention:4096x128", row_op, spec, RowOp::scale, Shape{kHeads * T, T});
+}
+
 }  // namespace kvasir::bench

@@ -109,10 +109,7 @@ void read_layer(benchmark::State& state, bool cold) {
 void widen(const TensorView& v, std::vector<float>& out) {
     const auto n = v.numel();
     if (static_cast<std::int64_t>(out.size()) < n) out.resize(static_cast<std::size_t>(n));
-    const kernels::WeightFormat f = v.dtype == DType::bf16 ? kernels::WeightFormat::bf16
-                                    : v.dtype == DType::f16 ? kernels::WeightFormat::f16
-                                                            : kernels::WeightFormat::f32;
-    kernels::convert_avx2(v.data, f, kernels::WeightRounding::none, out.data(), n);
+    kernels::convert_avx2(v.data, kernels::weight_format_of(v.dtype), kernels::WeightRounding::none, out.data(), n);
     benchmark::DoNotOptimize(out.data());
 }
 

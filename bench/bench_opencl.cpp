@@ -118,8 +118,6 @@ void matmul(benchmark::State& state, std::string spec, DType wdtype, std::int64_
 
 // ---- element-wise and row ops ------------------------------------------------------
 
-enum class RowOp { softmax, rmsnorm, swiglu, sigmoid, add, mul, scale };
-
 void row_op(benchmark::State& state, std::string spec, RowOp op, Shape shape) {
     Backend* b = node(state, spec);
     if (b == nullptr) return;
@@ -203,25 +201,8 @@ void register_all() {
                         ->Unit(benchmark::kMicrosecond);
         }
 
-    const std::int64_t T = 128;
     for (const Pair& p : {kF32, kBf16, kF16, kAccF16})
-        for (const std::string spec : {p.opencl, p.cpu}) {
-            add("softmax/" + spec + "/router:128x128", row_op, spec, RowOp::softmax, Shape{T, kExperts});
-            add("softmax/" + spec + "/attention:4096x128", row_op, spec, RowOp::softmax, Shape{kHeads * T, T});
-            add("rmsnorm/" + spec + "/hidden:128x2048", row_op, spec, RowOp::rmsnorm, Shape{T, kHidden});
-            add("rmsnorm/" + spec + "/qk_norm:4096x128", row_op, spec, RowOp::rmsnorm, Shape{kHeads * T, kHeadDim});
-            add("swiglu/" + spec + "/routed:1024x768", row_op, spec, RowOp::swiglu, Shape{T * kTopK, kExpertFfn});
-            add("sigmoid/" + spec + "/router:128x128", row_op, spec, RowOp::sigmoid, Shape{T, kExperts});
-            add("rope/" + spec + "/q:128x32x128", rope, spec, T, kHeads);
-            add("rope/" + spec + "/k:128x4x128", rope, spec, T, kKvHeads);
-            add("route/" + spec + "/softmax_top8:128x128", route, spec, T);
-            // Not in bench_cpu; the shapes forward.cpp uses them at: the
-            // residual / shared-expert adds and the shared-expert gate over
-            // [T, hidden], and attention's 1/√d on the [heads·T, S] scores.
-            add("add/" + spec + "/residual:128x2048", row_op, spec, RowOp::add, Shape{T, kHidden});
-            add("mul/" + spec + "/shared_gate:128x2048", row_op, spec, RowOp::mul, Shape{T, kHidden});
-            add("scale/" + spec + "/attention:4096x128", row_op, spec, RowOp::scale, Shape{kHeads * T, T});
-        }
+        for (const std::string spec : {p.opencl, p.cpu}) add_row_ops(spec, row_op, rope, route);
     for (Pair p : {kF32, kBf16})
         for (std::int64_t t : {16, 128})
             for (const char* spec : {p.opencl, p.cpu})

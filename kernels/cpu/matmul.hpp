@@ -38,6 +38,17 @@ enum class WeightFormat : std::uint8_t { f32, f16, bf16 };
 // used (a storage=f16|bf16 node holding f32 weights). none: use as read.
 enum class WeightRounding : std::uint8_t { none, f16, bf16 };
 
+// The format a tensor of dtype `d` is read in; false for dtypes the kernels
+// cannot read (f64, i32): convert those to f32 first.
+inline bool kernel_readable(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
+inline WeightFormat weight_format_of(DType d) {
+    return d == DType::f16 ? WeightFormat::f16 : d == DType::bf16 ? WeightFormat::bf16 : WeightFormat::f32;
+}
+// The rounding of a node whose storage format is `storage` (none for f32).
+inline WeightRounding rounding_to(DType storage) {
+    return storage == DType::f16 ? WeightRounding::f16 : storage == DType::bf16 ? WeightRounding::bf16 : WeightRounding::none;
+}
+
 // AVX2 + FMA + F16C: the weights are converted (f16 with F16C, bf16 by a
 // 16-bit shift) and rounded with `rounding` while they are packed, never in a
 // separate pass over the matrix. With io_rounding (a storage=f16|bf16 node)

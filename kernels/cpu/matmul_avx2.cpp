@@ -84,17 +84,24 @@ struct Chains {
     __m256 v[TT];
 };
 
+// acc[t] = fma(x[t, k+j], r[j], acc[t]) for j = 0 … J-1 in that order (the
+// contract's ascending k), r[j] = the 8 rows' weights at k+j.
+template <int J, int TT>
+[[gnu::always_inline]] inline Chains<TT> fma_columns(const float* x, i64 k_count, i64 k, const __m256* r, Chains<TT> acc) {
+#pragma GCC unroll 8
+    for (int j = 0; j < J; ++j)
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; ++t)
+            acc.v[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + t * k_count + k + j), r[j], acc.v[t]);
+    return acc;
+}
+
 // k … k+7 of rows [row, row + 8) of w into the TT chains.
 template <WeightFormat F, WeightRounding R, int TT>
 [[gnu::always_inline]] inline Chains<TT> gemv_step8(const float* x, const void* w, i64 row, i64 k_count, i64 k, Chains<TT> acc) {
     __m256 r[8];
     load_transposed8<F, R>(w, row, k_count, k, r);  // r[j] = w[row … row+7, k+j]
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j)
-#pragma GCC unroll 4
-        for (int t = 0; t < TT; ++t)
-            acc.v[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + t * k_count + k + j), r[j], acc.v[t]);
-    return acc;
+    return fma_columns<8, TT>(x, k_count, k, r, acc);
 }
 
 // The smallest step: 4 k for f32 weights (4 FMAs per chain), 8 otherwise.
@@ -107,12 +114,7 @@ template <WeightFormat F, WeightRounding R, int TT>
     if constexpr (F == WeightFormat::f32) {
         __m256 r[4];
         load_transposed4_f32<R>(static_cast<const float*>(w), row, k_count, k, r);
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j)
-#pragma GCC unroll 4
-            for (int t = 0; t < TT; ++t)
-                acc.v[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + t * k_count + k + j), r[j], acc.v[t]);
-        return acc;
+        return fma_columns<4, TT>(x, k_count, k, r, acc);
     } else {
         return gemv_step8<F, R, TT>(x, w, row, k_count, k, acc);
     }
@@ -503,6 +505,17 @@ void run_rounded(WeightRounding r, const float* x, WeightRounding rx, const void
 
 }  // namespace
 
+namespace {
+
+// Rounding a format to itself is the identity: skip the work.
+WeightRounding effective_rounding(WeightFormat format, WeightRounding rounding) {
+    const bool same = (format == WeightFormat::f16 && rounding == WeightRounding::f16) ||
+                      (format == WeightFormat::bf16 && rounding == WeightRounding::bf16);
+    return same ? WeightRounding::none : rounding;
+}
+
+}  // namespace
+
 void matmul_avx2(const float* x, const void* w, WeightFormat format, WeightRounding rounding, float* y,
                  std::int64_t t_count, std::int64_t n_count, std::int64_t k_count, int threads,
                  WeightRounding io_rounding) {
@@ -511,10 +524,7 @@ void matmul_avx2(const float* x, const void* w, WeightFormat format, WeightRound
         std::fill(y, y + t_count * n_count, 0.0f);
         return;
     }
-    // Rounding a format to itself is the identity.
-    if ((format == WeightFormat::f16 && rounding == WeightRounding::f16) ||
-        (format == WeightFormat::bf16 && rounding == WeightRounding::bf16))
-        rounding = WeightRounding::none;
+    rounding = effective_rounding(format, rounding);
     switch (format) {
         case WeightFormat::f32: run_rounded<WeightFormat::f32>(rounding, x, io_rounding, w, y, t_count, n_count, k_count, threads); break;
         case WeightFormat::f16: run_rounded<WeightFormat::f16>(rounding, x, io_rounding, w, y, t_count, n_count, k_count, threads); break;
@@ -523,6 +533,7 @@ void matmul_avx2(const float* x, const void* w, WeightFormat format, WeightRound
 }
 
 void convert_avx2(const void* src, WeightFormat format, WeightRounding rounding, float* dst, std::int64_t n) {
+    rounding = effective_rounding(format, rounding);
     // Element-wise, so dst may be src (f32 in place).
     const auto run_one = [&](auto f, auto r) {
         constexpr WeightFormat F = decltype(f)::value;

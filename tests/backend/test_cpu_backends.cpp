@@ -10,6 +10,7 @@
 //  * row reductions (softmax, rmsnorm): relative 1e-5 for rows ≤ 4096.
 #include "kernels/cpu/f16_round.hpp"
 #include "kernels/cpu/matmul.hpp"
+#include "tests/backend/matmul_bound.hpp"
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/rng.hpp"
@@ -30,9 +31,9 @@ Tensor t64(std::vector<double> v, Shape s) { return Tensor::from_f64(v, std::mov
 
 std::unique_ptr<Backend> ref() { return create_backend("cpu-ref"); }
 
-constexpr double kU32 = 1.0 / (1 << 24);
-
-double gamma(std::int64_t k, double u) { return static_cast<double>(k) * u / (1.0 - static_cast<double>(k) * u); }
+using test::gamma;
+using test::kU32;
+using test::matmul_within_bound;
 
 }  // namespace
 
@@ -338,19 +339,8 @@ TEST_P(CpuMatmul, WithinGammaKBound) {
     const Tensor w = seeded_normal(7, "test/w", {N, K}, 0, 1 / std::sqrt(static_cast<double>(K)));
     const Tensor yr = ref()->matmul(x, w);
     for (const char* spec : {"cpu", "cpu:threads=1"}) {
-        const Tensor yc = create_backend(spec)->matmul(x, w);
-        ASSERT_EQ(yc.shape(), yr.shape());
-        const float* xp = x.as<float>();
-        const float* wp = w.as<float>();
-        for (std::int64_t t = 0; t < T; ++t)
-            for (std::int64_t n = 0; n < N; ++n) {
-                double abs_sum = 0;
-                for (std::int64_t k = 0; k < K; ++k) abs_sum += std::fabs(static_cast<double>(xp[t * K + k]) * wp[n * K + k]);
-                // + half an ulp for the final rounding of the f32 result itself.
-                const double bound = gamma(K, kU32) * abs_sum + kU32 * std::fabs(yr.at(t * N + n));
-                ASSERT_LE(std::fabs(yc.at(t * N + n) - yr.at(t * N + n)), bound)
-                    << spec << " t=" << t << " n=" << n << " K=" << K;
-            }
+        // + half an ulp for the final rounding of the f32 result itself.
+        EXPECT_TRUE(matmul_within_bound(x, w, create_backend(spec)->matmul(x, w), yr, 0, kU32)) << spec;
     }
 }
 
@@ -427,16 +417,7 @@ TEST(CpuPacked, AwkwardShapesWithinGammaKBoundAndThreadInvariant) {
             const Tensor yt = create_backend(spec)->matmul(x, w);
             ASSERT_EQ(std::memcmp(y1.raw(), yt.raw(), y1.nbytes()), 0) << spec << " T=" << T << " N=" << N << " K=" << K;
         }
-        const float* xp = x.as<float>();
-        const float* wp = w.as<float>();
-        for (std::int64_t t = 0; t < T; ++t)
-            for (std::int64_t n = 0; n < N; ++n) {
-                double abs_sum = 0;
-                for (std::int64_t k = 0; k < K; ++k) abs_sum += std::fabs(static_cast<double>(xp[t * K + k]) * wp[n * K + k]);
-                const double bound = gamma(K, kU32) * abs_sum + kU32 * std::fabs(yr.at(t * N + n));
-                ASSERT_LE(std::fabs(y1.at(t * N + n) - yr.at(t * N + n)), bound) << "t=" << t << " n=" << n << " T=" << T
-                                                                                  << " N=" << N << " K=" << K;
-            }
+        ASSERT_TRUE(matmul_within_bound(x, w, y1, yr, 0, kU32));
     }
 }
 
@@ -583,14 +564,7 @@ TEST(Cpu, StorageVariantsRoundToTheirFormat) {
         // relative error ≤ u_s, so |Δ| ≤ (2u_s + u_s² + γ_K(u32))·Σ|x w| + u_s·|y| (+ f32 rounding).
         const Tensor yr = ref()->matmul(x, w);
         const double us = storage == DType::bf16 ? 1.0 / 256 : 1.0 / 2048;
-        for (std::int64_t t = 0; t < 4; ++t)
-            for (std::int64_t n = 0; n < 32; ++n) {
-                double abs_sum = 0;
-                for (std::int64_t k = 0; k < 256; ++k) abs_sum += std::fabs(x.at(t * 256 + k) * w.at(n * 256 + k));
-                const double yv = yr.at(t * 32 + n);
-                const double bound = (2 * us + us * us + gamma(256, kU32)) * abs_sum + 1.01 * us * std::fabs(yv);
-                ASSERT_LE(std::fabs(y.at(t * 32 + n) - yv), bound) << dtype_name(storage);
-            }
+        EXPECT_TRUE(matmul_within_bound(x, w, y, yr, 2 * us + us * us, 1.01 * us)) << dtype_name(storage);
         const CompareStats s = compare(yr, y);
         EXPECT_GT(s.max_abs, 100 * compare(ref()->matmul(x, w), create_backend("cpu")->matmul(x, w)).max_abs);
     }

@@ -31,6 +31,7 @@
 //    rope within the f32-angle error the cpu node is held to.
 //  * acc=f16 matmul: bit-identical to cpu:acc=f16 (same exact emulation).
 #include "kvasir/backend/registry.hpp"
+#include "tests/backend/matmul_bound.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/rng.hpp"
 #include "kvasir/metrics/metrics.hpp"
@@ -102,9 +103,9 @@ namespace gm = kvasir::gpu_host;
 
 namespace {
 
-constexpr double kU32 = 1.0 / (1 << 24);
-
-double gamma(std::int64_t k, double u) { return static_cast<double>(k) * u / (1.0 - static_cast<double>(k) * u); }
+using test::gamma;
+using test::kU32;
+using test::matmul_within_bound;
 
 // Distance in units of the f32 ulp at the reference value.
 double ulp_error(double got, double want) {
@@ -167,16 +168,7 @@ std::string vendor_name(const ::testing::TestParamInfo<std::string>& p) { return
 // Asserts the γ_K bound element by element.
 void expect_matmul_bound(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& yr, double extra_u,
                          const std::string& what) {
-    const std::int64_t T = x.dim(0), K = x.dim(1), N = w.dim(0);
-    ASSERT_EQ(y.shape(), yr.shape()) << what;
-    for (std::int64_t t = 0; t < T; ++t)
-        for (std::int64_t n = 0; n < N; ++n) {
-            double abs_sum = 0;
-            for (std::int64_t k = 0; k < K; ++k) abs_sum += std::fabs(x.at(t * K + k) * w.at(n * K + k));
-            const double want = yr.at(t * N + n);
-            const double bound = (2 * extra_u + gamma(K, kU32)) * abs_sum + kU32 * std::fabs(want);
-            ASSERT_LE(std::fabs(y.at(t * N + n) - want), bound) << what << " t=" << t << " n=" << n << " K=" << K;
-        }
+    ASSERT_TRUE(matmul_within_bound(x, w, y, yr, 2 * extra_u, kU32)) << what;
 }
 
 }  // namespace
@@ -581,13 +573,7 @@ TEST_P(GpuOps, StorageVariantsRoundToTheirFormat) {
         const Tensor s = gpu->softmax(x);
         for (std::int64_t i = 0; i < s.numel(); ++i) ASSERT_EQ(s.at(i), round_to(storage, s.at(i)));
         const double us = storage == DType::bf16 ? 1.0 / 256 : 1.0 / 2048;
-        for (std::int64_t t = 0; t < 4; ++t)
-            for (std::int64_t n = 0; n < 32; ++n) {
-                double abs_sum = 0;
-                for (std::int64_t k = 0; k < 256; ++k) abs_sum += std::fabs(x.at(t * 256 + k) * w.at(n * 256 + k));
-                const double yv = yr.at(t * 32 + n);
-                ASSERT_LE(std::fabs(y.at(t * 32 + n) - yv), (2 * us + us * us + gamma(256, kU32)) * abs_sum + 1.01 * us * std::fabs(yv));
-            }
+        EXPECT_TRUE(matmul_within_bound(x, w, y, yr, 2 * us + us * us, 1.01 * us)) << dtype_name(storage);
     }
 }
 

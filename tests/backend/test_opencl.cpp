@@ -22,6 +22,7 @@
 //  * rope: per element, from pow ≤ 16 ulp, x/y ≤ 2.5 ulp (in the exponent
 //    -2i/d, amplified by ln θ), sin/cos ≤ 4 ulp — see RopeWithinSpecBound.
 #include "kvasir/backend/registry.hpp"
+#include "tests/backend/matmul_bound.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/rng.hpp"
 #include "kvasir/metrics/metrics.hpp"
@@ -43,9 +44,9 @@ using namespace kvasir;
 
 namespace {
 
-constexpr double kU32 = 1.0 / (1 << 24);
-
-double gamma(std::int64_t k, double u) { return static_cast<double>(k) * u / (1.0 - static_cast<double>(k) * u); }
+using test::gamma;
+using test::kU32;
+using test::matmul_within_bound;
 
 // Empty when opencl:0 exists; otherwise why not (not compiled, no platform, no device).
 std::string opencl_absent_reason() {
@@ -184,17 +185,8 @@ TEST_P(OpenclMatmul, WithinGammaKBound) {
     const Tensor w = seeded_normal(41, "ocl/w", {N, K}, 0, 1 / std::sqrt(static_cast<double>(K)));
     const Tensor yr = ref()->matmul(x, w);
     const Tensor yc = create_backend("opencl:0")->matmul(x, w);
-    ASSERT_EQ(yc.shape(), yr.shape());
     ASSERT_EQ(yc.dtype(), DType::f32);
-    const float* xp = x.as<float>();
-    const float* wp = w.as<float>();
-    for (std::int64_t t = 0; t < T; ++t)
-        for (std::int64_t n = 0; n < N; ++n) {
-            double abs_sum = 0;
-            for (std::int64_t k = 0; k < K; ++k) abs_sum += std::fabs(static_cast<double>(xp[t * K + k]) * wp[n * K + k]);
-            const double bound = gamma(K, kU32) * abs_sum + kU32 * std::fabs(yr.at(t * N + n));
-            ASSERT_LE(std::fabs(yc.at(t * N + n) - yr.at(t * N + n)), bound) << "t=" << t << " n=" << n;
-        }
+    EXPECT_TRUE(matmul_within_bound(x, w, yc, yr, 0, kU32));
 }
 
 // Edges: T and N not multiples of the 16×16 tile, K not a multiple of TILE_K.
@@ -303,14 +295,7 @@ TEST_F(Opencl, StorageVariantsRoundToTheirFormat) {
         // The same bound as the cpu storage test: inputs rounded with relative
         // error ≤ u_s, f32 sums, the result rounded to storage.
         const double us = storage == DType::bf16 ? 1.0 / 256 : 1.0 / 2048;
-        for (std::int64_t t = 0; t < 4; ++t)
-            for (std::int64_t n = 0; n < 32; ++n) {
-                double abs_sum = 0;
-                for (std::int64_t k = 0; k < 256; ++k) abs_sum += std::fabs(x.at(t * 256 + k) * w.at(n * 256 + k));
-                const double yv = yr.at(t * 32 + n);
-                const double bound = (2 * us + us * us + gamma(256, kU32)) * abs_sum + 1.01 * us * std::fabs(yv);
-                ASSERT_LE(std::fabs(y.at(t * 32 + n) - yv), bound) << dtype_name(storage);
-            }
+        EXPECT_TRUE(matmul_within_bound(x, w, y, yr, 2 * us + us * us, 1.01 * us)) << dtype_name(storage);
         // Every op writes storage-representable values.
         const Tensor s = seeded_normal(17, "s/s", {3, 300}, 0, 2);
         for (const Tensor& out : {ocl->softmax(s), ocl->sigmoid(s), ocl->swiglu(s, s), ocl->rmsnorm(s, Tensor::convert(s.view().row(0), DType::f32), 1e-6)})

@@ -107,21 +107,14 @@ public:
             // results as each job ends (io_rounding); activations in another
             // dtype are converted into a copy first (rounding twice changes
             // nothing). Same values as stored()/round_stored(), bit for bit.
-            const kernels::WeightRounding rounding = caps_.storage == DType::f16    ? kernels::WeightRounding::f16
-                                                     : caps_.storage == DType::bf16 ? kernels::WeightRounding::bf16
-                                                                                    : kernels::WeightRounding::none;
-            const auto format_of = [](DType d) {
-                return d == DType::f16 ? kernels::WeightFormat::f16
-                       : d == DType::bf16 ? kernels::WeightFormat::bf16 : kernels::WeightFormat::f32;
-            };
-            const auto kernel_readable = [](DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; };
+            const kernels::WeightRounding rounding = kernels::rounding_to(caps_.storage);
             Tensor xs;
             const float* xp = nullptr;
             if (x.dtype == DType::f32) {
                 xp = x.as<float>();
-            } else if (kernel_readable(x.dtype)) {
+            } else if (kernels::kernel_readable(x.dtype)) {
                 xs = Tensor(DType::f32, x.shape);
-                kernels::convert_avx2(x.data, format_of(x.dtype), rounding, xs.as<float>(), xs.numel());
+                kernels::convert_avx2(x.data, kernels::weight_format_of(x.dtype), rounding, xs.as<float>(), xs.numel());
                 xp = xs.as<float>();
             } else {
                 xs = stored(x);
@@ -129,8 +122,8 @@ public:
             }
             Tensor wf;  // only for weights in another dtype (f64): converted to f32 first
             const void* wp = w.data;
-            kernels::WeightFormat format = format_of(w.dtype);
-            if (!kernel_readable(w.dtype)) {
+            kernels::WeightFormat format = kernels::weight_format_of(w.dtype);
+            if (!kernels::kernel_readable(w.dtype)) {
                 wf = Tensor::convert(w, DType::f32);
                 wp = wf.raw();
                 format = kernels::WeightFormat::f32;
@@ -258,9 +251,7 @@ private:
         if (avx2_) {
             // The kernels' vector rounding, in place: the same bits as
             // round_to (tested: CpuPacked.InKernelRoundingMatchesRoundTo).
-            kernels::convert_avx2(p, kernels::WeightFormat::f32,
-                                  caps_.storage == DType::f16 ? kernels::WeightRounding::f16 : kernels::WeightRounding::bf16, p,
-                                  t.numel());
+            kernels::convert_avx2(p, kernels::WeightFormat::f32, kernels::rounding_to(caps_.storage), p, t.numel());
             return;
         }
         for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(round_to(caps_.storage, p[i]));

@@ -340,11 +340,7 @@ void load_weights(const AuditPlan& plan, const Model& model, RunTimings& t) {
                                   static_cast<double>(want) * 1e-9, static_cast<double>(avail) * 1e-9);
         return;
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    for (std::int64_t l : layers) t.load_bytes += model.load_layer(l);
-    if (forward) t.load_bytes += model.load_globals();
-    t.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    t.loaded = true;
+    load_phase(model, layers, forward, t);
 }
 
 }  // namespace

@@ -82,6 +82,14 @@ NodeClock::~NodeClock() = default;
 
 void NodeClock::new_phase() { shared_->current.reset(); }
 
+void load_phase(const Model& model, std::span<const std::int64_t> layers, bool globals, RunTimings& t) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::int64_t l : layers) t.load_bytes += model.load_layer(l);
+    if (globals) t.load_bytes += model.load_globals();
+    t.load_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t.loaded = true;
+}
+
 double NodeClock::seconds(std::size_t i) const { return shared_->seconds.at(i); }
 
 }  // namespace kvasir

@@ -11,11 +11,13 @@
 #pragma once
 
 #include "kvasir/backend/backend.hpp"
+#include "kvasir/model/model.hpp"
 
 #include <cstddef>
 #include <functional>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -64,5 +66,10 @@ struct RunTimings {
     std::vector<std::string> nodes;  // node names, the order of node_seconds
     std::vector<StepTiming> steps;
 };
+
+// The load phase: reads `layers` (and the embedding, final norm and lm_head
+// when `globals`) with Model::load_layer / load_globals; records bytes and
+// seconds in `t` and marks it loaded.
+void load_phase(const Model& model, std::span<const std::int64_t> layers, bool globals, RunTimings& t);
 
 }  // namespace kvasir

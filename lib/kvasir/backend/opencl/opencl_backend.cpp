@@ -602,8 +602,7 @@ private:
     // rounded to bf16 (one rounding from the caller's dtype in every case).
     ClMem upload(const TensorView& v) const {
         if (caps_.storage == DType::f32 && v.dtype == DType::f32) return upload_raw(v.data, static_cast<std::size_t>(v.numel()) * 4);
-        if (caps_.storage != DType::f16 && (v.dtype == DType::f32 || v.dtype == DType::f16 || v.dtype == DType::bf16) &&
-            kernels::cpu_has_avx2_fma())
+        if (caps_.storage != DType::f16 && kernels::kernel_readable(v.dtype) && kernels::cpu_has_avx2_fma())
             return upload_widened(v);
         Tensor staged;
         if (caps_.storage == DType::f16)
@@ -625,12 +624,7 @@ private:
         ClMem buffer(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_ONLY | CL_MEM_ALLOC_HOST_PTR, bytes, nullptr));
         void* host = KVCL_CREATE(clEnqueueMapBuffer, runtime_->queue(), buffer.get(), CL_TRUE, CL_MAP_WRITE_INVALIDATE_REGION,
                                  0, bytes, 0, nullptr, nullptr);
-        const kernels::WeightFormat format = v.dtype == DType::bf16  ? kernels::WeightFormat::bf16
-                                             : v.dtype == DType::f16 ? kernels::WeightFormat::f16
-                                                                     : kernels::WeightFormat::f32;
-        const kernels::WeightRounding rounding =
-            caps_.storage == DType::bf16 ? kernels::WeightRounding::bf16 : kernels::WeightRounding::none;
-        kernels::convert_avx2(v.data, format, v.dtype == DType::bf16 ? kernels::WeightRounding::none : rounding,
+        kernels::convert_avx2(v.data, kernels::weight_format_of(v.dtype), kernels::rounding_to(caps_.storage),
                               static_cast<float*>(host), static_cast<std::int64_t>(n));
         KVCL_CHECK(clEnqueueUnmapMemObject(runtime_->queue(), buffer.get(), host, 0, nullptr, nullptr));
         return buffer;
