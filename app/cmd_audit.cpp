@@ -1,7 +1,8 @@
 // audit — the main job: run the protocol's six steps on every node, judge
 // each node against the protocol's two tiers, write the reports, and exit
 // 0 (every node meets the gate), 1 (some node does not), 2 (bad usage or
-// input), 3 (internal error).
+// input), 3 (internal error). Each node runs in its own child process
+// (audit/isolation.hpp) unless --in-process.
 #include "commands.hpp"
 #include "nodes.hpp"
 #include "report_output.hpp"
@@ -13,13 +14,15 @@
 #include "kvasir/report/audit_text.hpp"
 #include "kvasir/report/protocol.hpp"
 #include "kvasir/report/writers.hpp"
-#include "kvasir/steps/audit.hpp"
+#include "kvasir/audit/audit.hpp"
+#include "kvasir/audit/isolation.hpp"
 
 #include <fmt/format.h>
 
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -35,8 +38,25 @@ struct AuditOptions {
     bool reference_given = false;
     std::optional<std::uint64_t> seed;
     bool timings = false;
+    bool in_process = false;
+    std::optional<double> node_timeout_s, node_memory_gib;
     ReportOptions report;
 };
+
+// The default memory limit of a node's process: 90 % of the machine's memory.
+double default_node_memory_gib() {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0) return 64.0;
+    return 0.9 * static_cast<double>(pages) * static_cast<double>(page) / (1024.0 * 1024.0 * 1024.0);
+}
+
+// This executable, for the child processes.
+std::string self_executable() {
+    std::error_code ec;
+    const auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+    KVASIR_CHECK(!ec, ErrorCode::internal, "cannot find this executable (/proc/self/exe): {}", ec.message());
+    return p.string();
+}
 
 // Like create_nodes(), but a node whose backend exists and fails to start
 // (Error(backend_failure): a device that does not initialise) becomes an
@@ -82,8 +102,29 @@ void run_audit_command(const AuditOptions& opt) {
     cfg.seed = opt.seed;
     Nodes nodes = create_audit_nodes(node_opts, cfg.failed_nodes);
     cfg.progress = progress_printer();
+    // The default list's precision-mismatch contrast is shown, not gated,
+    // unless the user asked for it by name.
+    if (opt.nodes.backends.empty())
+        for (const auto& n : nodes.nodes)
+            if (n->capabilities().node == "cpu:acc=f16") cfg.contrast_nodes.push_back("cpu:acc=f16");
 
-    const AuditRun run = run_audit(cfg, nodes.nodes, nodes.reference);
+    AuditRun run;
+    if (opt.in_process) {
+        run = run_audit(cfg, nodes.nodes, nodes.reference);
+    } else {
+        IsolationOptions iso;
+        iso.executable = self_executable();
+        iso.protocol_path = protocol.source;
+        iso.model_path = model.path();
+        iso.node_timeout_s = opt.node_timeout_s.value_or(protocol.limits.node_timeout_s > 0 ? protocol.limits.node_timeout_s : 1800.0);
+        iso.node_memory_gib =
+            opt.node_memory_gib.value_or(protocol.limits.node_memory_gib > 0 ? protocol.limits.node_memory_gib : default_node_memory_gib());
+        std::vector<std::string> specs;
+        for (const auto& n : nodes.nodes) specs.push_back(n->capabilities().node);
+        const std::size_t reference = nodes.reference;
+        nodes.nodes.clear();  // the children create their own; no device is held here meanwhile
+        run = run_audit_isolated(cfg, specs, reference, iso);
+    }
     if (cfg.progress) end_progress();
     if (opt.timings) {
         // "open" is the header/config parse; the load phase reads the weights.
@@ -133,6 +174,18 @@ void set_audit_command(CLI::App& app) {
     cmd->get_option("--reference")->description("Node every other node is compared with (default: the protocol's, cpu-ref)");
     cmd->get_option("--reference")->each([opt](const std::string&) { opt->reference_given = true; });
     cmd->add_option("--seed", opt->seed, "Override the protocol's seed (seeded op inputs); the report records it");
+    cmd->add_flag("--in-process", opt->in_process,
+                  "Compute every node in this process (for debugging: a node that crashes then takes the audit down). "
+                  "Default: each node in its own child process, so a crash, hang or runaway allocation is that node's "
+                  "error");
+    cmd->add_option("--node-timeout", opt->node_timeout_s,
+                    "Wall-clock limit of each node's process, seconds (default: the protocol's limits.node_timeout_s, "
+                    "else 1800)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--node-memory", opt->node_memory_gib,
+                    "Resident host-memory limit of each node's process, GiB (default: the protocol's "
+                    "limits.node_memory_gib, else 90% of this machine's memory)")
+        ->check(CLI::PositiveNumber);
     cmd->add_flag("--timings", opt->timings, "Print where the time went on stderr: the load phase, then per step its wall seconds, the seconds inside each backend and the rest (comparing); not in the report, which stays reproducible");
     add_report_options(*cmd, opt->report);
     cmd->callback([opt] { run_audit_command(*opt); });

@@ -9,7 +9,7 @@
 #include "kvasir/core/error.hpp"
 #include "kvasir/model/model.hpp"
 #include "kvasir/report/protocol.hpp"
-#include "kvasir/steps/capture.hpp"
+#include "kvasir/audit/capture.hpp"
 
 #include <fmt/format.h>
 
@@ -40,6 +40,7 @@ std::vector<std::string> split_commas(const std::vector<std::string>& args) {
 
 struct CaptureOptions {
     std::string backend;
+    std::string authority = "cpu-ref";
     std::string protocol = default_protocol();
     std::string model;
     std::vector<std::string> steps;
@@ -55,11 +56,13 @@ void run_capture(const CaptureOptions& o) {
         !o.model.empty() ? o.model : (protocol.model.empty() ? default_model_path() : protocol.model_resolved);
     const Model model = Model::open(model_path);
     auto node = create_backend(o.backend);
-    // Discrete decisions are pinned to the f64 oracle, which runs anywhere.
+    // Discrete decisions are pinned to the authority: the f64 oracle, which
+    // runs anywhere, unless the audit that spawned this capture has another
+    // reference.
     std::unique_ptr<Backend> authority;
     Backend* auth = node.get();
-    if (node->capabilities().node != "cpu-ref") {
-        authority = create_backend("cpu-ref");
+    if (node->capabilities().node != create_backend(o.authority)->capabilities().node) {
+        authority = create_backend(o.authority);
         auth = authority.get();
     }
     AuditConfig cfg;
@@ -114,6 +117,10 @@ void set_capture_command(CLI::App& app) {
         "capture", "Run the protocol on ONE backend and write its outputs to a capture file for `compare` on another machine");
     cmd->add_option("-b,--backend", opt->backend, "The node: NAME[:DEVICE][:key=value,...], e.g. opencl:0")->required();
     cmd->add_option("-p,--protocol", opt->protocol, "Protocol file")->capture_default_str();
+    cmd->add_option("--authority", opt->authority,
+                    "The node whose discrete decisions (routing, tokens, anchors) pin this one; it runs beside it. "
+                    "Must be the reference of the later compare")
+        ->capture_default_str();
     cmd->add_option("-m,--model", opt->model, "Model (default: the protocol's, the embedded fixture)");
     cmd->add_option("--steps", opt->steps, "Only these steps, comma separated (default: every step of the protocol)");
     cmd->add_option("--seed", opt->seed, "Override the protocol's seed (every capture compared must use the same)");

@@ -7,7 +7,7 @@
 #include "kvasir/report/audit_text.hpp"
 #include "kvasir/report/markdown.hpp"
 #include "kvasir/report/ops_text.hpp"
-#include "kvasir/steps/audit.hpp"
+#include "kvasir/audit/audit.hpp"
 #include "kvasir/steps/node_clock.hpp"
 #include "kvasir/steps/op_delta.hpp"
 

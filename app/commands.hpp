@@ -11,7 +11,7 @@
 #include <vector>
 
 namespace kvasir {
-struct AuditProgress;  // kvasir/steps/audit.hpp
+struct AuditProgress;  // kvasir/audit/audit.hpp
 }
 
 namespace kvasir::app {

@@ -1,6 +1,6 @@
 #include "commands.hpp"
 
-#include "kvasir/steps/audit.hpp"
+#include "kvasir/audit/audit.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>

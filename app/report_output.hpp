@@ -8,7 +8,7 @@
 
 #include "kvasir/report/verdict.hpp"
 #include "kvasir/report/writers.hpp"
-#include "kvasir/steps/audit.hpp"
+#include "kvasir/audit/audit.hpp"
 
 #include <string>
 

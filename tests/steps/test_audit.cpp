@@ -1,4 +1,4 @@
-// The audit end to end (lib/kvasir/steps/audit.hpp) with the SHIPPED ci
+// The audit end to end (lib/kvasir/audit/audit.hpp) with the SHIPPED ci
 // protocol on the transformers-made fixture: every verdict class produced by
 // a real node, the exit code of every gate, the report valid against the
 // shipped schema, a node that throws (candidate and reference), a node that
@@ -20,7 +20,7 @@
 #include "kvasir/report/protocol.hpp"
 #include "kvasir/report/verdict.hpp"
 #include "kvasir/report/writers.hpp"
-#include "kvasir/steps/audit.hpp"
+#include "kvasir/audit/audit.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// capture + compare (lib/kvasir/steps/capture.hpp, compare_captures in
+// capture + compare (lib/kvasir/audit/capture.hpp, compare_captures in
 // audit.hpp): captures written on "different machines" and compared give the
 // SAME verdicts, criterion values, pair matrices and drift series as one
 // audit of the same nodes (bit for bit: the same computations, the same
@@ -12,8 +12,8 @@
 #include "kvasir/model/safetensors.hpp"
 #include "kvasir/report/protocol.hpp"
 #include "kvasir/report/verdict.hpp"
-#include "kvasir/steps/audit.hpp"
-#include "kvasir/steps/capture.hpp"
+#include "kvasir/audit/audit.hpp"
+#include "kvasir/audit/capture.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

@@ -6,6 +6,14 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -65,7 +73,7 @@ FaultSpec parse_fault_spec(const BackendSpec& spec, BackendSpec* rest) {
     if (given.empty()) return f;
     const auto kind = given.find("fault");
     KVASIR_CHECK(kind != given.end(), ErrorCode::bad_input,
-                 "backend '{}': '{}' without fault= (fault=perturb|nan|route|bitflip)", spec.canonical(), given.begin()->first);
+                 "backend '{}': '{}' without fault= (fault=perturb|nan|route|bitflip|segv|hang|oom)", spec.canonical(), given.begin()->first);
     const std::string& k = kind->second;
     std::vector<std::string> allowed;
     if (k == "perturb") {
@@ -80,8 +88,12 @@ FaultSpec parse_fault_spec(const BackendSpec& spec, BackendSpec* rest) {
     } else if (k == "bitflip") {
         f.kind = FaultKind::bitflip;
         allowed = {"fault_call", "fault_index", "fault_bit"};
+    } else if (k == "segv" || k == "hang" || k == "oom") {
+        f.kind = k == "segv" ? FaultKind::segv : k == "hang" ? FaultKind::hang : FaultKind::oom;
+        allowed = {"fault_op", "fault_call"};
     } else {
-        fail(ErrorCode::bad_input, "backend '{}': fault must be perturb, nan, route or bitflip, not '{}'", spec.canonical(), k);
+        fail(ErrorCode::bad_input, "backend '{}': fault must be perturb, nan, route, bitflip, segv, hang or oom, not '{}'",
+             spec.canonical(), k);
     }
     for (const auto& [key, v] : given) {
         f.options.emplace_back(key, v);
@@ -132,6 +144,9 @@ std::string describe(const FaultSpec& f) {
         case FaultKind::bitflip:
             return fmt::format("bitflip: bit {} of weight element {} read by matmul call {}",
                                f.bit < 0 ? std::string("(top mantissa)") : std::to_string(f.bit), f.index, f.call);
+        case FaultKind::segv: return fmt::format("segv: the process gets SIGSEGV in {} call {}", f.op, f.call);
+        case FaultKind::hang: return fmt::format("hang: {} call {} never returns", f.op, f.call);
+        case FaultKind::oom: return fmt::format("oom: {} call {} allocates memory without bound", f.op, f.call);
     }
     return "none";
 }
@@ -145,19 +160,53 @@ FaultBackend::FaultBackend(std::unique_ptr<Backend> inner, FaultSpec fault) : in
     caps_.extra.emplace_back("fault", describe(fault_));
 }
 
+namespace {
+
+bool output_fault(FaultKind k) {
+    return k == FaultKind::perturb || k == FaultKind::nan || k == FaultKind::segv || k == FaultKind::hang ||
+           k == FaultKind::oom;
+}
+
+// The process faults: what an immature driver does to the process running
+// it. None returns.
+[[noreturn]] void crash_process(FaultKind kind) {
+    if (kind == FaultKind::segv) {
+        std::raise(SIGSEGV);
+        std::abort();  // a SIGSEGV handler that returned
+    }
+    if (kind == FaultKind::hang)
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    // oom: make this process the kernel's first choice should memory run
+    // out before a limit stops it, then take memory page by page, forever.
+    if (std::FILE* f = std::fopen("/proc/self/oom_score_adj", "w")) {
+        std::fputs("1000", f);
+        std::fclose(f);
+    }
+    static std::vector<std::unique_ptr<char[]>> hoard;
+    constexpr std::size_t kChunk = std::size_t{64} << 20;
+    for (;;) {
+        hoard.push_back(std::make_unique<char[]>(kChunk));
+        std::memset(hoard.back().get(), 1, kChunk);  // resident, not just reserved
+    }
+}
+
+}  // namespace
+
 bool FaultBackend::composes(const char* composite) const {
     const std::string c = composite;
     if (c == "moe_block")
-        return fault_.kind == FaultKind::bitflip ||
-               ((fault_.kind == FaultKind::perturb || fault_.kind == FaultKind::nan) && (fault_.op == "matmul" || fault_.op == "swiglu"));
-    if (c == "route")
-        return (fault_.kind == FaultKind::perturb || fault_.kind == FaultKind::nan) && (fault_.op == "softmax" || fault_.op == "sigmoid");
+        return fault_.kind == FaultKind::bitflip || (output_fault(fault_.kind) && (fault_.op == "matmul" || fault_.op == "swiglu"));
+    if (c == "route") return output_fault(fault_.kind) && (fault_.op == "softmax" || fault_.op == "sigmoid");
     return false;
 }
 
 Tensor FaultBackend::after(const char* op, Tensor out) {
-    if ((fault_.kind != FaultKind::perturb && fault_.kind != FaultKind::nan) || fault_.op != op) return out;
+    if (!output_fault(fault_.kind) || fault_.op != op) return out;
     const std::int64_t call = op_calls_++;
+    if (fault_.kind == FaultKind::segv || fault_.kind == FaultKind::hang || fault_.kind == FaultKind::oom) {
+        if (call == fault_.call) crash_process(fault_.kind);
+        return out;
+    }
     const std::int64_t n = out.numel();
     if (fault_.kind == FaultKind::perturb) {
         // ±size with a per-element random sign: |relative error| = size for

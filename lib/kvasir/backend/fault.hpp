@@ -40,6 +40,15 @@
 //       [0.5, 1.5]: a silent corruption, not an obvious NaN. An exponent bit
 //       (f32: 23…30) scales it by a power of two instead.
 //
+//   cpu:fault=segv|hang|oom[,fault_op=matmul][,fault_call=0]
+//       What an immature driver does to the process running it: in call
+//       fault_call of fault_op the process gets SIGSEGV (segv), the call
+//       never returns (hang), or it allocates and touches memory without
+//       bound, 64 MiB at a time (oom; it also makes itself the kernel OOM
+//       killer's first choice). For the audit's process isolation: in a
+//       child process each is that node's error; with --in-process each
+//       takes the audit down, as a real crash would.
+//
 // fault_op is one of matmul, swiglu, softmax, sigmoid, rmsnorm, rope,
 // moe_block, add, mul, scale. Options that do not belong to the chosen kind
 // are refused (Error(bad_input)), so a typo never yields a clean node.
@@ -64,7 +73,7 @@
 
 namespace kvasir {
 
-enum class FaultKind { none, perturb, nan, route, bitflip };
+enum class FaultKind { none, perturb, nan, route, bitflip, segv, hang, oom };
 
 // fault_call=all / fault_token=all.
 inline constexpr std::int64_t kEvery = -1;

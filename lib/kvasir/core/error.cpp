@@ -1,5 +1,7 @@
 #include "kvasir/core/error.hpp"
 
+#include <new>
+
 namespace kvasir {
 
 const char* to_string(ErrorCode code) noexcept {
@@ -20,6 +22,19 @@ int exit_code_for(ErrorCode code) noexcept {
         case ErrorCode::internal: return 3;
     }
     return 3;
+}
+
+std::optional<std::string> node_failure(std::exception_ptr e) {
+    try {
+        std::rethrow_exception(e);
+    } catch (const Error& err) {
+        if (err.code() == ErrorCode::internal) return std::nullopt;
+        return std::string(err.what());
+    } catch (const std::bad_alloc&) {
+        return std::string("out of memory (std::bad_alloc)");
+    } catch (...) {
+        return std::nullopt;  // std::logic_error and the rest: a bug of this tool
+    }
 }
 
 }  // namespace kvasir

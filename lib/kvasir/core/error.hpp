@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include <exception>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -36,6 +38,27 @@ private:
 template <typename... Args>
 [[noreturn]] void fail(ErrorCode code, fmt::format_string<Args...> format, Args&&... args) {
     throw Error(code, fmt::format(format, std::forward<Args>(args)...));
+}
+
+// Whose failure an exception is. The NODE's (a backend, device or input
+// failing; the audit records it as that node's error and goes on):
+// kvasir::Error other than internal, and std::bad_alloc — its one-line
+// message. A bug of this tool (Error(internal), std::logic_error, anything
+// else): nullopt, and the caller rethrows (exit 3). Every place that runs a
+// node's work uses this one policy.
+std::optional<std::string> node_failure(std::exception_ptr e);
+
+// Runs `body`; a node failure is returned as its message, a bug propagates.
+template <class F>
+std::optional<std::string> as_node_failure(F&& body) {
+    try {
+        body();
+        return std::nullopt;
+    } catch (...) {
+        std::exception_ptr e = std::current_exception();
+        if (std::optional<std::string> why = node_failure(e)) return why;
+        std::rethrow_exception(e);
+    }
 }
 
 }  // namespace kvasir

@@ -67,8 +67,11 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
             why = st.red(v.errors.begin()->first + ": " + v.errors.begin()->second);
         else if (v.worst)
             why = describe(*v.worst);
-        const std::string gate =
-            v.verdict == Verdict::reference ? "" : (meets_gate(v, r.gate) ? st.green("pass") : st.red("FAIL"));
+        // A contrast node is shown, not gated: its verdict says what it is.
+        const std::string gate = v.verdict == Verdict::reference ? ""
+                                 : v.contrast                    ? st.dim("contrast")
+                                 : meets_gate(v, r.gate)          ? st.green("pass")
+                                                                  : st.red("FAIL");
         t.add_row({v.node, colour_verdict(v.verdict, st), gate, why});
     }
     out += t.render();
@@ -108,10 +111,17 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
     }
 
     const int code = exit_code(r.nodes, r.gate);
+    std::vector<std::string> contrast;
+    for (const NodeVerdict& v : r.nodes)
+        if (v.contrast) contrast.push_back(v.node);
     out += "\n" + fmt::format("{} fit, {} unfit-sensitive, {} unfit, {} error → exit {} (gate {})",
                               counts[Verdict::fit], counts[Verdict::unfit_sensitive], counts[Verdict::unfit],
                               counts[Verdict::error], code, to_string(r.gate)) +
            "\n";
+    if (!contrast.empty())
+        out += st.dim(fmt::format("{} shown as a contrast, not gated (name it in --backends to gate it)",
+                                  fmt::format("{}", fmt::join(contrast, ", ")))) +
+               "\n";
     return out;
 }
 

@@ -656,7 +656,8 @@ void check_tiers(const Reader& r, const Protocol& pr) {
 
 Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, const std::string& base_dir) {
     const Reader r(source);
-    r.object(doc, "", {"format", "id", "version", "description", "reference", "seed", "steps", "tiers"}, {"$schema", "model"});
+    r.object(doc, "", {"format", "id", "version", "description", "reference", "seed", "steps", "tiers"},
+             {"$schema", "model", "limits"});
     Protocol pr;
     pr.source = source;
     pr.base_dir = base_dir;
@@ -684,6 +685,18 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
         if (!has_type(s, "integer") || s.get<double>() < 0 || s.get<double>() >= 18446744073709551616.0)
             r.bad("/seed", fmt::format("expected a non-negative integer, got {}", describe_value(s)));
         pr.seed = s.is_number_unsigned() ? s.get<std::uint64_t>() : static_cast<std::uint64_t>(s.get<double>());
+    }
+
+    if (doc.contains("limits")) {
+        const auto& l = r.object(doc.at("limits"), "/limits", {}, {"node_timeout_s", "node_memory_gib"});
+        for (const auto& [key, field] : {std::pair{"node_timeout_s", &pr.limits.node_timeout_s},
+                                         std::pair{"node_memory_gib", &pr.limits.node_memory_gib}}) {
+            if (!l.contains(key)) continue;
+            const std::string path = std::string("/limits/") + key;
+            const double v = r.number(l.at(key), path);
+            if (!(v > 0) || !std::isfinite(v)) r.bad(path, fmt::format("must be a positive number, got {}", v));
+            *field = v;
+        }
     }
 
     const auto& steps = r.object(doc.at("steps"), "/steps", {}, protocol_step_names());

@@ -21,6 +21,8 @@
 //     "model": "../fixtures/models/qwen3_moe_tiny",   default --model
 //     "reference": "cpu-ref",                         default --reference
 //     "seed": 20261129,                               seeded inputs (counter RNG)
+//     "limits": {"node_timeout_s", "node_memory_gib"}, optional: each node's
+//                                                     process limits (audit)
 //     "steps": {                                      a step runs iff it is present
 //       "ops":        {"tokens", "shapes": {hidden, intermediate, experts, top_k,
 //                      vocab, heads, head_dim}, "rope_theta", "rms_eps", "shards",
@@ -233,6 +235,13 @@ struct Protocol {
     std::string model_resolved;  // relative to base_dir
     std::string reference;       // node spec of the default reference
     std::uint64_t seed = 0;
+    // Limits of each node's child process in `audit` (isolation.hpp); 0 =
+    // not given (the tool's defaults apply: 1800 s; 90 % of the machine's
+    // memory). --node-timeout / --node-memory override them.
+    struct Limits {
+        double node_timeout_s = 0;
+        double node_memory_gib = 0;
+    } limits;
 
     OpsStep ops;
     TokenStep drift, logits, decide;

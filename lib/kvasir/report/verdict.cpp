@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -38,6 +39,11 @@ Gate parse_gate(std::string_view text) {
     if (text == "tolerant") return Gate::tolerant;
     if (text == "none") return Gate::none;
     fail(ErrorCode::bad_input, "gate '{}': expected sensitive, tolerant or none", text);
+}
+
+void mark_contrast(std::vector<NodeInput>& inputs, const std::vector<std::string>& contrast_nodes) {
+    for (NodeInput& in : inputs)
+        in.contrast = std::find(contrast_nodes.begin(), contrast_nodes.end(), in.node) != contrast_nodes.end();
 }
 
 NodeInput node_input(const Capabilities& caps, bool is_reference) {
@@ -205,6 +211,7 @@ NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const T
         v.capabilities["determinism_measured"] = nullptr;
     }
 
+    v.contrast = in.contrast && !in.is_reference;
     if (in.is_reference) {
         v.verdict = Verdict::reference;
         return v;
@@ -282,6 +289,7 @@ int exit_code(const std::vector<NodeVerdict>& verdicts, Gate gate) {
             if (!v.errors.empty() && gate != Gate::none) ok = false;
             continue;
         }
+        if (v.contrast) continue;  // shown, not gated
         ++judged;
         if (!meets_gate(v, gate)) ok = false;
     }
@@ -311,6 +319,7 @@ nlohmann::ordered_json to_json(const NodeVerdict& v) {
     nlohmann::ordered_json j;
     j["node"] = v.node;
     j["verdict"] = to_string(v.verdict);
+    if (v.contrast) j["contrast"] = true;
     j["capabilities"] = v.capabilities;
     j["worst"] = v.worst ? to_json(*v.worst) : nlohmann::ordered_json(nullptr);
     nlohmann::ordered_json errors = nlohmann::ordered_json::object();

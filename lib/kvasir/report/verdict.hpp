@@ -96,11 +96,16 @@ struct NodeInput {
     std::string node;                   // canonical spec, e.g. "cpu:acc=f16"
     nlohmann::ordered_json capabilities = nlohmann::ordered_json::object();  // to_json(Capabilities) or a capture's
     bool is_reference = false;
+    // Shown with its verdict but not gated: exit_code() ignores it (the
+    // default run's precision-mismatch contrast, cpu:acc=f16).
+    bool contrast = false;
     std::vector<Measurement> measurements;
     std::map<std::string, std::string> errors;  // step → one-line message
 };
 // node + to_json(caps).
 NodeInput node_input(const Capabilities& caps, bool is_reference = false);
+// Sets `contrast` on the inputs whose node is named in `contrast_nodes`.
+void mark_contrast(std::vector<NodeInput>& inputs, const std::vector<std::string>& contrast_nodes);
 
 struct NodeVerdict {
     std::string node;
@@ -109,6 +114,7 @@ struct NodeVerdict {
     // not measured).
     nlohmann::ordered_json capabilities;
     Verdict verdict = Verdict::error;
+    bool contrast = false;  // not gated (NodeInput::contrast)
     // The criterion that explains the verdict: fit → the sensitive criterion
     // with the least margin (decade-scaled criteria first: a linear margin
     // such as "no divergence within n tokens" says nothing about closeness);

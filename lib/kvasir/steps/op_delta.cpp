@@ -327,11 +327,8 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
         std::vector<std::string> errors(n);
         std::vector<std::optional<NodeOutput>> outs(n);
         for (std::size_t i = 0; i < n; ++i) {
-            try {
-                outs[i] = plan.run(*nodes[i]);
-            } catch (const std::exception& e) {
-                errors[i] = e.what();
-            }
+            // The node's failure is this op's error; a bug of this tool propagates.
+            if (auto why = as_node_failure([&] { outs[i] = plan.run(*nodes[i]); })) errors[i] = *why;
         }
         if (outputs != nullptr) {
             outputs->resize(n);
@@ -361,7 +358,7 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
                     report.shard_checks.push_back(std::move(sc));
                     continue;
                 }
-                try {
+                const auto why = as_node_failure([&] {
                     Tensor combined;
                     for (int s = 0; s < c.shards; ++s) {
                         std::vector<bool> mine(static_cast<std::size_t>(E));
@@ -371,9 +368,8 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
                     }
                     sc.stats = compare(outs[i]->value, combined);
                     if (outputs != nullptr) (*outputs)[i]["ops.moe.shard_combined"] = std::move(combined);
-                } catch (const std::exception& e) {
-                    sc.error = e.what();
-                }
+                });
+                if (why) sc.error = *why;
                 report.shard_checks.push_back(std::move(sc));
             }
         }

@@ -2,20 +2,30 @@
 // turn what each step measured into verdict Measurements, judge them against
 // the protocol's two tiers, and assemble the AuditReport the writers render.
 //
-// Order: ops → drift → logits → decide → generate → perplexity → determinism
-// (protocol order). Every step compares each candidate with the reference
-// node. What happens when something fails:
-//   * a candidate that throws in a step: that step's error is recorded for
-//     that node (verdict error) and the audit goes on;
-//   * the reference throws in a step: the error is recorded on the reference
+// Each step is one object (step.hpp): the authority decides, every node
+// collects, the step compares. Steps run in protocol order: ops → drift →
+// logits → decide → generate → perplexity → determinism. What happens when
+// something fails (one policy: node_failure, core/error.hpp):
+//   * a candidate fails in a step (kvasir::Error other than internal,
+//     std::bad_alloc): that step's error is recorded for that node (verdict
+//     error) and the audit goes on;
+//   * the reference fails in a step: the error is recorded on the reference
 //     and, as "not compared: the reference failed", on every candidate for
-//     that step (nothing compared is never a pass), and the audit goes on with
-//     the next step. exit_code() is then 1;
-//   * Error(internal) anywhere (a bug of this tool, not of a backend)
-//     propagates: the process exits 3 and writes nothing.
+//     that step (nothing compared is never a pass), and the audit goes on
+//     with the next step. exit_code() is then 1;
+//   * the reference computes NaN/Inf: Error(bad_input) naming the model's
+//     non-finite weight (layer and tensor), or the reference's tensor —
+//     nothing is judged against a broken yardstick (exit 2);
+//   * Error(internal), std::logic_error, anything else (a bug of this tool,
+//     not of a backend) propagates: exit 3 and nothing written.
 // Every step's configuration is checked (token streams read and verified
 // against their sha256, ids inside the vocabulary, ...) BEFORE any step runs:
 // bad input is exit 2 with nothing half-done.
+//
+// run_audit() computes every node in this process (--in-process); isolation.hpp
+// runs each node in a child process that writes a capture, and compares the
+// captures here: a node that crashes, hangs or eats memory is that node's
+// error, not the audit's end.
 //
 // Measurements per candidate (criterion names: protocol.hpp's catalogue):
 //   ops          ops.<op>.max_rel, ops.<op>.cosine_min for every op (vs the
@@ -48,6 +58,7 @@
 #include "kvasir/report/verdict.hpp"
 #include "kvasir/report/writers.hpp"
 #include "kvasir/steps/node_clock.hpp"
+#include "kvasir/steps/protocol_steps.hpp"
 
 #include <cstdint>
 #include <functional>
@@ -88,6 +99,10 @@ struct AuditConfig {
     // failed to initialise, an OpenCL program that did not build): judged
     // as error, listed after the nodes that ran. Each needs errors set.
     std::vector<NodeInput> failed_nodes;
+    // Contrast nodes: shown with their verdict but not gated (exit_code()
+    // ignores them) — the cpu:acc=f16 precision-mismatch node the default
+    // run shows unless the user names it.
+    std::vector<std::string> contrast_nodes;
 };
 
 struct AuditRun {
@@ -112,6 +127,10 @@ struct CompareConfig {
     // runs. Tolerances of other steps are not applied: an ops-only external
     // node (numpy, torch) is judged on step 1 with --only-steps ops.
     std::vector<std::string> only_steps;
+    // As AuditConfig's: nodes that produced no capture (the isolated audit's
+    // crashed children), and nodes shown but not gated.
+    std::vector<NodeInput> failed_nodes;
+    std::vector<std::string> contrast_nodes;
 };
 
 // compare: the audit from captures (capture.hpp). The same measurements,

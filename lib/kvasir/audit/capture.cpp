@@ -1,23 +1,20 @@
-#include "kvasir/steps/capture.hpp"
+#include "kvasir/audit/capture.hpp"
 
-#include "kvasir/backend/forwarding.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/report/json_common.hpp"
 #include "kvasir/report/protocol.hpp"
-#include "kvasir/steps/audit_plan.hpp"
-#include "kvasir/steps/forward.hpp"
+#include "kvasir/audit/audit_plan.hpp"
+#include "kvasir/audit/step.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 namespace kvasir {
 
 namespace {
-
-// run_op_delta takes owned nodes; capture lends it the caller's.
-using Lent = ForwardingBackend;
 
 const char* safetensors_dtype(DType d) {
     switch (d) {
@@ -28,18 +25,6 @@ const char* safetensors_dtype(DType d) {
         case DType::i32: return "I32";
     }
     return "?";
-}
-
-Tensor i32_tensor(const std::vector<std::int32_t>& v) {
-    Tensor t(DType::i32, {static_cast<std::int64_t>(v.size())});
-    if (!v.empty()) std::memcpy(t.raw(), v.data(), v.size() * sizeof(std::int32_t));
-    return t;
-}
-
-Tensor f64_tensor(const std::vector<double>& v) {
-    Tensor t(DType::f64, {static_cast<std::int64_t>(v.size())});
-    if (!v.empty()) std::memcpy(t.raw(), v.data(), v.size() * sizeof(double));
-    return t;
 }
 
 const std::string& required(const std::map<std::string, std::string>& meta, const std::string& path, const std::string& key) {
@@ -137,6 +122,13 @@ TensorView Capture::view(const std::string& tensor) const {
     return file_->view(tensor);
 }
 
+std::optional<std::string> Capture::note(const std::string& key) const {
+    const auto& meta = file_->metadata();
+    const auto it = meta.find(key);
+    if (it == meta.end()) return std::nullopt;
+    return it->second;
+}
+
 CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authority, const std::vector<std::string>& steps) {
     KVASIR_ASSERT(ac.protocol != nullptr && ac.model != nullptr);
     const Protocol& p = *ac.protocol;
@@ -147,114 +139,32 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
                      "--steps: protocol '{}' does not run step '{}' (it runs: {})", p.id, s, fmt::join(plan.steps, ", "));
     for (const std::string& s : plan.steps)
         if (steps.empty() || std::find(steps.begin(), steps.end(), s) != steps.end()) selected.push_back(s);
-    const auto runs = [&](const char* s) { return std::find(selected.begin(), selected.end(), s) != selected.end(); };
     // The authority capturing itself stores its own free runs: what the audit
     // compares every candidate with.
     const bool self = &node == &authority || node.capabilities().node == authority.capabilities().node;
     const Model& model = *ac.model;
+    const StepEnv env{&p, &plan, &model};
 
     CaptureData cd;
     nlohmann::ordered_json errors = nlohmann::ordered_json::object();
-    nlohmann::ordered_json ops_inputs = nlohmann::ordered_json::object();
-    // Runs the node's part of a step; its failure is the node's, recorded.
-    auto node_part = [&](const char* step, auto&& body) {
-        if (ac.progress) ac.progress({step, 0, 0, node.capabilities().node, 1, 1});
-        try {
-            body();
-        } catch (const Error& e) {
-            if (e.code() == ErrorCode::internal) throw;
-            errors[step] = e.what();
-            std::erase_if(cd.tensors, [&](const auto& kv) { return kv.first.rfind(std::string(step) + ".", 0) == 0; });
+    nlohmann::ordered_json seconds = nlohmann::ordered_json::object();
+    int index = 0;
+    for (const std::string& name : selected) {
+        ++index;
+        if (ac.progress) ac.progress({name, index, static_cast<int>(selected.size()), node.capabilities().node, 1, 1});
+        const auto t0 = std::chrono::steady_clock::now();
+        const Step& step = step_named(name);
+        // The authority's failure is not the node's: it ends the capture.
+        const std::any decisions = step.decide(env, authority);
+        StepOutput out;
+        if (auto why = as_node_failure([&] { out = step.collect(env, node, decisions, self); })) {
+            errors[name] = *why;
+        } else {
+            if (self) detail::check_reference_finite(out, node.capabilities().node, name, &model);
+            for (auto& [k, t] : out.tensors) cd.tensors.insert_or_assign(k, std::move(t));
+            for (auto& [k, v] : out.notes) cd.metadata.insert_or_assign(k, std::move(v));
         }
-    };
-
-    if (plan.ops && runs("ops")) {
-        std::vector<std::unique_ptr<Backend>> nodes;
-        if (!self) nodes.push_back(std::make_unique<Lent>(authority));
-        nodes.push_back(std::make_unique<Lent>(node));
-        const std::size_t me = nodes.size() - 1;
-        OpsOutputs keep;
-        const OpsReport r = run_op_delta(*plan.ops, nodes, 0, &keep);
-        std::string failed;
-        for (const OpResult& op : r.ops) {
-            ops_inputs[op.op] = op.inputs;
-            if (!op.errors[me].empty()) failed += (failed.empty() ? "" : "; ") + op.op + ": " + op.errors[me];
-        }
-        for (const ShardCheck& s : r.shard_checks)
-            if (s.node == node.capabilities().node && !s.error.empty()) failed += (failed.empty() ? "" : "; ") + ("shard check: " + s.error);
-        if (!failed.empty()) errors["ops"] = failed;
-        if (me < keep.size())
-            for (auto& [name, t] : keep[me]) cd.tensors.emplace(name, std::move(t));
-    }
-    if (plan.drift && runs("drift")) {
-        const ForwardResult ref = forward(authority, model, plan.drift->tokens.ids);
-        node_part("drift", [&] {
-            ForwardOptions opt;
-            opt.routing = &ref.routing;
-            const ForwardResult fr = self ? ForwardResult{} : forward(node, model, plan.drift->tokens.ids, opt);
-            const ForwardResult& mine = self ? ref : fr;
-            for (std::size_t k = 0; k < mine.hidden.size(); ++k) cd.tensors.emplace(fmt::format("drift.hidden.{}", k), mine.hidden[k]);
-        });
-    }
-    if (plan.logits && runs("logits")) {
-        ForwardOptions free_opt;
-        free_opt.keep_hidden = false;
-        const ForwardResult ref = forward(authority, model, plan.logits->tokens.ids, free_opt);
-        node_part("logits", [&] {
-            ForwardOptions opt = free_opt;
-            opt.routing = &ref.routing;
-            cd.tensors.emplace("logits.logits", self ? ref.logits : forward(node, model, plan.logits->tokens.ids, opt).logits);
-        });
-    }
-    if (plan.decide && runs("decide")) {
-        ForwardOptions free_opt;
-        free_opt.keep_hidden = false;
-        const auto& ids = plan.decide->tokens.ids;
-        const ForwardResult ref = forward(authority, model, ids, free_opt);
-        node_part("decide", [&] {
-            ForwardOptions pinned = free_opt;
-            pinned.routing = &ref.routing;
-            const ForwardResult fr = self ? ForwardResult{} : forward(node, model, ids, free_opt);
-            const ForwardResult pn = self ? ForwardResult{} : forward(node, model, ids, pinned);
-            cd.tensors.emplace("decide.pinned.logits", self ? ref.logits : pn.logits);
-            const ForwardResult& own = self ? ref : fr;
-            std::size_t m = 0;
-            for (std::int64_t l = 0; l < model.config().num_layers; ++l)
-                if (model.config().is_moe(l)) cd.tensors.emplace(fmt::format("decide.free.ids.{}", m++), own.routing[static_cast<std::size_t>(l)].ids);
-        });
-    }
-    if (plan.generate && runs("generate")) {
-        const auto& prompt = plan.generate->tokens.ids;
-        const int n = plan.generate->new_tokens;
-        const GenerateResult ref = greedy_generate(authority, model, prompt, n);
-        node_part("generate", [&] {
-            if (self) {
-                cd.tensors.emplace("generate.tokens", i32_tensor(ref.tokens));
-                cd.tensors.emplace("generate.pinned_own", i32_tensor(ref.tokens));
-                cd.tensors.emplace("generate.margins", f64_tensor(ref.margins));
-                return;
-            }
-            const GenerateResult fr = greedy_generate(node, model, prompt, n);
-            const GenerateResult pn = greedy_generate(node, model, prompt, n, &ref.tokens, &ref.routing);
-            cd.tensors.emplace("generate.tokens", i32_tensor(fr.tokens));
-            cd.tensors.emplace("generate.pinned_own", i32_tensor(pn.tokens));
-            cd.tensors.emplace("generate.margins", f64_tensor(fr.margins));
-        });
-    }
-    if (plan.perplexity && runs("perplexity")) {
-        const auto windows =
-            perplexity_windows(static_cast<std::int64_t>(plan.perplexity->tokens.ids.size()), plan.perplexity->context);
-        const PerplexityPass ref = run_perplexity_windows(authority, *plan.perplexity, windows, nullptr);
-        node_part("perplexity", [&] {
-            cd.tensors.emplace("perplexity.nll",
-                               f64_tensor(self ? ref.nll : run_perplexity_windows(node, *plan.perplexity, windows, &ref).nll));
-        });
-    }
-    if (plan.determinism_tokens && runs("determinism")) {
-        node_part("determinism", [&] {
-            const double v = detail::determinism_of(node, model, plan.determinism_tokens->ids, plan.repeats);
-            cd.tensors.emplace("determinism.run_to_run_max_rel", f64_tensor({v}));
-        });
+        seconds[name] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
 
     // Model-independent: step 1 with seeded weights only.
@@ -273,7 +183,7 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
     m["steps"] = nlohmann::json(selected).dump();
     m["errors"] = errors.dump();
     m["authority"] = authority.capabilities().node;
-    if (!ops_inputs.empty()) m["ops_inputs"] = ops_inputs.dump();
+    m["step_seconds"] = seconds.dump();
     return cd;
 }
 

@@ -18,7 +18,8 @@
 #include "kvasir/backend/backend.hpp"
 #include "kvasir/core/tensor.hpp"
 #include "kvasir/model/safetensors.hpp"
-#include "kvasir/steps/audit.hpp"
+#include "kvasir/audit/audit.hpp"
+#include "kvasir/audit/step.hpp"
 
 #include <map>
 #include <memory>
@@ -36,13 +37,15 @@ struct CaptureData {
     std::map<std::string, Tensor> tensors;
 };
 
-// A capture read back (tensors stay in the mapped file).
-class Capture {
+// A capture read back (tensors stay in the mapped file): one node's outputs
+// as compare() reads them.
+class Capture final : public NodeOutputs {
 public:
     static Capture open(const std::string& path);  // read_capture
 
     const std::string& path() const { return path_; }
-    const std::string& node() const { return node_; }
+    const std::string& node() const override { return node_; }
+    const std::string& origin() const override { return path_; }
     const nlohmann::ordered_json& capabilities() const { return capabilities_; }
     const std::string& protocol_hash() const;
     const std::string& model_fingerprint() const;
@@ -52,9 +55,11 @@ public:
     const std::map<std::string, std::string>& metadata() const { return file_->metadata(); }
     // Did this capture run `step` (listed in steps, not failed)?
     bool has_step(const std::string& step) const;
-    bool has(const std::string& tensor) const { return file_->contains(tensor); }
+    bool has(const std::string& tensor) const override { return file_->contains(tensor); }
     // Error(bad_input) "<path>: capture has no tensor '<name>'" when absent.
-    TensorView view(const std::string& tensor) const;
+    TensorView view(const std::string& tensor) const override;
+    // A metadata entry (ops_inputs, ops_errors, ...).
+    std::optional<std::string> note(const std::string& key) const override;
 
 private:
     std::string path_, node_;
@@ -72,9 +77,13 @@ std::string capture_content_hash(const std::map<std::string, std::string>& metad
 
 // Runs `steps` (a subset of the protocol's, in protocol order; empty = all)
 // on `node`, with `authority` (cpu-ref; may be the node itself) deciding
-// routing, anchors and teacher-forced tokens. Per-step failures of the node
-// are recorded in metadata "errors" and the capture goes on; a failure of
-// the authority, or bad input, throws. `config.failed_nodes` is ignored.
+// routing, anchors and teacher-forced tokens: each step object's decide on
+// the authority, then its collect on the node (step.hpp). Per-step failures
+// of the node are recorded in metadata "errors" and the capture goes on; a
+// failure of the authority, or bad input, throws; a node capturing itself
+// (the reference) that computes NaN/Inf is Error(bad_input) as in the audit.
+// Metadata "step_seconds" records each step's wall seconds (the isolated
+// audit's timings; not compared). `config.failed_nodes` is ignored.
 CaptureData capture_node(const AuditConfig& config, Backend& node, Backend& authority,
                          const std::vector<std::string>& steps = {});
 

@@ -1,0 +1,342 @@
+// The audit driver: ONE loop for audit, capture and compare (step.hpp says
+// how a step object splits the work). A step's reference failure, each
+// node's own failure, and bugs of this tool are handled here and nowhere
+// else (node_failure, core/error.hpp).
+#include "kvasir/audit/audit.hpp"
+#include "kvasir/audit/audit_plan.hpp"
+#include "kvasir/audit/capture.hpp"
+#include "kvasir/audit/step.hpp"
+
+#include "kvasir/core/error.hpp"
+#include "kvasir/steps/node_clock.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+
+namespace kvasir {
+
+namespace detail {
+
+TokenSequence stream_tokens(const TokenStream& s) {
+    return {read_token_stream(s), fmt::format("{} [{}, {})", s.path, s.offset, s.offset + s.count)};
+}
+
+AuditPlan make_audit_plan(const AuditConfig& ac) {
+    KVASIR_ASSERT(ac.protocol != nullptr && ac.model != nullptr);
+    AuditPlan plan;
+    plan.seed = ac.seed.value_or(ac.protocol->seed);
+    for (const Step* s : audit_steps())
+        if (s->plan(ac, plan)) plan.steps.push_back(s->name());
+    return plan;
+}
+
+std::optional<std::string> first_non_finite_weight(const Model& model) {
+    const auto check = [](const TensorView& v, const std::string& what) -> std::optional<std::string> {
+        if (!present(v)) return std::nullopt;
+        for (std::int64_t i = 0; i < v.numel(); ++i)
+            if (!std::isfinite(v.at(i))) return fmt::format("{} element {} is {}", what, i, v.at(i));
+        return std::nullopt;
+    };
+    if (auto w = check(model.embed(), "the embedding")) return w;
+    for (std::int64_t l = 0; l < model.config().num_layers; ++l) {
+        const LayerWeights& lw = model.layer(l);
+        const std::vector<std::pair<const TensorView*, const char*>> named{
+            {&lw.input_norm, "input_layernorm"}, {&lw.post_attention_norm, "post_attention_layernorm"},
+            {&lw.q_proj, "q_proj"},              {&lw.k_proj, "k_proj"},
+            {&lw.v_proj, "v_proj"},              {&lw.o_proj, "o_proj"},
+            {&lw.q_bias, "q_proj bias"},         {&lw.k_bias, "k_proj bias"},
+            {&lw.v_bias, "v_proj bias"},         {&lw.o_bias, "o_proj bias"},
+            {&lw.q_norm, "q_norm"},              {&lw.k_norm, "k_norm"},
+            {&lw.mlp_gate, "mlp gate_proj"},     {&lw.mlp_up, "mlp up_proj"},
+            {&lw.mlp_down, "mlp down_proj"},     {&lw.router, "router (gate)"},
+            {&lw.router_bias, "router bias"},    {&lw.shared_gate, "shared expert gate_proj"},
+            {&lw.shared_up, "shared expert up_proj"}, {&lw.shared_down, "shared expert down_proj"},
+            {&lw.shared_expert_gate, "shared_expert_gate"}};
+        for (const auto& [v, what] : named)
+            if (auto w = check(*v, fmt::format("layer {} {}", l, what))) return w;
+        for (std::size_t e = 0; e < lw.experts.size(); ++e) {
+            if (auto w = check(lw.experts[e].gate, fmt::format("layer {} expert {} gate_proj", l, e))) return w;
+            if (auto w = check(lw.experts[e].up, fmt::format("layer {} expert {} up_proj", l, e))) return w;
+            if (auto w = check(lw.experts[e].down, fmt::format("layer {} expert {} down_proj", l, e))) return w;
+        }
+    }
+    if (auto w = check(model.final_norm(), "the final norm")) return w;
+    if (auto w = check(model.lm_head(), "lm_head")) return w;
+    return std::nullopt;
+}
+
+void check_reference_finite(const StepOutput& out, const std::string& node, const std::string& step, const Model* model) {
+    const std::optional<std::string> where = first_non_finite(out);
+    if (!where) return;
+    if (model != nullptr)
+        if (const auto w = first_non_finite_weight(*model))
+            fail(ErrorCode::bad_input,
+                 "the model is not finite: {} (the reference {} computes {} in step {}); no candidate is judged against "
+                 "a broken model — fix the checkpoint",
+                 *w, node, *where, step);
+    fail(ErrorCode::bad_input,
+         "the reference {} computed a non-finite value from finite inputs in step {}: {}; it cannot be the yardstick "
+         "(name another node with --reference)",
+         node, step, *where);
+}
+
+void compare_step(const Protocol& p, const std::string& name, const std::vector<NodeRecord>& nodes, std::size_t reference,
+                  Ledger& led, AuditReport& out) {
+    const Step& s = step_named(name);
+    const std::size_t n = nodes.size();
+    std::vector<bool> present(n, false);
+    std::vector<const NodeOutputs*> outs(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        outs[i] = nodes[i].outputs;
+        const bool ran = std::find(nodes[i].steps.begin(), nodes[i].steps.end(), name) != nodes[i].steps.end();
+        const auto e = nodes[i].errors.find(name);
+        present[i] = ran && e == nodes[i].errors.end();
+    }
+    if (!present[reference]) {
+        const NodeRecord& r = nodes[reference];
+        const auto e = r.errors.find(name);
+        const std::string why = e != r.errors.end() ? e->second : fmt::format("{} has no step '{}'", r.outputs->origin(), name);
+        led.reference_failed(name, why);
+        out.steps[name] = nlohmann::ordered_json{{"error", why}};
+        return;
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+        if (present[i]) continue;
+        const auto e = nodes[i].errors.find(name);
+        led.error(i, name, e != nodes[i].errors.end() ? e->second
+                                                      : fmt::format("not captured ({} has no step '{}')", nodes[i].outputs->origin(), name));
+    }
+    // A problem with the reference's own tensors (a capture without them)
+    // leaves nothing compared; a candidate's is that candidate's (the step
+    // records it).
+    if (auto why = as_node_failure([&] { out.steps[name] = s.compare(p, StepNodes{outs, present, reference}, led, out); })) {
+        led.reference_failed(name, *why);
+        out.steps[name] = nlohmann::ordered_json{{"error", *why}};
+    }
+}
+
+}  // namespace detail
+
+namespace {
+
+// Bytes of memory the kernel could hand out now (MemAvailable), 0 when unknown.
+std::uint64_t available_memory() {
+    std::ifstream in("/proc/meminfo");
+    std::string key, unit;
+    std::uint64_t kib = 0;
+    while (in >> key >> kib >> unit)
+        if (key == "MemAvailable:") return kib * 1024;
+    return 0;
+}
+
+// The load phase: read what the steps will use — the whole model when a step
+// runs the forward pass, the ops layer when only step 1 uses real weights.
+void load_weights(const detail::AuditPlan& plan, const Model& model, RunTimings& t) {
+    const bool forward = plan.drift || plan.logits || plan.decide || plan.generate || plan.perplexity ||
+                         plan.determinism_tokens;
+    std::vector<std::int64_t> layers;
+    if (forward) {
+        for (std::int64_t l = 0; l < model.config().num_layers; ++l) layers.push_back(l);
+    } else if (plan.ops && plan.ops->model != nullptr) {
+        layers.push_back(plan.ops->resolved().layer);
+    }
+    if (layers.empty()) {
+        t.load_note = "no model weights used";
+        return;
+    }
+    std::uint64_t want = 0;
+    for (std::int64_t l : layers) want += model.layer_bytes(l);
+    const std::uint64_t avail = available_memory();
+    if (avail != 0 && want > avail / 2) {
+        t.load_note = fmt::format("skipped: {:.2f} GB of weights, {:.2f} GB available — read lazily by the steps",
+                                  static_cast<double>(want) * 1e-9, static_cast<double>(avail) * 1e-9);
+        return;
+    }
+    load_phase(model, layers, forward, t);
+}
+
+}  // namespace
+
+nlohmann::ordered_json audit_model_json(const Model& model) {
+    nlohmann::ordered_json m;
+    m["fingerprint"] = model.fingerprint();
+    m["path"] = model.path();
+    m["architecture"] = architecture_name(model.config().architecture);
+    m["layers"] = model.config().num_layers;
+    return m;
+}
+
+AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference) {
+    KVASIR_ASSERT(ac.protocol != nullptr && ac.model != nullptr);
+    KVASIR_ASSERT(reference < nodes.size());
+    const Protocol& p = *ac.protocol;
+    const detail::AuditPlan plan = detail::make_audit_plan(ac);  // every bad input is refused here, before any work
+
+    AuditRun run;
+    run.step_order = plan.steps;
+    AuditReport& out = run.report;
+    out.protocol = protocol_ref(p);
+    out.model = audit_model_json(*ac.model);
+    out.reference = nodes[reference]->capabilities().node;
+    out.seed = plan.seed;
+    out.gate = ac.gate;
+    std::vector<NodeInput> inputs;
+    for (std::size_t i = 0; i < nodes.size(); ++i) inputs.push_back(node_input(nodes[i]->capabilities(), i == reference));
+    Ledger led(std::move(inputs), reference);
+
+    RunTimings& timing = run.timings;
+    for (const auto& n : nodes) timing.nodes.push_back(n->capabilities().node);
+    if (ac.load_first) load_weights(plan, *ac.model, timing);
+    else timing.load_note = "off: weights read lazily by the steps";
+
+    int step_index = 0;
+    std::string step_name;
+    const int step_count = static_cast<int>(plan.steps.size()), node_count = static_cast<int>(nodes.size());
+    // Every step runs on the timed decorators (same results): they tell the
+    // time spent inside each node and which node is computing.
+    NodeClock clock(nodes, [&](std::size_t i) {
+        if (ac.progress)
+            ac.progress({step_name, step_index, step_count, timing.nodes[i], static_cast<int>(i) + 1, node_count});
+    });
+    std::vector<std::unique_ptr<Backend>>& timed = clock.timed();
+    const StepEnv env{&p, &plan, ac.model};
+
+    for (const std::string& name : plan.steps) {
+        ++step_index;
+        step_name = name;
+        clock.new_phase();
+        if (ac.progress) ac.progress({name, step_index, step_count, "", 0, node_count});
+        std::vector<double> before(nodes.size());
+        for (std::size_t i = 0; i < nodes.size(); ++i) before[i] = clock.seconds(i);
+        const auto t0 = std::chrono::steady_clock::now();
+
+        const Step& s = step_named(name);
+        // Each step's tensors live until it is compared, then go.
+        std::vector<CollectedOutputs> outs;
+        std::vector<detail::NodeRecord> recs(nodes.size());
+        for (std::size_t i = 0; i < nodes.size(); ++i) outs.emplace_back(timing.nodes[i]);
+        std::any decisions;
+        if (auto why = as_node_failure([&] { decisions = s.decide(env, *timed[reference]); })) {
+            recs[reference].errors[name] = *why;
+        } else {
+            // The reference first: its decisions are its outputs.
+            std::vector<std::size_t> order{reference};
+            for (std::size_t i = 0; i < nodes.size(); ++i)
+                if (i != reference) order.push_back(i);
+            for (std::size_t i : order) {
+                StepOutput o;
+                if (auto why = as_node_failure([&] { o = s.collect(env, *timed[i], decisions, i == reference); })) {
+                    recs[i].errors[name] = *why;
+                    continue;
+                }
+                if (i == reference) detail::check_reference_finite(o, timing.nodes[i], name, ac.model);
+                outs[i].add(std::move(o));
+                recs[i].steps.push_back(name);
+            }
+        }
+        for (std::size_t i = 0; i < nodes.size(); ++i) recs[i].outputs = &outs[i];
+        detail::compare_step(p, name, recs, reference, led, out);
+
+        StepTiming st{name, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), {}};
+        for (std::size_t i = 0; i < nodes.size(); ++i) st.node_seconds.push_back(clock.seconds(i) - before[i]);
+        timing.steps.push_back(std::move(st));
+    }
+
+    run.inputs = led.inputs();
+    for (const NodeInput& f : ac.failed_nodes) {
+        KVASIR_CHECK(!f.errors.empty(), ErrorCode::internal, "failed node '{}' without an error", f.node);
+        run.inputs.push_back(f);
+    }
+    mark_contrast(run.inputs, ac.contrast_nodes);
+    out.nodes = judge(run.inputs, p);
+    return run;
+}
+
+namespace {
+
+bool wants_step(const CompareConfig& c, const std::string& step) {
+    if (!c.protocol->runs(step)) return false;
+    return c.only_steps.empty() || std::find(c.only_steps.begin(), c.only_steps.end(), step) != c.only_steps.end();
+}
+
+}  // namespace
+
+AuditRun compare_captures(const CompareConfig& cc, const std::vector<const Capture*>& caps, std::size_t reference) {
+    KVASIR_ASSERT(cc.protocol != nullptr);
+    const Protocol& p = *cc.protocol;
+    KVASIR_CHECK(!caps.empty(), ErrorCode::bad_input, "compare needs at least one capture");
+    KVASIR_CHECK(reference < caps.size(), ErrorCode::bad_input, "reference index {} of {} captures", reference, caps.size());
+    for (const std::string& s : cc.only_steps)
+        KVASIR_CHECK(p.runs(s), ErrorCode::bad_input, "--only-steps: protocol '{}' does not run step '{}'", p.id, s);
+    // They must be captures of the same thing.
+    std::string fingerprint;
+    std::map<std::string, std::string> names;
+    for (const Capture* c : caps) {
+        KVASIR_CHECK(c->protocol_hash() == p.content_hash, ErrorCode::bad_input,
+                     "{}: captured with protocol hash {}, but {} ({} v{}) has {}", c->path(), c->protocol_hash(), p.source,
+                     p.id, p.version, p.content_hash);
+        KVASIR_CHECK(c->seed() == caps[0]->seed(), ErrorCode::bad_input, "{}: seed {} differs from {}'s seed {}", c->path(),
+                     c->seed(), caps[0]->path(), caps[0]->seed());
+        if (!c->model_fingerprint().empty()) {
+            if (fingerprint.empty()) fingerprint = c->model_fingerprint();
+            KVASIR_CHECK(c->model_fingerprint() == fingerprint, ErrorCode::bad_input,
+                         "{}: model fingerprint {} differs from {} (another model was captured)", c->path(),
+                         c->model_fingerprint(), fingerprint);
+        }
+        const auto [it, fresh] = names.emplace(c->node(), c->path());
+        KVASIR_CHECK(fresh, ErrorCode::bad_input, "{} and {} both capture node '{}'", it->second, c->path(), c->node());
+    }
+
+    AuditRun run;
+    AuditReport& out = run.report;
+    out.protocol = protocol_ref(p);
+    out.model = nlohmann::ordered_json::object();
+    out.model["fingerprint"] = fingerprint.empty() ? std::string("none (model-independent captures)") : fingerprint;
+    out.model["source"] = "captures";
+    out.reference = caps[reference]->node();
+    out.seed = caps[0]->seed();
+    out.gate = cc.gate;
+
+    std::vector<NodeInput> inputs;
+    std::vector<detail::NodeRecord> recs;
+    for (const Capture* c : caps) {
+        NodeInput n;
+        n.node = c->node();
+        n.capabilities = c->capabilities();
+        inputs.push_back(std::move(n));
+        recs.push_back({c, c->steps(), c->errors()});
+    }
+    Ledger led(std::move(inputs), reference);
+    nlohmann::ordered_json sources = nlohmann::ordered_json::array();
+    for (const Capture* c : caps) sources.push_back({{"node", c->node()}, {"capture", c->path()}});
+    out.steps["captures"] = sources;
+
+    for (const Step* s : audit_steps()) {
+        if (!wants_step(cc, s->name())) continue;
+        run.step_order.push_back(s->name());
+        detail::compare_step(p, s->name(), recs, reference, led, out);
+    }
+
+    run.inputs = led.inputs();
+    for (const NodeInput& f : cc.failed_nodes) {
+        KVASIR_CHECK(!f.errors.empty(), ErrorCode::internal, "failed node '{}' without an error", f.node);
+        run.inputs.push_back(f);
+    }
+    mark_contrast(run.inputs, cc.contrast_nodes);
+    // Judge only the steps compared: the protocol's tolerances restricted to them.
+    Tolerances sens, tol;
+    for (const auto& [tier_out, tier_in] : {std::pair{&sens, &p.sensitive}, std::pair{&tol, &p.tolerant}})
+        for (const auto& [name, t] : *tier_in) {
+            const auto info = find_criterion(name);
+            if (info && wants_step(cc, info->step)) tier_out->emplace(name, t);
+        }
+    for (const NodeInput& in : run.inputs) out.nodes.push_back(judge_node(in, sens, tol));
+    return run;
+}
+
+}  // namespace kvasir

@@ -1,0 +1,250 @@
+#include "kvasir/audit/isolation.hpp"
+
+#include "kvasir/audit/audit_plan.hpp"
+#include "kvasir/audit/capture.hpp"
+#include "kvasir/core/error.hpp"
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+namespace fs = std::filesystem;
+
+namespace kvasir {
+
+namespace {
+
+// Resident memory of `pid` in bytes (0 when unknown or gone).
+std::uint64_t resident_bytes(pid_t pid) {
+    std::ifstream in(fmt::format("/proc/{}/status", pid));
+    std::string key;
+    while (in >> key) {
+        if (key == "VmRSS:") {
+            std::uint64_t kib = 0;
+            in >> kib;
+            return kib * 1024;
+        }
+        in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+    }
+    return 0;
+}
+
+// The last non-empty line of a child's stderr, without our own prefix.
+std::string last_line(const std::string& path) {
+    std::ifstream in(path);
+    std::string line, last;
+    while (std::getline(in, line))
+        if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+    for (const char* prefix : {"kvasir-equiv: error: ", "kvasir-equiv: internal error: "})
+        if (last.rfind(prefix, 0) == 0) return last.substr(std::strlen(prefix));
+    if (last.size() > 300) last = last.substr(0, 300) + "…";
+    return last;
+}
+
+std::string signal_text(int sig) {
+    const char* abbrev = sigabbrev_np(sig);
+    const char* desc = strsignal(sig);
+    return fmt::format("SIG{} ({})", abbrev ? abbrev : std::to_string(sig).c_str(), desc ? desc : "unknown signal");
+}
+
+// A temporary folder, removed with everything in it.
+struct TempFolder {
+    fs::path path;
+    TempFolder() {
+        const char* tmp = std::getenv("TMPDIR");
+        std::string templ = (fs::path(tmp && *tmp ? tmp : "/tmp") / "kvasir-audit-XXXXXX").string();
+        KVASIR_CHECK(::mkdtemp(templ.data()) != nullptr, ErrorCode::backend_failure, "cannot create a temporary folder {}: {}",
+                     templ, std::strerror(errno));
+        path = templ;
+    }
+    ~TempFolder() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+    }
+};
+
+}  // namespace
+
+ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& stderr_path, double timeout_s,
+                       double memory_gib) {
+    KVASIR_ASSERT(!argv.empty() && timeout_s > 0 && memory_gib > 0);
+    // Everything the child needs is prepared before fork: between fork and
+    // exec only async-signal-safe calls.
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    const int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    KVASIR_CHECK(err >= 0, ErrorCode::backend_failure, "cannot create {}: {}", stderr_path, std::strerror(errno));
+    const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    const auto t0 = std::chrono::steady_clock::now();
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+        ::close(err);
+        if (null >= 0) ::close(null);
+        fail(ErrorCode::backend_failure, "fork: {}", std::strerror(errno));
+    }
+    if (pid == 0) {
+        ::setpgid(0, 0);
+        if (null >= 0) {
+            ::dup2(null, STDIN_FILENO);
+            ::dup2(null, STDOUT_FILENO);
+        }
+        ::dup2(err, STDERR_FILENO);
+        ::execv(args[0], args.data());
+        _exit(127);
+    }
+    ::setpgid(pid, pid);  // also here: no race with the child's own call
+    ::close(err);
+    if (null >= 0) ::close(null);
+
+    ChildOutcome out;
+    const double limit_bytes = memory_gib * 1024.0 * 1024.0 * 1024.0;
+    std::string killed_for;
+    int status = 0;
+    for (;;) {
+        const pid_t r = ::waitpid(pid, &status, WNOHANG);
+        if (r == pid) break;
+        if (r < 0 && errno != EINTR) fail(ErrorCode::backend_failure, "waitpid: {}", std::strerror(errno));
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double rss = static_cast<double>(resident_bytes(pid));
+        out.peak_rss_gib = std::max(out.peak_rss_gib, rss / (1024.0 * 1024.0 * 1024.0));
+        if (killed_for.empty() && elapsed > timeout_s) killed_for = fmt::format("timed out after {:g} s", timeout_s);
+        if (killed_for.empty() && rss > limit_bytes)
+            killed_for = fmt::format("exceeded {:g} GiB of resident memory ({:.2f} GiB when stopped)", memory_gib,
+                                     rss / (1024.0 * 1024.0 * 1024.0));
+        if (!killed_for.empty()) {
+            ::kill(-pid, SIGKILL);
+            ::kill(pid, SIGKILL);
+            while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+            }
+            break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!killed_for.empty()) {
+        out.reason = killed_for;
+    } else if (WIFSIGNALED(status)) {
+        out.reason = "crashed: " + signal_text(WTERMSIG(status));
+        if (WTERMSIG(status) == SIGKILL) out.reason += " — killed from outside (the kernel's OOM killer?)";
+    } else if (WIFEXITED(status)) {
+        out.exit_code = WEXITSTATUS(status);
+        out.ok = out.exit_code == 0;
+        if (!out.ok) {
+            const std::string line = last_line(stderr_path);
+            out.reason = out.exit_code == 127 && line.empty()
+                             ? fmt::format("could not start {}", argv[0])
+                             : fmt::format("exited with code {}{}", out.exit_code, line.empty() ? "" : ": " + line);
+        }
+    } else {
+        out.reason = "ended oddly (wait status " + std::to_string(status) + ")";
+    }
+    return out;
+}
+
+AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string>& specs, std::size_t reference,
+                            const IsolationOptions& opt) {
+    KVASIR_ASSERT(ac.protocol != nullptr && ac.model != nullptr && reference < specs.size());
+    KVASIR_CHECK(opt.node_timeout_s > 0 && std::isfinite(opt.node_timeout_s), ErrorCode::bad_input,
+                 "--node-timeout must be a positive number of seconds");
+    KVASIR_CHECK(opt.node_memory_gib > 0 && std::isfinite(opt.node_memory_gib), ErrorCode::bad_input,
+                 "--node-memory must be a positive number of GiB");
+    const detail::AuditPlan plan = detail::make_audit_plan(ac);  // bad input refused before any child starts
+    const TempFolder dir;
+    const int n = static_cast<int>(specs.size());
+
+    // The reference first: if it cannot run, nothing can be compared.
+    std::vector<std::size_t> order{reference};
+    for (std::size_t i = 0; i < specs.size(); ++i)
+        if (i != reference) order.push_back(i);
+    std::vector<std::optional<Capture>> caps(specs.size());
+    std::vector<ChildOutcome> outcomes(specs.size());
+    int done = 0;
+    for (std::size_t i : order) {
+        ++done;
+        if (ac.progress) ac.progress({"node", done, n, specs[i], done, n});
+        const std::string file = (dir.path / fmt::format("node{}.safetensors", i)).string();
+        const std::vector<std::string> argv{opt.executable, "capture",
+                                            "--backend",    specs[i],
+                                            "--authority",  specs[reference],
+                                            "--protocol",   opt.protocol_path,
+                                            "--model",      opt.model_path,
+                                            "--seed",       std::to_string(plan.seed),
+                                            "--output",     file};
+        outcomes[i] = run_child(argv, (dir.path / fmt::format("node{}.err", i)).string(), opt.node_timeout_s,
+                                opt.node_memory_gib);
+        if (i == reference && !outcomes[i].ok) {
+            if (outcomes[i].exit_code == 2)
+                fail(ErrorCode::bad_input, "the reference {}: {}", specs[i], last_line((dir.path / fmt::format("node{}.err", i)).string()));
+            fail(ErrorCode::backend_failure, "the reference node {} {}: nothing can be compared", specs[i], outcomes[i].reason);
+        }
+        if (outcomes[i].ok) caps[i] = Capture::open(file);
+    }
+
+    std::vector<const Capture*> ptrs;
+    std::size_t ref_index = 0;
+    CompareConfig cc;
+    cc.protocol = ac.protocol;
+    cc.gate = ac.gate;
+    cc.contrast_nodes = ac.contrast_nodes;
+    std::vector<std::size_t> ran;  // node indices of ptrs
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+        if (caps[i]) {
+            if (i == reference) ref_index = ptrs.size();
+            ptrs.push_back(&*caps[i]);
+            ran.push_back(i);
+            continue;
+        }
+        NodeInput f;
+        f.node = specs[i];
+        f.capabilities["node"] = specs[i];
+        f.errors["process"] = outcomes[i].reason;
+        cc.failed_nodes.push_back(std::move(f));
+    }
+    for (const NodeInput& f : ac.failed_nodes) cc.failed_nodes.push_back(f);
+    const auto t_compare = std::chrono::steady_clock::now();
+    AuditRun run = compare_captures(cc, ptrs, ref_index);
+    const double compare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_compare).count();
+
+    // The report of an audit, not of captures: the model it ran, how nodes ran.
+    run.report.model = audit_model_json(*ac.model);
+    run.report.steps.erase("captures");
+    run.report.steps["isolation"] = nlohmann::ordered_json{
+        {"mode", "one child process per node"},
+        {"node_timeout_s", opt.node_timeout_s},
+        {"node_memory_gib", opt.node_memory_gib}};
+    run.step_order = plan.steps;
+
+    // Timings: each child's seconds per step (its own clock, the authority's
+    // share included), the compare in "other".
+    RunTimings& t = run.timings;
+    t.load_note = "each node's process reads its own weights (inside its step seconds)";
+    for (std::size_t i : ran) t.nodes.push_back(caps[i]->node());
+    for (const std::string& step : plan.steps) {
+        StepTiming st{step, 0, {}};
+        for (std::size_t i : ran) {
+            double s = 0;
+            if (const auto j = caps[i]->note("step_seconds")) {
+                const auto doc = nlohmann::json::parse(*j, nullptr, false);
+                if (doc.is_object() && doc.contains(step) && doc[step].is_number()) s = doc[step].get<double>();
+            }
+            st.node_seconds.push_back(s);
+            st.wall += s;
+        }
+        t.steps.push_back(std::move(st));
+    }
+    if (!t.steps.empty()) t.steps.back().wall += compare_s;
+    return run;
+}
+
+}  // namespace kvasir

@@ -1,0 +1,63 @@
+// The audit with one process per node (the default of `audit`).
+//
+// Auditing new hardware means running immature drivers: a kernel that
+// segfaults, hangs or allocates without bound is the normal case. So each
+// node runs in a child process — this tool's own `capture` command, executed
+// afresh (fork + exec: no driver, OpenMP or OpenCL state is inherited) —
+// which collects every step on that node with the reference beside it as
+// the authority, and writes a capture. The parent computes nothing: it
+// watches each child (one at a time, so timings and memory stay the node's
+// own) and then compares the captures exactly as `compare` does, so the
+// figures are bit for bit those of the in-process audit.
+//
+// A child that is killed by a signal, exceeds the wall-clock limit, exceeds
+// the resident-memory limit, or exits with an error makes that node `error`
+// with the reason ("crashed: SIGSEGV (Segmentation fault)", "timed out after
+// 30 s", "exceeded 4 GiB of resident memory", "exited with code 3: …"); its
+// partial output is discarded (the capture is written atomically, so there
+// is none); every other node is judged and the reports are written. The
+// reference failing that way ends the audit: Error(backend_failure), exit 3,
+// naming the reference and the reason; the reference refusing its input
+// (exit 2: e.g. a model whose weights are not finite) is Error(bad_input).
+//
+// The memory limit is on host resident memory (VmRSS, polled every 10 ms):
+// device memory of a GPU node is not counted (a driver's virtual mappings
+// make an address-space limit useless there).
+#pragma once
+
+#include "kvasir/audit/audit.hpp"
+
+#include <string>
+#include <vector>
+
+namespace kvasir {
+
+struct IsolationOptions {
+    std::string executable;      // this tool (/proc/self/exe)
+    std::string protocol_path;   // each child reloads it (compare checks its hash)
+    std::string model_path;
+    double node_timeout_s = 1800;  // wall-clock limit per node, > 0
+    double node_memory_gib = 0;    // resident-memory limit per node, > 0
+};
+
+// How one child ended.
+struct ChildOutcome {
+    bool ok = false;          // exited 0
+    int exit_code = -1;       // when it exited
+    std::string reason;       // one line when !ok
+    double seconds = 0;
+    double peak_rss_gib = 0;  // the largest VmRSS seen
+};
+
+// Runs `argv` (argv[0] = the program) with stdout discarded and stderr into
+// `stderr_path`, in its own process group, polling every 10 ms; kills the
+// group (SIGKILL) past `timeout_s` or `memory_gib` of resident memory.
+ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& stderr_path, double timeout_s,
+                       double memory_gib);
+
+// `specs` are node specs, specs[reference] the reference; config.failed_nodes
+// (nodes that could not even be created) are appended as errors.
+AuditRun run_audit_isolated(const AuditConfig& config, const std::vector<std::string>& specs, std::size_t reference,
+                            const IsolationOptions& options);
+
+}  // namespace kvasir

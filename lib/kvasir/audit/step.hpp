@@ -1,0 +1,188 @@
+// A protocol step is ONE object (SPEC §2): its name, its criteria, how it
+// reads its protocol section, what it computes on one node given the
+// authority's decisions, and a pure comparison of what nodes computed.
+//
+//   plan     reads the step's protocol section into the AuditPlan (validated:
+//            Error(bad_input) before anything runs)
+//   decide   the authority's part, computed once per process: routing plans,
+//            anchors, reference tokens (opaque to everyone but the step)
+//   collect  what one node computes, given those decisions: named tensors,
+//            exactly the capture format's names (protocols/CAPTURE.md)
+//   compare  pure: every node's tensors (from memory or from capture files)
+//            → measurements per candidate, pair matrices, drift series and
+//            the step's JSON section of the report
+//
+// The three commands are then one driver (audit.cpp): audit = decide +
+// collect on every node + compare (in this process, or each node in a child
+// process that writes a capture); capture = decide + collect + write;
+// compare = read + compare. A new step is one file that defines its Step
+// plus its line in audit_steps() and its protocol entry.
+//
+// One failure policy, everywhere (node_failure, core/error.hpp):
+// kvasir::Error other than internal and std::bad_alloc are the NODE's
+// failure (its verdict becomes error, the audit goes on); Error(internal),
+// std::logic_error and anything else are bugs of this tool and propagate
+// (exit 3).
+#pragma once
+
+#include "kvasir/backend/backend.hpp"
+#include "kvasir/core/error.hpp"
+#include "kvasir/core/tensor.hpp"
+#include "kvasir/report/protocol.hpp"
+#include "kvasir/report/verdict.hpp"
+#include "kvasir/report/writers.hpp"
+
+#include <any>
+#include <exception>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvasir {
+
+class Model;
+struct AuditConfig;
+namespace detail {
+struct AuditPlan;
+}
+
+using NamedTensors = std::map<std::string, Tensor>;
+
+// What one node produced in one step: tensors under their capture names, and
+// notes — short strings a capture keeps in its metadata (e.g. "ops_inputs").
+struct StepOutput {
+    NamedTensors tensors;
+    std::map<std::string, std::string> notes;
+};
+
+// One node's outputs as compare() reads them: a capture file or a live
+// node's collection in memory.
+class NodeOutputs {
+public:
+    virtual ~NodeOutputs() = default;
+    virtual const std::string& node() const = 0;
+    // For messages: the capture's path, or "node <name>".
+    virtual const std::string& origin() const = 0;
+    virtual bool has(const std::string& tensor) const = 0;
+    // Error(bad_input) "<origin>: no tensor '<name>'" when absent.
+    virtual TensorView view(const std::string& tensor) const = 0;
+    virtual std::optional<std::string> note(const std::string& key) const = 0;
+};
+
+// A live node's collection (every step's tensors and notes, merged).
+class CollectedOutputs final : public NodeOutputs {
+public:
+    explicit CollectedOutputs(std::string node);
+    const std::string& node() const override { return node_; }
+    const std::string& origin() const override { return origin_; }
+    bool has(const std::string& tensor) const override { return tensors_.count(tensor) != 0; }
+    TensorView view(const std::string& tensor) const override;
+    std::optional<std::string> note(const std::string& key) const override;
+    void add(StepOutput&& out);
+    const NamedTensors& tensors() const { return tensors_; }
+    const std::map<std::string, std::string>& notes() const { return notes_; }
+
+private:
+    std::string node_, origin_;
+    NamedTensors tensors_;
+    std::map<std::string, std::string> notes_;
+};
+
+// Per-node accumulation of measurements and errors: the verdict's inputs.
+class Ledger {
+public:
+    Ledger(std::vector<NodeInput> inputs, std::size_t reference);
+    std::size_t reference() const { return reference_; }
+    std::size_t size() const { return inputs_.size(); }
+    // Error(internal) for a node the audit did not create.
+    std::size_t index_of(const std::string& node) const;
+    void measure(std::size_t i, const std::string& step, const std::string& criterion, double value);
+    void error(std::size_t i, const std::string& step, const std::string& message);
+    // The reference failed a step: nothing was compared.
+    void reference_failed(const std::string& step, const std::string& message);
+    const std::vector<NodeInput>& inputs() const { return inputs_; }
+
+private:
+    std::size_t reference_;
+    std::vector<NodeInput> inputs_;
+    std::map<std::string, std::size_t> index_;
+};
+
+// Where a step runs. plan and model are null in compare (captures carry no
+// model): compare() reads only the protocol and the tensors.
+struct StepEnv {
+    const Protocol* protocol = nullptr;
+    const detail::AuditPlan* plan = nullptr;
+    const Model* model = nullptr;
+};
+
+// compare()'s inputs: every node's outputs (node order of the report) and
+// which of them took part (collected the step without error).
+struct StepNodes {
+    const std::vector<const NodeOutputs*>& nodes;
+    const std::vector<bool>& present;
+    std::size_t reference;
+};
+
+class Step {
+public:
+    virtual ~Step() = default;
+    virtual const char* name() const = 0;
+    // The catalogue's criteria this step measures (protocol.hpp).
+    std::vector<CriterionInfo> criteria() const;
+    // Reads the step's protocol section into `plan`; false when the protocol
+    // does not run it. Error(bad_input) for a bad section.
+    virtual bool plan(const AuditConfig& config, detail::AuditPlan& plan) const = 0;
+    // The authority's decisions. Throws what the authority throws.
+    virtual std::any decide(const StepEnv& env, Backend& authority) const = 0;
+    // What `node` computes given `decisions`; `self`: the node IS the
+    // authority (its outputs come from the decisions, not computed twice).
+    virtual StepOutput collect(const StepEnv& env, Backend& node, const std::any& decisions, bool self) const = 0;
+    // Pure: the measurements of every present candidate into `ledger`
+    // (per-candidate problems, e.g. a shape mismatch, are that node's error),
+    // pair matrices / drift into `report`, and the step's JSON section.
+    virtual nlohmann::ordered_json compare(const Protocol& protocol, const StepNodes& in, Ledger& ledger,
+                                           AuditReport& report) const = 0;
+};
+
+// Every step, in protocol order.
+const std::vector<const Step*>& audit_steps();
+// Error(internal) for an unknown name.
+const Step& step_named(std::string_view name);
+
+// Tensors of `out` that hold a NaN or Inf: "<name>[<flat index>] = nan".
+// Empty when every float tensor is finite (integer tensors are skipped).
+std::optional<std::string> first_non_finite(const StepOutput& out);
+
+// --- small helpers the step files share ---------------------------------------
+
+Tensor i32_tensor(const std::vector<std::int32_t>& v);
+Tensor f64_tensor(const std::vector<double>& v);
+std::vector<std::int32_t> int_vector(const TensorView& v);
+std::vector<double> double_vector(const TensorView& v);
+// "<prefix>0", "<prefix>1", … until the first absent one.
+std::vector<TensorView> numbered(const NodeOutputs& n, const std::string& prefix);
+
+// compare()'s loop: body(i) for every present candidate; a problem of that
+// candidate's tensors (Error other than internal, e.g. a shape that differs
+// from the reference's) becomes its error of `step`, returned as its JSON
+// entry {"node", "error"}; body returns the node's JSON entry otherwise.
+template <class F>
+nlohmann::ordered_json for_each_candidate(const StepNodes& in, Ledger& led, const char* step, F&& body) {
+    nlohmann::ordered_json results = nlohmann::ordered_json::array();
+    for (std::size_t i = 0; i < in.nodes.size(); ++i) {
+        if (i == in.reference || !in.present[i]) continue;
+        nlohmann::ordered_json entry;
+        if (auto why = as_node_failure([&] { entry = body(i); })) {
+            led.error(i, step, *why);
+            entry = nlohmann::ordered_json{{"node", in.nodes[i]->node()}, {"error", *why}};
+        }
+        results.push_back(std::move(entry));
+    }
+    return results;
+}
+
+}  // namespace kvasir
+

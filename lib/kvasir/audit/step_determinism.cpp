@@ -1,0 +1,115 @@
+// The determinism check as an audit step: the full forward pass (own router)
+// run `repeats` times on ONE node; the largest guarded max_rel of runs 2…R
+// against run 1 over logits, final hidden and every hidden state (0 =
+// bit-identical; NaN when the non-finite patterns differ). Each node against
+// itself, so the authority decides nothing; measured on the reference too
+// (reported, not judged).
+//
+// Tensors: determinism.run_to_run_max_rel [1] (f64),
+// determinism.routing_rows_differing [1] (f64: (layer, token) rows whose
+// expert sets differed between runs).
+#include "kvasir/audit/audit_plan.hpp"
+#include "kvasir/audit/step.hpp"
+
+#include "kvasir/metrics/metrics.hpp"
+#include "kvasir/steps/forward.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace kvasir {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Guarded max_rel of b against a (0 when bit-identical; NaN when their
+// non-finite patterns differ).
+double run_to_run_rel(const Tensor& a, const Tensor& b) {
+    if (same_bits(a.view(), b.view())) return 0.0;
+    const CompareStats s = compare(a.view(), b.view());
+    return finite_parity(s) ? s.max_rel : kNaN;
+}
+
+// NaN-sticky maximum.
+double worse_max(double a, double b) { return (std::isnan(a) || std::isnan(b)) ? kNaN : std::max(a, b); }
+
+class DeterminismAudit final : public Step {
+public:
+    const char* name() const override { return "determinism"; }
+
+    bool plan(const AuditConfig& ac, detail::AuditPlan& plan) const override {
+        const Protocol& p = *ac.protocol;
+        if (!p.determinism.enabled) return false;
+        // The longest forward any token step runs (the logits stream when
+        // there is one): determinism is measured on the work the audit does.
+        const TokenStream* s = p.logits.enabled ? &p.logits.tokens
+                               : p.drift.enabled ? &p.drift.tokens
+                               : p.decide.enabled ? &p.decide.tokens
+                                                  : nullptr;
+        StepCommon c;
+        c.model = ac.model;
+        c.tokens = s ? detail::stream_tokens(*s) : seeded_tokens(plan.seed, 16, ac.model->config().vocab_size);
+        c.validate();
+        plan.determinism_tokens = c.tokens;
+        plan.repeats = p.determinism.repeats;
+        return true;
+    }
+
+    std::any decide(const StepEnv&, Backend&) const override { return {}; }
+
+    StepOutput collect(const StepEnv& env, Backend& node, const std::any&, bool) const override {
+        const auto& ids = env.plan->determinism_tokens->ids;
+        const ForwardResult first = forward(node, *env.model, ids);
+        double worst = 0;
+        double rows = 0;
+        for (int r = 1; r < env.plan->repeats; ++r) {
+            const ForwardResult again = forward(node, *env.model, ids);
+            worst = worse_max(worst, run_to_run_rel(first.logits, again.logits));
+            worst = worse_max(worst, run_to_run_rel(first.final_hidden, again.final_hidden));
+            for (std::size_t k = 0; k < first.hidden.size() && k < again.hidden.size(); ++k)
+                worst = worse_max(worst, run_to_run_rel(first.hidden[k], again.hidden[k]));
+            rows += static_cast<double>(run_to_run_delta(first, again).routing_rows_differing);
+        }
+        StepOutput out;
+        out.tensors.emplace("determinism.run_to_run_max_rel", f64_tensor({worst}));
+        out.tensors.emplace("determinism.routing_rows_differing", f64_tensor({rows}));
+        return out;
+    }
+
+    nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
+        nlohmann::ordered_json j;
+        j["repeats"] = p.determinism.repeats;
+        j["compared"] = "logits, final hidden and every hidden state of the full forward (own router), runs 2..R vs run 1";
+        nlohmann::ordered_json per = nlohmann::ordered_json::array();
+        for (std::size_t i = 0; i < in.nodes.size(); ++i) {
+            if (!in.present[i]) continue;
+            const NodeOutputs& n = *in.nodes[i];
+            nlohmann::ordered_json e{{"node", n.node()}};
+            if (auto why = as_node_failure([&] {
+                    const double worst = n.view("determinism.run_to_run_max_rel").at(0);
+                    led.measure(i, "determinism", "determinism", worst);
+                    e["bit_identical"] = worst == 0.0;
+                    e["run_to_run_max_rel"] = json_double(worst);
+                    if (n.has("determinism.routing_rows_differing"))
+                        e["routing_rows_differing"] = n.view("determinism.routing_rows_differing").at(0);
+                })) {
+                led.error(i, "determinism", *why);
+                e["error"] = *why;
+            }
+            per.push_back(std::move(e));
+        }
+        j["nodes"] = std::move(per);
+        return j;
+    }
+};
+
+}  // namespace
+
+const Step& determinism_step() {
+    static const DeterminismAudit s;
+    return s;
+}
+
+}  // namespace kvasir

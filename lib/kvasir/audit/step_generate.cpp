@@ -1,0 +1,99 @@
+// Step 5 as an audit step: generation stability (steps/generate.hpp explains
+// the measurement). Free greedy decoding on every node, and decoding pinned
+// to the authority's tokens and routing (teacher forcing).
+//
+// Tensors: generate.tokens [n] (own greedy tokens), generate.pinned_own [n]
+// (own argmax when fed the authority's tokens), generate.margins [n] (top1 −
+// top2 of each free step).
+#include "kvasir/audit/audit_plan.hpp"
+#include "kvasir/audit/step.hpp"
+
+#include "kvasir/core/error.hpp"
+#include "kvasir/metrics/metrics.hpp"
+#include "kvasir/steps/forward.hpp"
+
+#include <memory>
+
+namespace kvasir {
+
+namespace {
+
+class GenerateAudit final : public Step {
+public:
+    const char* name() const override { return "generate"; }
+
+    bool plan(const AuditConfig& ac, detail::AuditPlan& plan) const override {
+        if (!ac.protocol->generate.enabled) return false;
+        plan.generate = detail::token_step<GenerateConfig>(ac, plan.seed, ac.protocol->generate.prompt);
+        plan.generate->new_tokens = static_cast<int>(ac.protocol->generate.n);
+        plan.generate->validate();
+        return true;
+    }
+
+    std::any decide(const StepEnv& env, Backend& authority) const override {
+        return std::make_shared<const GenerateResult>(
+            greedy_generate(authority, *env.model, env.plan->generate->tokens.ids, env.plan->generate->new_tokens));
+    }
+
+    StepOutput collect(const StepEnv& env, Backend& node, const std::any& decisions, bool self) const override {
+        const GenerateResult& ref = *std::any_cast<std::shared_ptr<const GenerateResult>>(decisions);
+        StepOutput out;
+        if (self) {
+            out.tensors.emplace("generate.tokens", i32_tensor(ref.tokens));
+            out.tensors.emplace("generate.pinned_own", i32_tensor(ref.tokens));
+            out.tensors.emplace("generate.margins", f64_tensor(ref.margins));
+            return out;
+        }
+        const auto& prompt = env.plan->generate->tokens.ids;
+        const int n = env.plan->generate->new_tokens;
+        const GenerateResult fr = greedy_generate(node, *env.model, prompt, n);
+        const GenerateResult pn = greedy_generate(node, *env.model, prompt, n, &ref.tokens, &ref.routing);
+        out.tensors.emplace("generate.tokens", i32_tensor(fr.tokens));
+        out.tensors.emplace("generate.pinned_own", i32_tensor(pn.tokens));
+        out.tensors.emplace("generate.margins", f64_tensor(fr.margins));
+        return out;
+    }
+
+    nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
+        const NodeOutputs& ref = *in.nodes[in.reference];
+        const std::vector<std::int32_t> rt = int_vector(ref.view("generate.tokens"));
+        nlohmann::ordered_json j;
+        j["reference"] = ref.node();
+        j["new_tokens"] = p.generate.n;
+        j["reference_tokens"] = rt;
+        j["results"] = for_each_candidate(in, led, "generate", [&](std::size_t i) {
+            const NodeOutputs& c = *in.nodes[i];
+            const std::vector<std::int32_t> ct = int_vector(c.view("generate.tokens"));
+            const std::vector<std::int32_t> pinned = int_vector(c.view("generate.pinned_own"));
+            KVASIR_CHECK(ct.size() == rt.size() && pinned.size() == rt.size(), ErrorCode::bad_input,
+                         "{}: {} generated tokens, the reference has {}", c.origin(), ct.size(), rt.size());
+            const std::int64_t first = first_divergence(rt, ct);
+            std::int64_t divergences = 0;
+            for (std::size_t s = 0; s < rt.size(); ++s) divergences += pinned[s] != rt[s];
+            led.measure(i, "generate", "generate.first_divergence_min",
+                        first < 0 ? static_cast<double>(p.generate.n) : static_cast<double>(first));
+            if (p.generate.teacher_forcing)
+                led.measure(i, "generate", "generate.divergences_max", static_cast<double>(divergences));
+            nlohmann::ordered_json e{{"node", c.node()}, {"first_divergence", first}, {"tokens", ct},
+                                     {"teacher_forced_divergences", divergences}};
+            if (first >= 0 && c.has("generate.margins") && ref.has("generate.margins")) {
+                const TensorView rm = ref.view("generate.margins"), cm = c.view("generate.margins");
+                if (first < rm.numel() && first < cm.numel()) {
+                    e["ref_margin_at_divergence"] = json_double(rm.at(first));
+                    e["cand_margin_at_divergence"] = json_double(cm.at(first));
+                }
+            }
+            return e;
+        });
+        return j;
+    }
+};
+
+}  // namespace
+
+const Step& generate_step() {
+    static const GenerateAudit s;
+    return s;
+}
+
+}  // namespace kvasir
