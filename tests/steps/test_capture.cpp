@@ -10,6 +10,7 @@
 #include "kvasir/core/io.hpp"
 #include "kvasir/model/model.hpp"
 #include "kvasir/model/safetensors.hpp"
+#include "kvasir/model/safetensors_writer.hpp"
 #include "kvasir/report/protocol.hpp"
 #include "kvasir/report/verdict.hpp"
 #include "kvasir/steps/audit.hpp"

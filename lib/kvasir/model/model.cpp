@@ -4,6 +4,7 @@
 #include "kvasir/model/gguf.hpp"
 #include "kvasir/model/quant.hpp"
 #include "kvasir/model/safetensors.hpp"
+#include "kvasir/model/safetensors_checkpoint.hpp"
 
 #include <fmt/format.h>
 

@@ -2,6 +2,7 @@
 
 #include "kvasir/backend/forwarding.hpp"
 #include "kvasir/core/error.hpp"
+#include "kvasir/model/safetensors_writer.hpp"
 #include "kvasir/report/json_common.hpp"
 #include "kvasir/report/protocol.hpp"
 #include "kvasir/steps/audit_plan.hpp"
