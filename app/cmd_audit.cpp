@@ -11,6 +11,7 @@
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
 #include "kvasir/model/model.hpp"
+#include "kvasir/report/audit_json.hpp"
 #include "kvasir/report/audit_text.hpp"
 #include "kvasir/report/protocol.hpp"
 #include "kvasir/report/writers.hpp"

@@ -23,7 +23,7 @@
 #include "kvasir/model/config.hpp"
 #include "kvasir/model/mapped_file.hpp"
 #include "kvasir/model/model.hpp"
-#include "kvasir/model/safetensors.hpp"
+#include "kvasir/model/safetensors_checkpoint.hpp"
 
 #include <benchmark/benchmark.h>
 #include <fcntl.h>

@@ -8,6 +8,7 @@
 // Run: build-fuzz/fuzz_gguf -max_total_time=60 tests/fuzz/corpus/gguf
 #include "kvasir/core/error.hpp"
 #include "kvasir/model/gguf.hpp"
+#include "kvasir/model/gguf_arch.hpp"
 #include "kvasir/model/quant.hpp"
 
 #include <cstddef>

@@ -17,6 +17,7 @@
 //  * view() refuses only dtypes without a kvasir counterpart (Error(unsupported)).
 #include "kvasir/core/error.hpp"
 #include "kvasir/model/safetensors.hpp"
+#include "kvasir/model/safetensors_checkpoint.hpp"
 
 #include <cstddef>
 #include <cstdint>

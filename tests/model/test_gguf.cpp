@@ -3,6 +3,7 @@
 // catalogue of malformed files built by patching a small valid file in memory.
 #include "kvasir/core/error.hpp"
 #include "kvasir/model/gguf.hpp"
+#include "kvasir/model/gguf_arch.hpp"
 #include "kvasir/model/quant.hpp"
 
 #include <gtest/gtest.h>

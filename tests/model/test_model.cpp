@@ -7,6 +7,8 @@
 #include "kvasir/model/gguf.hpp"
 #include "kvasir/model/model.hpp"
 #include "kvasir/model/safetensors.hpp"
+#include "kvasir/model/safetensors_checkpoint.hpp"
+#include "kvasir/model/safetensors_writer.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

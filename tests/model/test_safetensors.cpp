@@ -8,6 +8,8 @@
 //  * The writer is canonical and atomic.
 #include "kvasir/core/error.hpp"
 #include "kvasir/model/safetensors.hpp"
+#include "kvasir/model/safetensors_checkpoint.hpp"
+#include "kvasir/model/safetensors_writer.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

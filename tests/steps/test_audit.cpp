@@ -16,10 +16,10 @@
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
 #include "kvasir/model/model.hpp"
+#include "kvasir/report/audit_json.hpp"
 #include "kvasir/report/audit_text.hpp"
 #include "kvasir/report/protocol.hpp"
 #include "kvasir/report/verdict.hpp"
-#include "kvasir/report/writers.hpp"
 #include "kvasir/audit/audit.hpp"
 
 #include <fmt/format.h>

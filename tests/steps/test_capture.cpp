@@ -10,6 +10,8 @@
 #include "kvasir/core/io.hpp"
 #include "kvasir/model/model.hpp"
 #include "kvasir/model/safetensors.hpp"
+#include "kvasir/model/safetensors_writer.hpp"
+#include "kvasir/report/audit_json.hpp"
 #include "kvasir/report/protocol.hpp"
 #include "kvasir/report/verdict.hpp"
 #include "kvasir/audit/audit.hpp"

@@ -18,9 +18,16 @@
 //    writing the report leaves the previous report byte-for-byte intact.
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
+#include "kvasir/report/audit_json.hpp"
+#include "kvasir/report/audit_junit.hpp"
+#include "kvasir/report/audit_markdown.hpp"
+#include "kvasir/report/cosine_csv.hpp"
+#include "kvasir/report/drift_svg.hpp"
+#include "kvasir/report/heatmap_svg.hpp"
 #include "kvasir/report/protocol.hpp"
 #include "kvasir/report/verdict.hpp"
 #include "kvasir/report/writers.hpp"
+#include "kvasir/report/writers_common.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

@@ -1,6 +1,7 @@
 #include "kvasir/audit/capture.hpp"
 
 #include "kvasir/core/error.hpp"
+#include "kvasir/model/safetensors_writer.hpp"
 #include "kvasir/report/json_common.hpp"
 #include "kvasir/report/protocol.hpp"
 #include "kvasir/audit/audit_plan.hpp"

@@ -1,9 +1,12 @@
-// GGUF reader. The parser is a single forward pass over a byte span with a
-// cursor that refuses to move past the end; every length and count is checked
-// against the bytes that remain *before* anything is allocated for it.
+// GGUF reader: the container (gguf.hpp) — header, metadata values, tensor
+// infos and their bounds; the llama.cpp naming is in gguf_arch.cpp. The parser
+// is a single forward pass over a byte span with a cursor that refuses to move
+// past the end; every length and count is checked against the bytes that
+// remain *before* anything is allocated for it.
 #include "kvasir/model/gguf.hpp"
 
 #include "kvasir/core/error.hpp"
+#include "kvasir/model/gguf_text.hpp"
 
 #include <fmt/format.h>
 
@@ -16,6 +19,8 @@
 #include <utility>
 
 namespace kvasir {
+
+using namespace gguf_detail;
 
 namespace {
 
@@ -30,24 +35,6 @@ constexpr std::uint64_t kMaxElements = std::uint64_t{1} << 62;
 constexpr std::uint64_t kMinKvBytes = 8 + 4 + 1;
 constexpr std::uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;
 constexpr std::size_t kMaxDims = 4;
-
-// A name from the file made safe for a one-line message: printable ASCII kept,
-// everything else as \xNN, long names cut.
-std::string printable(std::string_view s, std::size_t max_len = 80) {
-    std::string out;
-    for (std::size_t i = 0; i < s.size(); ++i) {
-        if (out.size() >= max_len) {
-            out += "...";
-            break;
-        }
-        const auto c = static_cast<unsigned char>(s[i]);
-        if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'')
-            out += static_cast<char>(c);
-        else
-            out += fmt::format("\\x{:02x}", c);
-    }
-    return out;
-}
 
 bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t& out) { return !__builtin_mul_overflow(a, b, &out); }
 bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t& out) { return !__builtin_add_overflow(a, b, &out); }
@@ -204,6 +191,26 @@ struct ValueReader {
 };
 
 }  // namespace
+
+namespace gguf_detail {
+
+std::string printable(std::string_view s, std::size_t max_len) {
+    std::string out;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+        if (out.size() >= max_len) {
+            out += "...";
+            break;
+        }
+        const auto c = static_cast<unsigned char>(s[i]);
+        if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'')
+            out += static_cast<char>(c);
+        else
+            out += fmt::format("\\x{:02x}", c);
+    }
+    return out;
+}
+
+}  // namespace gguf_detail
 
 // ---------------------------------------------------------------------------
 // GgufValue
@@ -572,225 +579,6 @@ const GgufTensor& GgufFile::tensor(std::string_view tensor_name) const {
     const auto* t = find_tensor(tensor_name);
     if (t == nullptr) fail(ErrorCode::bad_input, "{}: no tensor '{}'", name_, printable(tensor_name));
     return *t;
-}
-
-// ---------------------------------------------------------------------------
-// Tensor names
-// ---------------------------------------------------------------------------
-
-namespace {
-struct RoleName {
-    std::string_view name;
-    GgufRole role;
-    bool per_layer;
-    bool expert_stacked;
-};
-// llama.cpp's names (src/llama-arch.cpp LLM_TENSOR_NAMES), base part only.
-constexpr std::array<RoleName, 23> kRoleNames = {{
-    {"token_embd", GgufRole::token_embd, false, false},
-    {"output_norm", GgufRole::output_norm, false, false},
-    {"output", GgufRole::output, false, false},
-    {"attn_norm", GgufRole::attn_norm, true, false},
-    {"attn_q", GgufRole::attn_q, true, false},
-    {"attn_k", GgufRole::attn_k, true, false},
-    {"attn_v", GgufRole::attn_v, true, false},
-    {"attn_output", GgufRole::attn_output, true, false},
-    {"attn_q_norm", GgufRole::attn_q_norm, true, false},
-    {"attn_k_norm", GgufRole::attn_k_norm, true, false},
-    {"ffn_norm", GgufRole::ffn_norm, true, false},
-    {"ffn_gate_inp", GgufRole::ffn_gate_inp, true, false},
-    {"ffn_gate_exps", GgufRole::ffn_gate_exps, true, true},
-    {"ffn_up_exps", GgufRole::ffn_up_exps, true, true},
-    {"ffn_down_exps", GgufRole::ffn_down_exps, true, true},
-    {"ffn_gate_inp_shexp", GgufRole::ffn_gate_inp_shexp, true, false},
-    {"ffn_gate_shexp", GgufRole::ffn_gate_shexp, true, false},
-    {"ffn_up_shexp", GgufRole::ffn_up_shexp, true, false},
-    {"ffn_down_shexp", GgufRole::ffn_down_shexp, true, false},
-    {"ffn_gate", GgufRole::ffn_gate, true, false},
-    {"ffn_up", GgufRole::ffn_up, true, false},
-    {"ffn_down", GgufRole::ffn_down, true, false},
-    {"exp_probs_b", GgufRole::exp_probs_b, true, false},
-}};
-
-// A plain non-negative decimal below 2^31 (no sign, no leading zeros except "0").
-std::optional<int> parse_index(std::string_view s) {
-    if (s.empty() || s.size() > 10 || (s.size() > 1 && s[0] == '0')) return std::nullopt;
-    std::int64_t v = 0;
-    for (char c : s) {
-        if (c < '0' || c > '9') return std::nullopt;
-        v = v * 10 + (c - '0');
-    }
-    if (v > std::numeric_limits<int>::max()) return std::nullopt;
-    return static_cast<int>(v);
-}
-
-const RoleName* lookup_role(std::string_view base) {
-    for (const auto& r : kRoleNames)
-        if (r.name == base) return &r;
-    return nullptr;
-}
-}  // namespace
-
-std::string_view gguf_role_name(GgufRole role) noexcept {
-    for (const auto& r : kRoleNames)
-        if (r.role == role) return r.name;
-    return "?";
-}
-
-std::optional<GgufTensorRole> gguf_tensor_role(std::string_view name) {
-    GgufTensorRole out;
-    // Suffix: ".weight" or ".bias". exp_probs_b is always a bias, whatever
-    // llama.cpp's suffix ("blk.N.exp_probs_b.bias").
-    if (name.ends_with(".weight")) {
-        name.remove_suffix(7);
-    } else if (name.ends_with(".bias")) {
-        name.remove_suffix(5);
-        out.bias = true;
-    } else {
-        return std::nullopt;
-    }
-    if (!name.starts_with("blk.")) {
-        const auto* r = lookup_role(name);
-        if (r == nullptr || r->per_layer) return std::nullopt;
-        out.role = r->role;
-        return out;
-    }
-    name.remove_prefix(4);
-    const auto dot = name.find('.');
-    if (dot == std::string_view::npos) return std::nullopt;
-    const auto layer = parse_index(name.substr(0, dot));
-    if (!layer) return std::nullopt;
-    out.layer = *layer;
-    std::string_view base = name.substr(dot + 1);
-    // Legacy Mixtral conversions store one tensor per expert: blk.N.ffn_gate.E.
-    if (const auto edot = base.find('.'); edot != std::string_view::npos) {
-        const auto expert = parse_index(base.substr(edot + 1));
-        base = base.substr(0, edot);
-        if (!expert || (base != "ffn_gate" && base != "ffn_up" && base != "ffn_down")) return std::nullopt;
-        out.expert = *expert;
-    }
-    const auto* r = lookup_role(base);
-    if (r == nullptr || !r->per_layer) return std::nullopt;
-    out.role = r->role;
-    out.expert_stacked = r->expert_stacked;
-    if (r->role == GgufRole::exp_probs_b) out.bias = true;
-    return out;
-}
-
-// ---------------------------------------------------------------------------
-// Hyperparameters
-// ---------------------------------------------------------------------------
-
-std::string_view gguf_supported_architectures() noexcept { return "qwen2moe, qwen3moe, llama"; }
-
-GgufModelParams read_gguf_model_params(const GgufFile& file) {
-    GgufModelParams p;
-    const std::string& fname = file.name();
-    p.architecture = file.get_string("general.architecture");
-    const std::string& arch = p.architecture;
-    if (arch != "qwen2moe" && arch != "qwen3moe" && arch != "llama")
-        fail(ErrorCode::unsupported, "{}: architecture '{}' is not supported (supported: {})", fname, printable(arch),
-             gguf_supported_architectures());
-    const auto key = [&](std::string_view suffix) { return fmt::format("{}.{}", arch, suffix); };
-    const auto opt_int = [&](std::string_view suffix, std::int64_t fallback) {
-        const std::string k = key(suffix);
-        return file.has(k) ? file.get_int(k) : fallback;
-    };
-    const auto positive = [&](std::string_view suffix, std::int64_t v) {
-        if (v <= 0 || v > (std::int64_t{1} << 31))
-            fail(ErrorCode::bad_input, "{}: {} is {}, not a positive count", fname, key(suffix), v);
-        return v;
-    };
-
-    p.block_count = positive("block_count", file.get_int(key("block_count")));
-    p.embedding_length = positive("embedding_length", file.get_int(key("embedding_length")));
-    p.feed_forward_length = opt_int("feed_forward_length", 0);
-    p.head_count = positive("attention.head_count", file.get_int(key("attention.head_count")));
-    {
-        // head_count_kv may be per-layer (an array) in some converters; we
-        // accept that only when every layer agrees.
-        const std::string k = key("attention.head_count_kv");
-        const GgufValue* v = file.find(k);
-        if (v == nullptr) {
-            p.head_count_kv = p.head_count;
-        } else if (!v->is_array()) {
-            p.head_count_kv = file.get_int(k);
-        } else {
-            std::optional<std::int64_t> common;
-            std::visit(
-                [&](const auto& vec) {
-                    using E = typename std::decay_t<decltype(vec)>::value_type;
-                    if constexpr (std::is_integral_v<E> && !std::is_same_v<E, bool>) {
-                        for (const auto& e : vec) {
-                            const auto x = static_cast<std::int64_t>(e);
-                            if (common && *common != x)
-                                fail(ErrorCode::unsupported, "{}: {} varies per layer (not supported)", fname, k);
-                            common = x;
-                        }
-                    }
-                },
-                *v->array());
-            if (!common) fail(ErrorCode::bad_input, "{}: {} is {}, not an integer", fname, k, v->summary(0));
-            p.head_count_kv = *common;
-        }
-        positive("attention.head_count_kv", p.head_count_kv);
-        if (p.head_count % p.head_count_kv != 0)
-            fail(ErrorCode::bad_input, "{}: head_count {} is not a multiple of head_count_kv {}", fname, p.head_count,
-                 p.head_count_kv);
-    }
-    p.key_length = positive("attention.key_length", opt_int("attention.key_length", p.embedding_length / p.head_count));
-    p.value_length = positive("attention.value_length", opt_int("attention.value_length", p.key_length));
-    if (file.has(key("rope.freq_base"))) p.rope_freq_base = file.get_float(key("rope.freq_base"));
-    p.rms_norm_eps = file.get_float(key("attention.layer_norm_rms_epsilon"));
-    if (!(p.rms_norm_eps > 0.0) || !(p.rope_freq_base > 0.0))
-        fail(ErrorCode::bad_input, "{}: rms epsilon {} / rope base {} must be positive", fname, p.rms_norm_eps,
-             p.rope_freq_base);
-
-    p.expert_count = opt_int("expert_count", 0);
-    p.expert_used_count = opt_int("expert_used_count", 0);
-    if (arch != "llama" && p.expert_count == 0)
-        fail(ErrorCode::bad_input, "{}: {} has no {}", fname, arch, key("expert_count"));
-    if (p.expert_count != 0) {
-        positive("expert_count", p.expert_count);
-        if (p.expert_used_count <= 0 || p.expert_used_count > p.expert_count)
-            fail(ErrorCode::bad_input, "{}: {} is {}, not in 1..{}", fname, key("expert_used_count"),
-                 p.expert_used_count, p.expert_count);
-        // Mixtral (llama arch) sizes its experts with the dense FFN key.
-        p.expert_feed_forward_length =
-            positive("expert_feed_forward_length", opt_int("expert_feed_forward_length", p.feed_forward_length));
-    }
-    p.expert_shared_feed_forward_length = opt_int("expert_shared_feed_forward_length", 0);
-    p.norm_topk_prob = arch != "qwen2moe";
-    if (const std::string k = key("expert_weights_norm"); file.has(k)) p.norm_topk_prob = file.get_bool(k);
-
-    if (file.has("tokenizer.ggml.tokens")) {
-        const GgufValue& v = file.get("tokenizer.ggml.tokens");
-        p.vocab_size = static_cast<std::int64_t>(v.array_size());
-    } else if (file.has(key("vocab_size"))) {
-        p.vocab_size = file.get_int(key("vocab_size"));
-    } else if (const auto* te = file.find_tensor("token_embd.weight"); te != nullptr && te->ne.size() == 2) {
-        p.vocab_size = te->ne[1];
-    }
-    positive("vocab_size", p.vocab_size);
-
-    p.moe_layers.assign(static_cast<std::size_t>(p.block_count), false);
-    bool has_output = false;
-    for (const auto& t : file.tensors()) {
-        const auto r = gguf_tensor_role(t.name);
-        if (!r) continue;
-        if (r->role == GgufRole::output) has_output = true;
-        if (r->role == GgufRole::attn_q_norm) p.qk_norm = true;
-        if (r->role == GgufRole::ffn_gate_shexp || r->role == GgufRole::ffn_up_shexp ||
-            r->role == GgufRole::ffn_down_shexp)
-            p.shared_expert = true;
-        if (r->role == GgufRole::ffn_gate_inp_shexp) p.shared_expert_gate = true;
-        if (r->layer >= p.block_count)
-            fail(ErrorCode::bad_input, "{}: tensor '{}' belongs to layer {} but block_count is {}", fname,
-                 printable(t.name), r->layer, p.block_count);
-        if (r->role == GgufRole::ffn_gate_inp && r->layer >= 0) p.moe_layers[static_cast<std::size_t>(r->layer)] = true;
-    }
-    p.tied_embeddings = !has_output;
-    return p;
 }
 
 }  // namespace kvasir

@@ -2,8 +2,10 @@
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/model/gguf.hpp"
+#include "kvasir/model/gguf_arch.hpp"
 #include "kvasir/model/quant.hpp"
 #include "kvasir/model/safetensors.hpp"
+#include "kvasir/model/safetensors_checkpoint.hpp"
 
 #include <fmt/format.h>
 

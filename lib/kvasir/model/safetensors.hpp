@@ -1,5 +1,6 @@
-// safetensors: reader (single files and sharded Hugging Face checkpoints),
-// and an atomic canonical writer.
+// safetensors: the format and the reader of one file. Sharded Hugging Face
+// checkpoints are in safetensors_checkpoint.hpp, the atomic canonical writer
+// in safetensors_writer.hpp.
 //
 // File format (https://huggingface.co/docs/safetensors):
 //
@@ -149,76 +150,5 @@ private:
     explicit SafetensorsFile(std::unique_ptr<Impl> impl);
     std::unique_ptr<Impl> impl_;
 };
-
-// A Hugging Face checkpoint: a directory holding model.safetensors, or
-// model.safetensors.index.json plus shards; or a single .safetensors file.
-// A directory holding both uses model.safetensors (transformers' order).
-//
-// Index: a JSON object (≤ 100 MB, duplicate keys rejected) whose "weight_map"
-// is a non-empty object of tensor name → shard file name; other keys
-// ("metadata": {"total_size": ...}) are ignored. A shard name must be a plain
-// file name inside the directory: not empty, not "." or "..", no '/', '\\' or
-// NUL (so no absolute path and no escape). Symlinks are followed (the Hugging
-// Face cache stores snapshots as links to blobs). Every shard must exist as a
-// regular file when the checkpoint is opened (a stat, nothing is mapped);
-// a shard is mapped and its header parsed only when one of its tensors is
-// asked for (info/view/raw/bytes_of), and at that moment every tensor the
-// index assigns to it must be present in it. Tensors a shard holds beyond
-// those the index names are ignored, as transformers does.
-class SafetensorsCheckpoint {
-public:
-    static SafetensorsCheckpoint open(const std::string& path);
-
-    SafetensorsCheckpoint(SafetensorsCheckpoint&&) noexcept;
-    SafetensorsCheckpoint& operator=(SafetensorsCheckpoint&&) noexcept;
-    ~SafetensorsCheckpoint();
-
-    const std::string& path() const;
-    bool sharded() const;                                  // opened through an index
-    const std::vector<std::string>& names() const;         // sorted; opens nothing
-    bool contains(std::string_view name) const;
-    const std::vector<std::string>& shard_files() const;   // sorted full paths
-    const std::string& shard_of(std::string_view name) const;  // full path; opens nothing
-
-    // These open the tensor's shard on first use. Views (and references
-    // returned here) stay valid as long as the checkpoint lives.
-    const SafetensorsTensorInfo& info(std::string_view name) const;
-    TensorView view(std::string_view name) const;
-    std::span<const std::byte> raw(std::string_view name) const;
-    // Sum of the byte sizes of the named tensors (each distinct name once).
-    std::uint64_t bytes_of(std::span<const std::string> names) const;
-
-    // Shards mapped so far (full paths, sorted): lets tests and `inspect`
-    // show that auditing one layer mapped only that layer's shards.
-    std::vector<std::string> open_shards() const;
-    // The shard file at `shard_path` (one of shard_files()), opened if needed.
-    const SafetensorsFile& shard(const std::string& shard_path) const;
-    // Open every shard and check the whole index (what `inspect` wants).
-    void verify() const;
-
-private:
-    struct Impl;
-    explicit SafetensorsCheckpoint(std::unique_ptr<Impl> impl);
-    std::unique_ptr<Impl> impl_;
-};
-
-// The weight map of a model.safetensors.index.json image (tensor → shard
-// file name), validated as described above; `name` is used in messages.
-// Exposed for the fuzz target.
-std::map<std::string, std::string> parse_safetensors_index(std::span<const std::byte> bytes,
-                                                            const std::string& name);
-
-// Write `tensors` (kvasir dtypes f64/f32/f16/bf16/i32) and `metadata` to
-// `path` in canonical form: header JSON with keys in sorted order, padded with
-// spaces to a multiple of 8 bytes; data ordered by element size (largest
-// first) and then by name, so with the 8-aligned header every tensor is
-// naturally aligned in the file and readers can use it in place (the
-// reference writer orders data the same way). Atomic: the bytes go to a
-// temporary file in the same directory, which is fsynced, renamed over
-// `path`, and the directory fsynced; on any failure the temporary file is
-// removed and a file already at `path` is left untouched. Throws
-// Error(bad_input) "PATH: problem" (bad name, not UTF-8, I/O failure, ...).
-void write_safetensors(const std::string& path, const std::map<std::string, TensorView>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace kvasir

@@ -1,6 +1,10 @@
-// Audit outputs (SPEC §6): the versioned JSON report, JUnit XML for CI,
-// Markdown for hardware reports, the cosine pair matrix as CSV, an SVG
-// heatmap of that matrix and an SVG plot of drift against depth.
+// Audit outputs (SPEC §6): the report model every format is built from
+// (AuditReport, pair matrices, drift series) and write_outputs(). The formats
+// have a header each: the versioned JSON report (audit_json.hpp), JUnit XML
+// for CI (audit_junit.hpp), Markdown for hardware reports
+// (audit_markdown.hpp), the cosine pair matrix as CSV (cosine_csv.hpp), an SVG
+// heatmap of that matrix (heatmap_svg.hpp) and an SVG plot of drift against
+// depth (drift_svg.hpp).
 //
 // Every builder returns the document as a string and is pure (no clock, no
 // environment): the same AuditReport gives the same bytes, so reports diff
@@ -8,36 +12,6 @@
 // file with write_file_atomic() (temp file in the same folder, fsync,
 // rename): an audit killed mid-way leaves every previous output intact and
 // no partial file in its place.
-//
-// JSON report "kvasir-equiv/audit/1" (protocols/report.schema.json), keys in
-// this order:
-//   schema, tool {name, version, git},
-//   protocol {id, version, content_hash, path},
-//   model {fingerprint, ...free-form: path, architecture...},
-//   reference, seed, gate, exit_code,
-//   summary {nodes, judged, fit, unfit-sensitive, unfit, error},
-//   nodes [to_json(NodeVerdict)...]          (verdict.hpp)
-//   pairs [{name, description, nodes, max_abs[][], cosine[][]}...]
-//   drift [{node, depth[], rel[], alpha}...]
-//   steps {...free-form per-step data...}
-// Doubles go through json_double(): NaN/±Inf become "nan"/"inf"/"-inf"
-// (never null, which would hide a failure); null in a matrix means "not
-// measured" (the node errored on that comparison).
-//
-// JUnit XML: <testsuites> with one <testsuite> per node (properties: the
-// verdict and the capabilities) and one <testcase> per judged criterion per
-// tier (name "<tier>: <criterion>"), plus one per step error. What fails is
-// tied to the gate so that the file and the exit code never disagree:
-//   * a failing criterion of a gated tier → <failure message="...">, an
-//     unmeasured one too ("nothing compared is never a pass");
-//   * a non-finite value or a step error → <error message="...">;
-//   * a failing criterion of a tier the gate does not cover (sensitive
-//     criteria under --gate tolerant; everything under --gate none) →
-//     <skipped message="not gated: ...">;
-//   * zero judged nodes → a testcase "audit: nodes judged" with a failure.
-// Invariant (tested): failures + errors > 0  ⇔  exit_code(nodes, gate) == 1.
-// The reference node's suite holds one passing testcase "reference" (plus an
-// <error> per step error of the reference when gated).
 #pragma once
 
 #include "kvasir/metrics/metrics.hpp"
@@ -50,12 +24,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 namespace kvasir {
-
-inline constexpr const char* kAuditReportSchema = "kvasir-equiv/audit/1";
 
 // A backend-pair matrix: entry [a][b] is node b as candidate against node a
 // as reference. nullopt = not measured (a node errored); the diagonal is
@@ -103,43 +74,6 @@ struct AuditReport {
     std::vector<DriftSeries> drift;
     nlohmann::ordered_json steps = nlohmann::ordered_json::object();  // free-form per-step data
 };
-
-// The JSON report (see the top of this file). Error(internal) when model has
-// no string "fingerprint" or a pair matrix is not square over its nodes.
-nlohmann::ordered_json audit_report_json(const AuditReport& report);
-
-// JUnit XML (see the top of this file), UTF-8, XML-escaped throughout.
-std::string junit_xml(const AuditReport& report);
-
-// Markdown: summary line, a verdict table (node | verdict | worst criterion),
-// per-node criterion tables, one pair table per matrix, the drift table.
-std::string markdown_report(const AuditReport& report);
-
-// The cosine matrix as CSV (RFC 4180): header "node,<node>...", one row per
-// reference node; values in shortest round-trip form, "nan"/"inf", empty
-// where not measured. Fields holding ',', '"' or a line break are quoted
-// (node specs such as "cpu:acc=f16,storage=bf16" contain commas).
-std::string cosine_csv(const PairMatrix& m);
-
-// SVG heatmap of the cosine matrix: an n×n grid, rows = reference node,
-// columns = candidate; each off-diagonal cell (class="cell") is coloured by
-// log10(1 − cosine) clamped to [1e-16, 1] (green: identical to the last bit
-// of f64; yellow: 1e-8; red: 1 − cos ≥ 1e-1) and labelled with the cosine
-// and max|Δ|; diagonal cells have class="diag"; not-measured cells are grey.
-// A colour bar gives the scale.
-std::string heatmap_svg(const PairMatrix& m);
-
-// SVG plot of drift against depth, log-log axes, one polyline per node
-// (class="series") with its alpha in the legend, and two guides
-// (class="guide") through the geometric mean of the depth-1 values:
-// ∝ √L (incoherent growth) and ∝ L (coherent growth). Values that are not
-// finite and positive cannot sit on a log axis: they are left out (a gap)
-// and the legend says "identical" for a series with no positive value.
-std::string drift_svg(const std::vector<DriftSeries>& series);
-
-// Minimal XML text/attribute escaping: & < > " '. Control characters other
-// than tab/LF/CR (not allowed in XML 1.0) become U+FFFD.
-std::string xml_escape(std::string_view text);
 
 // Files to write; an empty path is skipped.
 struct OutputPaths {
