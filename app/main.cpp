@@ -10,8 +10,26 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <new>
+
+namespace {
+
+// A child process of the isolated audit (audit/isolation.hpp) is told where
+// to say what kind of failure ended it: the exit code cannot tell a bug of
+// this tool (which must end the whole audit with 3) from a device failure
+// (which is only that node's error; also 3).
+int failed(const char* kind, int code, const char* message) {
+    if (const char* path = std::getenv("KVASIR_FAILURE_FILE"); path != nullptr && *path != '\0')
+        if (std::FILE* f = std::fopen(path, "w")) {
+            std::fprintf(f, "%s\n%s\n", kind, message);
+            std::fclose(f);
+        }
+    return code;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
     CLI::App app{"kvasir-equiv — audit numeric equivalence of compute backends (CPU, OpenCL, CUDA, HIP) on real "
@@ -46,13 +64,14 @@ int main(int argc, char** argv) {
         return 2;
     } catch (const kvasir::Error& e) {
         std::fprintf(stderr, "kvasir-equiv: error: %s\n", e.what());
-        return kvasir::exit_code_for(e.code());
+        return failed(e.code() == kvasir::ErrorCode::internal ? "internal" : kvasir::to_string(e.code()),
+                      kvasir::exit_code_for(e.code()), e.what());
     } catch (const std::bad_alloc&) {
         std::fprintf(stderr, "kvasir-equiv: internal error: out of memory\n");
-        return 3;
+        return failed("out of memory", 3, "out of memory");
     } catch (const std::exception& e) {
         std::fprintf(stderr, "kvasir-equiv: internal error: %s\n", e.what());
-        return 3;
+        return failed("internal", 3, e.what());
     }
     return kvasir::app::command_exit_code();
 }

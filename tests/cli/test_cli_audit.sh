@@ -30,7 +30,13 @@ check "the NaN node is an error" grep -qE "^cpu:fault=nan +error" "$tmp/nan.out"
 check "--gate none reports but never fails → exit 0" test $rc -eq 0
 
 # --timings: where the time went on stderr; the report itself is unchanged.
-"$bin" audit -p $ci -b cpu-ref,cpu --timings -o "$tmp/t.json" >"$tmp/t.out" 2>"$tmp/t.err"; rc=$?
+# In this process (--in-process) the load phase is the audit's own; with a
+# process per node each child reads its weights inside its step seconds.
+"$bin" audit -p $ci -b cpu-ref,cpu --timings >/dev/null 2>"$tmp/iso_t.err"; rc=$?
+check "--timings (process per node) keeps the exit code" test $rc -eq 0
+check "--timings (process per node): the load happens in each node's process" grep -qE "^  load +each node's process reads its own weights" "$tmp/iso_t.err"
+check "--timings (process per node): a row per step with a column per node" grep -qE "^  logits +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$tmp/iso_t.err"
+"$bin" audit -p $ci -b cpu-ref,cpu --in-process --timings -o "$tmp/t.json" >"$tmp/t.out" 2>"$tmp/t.err"; rc=$?
 check "--timings keeps the exit code" test $rc -eq 0
 check "--timings: the load phase with bytes and GB/s" grep -qE "^  load +[0-9.]+ GB of weights in [0-9.]+ s \([0-9.]+ GB/s\)" "$tmp/t.err"
 check "--timings: a column per node and 'other'" grep -qE "^  step +wall +cpu-ref +cpu +other$" "$tmp/t.err"
@@ -38,7 +44,7 @@ for s in ops drift logits decide generate perplexity determinism total; do
   check "--timings: a row for $s" grep -qE "^  $s +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$tmp/t.err"
 done
 check "--timings stays out of stdout" bash -c "! grep -q 'timings' '$tmp/t.out'"
-"$bin" audit -p $ci -b cpu-ref,cpu -o "$tmp/t2.json" >/dev/null 2>&1
+"$bin" audit -p $ci -b cpu-ref,cpu --in-process -o "$tmp/t2.json" >/dev/null 2>&1
 check "--timings stays out of the report (byte-identical JSON)" cmp -s "$tmp/t.json" "$tmp/t2.json"
 
 # Every report file, checked by independent parsers.

@@ -21,6 +21,10 @@
 #include "kvasir/report/protocol.hpp"
 #include "kvasir/report/verdict.hpp"
 #include "kvasir/audit/audit.hpp"
+#include "kvasir/audit/audit_plan.hpp"
+#include "kvasir/audit/step.hpp"
+#include "kvasir/model/safetensors.hpp"
+#include "kvasir/model/safetensors_writer.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -30,6 +34,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <stdexcept>
 #include <memory>
 #include <set>
 #include <string>
@@ -384,3 +389,142 @@ TEST(Audit, TheSeedOverrideChangesStepOneInputsAndIsRecorded) {
 }
 
 }  // namespace
+
+// --- the step objects and the one failure policy (issue: a step is one object) ---
+
+TEST(AuditSteps, OneObjectPerProtocolStepInProtocolOrderWithTheCatalogueCriteria) {
+    std::vector<std::string> names;
+    for (const Step* s : audit_steps()) names.push_back(s->name());
+    EXPECT_EQ(names, protocol_step_names());
+    std::set<std::string> claimed;
+    for (const Step* s : audit_steps()) {
+        EXPECT_FALSE(s->criteria().empty()) << s->name();
+        for (const CriterionInfo& c : s->criteria()) {
+            EXPECT_EQ(c.step, s->name());
+            claimed.insert(c.name);
+        }
+        EXPECT_EQ(&step_named(s->name()), s);
+    }
+    for (const CriterionInfo& c : criterion_catalog()) EXPECT_TRUE(claimed.count(c.name)) << c.name << " has no step";
+    EXPECT_THROW(step_named("invariance"), Error);
+}
+
+// A NodeOutputs whose tensors are a bug (std::logic_error), for the policy.
+class BuggyOutputs final : public NodeOutputs {
+public:
+    explicit BuggyOutputs(std::string node) : node_(std::move(node)) {}
+    const std::string& node() const override { return node_; }
+    const std::string& origin() const override { return node_; }
+    bool has(const std::string&) const override { return true; }
+    TensorView view(const std::string&) const override { throw std::logic_error("a bug reading tensors"); }
+    std::optional<std::string> note(const std::string&) const override { return std::nullopt; }
+
+private:
+    std::string node_;
+};
+
+TEST(AuditSteps, ABugInsideCompareIsNotANodeErrorItPropagates) {
+    // compare_step is the one loop compare and audit share: a bug of this
+    // tool (std::logic_error, Error(internal)) must leave it, not become a
+    // node's "error" verdict.
+    BuggyOutputs ref("cpu-ref"), cand("cpu");
+    std::vector<detail::NodeRecord> recs{{&ref, {"logits"}, {}}, {&cand, {"logits"}, {}}};
+    std::vector<NodeInput> inputs(2);
+    inputs[0].node = "cpu-ref";
+    inputs[1].node = "cpu";
+    Ledger led(inputs, 0);
+    AuditReport report;
+    EXPECT_THROW(detail::compare_step(ci_protocol(), "logits", recs, 0, led, report), std::logic_error);
+}
+
+TEST(AuditSteps, AKvasirInternalErrorInsideAStepEndsTheAuditNotTheNode) {
+    std::vector<std::unique_ptr<Backend>> nodes;
+    nodes.push_back(create_backend("cpu-ref"));
+    nodes.push_back(create_backend("cpu:fault=internal,fault_call=3"));
+    try {
+        (void)audit(nodes);
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::internal);
+        EXPECT_NE(std::string(e.what()).find("fault=internal"), std::string::npos) << e.what();
+    }
+}
+
+TEST(AuditSteps, ContrastNodesAreShownButNotGated) {
+    std::vector<std::unique_ptr<Backend>> nodes;
+    for (const char* s : {"cpu-ref", "cpu", "cpu:acc=f16"}) nodes.push_back(create_backend(s));
+    AuditConfig cfg;
+    cfg.contrast_nodes = {"cpu:acc=f16"};
+    const AuditRun run = audit(nodes, 0, cfg);
+    const NodeVerdict& f16 = verdict_of(run, "cpu:acc=f16");
+    EXPECT_TRUE(f16.contrast);
+    EXPECT_EQ(f16.verdict, Verdict::unfit_sensitive);  // still judged and shown
+    EXPECT_FALSE(verdict_of(run, "cpu").contrast);
+    EXPECT_EQ(exit_code(run.report.nodes, Gate::sensitive), 0);
+    EXPECT_EQ(audit_report_json(run.report)["nodes"][2]["contrast"], true);
+    // Gated when not a contrast: the same node fails the sensitive gate.
+    std::vector<NodeVerdict> gated = run.report.nodes;
+    for (NodeVerdict& v : gated) v.contrast = false;
+    EXPECT_EQ(exit_code(gated, Gate::sensitive), 1);
+    // Only contrast nodes besides the reference: nothing gated, never a pass.
+    std::vector<NodeVerdict> only{run.report.nodes[0], run.report.nodes[2]};
+    EXPECT_EQ(exit_code(only, Gate::sensitive), 1);
+    EXPECT_NE(render_audit_text(run.report, Style{}).find("shown as a contrast, not gated"), std::string::npos);
+}
+
+// The fixture with one weight made NaN: layer 1, expert 2, down_proj.
+struct NanModel {
+    fs::path dir;
+    NanModel() {
+        dir = fs::temp_directory_path() / fmt::format("kvasir_nan_model_{}", ::getpid());
+        fs::remove_all(dir);
+        fs::create_directories(dir);
+        const fs::path src = kRoot / "fixtures" / "models" / "qwen3_moe_tiny";
+        fs::copy_file(src / "config.json", dir / "config.json");
+        const SafetensorsFile f = SafetensorsFile::open((src / "model.safetensors").string());
+        std::map<std::string, Tensor> owned;
+        std::map<std::string, TensorView> views;
+        for (const std::string& name : f.names()) {
+            Tensor t = Tensor::convert(f.view(name), f.view(name).dtype);
+            if (name == "model.layers.1.mlp.experts.2.down_proj.weight") t.set(17, std::nan(""));
+            views.emplace(name, t.view());
+            owned.emplace(name, std::move(t));
+        }
+        write_safetensors((dir / "model.safetensors").string(), views, {});
+    }
+    ~NanModel() { fs::remove_all(dir); }
+};
+
+TEST(AuditSteps, ANonFiniteModelIsBadInputNamingTheLayerAndTensorNotEveryCandidatesFault) {
+    const NanModel nan;
+    const Model m = Model::open(nan.dir.string());
+    std::vector<std::unique_ptr<Backend>> nodes;
+    nodes.push_back(create_backend("cpu-ref"));
+    nodes.push_back(create_backend("cpu"));
+    AuditConfig cfg;
+    cfg.protocol = &ci_protocol();
+    cfg.model = &m;
+    try {
+        (void)run_audit(cfg, nodes, 0);
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::bad_input);
+        EXPECT_NE(std::string(e.what()).find("layer 1 expert 2 down_proj element 17 is nan"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("the reference cpu-ref"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(detail::first_non_finite_weight(fixture()), std::nullopt);  // the clean fixture passes
+}
+
+TEST(AuditSteps, AReferenceThatComputesNaNFromFiniteWeightsIsBadInputNamingItsTensor) {
+    std::vector<std::unique_ptr<Backend>> nodes;
+    nodes.push_back(create_backend("cpu:fault=nan"));
+    nodes.push_back(create_backend("cpu"));
+    try {
+        (void)audit(nodes, 0);
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::bad_input);
+        EXPECT_NE(std::string(e.what()).find("non-finite value from finite inputs in step ops: ops.matmul.out["), std::string::npos)
+            << e.what();
+    }
+}

@@ -649,7 +649,7 @@ TEST(Fault, SpecParsingAndNodeName) {
     EXPECT_EQ(rest.canonical(), "cpu:acc=f16");
 
     expect_bad_input([] { make_cpu_with_fault(BackendSpec::parse("cpu:fault=bogus")); }, "backend 'cpu:fault=bogus': ",
-                     "perturb, nan, route or bitflip");
+                     "perturb, nan, route, bitflip, segv, hang, oom or internal");
     expect_bad_input([] { make_cpu_with_fault(BackendSpec::parse("cpu:fault_size=1e-3")); }, "backend 'cpu:fault_size=1e-3': ",
                      "without fault=");
     expect_bad_input([] { make_cpu_with_fault(BackendSpec::parse("cpu:fault=perturb,fault_size=2")); }, "backend ", "(0, 1]");

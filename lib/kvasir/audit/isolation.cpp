@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+extern char** environ;
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -76,7 +78,7 @@ struct TempFolder {
 }  // namespace
 
 ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& stderr_path, double timeout_s,
-                       double memory_gib) {
+                       double memory_gib, const std::string& failure_path) {
     KVASIR_ASSERT(!argv.empty() && timeout_s > 0 && memory_gib > 0);
     // Everything the child needs is prepared before fork: between fork and
     // exec only async-signal-safe calls.
@@ -86,6 +88,12 @@ ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& 
     const int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     KVASIR_CHECK(err >= 0, ErrorCode::backend_failure, "cannot create {}: {}", stderr_path, std::strerror(errno));
     const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    const std::string failure_env = "KVASIR_FAILURE_FILE=" + failure_path;
+    std::vector<char*> env;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e)
+        if (std::strncmp(*e, "KVASIR_FAILURE_FILE=", 20) != 0) env.push_back(*e);
+    if (!failure_path.empty()) env.push_back(const_cast<char*>(failure_env.c_str()));
+    env.push_back(nullptr);
     const auto t0 = std::chrono::steady_clock::now();
     const pid_t pid = ::fork();
     if (pid < 0) {
@@ -100,7 +108,7 @@ ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& 
             ::dup2(null, STDOUT_FILENO);
         }
         ::dup2(err, STDERR_FILENO);
-        ::execv(args[0], args.data());
+        ::execve(args[0], args.data(), env.data());
         _exit(127);
     }
     ::setpgid(pid, pid);  // also here: no race with the child's own call
@@ -149,6 +157,11 @@ ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& 
     } else {
         out.reason = "ended oddly (wait status " + std::to_string(status) + ")";
     }
+    if (!out.ok && !failure_path.empty()) {
+        std::ifstream in(failure_path);
+        std::getline(in, out.failure_kind);
+        std::getline(in, out.failure_message);
+    }
     return out;
 }
 
@@ -181,8 +194,14 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
                                             "--model",      opt.model_path,
                                             "--seed",       std::to_string(plan.seed),
                                             "--output",     file};
+        const std::string failure = (dir.path / fmt::format("node{}.failure", i)).string();
         outcomes[i] = run_child(argv, (dir.path / fmt::format("node{}.err", i)).string(), opt.node_timeout_s,
-                                opt.node_memory_gib);
+                                opt.node_memory_gib, failure);
+        // A bug of this tool in the child is a bug of the audit: exit 3,
+        // whichever node it happened on.
+        if (!outcomes[i].ok && outcomes[i].failure_kind == "internal")
+            fail(ErrorCode::internal, "internal error while running node {} (in its process): {}", specs[i],
+                 outcomes[i].failure_message);
         if (i == reference && !outcomes[i].ok) {
             if (outcomes[i].exit_code == 2)
                 fail(ErrorCode::bad_input, "the reference {}: {}", specs[i], last_line((dir.path / fmt::format("node{}.err", i)).string()));

@@ -18,7 +18,10 @@
 // is none); every other node is judged and the reports are written. The
 // reference failing that way ends the audit: Error(backend_failure), exit 3,
 // naming the reference and the reason; the reference refusing its input
-// (exit 2: e.g. a model whose weights are not finite) is Error(bad_input).
+// (exit 2: e.g. a model whose weights are not finite) is Error(bad_input). A
+// bug of this tool in any child (it reports "internal" through
+// KVASIR_FAILURE_FILE) ends the audit with Error(internal), exit 3: a bug is
+// never blamed on a node.
 //
 // The memory limit is on host resident memory (VmRSS, polled every 10 ms):
 // device memory of a GPU node is not counted (a driver's virtual mappings
@@ -47,13 +50,18 @@ struct ChildOutcome {
     std::string reason;       // one line when !ok
     double seconds = 0;
     double peak_rss_gib = 0;  // the largest VmRSS seen
+    // What the child's main() said ended it (app/main.cpp writes the file
+    // named by KVASIR_FAILURE_FILE): "internal", "bad input", ...; empty when
+    // it said nothing (killed, crashed).
+    std::string failure_kind, failure_message;
 };
 
 // Runs `argv` (argv[0] = the program) with stdout discarded and stderr into
 // `stderr_path`, in its own process group, polling every 10 ms; kills the
 // group (SIGKILL) past `timeout_s` or `memory_gib` of resident memory.
+// `failure_path` (optional) is passed as KVASIR_FAILURE_FILE.
 ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& stderr_path, double timeout_s,
-                       double memory_gib);
+                       double memory_gib, const std::string& failure_path = "");
 
 // `specs` are node specs, specs[reference] the reference; config.failed_nodes
 // (nodes that could not even be created) are appended as errors.

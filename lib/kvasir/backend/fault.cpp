@@ -73,7 +73,7 @@ FaultSpec parse_fault_spec(const BackendSpec& spec, BackendSpec* rest) {
     if (given.empty()) return f;
     const auto kind = given.find("fault");
     KVASIR_CHECK(kind != given.end(), ErrorCode::bad_input,
-                 "backend '{}': '{}' without fault= (fault=perturb|nan|route|bitflip|segv|hang|oom)", spec.canonical(), given.begin()->first);
+                 "backend '{}': '{}' without fault= (fault=perturb|nan|route|bitflip|segv|hang|oom|internal)", spec.canonical(), given.begin()->first);
     const std::string& k = kind->second;
     std::vector<std::string> allowed;
     if (k == "perturb") {
@@ -88,11 +88,11 @@ FaultSpec parse_fault_spec(const BackendSpec& spec, BackendSpec* rest) {
     } else if (k == "bitflip") {
         f.kind = FaultKind::bitflip;
         allowed = {"fault_call", "fault_index", "fault_bit"};
-    } else if (k == "segv" || k == "hang" || k == "oom") {
-        f.kind = k == "segv" ? FaultKind::segv : k == "hang" ? FaultKind::hang : FaultKind::oom;
+    } else if (k == "segv" || k == "hang" || k == "oom" || k == "internal") {
+        f.kind = k == "segv" ? FaultKind::segv : k == "hang" ? FaultKind::hang : k == "oom" ? FaultKind::oom : FaultKind::internal;
         allowed = {"fault_op", "fault_call"};
     } else {
-        fail(ErrorCode::bad_input, "backend '{}': fault must be perturb, nan, route, bitflip, segv, hang or oom, not '{}'",
+        fail(ErrorCode::bad_input, "backend '{}': fault must be perturb, nan, route, bitflip, segv, hang, oom or internal, not '{}'",
              spec.canonical(), k);
     }
     for (const auto& [key, v] : given) {
@@ -147,6 +147,8 @@ std::string describe(const FaultSpec& f) {
         case FaultKind::segv: return fmt::format("segv: the process gets SIGSEGV in {} call {}", f.op, f.call);
         case FaultKind::hang: return fmt::format("hang: {} call {} never returns", f.op, f.call);
         case FaultKind::oom: return fmt::format("oom: {} call {} allocates memory without bound", f.op, f.call);
+        case FaultKind::internal:
+            return fmt::format("internal: {} call {} throws Error(internal), as a bug of this tool would", f.op, f.call);
     }
     return "none";
 }
@@ -164,7 +166,7 @@ namespace {
 
 bool output_fault(FaultKind k) {
     return k == FaultKind::perturb || k == FaultKind::nan || k == FaultKind::segv || k == FaultKind::hang ||
-           k == FaultKind::oom;
+           k == FaultKind::oom || k == FaultKind::internal;
 }
 
 // The process faults: what an immature driver does to the process running
@@ -203,6 +205,10 @@ bool FaultBackend::composes(const char* composite) const {
 Tensor FaultBackend::after(const char* op, Tensor out) {
     if (!output_fault(fault_.kind) || fault_.op != op) return out;
     const std::int64_t call = op_calls_++;
+    if (fault_.kind == FaultKind::internal) {
+        KVASIR_CHECK(call != fault_.call, ErrorCode::internal, "fault=internal: {} call {} (a stand-in for a bug of kvasir-equiv)", op, call);
+        return out;
+    }
     if (fault_.kind == FaultKind::segv || fault_.kind == FaultKind::hang || fault_.kind == FaultKind::oom) {
         if (call == fault_.call) crash_process(fault_.kind);
         return out;

@@ -48,6 +48,10 @@
 //       killer's first choice). For the audit's process isolation: in a
 //       child process each is that node's error; with --in-process each
 //       takes the audit down, as a real crash would.
+//   cpu:fault=internal[,fault_op=matmul][,fault_call=0]
+//       That call throws Error(internal): a stand-in for a bug of this tool
+//       inside a step, which must end audit, capture and compare with exit
+//       3 instead of being blamed on the node.
 //
 // fault_op is one of matmul, swiglu, softmax, sigmoid, rmsnorm, rope,
 // moe_block, add, mul, scale. Options that do not belong to the chosen kind
@@ -73,7 +77,7 @@
 
 namespace kvasir {
 
-enum class FaultKind { none, perturb, nan, route, bitflip, segv, hang, oom };
+enum class FaultKind { none, perturb, nan, route, bitflip, segv, hang, oom, internal };
 
 // fault_call=all / fault_token=all.
 inline constexpr std::int64_t kEvery = -1;

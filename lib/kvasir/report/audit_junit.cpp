@@ -53,7 +53,9 @@ std::vector<JSuite> junit_suites(const AuditReport& r) {
             for (const auto& [k, val] : v.capabilities.items())
                 if (!val.is_structured()) s.properties.emplace_back("capabilities." + k, scalar_text(val));
         const std::string classname = "kvasir-equiv." + v.node;
-        const bool gated = r.gate != Gate::none;
+        // A contrast node is reported like any other, but never fails the run.
+        const bool gated = r.gate != Gate::none && !v.contrast;
+        if (v.contrast) s.properties.emplace_back("contrast", "shown, not gated");
 
         if (v.verdict == Verdict::reference) {
             s.cases.push_back({"reference", classname, JCase::pass, "", "reference node: reported, not judged"});
@@ -67,7 +69,7 @@ std::vector<JSuite> junit_suites(const AuditReport& r) {
         const bool node_error = v.verdict == Verdict::error;
         for (const auto& [step, msg] : v.errors)
             s.cases.push_back({"run: " + step, classname, gated ? JCase::error : JCase::skipped,
-                               gated ? msg : "not gated (--gate none): " + msg, msg});
+                               gated ? msg : (v.contrast ? "not gated (contrast node): " : "not gated (--gate none): ") + msg, msg});
         for (const Tier t : {Tier::sensitive, Tier::tolerant}) {
             for (const CriterionResult& c : v.tier(t)) {
                 JCase jc{fmt::format("{}: {}", to_string(t), c.criterion), classname, JCase::pass, "", criterion_detail(c)};
@@ -79,7 +81,8 @@ std::vector<JSuite> junit_suites(const AuditReport& r) {
                     const bool counts = gated && (tier_gated(t, r.gate) || (node_error && nonfinite));
                     if (!counts) {
                         jc.kind = JCase::skipped;
-                        jc.message = fmt::format("not gated (--gate {}): {}", to_string(r.gate), describe(c));
+                        jc.message = v.contrast ? "not gated (contrast node): " + describe(c)
+                                                : fmt::format("not gated (--gate {}): {}", to_string(r.gate), describe(c));
                     } else if (nonfinite) {
                         jc.kind = JCase::error;
                         jc.message = describe(c) + " (non-finite where the reference had none)";

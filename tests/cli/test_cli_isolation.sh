@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# One process per node (lib/kvasir/audit/isolation.hpp): a node that
+# segfaults, hangs, or allocates without bound is that node's `error` with
+# the reason; every other node is judged, the reports are written and valid,
+# exit 1. The reference crashing ends the audit with exit 3 and a clear
+# message; a bug of kvasir-equiv inside a step (fault=internal) is exit 3 in
+# audit (isolated and in-process) and capture, never blamed on a node.
+# Isolation changes no figure: the isolated report equals --in-process's.
+# Usage: test_cli_isolation.sh PATH/TO/kvasir-equiv   (run from the repo root)
+set -u
+bin="$1"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+ci=protocols/ci.json
+
+# field NODE KEY FILE: a node's verdict or its errors (as JSON) from a report.
+node_field() {
+  python3 - "$@" <<'PY'
+import json, sys
+node, key, path = sys.argv[1:4]
+for n in json.load(open(path))["nodes"]:
+    if n["node"] == node:
+        v = n[key]
+        print(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))
+PY
+}
+
+# Each process fault: the node is an error with its reason, cpu is still fit.
+for case in "segv|SIGSEGV (Segmentation fault)" "hang|timed out after 3 s" "oom|exceeded 1 GiB of resident memory"; do
+  fault=${case%%|*}; want=${case#*|}
+  "$bin" audit -p $ci -b cpu-ref,cpu,cpu:fault=$fault --node-timeout 3 --node-memory 1 \
+    -o "$tmp/$fault.json" --junit "$tmp/$fault.xml" >"$tmp/$fault.out" 2>"$tmp/$fault.err"; rc=$?
+  check "fault=$fault: exit 1" test $rc -eq 1
+  check "fault=$fault: the node is an error" test "$(node_field cpu:fault=$fault verdict "$tmp/$fault.json")" = error
+  errs=$(node_field cpu:fault=$fault errors "$tmp/$fault.json")
+  check "fault=$fault: its reason says '$want' ($errs)" grep -qF "$want" <<<"$errs"
+  check "fault=$fault: the other node is still judged fit" test "$(node_field cpu verdict "$tmp/$fault.json")" = fit
+  check "fault=$fault: the text report names the reason" grep -qF "$want" "$tmp/$fault.out"
+  check "fault=$fault: JSON report valid against the schema" python3 scripts/validate_report.py "$tmp/$fault.json"
+  check "fault=$fault: JUnit report valid" python3 scripts/validate_report.py --junit "$tmp/$fault.xml"
+done
+check "no child is left running" bash -c "! pgrep -f 'kvasir-equiv capture --backend cpu:fault=' >/dev/null"
+
+# The reference crashing: exit 3, one clear line, no report written.
+err=$("$bin" audit -p $ci -b cpu-ref,cpu --reference cpu:fault=segv -o "$tmp/ref.json" 2>&1 >/dev/null); rc=$?
+check "reference crash → exit 3" test $rc -eq 3
+check "reference crash → the message names the reference and the signal" \
+  grep -qF "the reference node cpu:fault=segv crashed: SIGSEGV" <<<"$err"
+check "reference crash → no report" test ! -e "$tmp/ref.json"
+
+# A bug of this tool inside a step: exit 3 everywhere, never a node's error.
+"$bin" audit -p $ci -b cpu-ref,cpu:fault=internal -o "$tmp/int.json" >/dev/null 2>"$tmp/int.err"; rc=$?
+check "internal error in a step (isolated audit) → exit 3" test $rc -eq 3
+check "internal error → message says internal and names the node" grep -qF "internal error while running node cpu:fault=internal" "$tmp/int.err"
+check "internal error → no report" test ! -e "$tmp/int.json"
+"$bin" audit -p $ci -b cpu-ref,cpu:fault=internal --in-process >/dev/null 2>&1; rc=$?
+check "internal error in a step (--in-process) → exit 3" test $rc -eq 3
+"$bin" capture -p $ci -b cpu:fault=internal -o "$tmp/int.safetensors" >/dev/null 2>&1; rc=$?
+check "internal error in a step (capture) → exit 3" test $rc -eq 3
+check "internal error (capture) → no capture file" test ! -e "$tmp/int.safetensors"
+
+# Isolation changes no figure: the isolated and in-process reports are equal
+# (the isolation block and timings aside).
+"$bin" audit -p $ci -b cpu-ref,cpu,cpu:acc=f16,cpu:fault=nan -o "$tmp/iso.json" >/dev/null 2>&1
+"$bin" audit -p $ci -b cpu-ref,cpu,cpu:acc=f16,cpu:fault=nan -o "$tmp/inp.json" --in-process >/dev/null 2>&1
+check "isolated == in-process: every verdict, criterion value, pair matrix and drift series" python3 - "$tmp/iso.json" "$tmp/inp.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+for k in ("nodes", "pairs", "drift", "summary", "exit_code"):
+    assert a[k] == b[k], k
+for step in ("ops", "drift", "logits", "decide", "generate", "perplexity", "determinism"):
+    assert a["steps"][step] == b["steps"][step], step
+assert a["steps"]["isolation"]["mode"] == "one child process per node"
+PY
+
+# The default run: the f16-accumulation contrast is shown, not gated.
+"$bin" audit -p $ci -b cpu-ref,cpu >/dev/null 2>&1
+"$bin" audit -p $ci -o "$tmp/default.json" >"$tmp/default.out" 2>&1; rc=$?
+check "default nodes on a healthy machine → exit 0" test $rc -eq 0
+check "the contrast node is marked in the text report" grep -qE "^cpu:acc=f16 +unfit-sensitive +contrast" "$tmp/default.out"
+check "the contrast node is marked in the JSON report" python3 -c "
+import json,sys; d=json.load(open(sys.argv[1])); n=[x for x in d['nodes'] if x['node']=='cpu:acc=f16'][0]
+assert n.get('contrast') is True and n['verdict']=='unfit-sensitive' and d['exit_code']==0" "$tmp/default.json"
+"$bin" audit -p $ci -b cpu-ref,cpu,cpu:acc=f16 >/dev/null 2>&1; rc=$?
+check "naming cpu:acc=f16 in --backends gates it → exit 1" test $rc -eq 1
+
+# Limits: bad values are usage errors.
+expect_usage_error "--node-timeout" audit -p $ci --node-timeout 0
+expect_usage_error "--node-memory" audit -p $ci --node-memory -1
+
+echo "$failures failed"
+[ "$failures" -eq 0 ]
