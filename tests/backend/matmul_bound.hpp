@@ -3,7 +3,8 @@
 // product of length K summed in f32 in any order differs from the exact one
 // by at most γ_K(u)·Σ|x·w|, γ_K(u) = K·u / (1 − K·u), u = 2⁻²⁴; plus the
 // final rounding of the result and, for narrower storage, the rounding of the
-// inputs. Shared by the cpu, OpenCL and GPU backend tests.
+// inputs. Used by the conformance suite (every node) and by the tests that
+// only one backend has.
 #pragma once
 
 #include "kvasir/core/tensor.hpp"
@@ -12,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 namespace kvasir::test {
 
@@ -19,25 +21,53 @@ constexpr double kU32 = 1.0 / (1 << 24);
 
 inline double gamma(std::int64_t k, double u) { return static_cast<double>(k) * u / (1.0 - static_cast<double>(k) * u); }
 
-// For x [T, K], w [N, K], result y and oracle yr [T, N], every element:
-//   |y − yr| ≤ (input_rel + γ_K(u32))·Σ_k |x·w| + out_u·|yr|
-// input_rel: relative error of the inputs as the node holds them (2u_s + u_s²
-// for storage format u_s; 0 for f32), out_u: rounding of the stored result.
-inline ::testing::AssertionResult matmul_within_bound(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& yr,
-                                                      double input_rel, double out_u) {
-    if (y.shape() != yr.shape()) return ::testing::AssertionFailure() << "result and oracle shapes differ";
+// Σ_k |x_k·w_k| for every output of x [T, K] · w [N, K]ᵀ, row-major [T, N]:
+// the scale of the bound below. Computed once per (x, w), it serves every
+// node given those operands.
+inline std::vector<double> abs_products(const Tensor& x, const Tensor& w) {
     const std::int64_t T = x.shape()[0], K = x.shape()[1], N = w.shape()[0];
+    const std::vector<double> xs = x.to_f64(), ws = w.to_f64();
+    std::vector<double> out(static_cast<std::size_t>(T * N));
     for (std::int64_t t = 0; t < T; ++t)
         for (std::int64_t n = 0; n < N; ++n) {
-            double abs_sum = 0;
-            for (std::int64_t k = 0; k < K; ++k) abs_sum += std::fabs(x.at(t * K + k) * w.at(n * K + k));
-            const double want = yr.at(t * N + n), got = y.at(t * N + n);
-            const double bound = (input_rel + gamma(K, kU32)) * abs_sum + out_u * std::fabs(want);
-            if (!(std::fabs(got - want) <= bound))
-                return ::testing::AssertionFailure() << "t=" << t << " n=" << n << " T=" << T << " N=" << N << " K=" << K
-                                                     << ": |" << got << " − " << want << "| > " << bound;
+            double s = 0;
+            for (std::int64_t k = 0; k < K; ++k)
+                s += std::fabs(xs[static_cast<std::size_t>(t * K + k)] * ws[static_cast<std::size_t>(n * K + k)]);
+            out[static_cast<std::size_t>(t * N + n)] = s;
         }
+    return out;
+}
+
+// For a product with inner dimension K, result y and oracle yr [T, N], and
+// abs_sum = abs_products(x, w), every element:
+//   |y − yr| ≤ (input_rel + γ_K(acc_u))·Σ_k |x·w| + out_u·|yr| + abs_err
+// input_rel: relative error of the inputs as the node holds them (2u_s + u_s²
+// for storage format u_s; 0 for f32), out_u: rounding of the stored result,
+// acc_u: unit roundoff of the running sum (f32 unless the node accumulates in
+// half), abs_err: what roundings in a subnormal range add beyond the relative
+// terms (K·2⁻²⁵ for a half accumulator). Callers keep K·acc_u < 1, where γ_K
+// exists.
+inline ::testing::AssertionResult matmul_within_bound(std::int64_t K, const std::vector<double>& abs_sum, const Tensor& y,
+                                                      const Tensor& yr, double input_rel, double out_u,
+                                                      double acc_u = kU32, double abs_err = 0) {
+    if (y.shape() != yr.shape() || static_cast<std::size_t>(y.numel()) != abs_sum.size())
+        return ::testing::AssertionFailure() << "result, oracle and operands disagree on the shape";
+    const std::int64_t N = y.shape().back();
+    for (std::int64_t i = 0; i < y.numel(); ++i) {
+        const double want = yr.at(i), got = y.at(i);
+        const double bound = (input_rel + gamma(K, acc_u)) * abs_sum[static_cast<std::size_t>(i)] + out_u * std::fabs(want) + abs_err;
+        if (!(std::fabs(got - want) <= bound))
+            return ::testing::AssertionFailure() << "t=" << i / N << " n=" << i % N << " of " << y.numel() / N << "x" << N
+                                                 << ", K=" << K << ": |" << got << " − " << want << "| > " << bound;
+    }
     return ::testing::AssertionSuccess();
+}
+
+// The same for x [T, K], w [N, K].
+inline ::testing::AssertionResult matmul_within_bound(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& yr,
+                                                      double input_rel, double out_u, double acc_u = kU32,
+                                                      double abs_err = 0) {
+    return matmul_within_bound(x.shape()[1], abs_products(x, w), y, yr, input_rel, out_u, acc_u, abs_err);
 }
 
 }  // namespace kvasir::test

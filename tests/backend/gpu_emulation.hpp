@@ -1,0 +1,374 @@
+// The GPU kernels (kernels/gpu/ops.cuh) compiled for the host and run on a CPU
+// emulation of the CUDA execution model, for machines without a GPU.
+//
+// kernels/gpu/ops.cuh has no vendor #ifdef, so it compiles for a third target
+// besides nvcc and hipcc: this emulation (each GPU thread a fiber with its own
+// stack, __syncthreads a switch back to the block's scheduler, blocks one
+// after another so a function-static array is exactly one block's shared
+// memory; see emu::launch). It runs the real kernel source — tiling, bounds,
+// reduction trees, split-K atomics.
+//
+// Two users:
+//  * tests/backend/test_gpu.cpp, for what the kernels promise beyond the
+//    backend contract (EmulatedKernels.*), and to check that a real device
+//    gives the emulation's bits;
+//  * tests/backend/test_conformance.cpp runs the backend contract on
+//    EmulatedGpuBackend below: the host glue of gpu_backend_impl.inc redone
+//    without a vendor runtime — the same argument checks, the same staging
+//    (inputs rounded once to storage), the same kernels with the same launch
+//    geometry, the Backend defaults for route/moe_block/add.
+//
+// Include this header in one translation unit per test binary, after every
+// other header: it #defines the CUDA keywords (threadIdx, __global__, ...).
+#pragma once
+
+#include "kvasir/backend/backend.hpp"
+#include "kvasir/core/error.hpp"
+
+#include <algorithm>
+#include <ucontext.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define KVASIR_EMU_ASM_SWITCH 1
+#else
+#define KVASIR_EMU_ASM_SWITCH 0
+#endif
+
+namespace emu {
+struct Dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+// What the running GPU thread reads as threadIdx, blockIdx, blockDim, gridDim:
+// set by the scheduler below before it resumes a thread.
+inline Dim3 thread_idx, block_idx, block_dim, grid_dim;
+
+namespace detail {
+constexpr std::size_t kStackBytes = 64 * 1024;  // a kernel frame needs a few KiB
+
+struct Fiber {
+    bool done = false;
+#if KVASIR_EMU_ASM_SWITCH
+    void* sp = nullptr;
+#else
+    ucontext_t context;
+#endif
+};
+inline std::vector<Fiber> fibers;
+inline unsigned current = 0;
+inline const std::function<void()>* body = nullptr;  // the kernel applied to its arguments
+
+// Fiber stacks, kept between launches; only the pages a fiber touches are
+// ever faulted in.
+inline std::byte* stack(unsigned t) {
+    static std::vector<std::unique_ptr<std::byte[]>> stacks;
+    while (stacks.size() <= t) stacks.push_back(std::make_unique<std::byte[]>(kStackBytes));
+    return stacks[t].get();
+}
+
+#if KVASIR_EMU_ASM_SWITCH
+// Why not ucontext: swapcontext saves and restores the signal mask, a system
+// call per switch, and a 64×64 tile of a K = 2048 matmul switches 256 threads
+// twice per 16 k: the system calls took most of the emulation's time. This
+// switch is the x86-64 SysV one: push the callee-saved registers on the
+// current stack, store the stack pointer in *from, load `to`, pop what was
+// pushed there, return into that fiber. Weak, so that two objects defining
+// it link into one binary.
+extern "C" void kvasir_emu_switch(void** from, void* to);
+asm(R"(
+    .text
+    .weak kvasir_emu_switch
+    .type kvasir_emu_switch, @function
+kvasir_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size kvasir_emu_switch, .-kvasir_emu_switch
+)");
+
+inline void* scheduler_sp = nullptr;
+
+// Entered by kvasir_emu_switch's `ret` on a fresh stack; never returns.
+[[noreturn]] inline void fiber_main() {
+    (*body)();
+    fibers[current].done = true;
+    kvasir_emu_switch(&fibers[current].sp, scheduler_sp);
+    __builtin_unreachable();
+}
+
+// A fresh stack as kvasir_emu_switch leaves one: six zeroed registers, then
+// fiber_main as the return address, then a slot standing for fiber_main's own
+// return address, so that it starts with the stack aligned as after a call.
+inline void start(unsigned t) {
+    auto* top = reinterpret_cast<void**>(stack(t) + kStackBytes);  // 16-byte aligned
+    top[-1] = nullptr;
+    top[-2] = reinterpret_cast<void*>(&fiber_main);
+    for (int r = 3; r <= 8; ++r) top[-r] = nullptr;
+    fibers[t].done = false;
+    fibers[t].sp = top - 8;
+}
+inline void resume(unsigned t) { kvasir_emu_switch(&scheduler_sp, fibers[t].sp); }
+inline void yield() { kvasir_emu_switch(&fibers[current].sp, scheduler_sp); }
+#else
+// Portable (and what AddressSanitizer understands): ucontext.
+inline ucontext_t scheduler;
+
+inline void fiber_main() {
+    (*body)();
+    fibers[current].done = true;  // then back to the scheduler through uc_link
+}
+
+// Out of line: getcontext returns twice, which would make every local of
+// the caller suspect (-Wclobbered).
+[[gnu::noinline]] inline void start(unsigned t) {
+    Fiber& f = fibers[t];
+    f.done = false;
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = stack(t);
+    f.context.uc_stack.ss_size = kStackBytes;
+    f.context.uc_link = &scheduler;
+    makecontext(&f.context, fiber_main, 0);
+}
+inline void resume(unsigned t) { swapcontext(&scheduler, &fibers[t].context); }
+inline void yield() { swapcontext(&fibers[current].context, &scheduler); }
+#endif
+}  // namespace detail
+
+// A block's threads are fibers on the calling thread, each with its own stack
+// and control flow. The scheduler runs thread 0, 1, ... each until its next
+// __syncthreads (or its end), then starts the next round: a barrier is
+// exactly "every thread of the block has arrived". Running each thread alone
+// up to the barrier is also the schedule least kind to a missing
+// __syncthreads (thread 0 sees none of the others' shared-memory writes, and
+// overwrites what they have not read yet), and it is deterministic. A
+// __syncthreads that only part of the block reaches (undefined on a GPU) is
+// an exception here. Blocks run one after another, so a function-static
+// __shared__ array is exactly one block's shared memory.
+template <typename Kernel, typename... Args>
+void launch(Dim3 grid, unsigned threads, Kernel kernel, Args... args) {
+    const std::function<void()> run = [&] { kernel(args...); };
+    detail::body = &run;
+    grid_dim = grid;
+    block_dim = {threads, 1, 1};
+    detail::fibers.assign(threads, {});
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) {
+                block_idx = {x, y, z};
+                for (unsigned t = 0; t < threads; ++t) detail::start(t);
+                for (bool running = true; running;) {
+                    unsigned finished = 0;
+                    for (unsigned t = 0; t < threads; ++t) {
+                        detail::current = t;
+                        thread_idx = {t, 0, 0};
+                        detail::resume(t);
+                        finished += detail::fibers[t].done ? 1 : 0;
+                    }
+                    if (finished != 0 && finished != threads)
+                        throw std::logic_error("emulated GPU: __syncthreads reached by only part of a block");
+                    running = finished == 0;
+                }
+            }
+}
+
+inline void syncthreads() { detail::yield(); }
+}  // namespace emu
+
+#define __global__
+#define __device__
+#define __shared__ static
+#define __launch_bounds__(n)
+#define threadIdx ::emu::thread_idx
+#define blockIdx ::emu::block_idx
+#define blockDim ::emu::block_dim
+#define gridDim ::emu::grid_dim
+inline void __syncthreads() { ::emu::syncthreads(); }
+inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+using std::min;
+
+#include "kernels/gpu/ops.cuh"  // and math.cuh, in namespace kvasir::gpu_host
+
+namespace kvasir::test {
+
+// A GPU node whose device is the emulation: spec "gpu-emu[:storage=…,acc=…,
+// nondeterministic=1]", the options of cuda/hip without blas=.
+class EmulatedGpuBackend final : public Backend {
+public:
+    explicit EmulatedGpuBackend(const std::string& spec_text) {
+        const BackendSpec spec = BackendSpec::parse(spec_text);
+        KVASIR_CHECK(spec.name == "gpu-emu" && !spec.device_given, ErrorCode::bad_input, "not a gpu-emu spec: {}",
+                     spec_text);
+        BackendSpec canonical;
+        canonical.name = spec.name;
+        for (const auto& [key, value] : spec.options) {
+            if (apply_precision_option(spec, key, value, caps_)) {
+                if (value != "f32") canonical.options[key] = value;
+                continue;
+            }
+            KVASIR_CHECK(key == "nondeterministic" && (value == "0" || value == "1"), ErrorCode::bad_input,
+                         "gpu-emu: unknown option {}={}", key, value);
+            nondeterministic_ = value == "1";
+            if (nondeterministic_) canonical.options[key] = value;
+        }
+        storage_ = caps_.storage == DType::f16 ? gpu_host::kStoreF16
+                   : caps_.storage == DType::bf16 ? gpu_host::kStoreBF16
+                                                  : gpu_host::kStoreF32;
+        caps_.node = canonical.canonical();
+        caps_.backend = "gpu-emu";
+        caps_.device = "CPU emulation of the CUDA execution model (tests/backend/gpu_emulation.hpp)";
+        caps_.runtime = "kernels/gpu/ops.cuh compiled by the host compiler";
+        caps_.output = DType::f32;
+        caps_.fma = true;
+        caps_.threads = gpu_host::kMatmulThreads;
+        caps_.deterministic = !nondeterministic_;
+    }
+
+    const Capabilities& capabilities() const override { return caps_; }
+
+    Tensor matmul(const TensorView& x, const TensorView& w) override {
+        check_matmul_args(x, w);
+        const std::int64_t t_count = rows_of(x), n_count = w.dim(0), k_count = w.dim(1);
+        Shape shape = x.shape;
+        shape.back() = n_count;
+        // K = 0: every output is an empty sum, +0; and split-K would divide by
+        // a zero chunk ((k + chunk - 1) / chunk with chunk = 0).
+        if (t_count == 0 || n_count == 0 || k_count == 0) return Tensor(DType::f32, shape);
+        const std::vector<float> xs = stage(x), ws = stage(w);
+        std::vector<float> y(static_cast<std::size_t>(t_count * n_count), 0.0f);
+        const int t = static_cast<int>(t_count), n = static_cast<int>(n_count), k = static_cast<int>(k_count);
+        // One launch: the host code slices T into launches of 65535 tiles, far
+        // beyond any test's T.
+        const emu::Dim3 tiles{static_cast<unsigned>((n + gpu_host::kTile - 1) / gpu_host::kTile),
+                              static_cast<unsigned>((t + gpu_host::kTile - 1) / gpu_host::kTile), 1};
+        using gpu_host::matmul_kernel;
+        if (nondeterministic_) {
+            const int splits = static_cast<int>(std::clamp<std::int64_t>((k_count + 255) / 256, 1, 8));
+            const int chunk = ((k + splits - 1) / splits + gpu_host::kTileK - 1) / gpu_host::kTileK * gpu_host::kTileK;
+            emu::launch({tiles.x, tiles.y, static_cast<unsigned>((k + chunk - 1) / chunk)}, gpu_host::kMatmulThreads,
+                        matmul_kernel<false, true>, xs.data(), ws.data(), y.data(), t, n, k, chunk, storage_);
+            launch_elementwise(y.size(), gpu_host::store_kernel, y.data(), y.size(), storage_);
+        } else if (caps_.accumulation == DType::f16) {
+            emu::launch(tiles, gpu_host::kMatmulThreads, matmul_kernel<true, false>, xs.data(), ws.data(), y.data(), t, n,
+                        k, std::max(k, 1), storage_);
+        } else {
+            emu::launch(tiles, gpu_host::kMatmulThreads, matmul_kernel<false, false>, xs.data(), ws.data(), y.data(), t,
+                        n, k, std::max(k, 1), storage_);
+        }
+        return Tensor::from_f32(y, shape);
+    }
+
+    Tensor swiglu(const TensorView& gate, const TensorView& up) override {
+        check_same_shape("swiglu", gate, up);
+        const std::vector<float> g = stage(gate), u = stage(up);
+        std::vector<float> y(g.size());
+        launch_elementwise(y.size(), gpu_host::swiglu_kernel, g.data(), u.data(), y.data(), y.size(), storage_);
+        return Tensor::from_f32(y, gate.shape);
+    }
+
+    Tensor softmax(const TensorView& x) override {
+        KVASIR_CHECK(x.rank() >= 1, ErrorCode::bad_input, "softmax: scalar input");
+        const std::int64_t rows = rows_of(x), cols = x.dim(-1);
+        if (x.numel() == 0) return Tensor(DType::f32, x.shape);
+        const std::vector<float> xs = stage(x);
+        std::vector<float> y(xs.size());
+        const emu::Dim3 grid{static_cast<unsigned>(rows), 1, 1};
+        if (caps_.accumulation == DType::f16)
+            emu::launch(grid, gpu_host::kReduceThreads, gpu_host::softmax_kernel<true>, xs.data(), y.data(),
+                        static_cast<int>(cols), storage_);
+        else
+            emu::launch(grid, gpu_host::kReduceThreads, gpu_host::softmax_kernel<false>, xs.data(), y.data(),
+                        static_cast<int>(cols), storage_);
+        return Tensor::from_f32(y, x.shape);
+    }
+
+    Tensor sigmoid(const TensorView& x) override {
+        const std::vector<float> xs = stage(x);
+        std::vector<float> y(xs.size());
+        launch_elementwise(y.size(), gpu_host::sigmoid_kernel, xs.data(), y.data(), y.size(), storage_);
+        return Tensor::from_f32(y, x.shape);
+    }
+
+    Tensor rmsnorm(const TensorView& x, const TensorView& weight, double eps) override {
+        check_rmsnorm_args(x, weight);
+        const std::int64_t rows = rows_of(x), cols = x.dim(-1);
+        if (x.numel() == 0) return Tensor(DType::f32, x.shape);
+        const std::vector<float> xs = stage(x), ws = stage(weight);
+        std::vector<float> y(xs.size());
+        const emu::Dim3 grid{static_cast<unsigned>(rows), 1, 1};
+        const float eps32 = static_cast<float>(eps);
+        if (caps_.accumulation == DType::f16)
+            emu::launch(grid, gpu_host::kReduceThreads, gpu_host::rmsnorm_kernel<true>, xs.data(), ws.data(), y.data(),
+                        static_cast<int>(cols), eps32, storage_);
+        else
+            emu::launch(grid, gpu_host::kReduceThreads, gpu_host::rmsnorm_kernel<false>, xs.data(), ws.data(), y.data(),
+                        static_cast<int>(cols), eps32, storage_);
+        return Tensor::from_f32(y, x.shape);
+    }
+
+    Tensor rope(const TensorView& x, std::span<const std::int64_t> positions, const RopeParams& params) override {
+        check_rope_args(x, positions);
+        const std::int64_t t_count = x.dim(0), heads = x.dim(1), d = x.dim(2), half = d / 2;
+        if (x.numel() == 0) return Tensor(DType::f32, x.shape);
+        // Inverse frequencies and positions on the host, as the host code does.
+        const float theta = static_cast<float>(params.theta);
+        std::vector<float> inv_freq(static_cast<std::size_t>(half)), pos(static_cast<std::size_t>(t_count));
+        for (std::int64_t i = 0; i < half; ++i)
+            inv_freq[static_cast<std::size_t>(i)] = std::pow(theta, -2.0f * static_cast<float>(i) / static_cast<float>(d));
+        for (std::int64_t t = 0; t < t_count; ++t)
+            pos[static_cast<std::size_t>(t)] = static_cast<float>(positions[static_cast<std::size_t>(t)]);
+        const std::vector<float> xs = stage(x);
+        std::vector<float> y(xs.size());
+        launch_elementwise(static_cast<std::size_t>(t_count * heads * half), gpu_host::rope_kernel, xs.data(), pos.data(),
+                           inv_freq.data(), y.data(), static_cast<int>(t_count), static_cast<int>(heads),
+                           static_cast<int>(d), params.layout == RopeLayout::neox ? 1 : 0, storage_);
+        return Tensor::from_f32(y, x.shape);
+    }
+
+private:
+    // The elementwise kernels loop with a grid stride, so every element gets
+    // the same arithmetic whatever the grid; the host launches ⌈n/256⌉ blocks,
+    // the emulation at most 8 to keep thread creation cheap.
+    template <typename Kernel, typename... Args>
+    static void launch_elementwise(std::size_t n, Kernel kernel, Args... args) {
+        if (n == 0) return;
+        const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>((n + 255) / 256, 8));
+        emu::launch({blocks, 1, 1}, 256, kernel, args...);
+    }
+
+    // The input as the node holds it: rounded ONCE to storage from whatever
+    // dtype the view has, as gpu_backend_impl.inc's stage().
+    std::vector<float> stage(const TensorView& v) const {
+        std::vector<float> h(static_cast<std::size_t>(v.numel()));
+        for (std::size_t i = 0; i < h.size(); ++i)
+            h[i] = v.dtype == DType::f32 ? gpu_host::kg_store(v.as<float>()[i], storage_)
+                                         : static_cast<float>(round_to(caps_.storage, v.at(static_cast<std::int64_t>(i))));
+        return h;
+    }
+
+    Capabilities caps_;
+    bool nondeterministic_ = false;
+    int storage_ = gpu_host::kStoreF32;
+};
+
+}  // namespace kvasir::test

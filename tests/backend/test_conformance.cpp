@@ -1,0 +1,1013 @@
+// The backend contract, written once and run on every node: cpu-ref, the cpu
+// variants, OpenCL (PoCL gives a real OpenCL device on the CPU), the CUDA/HIP
+// kernel source on the CPU emulation of the GPU (tests/backend/gpu_emulation.hpp),
+// and cuda:0 / hip:0 with their variants where such a device exists. Only
+// those last skip, visibly and with the reason, when the device is absent; an
+// OpenCL build without an OpenCL device fails (CI installs PoCL).
+//
+// What stays in test_cpu_backends.cpp, test_opencl.cpp and test_gpu.cpp is
+// what only that backend has: kernel orders and thread-count independence,
+// AVX2 vs portable kernels, OpenCL program builds and device selection, the
+// GPU's device math, launch geometry and device-vs-emulation bits.
+//
+// Suites:
+//   Conformance           every node: the properties below
+//   StorageConformance    nodes with storage=f16|bf16: outputs are values of
+//                         the format, and its error is the format's
+//   F16AccConformance     nodes with acc=f16: the exact emulation of a half
+//                         accumulator, bit for bit
+//
+// Tolerances come from what the node says it is (its capabilities): u_s, the
+// unit roundoff of its storage format (f32 2⁻²⁴, f16 2⁻¹¹, bf16 2⁻⁸), u_a of
+// its accumulation, and from its family's f32 arithmetic (Family below).
+// Against the oracle, a narrow-storage node and the oracle get the same
+// inputs, already rounded to storage, so the bound is what the node's own
+// arithmetic adds; matmul alone is held to the bound that includes rounding
+// the inputs.
+//  * matmul: |ŷ − y| ≤ (i + γ_K(u_a))·Σ_k|x_k w_k| + o·|y| for any summation
+//    order (Higham, Accuracy and Stability of Numerical Algorithms, §3.1;
+//    matmul_bound.hpp), i = 2u_s + u_s² and o = 1.01u_s for narrow storage,
+//    i = 0 and o = u for f32; a half accumulator adds K·2⁻²⁵ for its
+//    subnormal steps, and γ_K(u_a) exists only for K·u_a < 1.
+//  * softmax, rmsnorm: relative 1e-5 per element for rows ≤ 5000, 1e-4 for a
+//    vocabulary-wide row (f32, any reduction order, exp/sqrt/division within
+//    a few ulp); narrow storage adds 3u_s to softmax (the exponentials, hence
+//    the sum's terms, and the result are rounded to storage) and u_s to
+//    rmsnorm (the result), plus half a subnormal step per rounding; a half
+//    accumulator adds γ_cols(2⁻¹¹), the error of any order of summing
+//    positive terms.
+//  * swiglu / sigmoid, in f32 ulp of the oracle's value: cpu and gpu 4 / 3
+//    (exp ≤ 1 ulp, 2–4 rounded operations); OpenCL 13 / 12, what the OpenCL
+//    1.2 spec (§7.4, full profile) lets a conformant device return: exp ≤ 3
+//    ulp, x/y ≤ 2.5 ulp, + and * correctly rounded; relative errors add along
+//    the formula and r ulp of an intermediate is at most 2r ulp of the result
+//    (which may sit just below a power of two), so sigmoid = 1/(1+e^-x):
+//    2·(3 + 0.5 + 2.5) = 12 and swiglu = g/(1+e^-g)·u: 2·(3 + 0.5 + 2.5 +
+//    0.5) = 13. Narrow storage: r·2⁻²³ relative plus the final rounding.
+//  * rope: cpu and gpu compute angles in f32 (|Δangle| ≲ pos·θ_i·2⁻²³), so
+//    |Δy| ≤ 7000·4·u·8 for positions ≤ 7000 and |x| ≲ 4. OpenCL, per element,
+//    from the spec: the device's angle pos·θ^(-2i/d) carries a relative error
+//    δ ≤ (2.5·ln θ + 16 + 0.5)·2⁻²³ (division in the exponent amplified by
+//    ln θ, pow ≤ 16 ulp, the product); sin/cos add ≤ 4 ulp; a·c − b·s rounds
+//    3 times: |Δy| ≤ 1.01·(|a| + |b|)·(angle·δ + 4·2⁻²³ + 3·2⁻²⁴).
+//  * hand-computed values: closed forms evaluated in double on the values
+//    the node holds; the oracle within the absolute 1e-15 (1e-14 for rope)
+//    it has always been held to, other nodes within the bounds above.
+#include "kvasir/backend/registry.hpp"
+#include "kvasir/core/error.hpp"
+#include "kvasir/core/rng.hpp"
+#include "kvasir/metrics/metrics.hpp"
+#include "tests/backend/matmul_bound.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <ostream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "tests/backend/gpu_emulation.hpp"  // last: it #defines the CUDA keywords
+
+using namespace kvasir;
+
+namespace {
+
+using test::gamma;
+using test::kU32;
+using test::matmul_within_bound;
+
+// ---- the nodes ----------------------------------------------------------------------
+
+// The f32 arithmetic of a backend, which sets the bounds that do not follow
+// from the storage and accumulation formats alone.
+enum class Family { oracle, cpu, opencl, gpu };
+
+struct Node {
+    std::string label;  // test-name suffix
+    std::string spec;   // create_backend() spec, or gpu-emu[:options] for the emulated GPU
+    Family family;
+    std::string device;   // the backend whose device this node needs ("" = always there)
+    std::string sibling;  // the same backend at f32 storage and accumulation
+};
+
+void PrintTo(const Node& n, std::ostream* os) { *os << n.spec; }
+
+std::string node_label(const ::testing::TestParamInfo<Node>& p) { return p.param.label; }
+
+std::unique_ptr<Backend> make(const std::string& spec) {
+    if (spec.rfind("gpu-emu", 0) == 0) return std::make_unique<test::EmulatedGpuBackend>(spec);
+    return create_backend(spec);
+}
+
+std::unique_ptr<Backend> ref() { return create_backend("cpu-ref"); }
+
+const BackendStatus* status_of(const std::string& name) {
+    static const std::vector<BackendStatus> all = list_backends();
+    for (const BackendStatus& s : all)
+        if (s.name == name) return &s;
+    return nullptr;
+}
+
+// A GPU vendor's node and its variants; cuda also has cuBLAS (tf32=0 claims
+// the f32 contract).
+std::vector<Node> gpu_nodes(const std::string& vendor) {
+    const std::string base = vendor + ":0";
+    std::vector<Node> nodes = {
+        {vendor, base, Family::gpu, vendor, base},
+        {vendor + "_storage_f16", base + ":storage=f16", Family::gpu, vendor, base},
+        {vendor + "_storage_bf16", base + ":storage=bf16", Family::gpu, vendor, base},
+        {vendor + "_acc_f16", base + ":acc=f16", Family::gpu, vendor, base},
+        {vendor + "_nondeterministic", base + ":nondeterministic=1", Family::gpu, vendor, base},
+    };
+    if (vendor == "cuda") nodes.push_back({"cuda_cublas", "cuda:0:blas=cublas,tf32=0", Family::gpu, "cuda", base});
+    return nodes;
+}
+
+std::vector<Node> all_nodes() {
+    std::vector<Node> nodes = {
+        {"cpu_ref", "cpu-ref", Family::oracle, "", "cpu-ref"},
+        {"cpu", "cpu", Family::cpu, "", "cpu"},
+        {"cpu_threads1", "cpu:threads=1", Family::cpu, "", "cpu"},
+        {"cpu_storage_f16", "cpu:storage=f16", Family::cpu, "", "cpu"},
+        {"cpu_storage_bf16", "cpu:storage=bf16", Family::cpu, "", "cpu"},
+        {"cpu_acc_f16", "cpu:acc=f16", Family::cpu, "", "cpu"},
+#if defined(KVASIR_HAVE_OPENCL)
+        // storage=f16 needs no cl_khr_fp16 (vload_half/vstore_half are core);
+        // acc=f16 does, so it is test_opencl.cpp's (unsupported or it runs).
+        {"opencl", "opencl:0", Family::opencl, "opencl", "opencl:0"},
+        {"opencl_storage_f16", "opencl:0:storage=f16", Family::opencl, "opencl", "opencl:0"},
+        {"opencl_storage_bf16", "opencl:0:storage=bf16", Family::opencl, "opencl", "opencl:0"},
+#endif
+        {"gpu_emu", "gpu-emu", Family::gpu, "", "gpu-emu"},
+        {"gpu_emu_storage_f16", "gpu-emu:storage=f16", Family::gpu, "", "gpu-emu"},
+        {"gpu_emu_storage_bf16", "gpu-emu:storage=bf16", Family::gpu, "", "gpu-emu"},
+        {"gpu_emu_acc_f16", "gpu-emu:acc=f16", Family::gpu, "", "gpu-emu"},
+        {"gpu_emu_nondeterministic", "gpu-emu:nondeterministic=1", Family::gpu, "", "gpu-emu"},
+    };
+    for (const char* vendor : {"cuda", "hip"})
+        for (Node& n : gpu_nodes(vendor)) nodes.push_back(std::move(n));
+    return nodes;
+}
+
+std::string option_of(const std::string& spec, const std::string& key, const std::string& absent) {
+    const BackendSpec s = BackendSpec::parse(spec);
+    const auto it = s.options.find(key);
+    return it == s.options.end() ? absent : it->second;
+}
+
+std::vector<Node> nodes_where(const std::function<bool(const Node&)>& keep) {
+    std::vector<Node> out;
+    for (const Node& n : all_nodes())
+        if (keep(n)) out.push_back(n);
+    return out;
+}
+
+// ---- precision ------------------------------------------------------------------------
+
+double unit_roundoff(DType t) {
+    switch (t) {
+        case DType::f64: return 0x1p-53;
+        case DType::f32: return 0x1p-24;
+        case DType::f16: return 0x1p-11;
+        case DType::bf16: return 0x1p-8;
+        default: return NAN;
+    }
+}
+
+// The largest error of one rounding into the subnormals of a storage format
+// narrower than f32: half their spacing.
+double subnormal_half_step(DType t) { return t == DType::f16 ? 0x1p-25 : t == DType::bf16 ? 0x1p-134 : NAN; }
+
+// Every element: |got − want| ≤ rel·|want| + abs. NaN anywhere fails.
+::testing::AssertionResult elementwise_close(const Tensor& want, const Tensor& got, double rel, double abs) {
+    if (want.numel() != got.numel()) return ::testing::AssertionFailure() << "element counts differ";
+    for (std::int64_t i = 0; i < want.numel(); ++i) {
+        const double w = want.at(i), g = got.at(i);
+        if (!(std::fabs(g - w) <= rel * std::fabs(w) + abs))
+            return ::testing::AssertionFailure() << "element " << i << ": " << g << " vs " << w << ", |Δ| "
+                                                 << std::fabs(g - w) << " > " << rel * std::fabs(w) + abs;
+    }
+    return ::testing::AssertionSuccess();
+}
+
+// A row-major tensor as [rows, numel / rows].
+Tensor as_matrix(const Tensor& t, std::int64_t rows) {
+    Tensor copy = t;
+    return std::move(copy).reshaped({rows, t.numel() / std::max<std::int64_t>(rows, 1)});
+}
+
+// ---- the fixture ----------------------------------------------------------------------
+
+class NodeTest : public ::testing::TestWithParam<Node> {
+protected:
+    void SetUp() override {
+        const Node& n = GetParam();
+        if (!n.device.empty()) {
+            const BackendStatus* st = status_of(n.device);
+            ASSERT_NE(st, nullptr) << n.device << " is not registered";
+            if (n.device == "opencl") {
+                ASSERT_TRUE(st->available) << "OpenCL is compiled in but has no device: " << st->reason;
+            } else if (!st->available) {
+                GTEST_SKIP() << n.spec << ": " << (st->compiled ? "absent: " : "not compiled: ") << st->reason;
+            }
+        }
+        node_ = make(n.spec);
+        caps_ = node_->capabilities();
+    }
+
+    Backend& node() { return *node_; }
+    const Capabilities& caps() const { return caps_; }
+    bool oracle() const { return GetParam().family == Family::oracle; }
+    bool narrow() const { return caps_.storage == DType::f16 || caps_.storage == DType::bf16; }
+    bool f16_acc() const { return caps_.accumulation == DType::f16; }
+    double us() const { return unit_roundoff(caps_.storage); }
+    double ua() const { return unit_roundoff(caps_.accumulation); }
+    double underflow() const { return narrow() ? subnormal_half_step(caps_.storage) : 0.0; }
+
+    // Literal inputs as the node's callers hand them over: f64 to the oracle,
+    // f32 to every other node.
+    Tensor input(std::vector<double> v, Shape s) const { return Tensor::from_f64(v, std::move(s), caps_.output); }
+    // The values the node holds after rounding its inputs to storage (in its
+    // output dtype): what the oracle is given so that both see the same numbers.
+    Tensor held(const Tensor& x) const {
+        if (caps_.storage == DType::f64) return Tensor::convert(x.view(), DType::f64);
+        return Tensor::convert(Tensor::convert(x.view(), caps_.storage).view(), DType::f32);
+    }
+
+    // Family bounds (see the top of the file).
+    double swiglu_ulp() const { return GetParam().family == Family::opencl ? 13.0 : 4.0; }
+    double sigmoid_ulp() const { return GetParam().family == Family::opencl ? 12.0 : 3.0; }
+    // +, ×, /, √ and fma correctly rounded: scaling by a power of two commutes
+    // with every step. The OpenCL spec allows ulps of error in / and √.
+    bool correctly_rounded() const { return GetParam().family != Family::opencl; }
+
+    // A few roundings of f32 for a closed form of a handful of operations:
+    // 32 u covers OpenCL's exp (3 ulp = 6 u) and division (2.5 ulp = 5 u) too.
+    double few_roundings() const { return 32 * kU32; }
+
+    // swiglu/sigmoid: r f32 ulp of the oracle's value; with narrow storage,
+    // r·2⁻²³ relative plus the rounding of the result.
+    ::testing::AssertionResult within_ulp(const Tensor& want, const Tensor& got, double r) const {
+        if (!narrow()) {
+            const CompareStats s = compare(want, got);
+            if (within(s.max_ulp, r)) return ::testing::AssertionSuccess();
+            return ::testing::AssertionFailure() << "max ulp " << s.max_ulp << " > " << r;
+        }
+        return elementwise_close(want, got, r * 0x1p-23 + 1.01 * us(), underflow());
+    }
+
+    // Softmax relative bound for rows of `cols`, valid only when
+    // reduction_bound_exists(cols).
+    double softmax_rel(std::int64_t cols) const {
+        return (cols <= 5000 ? 1e-5 : 1e-4) + (narrow() ? 3 * us() : 0.0) + (f16_acc() ? gamma(cols, ua()) : 0.0);
+    }
+    double rmsnorm_rel(std::int64_t cols) const {
+        return 1e-5 + (narrow() ? us() : 0.0) + (f16_acc() ? gamma(cols, ua()) : 0.0);
+    }
+    // γ_n(u_a) exists for n·u_a < 1 only: a half accumulator has no error
+    // bound on rows of 2048 and more (F16AccConformance shows how large the
+    // error gets).
+    bool reduction_bound_exists(std::int64_t n) const { return static_cast<double>(n) * ua() < 1.0; }
+
+    // The matmul bound for this node's formats, for inner dimension K and
+    // abs_sum = Σ_k|x w| per output.
+    ::testing::AssertionResult matmul_bound(std::int64_t K, const std::vector<double>& abs_sum, const Tensor& y,
+                                            const Tensor& yr) const {
+        const double input_rel = narrow() ? 2 * us() + us() * us() : 0.0;
+        const double out_u = narrow() ? 1.01 * us() : kU32;
+        const double abs_err = (f16_acc() ? static_cast<double>(K) * 0x1p-25 : 0.0) + underflow();
+        return matmul_within_bound(K, abs_sum, y, yr, input_rel, out_u, f16_acc() ? ua() : kU32, abs_err);
+    }
+    ::testing::AssertionResult matmul_bound(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& yr) const {
+        return matmul_bound(x.dim(1), test::abs_products(x, w), y, yr);
+    }
+
+    std::unique_ptr<Backend> node_;
+    Capabilities caps_;
+};
+
+ErrorCode code_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.code();
+    }
+    return ErrorCode::internal;  // nothing thrown: compared against error codes only
+}
+
+// ---- matmul ---------------------------------------------------------------------------
+
+using Shape3 = std::tuple<std::int64_t, std::int64_t, std::int64_t>;
+
+// T, N, K: one output; odd sizes around every backend's tiles (cpu 6×16 and
+// 8×8 transposes, OpenCL 16×16, GPU 64×64 with K staged 16 at a time); K of
+// 768 and 2048 as in real layers, with T from one token to a batch.
+const std::vector<Shape3>& matmul_shapes() {
+    static const std::vector<Shape3> shapes = [] {
+        std::vector<Shape3> s = {{1, 1, 1},     {3, 4, 8},         {5, 7, 13},        {7, 9, 100},
+                                 {3, 65, 33},   {70, 130, 100},    {64, 70, 1000},    {16, 33, 2048},
+                                 {4, 2048, 768}, {64, 768, 2048}};
+        for (std::int64_t T : {1, 5, 16, 33})
+            for (std::int64_t N : {7, 768})
+                for (std::int64_t K : {13, 2048})
+                    if (Shape3{T, N, K} != Shape3{5, 7, 13}) s.emplace_back(T, N, K);
+        return s;
+    }();
+    return shapes;
+}
+
+class Conformance : public NodeTest {};
+
+// Operands, oracle result and Σ|x w| of one shape, computed once per process
+// and shared by every node.
+struct MatmulCase {
+    Tensor x, w, yr;
+    std::vector<double> abs_sum;
+};
+const MatmulCase& matmul_case(const Shape3& shape) {
+    static std::map<Shape3, MatmulCase> cache;
+    const auto it = cache.find(shape);
+    if (it != cache.end()) return it->second;
+    const auto [T, N, K] = shape;
+    MatmulCase c;
+    c.x = seeded_normal(7, "conf/x", {T, K}, 0, 1);
+    c.w = seeded_normal(7, "conf/w", {N, K}, 0, 1 / std::sqrt(static_cast<double>(K)));
+    c.yr = ref()->matmul(c.x, c.w);
+    c.abs_sum = test::abs_products(c.x, c.w);
+    return cache.emplace(shape, std::move(c)).first->second;
+}
+
+TEST_P(Conformance, MatmulWithinGammaKBound) {
+    for (const Shape3& shape : matmul_shapes()) {
+        const auto [T, N, K] = shape;
+        // γ_K(u_a) does not exist; F16AccConformance pins these bit for bit.
+        if (f16_acc() && !reduction_bound_exists(K)) continue;
+        const MatmulCase& c = matmul_case(shape);
+        const Tensor y = node().matmul(c.x, c.w);
+        ASSERT_EQ(y.dtype(), caps().output);
+        ASSERT_TRUE(matmul_bound(K, c.abs_sum, y, c.yr)) << T << "x" << N << "x" << K;
+    }
+}
+
+TEST_P(Conformance, MatmulByHand) {
+    // x = [[1,2,3],[4,5,6]], w = [[1,0,-1],[2,1,0]] → y = x·wᵀ = [[-2,4],[-2,13]]:
+    // small integers, exact in every format and every accumulator.
+    const Tensor y = node().matmul(input({1, 2, 3, 4, 5, 6}, {2, 3}), input({1, 0, -1, 2, 1, 0}, {2, 3}));
+    ASSERT_EQ(y.shape(), (Shape{2, 2}));
+    EXPECT_EQ(y.to_f64(), (std::vector<double>{-2, 4, -2, 13}));
+}
+
+TEST_P(Conformance, MatmulKeepsLeadingDimsAndHandlesEmpty) {
+    const Tensor x = seeded_normal(43, "conf/l/x", {2, 3, 40}, 0, 1);
+    const Tensor w = seeded_normal(43, "conf/l/w", {5, 40}, 0, 1);
+    const Tensor y = node().matmul(x, w);
+    ASSERT_EQ(y.shape(), (Shape{2, 3, 5}));
+    const Tensor x2 = as_matrix(x, 6);
+    EXPECT_TRUE(matmul_bound(x2, w, as_matrix(y, 6), ref()->matmul(x2, w)));
+    // No rows: no outputs. K = 0: every output is an empty sum, +0.
+    EXPECT_EQ(node().matmul(Tensor(DType::f32, {0, 40}), w).shape(), (Shape{0, 5}));
+    const Tensor y0 = node().matmul(Tensor(DType::f32, {2, 0}), Tensor(DType::f32, {3, 0}));
+    EXPECT_EQ(y0.shape(), (Shape{2, 3}));
+    EXPECT_EQ(y0.to_f64(), std::vector<double>(6, 0.0));
+}
+
+TEST_P(Conformance, MatmulNonFiniteValuesPropagate) {
+    // inf·0 = NaN, inf + finite = inf, a NaN weight poisons its column only.
+    Tensor x = seeded_normal(13, "conf/nf/x", {5, 20}, 0, 1);
+    Tensor w = seeded_normal(13, "conf/nf/w", {9, 20}, 0, 1);
+    x.set(1 * 20 + 3, INFINITY);
+    w.set(4 * 20 + 7, NAN);
+    w.set(6 * 20 + 3, 0.0);
+    const Tensor y = node().matmul(x, w);
+    EXPECT_TRUE(finite_parity(compare(ref()->matmul(x, w), y)));
+    EXPECT_TRUE(std::isnan(y.at(1 * 9 + 6)));  // inf · 0
+    EXPECT_TRUE(std::isinf(y.at(1 * 9 + 0)));
+    for (int t = 0; t < 5; ++t) EXPECT_TRUE(std::isnan(y.at(t * 9 + 4))) << t;
+    for (int t : {0, 2, 3, 4}) EXPECT_TRUE(std::isfinite(y.at(t * 9 + 2))) << t;  // rows without the inf
+}
+
+// ---- softmax --------------------------------------------------------------------------
+
+TEST_P(Conformance, SoftmaxByHand) {
+    // softmax([0, ln 2, ln 5]) = [1, 2, 5] / 8, and the same shifted by 100;
+    // on the values the node holds (ln 2 rounded to its storage).
+    const Tensor x = input({0, std::log(2.0), std::log(5.0), 100, 100 + std::log(2.0), 100 + std::log(5.0)}, {2, 3});
+    const Tensor xh = held(x);
+    const Tensor y = node().softmax(x);
+    for (int r = 0; r < 2; ++r) {
+        double m = -INFINITY, sum = 0;
+        for (int c = 0; c < 3; ++c) m = std::max(m, xh.at(r * 3 + c));
+        for (int c = 0; c < 3; ++c) sum += std::exp(xh.at(r * 3 + c) - m);
+        for (int c = 0; c < 3; ++c) {
+            const double want = std::exp(xh.at(r * 3 + c) - m) / sum;
+            const double tol = oracle() ? 1e-15 : (few_roundings() + (narrow() ? 3 * us() : 0.0) + (f16_acc() ? gamma(2, ua()) : 0.0)) * want;
+            EXPECT_NEAR(y.at(r * 3 + c), want, tol) << r << "," << c;
+        }
+    }
+    if (oracle()) {  // the held values are the inputs themselves: the fractions by hand
+        const double fractions[3] = {0.125, 0.25, 0.625};
+        for (int c = 0; c < 3; ++c) EXPECT_NEAR(y.at(c), fractions[c], 1e-15);
+    }
+}
+
+TEST_P(Conformance, SoftmaxRowsSumToOneWithinBoundOfTheOracle) {
+    auto r = ref();
+    // Widths below, at and above a 256-wide work-group or block and not
+    // multiples of it; and a vocabulary-wide row (600 terms per GPU thread).
+    for (const auto& [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+             {8, 1}, {8, 7}, {8, 256}, {8, 300}, {8, 4096}, {8, 5000}, {2, 151936}}) {
+        const Tensor x = held(seeded_normal(11, "conf/r/x", {rows, cols}, 0, 3));
+        const Tensor y = node().softmax(x);
+        ASSERT_EQ(y.shape(), x.shape());
+        for (std::int64_t i = 0; i < y.numel(); ++i) ASSERT_TRUE(y.at(i) >= 0.0 && y.at(i) <= 1.0) << cols << " " << i;
+        if (!reduction_bound_exists(cols)) continue;
+        const double rel = softmax_rel(cols), abs = 2 * underflow();
+        EXPECT_TRUE(elementwise_close(r->softmax(x), y, rel, abs)) << "cols=" << cols;
+        for (std::int64_t row = 0; row < rows; ++row) {
+            double sum = 0;
+            for (std::int64_t c = 0; c < cols; ++c) sum += y.at(row * cols + c);
+            EXPECT_LE(std::fabs(sum - 1), rel + static_cast<double>(cols) * abs) << "cols=" << cols << " row " << row;
+        }
+    }
+}
+
+TEST_P(Conformance, SoftmaxNonFiniteInputsPoisonOnlyTheirRow) {
+    // NaN: the whole row is NaN. +inf: inf − inf = NaN, the whole row too.
+    // −inf: an exact 0 in a row that is otherwise normal. Other rows untouched.
+    const Tensor x = input({1, NAN, 2, 1, 2, 3, 1, INFINITY, 2, 1, -INFINITY, 2}, {4, 3});
+    const Tensor y = node().softmax(x);
+    EXPECT_TRUE(finite_parity(compare(ref()->softmax(x), y)));
+    for (int c = 0; c < 3; ++c) EXPECT_TRUE(std::isnan(y.at(c))) << c;
+    for (int c = 3; c < 6; ++c) EXPECT_TRUE(std::isfinite(y.at(c))) << c;
+    for (int c = 6; c < 9; ++c) EXPECT_TRUE(std::isnan(y.at(c))) << c;
+    EXPECT_EQ(y.at(10), 0.0);
+    EXPECT_TRUE(std::isfinite(y.at(9)) && std::isfinite(y.at(11)));
+    EXPECT_NEAR(y.at(9) + y.at(11), 1.0, oracle() ? 1e-15 : few_roundings() + 3 * us() + gamma(2, ua()));
+}
+
+// ---- rmsnorm --------------------------------------------------------------------------
+
+TEST_P(Conformance, RmsnormByHand) {
+    // x = [3, 4]: mean square 12.5, eps 0 → y = x / sqrt(12.5) · w
+    const Tensor y = node().rmsnorm(input({3, 4}, {1, 2}), input({1, 2}, {2}), 0.0);
+    const double want[2] = {3 / std::sqrt(12.5), 8 / std::sqrt(12.5)};
+    for (int i = 0; i < 2; ++i)
+        EXPECT_NEAR(y.at(i), want[i], oracle() ? 1e-15 : (few_roundings() + (narrow() ? us() : 0.0)) * want[i]) << i;
+}
+
+TEST_P(Conformance, RmsnormWithinBoundOfTheOracleAndNormalisesRows) {
+    auto r = ref();
+    for (std::int64_t cols : {1, 7, 256, 300, 4096, 5000}) {
+        const Tensor x = held(seeded_normal(11, "conf/r/x", {8, cols}, 0, 3));
+        const Tensor w = held(seeded_normal(11, "conf/r/w", {cols}, 1, 0.1));
+        const Tensor y = node().rmsnorm(x, w, 1e-6);
+        ASSERT_EQ(y.shape(), x.shape());
+        if (!reduction_bound_exists(cols)) continue;
+        const double rel = rmsnorm_rel(cols);
+        EXPECT_TRUE(elementwise_close(r->rmsnorm(x, w, 1e-6), y, rel, underflow())) << "cols=" << cols;
+        // Unit weight, eps 0: every row comes out with mean square 1.
+        const Tensor ones = held(Tensor::from_f64(std::vector<double>(static_cast<std::size_t>(cols), 1.0), {cols}));
+        const Tensor u = node().rmsnorm(x, ones, 0.0);
+        for (std::int64_t row = 0; row < 8; ++row) {
+            double ms = 0;
+            for (std::int64_t c = 0; c < cols; ++c) ms += u.at(row * cols + c) * u.at(row * cols + c);
+            ms /= static_cast<double>(cols);
+            EXPECT_LE(std::fabs(ms - 1), 2 * rel + rel * rel + 2 * underflow()) << "cols=" << cols << " row " << row;
+        }
+    }
+}
+
+TEST_P(Conformance, RmsnormIsScaleInvariant) {
+    // rmsnorm(4x) = rmsnorm(x) with eps = 0: every step scales exactly by a
+    // power of two. Entries of magnitude 1 to 1.875, exact in every format,
+    // keep every square and partial sum normal even in half.
+    std::vector<double> v(2 * 64);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = (1.0 + static_cast<double>(i % 8) / 8) * (i % 3 == 0 ? -1 : 1);
+    std::vector<double> v4(v);
+    for (double& e : v4) e *= 4;
+    const Tensor w = held(seeded_normal(3, "conf/si/w", {64}, 1, 0.1));
+    const Tensor a = node().rmsnorm(input(v, {2, 64}), w, 0.0), b = node().rmsnorm(input(v4, {2, 64}), w, 0.0);
+    if (correctly_rounded()) {
+        EXPECT_EQ(a.to_f64(), b.to_f64());
+    } else {
+        EXPECT_TRUE(elementwise_close(a, b, 2 * rmsnorm_rel(64), 2 * underflow()));
+    }
+}
+
+// ---- rope -----------------------------------------------------------------------------
+
+namespace {
+// The OpenCL spec's error of one rope output (see the top of the file).
+double opencl_rope_bound(double ab, double angle, double theta) {
+    const double delta = (2.5 * std::log(theta) + 16.5) * 2 * kU32;
+    return 1.01 * ab * (angle * delta + 8 * kU32 + 3 * kU32);
+}
+}  // namespace
+
+TEST_P(Conformance, RopeByHand) {
+    // D = 4, theta = 10000: pair 0 turns by pos·1, pair 1 by pos·10000^(-1/2) = pos/100.
+    // Every f32 node is held to the per-element bound of the OpenCL spec here
+    // (glibc's and the GPU's sin/cos/pow are at least that accurate): at
+    // angles ≤ 3 it is far tighter than the f32-angle bound for positions to 7000.
+    const Tensor x = input({1, 2, 3, 4}, {1, 1, 4});
+    const std::vector<std::int64_t> pos{3};
+    const double a0 = 3.0, a1 = 0.03;
+    const auto near = [&](double got, double want, double a, double b, double angle) {
+        const double tol = oracle() ? 1e-14
+                                    : opencl_rope_bound(std::fabs(a) + std::fabs(b), angle, 10000.0) +
+                                          (narrow() ? 1.01 * us() * std::fabs(want) : 0.0);
+        EXPECT_NEAR(got, want, tol);
+    };
+    const Tensor neox = node().rope(x, pos, {10000.0, RopeLayout::neox});  // pairs (0,2), (1,3)
+    near(neox.at(0), 1 * std::cos(a0) - 3 * std::sin(a0), 1, 3, a0);
+    near(neox.at(2), 3 * std::cos(a0) + 1 * std::sin(a0), 1, 3, a0);
+    near(neox.at(1), 2 * std::cos(a1) - 4 * std::sin(a1), 2, 4, a1);
+    near(neox.at(3), 4 * std::cos(a1) + 2 * std::sin(a1), 2, 4, a1);
+    const Tensor normal = node().rope(x, pos, {10000.0, RopeLayout::normal});  // pairs (0,1), (2,3)
+    near(normal.at(0), 1 * std::cos(a0) - 2 * std::sin(a0), 1, 2, a0);
+    near(normal.at(1), 2 * std::cos(a0) + 1 * std::sin(a0), 1, 2, a0);
+    near(normal.at(2), 3 * std::cos(a1) - 4 * std::sin(a1), 3, 4, a1);
+    near(normal.at(3), 4 * std::cos(a1) + 3 * std::sin(a1), 3, 4, a1);
+}
+
+TEST_P(Conformance, RopeWithinAngleErrorOfTheOraclePreservingNorms) {
+    const std::int64_t T = 8, H = 2, D = 64;
+    const double theta = 1e6;
+    const Tensor x = held(seeded_normal(13, "conf/p/x", {T, H, D}, 0, 1));
+    std::vector<std::int64_t> pos(static_cast<std::size_t>(T));
+    for (std::int64_t i = 0; i < T; ++i) pos[static_cast<std::size_t>(i)] = 1000 * i;
+    auto r = ref();
+    for (RopeLayout layout : {RopeLayout::neox, RopeLayout::normal}) {
+        const char* name = layout == RopeLayout::neox ? "neox" : "normal";
+        const Tensor yr = r->rope(x, pos, {theta, layout});
+        const Tensor y = node().rope(x, pos, {theta, layout});
+        double max_abs = 0;
+        for (std::int64_t t = 0; t < T; ++t)
+            for (std::int64_t h = 0; h < H; ++h)
+                for (std::int64_t i = 0; i < D / 2; ++i) {
+                    const std::int64_t base = (t * H + h) * D;
+                    const std::int64_t i0 = base + (layout == RopeLayout::neox ? i : 2 * i);
+                    const std::int64_t i1 = base + (layout == RopeLayout::neox ? i + D / 2 : 2 * i + 1);
+                    const double a = x.at(i0), b = x.at(i1);
+                    const double angle = static_cast<double>(pos[static_cast<std::size_t>(t)]) *
+                                         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+                    double bound = GetParam().family == Family::opencl ? opencl_rope_bound(std::fabs(a) + std::fabs(b), angle, theta)
+                                                                       : 7000 * 4 * kU32 * 8;
+                    for (std::int64_t j : {i0, i1}) {
+                        const double tol = bound + (narrow() ? 1.01 * us() * std::fabs(yr.at(j)) : 0.0) + underflow();
+                        ASSERT_LE(std::fabs(y.at(j) - yr.at(j)), tol) << name << " t=" << t << " i=" << i;
+                        max_abs = std::max(max_abs, std::fabs(y.at(j) - yr.at(j)));
+                    }
+                    // A rotation: each pair keeps its length.
+                    const double tol = std::sqrt(2.0) * (bound + (narrow() ? 1.01 * us() * (std::fabs(a) + std::fabs(b)) : 0.0) + underflow());
+                    ASSERT_LE(std::fabs(std::hypot(y.at(i0), y.at(i1)) - std::hypot(a, b)), tol) << name << " t=" << t << " i=" << i;
+                }
+        // f32 angles are not the oracle's: the error is there, and bounded.
+        if (!oracle()) {
+            EXPECT_GT(max_abs, 0.0) << name;
+        }
+        // Position 0 is the identity everywhere (cos 0 = 1, sin 0 = 0 exactly).
+        const std::vector<std::int64_t> zero(static_cast<std::size_t>(T), 0);
+        EXPECT_EQ(node().rope(x, zero, {theta, layout}).to_f64(), x.to_f64()) << name;
+    }
+}
+
+// ---- element-wise ---------------------------------------------------------------------
+
+TEST_P(Conformance, SwigluAndSigmoidByHand) {
+    const Tensor g = input({0, 1, -2}, {3}), u = input({5, 2, 3}, {3});
+    const Tensor s = node().swiglu(g, u);
+    EXPECT_EQ(s.at(0), 0.0);
+    const Tensor s_want = Tensor::from_f64(std::vector<double>{0, 2.0 / (1.0 + std::exp(-1.0)), 3.0 * -2.0 / (1.0 + std::exp(2.0))}, {3});
+    const Tensor l = input({0, std::log(3.0)}, {2});
+    const double l3 = held(l).at(1);  // ln 3 as the node holds it
+    const Tensor sg = node().sigmoid(l);
+    EXPECT_EQ(sg.at(0), 0.5);
+    const Tensor sg_want = Tensor::from_f64(std::vector<double>{0.5, 1.0 / (1.0 + std::exp(-l3))}, {2});
+    if (oracle()) {
+        for (int i = 1; i < 3; ++i) EXPECT_NEAR(s.at(i), s_want.at(i), 1e-15);
+        EXPECT_NEAR(sg.at(1), 0.75, 1e-15);
+    } else {
+        EXPECT_TRUE(within_ulp(s_want, s, swiglu_ulp()));
+        EXPECT_TRUE(within_ulp(sg_want, sg, sigmoid_ulp()));
+    }
+}
+
+TEST_P(Conformance, SwigluAndSigmoidWithinUlpOfTheOracle) {
+    const Tensor g = held(seeded_normal(9, "conf/e/g", {4, 1000}, 0, 3));
+    const Tensor u = held(seeded_normal(9, "conf/e/u", {4, 1000}, 0, 1));
+    auto r = ref();
+    EXPECT_TRUE(within_ulp(r->swiglu(g, u), node().swiglu(g, u), swiglu_ulp()));
+    EXPECT_TRUE(within_ulp(r->sigmoid(g), node().sigmoid(g), sigmoid_ulp()));
+}
+
+TEST_P(Conformance, ElementwiseNonFiniteValuesPropagate) {
+    // sigmoid(±inf) = 1, 0; swiglu(−inf, ·) = −inf/inf = NaN; NaN stays NaN.
+    const Tensor x = input({NAN, INFINITY, -INFINITY, 1}, {4});
+    const Tensor one = input({1, 1, 1, 1}, {4});
+    auto r = ref();
+    const Tensor sg = node().sigmoid(x), sw = node().swiglu(x, one);
+    EXPECT_TRUE(finite_parity(compare(r->sigmoid(x), sg)));
+    EXPECT_TRUE(finite_parity(compare(r->swiglu(x, one), sw)));
+    EXPECT_TRUE(std::isnan(sg.at(0)));
+    EXPECT_EQ(sg.at(1), 1.0);
+    EXPECT_EQ(sg.at(2), 0.0);
+    EXPECT_TRUE(std::isnan(sw.at(0)));
+    EXPECT_TRUE(std::isinf(sw.at(1)) && sw.at(1) > 0);
+    EXPECT_TRUE(std::isnan(sw.at(2)));
+    // rmsnorm: a NaN poisons its row; rope: a NaN stays in its pair.
+    const Tensor rn = node().rmsnorm(input({1, NAN, 2, 1, 2, 3}, {2, 3}), input({1, 1, 1}, {3}), 1e-6);
+    for (int c = 0; c < 3; ++c) EXPECT_TRUE(std::isnan(rn.at(c))) << c;
+    for (int c = 3; c < 6; ++c) EXPECT_TRUE(std::isfinite(rn.at(c))) << c;
+    const std::vector<std::int64_t> pos{5};
+    const Tensor rp = node().rope(input({NAN, 1, 2, 3}, {1, 1, 4}), pos, {10000.0, RopeLayout::neox});
+    EXPECT_TRUE(std::isnan(rp.at(0)) && std::isnan(rp.at(2)));
+    EXPECT_TRUE(std::isfinite(rp.at(1)) && std::isfinite(rp.at(3)));
+}
+
+// ---- errors and determinism -------------------------------------------------------------
+
+TEST_P(Conformance, ShapeErrorsAreBadInput) {
+    Backend& b = node();
+    const Tensor a = seeded_normal(1, "conf/bad/a", {2, 3}, 0, 1);
+    const Tensor c = seeded_normal(1, "conf/bad/b", {4, 5}, 0, 1);
+    const Tensor odd = seeded_normal(1, "conf/bad/r", {1, 1, 3}, 0, 1);
+    const std::vector<std::int64_t> one{0}, two{0, 1};
+    const Tensor w = Tensor::from_f64(std::vector<double>{1}, {1, 1}, DType::f32);
+    std::vector<ExpertWeights> experts{{w, w, w}};
+    RoutingPlan plan{Tensor(DType::i32, {1, 1}), Tensor::from_f64(std::vector<double>{1}, {1, 1})};
+    plan.ids.as<std::int32_t>()[0] = 5;  // expert 5 of 1
+    RouterParams too_many;
+    too_many.top_k = 6;  // of 5 experts
+    const std::vector<std::pair<const char*, std::function<void()>>> ops = {
+        {"matmul K", [&] { b.matmul(a, c); }},
+        {"matmul K'", [&] { b.matmul(seeded_normal(1, "conf/bad/x", {1, 2}, 0, 1), seeded_normal(1, "conf/bad/w", {1, 3}, 0, 1)); }},
+        {"swiglu", [&] { b.swiglu(a, c); }},
+        {"rmsnorm", [&] { b.rmsnorm(a, c, 1e-6); }},
+        {"rmsnorm weight", [&] { b.rmsnorm(a, Tensor(DType::f32, {2}), 1e-6); }},
+        {"rope rank", [&] { b.rope(a, two, {}); }},
+        {"rope odd dim", [&] { b.rope(odd, one, {}); }},
+        {"rope positions", [&] { b.rope(seeded_normal(1, "conf/bad/p", {2, 1, 4}, 0, 1), one, {}); }},
+        {"route top-k", [&] { b.route(seeded_normal(1, "conf/bad/l", {2, 5}, 0, 1), too_many); }},
+        {"moe plan", [&] { b.moe_block(Tensor::from_f64(std::vector<double>{2}, {1, 1}, DType::f32), experts, plan); }},
+    };
+    for (const auto& [what, op] : ops) EXPECT_EQ(code_of(op), ErrorCode::bad_input) << what;
+}
+
+TEST_P(Conformance, RepeatedRunsGiveTheSameBitsUnlessNondeterministic) {
+    const Tensor x = seeded_normal(5, "conf/d/x", {33, 1000}, 0, 1);
+    const Tensor w = seeded_normal(5, "conf/d/w", {257, 1000}, 0, 1);
+    const Tensor x2 = seeded_normal(5, "conf/d/x2", {33, 2048}, 0, 1);
+    const Tensor w2 = seeded_normal(5, "conf/d/w2", {77, 2048}, 0, 1);
+    const Tensor s = seeded_normal(5, "conf/d/s", {8, 5000}, 0, 3);
+    const Tensor sw = seeded_normal(5, "conf/d/sw", {5000}, 1, 0.1);
+    const std::string nondeterministic = option_of(GetParam().spec, "nondeterministic", "0");
+    EXPECT_EQ(caps().deterministic, nondeterministic != "1");
+    auto other = make(GetParam().spec);  // a second node: shares nothing that could hide a difference
+    const auto same = [](const Tensor& p, const Tensor& q) {
+        return p.nbytes() == q.nbytes() && std::memcmp(p.raw(), q.raw(), p.nbytes()) == 0;
+    };
+    if (!caps().deterministic) {
+        // Split-K with atomics: the claim is the same error bound on every run.
+        auto r = ref();
+        const Tensor yr = r->matmul(x2, w2);
+        for (int run = 0; run < 3; ++run) EXPECT_TRUE(matmul_bound(x2, w2, node().matmul(x2, w2), yr)) << run;
+        EXPECT_TRUE(same(node().softmax(s), other->softmax(s)));
+        return;
+    }
+    EXPECT_TRUE(same(node().matmul(x, w), node().matmul(x, w)));
+    EXPECT_TRUE(same(node().matmul(x, w), other->matmul(x, w)));
+    EXPECT_TRUE(same(node().matmul(x2, w2), other->matmul(x2, w2)));
+    EXPECT_TRUE(same(node().softmax(s), other->softmax(s)));
+    EXPECT_TRUE(same(node().rmsnorm(s, sw, 1e-6), other->rmsnorm(s, sw, 1e-6)));
+}
+
+TEST_P(Conformance, CapabilitiesNameTheArithmetic) {
+    const Node& n = GetParam();
+    EXPECT_EQ(caps().node.rfind(caps().backend, 0), 0u) << caps().node;
+    EXPECT_FALSE(caps().device.empty());
+    EXPECT_FALSE(caps().runtime.empty());
+    EXPECT_GE(caps().threads, 1);
+    EXPECT_EQ(caps().output, oracle() ? DType::f64 : DType::f32);
+    EXPECT_EQ(dtype_name(caps().storage), option_of(n.spec, "storage", oracle() ? "f64" : "f32"));
+    EXPECT_EQ(dtype_name(caps().accumulation), option_of(n.spec, "acc", oracle() ? "f64" : "f32"));
+    // The canonical name creates the same node.
+    EXPECT_EQ(make(caps().node)->capabilities().node, caps().node);
+}
+
+// ---- router and MoE ---------------------------------------------------------------------
+
+TEST_P(Conformance, RouterByHand) {
+    // logits [ln1, ln4, ln2, ln3] → probs [.1, .4, .2, .3]; top-2 = {1, 3},
+    // renormalised [4/7, 3/7]; on the values the node holds.
+    const Tensor logits = input({0, std::log(4.0), std::log(2.0), std::log(3.0)}, {1, 4});
+    const Tensor lh = held(logits);
+    double e[4], sum = 0;
+    for (int i = 0; i < 4; ++i) sum += e[i] = std::exp(lh.at(i));
+    const double tol_rel = few_roundings() + (narrow() ? 4 * us() : 0.0) + (f16_acc() ? gamma(4, ua()) : 0.0);
+    const auto near = [&](double got, double want, double oracle_want) {
+        if (oracle())
+            EXPECT_NEAR(got, oracle_want, 1e-15);
+        else
+            EXPECT_NEAR(got, want, tol_rel * want);
+    };
+    RouterParams p;
+    p.top_k = 2;
+    const RouterOutput r = node().route(logits, p);
+    EXPECT_EQ(r.ids.as<std::int32_t>()[0], 1);
+    EXPECT_EQ(r.ids.as<std::int32_t>()[1], 3);
+    near(r.weights.at(0), e[1] / (e[1] + e[3]), 4.0 / 7.0);
+    near(r.weights.at(1), e[3] / (e[1] + e[3]), 3.0 / 7.0);
+    p.renormalize = false;
+    near(node().route(logits, p).weights.at(0), e[1] / sum, 0.4);
+
+    // Ties go to the lower id.
+    const RouterOutput tie = node().route(input({1, 5, 5, 5}, {1, 4}), p);
+    EXPECT_EQ(tie.ids.as<std::int32_t>()[0], 1);
+    EXPECT_EQ(tie.ids.as<std::int32_t>()[1], 2);
+
+    // Sigmoid scoring: selection uses score + bias, the weights the unbiased
+    // score (sigmoid(0) = 0.5 exactly on every node).
+    const Tensor bias = Tensor::from_f64(std::vector<double>{0, 0.3, 0, 0.2}, {4});
+    const TensorView bv = bias.view();
+    RouterParams sp;
+    sp.top_k = 2;
+    sp.scoring = RouterScoring::sigmoid;
+    sp.renormalize = false;
+    sp.scaling = 2.0;
+    sp.bias = &bv;
+    const RouterOutput sr = node().route(input({0, 0, 0, 0}, {1, 4}), sp);
+    EXPECT_EQ(sr.ids.as<std::int32_t>()[0], 1);
+    EXPECT_EQ(sr.ids.as<std::int32_t>()[1], 3);
+    EXPECT_DOUBLE_EQ(sr.weights.at(0), 1.0);  // 0.5 · 2
+    // Groups {0,1} and {2,3}, keep one group: group {0,1} scores 0.5+0.8 > 0.5+0.7.
+    sp.n_group = 2;
+    sp.topk_group = 1;
+    const RouterOutput g = node().route(input({0, 0, 0, 0}, {1, 4}), sp);
+    EXPECT_EQ(g.ids.as<std::int32_t>()[0], 1);
+    EXPECT_EQ(g.ids.as<std::int32_t>()[1], 0);
+}
+
+TEST_P(Conformance, RouterAgreesWithTheOracleOnSeparatedLogits) {
+    // Each row is a permutation of -1.6, -1.55, ..., 1.55: neighbouring
+    // softmax scores differ by 5% and sigmoid scores by ≥ σ'(1.6)·0.05 =
+    // 0.0075, both far above any node's error and above bf16's spacing (1/128
+    // for the logits, 1/256 for the sigmoids), so the top-k must agree, in order.
+    const std::int64_t T = 32, E = 64;
+    std::vector<double> v(static_cast<std::size_t>(T * E));
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t e = 0; e < E; ++e)
+            v[static_cast<std::size_t>(t * E + e)] = 0.05 * static_cast<double>((e * 37 + t * 11) % E) - 1.6;
+    const Tensor logits = held(Tensor::from_f64(v, {T, E}, DType::f32));
+    auto r = ref();
+    for (RouterScoring scoring : {RouterScoring::softmax, RouterScoring::sigmoid}) {
+        RouterParams p;
+        p.top_k = 8;
+        p.scoring = scoring;
+        const RouterOutput want = r->route(logits, p);
+        const RouterOutput got = node().route(logits, p);
+        const IndexAgreement a = compare_indices(want.ids, got.ids);
+        EXPECT_EQ(a.exact_match_rate, 1.0);
+        EXPECT_EQ(std::memcmp(want.ids.raw(), got.ids.raw(), want.ids.nbytes()), 0);  // same order too
+        // Scores: softmax's or sigmoid's bound; weights: one more division
+        // and a sum of k in the accumulator.
+        const double rel = scoring == RouterScoring::softmax ? softmax_rel(E) : 1e-5 + (narrow() ? 1.01 * us() : 0.0);
+        EXPECT_TRUE(within(compare(want.scores, got.scores).max_rel, rel)) << compare(want.scores, got.scores).max_rel;
+        const double wrel = rel + (narrow() ? 2 * us() : 0.0) + (f16_acc() ? gamma(p.top_k, ua()) : 0.0);
+        EXPECT_TRUE(within(compare(want.weights, got.weights).max_rel, wrel)) << compare(want.weights, got.weights).max_rel;
+    }
+}
+
+namespace {
+struct SmallMoe {
+    Tensor x;
+    std::vector<Tensor> storage;
+    std::vector<ExpertWeights> experts;
+    RoutingPlan plan;
+    SmallMoe(std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E, int k) {
+        x = seeded_normal(31, "m/x", {T, H}, 0, 1);
+        for (std::int64_t e = 0; e < E; ++e) {
+            storage.push_back(seeded_normal(31, "m/g" + std::to_string(e), {I, H}, 0, 1 / std::sqrt(double(H))));
+            storage.push_back(seeded_normal(31, "m/u" + std::to_string(e), {I, H}, 0, 1 / std::sqrt(double(H))));
+            storage.push_back(seeded_normal(31, "m/d" + std::to_string(e), {H, I}, 0, 1 / std::sqrt(double(I))));
+        }
+        for (std::int64_t e = 0; e < E; ++e)
+            experts.push_back({storage[std::size_t(3 * e)], storage[std::size_t(3 * e + 1)], storage[std::size_t(3 * e + 2)]});
+        RouterParams p;
+        p.top_k = k;
+        // Router authority: the oracle decides, every node obeys.
+        RouterOutput r = create_backend("cpu-ref")->route(seeded_normal(31, "m/logits", {T, E}, 0, 1), p);
+        plan = {r.ids, r.weights};
+    }
+};
+
+// The MoE block as the sum of 4 shards of the experts, and the shards.
+struct Sharded {
+    Tensor combined;
+    std::vector<Tensor> parts;
+};
+Sharded sharded(Backend& b, const SmallMoe& m) {
+    Sharded out;
+    const int shards = 4;
+    const auto E = static_cast<std::int64_t>(m.experts.size());
+    for (int s = 0; s < shards; ++s) {
+        std::vector<bool> mine(static_cast<std::size_t>(E));
+        for (std::int64_t e = 0; e < E; ++e) mine[static_cast<std::size_t>(e)] = e * shards / E == s;
+        out.parts.push_back(b.moe_block(m.x, m.experts, m.plan, &mine));
+        out.combined = s == 0 ? out.parts.back() : b.add(out.combined, out.parts.back());
+    }
+    return out;
+}
+
+// The MoE of the MoE tests and what the oracle makes of it, once per process.
+struct MoeCase {
+    SmallMoe m{12, 256, 96, 16, 8};
+    Tensor want;
+    CompareStats oracle_shards;
+    MoeCase() {
+        auto r = create_backend("cpu-ref");
+        want = r->moe_block(m.x, m.experts, m.plan);
+        oracle_shards = compare(want, sharded(*r, m).combined);
+    }
+};
+const MoeCase& moe_case() {
+    static const MoeCase c;
+    return c;
+}
+}  // namespace
+
+TEST_P(Conformance, MoeBlockByHand) {
+    // H = 1, I = 1: expert e computes down_e · silu(gate_e·x) · (up_e·x).
+    const Tensor x = input({2.0}, {1, 1});
+    std::vector<Tensor> w{input({1}, {1, 1}), input({3}, {1, 1}), input({0.5}, {1, 1}),   // expert 0
+                          input({-1}, {1, 1}), input({1}, {1, 1}), input({2}, {1, 1})};   // expert 1
+    std::vector<ExpertWeights> experts{{w[0], w[1], w[2]}, {w[3], w[4], w[5]}};
+    RoutingPlan plan{Tensor(DType::i32, {1, 2}), Tensor::from_f64(std::vector<double>{0.25, 0.75}, {1, 2})};
+    plan.ids.as<std::int32_t>()[0] = 1;
+    plan.ids.as<std::int32_t>()[1] = 0;
+    const auto silu = [](double g) { return g / (1 + std::exp(-g)); };
+    const double e0 = 0.5 * silu(2.0) * 6.0, e1 = 2.0 * silu(-2.0) * 2.0;
+    const double want = 0.25 * e1 + 0.75 * e0;
+    // swiglu's error, then the down projection, the combine and the result
+    // each rounded once (to storage, or to half in a half accumulator).
+    const double rel = swiglu_ulp() * 0x1p-23 + few_roundings() + (narrow() ? 4 * us() : 0.0) + (f16_acc() ? 3 * ua() : 0.0);
+    EXPECT_NEAR(node().moe_block(x, experts, plan).at(0), want, oracle() ? 1e-15 : rel * std::fabs(want));
+}
+
+TEST_P(Conformance, MoeBlockMatchesTheOracleAndItsShards) {
+    const MoeCase& mc = moe_case();
+    const SmallMoe& m = mc.m;
+    const Tensor mono = node().moe_block(m.x, m.experts, m.plan);
+    const Sharded sh = sharded(node(), m);
+    const CompareStats s = compare(mc.want, mono), c = compare(mono, sh.combined);
+    if (oracle()) {
+        // Exact up to the order of f64 accumulation.
+        EXPECT_TRUE(within(c.max_rel, 1e-10)) << c.max_rel;
+        EXPECT_TRUE(within(c.max_abs, 1e-12)) << c.max_abs;
+        return;
+    }
+    if (!narrow()) {
+        // Partial sums in f32: sharding is equivalent, not exact; larger than
+        // on the oracle, still tiny.
+        EXPECT_TRUE(within(c.max_rel, 1e-4)) << c.max_rel;
+        EXPECT_GT(c.max_abs, mc.oracle_shards.max_abs);
+    } else {
+        // Each shard's sum is rounded to storage, and so is every add() of
+        // them (running sums ≤ Σ|p|) and the whole block's sum: on top of the
+        // f32 tolerance, u_s·(|y| + 4·Σ_s|p_s|) and half a subnormal step per rounding.
+        const std::vector<double> y64 = mono.to_f64();
+        const double guard =
+            kRelGuardFraction * std::sqrt(std::inner_product(y64.begin(), y64.end(), y64.begin(), 0.0) / static_cast<double>(y64.size()));
+        for (std::int64_t i = 0; i < mono.numel(); ++i) {
+            double parts = 0;
+            for (const Tensor& p : sh.parts) parts += std::fabs(p.at(i));
+            const double y = std::fabs(mono.at(i));
+            const double bound = 1.01 * us() * (y + 4 * parts) + 5 * underflow() + 1e-4 * std::max(y, guard);
+            ASSERT_LE(std::fabs(sh.combined.at(i) - mono.at(i)), bound) << "element " << i;
+        }
+    }
+    if (!narrow() && !f16_acc()) {
+        EXPECT_TRUE(at_least(s.cosine, 0.999999)) << s.cosine;
+        EXPECT_TRUE(within(s.max_rel, 1e-3)) << s.max_rel;
+        return;
+    }
+    // Narrow storage or a half accumulator: three matmuls and a swiglu, each
+    // with a relative error of about ε (3u_s: inputs and result rounded;
+    // √K·u_a for a half sum of K = 256 terms of random sign), adding in
+    // quadrature to a relative RMS error of about 2ε: cosine ≥ 1 − (2ε)²/2.
+    const double eps = narrow() ? 3 * us() : std::sqrt(256.0) * ua();
+    EXPECT_TRUE(at_least(s.cosine, 1 - 2 * eps * eps)) << s.cosine;
+}
+
+INSTANTIATE_TEST_SUITE_P(Nodes, Conformance, ::testing::ValuesIn(all_nodes()), node_label);
+
+// ---- narrow storage ---------------------------------------------------------------------
+
+class StorageConformance : public NodeTest {};
+
+TEST_P(StorageConformance, EveryOpWritesValuesOfTheFormat) {
+    const DType st = caps().storage;
+    const Tensor x = seeded_normal(17, "conf/s/x", {4, 256}, 0, 1);
+    const Tensor w = seeded_normal(17, "conf/s/w", {32, 256}, 0, 0.0625);
+    const Tensor s = seeded_normal(17, "conf/s/s", {3, 300}, 0, 2);
+    const Tensor r = seeded_normal(17, "conf/s/r", {3, 2, 64}, 0, 1);
+    const std::vector<std::int64_t> pos{0, 17, 4000};
+    const SmallMoe m(4, 64, 32, 8, 2);
+    const std::vector<std::pair<const char*, Tensor>> outputs = {
+        {"matmul", node().matmul(x, w)},
+        {"softmax", node().softmax(s)},
+        {"sigmoid", node().sigmoid(s)},
+        {"swiglu", node().swiglu(s, s)},
+        {"rmsnorm", node().rmsnorm(s, Tensor::convert(s.view().row(0), DType::f32), 1e-6)},
+        {"rope", node().rope(r, pos, {1e6, RopeLayout::neox})},
+        {"moe_block", node().moe_block(m.x, m.experts, m.plan)},
+        {"add", node().add(s, s)},
+    };
+    for (const auto& [op, out] : outputs)
+        for (std::int64_t i = 0; i < out.numel(); ++i)
+            ASSERT_EQ(out.at(i), round_to(st, out.at(i))) << op << " " << dtype_name(st) << " element " << i;
+}
+
+TEST_P(StorageConformance, ErrorIsTheFormatsVisiblyAboveF32) {
+    const Tensor x = seeded_normal(17, "conf/s/x", {4, 256}, 0, 1);
+    const Tensor w = seeded_normal(17, "conf/s/w", {32, 256}, 0, 0.0625);
+    auto r = ref();
+    const Tensor yr = r->matmul(x, w);
+    const CompareStats narrow_err = compare(yr, node().matmul(x, w));
+    const CompareStats f32_err = compare(yr, make(GetParam().sibling)->matmul(x, w));
+    EXPECT_GT(narrow_err.max_abs, 100 * f32_err.max_abs) << narrow_err.max_abs << " vs " << f32_err.max_abs;
+    // The same format on the cpu backend: equivalent, the same error scale.
+    const Tensor s = seeded_normal(17, "conf/s/s", {3, 300}, 0, 2);
+    const CompareStats c = compare(create_backend(std::string("cpu:storage=") + dtype_name(caps().storage))->softmax(s),
+                                   node().softmax(s));
+    EXPECT_TRUE(within(c.max_rel, 4 * us())) << c.max_rel;
+}
+
+INSTANTIATE_TEST_SUITE_P(Nodes, StorageConformance, ::testing::ValuesIn(nodes_where([](const Node& n) {
+                             return option_of(n.spec, "storage", "f32") != "f32";
+                         })),
+                         node_label);
+
+// ---- half accumulation --------------------------------------------------------------------
+
+class F16AccConformance : public NodeTest {};
+
+// What an accumulator that rounds its running sum to half after every add
+// computes, in ascending k: the products of two floats are exact in double.
+std::vector<double> f16_chain(const Tensor& x, const Tensor& w) {
+    const std::int64_t T = x.dim(0), K = x.dim(1), N = w.dim(0);
+    std::vector<double> y(static_cast<std::size_t>(T * N));
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t n = 0; n < N; ++n) {
+            double acc = 0;
+            for (std::int64_t k = 0; k < K; ++k) acc = round_to_f16(acc + x.at(t * K + k) * w.at(n * K + k));
+            y[static_cast<std::size_t>(t * N + n)] = acc;
+        }
+    return y;
+}
+
+TEST_P(F16AccConformance, MatmulIsTheHalfAccumulatorBitForBit) {
+    auto cpu16 = create_backend("cpu:acc=f16");
+    for (const auto& [T, N, K] : std::vector<Shape3>{
+             {2, 3, 64}, {1, 1, 1}, {5, 7, 13}, {3, 65, 33}, {9, 70, 300}, {70, 130, 100}, {64, 70, 1000}, {4, 33, 2048}}) {
+        const Tensor x = seeded_normal(23, "conf/h/x", {T, K}, 0, 1);
+        const Tensor w = seeded_normal(23, "conf/h/w", {N, K}, 0, 1);
+        const Tensor y = node().matmul(x, w);
+        EXPECT_EQ(y.to_f64(), f16_chain(x, w)) << T << "x" << N << "x" << K;
+        EXPECT_EQ(y.to_f64(), cpu16->matmul(x, w).to_f64()) << "cpu:acc=f16, " << T << "x" << N << "x" << K;
+    }
+}
+
+TEST_P(F16AccConformance, ErrorIsOrdersOfMagnitudeAboveF32) {
+    const Tensor x = seeded_normal(29, "o/x", {8, 2048}, 0, 1);
+    const Tensor w = seeded_normal(29, "o/w", {64, 2048}, 0, 1 / std::sqrt(2048.0));
+    auto r = ref();
+    auto f32 = make(GetParam().sibling);
+    const Tensor yr = r->matmul(x, w);
+    const CompareStats e32 = compare(yr, f32->matmul(x, w));
+    const CompareStats e16 = compare(yr, node().matmul(x, w));
+    EXPECT_GT(e16.max_abs, 1000 * e32.max_abs) << e16.max_abs << " vs " << e32.max_abs;
+    EXPECT_LT(e16.cosine, e32.cosine);
+    // rmsnorm over 4096: the cpu sums one row in one running half sum; the
+    // GPU's 256-thread tree keeps each partial sum short, so its f16 error is
+    // smaller (still two orders above f32).
+    const Tensor s = seeded_normal(29, "o/s", {4, 4096}, 0, 1);
+    const Tensor sw = seeded_normal(29, "o/sw", {4096}, 1, 0.1);
+    const double factor = GetParam().family == Family::cpu ? 1000 : 100;
+    const Tensor rr = r->rmsnorm(s, sw, 1e-6);
+    EXPECT_GT(compare(rr, node().rmsnorm(s, sw, 1e-6)).max_abs, factor * compare(rr, f32->rmsnorm(s, sw, 1e-6)).max_abs);
+}
+
+INSTANTIATE_TEST_SUITE_P(Nodes, F16AccConformance, ::testing::ValuesIn(nodes_where([](const Node& n) {
+                             return option_of(n.spec, "acc", "f32") == "f16";
+                         })),
+                         node_label);
+
+}  // namespace
