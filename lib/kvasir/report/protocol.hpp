@@ -3,11 +3,11 @@
 // reference) and WHAT counts as passing (the tolerances of two tiers). The
 // tolerances live here and nowhere in code (SPEC §3).
 //
-// SHA-256 (core/sha256.hpp, libcrypto) and canonical JSON with the content
-// hash over it (core/canonical_json.hpp) are included here for callers. This
-// header also holds a validator for the subset of JSON Schema (draft
-// 2020-12) that protocols/protocol.schema.json and
-// protocols/report.schema.json use.
+// The machinery the protocol files and the reports share lives in core and
+// is included here, so callers of this header see it: SHA-256
+// (core/sha256.hpp, libcrypto), canonical JSON and the content hash over it
+// (core/canonical_json.hpp), and the JSON Schema subset validator
+// (core/json_schema.hpp).
 //
 // ---------------------------------------------------------------------------
 // Protocol file format "kvasir-equiv/protocol/1" (protocols/README.md has a
@@ -58,6 +58,7 @@
 #pragma once
 
 #include "kvasir/core/canonical_json.hpp"
+#include "kvasir/core/json_schema.hpp"
 #include "kvasir/core/sha256.hpp"
 #include "kvasir/steps/op_delta.hpp"  // OpsConfig, all_op_names()
 
@@ -72,35 +73,6 @@
 #include <vector>
 
 namespace kvasir {
-
-// --- JSON pointers -------------------------------------------------------------------
-
-// JSON pointer (RFC 6901) of `token` below `parent`: "~" → "~0", "/" → "~1".
-std::string json_pointer_child(const std::string& parent, std::string_view token);
-std::string json_pointer_child(const std::string& parent, std::size_t index);
-
-// --- JSON Schema subset -----------------------------------------------------------
-//
-// Supported keywords (draft 2020-12 semantics): type (a name or an array of
-// names; "integer" accepts 3.0), enum, const, properties, required,
-// additionalProperties (false or a schema), patternProperties, items (one
-// schema for every element), minItems, maxItems, minimum, maximum,
-// exclusiveMinimum, exclusiveMaximum (numbers), minLength, pattern
-// (ECMAScript regex, searched — not anchored — as the standard says), and
-// $ref to a local "#/..." pointer. Annotations are ignored: $schema, $id,
-// $comment, $defs, title, description, default, examples. Any OTHER keyword
-// is Error(internal): a validator that silently ignored, say, "oneOf" would
-// pass documents the schema means to refuse.
-
-struct SchemaViolation {
-    std::string path;     // JSON pointer into the document ("" = the root)
-    std::string message;  // "expected a number, got string", "unknown key", ...
-};
-
-// Every violation, in document order. Empty = valid.
-std::vector<SchemaViolation> schema_violations(const nlohmann::json& schema, const nlohmann::json& doc);
-// Throws Error(bad_input) "<source>: <path>: <message>" for the first violation.
-void validate_against_schema(const nlohmann::json& schema, const nlohmann::json& doc, const std::string& source);
 
 // --- criteria ---------------------------------------------------------------------
 
