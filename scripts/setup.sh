@@ -13,6 +13,9 @@ KVASIR_BUILD_TYPE="${KVASIR_BUILD_TYPE:-Release}"
 # Build and test dependencies, all from Debian. hipcc/libamdhip64-dev let CI
 # compile the HIP backend even though this machine has no AMD GPU; PoCL gives
 # a real OpenCL device on the CPU; OpenBLAS is only the benchmarks' yardstick.
+# libssl-dev (libcrypto) computes SHA-256, Random123 is the reference Philox,
+# json-schema-test-suite is the official suite the schema validator is tested
+# against.
 KVASIR_PACKAGES=(
   cmake ninja-build g++ pkg-config git
   libcli11-dev nlohmann-json3-dev libfmt-dev libgtest-dev libbenchmark-dev
@@ -20,6 +23,7 @@ KVASIR_PACKAGES=(
   clang libclang-rt-14-dev
   hipcc libamdhip64-dev
   libopenblas-dev
+  libssl-dev librandom123-dev json-schema-test-suite
   python3-jsonschema python3-numpy
 )
 

@@ -2,7 +2,7 @@
 """Independent checks of kvasir-equiv's audit outputs and schema files.
 
 The C++ side validates reports and protocols with its own small JSON-Schema
-validator (lib/kvasir/report/protocol.hpp). This script checks the same
+validator (lib/kvasir/core/json_schema.hpp). This script checks the same
 documents with the reference Python implementation (`jsonschema`), so a bug
 in either validator — or a schema that is not valid JSON Schema at all — shows
 up as a disagreement. It is used by tests/steps/test_writers.cpp and can be

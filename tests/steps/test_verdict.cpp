@@ -1,7 +1,6 @@
 // The verdict machinery of `audit`, independent of the steps that measure:
-//  * SHA-256 against the FIPS 180-2 / NIST vectors (and the padding
-//    boundaries, against Python's hashlib), canonical JSON and the protocol
-//    content hash (key order and whitespace do not change it, a value does);
+//  * the protocol content hash survives reformatting (SHA-256, canonical
+//    JSON and the schema validator are tested in tests/core/);
 //  * the shipped protocols: each parses, validates against
 //    protocols/protocol.schema.json with the C++ validator, and its token
 //    streams match their pinned sha256;
@@ -33,7 +32,6 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <set>
 #include <string>
 
 namespace fs = std::filesystem;
@@ -65,43 +63,9 @@ void expect_bad_input(F&& f, const std::string& prefix, const std::string& part)
 
 }  // namespace
 
-// --- SHA-256 ------------------------------------------------------------------------
-
-TEST(Sha256, KnownVectors) {
-    EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-    EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-    EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
-              "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-    EXPECT_EQ(sha256_hex(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-}
-
-TEST(Sha256, PaddingBoundaries) {
-    // 55 bytes: the length fits the first block; 56: it spills into a second;
-    // 64: a full block then a padding-only block. Values from Python hashlib.
-    EXPECT_EQ(sha256_hex(std::string(55, 'a')), "9f4390f8d30c2dd92ec9f095b65e2b9ae9b0a925a5258e241c9f1e910f734318");
-    EXPECT_EQ(sha256_hex(std::string(56, 'a')), "b35439a4ac6f0948b6d6f9e3c6af0f5f590ce20f1bde7090ef7970686ec6738a");
-    EXPECT_EQ(sha256_hex(std::string(63, 'a')), "7d3e74a05d7db15bce4ad9ec0658ea98e3f06eeecf16b4c6fff2da457ddc2f34");
-    EXPECT_EQ(sha256_hex(std::string(64, 'a')), "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb");
-    EXPECT_EQ(sha256_hex(std::string(65, 'a')), "635361c48bb9eab14198e76ea8ab7f1a41685d6ad62aa9146d301d4f17eb0ae0");
-    EXPECT_EQ(sha256_hex(std::string(119, 'a')), "31eba51c313a5c08226adf18d4a359cfdfd8d2e816b13f4af952f7ea6584dcfb");
-    EXPECT_EQ(sha256_hex(std::string(120, 'a')), "2f3d335432c70b580af0e8e1b3674a7c020d683aa5f73aaaedfdc55af904c21c");
-}
-
-// --- canonical JSON / content hash ------------------------------------------------
-
-TEST(ContentHash, KeyOrderAndWhitespaceDoNotMatterValuesDo) {
-    const json a = json::parse(R"({"b": 1, "a": {"y": [1, 2], "x": 0.001}})");
-    const json b = json::parse("{\n  \"a\" : {\"x\":1e-3,\n\"y\":[1,2]},\t\"b\":1}");
-    EXPECT_EQ(canonical_json(a), R"({"a":{"x":0.001,"y":[1,2]},"b":1})");
-    EXPECT_EQ(content_hash(a), content_hash(b));
-    EXPECT_EQ(content_hash(a), "sha256:" + sha256_hex(R"({"a":{"x":0.001,"y":[1,2]},"b":1})"));
-    json c = a;
-    c["a"]["x"] = 0.002;
-    EXPECT_NE(content_hash(a), content_hash(c));
-    json d = a;
-    d["a"]["y"] = json::array({2, 1});  // array order is content
-    EXPECT_NE(content_hash(a), content_hash(d));
-}
+// --- content hash of a protocol -----------------------------------------------------
+// (SHA-256 and canonical JSON themselves: tests/core/test_sha256.cpp,
+// test_canonical_json.cpp.)
 
 TEST(ContentHash, ShippedProtocolReformattedKeepsItsHash) {
     const Protocol p = load_protocol((kProtocols / "default.json").string());
@@ -275,29 +239,6 @@ TEST(Protocol, FileLevelProblems) {
     const std::string missing = (dir / "missing.json").string();
     expect_bad_input([&] { load_protocol(missing); }, missing + ": cannot read", "");
     fs::remove_all(dir);
-}
-
-// --- schema validator ----------------------------------------------------------------
-
-TEST(SchemaValidator, SubsetSemantics) {
-    const json schema = json::parse(R"({
-      "type": "object", "required": ["a"], "additionalProperties": false,
-      "properties": {"a": {"type": "integer", "minimum": 1}, "b": {"$ref": "#/$defs/d"}},
-      "patternProperties": {"^x_": {"type": "string", "pattern": "^[a-z]+$"}},
-      "$defs": {"d": {"type": ["number", "string"], "pattern": "^(nan|inf)$", "exclusiveMaximum": 10}}})");
-    EXPECT_TRUE(schema_violations(schema, json::parse(R"({"a": 3, "b": 9.5, "x_q": "abc"})")).empty());
-    EXPECT_TRUE(schema_violations(schema, json::parse(R"({"a": 3.0, "b": "nan"})")).empty());  // 3.0 is an integer
-    const auto v = schema_violations(schema, json::parse(R"({"b": "NaN", "c": 1, "x_q": "A", "a": 0})"));
-    std::set<std::string> got;
-    for (const auto& x : v) got.insert(x.path + " " + x.message);
-    EXPECT_EQ(got.count(" missing key 'a'"), 0u);  // a is present (0), only too small
-    EXPECT_EQ(got.count("/a 0 is not >= 1"), 1u);
-    EXPECT_EQ(got.count("/c unknown key"), 1u);
-    EXPECT_EQ(v.size(), 4u);
-    EXPECT_FALSE(schema_violations(schema, json::parse(R"({"a": 1, "b": 10})")).empty());  // exclusive
-    EXPECT_FALSE(schema_violations(schema, json::parse(R"({"a": 1.5})")).empty());
-    // An unsupported keyword is an internal error, never silently ignored.
-    EXPECT_THROW(schema_violations(json::parse(R"({"oneOf": []})"), json(1)), Error);
 }
 
 // --- verdicts ----------------------------------------------------------------------------

@@ -19,6 +19,8 @@
 //     (hi(M1*c2) ^ c1 ^ k0, lo(M1*c2), hi(M0*c0) ^ c3 ^ k1, lo(M0*c0))
 //   where hi/lo are the upper/lower 32 bits of the 64-bit product; the key is
 //   bumped (k0 += W0, k1 += W1, mod 2^32) between rounds (9 bumps in all).
+//   rng.cpp calls Random123's r123::Philox4x32_R<10> (Debian librandom123-dev)
+//   for it; the definition is spelled out here for scripts/rng_reference.py.
 //
 // Stream of a tensor: stream = tensor_stream_id(name) = FNV-1a 64 over the
 //   name's bytes (UTF-8 as given, no normalisation, no terminator):

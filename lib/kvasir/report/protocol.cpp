@@ -8,324 +8,13 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
-#include <memory>
 #include <regex>
 #include <set>
 
 namespace kvasir {
-
-// ============================================================================
-// SHA-256 (FIPS 180-4 §6.2). Written for clarity, not speed: protocols and
-// token streams are kilobytes.
-// ============================================================================
-
-namespace {
-
-constexpr std::array<std::uint32_t, 64> kSha256K = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-
-constexpr std::uint32_t rotr(std::uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
-
-void sha256_block(std::array<std::uint32_t, 8>& h, const std::uint8_t* block) {
-    std::array<std::uint32_t, 64> w{};
-    for (int t = 0; t < 16; ++t)
-        w[t] = (std::uint32_t{block[4 * t]} << 24) | (std::uint32_t{block[4 * t + 1]} << 16) |
-               (std::uint32_t{block[4 * t + 2]} << 8) | std::uint32_t{block[4 * t + 3]};
-    for (int t = 16; t < 64; ++t) {
-        const std::uint32_t s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
-        const std::uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
-        w[t] = w[t - 16] + s0 + w[t - 7] + s1;
-    }
-    std::uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
-    for (int t = 0; t < 64; ++t) {
-        const std::uint32_t big_s1 = rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25);
-        const std::uint32_t ch = (e & f) ^ (~e & g);
-        const std::uint32_t t1 = hh + big_s1 + ch + kSha256K[t] + w[t];
-        const std::uint32_t big_s0 = rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22);
-        const std::uint32_t maj = (a & b) ^ (a & c) ^ (b & c);
-        const std::uint32_t t2 = big_s0 + maj;
-        hh = g;
-        g = f;
-        f = e;
-        e = d + t1;
-        d = c;
-        c = b;
-        b = a;
-        a = t1 + t2;
-    }
-    h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += hh;
-}
-
-}  // namespace
-
-std::array<std::uint8_t, 32> sha256(std::string_view data) {
-    std::array<std::uint32_t, 8> h = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                      0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-    const auto* p = reinterpret_cast<const std::uint8_t*>(data.data());
-    const std::size_t n = data.size();
-    std::size_t full = n / 64;
-    for (std::size_t i = 0; i < full; ++i) sha256_block(h, p + 64 * i);
-    // Padding: 0x80, zeros to 56 mod 64, then the bit length big-endian.
-    std::array<std::uint8_t, 128> tail{};
-    const std::size_t rest = n - 64 * full;
-    if (rest > 0) std::memcpy(tail.data(), p + 64 * full, rest);
-    tail[rest] = 0x80;
-    const std::size_t tail_len = rest + 1 + 8 <= 64 ? 64 : 128;
-    const std::uint64_t bits = static_cast<std::uint64_t>(n) * 8u;
-    for (int i = 0; i < 8; ++i) tail[tail_len - 1 - i] = static_cast<std::uint8_t>(bits >> (8 * i));
-    sha256_block(h, tail.data());
-    if (tail_len == 128) sha256_block(h, tail.data() + 64);
-    std::array<std::uint8_t, 32> out{};
-    for (int i = 0; i < 8; ++i)
-        for (int j = 0; j < 4; ++j) out[4 * i + j] = static_cast<std::uint8_t>(h[i] >> (24 - 8 * j));
-    return out;
-}
-
-std::string sha256_hex(std::string_view data) {
-    static const char* digits = "0123456789abcdef";
-    std::string out;
-    out.reserve(64);
-    for (const std::uint8_t b : sha256(data)) {
-        out += digits[b >> 4];
-        out += digits[b & 15];
-    }
-    return out;
-}
-
-// ============================================================================
-// Canonical JSON
-// ============================================================================
-
-// nlohmann::json (not ordered_json) keeps objects in a std::map, so dump()
-// already writes keys in byte order; dump() without an indent writes no
-// whitespace. An ordered_json document must be converted first (the caller's
-// type makes that explicit).
-std::string canonical_json(const nlohmann::json& doc) { return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict); }
-
-std::string content_hash(const nlohmann::json& doc) { return "sha256:" + sha256_hex(canonical_json(doc)); }
-
-std::string json_pointer_child(const std::string& parent, std::string_view token) {
-    std::string out = parent + "/";
-    for (const char c : token) {
-        if (c == '~')
-            out += "~0";
-        else if (c == '/')
-            out += "~1";
-        else
-            out += c;
-    }
-    return out;
-}
-
-std::string json_pointer_child(const std::string& parent, std::size_t index) {
-    return parent + "/" + std::to_string(index);
-}
-
-// ============================================================================
-// JSON Schema subset
-// ============================================================================
-
-namespace {
-
-std::string type_of(const nlohmann::json& j) {
-    if (j.is_number_integer()) return "integer";
-    if (j.is_number_float()) return "number";
-    return j.type_name();  // null, boolean, string, array, object
-}
-
-// "integer" includes integral floats (3.0), as JSON Schema 2020-12 says.
-bool has_type(const nlohmann::json& j, const std::string& t) {
-    if (t == "null") return j.is_null();
-    if (t == "boolean") return j.is_boolean();
-    if (t == "string") return j.is_string();
-    if (t == "array") return j.is_array();
-    if (t == "object") return j.is_object();
-    if (t == "number") return j.is_number();
-    if (t == "integer") {
-        if (j.is_number_integer()) return true;
-        if (!j.is_number_float()) return false;
-        const double v = j.get<double>();
-        return std::isfinite(v) && std::floor(v) == v;
-    }
-    fail(ErrorCode::internal, "schema: unknown type name '{}'", t);
-}
-
-std::string describe_value(const nlohmann::json& j) {
-    std::string text = j.dump();
-    if (text.size() > 40) text = text.substr(0, 37) + "...";
-    return fmt::format("{} {}", type_of(j), text);
-}
-
-std::string article(const std::string& type) {
-    return (type == "integer" || type == "array" || type == "object") ? "an " + type : "a " + type;
-}
-
-std::size_t utf8_length(const std::string& s) {
-    std::size_t n = 0;
-    for (const char c : s)
-        if ((static_cast<unsigned char>(c) & 0xc0) != 0x80) ++n;
-    return n;
-}
-
-class SchemaWalker {
-public:
-    SchemaWalker(const nlohmann::json& root, std::vector<SchemaViolation>& out) : root_(root), out_(out) {}
-
-    void validate(const nlohmann::json& schema, const nlohmann::json& doc, const std::string& path, int depth) {
-        KVASIR_CHECK(depth < 64, ErrorCode::internal, "schema: $ref nesting deeper than 64 at {}", path);
-        if (schema.is_boolean()) {
-            if (!schema.get<bool>()) add(path, "not allowed here");
-            return;
-        }
-        KVASIR_CHECK(schema.is_object(), ErrorCode::internal, "schema: a schema must be an object or a boolean (at {})", path);
-        static const std::set<std::string> supported = {
-            "type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties", "items",
-            "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "pattern",
-            "$ref", "$schema", "$id", "$comment", "$defs", "title", "description", "default", "examples"};
-        for (const auto& [key, value] : schema.items())
-            KVASIR_CHECK(supported.count(key) != 0, ErrorCode::internal,
-                         "schema keyword '{}' is not supported by kvasir's validator", key);
-
-        if (schema.contains("$ref")) validate(resolve(schema["$ref"].get<std::string>()), doc, path, depth + 1);
-
-        if (schema.contains("type")) {
-            std::vector<std::string> types;
-            if (schema["type"].is_string())
-                types.push_back(schema["type"].get<std::string>());
-            else
-                for (const auto& t : schema["type"]) types.push_back(t.get<std::string>());
-            const bool ok = std::any_of(types.begin(), types.end(), [&](const std::string& t) { return has_type(doc, t); });
-            if (!ok) {
-                std::string want;
-                for (std::size_t i = 0; i < types.size(); ++i)
-                    want += (i == 0 ? "" : i + 1 == types.size() ? " or " : ", ") + article(types[i]);
-                add(path, fmt::format("expected {}, got {}", want, describe_value(doc)));
-                return;  // the remaining keywords would only repeat the type error
-            }
-        }
-        if (schema.contains("enum")) {
-            const auto& options = schema["enum"];
-            if (std::find(options.begin(), options.end(), doc) == options.end())
-                add(path, fmt::format("{} is not one of {}", doc.dump(), options.dump()));
-        }
-        if (schema.contains("const") && doc != schema["const"])
-            add(path, fmt::format("expected {}, got {}", schema["const"].dump(), doc.dump()));
-
-        if (doc.is_number()) numeric(schema, doc, path);
-        if (doc.is_string()) string(schema, doc.get<std::string>(), path);
-        if (doc.is_array()) array(schema, doc, path, depth);
-        if (doc.is_object()) object(schema, doc, path, depth);
-    }
-
-private:
-    void add(const std::string& path, std::string message) { out_.push_back({path, std::move(message)}); }
-
-    const nlohmann::json& resolve(const std::string& ref) {
-        KVASIR_CHECK(ref.rfind("#", 0) == 0, ErrorCode::internal, "schema: only local $ref (#/...) is supported, not '{}'", ref);
-        const nlohmann::json::json_pointer ptr(ref.substr(1));
-        KVASIR_CHECK(root_.contains(ptr), ErrorCode::internal, "schema: $ref '{}' points nowhere", ref);
-        return root_.at(ptr);
-    }
-
-    void numeric(const nlohmann::json& s, const nlohmann::json& doc, const std::string& path) {
-        const double v = doc.get<double>();
-        const auto bound = [&](const char* key, auto ok, const char* relation) {
-            if (!s.contains(key)) return;
-            const double b = s[key].get<double>();
-            if (!ok(v, b)) add(path, fmt::format("{} is not {} {}", doc.dump(), relation, s[key].dump()));
-        };
-        bound("minimum", [](double a, double b) { return a >= b; }, ">=");
-        bound("maximum", [](double a, double b) { return a <= b; }, "<=");
-        bound("exclusiveMinimum", [](double a, double b) { return a > b; }, ">");
-        bound("exclusiveMaximum", [](double a, double b) { return a < b; }, "<");
-    }
-
-    void string(const nlohmann::json& s, const std::string& v, const std::string& path) {
-        if (s.contains("minLength") && utf8_length(v) < s["minLength"].get<std::size_t>())
-            add(path, fmt::format("string shorter than {} characters", s["minLength"].get<std::size_t>()));
-        if (s.contains("pattern")) {
-            const std::string& pat = s["pattern"].get_ref<const std::string&>();
-            if (!std::regex_search(v, regex(pat)))
-                add(path, fmt::format("\"{}\" does not match the pattern {}", v.size() > 60 ? v.substr(0, 57) + "..." : v, pat));
-        }
-    }
-
-    void array(const nlohmann::json& s, const nlohmann::json& doc, const std::string& path, int depth) {
-        if (s.contains("minItems") && doc.size() < s["minItems"].get<std::size_t>())
-            add(path, fmt::format("expected at least {} items, got {}", s["minItems"].get<std::size_t>(), doc.size()));
-        if (s.contains("maxItems") && doc.size() > s["maxItems"].get<std::size_t>())
-            add(path, fmt::format("expected at most {} items, got {}", s["maxItems"].get<std::size_t>(), doc.size()));
-        if (s.contains("items"))
-            for (std::size_t i = 0; i < doc.size(); ++i) validate(s["items"], doc[i], json_pointer_child(path, i), depth + 1);
-    }
-
-    void object(const nlohmann::json& s, const nlohmann::json& doc, const std::string& path, int depth) {
-        if (s.contains("required"))
-            for (const auto& key : s["required"])
-                if (!doc.contains(key.get<std::string>()))
-                    add(path, fmt::format("missing key '{}'", key.get<std::string>()));
-        for (const auto& [key, value] : doc.items()) {
-            const std::string child = json_pointer_child(path, key);
-            bool matched = false;
-            if (s.contains("properties") && s["properties"].contains(key)) {
-                matched = true;
-                validate(s["properties"][key], value, child, depth + 1);
-            }
-            if (s.contains("patternProperties"))
-                for (const auto& [pat, sub] : s["patternProperties"].items())
-                    if (std::regex_search(key, regex(pat))) {
-                        matched = true;
-                        validate(sub, value, child, depth + 1);
-                    }
-            if (matched || !s.contains("additionalProperties")) continue;
-            const auto& extra = s["additionalProperties"];
-            if (extra.is_boolean() && !extra.get<bool>())
-                add(child, "unknown key");
-            else
-                validate(extra, value, child, depth + 1);
-        }
-    }
-
-    const std::regex& regex(const std::string& pattern) {
-        auto it = regexes_.find(pattern);
-        if (it == regexes_.end()) {
-            try {
-                it = regexes_.emplace(pattern, std::make_unique<std::regex>(pattern, std::regex::ECMAScript)).first;
-            } catch (const std::regex_error& e) {
-                fail(ErrorCode::internal, "schema: invalid pattern '{}': {}", pattern, e.what());
-            }
-        }
-        return *it->second;
-    }
-
-    const nlohmann::json& root_;
-    std::vector<SchemaViolation>& out_;
-    std::map<std::string, std::unique_ptr<std::regex>> regexes_;
-};
-
-}  // namespace
-
-std::vector<SchemaViolation> schema_violations(const nlohmann::json& schema, const nlohmann::json& doc) {
-    std::vector<SchemaViolation> out;
-    SchemaWalker(schema, out).validate(schema, doc, "", 0);
-    return out;
-}
-
-void validate_against_schema(const nlohmann::json& schema, const nlohmann::json& doc, const std::string& source) {
-    const auto v = schema_violations(schema, doc);
-    if (!v.empty()) fail(ErrorCode::bad_input, "{}: {}: {}", source, v.front().path.empty() ? "/" : v.front().path, v.front().message);
-}
 
 // ============================================================================
 // Criteria
@@ -459,7 +148,7 @@ public:
     // An object whose keys are exactly `required` plus any of `optional`.
     const nlohmann::json& object(const nlohmann::json& j, const std::string& path, std::vector<std::string> required,
                                  std::vector<std::string> optional = {}) const {
-        if (!j.is_object()) bad(path, fmt::format("expected an object, got {}", describe_value(j)));
+        if (!j.is_object()) bad(path, fmt::format("expected an object, got {}", describe_json_value(j)));
         std::vector<std::string> known = required;
         known.insert(known.end(), optional.begin(), optional.end());
         for (const auto& [key, value] : j.items())
@@ -477,14 +166,14 @@ public:
     std::string string(const nlohmann::json& parent, const std::string& key, const std::string& path, bool allow_empty = false) const {
         const auto& j = parent.at(key);
         const std::string p = json_pointer_child(path, key);
-        if (!j.is_string()) bad(p, fmt::format("expected a string, got {}", describe_value(j)));
+        if (!j.is_string()) bad(p, fmt::format("expected a string, got {}", describe_json_value(j)));
         const std::string s = j.get<std::string>();
         if (!allow_empty && s.empty()) bad(p, "must not be empty");
         return s;
     }
 
     double number(const nlohmann::json& j, const std::string& p) const {
-        if (!j.is_number()) bad(p, fmt::format("expected a number, got {}", describe_value(j)));
+        if (!j.is_number()) bad(p, fmt::format("expected a number, got {}", describe_json_value(j)));
         const double v = j.get<double>();
         if (!std::isfinite(v)) bad(p, "must be finite");
         return v;
@@ -494,7 +183,7 @@ public:
     }
 
     std::int64_t integer(const nlohmann::json& j, const std::string& p, std::int64_t lo, std::int64_t hi) const {
-        if (!has_type(j, "integer")) bad(p, fmt::format("expected an integer, got {}", describe_value(j)));
+        if (!json_is_integer(j)) bad(p, fmt::format("expected an integer, got {}", describe_json_value(j)));
         const double d = j.get<double>();
         if (d < static_cast<double>(lo) || d > static_cast<double>(hi))
             bad(p, fmt::format("{} is out of range [{}, {}]", j.dump(), lo, hi));
@@ -507,7 +196,7 @@ public:
 
     bool boolean(const nlohmann::json& parent, const std::string& key, const std::string& path) const {
         const auto& j = parent.at(key);
-        if (!j.is_boolean()) bad(json_pointer_child(path, key), fmt::format("expected a boolean, got {}", describe_value(j)));
+        if (!j.is_boolean()) bad(json_pointer_child(path, key), fmt::format("expected a boolean, got {}", describe_json_value(j)));
         return j.get<bool>();
     }
 
@@ -567,11 +256,11 @@ void read_ops(const Reader& r, const nlohmann::json& j, const std::string& p, Op
     ops.shards = static_cast<int>(r.integer(j, "shards", p, 1, 1024));
     const std::string op_p = json_pointer_child(p, "ops");
     const auto& list = j.at("ops");
-    if (!list.is_array()) r.bad(op_p, fmt::format("expected an array, got {}", describe_value(list)));
+    if (!list.is_array()) r.bad(op_p, fmt::format("expected an array, got {}", describe_json_value(list)));
     if (list.empty()) r.bad(op_p, "must name at least one op");
     for (std::size_t i = 0; i < list.size(); ++i) {
         const std::string ip = json_pointer_child(op_p, i);
-        if (!list[i].is_string()) r.bad(ip, fmt::format("expected a string, got {}", describe_value(list[i])));
+        if (!list[i].is_string()) r.bad(ip, fmt::format("expected a string, got {}", describe_json_value(list[i])));
         const std::string name = list[i].get<std::string>();
         const auto& known = all_op_names();
         if (std::find(known.begin(), known.end(), name) == known.end())
@@ -586,7 +275,7 @@ void read_ops(const Reader& r, const nlohmann::json& j, const std::string& p, Op
 }
 
 Tolerances read_tier(const Reader& r, const nlohmann::json& j, const std::string& p) {
-    if (!j.is_object()) r.bad(p, fmt::format("expected an object, got {}", describe_value(j)));
+    if (!j.is_object()) r.bad(p, fmt::format("expected an object, got {}", describe_json_value(j)));
     Tolerances out;
     for (const auto& [name, t] : j.items()) {
         const std::string cp = json_pointer_child(p, name);
@@ -682,8 +371,8 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
     }
     {
         const auto& s = doc.at("seed");
-        if (!has_type(s, "integer") || s.get<double>() < 0 || s.get<double>() >= 18446744073709551616.0)
-            r.bad("/seed", fmt::format("expected a non-negative integer, got {}", describe_value(s)));
+        if (!json_is_integer(s) || s.get<double>() < 0 || s.get<double>() >= 18446744073709551616.0)
+            r.bad("/seed", fmt::format("expected a non-negative integer, got {}", describe_json_value(s)));
         pr.seed = s.is_number_unsigned() ? s.get<std::uint64_t>() : static_cast<std::uint64_t>(s.get<double>());
     }
 

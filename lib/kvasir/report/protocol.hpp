@@ -3,13 +3,11 @@
 // reference) and WHAT counts as passing (the tolerances of two tiers). The
 // tolerances live here and nowhere in code (SPEC §3).
 //
-// This header also holds the three small pieces of machinery the protocol
-// files and the reports need and that no Debian C++ package provides:
-//   * SHA-256 (FIPS 180-4), for the protocol's content hash and for pinning
-//     token-stream files;
-//   * canonical JSON (sorted keys, no whitespace) — what the hash is over;
-//   * a validator for the subset of JSON Schema (draft 2020-12) that
-//     protocols/protocol.schema.json and protocols/report.schema.json use.
+// The machinery the protocol files and the reports share lives in core and
+// is included here, so callers of this header see it: SHA-256
+// (core/sha256.hpp, libcrypto), canonical JSON and the content hash over it
+// (core/canonical_json.hpp), and the JSON Schema subset validator
+// (core/json_schema.hpp).
 //
 // ---------------------------------------------------------------------------
 // Protocol file format "kvasir-equiv/protocol/1" (protocols/README.md has a
@@ -61,6 +59,9 @@
 // ---------------------------------------------------------------------------
 #pragma once
 
+#include "kvasir/core/canonical_json.hpp"
+#include "kvasir/core/json_schema.hpp"
+#include "kvasir/core/sha256.hpp"
 #include "kvasir/steps/op_delta.hpp"  // OpsConfig, all_op_names()
 
 #include <nlohmann/json.hpp>
@@ -74,50 +75,6 @@
 #include <vector>
 
 namespace kvasir {
-
-// --- SHA-256 ------------------------------------------------------------------
-
-// FIPS 180-4 SHA-256 of `data` (any bytes, any length).
-std::array<std::uint8_t, 32> sha256(std::string_view data);
-// The same as 64 lowercase hex digits.
-std::string sha256_hex(std::string_view data);
-
-// --- canonical JSON and content hash -------------------------------------------
-
-// The document with object keys sorted (byte order) and no whitespace, numbers
-// in nlohmann's shortest round-trip form (1e-3 and 0.001 are the same double
-// and print alike; the integer 1 and the float 1.0 do NOT). Two files that
-// differ only in key order or whitespace have the same canonical JSON.
-std::string canonical_json(const nlohmann::json& doc);
-// "sha256:" + sha256_hex(canonical_json(doc)).
-std::string content_hash(const nlohmann::json& doc);
-
-// JSON pointer (RFC 6901) of `token` below `parent`: "~" → "~0", "/" → "~1".
-std::string json_pointer_child(const std::string& parent, std::string_view token);
-std::string json_pointer_child(const std::string& parent, std::size_t index);
-
-// --- JSON Schema subset -----------------------------------------------------------
-//
-// Supported keywords (draft 2020-12 semantics): type (a name or an array of
-// names; "integer" accepts 3.0), enum, const, properties, required,
-// additionalProperties (false or a schema), patternProperties, items (one
-// schema for every element), minItems, maxItems, minimum, maximum,
-// exclusiveMinimum, exclusiveMaximum (numbers), minLength, pattern
-// (ECMAScript regex, searched — not anchored — as the standard says), and
-// $ref to a local "#/..." pointer. Annotations are ignored: $schema, $id,
-// $comment, $defs, title, description, default, examples. Any OTHER keyword
-// is Error(internal): a validator that silently ignored, say, "oneOf" would
-// pass documents the schema means to refuse.
-
-struct SchemaViolation {
-    std::string path;     // JSON pointer into the document ("" = the root)
-    std::string message;  // "expected a number, got string", "unknown key", ...
-};
-
-// Every violation, in document order. Empty = valid.
-std::vector<SchemaViolation> schema_violations(const nlohmann::json& schema, const nlohmann::json& doc);
-// Throws Error(bad_input) "<source>: <path>: <message>" for the first violation.
-void validate_against_schema(const nlohmann::json& schema, const nlohmann::json& doc, const std::string& source);
 
 // --- criteria ---------------------------------------------------------------------
 
