@@ -13,7 +13,7 @@
 #include "kvasir/model/model.hpp"
 #include "kvasir/report/audit_json.hpp"
 #include "kvasir/report/audit_text.hpp"
-#include "kvasir/report/protocol.hpp"
+#include "kvasir/audit/protocol.hpp"
 #include "kvasir/report/writers.hpp"
 #include "kvasir/audit/audit.hpp"
 #include "kvasir/audit/isolation.hpp"

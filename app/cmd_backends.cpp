@@ -2,7 +2,8 @@
 
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/core/dtype.hpp"
-#include "kvasir/report/json_common.hpp"
+#include "kvasir/backend/capabilities_json.hpp"
+#include "kvasir/core/tool_info.hpp"
 #include "kvasir/report/text.hpp"
 
 #include <fmt/format.h>

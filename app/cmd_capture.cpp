@@ -8,7 +8,7 @@
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/model/model.hpp"
-#include "kvasir/report/protocol.hpp"
+#include "kvasir/audit/protocol.hpp"
 #include "kvasir/audit/capture.hpp"
 
 #include <fmt/format.h>

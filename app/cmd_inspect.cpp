@@ -1,7 +1,7 @@
 #include "commands.hpp"
 
 #include "kvasir/model/model.hpp"
-#include "kvasir/report/json_common.hpp"
+#include "kvasir/core/tool_info.hpp"
 #include "kvasir/report/text.hpp"
 
 #include <fmt/format.h>

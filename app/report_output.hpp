@@ -6,7 +6,7 @@
 
 #include "commands.hpp"
 
-#include "kvasir/report/verdict.hpp"
+#include "kvasir/audit/verdict.hpp"
 #include "kvasir/report/writers.hpp"
 #include "kvasir/audit/audit.hpp"
 

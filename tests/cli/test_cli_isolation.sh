@@ -40,7 +40,7 @@ for case in "segv|SIGSEGV (Segmentation fault)" "hang|timed out after 3 s" "oom|
   check "fault=$fault: JSON report valid against the schema" python3 scripts/validate_report.py "$tmp/$fault.json"
   check "fault=$fault: JUnit report valid" python3 scripts/validate_report.py --junit "$tmp/$fault.xml"
 done
-check "no child is left running" bash -c "! pgrep -f 'kvasir-equiv capture --backend cpu:fault=' >/dev/null"
+check "no child is left running" bash -c "! pgrep -f '[k]vasir-equiv capture --backend cpu:fault=' >/dev/null"
 
 # The reference crashing: exit 3, one clear line, no report written.
 err=$("$bin" audit -p $ci -b cpu-ref,cpu --reference cpu:fault=segv -o "$tmp/ref.json" 2>&1 >/dev/null); rc=$?

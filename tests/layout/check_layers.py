@@ -69,7 +69,7 @@ def main() -> int:
     if not section:
         problems.append("README.md has no '## Layout' section")
     for f in folders:
-        if f"lib/kvasir/{f}/" not in section and f"`{f}/`" not in section:
+        if not re.search(rf"^\s+{f}/\s", section, re.M) and f"lib/kvasir/{f}/" not in section:
             problems.append(f"README.md's Layout section does not mention lib/kvasir/{f}/")
     for p in problems:
         print("FAIL:", p)

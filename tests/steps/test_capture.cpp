@@ -12,8 +12,8 @@
 #include "kvasir/model/safetensors.hpp"
 #include "kvasir/model/safetensors_writer.hpp"
 #include "kvasir/report/audit_json.hpp"
-#include "kvasir/report/protocol.hpp"
-#include "kvasir/report/verdict.hpp"
+#include "kvasir/audit/protocol.hpp"
+#include "kvasir/audit/verdict.hpp"
 #include "kvasir/audit/audit.hpp"
 #include "kvasir/audit/capture.hpp"
 

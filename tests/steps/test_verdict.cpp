@@ -19,8 +19,8 @@
 #include "kvasir/core/io.hpp"
 #include "kvasir/core/rng.hpp"
 #include "kvasir/metrics/metrics.hpp"
-#include "kvasir/report/protocol.hpp"
-#include "kvasir/report/verdict.hpp"
+#include "kvasir/audit/protocol.hpp"
+#include "kvasir/audit/verdict.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

@@ -24,8 +24,8 @@
 #include "kvasir/report/cosine_csv.hpp"
 #include "kvasir/report/drift_svg.hpp"
 #include "kvasir/report/heatmap_svg.hpp"
-#include "kvasir/report/protocol.hpp"
-#include "kvasir/report/verdict.hpp"
+#include "kvasir/audit/protocol.hpp"
+#include "kvasir/audit/verdict.hpp"
 #include "kvasir/report/writers.hpp"
 #include "kvasir/report/writers_common.hpp"
 

@@ -54,9 +54,9 @@
 
 #include "kvasir/backend/backend.hpp"
 #include "kvasir/model/model.hpp"
-#include "kvasir/report/protocol.hpp"
-#include "kvasir/report/verdict.hpp"
-#include "kvasir/report/writers.hpp"
+#include "kvasir/audit/protocol.hpp"
+#include "kvasir/audit/verdict.hpp"
+#include "kvasir/audit/results.hpp"
 #include "kvasir/steps/node_clock.hpp"
 #include "kvasir/steps/protocol_steps.hpp"
 

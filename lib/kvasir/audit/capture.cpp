@@ -2,8 +2,9 @@
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/model/safetensors_writer.hpp"
-#include "kvasir/report/json_common.hpp"
-#include "kvasir/report/protocol.hpp"
+#include "kvasir/backend/capabilities_json.hpp"
+#include "kvasir/core/tool_info.hpp"
+#include "kvasir/audit/protocol.hpp"
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/step.hpp"
 

@@ -28,9 +28,9 @@
 #include "kvasir/backend/backend.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/tensor.hpp"
-#include "kvasir/report/protocol.hpp"
-#include "kvasir/report/verdict.hpp"
-#include "kvasir/report/writers.hpp"
+#include "kvasir/audit/protocol.hpp"
+#include "kvasir/audit/verdict.hpp"
+#include "kvasir/audit/results.hpp"
 
 #include <any>
 #include <exception>

@@ -3,9 +3,14 @@
 // swarm runs); routing agreement WITHOUT it (each node's own router: why the
 // authority is needed).
 //
-// Tensors: decide.pinned.logits [T, V] (routing pinned by the authority) and
+// Tensors: decide.pinned.logits [T, V] (routing pinned by the authority),
+// decide.free.top1 [T] i32 (argmax of the node's own free-routing logits),
 // decide.free.ids.<m> [T, k] (the node's own expert choice in its m-th MoE
-// layer, routing free).
+// layer, routing free) and, from the authority only, decide.gaps.<m> [T] f64
+// (its router gap: k-th minus (k+1)-th selection score). Border tokens are
+// those with a gap below DecideConfig::border (1e-3, the per-op error scale):
+// the report counts how many of them flipped expert set without authority,
+// and how many non-border tokens did (SPEC §2 step 4).
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/step.hpp"
 
@@ -15,11 +20,31 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
 
 namespace kvasir {
 
 namespace {
+
+// Per row: do the two expert SETS differ (order within a row is not a
+// decision)?
+std::vector<bool> rows_differing(const TensorView& a, const TensorView& b) {
+    KVASIR_CHECK(a.shape == b.shape && a.shape.size() == 2, ErrorCode::bad_input, "routing ids of different shapes");
+    const std::int64_t rows = a.shape[0], k = a.shape[1];
+    std::vector<bool> out(static_cast<std::size_t>(rows));
+    std::vector<std::int64_t> x(static_cast<std::size_t>(k)), y(static_cast<std::size_t>(k));
+    for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t j = 0; j < k; ++j) {
+            x[static_cast<std::size_t>(j)] = static_cast<std::int64_t>(a.at(r * k + j));
+            y[static_cast<std::size_t>(j)] = static_cast<std::int64_t>(b.at(r * k + j));
+        }
+        std::sort(x.begin(), x.end());
+        std::sort(y.begin(), y.end());
+        out[static_cast<std::size_t>(r)] = x != y;
+    }
+    return out;
+}
 
 class DecideAudit final : public Step {
 public:
@@ -50,10 +75,20 @@ public:
         StepOutput out;
         out.tensors.emplace("decide.pinned.logits", self ? ref.logits : pn.logits);
         const ForwardResult& own = self ? ref : fr;
+        out.tensors.emplace("decide.free.top1", i32_tensor(argmax_rows(own.logits.view())));
+        const ModelConfig& mc = env.model->config();
         std::size_t m = 0;
-        for (std::int64_t l = 0; l < env.model->config().num_layers; ++l)
-            if (env.model->config().is_moe(l))
-                out.tensors.emplace(fmt::format("decide.free.ids.{}", m++), own.routing[static_cast<std::size_t>(l)].ids);
+        for (std::int64_t l = 0; l < mc.num_layers; ++l) {
+            if (!mc.is_moe(l)) continue;
+            const auto ul = static_cast<std::size_t>(l);
+            out.tensors.emplace(fmt::format("decide.free.ids.{}", m), own.routing[ul].ids);
+            if (self) {
+                const TensorView bias = env.model->layer(l).router_bias;
+                out.tensors.emplace(fmt::format("decide.gaps.{}", m),
+                                    f64_tensor(router_gaps(ref.router_logits[ul].view(), mc.router, present(bias) ? &bias : nullptr)));
+            }
+            ++m;
+        }
         return out;
     }
 
@@ -61,9 +96,12 @@ public:
         const NodeOutputs& ref = *in.nodes[in.reference];
         const TensorView rl = ref.view("decide.pinned.logits");
         const std::vector<TensorView> rids = numbered(ref, "decide.free.ids.");
+        const std::vector<TensorView> gaps = numbered(ref, "decide.gaps.");
+        const double border = DecideConfig{}.border;
         nlohmann::ordered_json j;
         j["reference"] = ref.node();
         j["moe_layers"] = rids.size();
+        j["border"] = border;
         j["compared"] = "top-1 with router authority; exact expert-set agreement without it (each node's own router)";
         j["results"] = for_each_candidate(in, led, "decide", [&](std::size_t i) {
             const NodeOutputs& c = *in.nodes[i];
@@ -71,21 +109,51 @@ public:
             const std::vector<TensorView> cids = numbered(c, "decide.free.ids.");
             KVASIR_CHECK(cids.size() == rids.size(), ErrorCode::bad_input, "{}: routing of {} MoE layers, the reference has {}",
                          c.origin(), cids.size(), rids.size());
-            std::int64_t rows = 0, exact = 0;
+            std::int64_t rows = 0, exact = 0, border_tokens = 0, border_flipped = 0, other_flipped = 0;
             nlohmann::ordered_json per_layer = nlohmann::ordered_json::array();
             for (std::size_t l = 0; l < rids.size(); ++l) {
                 const IndexAgreement a = compare_indices(rids[l], cids[l]);
                 rows += a.rows;
                 exact += a.exact_matches;
-                per_layer.push_back(to_json(a));
+                nlohmann::ordered_json lj = to_json(a);
+                if (l < gaps.size()) {
+                    const std::vector<bool> flipped = rows_differing(rids[l], cids[l]);
+                    std::int64_t lb = 0, lbf = 0, lof = 0;
+                    for (std::size_t t = 0; t < flipped.size() && static_cast<std::int64_t>(t) < gaps[l].numel(); ++t) {
+                        const bool is_border = gaps[l].at(static_cast<std::int64_t>(t)) < border;
+                        lb += is_border;
+                        lbf += is_border && flipped[t];
+                        lof += !is_border && flipped[t];
+                    }
+                    lj["border_tokens"] = lb;
+                    lj["border_flipped"] = lbf;
+                    lj["other_flipped"] = lof;
+                    border_tokens += lb;
+                    border_flipped += lbf;
+                    other_flipped += lof;
+                }
+                per_layer.push_back(std::move(lj));
             }
             nlohmann::ordered_json e{{"node", c.node()}, {"top1_pinned", to_json(top1)}};
+            if (ref.has("decide.free.top1") && c.has("decide.free.top1")) {
+                const std::vector<std::int32_t> a = int_vector(ref.view("decide.free.top1")),
+                                                b = int_vector(c.view("decide.free.top1"));
+                KVASIR_CHECK(a.size() == b.size() && !a.empty(), ErrorCode::bad_input, "{}: {} free top-1 tokens, the reference has {}",
+                             c.origin(), b.size(), a.size());
+                std::int64_t same = 0;
+                for (std::size_t t = 0; t < a.size(); ++t) same += a[t] == b[t];
+                e["top1_free"] = to_json(binomial(same, static_cast<std::int64_t>(a.size())));
+            }
             led.measure(i, "decide", "decide.top1_agreement_min", top1.rate);
             if (rows > 0) {
                 const double rate = static_cast<double>(exact) / static_cast<double>(rows);
                 led.measure(i, "decide", "decide.routing_agreement_min", rate);
                 e["routing_free"] = nlohmann::ordered_json{{"rows", rows}, {"exact_matches", exact},
                                                            {"exact_match_rate", json_double(rate)}, {"per_moe_layer", per_layer}};
+                if (!gaps.empty())
+                    e["border"] = nlohmann::ordered_json{
+                        {"border_tokens", border_tokens}, {"border_flipped", border_flipped}, {"other_flipped", other_flipped}};
+                e["routing_pinned"] = "100% by construction (the authority's routing is imposed)";
             } else {
                 e["routing_free"] = "no MoE layers";
             }

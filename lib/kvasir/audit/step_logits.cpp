@@ -52,13 +52,14 @@ public:
         nlohmann::ordered_json j;
         j["reference"] = ref.node();
         j["positions"] = rl.shape.empty() ? 0 : rl.shape[0];
-        j["compared"] = "per position: L∞ of the logits and KL(P_ref ‖ P_cand), routing pinned by the reference";
+        j["compared"] = "per position: L∞ and L2 of the logit delta and KL(P_ref ‖ P_cand), routing pinned by the reference";
         j["results"] = for_each_candidate(in, led, "logits", [&](std::size_t i) {
             const PositionDivergence d = logit_divergence(rl, in.nodes[i]->view("logits.logits"));
-            const Summary linf = summarize(d.linf), kl = summarize(d.kl);
+            const Summary linf = summarize(d.linf), l2 = summarize(d.l2), kl = summarize(d.kl);
             led.measure(i, "logits", "logits.kl_p99", kl.p99);
             led.measure(i, "logits", "logits.linf_max", linf.max);
-            return nlohmann::ordered_json{{"node", in.nodes[i]->node()}, {"linf", to_json(linf)}, {"kl", to_json(kl)}};
+            return nlohmann::ordered_json{
+                {"node", in.nodes[i]->node()}, {"linf", to_json(linf)}, {"l2", to_json(l2)}, {"kl", to_json(kl)}};
         });
         return j;
     }

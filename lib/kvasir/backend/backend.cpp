@@ -1,4 +1,5 @@
 #include "kvasir/backend/backend.hpp"
+#include "kvasir/backend/capabilities_json.hpp"
 
 #include "kvasir/core/error.hpp"
 
@@ -322,6 +323,24 @@ Tensor Backend::scale(const TensorView& x, double s) {
     const std::int64_t n = x.numel();
     for (std::int64_t i = 0; i < n; ++i) out.set(i, round_to(caps.storage, round_to(acc, round_to(caps.storage, x.at(i)) * sc)));
     return out;
+}
+
+nlohmann::ordered_json to_json(const Capabilities& c) {
+    nlohmann::ordered_json j;
+    j["node"] = c.node;
+    j["backend"] = c.backend;
+    j["device"] = c.device;
+    j["runtime"] = c.runtime;
+    j["storage"] = dtype_name(c.storage);
+    j["accumulation"] = dtype_name(c.accumulation);
+    j["output"] = dtype_name(c.output);
+    j["fma"] = c.fma;
+    j["threads"] = c.threads;
+    j["deterministic"] = c.deterministic;
+    nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : c.extra) extra[k] = v;
+    j["extra"] = extra;
+    return j;
 }
 
 }  // namespace kvasir

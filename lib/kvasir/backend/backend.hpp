@@ -20,8 +20,8 @@
 //    runtime failures throw Error(backend_failure).
 #pragma once
 
+#include "kvasir/core/model_types.hpp"  // RouterScoring, RopeLayout, ExpertWeights
 #include "kvasir/core/tensor.hpp"
-#include "kvasir/model/config.hpp"  // RouterScoring
 
 #include <cstdint>
 #include <map>
@@ -64,11 +64,6 @@ struct Capabilities {
     std::vector<std::pair<std::string, std::string>> extra;  // backend specific
 };
 
-enum class RopeLayout {
-    neox,    // rotate halves: pairs (i, i + d/2)       — Qwen, Mixtral in HF
-    normal,  // rotate adjacent pairs: (2i, 2i + 1)     — GPT-J / original llama.cpp
-};
-
 struct RopeParams {
     double theta = 1e6;
     RopeLayout layout = RopeLayout::neox;
@@ -95,12 +90,6 @@ struct RouterOutput {
 struct RoutingPlan {
     Tensor ids;      // [T, k] i32
     Tensor weights;  // [T, k] any float dtype
-};
-
-struct ExpertWeights {
-    TensorView gate;  // [I, H]
-    TensorView up;    // [I, H]
-    TensorView down;  // [H, I]
 };
 
 class Backend {

@@ -271,10 +271,6 @@ std::string_view supported_architectures() noexcept {
     return "qwen2_moe, qwen3_moe, mixtral, deepseek_v3 (router/MoE layer only)";
 }
 
-const char* router_scoring_name(RouterScoring s) noexcept {
-    return s == RouterScoring::softmax ? "softmax" : "sigmoid";
-}
-
 bool ModelConfig::is_moe(std::int64_t layer) const {
     KVASIR_CHECK(layer >= 0 && layer < static_cast<std::int64_t>(moe_layers.size()), ErrorCode::bad_input,
                  "{}: layer {} does not exist (the model has {} layers)", source, layer, moe_layers.size());

@@ -13,6 +13,7 @@
 // described; its MLA attention is not (full_forward_supported() == false).
 #pragma once
 
+#include "kvasir/core/model_types.hpp"  // RouterScoring
 #include "kvasir/core/tensor.hpp"  // Shape
 
 #include <cstdint>
@@ -29,11 +30,6 @@ const char* architecture_name(Architecture a) noexcept;
 // For messages: "qwen2_moe, qwen3_moe, mixtral, deepseek_v3 (router/MoE layer only)".
 std::string_view supported_architectures() noexcept;
 
-enum class RouterScoring : std::uint8_t {
-    softmax,  // p = softmax(x·Wᵀ); top-k of p; weights = p (renormalised if norm_topk_prob)
-    sigmoid,  // DeepSeek-V3: s = sigmoid(x·Wᵀ); selection on s + bias, weights from s
-};
-const char* router_scoring_name(RouterScoring s) noexcept;  // "softmax", "sigmoid"
 
 // Everything a layer-level audit needs to route tokens the way the reference
 // implementation does.

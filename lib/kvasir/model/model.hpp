@@ -49,7 +49,7 @@
 // dtypes, unknown architectures).
 #pragma once
 
-#include "kvasir/backend/backend.hpp"  // ExpertWeights, RopeLayout (plain structs: no link dependency)
+#include "kvasir/core/model_types.hpp"  // ExpertWeights, RopeLayout
 #include "kvasir/core/tensor.hpp"
 #include "kvasir/model/config.hpp"
 

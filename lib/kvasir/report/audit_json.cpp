@@ -2,7 +2,7 @@
 #include "kvasir/report/audit_json.hpp"
 
 #include "kvasir/core/error.hpp"
-#include "kvasir/report/json_common.hpp"
+#include "kvasir/core/tool_info.hpp"
 #include "kvasir/report/writers_common.hpp"
 
 #include <array>

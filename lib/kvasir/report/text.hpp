@@ -2,6 +2,8 @@
 // only when the stream is a TTY and NO_COLOR is unset (https://no-color.org).
 #pragma once
 
+#include "kvasir/core/number_format.hpp"  // fmt_sci, fmt_cosine, fmt_rate
+
 #include <cstddef>
 #include <cstdio>
 #include <string>
@@ -37,10 +39,5 @@ private:
     std::vector<std::string> header_;
     std::vector<std::vector<std::string>> rows_;
 };
-
-// Number formats used in every table.
-std::string fmt_sci(double v);     // 3.5e-10, "nan", "inf", "0"
-std::string fmt_cosine(double v);  // "1", "1-2.1e-13" when within 1e-5 of 1, else 0.9999712345; "nan"
-std::string fmt_rate(double v);    // 99.5%
 
 }  // namespace kvasir

@@ -1,7 +1,8 @@
 #include "kvasir/steps/logits.hpp"
 
 #include "kvasir/core/error.hpp"
-#include "kvasir/report/json_common.hpp"
+#include "kvasir/backend/capabilities_json.hpp"
+#include "kvasir/core/tool_info.hpp"
 
 namespace kvasir {
 

@@ -2,7 +2,8 @@
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/metrics/metrics.hpp"
-#include "kvasir/report/json_common.hpp"
+#include "kvasir/backend/capabilities_json.hpp"
+#include "kvasir/core/tool_info.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,9 +1,10 @@
-#include "kvasir/report/verdict.hpp"
+#include "kvasir/audit/verdict.hpp"
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/metrics/metrics.hpp"
-#include "kvasir/report/json_common.hpp"
-#include "kvasir/report/text.hpp"
+#include "kvasir/backend/capabilities_json.hpp"
+#include "kvasir/core/tool_info.hpp"
+#include "kvasir/core/number_format.hpp"
 
 #include <fmt/format.h>
 

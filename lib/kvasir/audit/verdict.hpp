@@ -43,7 +43,7 @@
 #pragma once
 
 #include "kvasir/backend/backend.hpp"
-#include "kvasir/report/protocol.hpp"
+#include "kvasir/audit/protocol.hpp"
 
 #include <nlohmann/json.hpp>
 

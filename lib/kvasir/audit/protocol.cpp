@@ -1,4 +1,4 @@
-#include "kvasir/report/protocol.hpp"
+#include "kvasir/audit/protocol.hpp"
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"

@@ -1,0 +1,53 @@
+// The report model's constructors: pair matrices from step data, the
+// protocol reference.
+#include "kvasir/audit/results.hpp"
+
+#include "kvasir/core/error.hpp"
+
+#include <utility>
+
+namespace kvasir {
+
+// ============================================================================
+// Pair matrices
+// ============================================================================
+
+PairMatrix pair_matrix(std::string name, std::string description, std::vector<std::string> nodes,
+                       const std::vector<std::vector<std::optional<CompareStats>>>& stats) {
+    const std::size_t n = nodes.size();
+    KVASIR_CHECK(stats.size() == n, ErrorCode::internal, "pair matrix '{}': {} rows for {} nodes", name, stats.size(), n);
+    PairMatrix m;
+    m.name = std::move(name);
+    m.description = std::move(description);
+    m.nodes = std::move(nodes);
+    m.max_abs.assign(n, std::vector<std::optional<double>>(n));
+    m.cosine.assign(n, std::vector<std::optional<double>>(n));
+    for (std::size_t a = 0; a < n; ++a) {
+        KVASIR_CHECK(stats[a].size() == n, ErrorCode::internal, "pair matrix '{}': row {} has {} entries for {} nodes", m.name,
+                     a, stats[a].size(), n);
+        for (std::size_t b = 0; b < n; ++b) {
+            if (a == b) {
+                m.max_abs[a][b] = 0.0;
+                m.cosine[a][b] = 1.0;
+            } else if (stats[a][b]) {
+                m.max_abs[a][b] = stats[a][b]->max_abs;
+                m.cosine[a][b] = stats[a][b]->cosine;
+            }
+        }
+    }
+    return m;
+}
+
+PairMatrix pair_matrix(const OpsReport& report, const std::string& op) {
+    for (const OpResult& r : report.ops)
+        if (r.op == op) {
+            std::vector<std::string> nodes;
+            for (const Capabilities& c : report.nodes) nodes.push_back(c.node);
+            return pair_matrix(op, r.inputs, std::move(nodes), r.matrix);
+        }
+    fail(ErrorCode::internal, "step 1 report has no op '{}'", op);
+}
+
+ProtocolRef protocol_ref(const Protocol& p) { return ProtocolRef{p.id, p.version, p.content_hash, p.source}; }
+
+}  // namespace kvasir

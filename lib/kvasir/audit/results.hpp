@@ -1,0 +1,67 @@
+// What an audit produced (SPEC §6), as every report format reads it: the
+// verdicts, the backend-pair matrices, the drift series and the per-step
+// data. The audit layer writes it; report/ only reads it.
+#pragma once
+
+#include "kvasir/audit/protocol.hpp"
+#include "kvasir/audit/verdict.hpp"
+#include "kvasir/metrics/metrics.hpp"
+#include "kvasir/steps/op_delta.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvasir {
+
+// A backend-pair matrix: entry [a][b] is node b as candidate against node a
+// as reference. nullopt = not measured (a node errored); the diagonal is
+// max_abs 0, cosine 1 by definition (a node against itself).
+struct PairMatrix {
+    std::string name;         // what was compared: "moe", "matmul", "logits"
+    std::string description;  // one line: shapes / inputs
+    std::vector<std::string> nodes;
+    std::vector<std::vector<std::optional<double>>> max_abs;
+    std::vector<std::vector<std::optional<double>>> cosine;
+};
+
+// From step 1's data: the op's matrix of CompareStats. Error(internal) when
+// the report has no such op.
+PairMatrix pair_matrix(const OpsReport& report, const std::string& op);
+// From any square matrix of comparisons (same layout as OpResult::matrix).
+// Error(internal) when it is not nodes.size() × nodes.size().
+PairMatrix pair_matrix(std::string name, std::string description, std::vector<std::string> nodes,
+                       const std::vector<std::vector<std::optional<CompareStats>>>& stats);
+
+// Step 2's series for one node: rel[i] is the normwise relative delta of the
+// residual stream after layer i+1 (depth i+1); alpha the fitted exponent.
+struct DriftSeries {
+    std::string node;
+    std::vector<double> rel;
+    double alpha = 0;
+};
+
+struct ProtocolRef {
+    std::string id;
+    std::int64_t version = 0;
+    std::string content_hash;  // "sha256:<64 hex>"
+    std::string path;          // the file it was read from
+};
+ProtocolRef protocol_ref(const Protocol& p);
+
+struct AuditReport {
+    ProtocolRef protocol;
+    nlohmann::ordered_json model = nlohmann::ordered_json::object();  // must hold "fingerprint" (string)
+    std::string reference;  // node spec of the reference
+    std::uint64_t seed = 0;
+    Gate gate = Gate::sensitive;
+    std::vector<NodeVerdict> nodes;
+    std::vector<PairMatrix> pairs;  // pairs.front() is the headline matrix (CSV, heatmap)
+    std::vector<DriftSeries> drift;
+    nlohmann::ordered_json steps = nlohmann::ordered_json::object();  // free-form per-step data
+};
+
+}  // namespace kvasir

@@ -1,0 +1,33 @@
+// Small vocabulary types that both the model readers and the backends speak:
+// how a router scores, how rope pairs its dimensions, and one expert's
+// weight views. They live here, below both, so that model/ and backend/
+// never include each other (README "Layout").
+#pragma once
+
+#include "kvasir/core/tensor.hpp"
+
+#include <cstdint>
+
+namespace kvasir {
+
+enum class RouterScoring : std::uint8_t {
+    softmax,  // p = softmax(x·Wᵀ); top-k of p; weights = p (renormalised if norm_topk_prob)
+    sigmoid,  // DeepSeek-V3: s = sigmoid(x·Wᵀ); selection on s + bias, weights from s
+};
+inline const char* router_scoring_name(RouterScoring s) noexcept {  // "softmax", "sigmoid"
+    return s == RouterScoring::softmax ? "softmax" : "sigmoid";
+}
+
+enum class RopeLayout {
+    neox,    // rotate halves: pairs (i, i + d/2)       — Qwen, Mixtral in HF
+    normal,  // rotate adjacent pairs: (2i, 2i + 1)     — GPT-J / original llama.cpp
+};
+
+// One routed expert's weights, as views into the model's storage.
+struct ExpertWeights {
+    TensorView gate;  // [I, H]
+    TensorView up;    // [I, H]
+    TensorView down;  // [H, I]
+};
+
+}  // namespace kvasir
