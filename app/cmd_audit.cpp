@@ -23,6 +23,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <cstdio>
 #include <iostream>
@@ -49,6 +51,19 @@ double default_node_memory_gib() {
     const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
     if (pages <= 0 || page <= 0) return 64.0;
     return 0.9 * static_cast<double>(pages) * static_cast<double>(page) / (1024.0 * 1024.0 * 1024.0);
+}
+
+// A limit must be a positive, finite number: one line naming the option.
+CLI::Validator positive(const std::string& option, const std::string& unit) {
+    return CLI::Validator(
+        [option, unit](std::string& text) -> std::string {
+            char* end = nullptr;
+            const double v = std::strtod(text.c_str(), &end);
+            if (end == text.c_str() || *end != '\0' || !(v > 0) || !std::isfinite(v))
+                return fmt::format("must be a positive number of {}, not '{}'", unit, text);
+            return {};
+        },
+        "POSITIVE", option);
 }
 
 // This executable, for the child processes.
@@ -182,11 +197,11 @@ void set_audit_command(CLI::App& app) {
     cmd->add_option("--node-timeout", opt->node_timeout_s,
                     "Wall-clock limit of each node's process, seconds (default: the protocol's limits.node_timeout_s, "
                     "else 1800)")
-        ->check(CLI::PositiveNumber);
+        ->check(positive("--node-timeout", "seconds"));
     cmd->add_option("--node-memory", opt->node_memory_gib,
                     "Resident host-memory limit of each node's process, GiB (default: the protocol's "
                     "limits.node_memory_gib, else 90% of this machine's memory)")
-        ->check(CLI::PositiveNumber);
+        ->check(positive("--node-memory", "GiB"));
     cmd->add_flag("--timings", opt->timings, "Print where the time went on stderr: the load phase, then per step its wall seconds, the seconds inside each backend and the rest (comparing); not in the report, which stays reproducible");
     add_report_options(*cmd, opt->report);
     cmd->callback([opt] { run_audit_command(*opt); });

@@ -91,13 +91,22 @@ expect_usage_error "/tiers/tolerant" audit -p "$tmp/missing.json"
 
 # Killed mid-way: the previous report stays, no partial or temporary file.
 echo '{"previous": true}' >"$tmp/keep.json"
-"$bin" audit -b cpu-ref,cpu,cpu:acc=f16 -o "$tmp/keep.json" --junit "$tmp/keep.xml" >/dev/null 2>&1 &
+mkdir -p "$tmp/children"
+TMPDIR="$tmp/children" "$bin" audit -b cpu-ref,cpu,cpu:acc=f16 -o "$tmp/keep.json" --junit "$tmp/keep.xml" >/dev/null 2>&1 &
 pid=$!
 sleep 2
 kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+sleep 0.5
+check "no node process outlives the killed audit" bash -c "! pgrep -f '[k]vasir-equiv capture.*$tmp/children' >/dev/null"
 check "the previous report is intact after kill -9" grep -q '"previous": true' "$tmp/keep.json"
 check "no JUnit file appeared" test ! -e "$tmp/keep.xml"
 check "no temporary file left beside it" test -z "$(find "$tmp" -name '*.tmp-*')"
+
+# Only the reference: nothing compared, said in words, no empty table, exit 1.
+"$bin" audit -p $ci -b cpu-ref >"$tmp/alone.out" 2>&1; rc=$?
+check "only the reference → exit 1 (nothing compared is never a pass)" test $rc -eq 1
+check "only the reference → the report says nothing was compared" grep -q "No node was compared with the reference" "$tmp/alone.out"
+check "only the reference → no pair table" bash -c "! grep -q 'max|Δ|' '$tmp/alone.out'"
 
 rm -rf "$tmp"
 echo "$failures failed"

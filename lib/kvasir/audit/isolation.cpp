@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -95,6 +96,7 @@ ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& 
     if (!failure_path.empty()) env.push_back(const_cast<char*>(failure_env.c_str()));
     env.push_back(nullptr);
     const auto t0 = std::chrono::steady_clock::now();
+    const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) {
         ::close(err);
@@ -102,6 +104,9 @@ ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& 
         fail(ErrorCode::backend_failure, "fork: {}", std::strerror(errno));
     }
     if (pid == 0) {
+        // The child dies with the audit: a killed audit leaves no node running.
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != parent) _exit(127);  // the audit died before prctl
         ::setpgid(0, 0);
         if (null >= 0) {
             ::dup2(null, STDIN_FILENO);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 
 namespace kvasir {
@@ -83,6 +84,15 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
             any_error = true;
             out += "  " + st.red(fmt::format("{} [{}]: {}", v.node, step, msg)) + "\n";
         }
+
+    // Nothing compared: say so, and print no table without a pair in it.
+    const bool any_candidate = std::any_of(r.nodes.begin(), r.nodes.end(),
+                                           [](const NodeVerdict& v) { return v.verdict != Verdict::reference; });
+    if (!any_candidate) {
+        out += "\n" + st.red("No node was compared with the reference: nothing compared is never a pass.") + "\n";
+        out += "\n" + fmt::format("0 nodes judged → exit {} (gate {})", exit_code(r.nodes, r.gate), to_string(r.gate)) + "\n";
+        return out;
+    }
 
     // The headline matrices: the MoE block and the plain matmul.
     int shown = 0;
