@@ -6,6 +6,7 @@
 #include "commands.hpp"
 
 #include "kvasir/core/error.hpp"
+#include "kvasir/core/tool_info.hpp"
 
 #include <fmt/format.h>
 
@@ -35,7 +36,7 @@ int main(int argc, char** argv) {
     CLI::App app{"kvasir-equiv — audit numeric equivalence of compute backends (CPU, OpenCL, CUDA, HIP) on real "
                  "model layers"};
     app.name("kvasir-equiv");
-    app.set_version_flag("--version", std::string("kvasir-equiv ") + KVASIR_VERSION);
+    app.set_version_flag("--version", kvasir::version_line());
     app.require_subcommand(1);
     app.footer("Exit codes: 0 ok, 1 a node fails the gate, 2 bad usage or input, 3 internal error.\n"
                "Run 'kvasir-equiv COMMAND --help' for a command's options.");

@@ -22,6 +22,11 @@ expect_usage_error "error" ops --tokens abc
 "$bin" --help >/dev/null || { echo "FAIL: --help"; failures=$((failures + 1)); }
 "$bin" ops --help | grep -q -- "--backends" || { echo "FAIL: ops --help lacks --backends"; failures=$((failures + 1)); }
 "$bin" --version | grep -q "kvasir-equiv" || { echo "FAIL: --version"; failures=$((failures + 1)); }
+# --version names the commit the binary was built from (a git checkout: never "unknown").
+if git rev-parse --git-dir >/dev/null 2>&1; then
+  "$bin" --version | grep -qE "^kvasir-equiv [0-9.]+ \(git [0-9a-f]{12}(-dirty)?\)$" \
+    || { echo "FAIL: --version does not name the git commit: $("$bin" --version)"; failures=$((failures + 1)); }
+fi
 
 # Commas separate nodes and also a node's options.
 "$bin" ops --backends cpu-ref,cpu:acc=f16,storage=bf16,cpu --ops matmul --tokens 2 --hidden 16 --intermediate 8 \

@@ -1,8 +1,6 @@
 #include "kvasir/core/tool_info.hpp"
 
-#ifndef KVASIR_GIT_COMMIT
-#define KVASIR_GIT_COMMIT "unknown"
-#endif
+#include "kvasir_git_commit.h"  // generated at build time (cmake/GitCommit.cmake)
 
 namespace kvasir {
 
@@ -13,5 +11,7 @@ nlohmann::ordered_json tool_json() {
     j["git"] = KVASIR_GIT_COMMIT;
     return j;
 }
+
+std::string version_line() { return std::string("kvasir-equiv ") + KVASIR_VERSION + " (git " + KVASIR_GIT_COMMIT + ")"; }
 
 }  // namespace kvasir
