@@ -19,9 +19,10 @@ LAYERS = {
     "model": {"core"},
     "backend": {"core"},
     "metrics": {"core"},
-    "steps": {"core", "model", "backend", "metrics"},
-    "audit": {"core", "model", "backend", "metrics", "steps"},
-    "report": {"core", "model", "backend", "metrics", "steps", "audit"},
+    "arch": {"core", "model", "backend"},
+    "steps": {"core", "model", "backend", "metrics", "arch"},
+    "audit": {"core", "model", "backend", "metrics", "arch", "steps"},
+    "report": {"core", "model", "backend", "metrics", "arch", "steps", "audit"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"kvasir/([a-z_]+)/')
 

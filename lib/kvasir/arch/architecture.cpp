@@ -1,0 +1,42 @@
+#include "kvasir/arch/architecture.hpp"
+
+#include "kvasir/core/error.hpp"
+
+namespace kvasir::arch {
+
+// The families, each in its own file.
+const DecoderArchitecture& qwen2_moe();
+const DecoderArchitecture& qwen3_moe();
+const DecoderArchitecture& mixtral();
+
+const std::vector<const DecoderArchitecture*>& architectures() {
+    static const std::vector<const DecoderArchitecture*> all{&qwen2_moe(), &qwen3_moe(), &mixtral()};
+    return all;
+}
+
+const DecoderArchitecture& architecture_for(const ModelConfig& c) {
+    for (const DecoderArchitecture* a : architectures())
+        if (a->id() == c.architecture) {
+            a->check(c);
+            return *a;
+        }
+    fail(ErrorCode::unsupported,
+         "{}: the full forward pass of {} is not implemented (its MLA attention is not modelled); use the layer-level "
+         "steps",
+         c.source, architecture_name(c.architecture));
+}
+
+void check_standard_attention(const ModelConfig& c) {
+    KVASIR_CHECK(c.rope_type == "default", ErrorCode::unsupported,
+                 "{}: rope type '{}' is not implemented by the forward pass (only 'default')", c.source, c.rope_type);
+    KVASIR_CHECK(c.sliding_window == 0, ErrorCode::unsupported,
+                 "{}: sliding-window attention ({}) is not implemented by the forward pass", c.source, c.sliding_window);
+}
+
+void StandardDecoder::check(const ModelConfig& c) const { check_standard_attention(c); }
+
+Tensor StandardDecoder::layer(LayerGraph& g, std::int64_t l, const TensorView& h, LayerIO& io) const {
+    return g.standard_layer(l, h, io);
+}
+
+}  // namespace kvasir::arch

@@ -1,0 +1,60 @@
+// One file per architecture family (lib/kvasir/arch/<family>.cpp), each
+// composing its decoder layer from the blocks of graph.hpp, and a registry
+// from the config's architecture to it. The runner (steps/forward.cpp) knows
+// nothing of any family: embeddings, the layer loop, router authority,
+// anchors, hidden-state capture and the final norm + lm_head are its part;
+// what happens inside a layer is the architecture's.
+//
+// Adding an architecture: its config parsing (model/config.cpp), one file
+// here defining a DecoderArchitecture and its line in architectures(), its
+// fixtures and tests — nothing in steps/, audit/, report/ or app/.
+#pragma once
+
+#include "kvasir/arch/graph.hpp"
+#include "kvasir/model/config.hpp"
+
+#include <string_view>
+#include <vector>
+
+namespace kvasir::arch {
+
+class DecoderArchitecture {
+public:
+    virtual ~DecoderArchitecture() = default;
+    virtual Architecture id() const = 0;
+    // Refuses (Error(unsupported), naming the config key) a configuration
+    // this forward pass does not implement: never silently wrong numbers.
+    virtual void check(const ModelConfig& config) const = 0;
+    // Decoder layer l on input h [T, H] → the residual stream after it.
+    virtual Tensor layer(LayerGraph& g, std::int64_t l, const TensorView& h, LayerIO& io) const = 0;
+};
+
+// A family whose layer is LayerGraph::standard_layer and whose attention is
+// the standard one (check_standard_attention): what qwen2_moe, qwen3_moe and
+// mixtral are, differing only in which weights a layer has (biases, q/k
+// norms, shared expert), which the blocks read from the layer.
+class StandardDecoder final : public DecoderArchitecture {
+public:
+    explicit StandardDecoder(Architecture id) : id_(id) {}
+    Architecture id() const override { return id_; }
+    void check(const ModelConfig& config) const override;
+    Tensor layer(LayerGraph& g, std::int64_t l, const TensorView& h, LayerIO& io) const override;
+
+private:
+    Architecture id_;
+};
+
+// Every family with a full forward pass.
+const std::vector<const DecoderArchitecture*>& architectures();
+
+// The architecture of `config`, checked: Error(unsupported) naming the
+// config's source when the family has no full forward pass (deepseek_v3:
+// its MLA attention is not modelled; the layer-level steps still run) or
+// when check() refuses it.
+const DecoderArchitecture& architecture_for(const ModelConfig& config);
+
+// The checks every family built on the standard attention shares: rope
+// type "default" only, no sliding window.
+void check_standard_attention(const ModelConfig& config);
+
+}  // namespace kvasir::arch

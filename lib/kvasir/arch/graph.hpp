@@ -1,0 +1,107 @@
+// The building blocks every architecture's decoder layer is made of, and
+// the one home of their arithmetic rules (lib/kvasir/steps/forward.hpp's
+// header states them: ALL arithmetic goes through Backend ops; the host only
+// moves data, exactly).
+//
+//   host data movement   row slices, bias/gate broadcasts, the causal mask,
+//                        V transposes, the embedding gather (exact widening)
+//   KvLayer              one layer's KV cache ([S, D] rows per kv head)
+//   LayerGraph           a backend + model + config with the blocks: linear
+//                        (+ bias), SwiGLU MLP, GQA attention with q/k norm and
+//                        rope over a KV cache, the MoE block (router authority
+//                        or the backend's own router; shared expert with its
+//                        sigmoid gate), and the standard pre-norm decoder layer
+//                        built from them
+//
+// An architecture (arch/architecture.hpp) composes its layer from these; a
+// new kind of block (linear attention, an output gate, attention sinks) is
+// added here once and used by every architecture that needs it.
+#pragma once
+
+#include "kvasir/backend/backend.hpp"
+#include "kvasir/core/tensor.hpp"
+#include "kvasir/model/model.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace kvasir::arch {
+
+// --- exact host data movement ---------------------------------------------------
+
+// Rows [r0, r0 + n) of a tensor viewed as [rows, last dim]: zero copy.
+TensorView row_slice(const TensorView& v, std::int64_t r0, std::int64_t n);
+// A vector [N] repeated as `rows` rows [rows, N] (bias / gate broadcast), same dtype.
+Tensor broadcast_rows(const TensorView& vec, std::int64_t rows);
+// out[r, c] = col[r] for c < cols: a [rows, 1] column repeated along the row.
+Tensor broadcast_cols(const TensorView& col, std::int64_t cols);
+// row[j] = −inf for j in [from, to) of the row starting at flat index `base`.
+void fill_neg_inf(Tensor& t, std::int64_t base, std::int64_t from, std::int64_t to);
+// dst[c·rows + r] = src[r·cols + c] for elements of `es` bytes.
+void transpose_into(std::byte* dst, const std::byte* src, std::int64_t rows, std::int64_t cols, std::size_t es);
+// The embedding rows of `tokens`, widened (exactly) to `out` when possible.
+Tensor gather_embeddings(const TensorView& table, std::span<const std::int32_t> tokens, DType out);
+
+// --- one layer's KV cache --------------------------------------------------------
+
+// K and V per kv head, contiguous [S, D] rows, in the backend's output dtype,
+// so K_g is a zero-copy matmul "weight" [S, D].
+struct KvLayer {
+    DType dtype = DType::f32;
+    std::int64_t heads = 0, dim = 0, len = 0;
+    std::vector<std::vector<std::byte>> k, v;  // per kv head: len·dim elements
+
+    void init(std::int64_t h, std::int64_t d);
+    std::size_t row_bytes() const { return static_cast<std::size_t>(dim) * dtype_size(dtype); }
+    // Append T rows: kk [T, heads, dim], vv [T, heads·dim] (same dtype).
+    void append(const TensorView& kk, const TensorView& vv);
+    void truncate(std::int64_t n);
+    TensorView keys(std::int64_t g) const;
+    // V_gᵀ [dim, len]: the "weight" of P·V in the x·wᵀ convention.
+    Tensor values_t(std::int64_t g) const;
+};
+
+// --- the blocks ------------------------------------------------------------------
+
+// What one layer call reads and writes besides its input.
+struct LayerIO {
+    std::span<const std::int64_t> positions;
+    KvLayer& kv;
+    const RoutingPlan* plan = nullptr;  // router authority for this layer (MoE only), or null
+    Tensor& router_logits;              // out: [T, E] for MoE layers
+    RoutingPlan& routing;               // out: the routing used
+    Tensor* mlp_input = nullptr;        // out (optional): the MLP / MoE block input
+    Tensor* mlp_output = nullptr;       // out (optional): its output
+};
+
+class LayerGraph {
+public:
+    LayerGraph(Backend& backend, const Model& model);
+
+    Backend& be;
+    const Model& model;
+    const ModelConfig& c;
+    RopeParams rope;
+    RouterParams router;
+
+    // x·wᵀ (+ bias broadcast over rows when present).
+    Tensor linear(const TensorView& x, const TensorView& w, const TensorView& bias);
+    // down(silu(x·gateᵀ) · x·upᵀ).
+    Tensor swiglu_mlp(const TensorView& x, const TensorView& gate, const TensorView& up, const TensorView& down);
+    // GQA self-attention over the cache: q/k/v (+ biases), per-head q/k
+    // RMSNorm when the layer has it, rope, append to `kv`, causal softmax
+    // attention, o_proj (+ bias).
+    Tensor attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos, KvLayer& kv);
+    // The feed-forward part of layer w: the dense SwiGLU MLP, or the MoE
+    // block (router logits, the authority's plan or the backend's own router,
+    // routed experts, plus the shared expert — sigmoid-gated when the layer
+    // has a shared_expert_gate).
+    Tensor feed_forward(const LayerWeights& w, const Tensor& x, LayerIO& io);
+    // The standard pre-norm decoder layer (qwen2_moe, qwen3_moe, mixtral):
+    //   h1 = h + attention(rmsnorm(h));  out = h1 + feed_forward(rmsnorm(h1)).
+    Tensor standard_layer(std::int64_t l, const TensorView& h, LayerIO& io);
+};
+
+}  // namespace kvasir::arch
