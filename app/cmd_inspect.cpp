@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -33,10 +34,48 @@ std::string human_bytes(std::uint64_t b) {
     return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.1f} {}", v, units[u]);
 }
 
+// The router's exact rule in one line: scoring, selection, renormalisation,
+// groups, scaling.
+std::string router_rule(const ModelConfig& c) {
+    const RouterConfig& r = c.router;
+    std::string s = fmt::format("{} over {} experts, top-{}", router_scoring_name(r.scoring), r.num_experts, r.top_k);
+    if (r.score_correction_bias) s += " selected on score + e_score_correction_bias";
+    if (r.n_group > 1) s += fmt::format(" within the best {} of {} groups", r.topk_group, r.n_group);
+    s += r.norm_topk_prob ? ", weights renormalised to sum 1" : ", weights not renormalised";
+    if (r.routed_scaling_factor != 1.0) s += fmt::format(", × {:g}", r.routed_scaling_factor);
+    if (c.has_shared_expert())
+        s += fmt::format("; plus a shared expert {} wide{}", c.shared_expert_intermediate_size,
+                         c.shared_expert_gate ? " × sigmoid(x·shared_expert_gateᵀ)" : "");
+    return s;
+}
+
+// Tensors of the checkpoint that are not the audited text decoder (a
+// multimodal wrapper's vision tower, an MTP head): listed, never loaded.
+struct Ignored {
+    std::int64_t count = 0;
+    std::uint64_t bytes = 0;
+    std::vector<std::string> examples;
+};
+Ignored ignored_tensors(const ModelConfig& c, const std::vector<ModelTensorEntry>& table) {
+    Ignored out;
+    std::set<std::string> used;
+    for (const TensorSpec& s : model_tensor_specs(c)) used.insert(s.name);
+    for (std::int64_t l = 0; l < c.num_layers; ++l)
+        for (const TensorSpec& s : layer_tensor_specs(c, l)) used.insert(s.name);
+    for (const ModelTensorEntry& t : table) {
+        if (used.count(t.name) != 0) continue;
+        ++out.count;
+        out.bytes += t.bytes;
+        if (out.examples.size() < 3) out.examples.push_back(t.name);
+    }
+    return out;
+}
+
 void run_inspect(const InspectOptions& opt) {
     const Model model = Model::open(opt.model);
     const ModelConfig& c = model.config();
     const std::vector<ModelTensorEntry> table = model.tensor_table();
+    const Ignored ignored = model.format() == "safetensors" ? ignored_tensors(c, table) : Ignored{};
     std::map<std::int64_t, std::set<std::string>> layer_dtypes;
     std::map<std::string, std::uint64_t> dtype_bytes;
     for (const ModelTensorEntry& t : table) {
@@ -71,12 +110,30 @@ void run_inspect(const InspectOptions& opt) {
         a["intermediate_size"] = c.intermediate_size;
         a["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
         a["shared_expert_gate"] = c.shared_expert_gate;
+        a["router_rule"] = router_rule(c);
+        if (!c.linear_attention_layers.empty()) {
+            a["layer_types"] = nlohmann::ordered_json::array();
+            for (std::int64_t l = 0; l < c.num_layers; ++l)
+                a["layer_types"].push_back(c.is_linear_attention(l) ? "linear_attention" : "full_attention");
+            a["linear_attention"] = {{"conv_kernel", c.linear.conv_kernel},       {"key_heads", c.linear.key_heads},
+                                     {"value_heads", c.linear.value_heads},       {"key_head_dim", c.linear.key_head_dim},
+                                     {"value_head_dim", c.linear.value_head_dim}};
+            a["partial_rotary_factor"] = c.partial_rotary_factor;
+            a["attention_output_gate"] = c.attention_output_gate;
+            a["norm_weight_offset"] = c.norm_weight_offset;
+        }
+        a["fused_experts"] = c.fused_experts;
+        a["multimodal_wrapper"] = c.multimodal_wrapper;
+        a["full_forward"] = c.full_forward_supported();
         j["config"] = a;
+        j["ignored"] = {{"tensors", ignored.count}, {"bytes", ignored.bytes}, {"examples", ignored.examples}};
         j["layers"] = nlohmann::ordered_json::array();
         for (std::int64_t l = 0; l < c.num_layers; ++l) {
             nlohmann::ordered_json lj;
             lj["layer"] = l;
             lj["kind"] = c.is_moe(l) ? "moe" : "dense";
+            if (!c.linear_attention_layers.empty())
+                lj["attention"] = c.is_linear_attention(l) ? "linear (Gated DeltaNet)" : "full";
             lj["bytes"] = model.layer_bytes(l);
             lj["dtypes"] = layer_dtypes[l];
             j["layers"].push_back(std::move(lj));
@@ -109,11 +166,31 @@ void run_inspect(const InspectOptions& opt) {
                                      ? fmt::format(", shared expert {} wide{}", c.shared_expert_intermediate_size,
                                                    c.shared_expert_gate ? " with sigmoid gate" : "")
                                      : "");
+    std::cout << "router: " << router_rule(c) << "\n";
+    if (!c.linear_attention_layers.empty())
+        std::cout << fmt::format(
+            "hybrid: {} Gated DeltaNet layers (conv kernel {}, {} key heads × {}, {} value heads × {}) and {} gated "
+            "full-attention layers (output gate, rope on {:g} of head dim, RMSNorm weights 1 + w){}\n",
+            std::count(c.linear_attention_layers.begin(), c.linear_attention_layers.end(), true), c.linear.conv_kernel,
+            c.linear.key_heads, c.linear.key_head_dim, c.linear.value_heads, c.linear.value_head_dim,
+            std::count(c.linear_attention_layers.begin(), c.linear_attention_layers.end(), false),
+            c.partial_rotary_factor, c.full_forward_supported() ? "" : "; full forward pass not implemented yet: layer-level steps");
+    if (c.fused_experts) std::cout << "experts stored fused ([E, 2I, H] gate_up_proj, [E, H, I] down_proj), read per expert\n";
+    if (ignored.count > 0)
+        std::cout << fmt::format("ignored: {} tensors ({}) that are not the audited text decoder, e.g. {}\n", ignored.count,
+                                 human_bytes(ignored.bytes), fmt::join(ignored.examples, ", "));
     std::cout << "\n";
-    TextTable lt({"layer", "kind", "bytes", "dtypes"});
-    for (std::int64_t l = 0; l < c.num_layers; ++l)
-        lt.add_row({std::to_string(l), c.is_moe(l) ? "moe" : "dense", human_bytes(model.layer_bytes(l)),
-                    fmt::format("{}", fmt::join(layer_dtypes[l], " "))});
+    const bool hybrid = !c.linear_attention_layers.empty();
+    TextTable lt(hybrid ? std::vector<std::string>{"layer", "attention", "kind", "bytes", "dtypes"}
+                        : std::vector<std::string>{"layer", "kind", "bytes", "dtypes"});
+    for (std::int64_t l = 0; l < c.num_layers; ++l) {
+        std::vector<std::string> row{std::to_string(l)};
+        if (hybrid) row.push_back(c.is_linear_attention(l) ? "linear" : "full");
+        for (std::string cell : {std::string(c.is_moe(l) ? "moe" : "dense"), human_bytes(model.layer_bytes(l)),
+                                 fmt::format("{}", fmt::join(layer_dtypes[l], " "))})
+            row.push_back(std::move(cell));
+        lt.add_row(row);
+    }
     std::cout << lt.render();
     std::uint64_t total = 0;
     for (const auto& [d, b] : dtype_bytes) total += b;

@@ -23,6 +23,11 @@ namespace {
 using kvasir::Architecture;
 using kvasir::Error;
 using kvasir::ErrorCode;
+using kvasir::LayerTensorNames;
+using kvasir::TensorSpec;
+using kvasir::layer_tensor_names;
+using kvasir::layer_tensor_specs;
+using kvasir::model_tensor_names;
 using kvasir::ModelConfig;
 using kvasir::RouterScoring;
 using kvasir::Shape;
@@ -562,3 +567,123 @@ TEST(ConfigValidate, ConfigsBuiltElsewhereAreChecked) {
 }
 
 }  // namespace
+
+// --- the hybrid families (issue #23): configs as transformers 5.24 writes them ---
+
+namespace {
+
+// A Qwen3_5MoeConfig as save_pretrained writes it: the multimodal wrapper,
+// the text model under text_config (vision_config trimmed to what we read).
+const char* kQwen35Wrapper = R"({
+  "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+  "image_token_id": 248056,
+  "text_config": {"model_type": "qwen3_5_moe_text", "vocab_size": 384, "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "num_experts_per_tok": 4, "num_experts": 16,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                        "mrope_section": [11, 11, 10], "mrope_interleaved": true},
+    "rms_norm_eps": 1e-06, "tie_word_embeddings": false},
+  "vision_config": {"depth": 1, "hidden_size": 16}
+})";
+
+}  // namespace
+
+TEST(ConfigHybrid, Qwen35MoeWrapperReadsTheTextConfigAndEveryHybridKey) {
+    const ModelConfig c = kvasir::parse_model_config(kQwen35Wrapper, "q35/config.json");
+    EXPECT_EQ(c.architecture, Architecture::qwen3_5_moe);
+    EXPECT_TRUE(c.multimodal_wrapper);
+    EXPECT_EQ(c.tensor_prefix, "model.language_model.");
+    EXPECT_EQ(c.hidden_size, 64);
+    EXPECT_EQ(c.num_layers, 4);
+    EXPECT_EQ(c.head_dim, 16);
+    EXPECT_EQ(c.rope_theta, 1e7);
+    EXPECT_EQ(c.partial_rotary_factor, 0.25);
+    EXPECT_TRUE(c.attention_output_gate);
+    EXPECT_TRUE(c.norm_weight_offset);
+    EXPECT_TRUE(c.qk_norm);
+    EXPECT_EQ(c.linear_attention_layers, (std::vector<bool>{true, true, true, false}));
+    EXPECT_EQ(c.linear.conv_dim(), 2 * 2 * 8 + 4 * 8);
+    EXPECT_EQ(c.moe_layers, (std::vector<bool>{true, true, true, true}));  // every layer's MLP is the MoE block
+    EXPECT_EQ(c.num_experts(), 16);
+    EXPECT_EQ(c.top_k(), 4);
+    EXPECT_TRUE(c.norm_topk_prob());  // Qwen3_5MoeTopKRouter renormalises unconditionally
+    EXPECT_EQ(c.shared_expert_intermediate_size, 32);
+    EXPECT_TRUE(c.shared_expert_gate);
+    EXPECT_FALSE(c.full_forward_supported());
+    // Tensor names under the wrapper's prefix; a linear layer has no self_attn.
+    const LayerTensorNames lin = layer_tensor_names(c, 0);
+    EXPECT_EQ(lin.in_proj_qkv, "model.language_model.layers.0.linear_attn.in_proj_qkv.weight");
+    EXPECT_EQ(lin.a_log, "model.language_model.layers.0.linear_attn.A_log");
+    EXPECT_TRUE(lin.q_proj.empty());
+    const LayerTensorNames full = layer_tensor_names(c, 3);
+    EXPECT_EQ(full.q_proj, "model.language_model.layers.3.self_attn.q_proj.weight");
+    EXPECT_TRUE(full.in_proj_qkv.empty());
+    EXPECT_EQ(model_tensor_names(c).embed, "model.language_model.embed_tokens.weight");
+    EXPECT_EQ(model_tensor_names(c).lm_head, "lm_head.weight");
+    // Shapes: q_proj yields query and gate; the conv is depthwise [C, 1, K].
+    std::map<std::string, Shape> specs;
+    for (const TensorSpec& s : layer_tensor_specs(c, 3)) specs[s.name] = s.shape;
+    EXPECT_EQ(specs.at(full.q_proj), (Shape{2 * 4 * 16, 64}));
+    for (const TensorSpec& s : layer_tensor_specs(c, 0)) specs[s.name] = s.shape;
+    EXPECT_EQ(specs.at(lin.conv1d), (Shape{32 + 32, 1, 4}));
+    EXPECT_EQ(specs.at(lin.out_proj), (Shape{64, 32}));
+    // Fused experts: two tensors per layer instead of 3·E.
+    ModelConfig fused = c;
+    fused.fused_experts = true;
+    const LayerTensorNames fn = layer_tensor_names(fused, 1);
+    EXPECT_TRUE(fn.experts.empty());
+    EXPECT_EQ(fn.fused_gate_up, "model.language_model.layers.1.mlp.experts.gate_up_proj");
+    for (const TensorSpec& s : layer_tensor_specs(fused, 1)) specs[s.name] = s.shape;
+    EXPECT_EQ(specs.at(fn.fused_gate_up), (Shape{16, 64, 64}));
+    EXPECT_EQ(specs.at(fn.fused_down), (Shape{16, 64, 32}));
+}
+
+TEST(ConfigHybrid, TextOnlyQwen35AndQwen3NextAndTheirDefaults) {
+    const ModelConfig t = kvasir::parse_model_config(
+        R"({"model_type": "qwen3_5_moe_text", "num_hidden_layers": 8, "full_attention_interval": 4})", "t/config.json");
+    EXPECT_EQ(t.architecture, Architecture::qwen3_5_moe);
+    EXPECT_FALSE(t.multimodal_wrapper);
+    EXPECT_EQ(t.tensor_prefix, "model.");
+    // Qwen3_5MoeTextConfig defaults (the released 35B-A3B): 256 experts of 512, top-8, head_dim 256.
+    EXPECT_EQ(t.num_experts(), 256);
+    EXPECT_EQ(t.top_k(), 8);
+    EXPECT_EQ(t.moe_intermediate_size, 512);
+    EXPECT_EQ(t.head_dim, 256);
+    EXPECT_EQ(t.vocab_size, 248320);
+    EXPECT_EQ(t.partial_rotary_factor, 0.25);
+    // full_attention_interval 4: layers 3 and 7 are full attention.
+    EXPECT_EQ(t.linear_attention_layers, (std::vector<bool>{true, true, true, false, true, true, true, false}));
+
+    const ModelConfig n = kvasir::parse_model_config(
+        R"({"model_type": "qwen3_next", "num_hidden_layers": 4, "mlp_only_layers": [1], "norm_topk_prob": false})",
+        "n/config.json");
+    EXPECT_EQ(n.architecture, Architecture::qwen3_next);
+    EXPECT_EQ(n.moe_layers, (std::vector<bool>{true, false, true, true}));
+    EXPECT_FALSE(n.norm_topk_prob());
+    EXPECT_EQ(n.num_experts(), 512);  // Qwen3NextConfig defaults
+    EXPECT_EQ(n.top_k(), 10);
+    EXPECT_EQ(layer_tensor_names(n, 0).in_proj_qkvz, "model.layers.0.linear_attn.in_proj_qkvz.weight");
+    EXPECT_EQ(layer_tensor_names(n, 1).mlp_gate, "model.layers.1.mlp.gate_proj.weight");
+}
+
+TEST(ConfigHybrid, BadHybridConfigsAreRefusedNamingTheKey) {
+    const auto refused = [](const std::string& text, const std::string& part) {
+        try {
+            (void)kvasir::parse_model_config(text, "bad/config.json");
+            ADD_FAILURE() << "accepted: " << text;
+        } catch (const kvasir::Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::bad_input) << e.what();
+            EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+        }
+    };
+    refused(R"({"model_type": "qwen3_5_moe_text", "num_hidden_layers": 2, "layer_types": ["full_attention"]})",
+            "layer_types must list one type per layer (2)");
+    refused(R"({"model_type": "qwen3_5_moe_text", "num_hidden_layers": 1, "layer_types": ["mamba"]})", "layer_types[0]");
+    refused(R"({"model_type": "qwen3_5_moe_text", "linear_num_key_heads": 3, "linear_num_value_heads": 4})",
+            "linear_num_key_heads (3) must divide linear_num_value_heads (4)");
+    refused(R"({"model_type": "qwen3_5_moe_text", "head_dim": 16, "partial_rotary_factor": 0.3})",
+            "partial_rotary_factor");
+    refused(R"({"model_type": "qwen3_5_moe", "text_config": 7})", "text_config must be an object");
+}

@@ -136,4 +136,6 @@ TEST(Architectures, WhatTheForwardPassDoesNotImplementIsRefusedNamingIt) {
     c = m.config();
     c.architecture = Architecture::deepseek_v3;
     refused(c, "MLA attention is not modelled");
+    c.architecture = Architecture::qwen3_5_moe;
+    refused(c, "Gated DeltaNet linear attention is not in the forward pass yet");
 }

@@ -20,10 +20,13 @@ const DecoderArchitecture& architecture_for(const ModelConfig& c) {
             a->check(c);
             return *a;
         }
+    const char* why = c.architecture == Architecture::deepseek_v3 ? "its MLA attention is not modelled"
+                      : c.architecture == Architecture::qwen3_5_moe || c.architecture == Architecture::qwen3_next
+                          ? "its Gated DeltaNet linear attention is not in the forward pass yet"
+                          : "no decoder graph is registered for it";
     fail(ErrorCode::unsupported,
-         "{}: the full forward pass of {} is not implemented (its MLA attention is not modelled); use the layer-level "
-         "steps",
-         c.source, architecture_name(c.architecture));
+         "{}: the full forward pass of {} is not implemented ({}); the layer-level steps (ops, matrix) run on it",
+         c.source, architecture_name(c.architecture), why);
 }
 
 void check_standard_attention(const ModelConfig& c) {

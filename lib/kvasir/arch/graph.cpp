@@ -100,6 +100,13 @@ Tensor gather_embeddings(const TensorView& table, std::span<const std::int32_t> 
     return Tensor::convert(rows.view(), out);
 }
 
+Tensor norm_scale(Backend& be, const TensorView& w, bool offset) {
+    if (!offset) return Tensor::convert(w, w.dtype);
+    Tensor ones(w.dtype, w.shape);
+    for (std::int64_t i = 0; i < ones.numel(); ++i) ones.set(i, 1.0);  // exact in every float dtype
+    return be.add(ones, w);
+}
+
 void KvLayer::init(std::int64_t h, std::int64_t d) {
     heads = h;
     dim = d;

@@ -44,6 +44,12 @@ void transpose_into(std::byte* dst, const std::byte* src, std::int64_t rows, std
 // The embedding rows of `tokens`, widened (exactly) to `out` when possible.
 Tensor gather_embeddings(const TensorView& table, std::span<const std::int32_t> tokens, DType out);
 
+// The scale an RMSNorm weight stands for: w itself, or 1 + w for the
+// zero-centred weights of qwen3_5_moe / qwen3_next (config
+// norm_weight_offset), computed by the backend (add of an exact ones vector),
+// as transformers computes (1.0 + weight) in the working precision.
+Tensor norm_scale(Backend& be, const TensorView& w, bool offset);
+
 // --- one layer's KV cache --------------------------------------------------------
 
 // K and V per kv head, contiguous [S, D] rows, in the backend's output dtype,

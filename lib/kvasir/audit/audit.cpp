@@ -45,19 +45,7 @@ std::optional<std::string> first_non_finite_weight(const Model& model) {
     if (auto w = check(model.embed(), "the embedding")) return w;
     for (std::int64_t l = 0; l < model.config().num_layers; ++l) {
         const LayerWeights& lw = model.layer(l);
-        const std::vector<std::pair<const TensorView*, const char*>> named{
-            {&lw.input_norm, "input_layernorm"}, {&lw.post_attention_norm, "post_attention_layernorm"},
-            {&lw.q_proj, "q_proj"},              {&lw.k_proj, "k_proj"},
-            {&lw.v_proj, "v_proj"},              {&lw.o_proj, "o_proj"},
-            {&lw.q_bias, "q_proj bias"},         {&lw.k_bias, "k_proj bias"},
-            {&lw.v_bias, "v_proj bias"},         {&lw.o_bias, "o_proj bias"},
-            {&lw.q_norm, "q_norm"},              {&lw.k_norm, "k_norm"},
-            {&lw.mlp_gate, "mlp gate_proj"},     {&lw.mlp_up, "mlp up_proj"},
-            {&lw.mlp_down, "mlp down_proj"},     {&lw.router, "router (gate)"},
-            {&lw.router_bias, "router bias"},    {&lw.shared_gate, "shared expert gate_proj"},
-            {&lw.shared_up, "shared expert up_proj"}, {&lw.shared_down, "shared expert down_proj"},
-            {&lw.shared_expert_gate, "shared_expert_gate"}};
-        for (const auto& [v, what] : named)
+        for (const auto& [v, what] : lw.named_views())
             if (auto w = check(*v, fmt::format("layer {} {}", l, what))) return w;
         for (std::size_t e = 0; e < lw.experts.size(); ++e) {
             if (auto w = check(lw.experts[e].gate, fmt::format("layer {} expert {} gate_proj", l, e))) return w;

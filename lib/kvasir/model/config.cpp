@@ -35,6 +35,8 @@ constexpr ArchInfo kArchs[] = {
     {Architecture::qwen3_moe, "qwen3_moe", "Qwen3Moe"},
     {Architecture::mixtral, "mixtral", "Mixtral"},
     {Architecture::deepseek_v3, "deepseek_v3", "DeepseekV3"},
+    {Architecture::qwen3_5_moe, "qwen3_5_moe", "Qwen3_5Moe"},
+    {Architecture::qwen3_next, "qwen3_next", "Qwen3Next"},
 };
 
 // Defaults of the transformers 5.24 config classes (Qwen2MoeConfig,
@@ -56,6 +58,10 @@ Defaults defaults_of(Architecture a) {
             return {32000, 4096, 14336, 32, 32, 8, 4096 * 32, 1e-5, 1000000.0, 8, 2, 0, true};
         case Architecture::deepseek_v3:
             return {129280, 7168, 18432, 61, 128, 128, 4096, 1e-6, 10000.0, 256, 8, 2048, true};
+        case Architecture::qwen3_5_moe:  // Qwen3_5MoeTextConfig (the released 35B-A3B's shape)
+            return {248320, 2048, 0, 40, 16, 2, 32768, 1e-6, 10000.0, 256, 8, 512, true};
+        case Architecture::qwen3_next:  // Qwen3NextConfig
+            return {151936, 2048, 5632, 48, 16, 2, 32768, 1e-6, 10000.0, 512, 10, 512, true};
     }
     return {};
 }
@@ -164,6 +170,7 @@ private:
 std::optional<Architecture> arch_from_model_type(std::string_view t) {
     for (const auto& a : kArchs)
         if (t == a.model_type) return a.arch;
+    if (t == "qwen3_5_moe_text") return Architecture::qwen3_5_moe;  // Qwen3_5MoeForCausalLM's text-only config
     return std::nullopt;
 }
 
@@ -257,6 +264,54 @@ void read_qwen_sliding_window(const Keys& k, ModelConfig& c) {
     c.sliding_window = use ? window : 0;
 }
 
+// What qwen3_5_moe and qwen3_next share (transformers 5.24): gated full
+// attention (q_proj yields query and a per-head output gate; q/k RMSNorm over
+// head_dim; bias on all four projections iff attention_bias), zero-centred
+// RMSNorm weights (scale 1 + w), partial rotary (partial_rotary_factor,
+// default 0.25), Gated DeltaNet linear attention on the layers layer_types
+// names "linear_attention" (default: all but every full_attention_interval-th,
+// 4), and the MoE block's shared expert with its sigmoid gate.
+void read_hybrid(const Keys& k, const Defaults& d, ModelConfig& c) {
+    c.qk_norm = true;
+    c.attention_output_gate = true;
+    c.norm_weight_offset = true;
+    c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
+    c.partial_rotary_factor = k.real("partial_rotary_factor", 0.25, 0.0, 1.0);
+    if (const json* rp = k.find("rope_parameters", true); rp && rp->is_object() && rp->contains("partial_rotary_factor"))
+        c.partial_rotary_factor = k.real_value((*rp)["partial_rotary_factor"], "rope_parameters.partial_rotary_factor", 0.0, 1.0);
+    KVASIR_CHECK(c.partial_rotary_factor > 0.0, ErrorCode::bad_input, "{}: partial_rotary_factor must be > 0", k.source());
+    auto& la = c.linear;
+    la.conv_kernel = k.integer("linear_conv_kernel_dim", 4, 1, 64);
+    la.key_head_dim = k.integer("linear_key_head_dim", 128, 1, kMaxDim);
+    la.value_head_dim = k.integer("linear_value_head_dim", 128, 1, kMaxDim);
+    la.key_heads = k.integer("linear_num_key_heads", 16, 1, kMaxDim);
+    la.value_heads = k.integer("linear_num_value_heads", 32, 1, kMaxDim);
+    KVASIR_CHECK(la.value_heads % la.key_heads == 0, ErrorCode::bad_input,
+                 "{}: linear_num_key_heads ({}) must divide linear_num_value_heads ({})", k.source(), la.key_heads,
+                 la.value_heads);
+    c.linear_attention_layers.assign(static_cast<std::size_t>(c.num_layers), false);
+    if (const json* lt = k.find("layer_types", true)) {
+        KVASIR_CHECK(lt->is_array() && static_cast<std::int64_t>(lt->size()) == c.num_layers, ErrorCode::bad_input,
+                     "{}: layer_types must list one type per layer ({}), got {}", k.source(), c.num_layers, show(*lt));
+        for (std::size_t l = 0; l < lt->size(); ++l) {
+            const json& t = (*lt)[l];
+            KVASIR_CHECK(t.is_string() && (t == "linear_attention" || t == "full_attention"), ErrorCode::bad_input,
+                         "{}: layer_types[{}] = {} (expected \"linear_attention\" or \"full_attention\")", k.source(),
+                         l, show(t));
+            c.linear_attention_layers[l] = t == "linear_attention";
+        }
+    } else {
+        const std::int64_t interval = k.integer("full_attention_interval", 4, 1, kMaxLayers);
+        for (std::int64_t l = 0; l < c.num_layers; ++l) c.linear_attention_layers[static_cast<std::size_t>(l)] = (l + 1) % interval != 0;
+    }
+    RouterConfig& r = c.router;
+    r.num_experts = k.integer("num_experts", d.experts, 1, kMaxExperts);
+    r.top_k = k.integer("num_experts_per_tok", d.top_k, 1, kMaxExperts);
+    c.moe_intermediate_size = k.integer("moe_intermediate_size", d.moe_intermediate, 1, kMaxDim);
+    c.shared_expert_intermediate_size = k.integer("shared_expert_intermediate_size", 512, 1, kMaxDim);
+    c.shared_expert_gate = true;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -269,6 +324,13 @@ const char* architecture_name(Architecture a) noexcept {
 
 std::string_view supported_architectures() noexcept {
     return "qwen2_moe, qwen3_moe, mixtral, deepseek_v3 (router/MoE layer only)";
+}
+
+bool ModelConfig::is_linear_attention(std::int64_t layer) const {
+    KVASIR_CHECK(layer >= 0 && layer < num_layers, ErrorCode::bad_input, "{}: layer {} does not exist (the model has {} layers)",
+                 source, layer, num_layers);
+    return static_cast<std::size_t>(layer) < linear_attention_layers.size() &&
+           linear_attention_layers[static_cast<std::size_t>(layer)];
 }
 
 bool ModelConfig::is_moe(std::int64_t layer) const {
@@ -290,11 +352,21 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
     }
     KVASIR_CHECK(j.is_object(), ErrorCode::bad_input, "{}: the top level must be a JSON object, got {}", source,
                  j.type_name());
-    const Keys k(j, source);
-
     ModelConfig c;
     c.source = source;
-    c.architecture = detect_architecture(k);
+    c.architecture = detect_architecture(Keys(j, source));
+    // The multimodal wrapper (Qwen3_5MoeForConditionalGeneration): the text
+    // model's config is text_config, its tensors model.language_model.*.
+    const json* body = &j;
+    std::string keys_source = source;
+    if (c.architecture == Architecture::qwen3_5_moe && j.contains("text_config")) {
+        KVASIR_CHECK(j["text_config"].is_object(), ErrorCode::bad_input, "{}: text_config must be an object", source);
+        body = &j["text_config"];
+        keys_source = source + " text_config";
+        c.multimodal_wrapper = true;
+        c.tensor_prefix = "model.language_model.";
+    }
+    const Keys k(*body, keys_source);
     const Defaults d = defaults_of(c.architecture);
     const bool deepseek = c.architecture == Architecture::deepseek_v3;
 
@@ -313,6 +385,8 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
         c.head_dim = k.integer("qk_nope_head_dim", 128, 0, kMaxDim) + k.integer("qk_rope_head_dim", 64, 1, kMaxDim);
     } else if (const json* v = k.find("head_dim", true)) {
         c.head_dim = k.integer_value(*v, "head_dim", 1, kMaxDim);
+    } else if (c.architecture == Architecture::qwen3_5_moe || c.architecture == Architecture::qwen3_next) {
+        c.head_dim = 256;  // a field of Qwen3_5MoeTextConfig / Qwen3NextConfig, default 256
     } else {
         // getattr(config, "head_dim", None) or hidden_size // num_attention_heads
         KVASIR_CHECK(c.hidden_size % c.num_heads == 0, ErrorCode::bad_input,
@@ -382,6 +456,31 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
             c.intermediate_size = 0;
             c.sliding_window = k.integer("sliding_window", 0, 0, kMaxPositions, true);  // None = full attention
             c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);        // MixtralDecoderLayer
+            break;
+        }
+        case Architecture::qwen3_5_moe: {
+            read_hybrid(k, d, c);
+            // Qwen3_5MoeTopKRouter renormalises the top-k unconditionally; every
+            // layer's MLP is the sparse MoE block (Qwen3_5MoeDecoderLayer).
+            r.norm_topk_prob = true;
+            c.intermediate_size = 0;
+            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);
+            break;
+        }
+        case Architecture::qwen3_next: {
+            read_hybrid(k, d, c);
+            r.norm_topk_prob = k.boolean("norm_topk_prob", true);
+            c.intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
+            c.decoder_sparse_step = k.integer("decoder_sparse_step", 1, 1, kMaxLayers);
+            read_mlp_only_layers(k, c);
+            // Qwen3NextDecoderLayer: the qwen3_moe rule.
+            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
+            for (std::int64_t l = 0; l < c.num_layers; ++l) {
+                const bool listed = std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), l) !=
+                                    c.mlp_only_layers.end();
+                c.moe_layers[static_cast<std::size_t>(l)] =
+                    !listed && r.num_experts > 0 && (l + 1) % c.decoder_sparse_step == 0;
+            }
             break;
         }
         case Architecture::deepseek_v3: {
@@ -468,6 +567,22 @@ void validate_model_config(const ModelConfig& c) {
     KVASIR_CHECK(!c.shared_expert_gate || c.shared_expert_intermediate_size > 0, ErrorCode::bad_input,
                  "{}: a shared_expert_gate needs shared_expert_intermediate_size > 0", s);
     for (std::int64_t l : c.mlp_only_layers) dim(l, "mlp_only_layers", 0, c.num_layers - 1);
+    KVASIR_CHECK(c.linear_attention_layers.empty() ||
+                     static_cast<std::int64_t>(c.linear_attention_layers.size()) == c.num_layers,
+                 ErrorCode::bad_input, "{}: {} layer types for num_hidden_layers = {}", s, c.linear_attention_layers.size(),
+                 c.num_layers);
+    if (!c.linear_attention_layers.empty()) {
+        dim(c.linear.conv_kernel, "linear_conv_kernel_dim", 1, 64);
+        dim(c.linear.key_heads, "linear_num_key_heads", 1, kMaxDim);
+        dim(c.linear.value_heads, "linear_num_value_heads", 1, kMaxDim);
+        dim(c.linear.key_head_dim, "linear_key_head_dim", 1, kMaxDim);
+        dim(c.linear.value_head_dim, "linear_value_head_dim", 1, kMaxDim);
+    }
+    const double rotary = static_cast<double>(c.head_dim) * c.partial_rotary_factor;
+    KVASIR_CHECK(c.partial_rotary_factor > 0.0 && c.partial_rotary_factor <= 1.0 && rotary == std::floor(rotary) &&
+                     static_cast<std::int64_t>(rotary) % 2 == 0,
+                 ErrorCode::bad_input, "{}: partial_rotary_factor {} × head_dim {} is not an even number of dimensions", s,
+                 c.partial_rotary_factor, c.head_dim);
 
     const RouterConfig& r = c.router;
     const char* experts_key = c.architecture == Architecture::mixtral       ? "num_local_experts"
@@ -505,19 +620,36 @@ void validate_model_config(const ModelConfig& c) {
 
 ModelTensorNames model_tensor_names(const ModelConfig& c) {
     ModelTensorNames n;
-    n.embed = "model.embed_tokens.weight";
-    n.final_norm = "model.norm.weight";
+    n.embed = c.tensor_prefix + "embed_tokens.weight";
+    n.final_norm = c.tensor_prefix + "norm.weight";
     n.lm_head = c.tie_word_embeddings ? n.embed : "lm_head.weight";
     return n;
 }
 
 LayerTensorNames layer_tensor_names(const ModelConfig& c, std::int64_t layer) {
     const bool moe = c.is_moe(layer);  // also checks the range
-    const std::string p = fmt::format("model.layers.{}.", layer);
+    const std::string p = fmt::format("{}layers.{}.", c.tensor_prefix, layer);
     LayerTensorNames n;
     n.input_norm = p + "input_layernorm.weight";
     n.post_attention_norm = p + "post_attention_layernorm.weight";
-    if (c.architecture != Architecture::deepseek_v3) {
+    if (c.is_linear_attention(layer)) {
+        // Gated DeltaNet (Qwen3_5MoeGatedDeltaNet / Qwen3NextGatedDeltaNet).
+        const std::string a = p + "linear_attn.";
+        if (c.architecture == Architecture::qwen3_next) {
+            n.in_proj_qkvz = a + "in_proj_qkvz.weight";
+            n.in_proj_ba = a + "in_proj_ba.weight";
+        } else {
+            n.in_proj_qkv = a + "in_proj_qkv.weight";
+            n.in_proj_z = a + "in_proj_z.weight";
+            n.in_proj_b = a + "in_proj_b.weight";
+            n.in_proj_a = a + "in_proj_a.weight";
+        }
+        n.conv1d = a + "conv1d.weight";
+        n.dt_bias = a + "dt_bias";
+        n.a_log = a + "A_log";
+        n.linear_norm = a + "norm.weight";
+        n.out_proj = a + "out_proj.weight";
+    } else if (c.architecture != Architecture::deepseek_v3) {
         const std::string a = p + "self_attn.";
         n.q_proj = a + "q_proj.weight";
         n.k_proj = a + "k_proj.weight";
@@ -554,7 +686,12 @@ LayerTensorNames layer_tensor_names(const ModelConfig& c, std::int64_t layer) {
     }
     const std::string m = p + "mlp.";
     n.router = m + "gate.weight";
-    for (std::size_t e = 0; e < experts; ++e) {
+    if (c.fused_experts) {
+        n.experts.clear();
+        n.fused_gate_up = m + "experts.gate_up_proj";
+        n.fused_down = m + "experts.down_proj";
+    }
+    for (std::size_t e = 0; e < n.experts.size(); ++e) {
         n.experts[e].gate = fmt::format("{}experts.{}.gate_proj.weight", m, e);
         n.experts[e].up = fmt::format("{}experts.{}.up_proj.weight", m, e);
         n.experts[e].down = fmt::format("{}experts.{}.down_proj.weight", m, e);
@@ -591,7 +728,7 @@ std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& c, std::int64_t la
     };
     add(n.input_norm, {H});
     add(n.post_attention_norm, {H});
-    add(n.q_proj, {c.q_dim(), H});
+    add(n.q_proj, {c.attention_output_gate ? 2 * c.q_dim() : c.q_dim(), H});
     add(n.k_proj, {c.kv_dim(), H});
     add(n.v_proj, {c.kv_dim(), H});
     add(n.o_proj, {H, c.q_dim()});
@@ -615,6 +752,20 @@ std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& c, std::int64_t la
     add(n.shared_up, {c.shared_expert_intermediate_size, H});
     add(n.shared_down, {H, c.shared_expert_intermediate_size});
     add(n.shared_expert_gate, {1, H});
+    add(n.fused_gate_up, {c.num_experts(), 2 * c.moe_intermediate_size, H});
+    add(n.fused_down, {c.num_experts(), H, c.moe_intermediate_size});
+    const auto& la = c.linear;
+    add(n.in_proj_qkv, {la.conv_dim(), H});
+    add(n.in_proj_z, {la.value_dim(), H});
+    add(n.in_proj_b, {la.value_heads, H});
+    add(n.in_proj_a, {la.value_heads, H});
+    add(n.in_proj_qkvz, {2 * la.key_dim() + 2 * la.value_dim(), H});
+    add(n.in_proj_ba, {2 * la.value_heads, H});
+    add(n.conv1d, {la.conv_dim(), 1, la.conv_kernel});
+    add(n.dt_bias, {la.value_heads});
+    add(n.a_log, {la.value_heads});
+    add(n.linear_norm, {la.value_head_dim});
+    add(n.out_proj, {H, la.value_dim()});
     return out;
 }
 

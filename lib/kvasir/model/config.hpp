@@ -23,7 +23,7 @@
 
 namespace kvasir {
 
-enum class Architecture : std::uint8_t { qwen2_moe, qwen3_moe, mixtral, deepseek_v3 };
+enum class Architecture : std::uint8_t { qwen2_moe, qwen3_moe, mixtral, deepseek_v3, qwen3_5_moe, qwen3_next };
 
 // The config.json `model_type`: "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3".
 const char* architecture_name(Architecture a) noexcept;
@@ -95,6 +95,31 @@ struct ModelConfig {
     //  deepseek_v3 (DeepseekV3DecoderLayer): MoE iff layer >= first_k_dense_replace
     std::vector<bool> moe_layers;
 
+    // Hybrid stacks (qwen3_5_moe, qwen3_next; transformers 5.24 layer_types,
+    // default: every full_attention_interval-th layer full attention, the
+    // others Gated DeltaNet). Per layer: true = linear attention.
+    std::vector<bool> linear_attention_layers;
+    struct LinearAttention {
+        std::int64_t conv_kernel = 0;           // linear_conv_kernel_dim
+        std::int64_t key_head_dim = 0, value_head_dim = 0;
+        std::int64_t key_heads = 0, value_heads = 0;
+        std::int64_t key_dim() const { return key_heads * key_head_dim; }
+        std::int64_t value_dim() const { return value_heads * value_head_dim; }
+        std::int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+    } linear;
+    double partial_rotary_factor = 1.0;  // rope rotates the first head_dim·factor dimensions
+    bool attention_output_gate = false;  // q_proj also yields a per-head gate: o_proj(attn · sigmoid(gate))
+    bool norm_weight_offset = false;     // RMSNorm scales by (1 + w) (zero-centred weights)
+    // Where the decoder's tensors live: "model." (text-only checkpoints) or
+    // "model.language_model." (the multimodal wrapper of Qwen3.5 checkpoints;
+    // the vision tower and mtp.* tensors are not the audited model).
+    std::string tensor_prefix = "model.";
+    bool multimodal_wrapper = false;
+    // The checkpoint stores each MoE layer's experts fused ([E, 2I, H]
+    // gate_up_proj, [E, H, I] down_proj) instead of one tensor per expert:
+    // not in config.json — Model::open sets it from the tensor names.
+    bool fused_experts = false;
+
     RouterConfig router;
 
     std::int64_t num_experts() const { return router.num_experts; }
@@ -106,8 +131,14 @@ struct ModelConfig {
     // Throws Error(bad_input) for a layer outside [0, num_layers).
     bool is_moe(std::int64_t layer) const;
     std::int64_t num_moe_layers() const;
-    // False for deepseek_v3 (MLA attention is not described): layer-level audits only.
-    bool full_forward_supported() const { return architecture != Architecture::deepseek_v3; }
+    bool is_linear_attention(std::int64_t layer) const;  // Error(bad_input) outside [0, num_layers)
+    // False for deepseek_v3 (MLA attention is not described) and the hybrid
+    // families (their Gated DeltaNet is not in the forward pass yet):
+    // layer-level audits only.
+    bool full_forward_supported() const {
+        return architecture != Architecture::deepseek_v3 && architecture != Architecture::qwen3_5_moe &&
+               architecture != Architecture::qwen3_next;
+    }
 };
 
 // Read <dir>/config.json (or the file itself). Throws Error(bad_input) with one
@@ -157,6 +188,16 @@ struct LayerTensorNames {
     std::vector<ExpertTensorNames> experts;
     std::string shared_gate, shared_up, shared_down;  // shared expert
     std::string shared_expert_gate;                   // [1, H]
+    // Fused experts (transformers 5 in-memory layout, and how some Qwen3.5
+    // checkpoints store them): one [E, 2I, H] gate_up tensor (gate rows
+    // first) and one [E, H, I] down tensor; `experts` is then empty and each
+    // expert is a slice (a view: one expert's bytes, never the whole tensor).
+    std::string fused_gate_up, fused_down;
+    // Gated DeltaNet (linear-attention layers of qwen3_5_moe / qwen3_next);
+    // the attention names above are then empty.
+    std::string in_proj_qkv, in_proj_z, in_proj_b, in_proj_a;  // qwen3_5_moe
+    std::string in_proj_qkvz, in_proj_ba;                      // qwen3_next (interleaved per key head)
+    std::string conv1d, dt_bias, a_log, linear_norm, out_proj;
 };
 
 struct ModelTensorNames {

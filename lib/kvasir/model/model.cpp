@@ -30,13 +30,26 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Rows [r0, r0 + n) of slice e of a stacked [E, R, C] tensor, as a [n, C]
+// view (zero copy; the stack is row-major, so these rows are contiguous).
+TensorView rows_of_slice(const TensorView& stack, std::int64_t e, std::int64_t r0, std::int64_t n) {
+    const std::int64_t rows = stack.shape[1], cols = stack.shape[2];
+    const std::size_t es = dtype_size(stack.dtype);
+    const std::size_t offset = static_cast<std::size_t>((e * rows + r0) * cols) * es;
+    return TensorView{stack.dtype, static_cast<const std::byte*>(stack.data) + offset, {n, cols}};
+}
+
 // ---------------------------------------------------------------------------
 // Helpers shared by both formats
 // ---------------------------------------------------------------------------
 
 // Decoder layer of a Hugging Face tensor name ("model.layers.12.mlp..." → 12), −1 otherwise.
-std::int64_t hf_layer_of(std::string_view name) {
-    constexpr std::string_view prefix = "model.layers.";
+// The decoder layer of a Hugging Face tensor name under `tensor_prefix`
+// ("model." or the wrapper's "model.language_model."); −1 for the others.
+std::int64_t hf_layer_of(std::string_view name, std::string_view tensor_prefix) {
+    if (!name.starts_with(tensor_prefix)) return -1;
+    name.remove_prefix(tensor_prefix.size());
+    constexpr std::string_view prefix = "layers.";
     if (!name.starts_with(prefix)) return -1;
     name.remove_prefix(prefix.size());
     std::int64_t v = -1;
@@ -90,6 +103,21 @@ std::string canonical_config_text(const ModelConfig& c) {
     line("router.n_group", c.router.n_group);
     line("router.topk_group", c.router.topk_group);
     line("router.routed_scaling_factor", fmt::format("{:.17g}", c.router.routed_scaling_factor));
+    // Hybrid families only (the fingerprints of the others stay what they were).
+    if (!c.linear_attention_layers.empty()) {
+        std::string types;
+        for (bool lin : c.linear_attention_layers) types += lin ? 'L' : 'A';
+        line("layer_types", types);
+        line("linear.conv_kernel", c.linear.conv_kernel);
+        line("linear.key_heads", c.linear.key_heads);
+        line("linear.value_heads", c.linear.value_heads);
+        line("linear.key_head_dim", c.linear.key_head_dim);
+        line("linear.value_head_dim", c.linear.value_head_dim);
+        line("partial_rotary_factor", fmt::format("{:.17g}", c.partial_rotary_factor));
+        line("attention_output_gate", c.attention_output_gate);
+        line("norm_weight_offset", c.norm_weight_offset);
+        line("fused_experts", c.fused_experts);
+    }
     return s;
 }
 
@@ -344,11 +372,11 @@ LayerWeights Model::Impl::load_st(std::int64_t l) const {
     w.moe = c.is_moe(l);
     w.input_norm = resolve(n.input_norm, {H});
     w.post_attention_norm = resolve(n.post_attention_norm, {H});
-    w.q_proj = resolve(n.q_proj, {c.q_dim(), H});
+    w.q_proj = resolve(n.q_proj, {c.attention_output_gate ? 2 * c.q_dim() : c.q_dim(), H});
     w.k_proj = resolve(n.k_proj, {c.kv_dim(), H});
     w.v_proj = resolve(n.v_proj, {c.kv_dim(), H});
     w.o_proj = resolve(n.o_proj, {H, c.q_dim()});
-    w.q_bias = resolve(n.q_bias, {c.q_dim()});
+    w.q_bias = resolve(n.q_bias, {c.attention_output_gate ? 2 * c.q_dim() : c.q_dim()});
     w.k_bias = resolve(n.k_bias, {c.kv_dim()});
     w.v_bias = resolve(n.v_bias, {c.kv_dim()});
     w.o_bias = resolve(n.o_bias, {H});
@@ -361,6 +389,27 @@ LayerWeights Model::Impl::load_st(std::int64_t l) const {
     w.router_bias = resolve(n.router_bias, {E});
     for (const ExpertTensorNames& e : n.experts)
         w.experts.push_back({resolve(e.gate, {I, H}), resolve(e.up, {I, H}), resolve(e.down, {H, I})});
+    if (!n.fused_gate_up.empty()) {
+        // Expert e's gate is rows [0, I) of gate_up[e], its up rows [I, 2I):
+        // views into the one tensor, so reading an expert touches only its bytes.
+        const TensorView gu = resolve(n.fused_gate_up, {E, 2 * I, H});
+        const TensorView dn = resolve(n.fused_down, {E, H, I});
+        for (std::int64_t e = 0; e < E; ++e)
+            w.experts.push_back({rows_of_slice(gu, e, 0, I), rows_of_slice(gu, e, I, I), rows_of_slice(dn, e, 0, H)});
+    }
+    w.linear_attention = c.is_linear_attention(l);
+    const auto& la = c.linear;
+    w.in_proj_qkv = resolve(n.in_proj_qkv, {la.conv_dim(), H});
+    w.in_proj_z = resolve(n.in_proj_z, {la.value_dim(), H});
+    w.in_proj_b = resolve(n.in_proj_b, {la.value_heads, H});
+    w.in_proj_a = resolve(n.in_proj_a, {la.value_heads, H});
+    w.in_proj_qkvz = resolve(n.in_proj_qkvz, {2 * la.key_dim() + 2 * la.value_dim(), H});
+    w.in_proj_ba = resolve(n.in_proj_ba, {2 * la.value_heads, H});
+    w.conv1d = resolve(n.conv1d, {la.conv_dim(), 1, la.conv_kernel});
+    w.dt_bias = resolve(n.dt_bias, {la.value_heads});
+    w.a_log = resolve(n.a_log, {la.value_heads});
+    w.linear_norm = resolve(n.linear_norm, {la.value_head_dim});
+    w.out_proj = resolve(n.out_proj, {H, la.value_dim()});
     w.shared_gate = resolve(n.shared_gate, {Is, H});
     w.shared_up = resolve(n.shared_up, {Is, H});
     w.shared_down = resolve(n.shared_down, {H, Is});
@@ -481,6 +530,16 @@ Model Model::open(const std::string& path) {
         fail(ErrorCode::bad_input, "{}: not a model (expected a folder with config.json, a .safetensors file in such "
              "a folder, or a .gguf file)", path);
     }
+    if (impl->st) {
+        // Experts fused per layer (transformers 5's in-memory layout, as some
+        // Qwen3.5 checkpoints store them) or one tensor per expert.
+        ModelConfig& c = impl->cfg;
+        for (std::int64_t l = 0; l < c.num_layers; ++l)
+            if (c.is_moe(l)) {
+                c.fused_experts = impl->st->contains(fmt::format("{}layers.{}.mlp.experts.gate_up_proj", c.tensor_prefix, l));
+                break;
+            }
+    }
     impl->check_present();
     return Model(std::move(impl));
 }
@@ -556,14 +615,30 @@ std::uint64_t read_through(const TensorView& v) {
 
 }  // namespace
 
+std::vector<std::pair<const TensorView*, const char*>> LayerWeights::named_views() const {
+    return {{&input_norm, "input_layernorm"},   {&post_attention_norm, "post_attention_layernorm"},
+            {&q_proj, "q_proj"},                 {&k_proj, "k_proj"},
+            {&v_proj, "v_proj"},                 {&o_proj, "o_proj"},
+            {&q_bias, "q_proj bias"},            {&k_bias, "k_proj bias"},
+            {&v_bias, "v_proj bias"},            {&o_bias, "o_proj bias"},
+            {&q_norm, "q_norm"},                 {&k_norm, "k_norm"},
+            {&mlp_gate, "mlp gate_proj"},        {&mlp_up, "mlp up_proj"},
+            {&mlp_down, "mlp down_proj"},        {&router, "router (gate)"},
+            {&router_bias, "router bias"},       {&shared_gate, "shared expert gate_proj"},
+            {&shared_up, "shared expert up_proj"}, {&shared_down, "shared expert down_proj"},
+            {&shared_expert_gate, "shared_expert_gate"},
+            {&in_proj_qkv, "linear_attn in_proj_qkv"}, {&in_proj_z, "linear_attn in_proj_z"},
+            {&in_proj_b, "linear_attn in_proj_b"}, {&in_proj_a, "linear_attn in_proj_a"},
+            {&in_proj_qkvz, "linear_attn in_proj_qkvz"}, {&in_proj_ba, "linear_attn in_proj_ba"},
+            {&conv1d, "linear_attn conv1d"},     {&dt_bias, "linear_attn dt_bias"},
+            {&a_log, "linear_attn A_log"},       {&linear_norm, "linear_attn norm"},
+            {&out_proj, "linear_attn out_proj"}};
+}
+
 std::uint64_t Model::load_layer(std::int64_t l) const {
     const LayerWeights& w = layer(l);
     std::uint64_t bytes = 0;
-    for (const TensorView* v : {&w.input_norm, &w.post_attention_norm, &w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj,
-                                &w.q_bias, &w.k_bias, &w.v_bias, &w.o_bias, &w.q_norm, &w.k_norm, &w.mlp_gate, &w.mlp_up,
-                                &w.mlp_down, &w.router, &w.router_bias, &w.shared_gate, &w.shared_up, &w.shared_down,
-                                &w.shared_expert_gate})
-        bytes += read_through(*v);
+    for (const auto& [v, name] : w.named_views()) bytes += read_through(*v);
     for (const ExpertWeights& e : w.experts) bytes += read_through(e.gate) + read_through(e.up) + read_through(e.down);
     return bytes;
 }
@@ -597,7 +672,8 @@ std::vector<ModelTensorEntry> Model::tensor_table() const {
     if (m.st) {
         for (const std::string& name : m.st->names()) {
             const SafetensorsTensorInfo& info = m.st->info(name);
-            out.push_back({name, safetensors_dtype_name(info.dtype), info.shape, info.nbytes, hf_layer_of(name)});
+            out.push_back({name, safetensors_dtype_name(info.dtype), info.shape, info.nbytes,
+                           hf_layer_of(name, m.cfg.tensor_prefix)});
         }
     } else {
         for (const GgufTensor& t : m.gg->tensors()) {

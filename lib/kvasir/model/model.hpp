@@ -88,6 +88,16 @@ struct LayerWeights {
     TensorView shared_gate, shared_up;          // [Is, H] or absent
     TensorView shared_down;                     // [H, Is] or absent
     TensorView shared_expert_gate;              // [1, H] (qwen2_moe) or absent
+    // Gated DeltaNet (linear_attention layers of qwen3_5_moe / qwen3_next;
+    // the attention views above are then absent). Shapes: layer_tensor_specs.
+    bool linear_attention = false;
+    TensorView in_proj_qkv, in_proj_z, in_proj_b, in_proj_a;  // qwen3_5_moe
+    TensorView in_proj_qkvz, in_proj_ba;                      // qwen3_next
+    TensorView conv1d, dt_bias, a_log, linear_norm, out_proj;
+
+    // Every view but the experts', with a short name ("q_proj", "conv1d",
+    // ...), absent ones included: the one list of what a layer holds.
+    std::vector<std::pair<const TensorView*, const char*>> named_views() const;
 };
 
 // One row of `inspect`'s tensor table, in the file's own terms.

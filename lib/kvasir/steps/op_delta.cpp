@@ -1,5 +1,6 @@
 #include "kvasir/steps/op_delta.hpp"
 
+#include "kvasir/arch/graph.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/rng.hpp"
 #include "kvasir/backend/capabilities_json.hpp"
@@ -28,7 +29,10 @@ OpsConfig OpsConfig::resolved() const {
     OpsConfig c = *this;
     c.hidden = m.hidden_size;
     c.heads = m.num_heads;
-    c.head_dim = m.head_dim;
+    // Partial rotary (qwen3_5_moe, qwen3_next): rope turns the first
+    // head_dim·partial_rotary_factor dimensions of a head, the rest pass
+    // through untouched — the rope op is tested on the part it turns.
+    c.head_dim = static_cast<std::int64_t>(static_cast<double>(m.head_dim) * m.partial_rotary_factor);
     c.rope_theta = m.rope_theta;
     c.rms_eps = m.rms_norm_eps;
     c.vocab = m.vocab_size;
@@ -119,7 +123,8 @@ RouterParams model_router_params(const ModelConfig& m, const TensorView* bias) {
 // every node reads identical values.
 Tensor model_moe_input(const OpsConfig& c, const LayerWeights& lw, Backend& reference, const std::string& op) {
     const Tensor h = input(c, op, "hidden", {c.tokens, c.hidden}, 0.0, 1.0);
-    return Tensor::convert(reference.rmsnorm(h, lw.post_attention_norm, c.rms_eps), DType::f32);
+    const Tensor w = arch::norm_scale(reference, lw.post_attention_norm, c.model->config().norm_weight_offset);
+    return Tensor::convert(reference.rmsnorm(h, w, c.rms_eps), DType::f32);
 }
 
 MoeInputs make_moe_inputs(const OpsConfig& c, Backend& reference) {
@@ -250,8 +255,12 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
             keep = in;
             const double eps = c.rms_eps;
             const TensorView w = lw->post_attention_norm;
-            plan.inputs = fmt::format("x[{},{}]~N(0,1), post-attention norm of {}, eps {}", T, H, where, eps);
-            plan.run = [in, w, eps](Backend& b) { return NodeOutput{b.rmsnorm(*in, w, eps), {}}; };
+            const bool offset = c.model->config().norm_weight_offset;
+            plan.inputs = fmt::format("x[{},{}]~N(0,1), post-attention norm of {}{}, eps {}", T, H, where,
+                                      offset ? " (scale 1 + w)" : "", eps);
+            plan.run = [in, w, eps, offset](Backend& b) {
+                return NodeOutput{b.rmsnorm(*in, arch::norm_scale(b, w, offset), eps), {}};
+            };
         } else if (op == "rmsnorm") {
             auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "x", {T, H}, 0, 1),
                                                                   input(c, op, "weight", {H}, 1, 0.1));

@@ -1,5 +1,7 @@
 #include "kvasir/steps/protocol_steps.hpp"
 
+#include "kvasir/arch/architecture.hpp"
+
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
 #include "kvasir/core/rng.hpp"
@@ -146,9 +148,7 @@ TokenSequence resolve_tokens(const Model& model, const TokenOptions& o) {
 void StepCommon::validate() const {
     KVASIR_CHECK(model != nullptr, ErrorCode::bad_input, "no model given");
     const ModelConfig& c = model->config();
-    KVASIR_CHECK(c.full_forward_supported(), ErrorCode::unsupported,
-                 "{}: the full forward pass of {} is not implemented (layer-level steps only: ops, matrix)", model->path(),
-                 architecture_name(c.architecture));
+    (void)arch::architecture_for(c);  // a model the forward pass does not implement is refused before any step
     KVASIR_CHECK(!tokens.ids.empty(), ErrorCode::bad_input, "no token ids ({})", tokens.source);
     for (std::size_t i = 0; i < tokens.ids.size(); ++i)
         KVASIR_CHECK(tokens.ids[i] >= 0 && tokens.ids[i] < c.vocab_size, ErrorCode::bad_input,
