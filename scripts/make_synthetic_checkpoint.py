@@ -1,7 +1,24 @@
 #!/usr/bin/env python3
-"""Write a synthetic Hugging Face checkpoint with Qwen3-30B-A3B dimensions.
+"""Write a synthetic Hugging Face checkpoint with Qwen3-30B-A3B (or Qwen3.5-MoE) dimensions.
 
-    scripts/make_synthetic_checkpoint.py OUTDIR [--layers N] [--seed S] [--vocab V]
+    scripts/make_synthetic_checkpoint.py OUTDIR [--layers N] [--seed S] [--vocab V] [--arch qwen3_5_moe]
+
+--arch qwen3_5_moe writes the contract's own family (SPEC.md: layer-0 experts of
+Qwen3.5-MoE) as the released checkpoints lay it out: the multimodal wrapper
+(Qwen3_5MoeForConditionalGeneration, text model under text_config, tensors under
+model.language_model.; no vision tower: the tool ignores it anyway), the hybrid
+stack (layer l is Gated DeltaNet unless (l + 1) % 4 == 0, full_attention_interval
+4), 256 experts of moe_intermediate 512 stored FUSED ([E, 2I, H] gate_up_proj,
+[E, H, I] down_proj, the transformers 5 layout some published checkpoints use),
+top-8, one shared expert of 512 with its sigmoid gate, hidden 2048, 16 query / 2
+KV heads of head_dim 256, Gated DeltaNet 16 key / 32 value heads of 128, conv
+kernel 4, vocab 248320. Where the figures come from: transformers 5.24's
+Qwen3_5MoeTextConfig defaults, which follow the released Qwen3.5-35B-A3B. The
+larger Qwen3.5-122B-A10B shares the layout (48 layers, 36 Gated DeltaNet + 12
+gated attention, 256 experts, 8 routed + 1 shared active, vocab 248320, ~250 GB
+BF16, per its model cards); its hidden and expert widths are not in any source
+this project can read, so they are not guessed here. Zero-centred RMSNorm
+weights (the model scales by 1 + w) are N(0, 0.2^2).
 
 OUTDIR receives ``config.json`` (a qwen3_moe config as the real
 Qwen/Qwen3-30B-A3B ships it, with num_hidden_layers = N) and
@@ -101,6 +118,67 @@ def config(layers: int, vocab: int) -> dict:
     }
 
 
+Q35 = dict(hidden=2048, experts=256, moe_ffn=512, shared_ffn=512, top_k=8, heads=16, kv_heads=2, head_dim=256,
+           lin_k_heads=16, lin_v_heads=32, lin_k_dim=128, lin_v_dim=128, conv=4, vocab=248320, interval=4)
+
+
+def config_qwen35(layers: int, vocab: int) -> dict:
+    """A Qwen3_5MoeConfig (the multimodal wrapper) with Qwen3.5-35B-A3B's text dimensions."""
+    q = Q35
+    types = ["full_attention" if (l + 1) % q["interval"] == 0 else "linear_attention" for l in range(layers)]
+    return {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "model_type": "qwen3_5_moe",
+        "text_config": {
+            "model_type": "qwen3_5_moe_text", "vocab_size": vocab, "hidden_size": q["hidden"],
+            "num_hidden_layers": layers, "num_attention_heads": q["heads"], "num_key_value_heads": q["kv_heads"],
+            "head_dim": q["head_dim"], "hidden_act": "silu", "rms_norm_eps": 1e-06, "attention_bias": False,
+            "linear_conv_kernel_dim": q["conv"], "linear_key_head_dim": q["lin_k_dim"],
+            "linear_value_head_dim": q["lin_v_dim"], "linear_num_key_heads": q["lin_k_heads"],
+            "linear_num_value_heads": q["lin_v_heads"], "moe_intermediate_size": q["moe_ffn"],
+            "shared_expert_intermediate_size": q["shared_ffn"], "num_experts_per_tok": q["top_k"],
+            "num_experts": q["experts"], "layer_types": types, "max_position_embeddings": 262144,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                                "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+            "tie_word_embeddings": False},
+        "kvasir_synthetic": "random weights from scripts/make_synthetic_checkpoint.py, not a trained model",
+    }
+
+
+def tensor_specs_qwen35(layers: int, vocab: int) -> list[tuple[str, tuple[int, ...], str]]:
+    q = Q35
+    H, E, I = q["hidden"], q["experts"], q["moe_ffn"]
+    key_dim, value_dim = q["lin_k_heads"] * q["lin_k_dim"], q["lin_v_heads"] * q["lin_v_dim"]
+    conv_dim = 2 * key_dim + value_dim
+    q_dim, kv_dim = q["heads"] * q["head_dim"], q["kv_heads"] * q["head_dim"]
+    pre = "model.language_model."
+    out = [(pre + "embed_tokens.weight", (vocab, H), "embed"), (pre + "norm.weight", (H,), "norm0"),
+           ("lm_head.weight", (vocab, H), "lm_head")]
+    for l in range(layers):
+        p = f"{pre}layers.{l}."
+        out += [(p + "input_layernorm.weight", (H,), "norm0"), (p + "post_attention_layernorm.weight", (H,), "norm0")]
+        if (l + 1) % q["interval"] == 0:
+            a = p + "self_attn."
+            out += [(a + "q_proj.weight", (2 * q_dim, H), "matrix"), (a + "k_proj.weight", (kv_dim, H), "matrix"),
+                    (a + "v_proj.weight", (kv_dim, H), "matrix"), (a + "o_proj.weight", (H, q_dim), "matrix"),
+                    (a + "q_norm.weight", (q["head_dim"],), "norm0"), (a + "k_norm.weight", (q["head_dim"],), "norm0")]
+        else:
+            a = p + "linear_attn."
+            out += [(a + "in_proj_qkv.weight", (conv_dim, H), "matrix"), (a + "in_proj_z.weight", (value_dim, H), "matrix"),
+                    (a + "in_proj_b.weight", (q["lin_v_heads"], H), "matrix"),
+                    (a + "in_proj_a.weight", (q["lin_v_heads"], H), "matrix"),
+                    (a + "conv1d.weight", (conv_dim, 1, q["conv"]), "matrix"),
+                    (a + "dt_bias", (q["lin_v_heads"],), "norm"), (a + "A_log", (q["lin_v_heads"],), "norm0"),
+                    (a + "norm.weight", (q["lin_v_dim"],), "norm"), (a + "out_proj.weight", (H, value_dim), "matrix")]
+        m = p + "mlp."
+        out += [(m + "gate.weight", (E, H), "router"), (m + "experts.gate_up_proj", (E, 2 * I, H), "matrix"),
+                (m + "experts.down_proj", (E, H, I), "matrix"), (m + "shared_expert.gate_proj.weight", (q["shared_ffn"], H), "matrix"),
+                (m + "shared_expert.up_proj.weight", (q["shared_ffn"], H), "matrix"),
+                (m + "shared_expert.down_proj.weight", (H, q["shared_ffn"]), "matrix"),
+                (m + "shared_expert_gate.weight", (1, H), "matrix")]
+    return sorted(out)
+
+
 def tensor_specs(layers: int, vocab: int) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape, kind) of every tensor, kind selecting the distribution."""
     q_dim, kv_dim = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
@@ -138,6 +216,8 @@ def values(name: str, shape: tuple[int, ...], kind: str, seed: int):
     step = max(1, CHUNK // cols)
     if kind == "norm":
         scale, shift = np.float32(NORM_WEIGHT_STD), np.float32(1.0)
+    elif kind == "norm0":  # zero-centred RMSNorm weight: the model scales by 1 + w
+        scale, shift = np.float32(NORM_WEIGHT_STD), np.float32(0.0)
     else:
         scale = np.float32({"embed": EMBED_STD, "router": ROUTER_LOGIT_STD / np.sqrt(cols),
                             "lm_head": LM_HEAD_LOGIT_STD / np.sqrt(cols), "matrix": 1.0 / np.sqrt(cols)}[kind])
@@ -156,12 +236,12 @@ def to_bf16_bits(a: np.ndarray) -> np.ndarray:
     return (u >> np.uint32(16)).astype(np.uint16)
 
 
-def write(outdir: str, layers: int, seed: int, vocab: int) -> None:
+def write(outdir: str, layers: int, seed: int, vocab: int, arch: str = "qwen3_moe") -> None:
     os.makedirs(outdir, exist_ok=True)
     with open(os.path.join(outdir, "config.json"), "w") as f:
-        json.dump(config(layers, vocab), f, indent=2)
+        json.dump(config_qwen35(layers, vocab) if arch == "qwen3_5_moe" else config(layers, vocab), f, indent=2)
         f.write("\n")
-    specs = tensor_specs(layers, vocab)
+    specs = tensor_specs_qwen35(layers, vocab) if arch == "qwen3_5_moe" else tensor_specs(layers, vocab)
     header: dict = {"__metadata__": {"format": "pt", "generator": "kvasir-equiv scripts/make_synthetic_checkpoint.py",
                                      "seed": str(seed)}}
     offset = 0
@@ -203,10 +283,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab", type=int, default=VOCAB,
                     help=f"vocabulary size (default {VOCAB}, the real one; embed + lm_head are 2·vocab·2048 BF16)")
+    ap.add_argument("--arch", choices=["qwen3_moe", "qwen3_5_moe"], default="qwen3_moe",
+                    help="qwen3_moe: Qwen3-30B-A3B (default); qwen3_5_moe: Qwen3.5-35B-A3B's hybrid layout, fused experts")
     a = ap.parse_args()
     if a.layers < 1 or a.vocab < 1:
         ap.error("--layers and --vocab must be positive")
-    write(a.outdir, a.layers, a.seed, a.vocab)
+    write(a.outdir, a.layers, a.seed, a.vocab, a.arch)
 
 
 if __name__ == "__main__":
