@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build the tiny MoE fixtures of kvasir-equiv with Hugging Face transformers.
+"""Build the tiny MoE and hybrid fixtures of kvasir-equiv with Hugging Face transformers.
 
 The tool's forward pass is checked against code nobody on this project wrote:
 this script builds tiny *random* models with the public transformers classes
@@ -13,6 +13,11 @@ Outputs (under --out, default: the repository's fixtures/):
   models/mixtral_tiny/         MixtralForCausalLM    (no q/k norm, always renormalised top-k)
   models/qwen2_moe_tiny/       Qwen2MoeForCausalLM   (shared expert + sigmoid gate, q/k/v bias,
                                                       norm_topk_prob false, decoder_sparse_step 2, tied embeddings)
+  models/qwen3_5_moe_tiny/     Qwen3_5MoeForConditionalGeneration (hybrid: Gated DeltaNet + gated attention;
+                                                      multimodal wrapper layout, fused 3D experts, shared expert)
+  models/qwen3_next_tiny/      Qwen3NextForCausalLM  (hybrid; fused grouped in_proj_qkvz / in_proj_ba,
+                                                      one tensor per expert, shared expert)
+  models/qwen3_5_tiny/         Qwen3_5ForConditionalGeneration (dense hybrid, wrapper layout, tied embeddings)
       each: config.json, generation_config.json, model.safetensors (save_pretrained),
             reference.safetensors (below), REFERENCE.md (what every reference tensor is)
   models/qwen3_moe_tiny.gguf            qwen3_moe_tiny converted with gguf.GGUFWriter, all F32
@@ -32,7 +37,12 @@ PCG64(TOKEN_SEED) in [0, min vocab); it is saved as ``input_ids``.
 Determinism: torch.manual_seed + a torch.Generator per fixture, numpy PCG64 for
 token ids, one CPU thread, torch deterministic algorithms, float32 on CPU,
 ``attn_implementation="eager"`` and ``experts_implementation="eager"`` (the plain
-per-expert loop of transformers). Running it twice gives byte-identical files.
+per-expert loop of transformers). Running it twice gives byte-identical files on
+the same machine; on another CPU the float32 references may differ by ~1e-6 (BLAS
+kernels), so rebuild only what changed: --only NAME... builds the named fixtures
+and leaves every other fixture's files untouched (models/README.md is rebuilt from
+the files on disk). transformers' torch code paths are the reference: the script
+refuses to run with the fla, causal_conv1d or kernels packages installed.
 
 Weights are NOT the std-0.02 transformers init (that gives near-uniform routing
 and near-identical logits): matrices are N(0, 1/fan_in) (variance preserving),
@@ -40,6 +50,9 @@ the router is N(0, ROUTER_STD^2) so router logits have real gaps, embeddings and
 lm_head are large enough that the logits are peaked (greedy decoding is
 meaningful), RMSNorm weights are 1 + N(0, 0.2^2) and biases N(0, 0.2^2), so a
 forward pass that forgets a norm weight or a bias does not match by accident.
+(1 + w) RMSNorms (the hybrids' ZERO_CENTRED_NORMS) store w = N(0, 0.2^2), the same
+effective scale; the Gated DeltaNet's A_log is N(A_LOG_MEAN, A_LOG_STD^2) and its
+dt_bias N(0, 0.2^2), so the recurrent state decays over a few tokens, not at once.
 
 Border tokens: for the audit of "router authority" some tokens must have a
 router gap (k-th minus (k+1)-th softmax probability) below 1e-3, so that
@@ -50,7 +63,8 @@ that token's router input, which moves exactly that expert's logit for that
 token by the amount that leaves the wanted gap (solved in float64). The gaps
 stay far above float32 noise (~1e-7), so the f32 and f64 references still
 route every token identically (asserted). Which ones were planted is written
-to REFERENCE.md.
+to REFERENCE.md. With 16 experts and top-4 (the hybrids) border tokens occur
+naturally.
 
 The float64 reference: ``model.double()`` alone is NOT a float64 computation in
 transformers 5.24 -- RMSNorm casts to float32, eager attention and the MoE
@@ -58,14 +72,25 @@ routers take their softmax in float32 and the rotary embedding computes cos/sin
 in float32. The f64 references here are computed with those four functions
 replaced by float64 versions of the same formula (``pure_float64`` below);
 the difference to plain ``model.double()`` is printed and written to
-REFERENCE.md. Every f64 reference is then checked against an independent
-plain-numpy float64 forward (``numpy_f64_forward``): they agree to ~1e-14.
+REFERENCE.md. In the hybrids (Qwen3-Next, Qwen3.5) more steps are float32 in
+double mode and are replaced too: the (1 + w) RMSNorm, the Gated DeltaNet's
+gated RMSNorm, its decay g = -exp(A_log) * softplus(a + dt_bias) (a and
+exp(A_log) rounded to float32) and the gated delta rule with its q/k L2 norm
+(both torch forms cast q, k, v, g, beta to float32). The float64 gated delta
+rule is the RECURRENT form for every call (transformers runs the chunked form
+over a prompt): transformers' own torch_recurrent_gated_delta_rule, executed
+with its float32 casts made float64 (``float64_copy``). As a sanity figure the
+whole float64 forward is also run with the chunked form (same treatment); both
+figures go to REFERENCE.md. Every f64 reference is then checked against an
+independent plain-numpy float64 forward (``numpy_f64_forward``, with its own
+token-by-token delta rule for the hybrids): they agree to ~1e-13.
 
 Summary table printed at the end, per fixture: number of MoE layers; router
 gap p_(k) - p_(k+1) (min / median / max over prompt tokens x MoE layers);
 border tokens (gap < 1e-3) / all; smallest greedy margin; mean top-1
 probability of the prompt logits; max |logits f32 - f64|; max |logits plain
-model.double() - f64|; max |numpy f64 - f64 reference|. Then every file with
+model.double() - f64|; max |numpy f64 - f64 reference|; for the hybrids a line
+with the float64 chunked-vs-recurrent delta rule figures. Then every file with
 its size and sha256 prefix.
 
 GGUF: tensor names and hyperparameter keys as llama.cpp's convert_hf_to_gguf
@@ -80,7 +105,7 @@ is written as blk.N.ffn_gate / ffn_up / ffn_down (llama.cpp's dense FFN names);
 stock llama.cpp's qwen3moe graph expects every layer to be MoE, so this file
 is for kvasir's reader, not for llama.cpp itself. No tokenizer metadata.
 
-Usage:  python3 scripts/make_fixtures.py [--out DIR]
+Usage:  python3 scripts/make_fixtures.py [--out DIR] [--only NAME...]
 """
 
 from __future__ import annotations
@@ -89,10 +114,14 @@ import argparse
 import contextlib
 import copy
 import hashlib
+import importlib.util
+import inspect
 import json
+import re
 import shutil
 import sys
 import tempfile
+import types
 from importlib import metadata
 from pathlib import Path
 
@@ -120,6 +149,13 @@ def _check_versions() -> None:
     if bad:
         sys.exit("make_fixtures.py: version mismatch: " + ", ".join(bad) +
                  " -- pip install -r scripts/requirements-fixtures.txt")
+    # transformers switches the Gated DeltaNet and its causal conv1d to these packages' kernels when
+    # they are installed (use_kernel_func_from_hub_with_fallback); the float32 reference data is the
+    # output of its torch fallbacks (torch_chunk_gated_delta_rule, causal_conv1d_fn, ...).
+    extra = [pkg for pkg in ("fla", "causal_conv1d", "kernels") if importlib.util.find_spec(pkg) is not None]
+    if extra:
+        sys.exit("make_fixtures.py: uninstall " + ", ".join(extra) + " (the references are transformers' "
+                 "torch code paths)")
 
 
 _check_versions()
@@ -136,12 +172,21 @@ from transformers import (  # noqa: E402
     MixtralForCausalLM,
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeConfig,
+    Qwen3_5MoeForConditionalGeneration,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
 )
 from transformers.models.mixtral import modeling_mixtral  # noqa: E402
 from transformers.models.qwen2_moe import modeling_qwen2_moe  # noqa: E402
+from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: E402
+from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe  # noqa: E402
 from transformers.models.qwen3_moe import modeling_qwen3_moe  # noqa: E402
+from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
 
 assert torch.__version__.split("+")[0] == PINNED["torch"]
 
@@ -157,9 +202,11 @@ EMBED_STD = 0.5
 LM_HEAD_STD = 0.4
 NORM_WEIGHT_STD = 0.2
 BIAS_STD = 0.2
+A_LOG_MEAN, A_LOG_STD = -1.0, 0.5  # Gated DeltaNet: exp(A_log) ~ 0.2..0.7, so the state decays over a few tokens
 
 # Every fixture. "config" goes verbatim into the transformers config class; the
-# C++ test (tests/model/test_config.cpp) hand-checks the same values.
+# C++ test (tests/model/test_config.cpp) hand-checks the same values (the hybrids'
+# C++ tests come with their forward pass).
 FIXTURES = [
     dict(
         name="qwen3_moe_tiny",
@@ -222,13 +269,116 @@ FIXTURES = [
               "(intermediate_size 128). tie_word_embeddings true: model.safetensors has no lm_head.weight, "
               "lm_head is model.embed_tokens.weight.",
     ),
+    # --- hybrid architectures: Gated DeltaNet (linear attention) and gated full attention in one stack ---
+    dict(
+        name="qwen3_5_moe_tiny",
+        arch="qwen3_5_moe",
+        seed=1004,
+        config=dict(
+            text_config=dict(
+                vocab_size=320, hidden_size=64, num_hidden_layers=4, full_attention_interval=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32, attention_bias=False,
+                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                num_experts=16, num_experts_per_tok=4, moe_intermediate_size=16, shared_expert_intermediate_size=32,
+                rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                                 "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+                max_position_embeddings=1024, tie_word_embeddings=False,
+            ),
+            # the smallest vision tower the class builds with one block; nothing here runs it
+            vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=1, patch_size=2,
+                               temporal_patch_size=1, spatial_merge_size=1, out_hidden_size=64,
+                               num_position_embeddings=4),
+            tie_word_embeddings=False,
+        ),
+        plant=[],  # 16 experts top-4: border tokens occur naturally (REFERENCE.md lists them)
+        # save_pretrained(save_original_format=False): experts as transformers holds them, fused 3D
+        # tensors (the official Qwen3.5-MoE checkpoints' layout); the default would write experts.N.*
+        fused_experts=True,
+        notes="Multimodal wrapper layout of the released Qwen3.5-MoE checkpoints: config.json has the text model "
+              "under `text_config` (model_type qwen3_5_moe_text) and a tiny `vision_config`; the text weights are "
+              "`model.language_model.*`, the vision tower `model.visual.*` (never run here), `lm_head.weight` at "
+              "top level (untied). Experts FUSED as in the official checkpoints: `mlp.experts.gate_up_proj` "
+              "[E, 2*I, H] (rows [0, I) = gate, [I, 2I) = up) and `mlp.experts.down_proj` [E, H, I], no `.weight` "
+              "suffix. layer_types (full_attention_interval 2): linear_attention at 0, 2, full_attention at 1, 3. "
+              "Every layer is MoE: softmax router over 16 experts, top-4, ALWAYS renormalised (Qwen3_5MoeTopKRouter "
+              "has no norm_topk_prob switch), plus a shared expert (intermediate 32) scaled by "
+              "sigmoid(x . shared_expert_gate^T). RMSNorm weights are zero-centred: y = x/rms(x) * (1 + w) for "
+              "input/post-attention/final norms and q_norm/k_norm; the Gated DeltaNet's gated norm is NOT: "
+              "y = w * x/rms(x) * silu(z). Rope: partial_rotary_factor 0.25 (the first 8 of head_dim 32, NEOX "
+              "rotate_half within those 8), rope_theta 1e7, interleaved M-RoPE (mrope_section [2, 1, 1]) whose "
+              "three position streams are equal for text, i.e. plain rope on those 8 dims.",
+    ),
+    dict(
+        name="qwen3_next_tiny",
+        arch="qwen3_next",
+        seed=1005,
+        config=dict(
+            vocab_size=352, hidden_size=64, intermediate_size=96, num_hidden_layers=4, full_attention_interval=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, attention_bias=False,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+            num_experts=16, num_experts_per_tok=4, norm_topk_prob=True, moe_intermediate_size=16,
+            shared_expert_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[],
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+            max_position_embeddings=1024, tie_word_embeddings=False,
+        ),
+        plant=[(2, 3e-5)],
+        notes="Text-only layout (`model.*`, Qwen3NextForCausalLM), experts one tensor per expert "
+              "(`mlp.experts.N.{gate,up,down}_proj.weight`, what save_pretrained writes and the released "
+              "Qwen3-Next checkpoints use). layer_types (full_attention_interval 4): linear_attention at 0, 1, 2, "
+              "full_attention at 3. Every layer MoE (mlp_only_layers [], as the released model; llama.cpp's "
+              "qwen3next graph requires a router in every layer): 16 experts, top-4, norm_topk_prob true, shared "
+              "expert (intermediate 32) scaled by sigmoid(x . shared_expert_gate^T); intermediate_size 96 is "
+              "unused. The Gated DeltaNet input projections are FUSED and grouped per "
+              "key head: `in_proj_qkvz` [2*Dk + 2*Dv, H] is, for each of the 2 key heads, [q (16) | k (16) | v (2 "
+              "value heads x 16) | z (2 x 16)]; `in_proj_ba` [2*Hv, H] is, per key head, [b (2) | a (2)] "
+              "(Qwen3NextGatedDeltaNet.fix_query_key_value_ordering). Zero-centred RMSNorm (1 + w) and partial "
+              "rope (0.25, theta 1e7) as in qwen3_5_moe_tiny; no M-RoPE.",
+    ),
+    dict(
+        name="qwen3_5_tiny",
+        arch="qwen3_5",
+        seed=1006,
+        config=dict(
+            text_config=dict(
+                vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=4, full_attention_interval=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32, attention_bias=False,
+                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                                 "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+                max_position_embeddings=1024, tie_word_embeddings=True,
+            ),
+            vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=1, patch_size=2,
+                               temporal_patch_size=1, spatial_merge_size=1, out_hidden_size=64,
+                               num_position_embeddings=4),
+            tie_word_embeddings=True,
+        ),
+        plant=[],
+        notes="Dense hybrid, multimodal wrapper layout (Qwen3_5ForConditionalGeneration; text under "
+              "`text_config`, weights `model.language_model.*`, vision tower `model.visual.*` never run). "
+              "tie_word_embeddings true: no lm_head.weight, lm_head is model.language_model.embed_tokens.weight. "
+              "layer_types (full_attention_interval 4): linear_attention at 0, 1, 2, full_attention at 3. Every "
+              "layer has a dense SwiGLU MLP (intermediate_size 128); no MoE. Gated DeltaNet projections, norms "
+              "and rope as in qwen3_5_moe_tiny.",
+    ),
 ]
 
 ARCH = {
     "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, modeling_qwen3_moe),
     "mixtral": (MixtralConfig, MixtralForCausalLM, modeling_mixtral),
     "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM, modeling_qwen2_moe),
+    "qwen3_5_moe": (Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration, modeling_qwen3_5_moe),
+    "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM, modeling_qwen3_next),
+    "qwen3_5": (Qwen3_5Config, Qwen3_5ForConditionalGeneration, modeling_qwen3_5),
 }
+# RMSNorms of the (1 + w) convention: weight stored zero-centred, y = x / rms(x) * (1 + w) (see their forward).
+ZERO_CENTRED_NORMS = (modeling_qwen3_5_moe.Qwen3_5MoeRMSNorm, modeling_qwen3_5.Qwen3_5RMSNorm,
+                      modeling_qwen3_next.Qwen3NextRMSNorm)
 IMPL = dict(attn_implementation="eager", experts_implementation="eager")
 
 
@@ -241,6 +391,17 @@ def setup_torch() -> None:
 # ---------------------------------------------------------------------------
 # Model structure helpers (transformers 5.24 module layout)
 # ---------------------------------------------------------------------------
+def text_model(model):
+    """The decoder stack (embed_tokens, layers, norm): model.model, or model.model.language_model
+    in the multimodal wrappers (Qwen3_5*ForConditionalGeneration)."""
+    return getattr(model.model, "language_model", model.model)
+
+
+def text_config(cfg: dict) -> dict:
+    """config.json of a causal LM, or its text_config in a multimodal wrapper."""
+    return cfg.get("text_config", cfg)
+
+
 def moe_block(layer):
     """The sparse MoE block of a decoder layer, or None for a dense layer."""
     mlp = layer.mlp
@@ -248,12 +409,22 @@ def moe_block(layer):
 
 
 def moe_layer_ids(model) -> list[int]:
-    return [i for i, layer in enumerate(model.model.layers) if moe_block(layer) is not None]
+    return [i for i, layer in enumerate(text_model(model).layers) if moe_block(layer) is not None]
+
+
+def token_mixer(layer):
+    """Gated DeltaNet (linear_attn) or attention (self_attn) of a decoder layer."""
+    return layer.linear_attn if hasattr(layer, "linear_attn") else layer.self_attn
+
+
+def linear_attention_layer_ids(model) -> list[int]:
+    return [i for i, layer in enumerate(text_model(model).layers) if hasattr(layer, "linear_attn")]
 
 
 def router_renormalises(router) -> bool:
-    # Mixtral's router divides by the top-k sum unconditionally (modeling_mixtral.MixtralTopKRouter).
-    if isinstance(router, modeling_mixtral.MixtralTopKRouter):
+    # Mixtral's and Qwen3.5-MoE's routers divide by the top-k sum unconditionally
+    # (MixtralTopKRouter, Qwen3_5MoeTopKRouter have no norm_topk_prob switch).
+    if isinstance(router, (modeling_mixtral.MixtralTopKRouter, modeling_qwen3_5_moe.Qwen3_5MoeTopKRouter)):
         return True
     return bool(router.norm_topk_prob)
 
@@ -263,10 +434,17 @@ def router_renormalises(router) -> bool:
 # ---------------------------------------------------------------------------
 def init_weights(model, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
+    zero_centred = {n + ".weight" for n, m in model.named_modules() if isinstance(m, ZERO_CENTRED_NORMS)}
     with torch.no_grad():
         for name, p in model.named_parameters():
             z = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-            if name.endswith("norm.weight"):  # input/post-attention/final/q/k RMSNorm weights
+            if name in zero_centred:  # (1 + w) RMSNorm: the same effective scale 1 + N(0, 0.2^2)
+                p.copy_(NORM_WEIGHT_STD * z)
+            elif name.endswith("linear_attn.A_log"):  # Gated DeltaNet decay: g = -exp(A_log) * softplus(a + dt_bias)
+                p.copy_(A_LOG_MEAN + A_LOG_STD * z)
+            elif name.endswith("linear_attn.dt_bias"):
+                p.copy_(BIAS_STD * z)
+            elif name.endswith("norm.weight"):  # input/post-attention/final/q/k RMSNorm weights, gated RMSNorm
                 p.copy_(1.0 + NORM_WEIGHT_STD * z)
             elif name.endswith(".bias"):
                 p.copy_(BIAS_STD * z)
@@ -279,12 +457,17 @@ def init_weights(model, seed: int) -> None:
             else:  # every other matrix: [.., out, in] -> variance preserving
                 p.copy_(z / np.sqrt(p.shape[-1]))
     if model.config.tie_word_embeddings:
-        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+        assert model.lm_head.weight.data_ptr() == text_model(model).embed_tokens.weight.data_ptr()
 
 
 # ---------------------------------------------------------------------------
-# A float64 forward: the four places where transformers computes in float32
-# even after model.double(), replaced by float64 versions of the same formula.
+# A float64 forward: the places where transformers computes in float32 even after
+# model.double(), replaced by float64 versions of the same formula. Four in the
+# attention-only MoE models (RMSNorm, rotary cos/sin, router softmax, eager
+# attention softmax); in the hybrids also the (1 + w) RMSNorm, the gated RMSNorm,
+# the Gated DeltaNet's decay g (it rounds a and exp(A_log) to float32) and the
+# gated delta rule itself (both of transformers' torch forms cast q, k, v, g,
+# beta to float32 and L2-normalise q, k there).
 # ---------------------------------------------------------------------------
 def _rmsnorm_f64(self, hidden_states):
     if hidden_states.dtype != torch.float64:
@@ -293,14 +476,34 @@ def _rmsnorm_f64(self, hidden_states):
     return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
 
+def _rmsnorm_zero_centred_f64(self, x):
+    if x.dtype != torch.float64:
+        raise RuntimeError("pure_float64 used on a non-float64 model")
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)) * (1.0 + self.weight)
+
+
+def _rmsnorm_gated_f64(self, hidden_states, gate):
+    if hidden_states.dtype != torch.float64:
+        raise RuntimeError("pure_float64 used on a non-float64 model")
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon)) * F.silu(gate)
+
+
 def _rotary_f64(self, x, position_ids):
     cfg = self.config
     assert cfg.rope_parameters["rope_type"] == "default" and self.attention_scaling == 1.0
     base = float(cfg.rope_parameters["rope_theta"])
-    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dim = int(head_dim * cfg.rope_parameters.get("partial_rotary_factor", 1.0))  # partial rotary: first dim dims
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    freqs = position_ids[..., None].to(torch.float64) * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
+    if hasattr(self, "recomposition_frequencies"):
+        # Qwen3.5 text M-RoPE: (3, batch, T) position streams, frequencies interleaved by
+        # the module's own recomposition (it returns cat(freqs, freqs)).
+        freqs = position_ids.expand(3, -1, -1)[..., None].to(torch.float64) * inv_freq
+        emb = self.recomposition_frequencies(freqs)
+    else:
+        freqs = position_ids[..., None].to(torch.float64) * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
 
@@ -326,26 +529,124 @@ def _eager_attention_f64(module, query, key, value, attention_mask, scaling, dro
     return attn_output, attn_weights
 
 
+class _TorchFloat32IsFloat64:
+    """The `torch` module as a copied function sees it: everything is torch, except that
+    torch.float32 (and its alias torch.float) is torch.float64."""
+    float32 = torch.float64
+    float = torch.float64
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def float64_copy(fn):
+    """transformers' own function (unwrapped from its kernel-hub decorator) with its explicit
+    float32 casts made float64 casts. Refused if the source holds any other float32 route."""
+    fn = inspect.unwrap(fn)
+    src = inspect.getsource(fn)
+    assert set(re.findall(r"torch\.float\w*", src)) <= {"torch.float32"}, fn.__name__
+    assert not re.search(r"\.(float|half|bfloat16)\(|dtype=torch\.float\b", src), fn.__name__
+    g = dict(fn.__globals__, torch=_TorchFloat32IsFloat64())
+    out = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+    out.__kwdefaults__ = fn.__kwdefaults__
+    return out
+
+
+# The two torch forms of the gated delta rule in transformers: the token-by-token recurrence
+# (its cached-decoding path) and the chunked UT-transform form (its prompt path). The float64
+# reference uses the recurrent form; the chunked one is run in float64 only as a sanity figure.
+DELTA_RULES = {"recurrent": "torch_recurrent_gated_delta_rule", "chunked": "torch_chunk_gated_delta_rule"}
+
+
+def _gated_deltanet_f64(self, rule, hidden_states, cache=None, attention_mask=None, **kwargs):
+    """Qwen3NextGatedDeltaNet / Qwen3_5(Moe)GatedDeltaNet.forward, step by step as transformers 5.24
+    writes it, with g = -exp(A_log) * softplus(a + dt_bias) in float64 (transformers rounds a and
+    exp(A_log) to float32) and `rule` -- a float64 copy of one of its delta-rule functions -- for
+    every call (transformers: chunked over a prompt, recurrent for one cached token)."""
+    mod = sys.modules[type(self).__module__]
+    if hidden_states.dtype != torch.float64:
+        raise RuntimeError("pure_float64 used on a non-float64 model")
+    hidden_states = mod.apply_mask_to_padding_states(hidden_states, attention_mask)
+    batch_size, seq_len, _ = hidden_states.shape
+    if cache is not None:
+        conv_state = cache.get_conv_state(self.layer_idx, state_idx=0)
+        recurrent_state = cache.get_recurrent_state(self.layer_idx, state_idx=0)
+    else:
+        conv_state, recurrent_state = None, None
+
+    if hasattr(self, "in_proj_qkvz"):  # Qwen3-Next: fused projections grouped per key head
+        q, k, v, z, b, a = self.fix_query_key_value_ordering(self.in_proj_qkvz(hidden_states),
+                                                            self.in_proj_ba(hidden_states))
+        mixed_qkv = torch.cat([x.reshape(batch_size, seq_len, -1) for x in (q, k, v)], dim=-1)
+    else:  # Qwen3.5: one projection each
+        mixed_qkv = self.in_proj_qkv(hidden_states)
+        z = self.in_proj_z(hidden_states).reshape(batch_size, seq_len, -1, self.head_v_dim)
+        b = self.in_proj_b(hidden_states)
+        a = self.in_proj_a(hidden_states)
+    mixed_qkv = mixed_qkv.transpose(1, 2)
+    # causal depthwise conv1d + SiLU: transformers' own torch functions (float64 as given)
+    if conv_state is not None and seq_len == 1 and not cache.is_recording_past(self.layer_idx):
+        mixed_qkv = mod.causal_conv1d_update(mixed_qkv, conv_state, self.conv1d.weight.squeeze(1),
+                                             self.conv1d.bias, self.activation)
+    else:
+        if cache is not None:
+            mixed_qkv = cache.update_conv_state(mixed_qkv, self.layer_idx, conv_kernel_size=self.conv_kernel_size)
+        mixed_qkv = mod.causal_conv1d_fn(mixed_qkv, self.conv1d.weight.squeeze(1), self.conv1d.bias,
+                                         activation=self.activation)
+        if cache is not None:
+            mixed_qkv = mixed_qkv[:, :, -seq_len:]
+    mixed_qkv = mixed_qkv.transpose(1, 2)
+    query, key, value = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    query = query.reshape(batch_size, seq_len, -1, self.head_k_dim)
+    key = key.reshape(batch_size, seq_len, -1, self.head_k_dim)
+    value = value.reshape(batch_size, seq_len, -1, self.head_v_dim)
+
+    beta = b.sigmoid()
+    g = -self.A_log.exp() * F.softplus(a + self.dt_bias)
+    core_attn_out, last_recurrent_state = rule(query, key, value, g=g, beta=beta, initial_state=recurrent_state,
+                                               output_final_state=cache is not None, use_qk_l2norm_in_kernel=True)
+    assert core_attn_out.dtype == torch.float64
+    if cache is not None:
+        cache.update_recurrent_state(last_recurrent_state, self.layer_idx)
+    core_attn_out = self.norm(core_attn_out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+    return self.out_proj(core_attn_out.reshape(batch_size, seq_len, -1))
+
+
 @contextlib.contextmanager
-def pure_float64(module):
+def pure_float64(module, delta_rule: str = "recurrent"):
     saved = []
 
     def patch(obj, attr, new):
         saved.append((obj, attr, getattr(obj, attr)))
         setattr(obj, attr, new)
 
+    rule = float64_copy(getattr(module, DELTA_RULES[delta_rule])) if hasattr(module, "l2norm") else None
+
+    def deltanet_forward(self, *args, **kwargs):
+        return _gated_deltanet_f64(self, rule, *args, **kwargs)
+
     for cname in dir(module):
         cls = getattr(module, cname)
-        if not isinstance(cls, type) or cls.__module__ != module.__name__:
-            continue
-        if cname.endswith("RMSNorm"):
-            patch(cls, "forward", _rmsnorm_f64)
+        if not isinstance(cls, type) or cls.__module__ != module.__name__ or "Vision" in cname:
+            continue  # (the vision tower of the multimodal wrappers never runs here)
+        if cname.endswith("RMSNormGated"):
+            patch(cls, "forward", _rmsnorm_gated_f64)
+        elif cname.endswith("RMSNorm"):
+            patch(cls, "forward", _rmsnorm_zero_centred_f64 if issubclass(cls, ZERO_CENTRED_NORMS) else _rmsnorm_f64)
         elif cname.endswith("RotaryEmbedding"):
             patch(cls, "forward", _rotary_f64)
         elif cname.endswith("TopKRouter"):
             patch(cls, "forward", _router_f64)
+        elif cname.endswith("GatedDeltaNet"):
+            patch(cls, "forward", deltanet_forward)
     patch(module, "eager_attention_forward", _eager_attention_f64)
-    assert len(saved) == 4, [s[1] for s in saved]
+    # exactly one of each: RMSNorm, rotary, eager attention (+ router in MoE models, + gated RMSNorm
+    # and Gated DeltaNet in the hybrids)
+    patched = sorted(obj.__name__ if isinstance(obj, type) else attr for obj, attr, _ in saved)
+    want = ["RMSNorm", "RotaryEmbedding", "eager_attention_forward"]
+    want += ["TopKRouter"] if any(n.endswith("TopKRouter") for n in dir(module)) else []
+    want += ["RMSNormGated", "GatedDeltaNet"] if rule is not None else []
+    assert len(patched) == len(want) and all(sum(n.endswith(w) for n in patched) == 1 for w in want), patched
     try:
         yield
     finally:
@@ -366,12 +667,15 @@ def forward_capture(model, ids: torch.Tensor) -> dict:
                          as output_hidden_states[-1] (it replaces the last layer's output
                          by the normed last_hidden_state) and what lm_head multiplies.
     """
-    layers = model.model.layers
-    cap = {"layer_out": {}, "mlp_in": {}, "mlp_out": {}, "router": {}}
+    tm = text_model(model)
+    layers = tm.layers
+    hybrid = bool(linear_attention_layer_ids(model))
+    moe = moe_layer_ids(model)
+    cap = {"layer_out": {}, "mlp_in": {}, "mlp_out": {}, "router": {}, "mixer_out": {}}
     hooks = []
-    hooks.append(model.model.embed_tokens.register_forward_hook(
+    hooks.append(tm.embed_tokens.register_forward_hook(
         lambda m, a, o: cap.__setitem__("embed", o.detach().clone())))
-    hooks.append(model.model.norm.register_forward_hook(
+    hooks.append(tm.norm.register_forward_hook(
         lambda m, a, o: cap.__setitem__("final", o.detach().clone())))
     for i, layer in enumerate(layers):
         hooks.append(layer.register_forward_hook(
@@ -381,13 +685,17 @@ def forward_capture(model, ids: torch.Tensor) -> dict:
             cap["mlp_out"][i] = o.detach().clone()
 
         hooks.append(layer.mlp.register_forward_hook(mlp_hook))
+        if hybrid:  # Gated DeltaNet / gated attention output, before the residual add
+            hooks.append(token_mixer(layer).register_forward_hook(
+                lambda m, a, o, i=i: cap["mixer_out"].__setitem__(i, (o[0] if isinstance(o, tuple) else o).detach().clone())))
         blk = moe_block(layer)
         if blk is not None:
             hooks.append(blk.gate.register_forward_hook(
                 lambda m, a, o, i=i: cap["router"].__setitem__(i, tuple(t.detach().clone() for t in o))))
     try:
         with torch.no_grad():
-            out = model(input_ids=ids[None], output_hidden_states=True, output_router_logits=True, use_cache=False)
+            out = model(input_ids=ids[None], output_hidden_states=True, use_cache=False,
+                        **({"output_router_logits": True} if moe else {}))
     finally:
         for h in hooks:
             h.remove()
@@ -401,6 +709,7 @@ def forward_capture(model, ids: torch.Tensor) -> dict:
         "mlp_in": {i: cap["mlp_in"][i][0] for i in range(L)},
         "mlp_out": {i: cap["mlp_out"][i].reshape(T, -1) for i in range(L)},
         "router": cap["router"],
+        "mixer_out": {i: o[0] for i, o in cap["mixer_out"].items()},
     }
     # Cross-check the hooks against what transformers itself returns.
     hs = out.hidden_states
@@ -408,8 +717,7 @@ def forward_capture(model, ids: torch.Tensor) -> dict:
     for i in range(L):
         assert torch.equal(hs[i][0], res["hidden_states"][i]), f"hidden_states[{i}]"
     assert torch.equal(hs[L][0], res["final_hidden"]), "HF hidden_states[-1] is not the final-normed state"
-    moe = moe_layer_ids(model)
-    assert len(out.router_logits) == len(moe)
+    assert len(getattr(out, "router_logits", None) or ()) == len(moe)
     for j, i in enumerate(moe):
         assert torch.equal(out.router_logits[j].reshape(T, -1), res["router"][i][0]), f"router logits {i}"
     return res
@@ -459,9 +767,10 @@ def router_stats(router_logits: torch.Tensor, k: int):
 
 def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dict]:
     """Returns (tensors to save, per-token stats, numbers for the report)."""
-    L = len(model.model.layers)
+    L = len(text_model(model).layers)
     moe = moe_layer_ids(model)
-    k = model.config.num_experts_per_tok
+    linear = linear_attention_layer_ids(model)
+    k = getattr(model.config.get_text_config(), "num_experts_per_tok", None)
     model = model.float().eval()
 
     r32 = forward_capture(model, ids)
@@ -474,6 +783,9 @@ def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dic
         r64 = forward_capture(m64, ids)
         g64_tok, g64_margin, g64_logits = greedy(m64, ids, GREEDY_STEPS)
         check_greedy(m64, ids, g64_tok, g64_logits, tol=1e-10)
+    if linear:  # sanity figure: transformers' chunked delta rule, also run in float64
+        with pure_float64(module, delta_rule="chunked"):
+            r64_chunked = forward_capture(m64, ids)
 
     out: dict[str, np.ndarray] = {}
     f32 = lambda t: t.detach().to(torch.float32).contiguous().numpy()  # noqa: E731
@@ -482,6 +794,8 @@ def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dic
 
     out["input_ids"] = i32(ids)
     out["moe_layers"] = np.asarray(moe, dtype=np.int32)
+    if linear:
+        out["linear_attention_layers"] = np.asarray(linear, dtype=np.int32)
     for prefix, r, cv in (("", r32, f32), ("f64.", r64, f64)):
         out[prefix + "hidden_states"] = cv(r["hidden_states"])
         out[prefix + "final_hidden"] = cv(r["final_hidden"])
@@ -489,6 +803,8 @@ def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dic
         for i in range(L):
             out[f"{prefix}layer.{i}.mlp_input"] = cv(r["mlp_in"][i])
             out[f"{prefix}layer.{i}.mlp_output"] = cv(r["mlp_out"][i])
+        for i, o in r["mixer_out"].items():
+            out[f"{prefix}layer.{i}.mixer_output"] = cv(o)
         for i in moe:
             logits_, weights_, ids_ = r["router"][i]
             out[f"{prefix}layer.{i}.router_logits"] = cv(logits_)
@@ -516,7 +832,7 @@ def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dic
         if arr.dtype.kind == "f":
             assert np.isfinite(arr).all(), name
 
-    gaps = torch.cat([router_stats(r64["router"][i][0], k) for i in moe])
+    gaps = torch.cat([router_stats(r64["router"][i][0], k) for i in moe]) if moe else torch.full((1,), float("nan"))
     stats = {}
     for i in moe:
         stats[i] = router_stats(r64["router"][i][0], k)
@@ -524,7 +840,7 @@ def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dic
     nums = dict(
         n_moe_layers=len(moe),
         gap_min=float(gaps.min()), gap_median=float(gaps.median()), gap_max=float(gaps.max()),
-        n_border=int((gaps < BORDER_THRESHOLD).sum()), n_router_tokens=int(gaps.numel()),
+        n_border=int((gaps < BORDER_THRESHOLD).sum()), n_router_tokens=int(gaps.numel()) if moe else 0,
         border=[(i, t, float(stats[i][t])) for i in moe for t in range(len(ids)) if stats[i][t] < BORDER_THRESHOLD],
         greedy_margin_min=float(g_margin.min()), greedy_margin_median=float(g_margin.median()),
         mean_top1_prob=float(p_top.mean()),
@@ -534,6 +850,15 @@ def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dic
         d_plain_double_vs_f64_logits=float((r64_plain["logits"] - r64["logits"]).abs().max()),
         logits_absmax=float(r64["logits"].abs().max()),
     )
+    if linear:
+        rel = lambda a, b: float((a - b).abs().max() / b.abs().max())  # noqa: E731
+        nums.update(
+            d_plain_double_vs_f64_hidden=float((r64_plain["hidden_states"] - r64["hidden_states"]).abs().max()),
+            d_chunked_vs_recurrent_logits=float((r64_chunked["logits"] - r64["logits"]).abs().max()),
+            d_chunked_vs_recurrent_hidden=float((r64_chunked["hidden_states"] - r64["hidden_states"]).abs().max()),
+            d_chunked_vs_recurrent_mixer=max(rel(r64_chunked["mixer_out"][i], r64["mixer_out"][i]) for i in linear),
+            rel_f32_vs_f64_mixer=max(rel(r32["mixer_out"][i].double(), r64["mixer_out"][i]) for i in linear),
+        )
     return out, stats, nums
 
 
@@ -542,7 +867,7 @@ def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dic
 # ---------------------------------------------------------------------------
 def plant_border_tokens(model, ids: torch.Tensor, module, targets) -> list[dict]:
     planted = []
-    k = model.config.num_experts_per_tok
+    k = model.config.get_text_config().num_experts_per_tok if targets else None
     used: set[int] = set()
     for layer, want in sorted(targets):
         m64 = copy.deepcopy(model).double().eval()
@@ -574,7 +899,7 @@ def plant_border_tokens(model, ids: torch.Tensor, module, targets) -> list[dict]
                 hi = mid
         delta = 0.5 * (lo + hi)
         xv = x[t]
-        router = model.model.layers[layer].mlp.gate
+        router = text_model(model).layers[layer].mlp.gate
         with torch.no_grad():
             router.weight[e_k1] += (delta * xv / xv.dot(xv)).to(torch.float32)
         planted.append(dict(layer=layer, token=t, expert_k=e_k, expert_k1=e_k1, natural_gap=float(gap[t]),
@@ -587,8 +912,9 @@ def plant_border_tokens(model, ids: torch.Tensor, module, targets) -> list[dict]
 # ---------------------------------------------------------------------------
 def n_experts(cfg: dict) -> int:
     # Qwen3MoeConfig maps num_experts -> num_local_experts (attribute_map), so its config.json
-    # says "num_local_experts"; Qwen2MoeConfig writes "num_experts".
-    return int(cfg["num_experts"] if "num_experts" in cfg else cfg["num_local_experts"])
+    # says "num_local_experts"; Qwen2MoeConfig writes "num_experts". 0: a dense model.
+    cfg = text_config(cfg)
+    return int(cfg.get("num_experts", cfg.get("num_local_experts", 0)))
 
 
 def gguf_tensors(sd: dict, cfg: dict, moe: list[int]) -> list[tuple[str, np.ndarray]]:
@@ -714,19 +1040,29 @@ def hf_state_from_gguf(deq: dict, cfg: dict, moe: list[int]) -> dict:
 # transformers): it must agree with them to ~1e-13.
 # ---------------------------------------------------------------------------
 def numpy_f64_forward(cfg: dict, W: dict, ids: np.ndarray) -> dict:
+    cfg = text_config(cfg)
     mt = cfg["model_type"]
+    # the multimodal wrappers hold the text model under model.language_model (the vision tower is not used)
+    W = {n.replace("model.language_model.", "model."): w for n, w in W.items() if not n.startswith("model.visual.")}
+    hybrid = mt in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")  # (1 + w) norms, gated attention, DeltaNet
     T, H = len(ids), cfg["hidden_size"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or H // nh
     eps, theta = cfg["rms_norm_eps"], cfg["rope_parameters"]["rope_theta"]
-    k = cfg["num_experts_per_tok"]
-    renorm = mt == "mixtral" or bool(cfg.get("norm_topk_prob"))
+    rd = int(hd * cfg["rope_parameters"].get("partial_rotary_factor", 1.0))  # rotary dims (the first rd of hd)
+    k = cfg.get("num_experts_per_tok")
+    renorm = mt in ("mixtral", "qwen3_5_moe_text") or bool(cfg.get("norm_topk_prob"))
 
     def rms(x, w):
+        if hybrid:  # zero-centred weight
+            return (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)) * (1.0 + w)
         return w * (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps))
 
     def silu(x):
         return x / (1.0 + np.exp(-x))
+
+    def sigmoid(x):
+        return 1.0 / (1.0 + np.exp(-x))
 
     def lin(name, x):
         y = x @ W[name + ".weight"].T
@@ -736,19 +1072,27 @@ def numpy_f64_forward(cfg: dict, W: dict, ids: np.ndarray) -> dict:
         g, u, d = (prefix + n for n in names)
         return lin(d, silu(lin(g, x)) * lin(u, x))
 
-    ang = np.arange(T)[:, None] * (1.0 / theta ** (np.arange(0, hd, 2) / hd))[None]
+    def expert(m, e, names, x):
+        if m + "experts.gate_up_proj" in W:  # fused [E, 2I, H] / [E, H, I]
+            gu = x @ W[m + "experts.gate_up_proj"][e].T
+            g, u = np.split(gu, 2, axis=-1)
+            return (silu(g) * u) @ W[m + "experts.down_proj"][e].T
+        return swiglu(f"{m}experts.{e}.", names, x)
+
+    ang = np.arange(T)[:, None] * (1.0 / theta ** (np.arange(0, rd, 2) / rd))[None]
     cos, sin = np.cos(np.concatenate([ang, ang], -1))[:, None], np.sin(np.concatenate([ang, ang], -1))[:, None]
 
-    def rope(x):  # [T, heads, hd], rotate_half (NEOX) layout
-        return x * cos + np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], -1) * sin
+    def rope(x):  # [T, heads, hd], rotate_half (NEOX) layout on the first rd dims
+        if x.shape[-1] > rd:
+            return np.concatenate([rope(x[..., :rd]), x[..., rd:]], -1)
+        return x * cos + np.concatenate([-x[..., rd // 2:], x[..., :rd // 2]], -1) * sin
 
-    mask = np.triu(np.full((T, T), -np.inf), 1)
-    h = W["model.embed_tokens.weight"][ids]
-    hs, topk = [h], {}
-    for layer in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{layer}."
-        x = rms(h, W[p + "input_layernorm.weight"])
-        q = lin(p + "self_attn.q_proj", x).reshape(T, nh, hd)
+    def attention(p, x):
+        if hybrid:  # q_proj gives [q | gate] per head; output gated by sigmoid(gate)
+            qg = lin(p + "self_attn.q_proj", x).reshape(T, nh, 2 * hd)
+            q, gate = qg[..., :hd], qg[..., hd:].reshape(T, nh * hd)
+        else:
+            q = lin(p + "self_attn.q_proj", x).reshape(T, nh, hd)
         kk = lin(p + "self_attn.k_proj", x).reshape(T, nkv, hd)
         v = lin(p + "self_attn.v_proj", x).reshape(T, nkv, hd)
         if p + "self_attn.q_norm.weight" in W:
@@ -759,7 +1103,58 @@ def numpy_f64_forward(cfg: dict, W: dict, ids: np.ndarray) -> dict:
             s = q[:, a] @ kk[:, a // (nh // nkv)].T / np.sqrt(hd) + mask
             s = np.exp(s - s.max(-1, keepdims=True))
             att[:, a] = (s / s.sum(-1, keepdims=True)) @ v[:, a // (nh // nkv)]
-        h = h + lin(p + "self_attn.o_proj", att.reshape(T, nh * hd))
+        att = att.reshape(T, nh * hd)
+        if hybrid:
+            att = att * sigmoid(gate)
+        return lin(p + "self_attn.o_proj", att)
+
+    def gated_deltanet(p, x):
+        """Gated DeltaNet, token by token: the recurrent form of the gated delta rule."""
+        nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+        dk, dv, r = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], nv // nk
+        la = p + "linear_attn."
+        if la + "in_proj_qkvz.weight" in W:  # Qwen3-Next: per key head [q | k | v (r heads) | z (r heads)], [b | a]
+            qkvz = lin(la + "in_proj_qkvz", x).reshape(T, nk, 2 * dk + 2 * r * dv)
+            ba = lin(la + "in_proj_ba", x).reshape(T, nk, 2 * r)
+            q, kk = qkvz[..., :dk], qkvz[..., dk:2 * dk]
+            v, z = qkvz[..., 2 * dk:2 * dk + r * dv], qkvz[..., 2 * dk + r * dv:]
+            mixed = np.concatenate([q.reshape(T, -1), kk.reshape(T, -1), v.reshape(T, -1)], -1)
+            z, b, a = z.reshape(T, nv, dv), ba[..., :r].reshape(T, nv), ba[..., r:].reshape(T, nv)
+        else:
+            mixed = lin(la + "in_proj_qkv", x)
+            z = lin(la + "in_proj_z", x).reshape(T, nv, dv)
+            b, a = lin(la + "in_proj_b", x), lin(la + "in_proj_a", x)
+        cw = W[la + "conv1d.weight"][:, 0, :]  # [channels, K]: causal depthwise conv, then SiLU
+        K = cw.shape[1]
+        xp = np.concatenate([np.zeros((K - 1, mixed.shape[1])), mixed], 0)
+        mixed = silu(sum(cw[:, j] * xp[j:j + T] for j in range(K)))
+        q = mixed[:, :nk * dk].reshape(T, nk, dk)
+        kk = mixed[:, nk * dk:2 * nk * dk].reshape(T, nk, dk)
+        v = mixed[:, 2 * nk * dk:].reshape(T, nv, dv)
+        q, kk = np.repeat(q, r, axis=1), np.repeat(kk, r, axis=1)  # value head h reads key head h // r
+        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) / np.sqrt(dk)
+        kk = kk / np.sqrt((kk * kk).sum(-1, keepdims=True) + 1e-6)
+        beta = sigmoid(b)
+        u = a + W[la + "dt_bias"]
+        g = -np.exp(W[la + "A_log"]) * np.where(u > 20.0, u, np.log1p(np.exp(np.minimum(u, 20.0))))  # softplus
+        S = np.zeros((nv, dk, dv))
+        o = np.zeros((T, nv, dv))
+        for t in range(T):
+            S = S * np.exp(g[t])[:, None, None]
+            delta = (v[t] - np.einsum("hkv,hk->hv", S, kk[t])) * beta[t][:, None]
+            S = S + kk[t][:, :, None] * delta[:, None, :]
+            o[t] = np.einsum("hkv,hk->hv", S, q[t])
+        nw = W[la + "norm.weight"]  # gated RMSNorm (weight NOT zero-centred)
+        o = nw * (o / np.sqrt((o * o).mean(-1, keepdims=True) + eps)) * silu(z)
+        return lin(la + "out_proj", o.reshape(T, nv * dv))
+
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    h = W["model.embed_tokens.weight"][ids]
+    hs, topk = [h], {}
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        x = rms(h, W[p + "input_layernorm.weight"])
+        h = h + (gated_deltanet(p, x) if p + "linear_attn.A_log" in W else attention(p, x))
         x = rms(h, W[p + "post_attention_layernorm.weight"])
         m = p + ("block_sparse_moe." if mt == "mixtral" else "mlp.")
         names = ("w1", "w3", "w2") if mt == "mixtral" else ("gate_proj", "up_proj", "down_proj")
@@ -774,7 +1169,7 @@ def numpy_f64_forward(cfg: dict, W: dict, ids: np.ndarray) -> dict:
             y = np.zeros_like(x)
             for t in range(T):
                 for j in range(k):
-                    y[t] += w[t, j] * swiglu(f"{m}experts.{idx[t, j]}.", names, x[t:t + 1])[0]
+                    y[t] += w[t, j] * expert(m, idx[t, j], names, x[t:t + 1])[0]
             if m + "shared_expert_gate.weight" in W:
                 gate = 1.0 / (1.0 + np.exp(-(x @ W[m + "shared_expert_gate.weight"].T)))
                 y += gate * swiglu(m + "shared_expert.", names, x)
@@ -804,6 +1199,8 @@ def numpy_check(cfg: dict, weights: dict, ref: dict) -> float:
 DESCRIPTIONS = [
     ("input_ids", "the prompt: PROMPT_LEN ids, uniform from numpy PCG64(TOKEN_SEED) in [0, min vocab of all fixtures)"),
     ("moe_layers", "indices of the layers whose MLP is the sparse MoE block (others are dense MLPs)"),
+    ("linear_attention_layers", "indices of the layers whose token mixer is the Gated DeltaNet (layer_types "
+                                "\"linear_attention\"; the others are gated full attention)"),
     ("hidden_states", "[0] = embed_tokens output (input of layer 0); [l+1] = output of decoder layer l, i.e. "
                       "the residual stream after layer l, BEFORE the final norm -- also for the last layer. "
                       "(transformers' output_hidden_states instead puts model.norm(...) in its last slot; "
@@ -814,6 +1211,9 @@ DESCRIPTIONS = [
     ("layer.{l}.mlp_input", "input of layer l's MLP / MoE block = post_attention_layernorm output (also the router input)"),
     ("layer.{l}.mlp_output", "output of layer l's MLP / MoE block (experts combined, + gated shared expert where "
                              "the architecture has one), before the residual add"),
+    ("layer.{l}.mixer_output", "output of layer l's token mixer before the residual add: the Gated DeltaNet "
+                               "(linear_attn, after out_proj) or the gated full attention (self_attn, after "
+                               "o_proj); its input is input_layernorm(hidden_states[l])"),
     ("layer.{l}.router_logits", "MoE layers only: router gate linear output x.W_g^T (output_router_logits)"),
     ("layer.{l}.topk_ids", "MoE layers only: the k chosen experts per token, as transformers' router returned them "
                            "(torch.topk of the softmax, descending probability)"),
@@ -843,13 +1243,30 @@ def reference_md(fx: dict, cfg_json: dict, ref: dict, nums: dict, planted: list,
     if extra:
         lines += [extra, ""]
     lines += ["Architecture notes: " + fx["notes"], ""]
+    hybrid = "linear_attention_layers" in ref
+    if not hybrid:
+        f64_what = ("(model.double() with RMSNorm, eager-attention softmax, router softmax and rotary cos/sin also "
+                    "computed in float64 — plain model.double() keeps those four in float32; see below).")
+    else:
+        f64_what = (
+            "(model.double() with every float32 step of transformers' double mode replaced by a float64 version "
+            "of the same formula, make_fixtures.py pure_float64: the (1 + w) RMSNorm, "
+            "the Gated DeltaNet's gated RMSNorm, the rotary cos/sin, the eager-attention softmax"
+            + (", the router softmax" if ref["moe_layers"].size else "")
+            + ", the decay g = −exp(A_log)·softplus(a + dt_bias) (transformers rounds a and exp(A_log) to float32) "
+            "and the gated delta rule with its L2 norm of q and k (transformers casts q, k, v, g, β to float32). "
+            "The gated delta rule of the float64 forward is the RECURRENT form, token by token, for the prompt "
+            "as for cached decoding: transformers' own torch_recurrent_gated_delta_rule with its float32 casts "
+            "made float64. transformers itself runs the chunked form (torch_chunk_gated_delta_rule, chunks of "
+            "64, UT transform) over a prompt and the recurrent form for one cached token, so the float32 "
+            "tensors come from the chunked form, except the greedy steps after the first; see below).")
     lines += ["`reference.safetensors` (written with the safetensors package). Every tensor is computed on the "
               "weights in this folder's `model.safetensors` as reloaded by `from_pretrained` (float32). "
               "Names without prefix: the float32 forward. Names with prefix `f64.`: a float64 forward "
-              "(model.double() with RMSNorm, eager-attention softmax, router softmax and rotary cos/sin also "
-              "computed in float64 — plain model.double() keeps those four in float32; see below).", "",
+              + f64_what, "",
               "| tensor | dtype | shape | what |", "|---|---|---|---|"]
-    T, L = PROMPT_LEN, cfg_json["num_hidden_layers"]
+    tc = text_config(cfg_json)
+    T, L = PROMPT_LEN, tc["num_hidden_layers"]
     for key, what in DESCRIPTIONS:
         names = [n for n in ref if n == key or (("{l}" in key) and n.startswith("layer.")
                                                  and n.split(".", 2)[2] == key.split(".", 2)[2])]
@@ -866,19 +1283,44 @@ def reference_md(fx: dict, cfg_json: dict, ref: dict, nums: dict, planted: list,
               "computed by the float64 forward, except " + ", ".join(f"`{n}`" for n in no_twin) + ". "
               "`f64.greedy.tokens` / `f64.greedy.margin` are the float64 model's own greedy continuation "
               "(equal to `greedy.tokens`).", ""]
-    lines += [f"Shapes: T = {T} prompt tokens, L = {L} layers, H = {cfg_json['hidden_size']}, "
-              f"V = {cfg_json['vocab_size']}, E = {nums['E']} experts, k = {cfg_json['num_experts_per_tok']}.", ""]
+    shapes = f"Shapes: T = {T} prompt tokens, L = {L} layers, H = {tc['hidden_size']}, V = {tc['vocab_size']}"
+    if nums["E"]:
+        shapes += f", E = {nums['E']} experts, k = {tc['num_experts_per_tok']}"
+    if hybrid:
+        shapes += (f"; layer_types {['linear' if t == 'linear_attention' else 'full' for t in tc['layer_types']]}; "
+                   f"Gated DeltaNet: {tc['linear_num_key_heads']} q/k heads of {tc['linear_key_head_dim']}, "
+                   f"{tc['linear_num_value_heads']} v heads of {tc['linear_value_head_dim']}, conv kernel "
+                   f"{tc['linear_conv_kernel_dim']}; attention: {tc['num_attention_heads']} heads, "
+                   f"{tc['num_key_value_heads']} kv heads, head_dim {tc['head_dim']}, rotary dims "
+                   f"{int(tc['head_dim'] * tc['rope_parameters']['partial_rotary_factor'])}")
+    lines += [shapes + ".", ""]
     lines += ["## Measured", "",
               f"* max |logits f32 − f64| = {nums['d_f32_vs_f64_logits']:.3e} (max |logit| {nums['logits_absmax']:.2f}); "
-              f"max |hidden_states f32 − f64| = {nums['d_f32_vs_f64_hidden']:.3e}",
-              f"* plain `model.double()` vs the float64 forward: max |Δ logits| = "
-              f"{nums['d_plain_double_vs_f64_logits']:.3e} (why the f64 reference patches the four float32 spots)",
-              f"* router gap p_(k) − p_(k+1) over {nums['n_router_tokens']} (token, MoE layer) pairs: min "
-              f"{nums['gap_min']:.3e}, median {nums['gap_median']:.3e}, max {nums['gap_max']:.3e}; "
-              f"border tokens (gap < {BORDER_THRESHOLD:g}): {nums['n_border']}"
-              + ("" if not nums["border"] else " — (layer, token, gap): "
-                 + ", ".join(f"({i}, {t}, {g:.2e})" for i, t, g in nums["border"])),
-              f"* greedy margins: min {nums['greedy_margin_min']:.3f}, median {nums['greedy_margin_median']:.3f}; "
+              f"max |hidden_states f32 − f64| = {nums['d_f32_vs_f64_hidden']:.3e}"]
+    if not hybrid:
+        lines += [f"* plain `model.double()` vs the float64 forward: max |Δ logits| = "
+                  f"{nums['d_plain_double_vs_f64_logits']:.3e} (why the f64 reference patches the four float32 spots)"]
+    else:
+        lines += [f"* plain `model.double()` vs the float64 forward: max |Δ logits| = "
+                  f"{nums['d_plain_double_vs_f64_logits']:.3e}, max |Δ hidden_states| = "
+                  f"{nums['d_plain_double_vs_f64_hidden']:.3e} (why the f64 reference replaces the float32 steps "
+                  f"listed above)",
+                  f"* Gated DeltaNet outputs (`layer.{{l}}.mixer_output` of the linear-attention layers), float32 "
+                  f"(transformers' chunked form) vs float64: max relative difference "
+                  f"{nums['rel_f32_vs_f64_mixer']:.3e} (max |Δ| / max |value|, per layer)",
+                  f"* sanity: the whole float64 forward with the CHUNKED form of the gated delta rule (transformers' "
+                  f"torch_chunk_gated_delta_rule, its float32 casts made float64) instead of the recurrent one: max "
+                  f"|Δ logits| = {nums['d_chunked_vs_recurrent_logits']:.3e}, max |Δ hidden_states| = "
+                  f"{nums['d_chunked_vs_recurrent_hidden']:.3e}, Gated DeltaNet outputs max relative difference "
+                  f"{nums['d_chunked_vs_recurrent_mixer']:.3e} — the two forms are the same function to float64 "
+                  f"rounding"]
+    if nums["n_moe_layers"]:
+        lines += [f"* router gap p_(k) − p_(k+1) over {nums['n_router_tokens']} (token, MoE layer) pairs: min "
+                  f"{nums['gap_min']:.3e}, median {nums['gap_median']:.3e}, max {nums['gap_max']:.3e}; "
+                  f"border tokens (gap < {BORDER_THRESHOLD:g}): {nums['n_border']}"
+                  + ("" if not nums["border"] else " — (layer, token, gap): "
+                     + ", ".join(f"({i}, {t}, {g:.2e})" for i, t, g in nums["border"]))]
+    lines += [f"* greedy margins: min {nums['greedy_margin_min']:.3f}, median {nums['greedy_margin_median']:.3f}; "
               f"mean top-1 probability of the prompt logits {nums['mean_top1_prob']:.3f}",
               f"* max |hidden state| {nums['hidden_absmax']:.2f}",
               f"* the f64 reference agrees with an independent plain-numpy float64 forward (make_fixtures.py, "
@@ -924,6 +1366,9 @@ def save_reference(path: Path, ref: dict, fx_name: str) -> None:
             "transformers": PINNED["transformers"], "torch": PINNED["torch"],
             "hidden_states": "[0]=embedding output, [l+1]=output of layer l before the final norm",
             "f64": "float64 forward incl. RMSNorm, softmaxes and rope in float64"}
+    if "linear_attention_layers" in ref:
+        meta["f64"] = ("float64 forward incl. (1 + w) and gated RMSNorm, softmaxes, rope, the DeltaNet decay and "
+                       "the gated delta rule (recurrent form) in float64")
     # One metadata key: safetensors serialises a multi-key metadata map in hash order, which
     # would make re-runs differ byte-wise.
     np_save_file({k: np.ascontiguousarray(v) for k, v in sorted(ref.items())}, str(path),
@@ -934,16 +1379,72 @@ def file_sizes(root: Path) -> list[tuple[str, int]]:
     return sorted((str(p.relative_to(root)), p.stat().st_size) for p in root.rglob("*") if p.is_file())
 
 
+def index_lines(fx: dict, models_dir: Path) -> list[str]:
+    """models/README.md lines of one fixture (and its variants), from the files on disk, so that a
+    run that builds only some fixtures (--only) still writes the full index."""
+    name = fx["name"]
+    lines = []
+    for vname in [name] + ([name + "_bf16"] if fx.get("bf16_variant") else []):
+        vdir = models_dir / vname
+        cfg_json = json.loads((vdir / "config.json").read_text())
+        tc = text_config(cfg_json)
+        ref = np_load_file(str(vdir / "reference.safetensors"))
+        moe = [int(x) for x in ref["moe_layers"]]
+        E = n_experts(cfg_json)
+        weights = ", BF16 weights" if vname.endswith("_bf16") else ", F32 weights"
+        if "linear_attention_layers" not in ref:
+            lines.append(f"* `{vname}/` — {cfg_json['architectures'][0]}, {tc['num_hidden_layers']} layers "
+                         f"(MoE: {moe}), {E} experts, top-{tc['num_experts_per_tok']}, "
+                         f"hidden {tc['hidden_size']}, vocab {tc['vocab_size']}" + weights)
+            continue
+        lin = [int(x) for x in ref["linear_attention_layers"]]
+        full = [i for i in range(tc["num_hidden_layers"]) if i not in lin]
+        line = (f"* `{vname}/` — {cfg_json['architectures'][0]}"
+                + (" (multimodal wrapper: `text_config`, `model.language_model.*`)" if "text_config" in cfg_json
+                   else "")
+                + f", {tc['num_hidden_layers']} layers (Gated DeltaNet: {lin}, gated attention: {full}; ")
+        if E:
+            sd_names = np_load_file(str(vdir / "model.safetensors")).keys()
+            fused = any(n.endswith("mlp.experts.gate_up_proj") for n in sd_names)
+            line += (f"MoE: {moe}), {E} experts, top-{tc['num_experts_per_tok']}, shared expert, "
+                     + ("fused 3D expert tensors" if fused else "one tensor per expert"))
+        else:
+            line += "dense MLPs)"
+        if cfg_json.get("tie_word_embeddings"):
+            line += ", tied embeddings"
+        lines.append(line + f", hidden {tc['hidden_size']}, vocab {tc['vocab_size']}" + weights)
+    if fx.get("gguf"):
+        cfg_json = json.loads((models_dir / name / "config.json").read_text())
+        moe = [int(x) for x in np_load_file(str(models_dir / name / "reference.safetensors"))["moe_layers"]]
+        tensors = gguf_tensors(np_load_file(str(models_dir / name / "model.safetensors")), cfg_json, moe)
+        worst, _ = verify_gguf(models_dir / f"{name}.q8_0.gguf", tensors, q8=True)
+        n_q8 = sum(1 for tname, arr in tensors if is_quantised_in_q8_0(tname, arr))
+        lines.append(
+            f"* `{name}.gguf` — `{name}` converted to GGUF (arch `qwen3moe`, llama.cpp tensor names, all F32: "
+            f"bit-identical values). Reference: `{name}/reference.safetensors`.")
+        lines.append(
+            f"* `{name}.q8_0.gguf` — the same with {n_q8} matrices in Q8_0 (gguf.quants.quantize); norms and the "
+            f"router `ffn_gate_inp` stay F32 as in llama.cpp's converter. Reference: "
+            f"`{name}.q8_0.reference.safetensors` (same tensor names as the folders' reference.safetensors), "
+            f"computed by transformers on the gguf package's dequantisation of this file (max relative weight "
+            f"error {worst:.2e}).")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(REPO / "fixtures"), help="fixtures folder (default: repo fixtures/)")
+    ap.add_argument("--only", nargs="+", metavar="NAME", choices=[fx["name"] for fx in FIXTURES],
+                    help="build only these fixtures (with their _bf16 / .gguf variants) and leave every other "
+                         "fixture's files as they are; models/README.md is rebuilt from the files on disk")
     args = ap.parse_args()
     setup_torch()
     out_root = Path(args.out)
     models_dir = out_root / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
 
-    min_vocab = min(fx["config"]["vocab_size"] for fx in FIXTURES)
+    # Over ALL fixtures, also with --only: the prompt and the stream must not depend on what is built.
+    min_vocab = min(text_config(fx["config"])["vocab_size"] for fx in FIXTURES)
     prompt = np.random.Generator(np.random.PCG64(TOKEN_SEED)).integers(0, min_vocab, PROMPT_LEN)
     ids = torch.tensor(prompt, dtype=torch.int64)
     stream = np.random.Generator(np.random.PCG64(TOKEN_SEED + 1)).integers(0, min_vocab, STREAM_LEN)
@@ -953,8 +1454,8 @@ def main() -> None:
             f.write(" ".join(str(int(t)) for t in stream[i:i + 16]) + "\n")
 
     summary = []
-    index_lines = []
-    for fx in FIXTURES:
+    built = [fx for fx in FIXTURES if not args.only or fx["name"] in args.only]
+    for fx in built:
         name = fx["name"]
         print(f"== {name}", flush=True)
         model, module = build_model(fx)
@@ -963,7 +1464,7 @@ def main() -> None:
         fdir = models_dir / name
         if fdir.exists():
             shutil.rmtree(fdir)
-        model.save_pretrained(str(fdir))
+        model.save_pretrained(str(fdir), save_original_format=not fx.get("fused_experts", False))
         cfg_json = json.loads((fdir / "config.json").read_text())
         E = n_experts(cfg_json)
 
@@ -1003,10 +1504,6 @@ def main() -> None:
             (vdir / "REFERENCE.md").write_text(reference_md(fx, json.loads((vdir / "config.json").read_text()),
                                                             ref, nums, vplanted, extra, note))
             summary.append((vname, nums))
-            index_lines.append(f"* `{vname}/` — {cfg_json['architectures'][0]}, {cfg_json['num_hidden_layers']} layers "
-                               f"(MoE: {[int(x) for x in ref['moe_layers']]}), {E} experts, top-{cfg_json['num_experts_per_tok']}, "
-                               f"hidden {cfg_json['hidden_size']}, vocab {cfg_json['vocab_size']}"
-                               + (", BF16 weights" if vname.endswith("_bf16") else ", F32 weights"))
 
         if fx.get("gguf"):
             sd = np_load_file(str(fdir / "model.safetensors"))
@@ -1031,29 +1528,33 @@ def main() -> None:
             save_reference(models_dir / f"{name}.q8_0.reference.safetensors", refq, name + ".q8_0")
             numsq["E"] = E
             summary.append((name + ".q8_0.gguf", numsq))
-            n_q8 = sum(1 for t in types.values() if t == "Q8_0")
-            index_lines.append(
-                f"* `{name}.gguf` — `{name}` converted to GGUF (arch `qwen3moe`, llama.cpp tensor names, all F32: "
-                f"bit-identical values). Reference: `{name}/reference.safetensors`.")
-            index_lines.append(
-                f"* `{name}.q8_0.gguf` — the same with {n_q8} matrices in Q8_0 (gguf.quants.quantize); norms and the "
-                f"router `ffn_gate_inp` stay F32 as in llama.cpp's converter. Reference: "
-                f"`{name}.q8_0.reference.safetensors` (same tensor names as the folders' reference.safetensors), "
-                f"computed by transformers on the gguf package's dequantisation of this file (max relative weight "
-                f"error {worst:.2e}).")
+            assert sum(1 for t in types.values() if t == "Q8_0") == sum(
+                1 for tname, arr in tensors if is_quantised_in_q8_0(tname, arr))
 
     # ---- index ------------------------------------------------------------------------
+    on_disk = [fx for fx in FIXTURES if (models_dir / fx["name"] / "reference.safetensors").exists()]
+    if len(on_disk) < len(FIXTURES):
+        print("NOTE: models/README.md lists only the fixtures on disk; missing: "
+              + ", ".join(fx["name"] for fx in FIXTURES if fx not in on_disk))
     readme = ["# Fixture models", "",
-              "Tiny random MoE models built with Hugging Face transformers by `scripts/make_fixtures.py` "
-              "(pinned versions in `scripts/requirements-fixtures.txt`; re-runnable, byte-identical output). "
+              "Tiny random models built with Hugging Face transformers by `scripts/make_fixtures.py` "
+              "(pinned versions in `scripts/requirements-fixtures.txt`; re-runnable, byte-identical output on "
+              "the same machine: the float32 references depend on the CPU's BLAS kernels, ~1e-6). "
               "Each folder holds `config.json`, `model.safetensors` (save_pretrained), `reference.safetensors` "
               "(what transformers computed on a fixed 24-token prompt, float32 and float64) and `REFERENCE.md` "
-              "(every reference tensor explained).", ""] + index_lines + [
+              "(every reference tensor explained). `--only NAME...` rebuilds some fixtures and leaves the others "
+              "untouched.", ""] + [line for fx in on_disk for line in index_lines(fx, models_dir)] + [
               "", "GGUF notes: experts stacked as llama.cpp's converter does (numpy [n_expert, n_ff, n_embd] for "
               "ffn_gate_exps/ffn_up_exps, [n_expert, n_embd, n_ff] for ffn_down_exps); attn_q/attn_k NOT permuted "
               "(qwen3moe uses NEOX rope, llama.cpp permutes only for llama-style rope); the dense layer "
               "(mlp_only_layers) is blk.N.ffn_gate/ffn_up/ffn_down, which stock llama.cpp's qwen3moe graph does "
               "not expect; no tokenizer metadata.", "",
+              "Hybrid notes (qwen3_5_moe_tiny, qwen3_next_tiny, qwen3_5_tiny): Gated DeltaNet (linear attention) "
+              "and gated full attention in one stack (`layer_types`); RMSNorm weights zero-centred, y = x/rms(x) · "
+              "(1 + w), except the DeltaNet's gated norm (w · x/rms(x) · silu(z)); partial rotary (the first "
+              "quarter of head_dim). Their `f64.*` references run the gated delta rule in its recurrent form; "
+              "`reference.safetensors` adds `linear_attention_layers` and `layer.{l}.mixer_output` (see each "
+              "REFERENCE.md). The vision towers of the multimodal wrappers (`model.visual.*`) are never run.", "",
               f"`../tokens/default.txt`: the default perplexity stream, {STREAM_LEN} ids uniform from numpy "
               f"PCG64({TOKEN_SEED + 1}) in [0, {min_vocab}) (valid for every fixture).", ""]
     (models_dir / "README.md").write_text("\n".join(readme))
@@ -1067,6 +1568,11 @@ def main() -> None:
               f"{n['n_border']:3d}/{n['n_router_tokens']:<3d} {n['greedy_margin_min']:10.3f} "
               f"{n['mean_top1_prob']:6.3f} {n['d_f32_vs_f64_logits']:11.2e} {n['d_plain_double_vs_f64_logits']:11.2e} "
               f"{n['d_numpy_f64']:10.1e}")
+    for vname, n in summary:
+        if "d_chunked_vs_recurrent_logits" in n:
+            print(f"{vname}: f64 chunked vs recurrent delta rule: |Δ logits| {n['d_chunked_vs_recurrent_logits']:.2e}, "
+                  f"|Δ hidden| {n['d_chunked_vs_recurrent_hidden']:.2e}, DeltaNet out rel "
+                  f"{n['d_chunked_vs_recurrent_mixer']:.2e}; f32 vs f64 DeltaNet out rel {n['rel_f32_vs_f64_mixer']:.2e}")
     print()
     total = 0
     for rel, size in file_sizes(models_dir):
