@@ -53,6 +53,17 @@ struct Fixture {
     std::string name;
     std::string model;      // path given to Model::open
     std::string reference;  // reference.safetensors made by transformers
+    // How far transformers' own float32 forward is from exact (checked by
+    // CpuRefMatchesTheFloat32Reference): 1e-5 relative for the classic
+    // fixtures; the hybrid ones run the chunked delta rule in float32
+    // (cumulative decays, triangular solves), measured up to 1.2e-5 on an
+    // MLP output (qwen3_next_tiny) — the bound is 3e-5 there.
+    double f32_reference_rel = 1e-5;
+    // Re-anchoring removes upstream error; how much a layer's local error may
+    // exceed the free-running one through partial cancellation of the
+    // upstream error (measured: ≤ 5 % on the classic fixtures, 24 % on a
+    // Gated DeltaNet layer of qwen3_5_moe_tiny whose carried error cancels).
+    double local_slack = 1.05;
 };
 
 const std::vector<Fixture>& fixtures() {
@@ -66,6 +77,11 @@ const std::vector<Fixture>& fixtures() {
          (kModels / "qwen3_moe_tiny" / "reference.safetensors").string()},
         {"qwen3_moe_tiny.q8_0.gguf", (kModels / "qwen3_moe_tiny.q8_0.gguf").string(),
          (kModels / "qwen3_moe_tiny.q8_0.reference.safetensors").string()},
+        // The hybrid families (Gated DeltaNet + gated attention), made by transformers 5.24.
+        {"qwen3_5_moe_tiny", (kModels / "qwen3_5_moe_tiny").string(),
+         (kModels / "qwen3_5_moe_tiny" / "reference.safetensors").string(), 3e-5, 1.5},
+        {"qwen3_next_tiny", (kModels / "qwen3_next_tiny").string(),
+         (kModels / "qwen3_next_tiny" / "reference.safetensors").string(), 3e-5, 1.5},
     };
     return all;
 }
@@ -235,9 +251,10 @@ TEST_P(ForwardFixture, CpuRefMatchesTheFloat32ReferenceWithin1e5) {
     const ForwardResult r = forward(*be, fx.model, prompt_of(fx.ref), opt);
     const Match m = match(fx, r, "");
     measured(fmt::format("{:<26} cpu-ref vs f32 reference: {}", GetParam().name, describe(m)));
-    EXPECT_LE(m.hidden.rel, 1e-5);
-    EXPECT_LE(m.logits.rel, 1e-5);
-    EXPECT_LE(m.mlp_out.rel, 1e-5);
+    const double tol = GetParam().f32_reference_rel;
+    EXPECT_LE(m.hidden.rel, tol);
+    EXPECT_LE(m.logits.rel, tol);
+    EXPECT_LE(m.mlp_out.rel, tol);
 }
 
 TEST_P(ForwardFixture, CpuRefGreedyContinuationEqualsTransformers) {
@@ -348,7 +365,7 @@ TEST_P(ForwardFixture, ReanchoredLocalErrorsDoNotExceedFreeRunning) {
         // Re-anchoring removes the upstream error: never worse than carrying
         // it (5% slack: the local error is not a strict sub-part of the free
         // one element by element, errors may partly cancel).
-        EXPECT_LE(a, f * 1.05 + 1e-9) << "layer " << l;
+        EXPECT_LE(a, f * GetParam().local_slack + 1e-9) << "layer " << l;
     }
     // Layer 0 sees the same input either way: identical.
     EXPECT_TRUE(std::memcmp(free_run.hidden[1].raw(), local.hidden[1].raw(), local.hidden[1].nbytes()) == 0);

@@ -8,9 +8,12 @@ namespace kvasir::arch {
 const DecoderArchitecture& qwen2_moe();
 const DecoderArchitecture& qwen3_moe();
 const DecoderArchitecture& mixtral();
+const DecoderArchitecture& qwen3_5_moe();
+const DecoderArchitecture& qwen3_next();
 
 const std::vector<const DecoderArchitecture*>& architectures() {
-    static const std::vector<const DecoderArchitecture*> all{&qwen2_moe(), &qwen3_moe(), &mixtral()};
+    static const std::vector<const DecoderArchitecture*> all{&qwen2_moe(), &qwen3_moe(), &mixtral(), &qwen3_5_moe(),
+                                                             &qwen3_next()};
     return all;
 }
 
@@ -21,9 +24,7 @@ const DecoderArchitecture& architecture_for(const ModelConfig& c) {
             return *a;
         }
     const char* why = c.architecture == Architecture::deepseek_v3 ? "its MLA attention is not modelled"
-                      : c.architecture == Architecture::qwen3_5_moe || c.architecture == Architecture::qwen3_next
-                          ? "its Gated DeltaNet linear attention is not in the forward pass yet"
-                          : "no decoder graph is registered for it";
+                                                                  : "no decoder graph is registered for it";
     fail(ErrorCode::unsupported,
          "{}: the full forward pass of {} is not implemented ({}); the layer-level steps (ops, matrix) run on it",
          c.source, architecture_name(c.architecture), why);
@@ -37,6 +38,12 @@ void check_standard_attention(const ModelConfig& c) {
 }
 
 void StandardDecoder::check(const ModelConfig& c) const { check_standard_attention(c); }
+
+void HybridDecoder::check(const ModelConfig& c) const { check_standard_attention(c); }
+
+Tensor HybridDecoder::layer(LayerGraph& g, std::int64_t l, const TensorView& h, LayerIO& io) const {
+    return g.hybrid_layer(l, h, io);
+}
 
 Tensor StandardDecoder::layer(LayerGraph& g, std::int64_t l, const TensorView& h, LayerIO& io) const {
     return g.standard_layer(l, h, io);

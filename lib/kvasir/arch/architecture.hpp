@@ -44,6 +44,18 @@ private:
     Architecture id_;
 };
 
+// The hybrid families (qwen3_5_moe, qwen3_next): LayerGraph::hybrid_layer.
+class HybridDecoder final : public DecoderArchitecture {
+public:
+    explicit HybridDecoder(Architecture id) : id_(id) {}
+    Architecture id() const override { return id_; }
+    void check(const ModelConfig& config) const override;
+    Tensor layer(LayerGraph& g, std::int64_t l, const TensorView& h, LayerIO& io) const override;
+
+private:
+    Architecture id_;
+};
+
 // Every family with a full forward pass.
 const std::vector<const DecoderArchitecture*>& architectures();
 

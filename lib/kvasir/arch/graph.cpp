@@ -139,7 +139,8 @@ void KvLayer::append(const TensorView& kk, const TensorView& vv) {
 void KvLayer::truncate(std::int64_t n) {
     for (auto& b : k) b.resize(static_cast<std::size_t>(n) * row_bytes());
     for (auto& b : v) b.resize(static_cast<std::size_t>(n) * row_bytes());
-    len = n;
+    len = std::min(len, n);
+    seen = n;
 }
 
 TensorView KvLayer::keys(std::int64_t g) const { return TensorView{dtype, k[static_cast<std::size_t>(g)].data(), {len, dim}}; }
@@ -176,7 +177,6 @@ Tensor LayerGraph::swiglu_mlp(const TensorView& x, const TensorView& gate, const
 
 Tensor LayerGraph::attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos, KvLayer& kv) {
     const std::int64_t t_count = x.shape[0], nh = c.num_heads, nkv = c.num_kv_heads, d = c.head_dim;
-    const std::int64_t rep = nh / nkv;
     Tensor q = std::move(linear(x, w.q_proj, w.q_bias)).reshaped({t_count, nh, d});
     Tensor k = std::move(linear(x, w.k_proj, w.k_bias)).reshaped({t_count, nkv, d});
     const Tensor v = linear(x, w.v_proj, w.v_bias);
@@ -184,6 +184,12 @@ Tensor LayerGraph::attention(const LayerWeights& w, const TensorView& x, std::sp
     if (present(w.k_norm)) k = be.rmsnorm(k, w.k_norm, c.rms_norm_eps);
     q = be.rope(q, pos, rope);
     k = be.rope(k, pos, rope);
+    return linear(attend(q, k, v, kv), w.o_proj, w.o_bias);
+}
+
+Tensor LayerGraph::attend(const Tensor& q, const Tensor& k, const Tensor& v, KvLayer& kv) {
+    const std::int64_t t_count = q.dim(0), nh = c.num_heads, nkv = c.num_kv_heads, d = c.head_dim;
+    const std::int64_t rep = nh / nkv;
     KVASIR_CHECK(q.dtype() == k.dtype() && k.dtype() == v.dtype(), ErrorCode::backend_failure,
                  "attention: the backend returned q/k/v in different dtypes ({}, {}, {})", dtype_name(q.dtype()),
                  dtype_name(k.dtype()), dtype_name(v.dtype()));
@@ -225,7 +231,7 @@ Tensor LayerGraph::attention(const LayerWeights& w, const TensorView& x, std::sp
                 std::memcpy(bytes_of(out) + static_cast<std::size_t>(t * nh + g * rep + r) * ob,
                             bytes_of(og.view()) + static_cast<std::size_t>(r * t_count + t) * ob, ob);
     }
-    return linear(out, w.o_proj, w.o_bias);
+    return out;
 }
 
 Tensor LayerGraph::feed_forward(const LayerWeights& w, const Tensor& x2, LayerIO& io) {
@@ -256,6 +262,155 @@ Tensor LayerGraph::feed_forward(const LayerWeights& w, const Tensor& x2, LayerIO
     if (io.mlp_input != nullptr) *io.mlp_input = x2;
     if (io.mlp_output != nullptr) *io.mlp_output = m;
     return m;
+}
+
+// Columns [c0, c0 + n) of every row of x [rows, cols] as a [rows, n] tensor (a host copy).
+Tensor columns(const TensorView& x, std::int64_t c0, std::int64_t n) {
+    const std::int64_t rows = rows_of(x), cols = x.shape.back();
+    const std::size_t es = dtype_size(x.dtype);
+    Tensor out(x.dtype, {rows, n});
+    for (std::int64_t r = 0; r < rows; ++r)
+        std::memcpy(bytes_of(out) + static_cast<std::size_t>(r * n) * es,
+                    static_cast<const std::byte*>(x.data) + static_cast<std::size_t>(r * cols + c0) * es,
+                    static_cast<std::size_t>(n) * es);
+    return out;
+}
+
+Tensor LayerGraph::rope_partial(const Tensor& x, std::span<const std::int64_t> pos) {
+    const std::int64_t d = x.dim(2), rd = static_cast<std::int64_t>(static_cast<double>(d) * c.partial_rotary_factor);
+    if (rd == d) return be.rope(x, pos, rope);
+    // Rotate the first rd dimensions of every head (transformers'
+    // apply_rotary_pos_emb with rotary_dim < head_dim); the rest pass through.
+    const std::int64_t t_count = x.dim(0), heads = x.dim(1);
+    const Tensor rot = be.rope(std::move(columns(x, 0, rd)).reshaped({t_count, heads, rd}), pos, rope);
+    Tensor out = Tensor::convert(x, rot.dtype());
+    const std::size_t es = dtype_size(rot.dtype());
+    for (std::int64_t r = 0; r < t_count * heads; ++r)
+        std::memcpy(bytes_of(out) + static_cast<std::size_t>(r * d) * es,
+                    static_cast<const std::byte*>(rot.raw()) + static_cast<std::size_t>(r * rd) * es,
+                    static_cast<std::size_t>(rd) * es);
+    return out;
+}
+
+Tensor LayerGraph::gated_attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos,
+                                   KvLayer& kv) {
+    const std::int64_t t_count = x.shape[0], nh = c.num_heads, nkv = c.num_kv_heads, d = c.head_dim;
+    // q_proj yields, per head, D query values then D gate values.
+    const Tensor qg = std::move(linear(x, w.q_proj, w.q_bias)).reshaped({t_count * nh, 2 * d});
+    Tensor q = std::move(columns(qg, 0, d)).reshaped({t_count, nh, d});
+    const Tensor gate = std::move(columns(qg, d, d)).reshaped({t_count, nh * d});
+    Tensor k = std::move(linear(x, w.k_proj, w.k_bias)).reshaped({t_count, nkv, d});
+    const Tensor v = linear(x, w.v_proj, w.v_bias);
+    q = be.rmsnorm(q, norm_scale(be, w.q_norm, c.norm_weight_offset), c.rms_norm_eps);
+    k = be.rmsnorm(k, norm_scale(be, w.k_norm, c.norm_weight_offset), c.rms_norm_eps);
+    q = rope_partial(q, pos);
+    k = rope_partial(k, pos);
+    const Tensor a = be.mul(attend(q, k, v, kv), be.sigmoid(gate));
+    return linear(a, w.o_proj, w.o_bias);
+}
+
+Tensor LayerGraph::gated_deltanet(const LayerWeights& w, const TensorView& x, KvLayer& state) {
+    const auto& la = c.linear;
+    const std::int64_t t_count = x.shape[0], nk = la.key_heads, nv = la.value_heads, dk = la.key_head_dim,
+                       dv = la.value_head_dim, kd = la.key_dim(), vd = la.value_dim();
+    Tensor qkv, z, b, a;
+    if (present(w.in_proj_qkv)) {
+        qkv = be.matmul(x, w.in_proj_qkv);  // [T, 2·kd + vd]: q | k | v
+        z = be.matmul(x, w.in_proj_z);
+        b = be.matmul(x, w.in_proj_b);
+        a = be.matmul(x, w.in_proj_a);
+    } else {
+        // qwen3_next: in_proj_qkvz / in_proj_ba interleave per key head
+        // (Qwen3NextGatedDeltaNet.fix_query_key_value_ordering): for each of
+        // the nk groups, [q dk | k dk | v rep·dv | z rep·dv] and [b rep | a rep].
+        const std::int64_t rep = nv / nk;
+        const Tensor qkvz = be.matmul(x, w.in_proj_qkvz), ba = be.matmul(x, w.in_proj_ba);
+        const std::int64_t gq = 2 * dk + 2 * rep * dv, gb = 2 * rep;
+        std::vector<Tensor> qs, ks, vs, zs, bs, as;
+        for (std::int64_t g = 0; g < nk; ++g) {
+            qs.push_back(columns(qkvz, g * gq, dk));
+            ks.push_back(columns(qkvz, g * gq + dk, dk));
+            vs.push_back(columns(qkvz, g * gq + 2 * dk, rep * dv));
+            zs.push_back(columns(qkvz, g * gq + 2 * dk + rep * dv, rep * dv));
+            bs.push_back(columns(ba, g * gb, rep));
+            as.push_back(columns(ba, g * gb + rep, rep));
+        }
+        const auto cat = [&](const std::vector<Tensor>& parts) {  // concatenate along columns
+            std::int64_t cols = 0;
+            for (const Tensor& p : parts) cols += p.dim(1);
+            Tensor out(parts.front().dtype(), {t_count, cols});
+            const std::size_t es = dtype_size(out.dtype());
+            std::int64_t c0 = 0;
+            for (const Tensor& p : parts) {
+                for (std::int64_t t = 0; t < t_count; ++t)
+                    std::memcpy(bytes_of(out) + static_cast<std::size_t>(t * cols + c0) * es,
+                                static_cast<const std::byte*>(p.raw()) + static_cast<std::size_t>(t * p.dim(1)) * es,
+                                static_cast<std::size_t>(p.dim(1)) * es);
+                c0 += p.dim(1);
+            }
+            return out;
+        };
+        std::vector<Tensor> all = qs;
+        all.insert(all.end(), ks.begin(), ks.end());
+        all.insert(all.end(), vs.begin(), vs.end());
+        qkv = cat(all);
+        z = cat(zs);
+        b = cat(bs);
+        a = cat(as);
+    }
+    // Causal depthwise conv with SiLU over q|k|v, continuing from the
+    // previous call's last K−1 inputs (the decode cache).
+    const std::int64_t kk = la.conv_kernel, conv_dim = la.conv_dim();
+    const TensorView conv_w{w.conv1d.dtype, w.conv1d.data, {conv_dim, kk}};
+    const TensorView hist = state.conv_history.view();
+    const Tensor conv = be.causal_conv1d_silu(qkv, conv_w, state.seen > 0 ? &hist : nullptr);
+    // Keep the last K−1 inputs (data movement).
+    {
+        Tensor next(qkv.dtype(), {kk - 1, conv_dim});
+        const std::size_t row = static_cast<std::size_t>(conv_dim) * dtype_size(qkv.dtype());
+        for (std::int64_t r = 0; r < kk - 1; ++r) {
+            const std::int64_t src = t_count - (kk - 1) + r;  // row of the inputs seen so far, counted from this call
+            std::byte* dst = bytes_of(next) + static_cast<std::size_t>(r) * row;
+            if (src >= 0)
+                std::memcpy(dst, static_cast<const std::byte*>(qkv.raw()) + static_cast<std::size_t>(src) * row, row);
+            else if (state.seen > 0)
+                std::memcpy(dst, static_cast<const std::byte*>(state.conv_history.raw()) +
+                                     static_cast<std::size_t>(kk - 1 + src) * row, row);
+            else
+                std::memset(dst, 0, row);
+        }
+        state.conv_history = std::move(next);
+    }
+    GatedDeltaInputs in;
+    const Tensor q = std::move(columns(conv, 0, kd)).reshaped({t_count, nk, dk});
+    const Tensor k = std::move(columns(conv, kd, kd)).reshaped({t_count, nk, dk});
+    const Tensor v = std::move(columns(conv, 2 * kd, vd)).reshaped({t_count, nv, dv});
+    in.q = q;
+    in.k = k;
+    in.v = v;
+    in.a = a;
+    in.b = b;
+    in.a_log = w.a_log;
+    in.dt_bias = w.dt_bias;
+    const TensorView prev = state.recurrent.view();
+    in.state = state.seen > 0 ? &prev : nullptr;
+    GatedDeltaResult r = be.gated_delta_rule(in);
+    state.recurrent = std::move(r.state);
+    // Gated RMSNorm per value head: rmsnorm(out, w) · silu(z) (plain weight).
+    const Tensor normed = be.rmsnorm(std::move(r.out).reshaped({t_count * nv, dv}), w.linear_norm, c.rms_norm_eps);
+    const Tensor gated = be.swiglu(std::move(Tensor::convert(z, z.dtype())).reshaped({t_count * nv, dv}), normed);
+    return be.matmul(std::move(Tensor::convert(gated, gated.dtype())).reshaped({t_count, vd}), w.out_proj);
+}
+
+Tensor LayerGraph::hybrid_layer(std::int64_t l, const TensorView& h, LayerIO& io) {
+    const LayerWeights& w = model.layer(l);
+    const Tensor x = be.rmsnorm(h, norm_scale(be, w.input_norm, c.norm_weight_offset), c.rms_norm_eps);
+    const Tensor a = w.linear_attention ? gated_deltanet(w, x, io.kv) : gated_attention(w, x, io.positions, io.kv);
+    if (io.mixer_output != nullptr) *io.mixer_output = a;
+    const Tensor h1 = be.add(h, a);
+    const Tensor x2 = be.rmsnorm(h1, norm_scale(be, w.post_attention_norm, c.norm_weight_offset), c.rms_norm_eps);
+    const Tensor m = feed_forward(w, x2, io);
+    return be.add(h1, m);
 }
 
 Tensor LayerGraph::standard_layer(std::int64_t l, const TensorView& h, LayerIO& io) {

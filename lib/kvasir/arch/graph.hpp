@@ -41,6 +41,8 @@ Tensor broadcast_cols(const TensorView& col, std::int64_t cols);
 void fill_neg_inf(Tensor& t, std::int64_t base, std::int64_t from, std::int64_t to);
 // dst[c·rows + r] = src[r·cols + c] for elements of `es` bytes.
 void transpose_into(std::byte* dst, const std::byte* src, std::int64_t rows, std::int64_t cols, std::size_t es);
+// Columns [c0, c0 + n) of every row of x (last dim) as a [rows, n] tensor (a host copy).
+Tensor columns(const TensorView& x, std::int64_t c0, std::int64_t n);
 // The embedding rows of `tokens`, widened (exactly) to `out` when possible.
 Tensor gather_embeddings(const TensorView& table, std::span<const std::int32_t> tokens, DType out);
 
@@ -67,6 +69,11 @@ struct KvLayer {
     TensorView keys(std::int64_t g) const;
     // V_gᵀ [dim, len]: the "weight" of P·V in the x·wᵀ convention.
     Tensor values_t(std::int64_t g) const;
+
+    // Linear-attention layers (Gated DeltaNet) keep no K/V but the last K−1
+    // conv inputs [K−1, C] and the recurrent state [nv, dk, dv].
+    Tensor conv_history, recurrent;
+    std::int64_t seen = 0;  // tokens this layer has consumed (every layer kind)
 };
 
 // --- the blocks ------------------------------------------------------------------
@@ -80,6 +87,7 @@ struct LayerIO {
     RoutingPlan& routing;               // out: the routing used
     Tensor* mlp_input = nullptr;        // out (optional): the MLP / MoE block input
     Tensor* mlp_output = nullptr;       // out (optional): its output
+    Tensor* mixer_output = nullptr;     // out (optional): the attention / linear-attention output (hybrid layers)
 };
 
 class LayerGraph {
@@ -100,6 +108,23 @@ public:
     // RMSNorm when the layer has it, rope, append to `kv`, causal softmax
     // attention, o_proj (+ bias).
     Tensor attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos, KvLayer& kv);
+    // The attention core over the cache: q [T, nh, D], k [T, nkv, D] (normed,
+    // rotated), v [T, nkv·D] appended to `kv`, causal GQA softmax attention
+    // → [T, nh·D] (before o_proj).
+    Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, KvLayer& kv);
+    // Rope on the first head_dim·partial_rotary_factor dimensions of x [T, H, D].
+    Tensor rope_partial(const Tensor& x, std::span<const std::int64_t> pos);
+    // Gated full attention (qwen3_5_moe, qwen3_next): q_proj yields query and
+    // a per-head gate; q/k RMSNorm (1 + w), partial rope, attention, output ·
+    // sigmoid(gate), o_proj.
+    Tensor gated_attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos, KvLayer& kv);
+    // Gated DeltaNet linear attention (linear_attention.hpp): projections,
+    // causal conv + SiLU, the gated delta rule with the layer's recurrent
+    // state, gated RMSNorm with z, out_proj.
+    Tensor gated_deltanet(const LayerWeights& w, const TensorView& x, KvLayer& state);
+    // The hybrid layer: zero-centred pre-norms around gated attention or Gated
+    // DeltaNet, then the MoE / dense feed-forward.
+    Tensor hybrid_layer(std::int64_t l, const TensorView& h, LayerIO& io);
     // The feed-forward part of layer w: the dense SwiGLU MLP, or the MoE
     // block (router logits, the authority's plan or the backend's own router,
     // routed experts, plus the shared expert — sigmoid-gated when the layer

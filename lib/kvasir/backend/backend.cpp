@@ -294,6 +294,16 @@ Tensor Backend::moe_block(const TensorView& x, std::span<const ExpertWeights> ex
     return moe_combine_default<float>(*this, x, experts, plan, expert_filter);
 }
 
+Tensor Backend::causal_conv1d_silu(const TensorView&, const TensorView&, const TensorView*) {
+    fail(ErrorCode::unsupported, "{}: causal_conv1d_silu (Gated DeltaNet) has no kernel on this backend yet",
+         capabilities().node);
+}
+
+GatedDeltaResult Backend::gated_delta_rule(const GatedDeltaInputs&) {
+    fail(ErrorCode::unsupported, "{}: gated_delta_rule (Gated DeltaNet) has no kernel on this backend yet",
+         capabilities().node);
+}
+
 Tensor Backend::add(const TensorView& a, const TensorView& b) {
     check_same_shape("add", a, b);
     const Capabilities& caps = capabilities();

@@ -21,6 +21,7 @@
 #pragma once
 
 #include "kvasir/core/model_types.hpp"  // RouterScoring, RopeLayout, ExpertWeights
+#include "kvasir/backend/linear_attention.hpp"
 #include "kvasir/core/tensor.hpp"
 
 #include <cstdint>
@@ -135,6 +136,16 @@ public:
     virtual Tensor mul(const TensorView& a, const TensorView& b);
     // x · s (attention's 1/√d, routed_scaling_factor). Optional, as mul.
     virtual Tensor scale(const TensorView& x, double s);
+
+    // Gated DeltaNet linear attention (qwen3_5_moe, qwen3_next; the exact
+    // definitions: linear_attention.hpp). The causal depthwise conv1d over
+    // the [T, C] projection with SiLU (history: the K−1 inputs before these
+    // tokens, null = zeros), and the gated delta rule over [T, heads, dim]
+    // q/k/v with its recurrent state. A backend without its own kernel for
+    // them refuses (Error(unsupported), naming the backend and the op): the
+    // host never computes on a device's behalf.
+    virtual Tensor causal_conv1d_silu(const TensorView& x, const TensorView& weight, const TensorView* history);
+    virtual GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& inputs);
 
 protected:
     // dtype in which the default moe_block/add accumulate.

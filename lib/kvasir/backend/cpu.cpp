@@ -178,6 +178,27 @@ public:
         return y;
     }
 
+    // Gated DeltaNet in f32 on inputs rounded to storage, outputs rounded to
+    // storage. acc=f16 does not reach inside these two ops yet (f32 sums).
+    Tensor causal_conv1d_silu(const TensorView& x, const TensorView& w, const TensorView* history) override {
+        const Tensor xs = stored(x), ws = stored(w);
+        const Tensor hs = history != nullptr ? stored(*history) : Tensor();
+        const TensorView hv = hs.view();
+        Tensor y = causal_conv1d_silu_ref<float>(xs, ws, history != nullptr ? &hv : nullptr);
+        round_stored(y);
+        return y;
+    }
+    GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override {
+        const Tensor q = stored(in.q), k = stored(in.k), v = stored(in.v), a = stored(in.a), b = stored(in.b),
+                     al = stored(in.a_log), dt = stored(in.dt_bias);
+        const Tensor st = in.state != nullptr ? stored(*in.state) : Tensor();
+        const TensorView sv = st.view();
+        GatedDeltaInputs f{q, k, v, a, b, al, dt, in.state != nullptr ? &sv : nullptr};
+        GatedDeltaResult r = gated_delta_rule_ref<float>(f);
+        round_stored(r.out);
+        return r;
+    }
+
     Tensor sigmoid(const TensorView& x) override {
         const Tensor xs = stored(x);
         Tensor y(DType::f32, x.shape);

@@ -94,6 +94,11 @@ public:
         return y;
     }
 
+    Tensor causal_conv1d_silu(const TensorView& x, const TensorView& w, const TensorView* history) override {
+        return causal_conv1d_silu_ref<double>(x, w, history);
+    }
+    GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override { return gated_delta_rule_ref<double>(in); }
+
     Tensor sigmoid(const TensorView& x) override {
         Tensor y(DType::f64, x.shape);
         double* yp = y.as<double>();

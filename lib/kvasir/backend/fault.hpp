@@ -121,6 +121,11 @@ public:
     Tensor add(const TensorView& a, const TensorView& b) override;
     Tensor mul(const TensorView& a, const TensorView& b) override;
     Tensor scale(const TensorView& x, double s) override;
+    // Gated DeltaNet: forwarded untouched (no fault targets them yet).
+    Tensor causal_conv1d_silu(const TensorView& x, const TensorView& w, const TensorView* h) override {
+        return inner_->causal_conv1d_silu(x, w, h);
+    }
+    GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override { return inner_->gated_delta_rule(in); }
 
     const FaultSpec& fault() const { return fault_; }
     // One line per injected fault, in order ("nan: matmul call 0 element 5"),

@@ -30,6 +30,10 @@ public:
     Tensor add(const TensorView& a, const TensorView& b) override { return inner_.add(a, b); }
     Tensor mul(const TensorView& a, const TensorView& b) override { return inner_.mul(a, b); }
     Tensor scale(const TensorView& x, double s) override { return inner_.scale(x, s); }
+    Tensor causal_conv1d_silu(const TensorView& x, const TensorView& w, const TensorView* h) override {
+        return inner_.causal_conv1d_silu(x, w, h);
+    }
+    GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override { return inner_.gated_delta_rule(in); }
 
 protected:
     Backend& inner() { return inner_; }

@@ -132,13 +132,8 @@ struct ModelConfig {
     bool is_moe(std::int64_t layer) const;
     std::int64_t num_moe_layers() const;
     bool is_linear_attention(std::int64_t layer) const;  // Error(bad_input) outside [0, num_layers)
-    // False for deepseek_v3 (MLA attention is not described) and the hybrid
-    // families (their Gated DeltaNet is not in the forward pass yet):
-    // layer-level audits only.
-    bool full_forward_supported() const {
-        return architecture != Architecture::deepseek_v3 && architecture != Architecture::qwen3_5_moe &&
-               architecture != Architecture::qwen3_next;
-    }
+    // False for deepseek_v3 (MLA attention is not described): layer-level audits only.
+    bool full_forward_supported() const { return architecture != Architecture::deepseek_v3; }
 };
 
 // Read <dir>/config.json (or the file itself). Throws Error(bad_input) with one

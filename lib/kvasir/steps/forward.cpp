@@ -72,7 +72,7 @@ void run(Runner& r, std::vector<KvLayer>& cache, std::span<const std::int32_t> t
                          shape_str(a.shape()), t_count, c.hidden_size);
         }
     }
-    const std::int64_t p0 = cache.empty() ? 0 : cache.front().len;
+    const std::int64_t p0 = cache.empty() ? 0 : cache.front().seen;
     std::vector<std::int64_t> pos(static_cast<std::size_t>(t_count));
     for (std::int64_t t = 0; t < t_count; ++t) pos[static_cast<std::size_t>(t)] = p0 + t;
 
@@ -82,6 +82,7 @@ void run(Runner& r, std::vector<KvLayer>& cache, std::span<const std::int32_t> t
     if (opt.keep_mlp_io) {
         out.mlp_input.resize(static_cast<std::size_t>(L));
         out.mlp_output.resize(static_cast<std::size_t>(L));
+        out.mixer_output.resize(static_cast<std::size_t>(L));
     }
     Tensor h = arch::gather_embeddings(r.graph.model.embed(), tokens, r.graph.be.capabilities().output);
     if (opt.keep_hidden) out.hidden.push_back(h);
@@ -90,11 +91,16 @@ void run(Runner& r, std::vector<KvLayer>& cache, std::span<const std::int32_t> t
         const TensorView input = opt.anchor_inputs != nullptr ? (*opt.anchor_inputs)[li].view() : h.view();
         const RoutingPlan* plan = opt.routing != nullptr && c.is_moe(l) ? &(*opt.routing)[li] : nullptr;
         arch::LayerIO io{pos, cache[li], plan, out.router_logits[li], out.routing[li],
-                         opt.keep_mlp_io ? &out.mlp_input[li] : nullptr, opt.keep_mlp_io ? &out.mlp_output[li] : nullptr};
+                         opt.keep_mlp_io ? &out.mlp_input[li] : nullptr, opt.keep_mlp_io ? &out.mlp_output[li] : nullptr,
+                         opt.keep_mlp_io ? &out.mixer_output[li] : nullptr};
         h = r.architecture.layer(r.graph, l, input, io);
+        cache[li].seen += t_count;
         if (opt.keep_hidden) out.hidden.push_back(h);
     }
-    out.final_hidden = r.graph.be.rmsnorm(h, r.graph.model.final_norm(), c.rms_norm_eps);
+    const Tensor offset_norm =
+        c.norm_weight_offset ? arch::norm_scale(r.graph.be, r.graph.model.final_norm(), true) : Tensor();
+    out.final_hidden =
+        r.graph.be.rmsnorm(h, c.norm_weight_offset ? offset_norm.view() : r.graph.model.final_norm(), c.rms_norm_eps);
     out.logits = r.graph.be.matmul(out.final_hidden, r.graph.model.lm_head());
 }
 
@@ -164,6 +170,9 @@ Decoder& Decoder::operator=(Decoder&&) noexcept = default;
 
 Tensor Decoder::step(std::span<const std::int32_t> new_tokens, const std::vector<RoutingPlan>* routing) {
     const std::int64_t before = position();
+    // Linear-attention state cannot be truncated: keep it to restore.
+    std::vector<std::pair<Tensor, Tensor>> linear_before;
+    for (const auto& k : impl_->cache) linear_before.emplace_back(k.conv_history, k.recurrent);
     ForwardOptions opt;
     opt.routing = routing;
     opt.keep_hidden = false;
@@ -171,17 +180,25 @@ Tensor Decoder::step(std::span<const std::int32_t> new_tokens, const std::vector
     try {
         run(impl_->runner, impl_->cache, new_tokens, opt, out);
     } catch (...) {
-        for (auto& k : impl_->cache) k.truncate(before);  // layers already appended to roll back
+        for (std::size_t i = 0; i < impl_->cache.size(); ++i) {  // layers already run roll back
+            impl_->cache[i].truncate(before);
+            impl_->cache[i].conv_history = std::move(linear_before[i].first);
+            impl_->cache[i].recurrent = std::move(linear_before[i].second);
+        }
         throw;
     }
     impl_->last_routing = std::move(out.routing);
     return std::move(out.logits);
 }
 
-std::int64_t Decoder::position() const { return impl_->cache.empty() ? 0 : impl_->cache.front().len; }
+std::int64_t Decoder::position() const { return impl_->cache.empty() ? 0 : impl_->cache.front().seen; }
 const std::vector<RoutingPlan>& Decoder::last_routing() const { return impl_->last_routing; }
 void Decoder::reset() {
-    for (auto& k : impl_->cache) k.truncate(0);
+    for (auto& k : impl_->cache) {
+        k.truncate(0);
+        k.conv_history = Tensor();
+        k.recurrent = Tensor();
+    }
     impl_->last_routing.clear();
 }
 

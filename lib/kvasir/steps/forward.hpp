@@ -117,6 +117,9 @@ struct ForwardResult {
     // Per layer when keep_mlp_io: MLP / MoE-block input (post_attention_norm
     // output) and output (before the residual add).
     std::vector<Tensor> mlp_input, mlp_output;
+    // Per layer when keep_mlp_io, hybrid families only: the token mixer's
+    // output (gated attention or Gated DeltaNet, before the residual add).
+    std::vector<Tensor> mixer_output;
     Tensor final_hidden;  // [T, H] final-norm output
     Tensor logits;        // [T, V]
 };
