@@ -21,7 +21,7 @@
 //    criterion of every node in it, node names with < > & " escaped
 //    everywhere, deterministic, the stamp shown only when given, contrast
 //    nodes marked not gated; a synthetic audit of 20 nodes, 100 layers and
-//    10 op matrices stays one page under 1.5 MB (size printed);
+//    10 op matrices stays one page under 2 MB (size printed);
 //  * atomic writes: a writer process killed (SIGKILL) in the middle of
 //    writing the report leaves the previous report byte-for-byte intact.
 #include "kvasir/core/error.hpp"
@@ -777,9 +777,11 @@ TEST(Html, LargeAuditStaysOnePageUnderTheLimit) {
                 static_cast<double>(html.size()) / 1e6);
     ::testing::Test::RecordProperty("html_bytes", static_cast<int>(html.size()));
     if (const char* dir = std::getenv("KVASIR_HTML_DUMP")) write_file_atomic(std::string(dir) + "/large_audit.html", html);  // to look at it
-    // 1.5 MB: an e-mail attachment anywhere, and a page a browser lays out in
-    // well under a second; the JSON report of the same audit holds more.
-    EXPECT_LT(html.size(), 1'500'000u);
+    // Budget 2 MB (1.39 MB today, 65 % of it the 20 heatmaps of 190 cells):
+    // an e-mail attachment anywhere (limits are 10–25 MB), and headless
+    // Chromium loads it in 0.4 s on a 2-core machine (browser_check.py on the
+    // page KVASIR_HTML_DUMP=DIR writes).
+    EXPECT_LT(html.size(), 2'000'000u);
     EXPECT_EQ(html_problem(html), "");
     EXPECT_EQ(external_reference(html), "");
     for (const NodeVerdict& v : r.nodes) EXPECT_NE(html.find("<code>" + xml_escape(v.node) + "</code>"), std::string::npos) << v.node;
