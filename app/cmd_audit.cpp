@@ -162,12 +162,15 @@ void add_report_options(CLI::App& cmd, ReportOptions& o) {
     cmd.add_option("--csv", o.files.csv, "Write the MoE-block cosine pair matrix as CSV");
     cmd.add_option("--svg-heatmap", o.files.heatmap_svg, "Write an SVG heatmap of the MoE-block cosine pair matrix");
     cmd.add_option("--svg-drift", o.files.drift_svg, "Write an SVG plot of drift against depth (with √L and L guides)");
+    cmd.add_option("--html", o.files.html,
+                   "Write one self-contained HTML report (verdicts, heatmaps, plots, every criterion; no network); its header "
+                   "records the date (SOURCE_DATE_EPOCH when set) and machine");
 }
 
 void emit_report(const AuditRun& run, const ReportOptions& o) {
     OutputPaths files = o.files;
     files.json = o.output.output_file;
-    write_outputs(run.report, files);  // atomically, each file, after everything ran
+    write_outputs(run.report, files, files.html.empty() ? HtmlStamp{} : html_stamp());  // atomically, each file, after everything ran
     if (o.output.json)
         std::cout << audit_report_json(run.report).dump(2) << '\n';
     else

@@ -4,6 +4,7 @@
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
 #include "kvasir/model/model.hpp"
+#include "kvasir/report/audit_html.hpp"
 #include "kvasir/report/audit_text.hpp"
 #include "kvasir/report/markdown.hpp"
 #include "kvasir/report/ops_text.hpp"
@@ -27,6 +28,7 @@ struct MatrixOptions {
     NodeOptions nodes;
     OutputOptions output;
     std::string markdown_file;
+    std::string html_file;
     bool timings = false;
 };
 
@@ -72,8 +74,15 @@ void run_matrix(MatrixOptions& opt) {
     if (opt.timings) std::fprintf(stderr, "model open %.2f s\n%s", open_s, render_timings(timings).c_str());
     const auto json = to_json(report);
     const std::string md = pair_table_markdown(report, "moe");
+    std::string html;  // built before anything is written, like the audit's files
+    if (!opt.html_file.empty()) {
+        nlohmann::ordered_json m = audit_model_json(model);
+        m["layer"] = opt.layer;
+        html = matrix_html(report, m, html_stamp());
+    }
     if (!opt.output.output_file.empty()) write_file_atomic(opt.output.output_file, json.dump(2) + "\n");
     if (!opt.markdown_file.empty()) write_file_atomic(opt.markdown_file, md);
+    if (!opt.html_file.empty()) write_file_atomic(opt.html_file, html);
     if (opt.output.json)
         std::cout << json.dump(2) << '\n';
     else
@@ -96,6 +105,8 @@ void set_matrix_command(CLI::App& app) {
     add_node_options(*cmd, opt->nodes);
     add_output_options(*cmd, opt->output);
     cmd->add_option("--markdown", opt->markdown_file, "Also write the pair table as Markdown to FILE");
+    cmd->add_option("--html", opt->html_file,
+                    "Also write a self-contained HTML page (the nodes, max|Δ| and 1 − cosine heatmaps, the pair table; no network) to FILE");
     cmd->add_flag("--timings", opt->timings,
                   "Print where the time went on stderr: loading the layer, computing per backend, comparing");
     cmd->callback([opt] { run_matrix(*opt); });

@@ -12,6 +12,7 @@
 
 namespace kvasir {
 struct AuditProgress;  // kvasir/audit/audit.hpp
+struct HtmlStamp;      // kvasir/report/writers.hpp
 }
 
 namespace kvasir::app {
@@ -43,6 +44,11 @@ void end_progress();
 
 // The embedded default model: the qwen3_moe fixture made by transformers.
 std::string default_model_path();
+
+// When and where an HTML report is written: the date (UTC, to the minute)
+// from SOURCE_DATE_EPOCH when set — so two runs can give the same bytes —
+// else from the clock; the machine as host name and uname.
+HtmlStamp html_stamp();
 
 void set_backends_command(CLI::App& app);
 void set_ops_command(CLI::App& app);

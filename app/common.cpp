@@ -1,15 +1,39 @@
 #include "commands.hpp"
 
 #include "kvasir/audit/audit.hpp"
+#include "kvasir/report/writers.hpp"
 
 #include <fmt/format.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
 
 namespace kvasir::app {
 
 std::string default_model_path() { return std::string(KVASIR_SOURCE_DIR) + "/fixtures/models/qwen3_moe_tiny"; }
+
+HtmlStamp html_stamp() {
+    HtmlStamp s;
+    std::time_t t = std::time(nullptr);
+    if (const char* e = std::getenv("SOURCE_DATE_EPOCH"); e != nullptr && *e != '\0') {
+        char* end = nullptr;
+        const long long v = std::strtoll(e, &end, 10);
+        if (*end == '\0' && v >= 0) t = static_cast<std::time_t>(v);
+    }
+    std::tm utc{};
+    if (::gmtime_r(&t, &utc) != nullptr) {
+        char buf[64];
+        if (std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &utc) > 0) s.date = buf;
+    }
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) == 0) s.machine = host;
+    struct utsname u {};
+    if (::uname(&u) == 0) s.machine += fmt::format("{}({} {} {})", s.machine.empty() ? "" : " ", u.sysname, u.release, u.machine);
+    return s;
+}
 
 int& command_exit_code() {
     static int code = 0;

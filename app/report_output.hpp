@@ -1,5 +1,5 @@
 // What audit and compare share: the report options (--json, -o, --junit,
-// --markdown, --csv, --svg-heatmap, --svg-drift, --gate) and writing the
+// --markdown, --csv, --svg-heatmap, --svg-drift, --html, --gate) and writing the
 // report (files atomically, then the terminal summary or JSON, then the exit
 // code from the verdicts).
 #pragma once

@@ -15,7 +15,8 @@ KVASIR_BUILD_TYPE="${KVASIR_BUILD_TYPE:-Release}"
 # a real OpenCL device on the CPU; OpenBLAS is only the benchmarks' yardstick.
 # libssl-dev (libcrypto) computes SHA-256, Random123 is the reference Philox,
 # json-schema-test-suite is the official suite the schema validator is tested
-# against.
+# against. Chromium (headless) renders the HTML report in its browser test
+# (tests/cli/test_html_report.sh), in the DejaVu fonts the page asks for.
 KVASIR_PACKAGES=(
   cmake ninja-build g++ pkg-config git
   libcli11-dev nlohmann-json3-dev libfmt-dev libgtest-dev libbenchmark-dev
@@ -25,6 +26,7 @@ KVASIR_PACKAGES=(
   libopenblas-dev
   libssl-dev librandom123-dev json-schema-test-suite
   python3-jsonschema python3-numpy
+  chromium fonts-dejavu-core
 )
 
 kvasir_install_packages() {

@@ -14,10 +14,19 @@
 //  * Markdown, CSV (shape, RFC 4180 quoting of node specs with commas), SVG
 //    heatmap (well-formed, one class="cell" per ordered pair) and SVG drift
 //    plot (one series per node, two guides);
+//  * the HTML report (audit_html, matrix_html): well-formed (the XML checker
+//    below after the doctype, with <script>/<style> bodies as raw text),
+//    self-contained (no http(s):// URL, no src=, no external href or url(),
+//    a Content-Security-Policy of default-src 'none'), every node and every
+//    criterion of every node in it, node names with < > & " escaped
+//    everywhere, deterministic, the stamp shown only when given, contrast
+//    nodes marked not gated; a synthetic audit of 20 nodes, 100 layers and
+//    10 op matrices stays one page under 2 MB (size printed);
 //  * atomic writes: a writer process killed (SIGKILL) in the middle of
 //    writing the report leaves the previous report byte-for-byte intact.
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
+#include "kvasir/report/audit_html.hpp"
 #include "kvasir/report/audit_json.hpp"
 #include "kvasir/report/audit_junit.hpp"
 #include "kvasir/report/audit_markdown.hpp"
@@ -37,6 +46,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -352,7 +362,7 @@ TEST(ReportJson, PythonJsonschemaAgrees) {
     if (!have_python()) GTEST_SKIP() << "python3 not available: the independent jsonschema check did NOT run";
     TempDir dir;
     const std::string file = dir / "report.json";
-    write_outputs(report(), OutputPaths{file, "", "", "", "", ""});
+    write_outputs(report(), OutputPaths{file, "", "", "", "", "", ""});
     const auto [rc, out] = run(fmt::format("python3 {} {}", (kRoot / "scripts" / "validate_report.py").string(), file));
     if (rc == 77) GTEST_SKIP() << "Python jsonschema not installed: the independent check did NOT run (" << out << ")";
     EXPECT_EQ(rc, 0) << out;
@@ -413,7 +423,7 @@ TEST(JUnit, PythonXmlParserAccepts) {
     TempDir dir;
     for (const Gate g : {Gate::sensitive, Gate::none}) {
         const std::string file = dir / "junit.xml";
-        write_outputs(report(g), OutputPaths{"", file, "", "", "", ""});
+        write_outputs(report(g), OutputPaths{"", file, "", "", "", "", ""});
         const auto [rc, out] = run(fmt::format("python3 {} --junit {}", (kRoot / "scripts" / "validate_report.py").string(), file));
         EXPECT_EQ(rc, 0) << out;
         const std::string x = read_text_file(file);
@@ -502,30 +512,359 @@ TEST(Svg, DriftPlotWellFormedWithGuides) {
     EXPECT_NE(empty.find("no positive drift to plot"), std::string::npos);
 }
 
+// --- HTML -------------------------------------------------------------------------------
+
+namespace {
+
+using OJ = nlohmann::ordered_json;
+
+// Well-formedness of an HTML page as kvasir writes it (polyglot: every
+// element closed, void elements self-closed, attributes quoted): the XML
+// checker after the doctype, with the bodies of <script> and <style> — raw
+// text in HTML, where '<' and '&' are legal — blanked first.
+std::string html_problem(const std::string& html) {
+    const std::string doctype = "<!DOCTYPE html>";
+    if (html.rfind(doctype, 0) != 0) return "does not start with <!DOCTYPE html>";
+    std::string s = html.substr(doctype.size());
+    for (const std::string tag : {"script", "style"}) {
+        for (std::size_t p = s.find("<" + tag + ">"); p != std::string::npos; p = s.find("<" + tag + ">", p + 1)) {
+            const std::size_t body = p + tag.size() + 2;
+            const std::size_t end = s.find("</" + tag + ">", body);
+            if (end == std::string::npos) return "unclosed <" + tag + ">";
+            s.replace(body, end - body, std::string(end - body, ' '));
+        }
+    }
+    return xml_problem(s);
+}
+
+// The first reference to anything outside the page, or "": any http(s)://
+// (even in text), an element that loads something, an attribute that points
+// somewhere (src, srcset, action, data, poster; href other than "#id"), a
+// url() other than "url(#id)", an @import or @font-face, a script that
+// fetches. Tags are found exactly: escaped text holds no '<'.
+std::string external_reference(const std::string& html) {
+    for (const char* needle : {"http://", "https://", "ftp://", "@import", "@font-face", "fetch(", "XMLHttpRequest", "WebSocket", "import("})
+        if (html.find(needle) != std::string::npos) return needle;
+    for (std::size_t p = html.find("url("); p != std::string::npos; p = html.find("url(", p + 4))
+        if (html.compare(p + 4, 1, "#") != 0) return "url(" + html.substr(p + 4, 20);
+    static const std::regex tag("<([a-zA-Z]+)([^>]*)>");
+    static const std::regex attr("\\s([a-zA-Z-]+)=\"([^\"]*)\"");
+    static const std::set<std::string> loaders = {"link", "img", "iframe", "object", "embed", "base", "audio", "video", "source",
+                                                  "track", "image", "use", "form", "frame", "picture", "portal"};
+    static const std::set<std::string> pointers = {"src", "srcset", "action", "formaction", "data", "poster", "xlink:href", "ping"};
+    for (auto it = std::sregex_iterator(html.begin(), html.end(), tag); it != std::sregex_iterator(); ++it) {
+        std::string name = (*it)[1].str();
+        std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+        if (loaders.contains(name)) return "<" + name + ">";
+        const std::string attrs = (*it)[2].str();
+        for (auto a = std::sregex_iterator(attrs.begin(), attrs.end(), attr); a != std::sregex_iterator(); ++a) {
+            const std::string an = (*a)[1].str(), av = (*a)[2].str();
+            if (pointers.contains(an)) return "<" + name + " " + an + "=";
+            if (an == "href" && av.rfind('#', 0) != 0) return "<" + name + " href=\"" + av + "\"";
+        }
+    }
+    return "";
+}
+
+// The i-th <details class="criteria"> block.
+std::vector<std::string> criteria_blocks(const std::string& html) {
+    std::vector<std::string> blocks;
+    for (std::size_t p = html.find("<details class=\"criteria\""); p != std::string::npos;
+         p = html.find("<details class=\"criteria\"", p + 1))
+        blocks.push_back(html.substr(p, html.find("</details>", p) - p));
+    return blocks;
+}
+
+OJ percentiles(double x) {
+    return OJ{{"count", 32}, {"mean", x / 2}, {"median", x / 3}, {"p90", x / 2}, {"p99", x}, {"p999", x * 1.1}, {"min", x / 100}, {"max", x * 1.2}};
+}
+
+// The per-step data an audit writes, for `nodes` (the first is the reference).
+OJ steps_for(const std::vector<std::string>& nodes, std::size_t layers) {
+    OJ logits = OJ::array(), decide = OJ::array(), gen = OJ::array(), ppl = OJ::array(), det = OJ::array(), drift = OJ::array();
+    std::vector<int> ref_tokens;
+    for (int t = 0; t < 16; ++t) ref_tokens.push_back(100 + 7 * t);
+    for (std::size_t i = 1; i < nodes.size(); ++i) {
+        const double e = std::pow(10.0, -12.0 + 0.5 * static_cast<double>(i));
+        logits.push_back({{"node", nodes[i]}, {"linf", percentiles(e * 1e3)}, {"l2", percentiles(e * 1e4)}, {"kl", percentiles(e)}});
+        decide.push_back({{"node", nodes[i]},
+                          {"top1_pinned", {{"successes", 31}, {"n", 32}, {"rate", 0.96875}, {"sigma", 0.03}}},
+                          {"top1_free", {{"successes", 30}, {"n", 32}, {"rate", 0.9375}, {"sigma", 0.04}}},
+                          {"routing_free", {{"rows", 96}, {"exact_matches", 95}, {"exact_match_rate", 95.0 / 96}}},
+                          {"border", {{"border_tokens", 2}, {"border_flipped", 1}, {"other_flipped", 0}}}});
+        std::vector<int> tokens = ref_tokens;
+        const int first = i % 3 == 0 ? static_cast<int>(i % 16) : -1;
+        if (first >= 0) tokens[static_cast<std::size_t>(first)] += 1;
+        OJ g{{"node", nodes[i]}, {"first_divergence", first}, {"tokens", tokens}, {"teacher_forced_divergences", first >= 0 ? 1 : 0}};
+        if (first >= 0) g["ref_margin_at_divergence"] = 1e-3, g["cand_margin_at_divergence"] = -2e-3;
+        gen.push_back(g);
+        ppl.push_back({{"node", nodes[i]}, {"perplexity", 264073.8 * (1 + e)}, {"ratio", 1 + e}});
+        OJ ls = OJ::array();
+        for (std::size_t l = 0; l < layers; ++l) ls.push_back({{"layer", l}, {"depth", l + 1}, {"free_rel", e * std::sqrt(l + 1.0)}});
+        drift.push_back({{"node", nodes[i]}, {"layers", ls}, {"fit", {{"alpha", 0.5}, {"r2", 0.99}}}, {"first_over", -1}});
+    }
+    for (const auto& n : nodes) det.push_back({{"node", n}, {"bit_identical", true}, {"run_to_run_max_rel", 0.0}, {"routing_rows_differing", 0.0}});
+    return OJ{{"drift", {{"reference", nodes[0]}, {"threshold", 1e-3}, {"results", drift}}},
+              {"logits", {{"reference", nodes[0]}, {"positions", 32}, {"results", logits}}},
+              {"decide", {{"reference", nodes[0]}, {"moe_layers", 3}, {"border", 1e-3}, {"compared", "top-1"}, {"results", decide}}},
+              {"generate", {{"reference", nodes[0]}, {"new_tokens", 16}, {"reference_tokens", ref_tokens}, {"results", gen}}},
+              {"perplexity", {{"reference", nodes[0]}, {"predictions", 124}, {"reference_perplexity", 264073.8}, {"results", ppl}}},
+              {"determinism", {{"repeats", 2}, {"compared", "logits"}, {"nodes", det}}},
+              {"isolation", {{"mode", "one child process per node"}}}};
+}
+
+// A large audit: `n` nodes (the first the reference), `layers` layers of
+// drift, the 9 ops of step 1 judged per op plus a 10th pair matrix
+// (logits), and every other step's criteria and data.
+AuditReport large_report(std::size_t n, std::size_t layers) {
+    const auto& ops = all_op_names();
+    const std::string why = "a justification of about the length the protocol files use, say eighty characters long";
+    Tolerances s = {{"ops.max_rel", {3e-2, why}}, {"ops.cosine_min", {1 - 1e-8, why}}, {"logits.kl_p99", {1e-6, why}},
+                    {"logits.linf_max", {1e-3, why}}, {"drift.final_rel", {1e-4, why}}, {"drift.alpha_max", {1.5, why}},
+                    {"decide.top1_agreement_min", {0.99, why}}, {"perplexity.ratio_max", {1e-4, why}},
+                    {"generate.first_divergence_min", {16, why}}, {"determinism", {0, why}}, {"shard.max_rel", {3e-3, why}}};
+    Tolerances t = s;
+    for (auto& [k, v] : t) v.why = "tolerant: " + why;
+    t["ops.max_rel"].value = 300;
+    t["logits.kl_p99"].value = 3e-2;
+    t["drift.final_rel"].value = 0.1;
+    AuditReport r = report();
+    r.nodes.clear();
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::string name = i == 0 ? "cpu-ref" : fmt::format("opencl:{}:acc={}", i, i % 2 ? "f16" : "f32");
+        names.push_back(name);
+        NodeInput in = node(name, 0, 0, i == 0);
+        const double e = std::pow(10.0, -12.0 + 0.5 * static_cast<double>(i));
+        in.measurements.clear();
+        for (const auto& op : ops) {
+            in.measurements.push_back({"ops." + op + ".max_rel", "ops", e * 1e6});
+            in.measurements.push_back({"ops." + op + ".cosine_min", "ops", 1 - e});
+        }
+        in.measurements.insert(in.measurements.end(), {{"logits.kl_p99", "logits", e}, {"logits.linf_max", "logits", e * 1e3},
+                                                      {"drift.final_rel", "drift", e * 10}, {"drift.alpha_max", "drift", 0.5},
+                                                      {"decide.top1_agreement_min", "decide", 0.97}, {"perplexity.ratio_max", "perplexity", e},
+                                                      {"generate.first_divergence_min", "generate", 16}, {"determinism", "determinism", 0},
+                                                      {"shard.max_rel", "ops", e}});
+        r.nodes.push_back(judge_node(in, s, t));
+    }
+    r.pairs.clear();
+    std::vector<std::string> matrices(ops.begin(), ops.end());
+    matrices.push_back("logits");
+    for (std::size_t k = 0; k < matrices.size(); ++k) {
+        PairMatrix m;
+        m.nodes = names;
+        m.max_abs.assign(n, std::vector<std::optional<double>>(n, 0.0));
+        m.cosine.assign(n, std::vector<std::optional<double>>(n, 1.0));
+        for (std::size_t a = 0; a < n; ++a)
+            for (std::size_t b = 0; b < n; ++b)
+                if (a != b) {
+                    const double d = std::pow(10.0, -12.0 + 0.5 * static_cast<double>(std::max(a, b)) + 0.1 * static_cast<double>(k));
+                    m.max_abs[a][b] = d * 1e3;
+                    m.cosine[a][b] = 1.0 - d;
+                }
+        m.name = matrices[k];
+        m.description = "x[16,2048]~N(0,1), op " + std::to_string(k);
+        r.pairs.push_back(m);
+    }
+    r.drift.clear();
+    for (std::size_t i = 1; i < n; ++i) {
+        DriftSeries d{names[i], {}, 0.5};
+        for (std::size_t l = 0; l < layers; ++l) d.rel.push_back(std::pow(10.0, -9.0 + 0.4 * static_cast<double>(i)) * std::sqrt(l + 1.0));
+        r.drift.push_back(d);
+    }
+    r.steps = steps_for(names, layers);
+    return r;
+}
+
+}  // namespace
+
+TEST(Html, WellFormedSelfContainedWithEveryNodeAndCriterion) {
+    AuditReport r = report();
+    r.steps = steps_for({"cpu-ref", "cpu", "cpu:acc=f16,storage=bf16", "cpu:fault=perturb,fault_size=1e-1", "cpu:fault=nan"}, 4);
+    const std::string html = audit_html(r, {"2026-01-01 00:00 UTC", "testhost (Linux x86_64)"});
+    EXPECT_EQ(html_problem(html), "");
+    EXPECT_EQ(external_reference(html), "");
+    EXPECT_NE(html.find("content=\"default-src 'none';"), std::string::npos);  // the browser itself refuses any request
+    EXPECT_EQ(count(html, "<script"), 1u);                                      // ours, inline
+    EXPECT_NE(html.find("<dd>2026-01-01 00:00 UTC</dd>"), std::string::npos);
+    EXPECT_NE(html.find("<dd>testhost (Linux x86_64)</dd>"), std::string::npos);
+    EXPECT_NE(html.find(r.protocol.content_hash), std::string::npos);
+    EXPECT_NE(html.find("0123456789abcdef0123456789abcdef"), std::string::npos);  // model fingerprint
+    EXPECT_NE(html.find("20261129"), std::string::npos);                          // seed
+    // Every node in the verdict table, verdict as text and shape.
+    const std::size_t table = html.find("<table class=\"sortable verdicts\">");
+    ASSERT_NE(table, std::string::npos);
+    const std::string verdicts = html.substr(table, html.find("</table>", table) - table);
+    for (const NodeVerdict& v : r.nodes) {
+        EXPECT_NE(verdicts.find("<code>" + xml_escape(v.node) + "</code>"), std::string::npos) << v.node;
+        EXPECT_NE(verdicts.find(std::string("glyph\"") ), std::string::npos);
+        EXPECT_NE(verdicts.find(std::string(">") + to_string(v.verdict) + "</span>"), std::string::npos) << to_string(v.verdict);
+    }
+    EXPECT_EQ(count(verdicts, "<tr class=\"v-"), r.nodes.size());
+    EXPECT_NE(verdicts.find("threw: &lt;boom&gt; &amp; &quot;quotes&quot;"), std::string::npos);  // the error node's message
+    // Every criterion of every judged node, in that node's collapsible table.
+    const auto blocks = criteria_blocks(html);
+    std::size_t judged = 0, criteria = 0;
+    for (const NodeVerdict& v : r.nodes) {
+        if (v.verdict == Verdict::reference) continue;
+        ASSERT_LT(judged, blocks.size());
+        const std::string& b = blocks[judged++];
+        EXPECT_NE(b.find("<code>" + xml_escape(v.node) + "</code>"), std::string::npos) << v.node;
+        for (const Tier t : {Tier::sensitive, Tier::tolerant})
+            for (const CriterionResult& c : v.tier(t)) {
+                ++criteria;
+                EXPECT_NE(b.find("<td>" + std::string(to_string(t)) + "</td><td><code>" + c.criterion + "</code>"), std::string::npos)
+                    << v.node << " " << c.criterion;
+            }
+    }
+    EXPECT_EQ(blocks.size(), judged);
+    EXPECT_EQ(count(html, "<tr class=\"crit"), criteria);
+    std::size_t failing = 0, fail_labels = 0;
+    for (const auto& b : blocks) failing += count(b, "<tr class=\"crit failrow\">"), fail_labels += count(b, "<td><span class=\"fail\">FAIL</span></td>");
+    EXPECT_GT(failing, 0u);
+    EXPECT_EQ(failing, fail_labels);  // a failing row says so in words, not only in colour
+    // Tolerances with their why; the sections of every step.
+    for (const auto& [k, tol] : sens()) EXPECT_NE(html.find(xml_escape(tol.why)), std::string::npos) << k;
+    for (const char* id : {"verdicts", "pairs", "drift", "logits", "decide", "generate", "perplexity", "determinism", "criteria", "tolerances"})
+        EXPECT_NE(html.find(fmt::format("<section id=\"{}\">", id)), std::string::npos) << id;
+    EXPECT_EQ(count(html, "<svg class=\"heatmap\""), 2 * r.pairs.size());  // max|Δ| and 1 − cos per op
+    EXPECT_EQ(count(html, "<svg class=\"drift\""), 1u);
+    EXPECT_EQ(count(html, "<svg class=\"kl\""), 1u);
+    EXPECT_NE(html.find("∝ √L"), std::string::npos);
+    EXPECT_NE(html.find("<span class=\"d\" title=\"position 3: differs\">"), std::string::npos);  // node 3 diverges at token 3
+    // Pure: the same report and stamp, the same bytes; no stamp, no such rows.
+    EXPECT_EQ(html, audit_html(r, {"2026-01-01 00:00 UTC", "testhost (Linux x86_64)"}));
+    const std::string bare = audit_html(r);
+    EXPECT_EQ(bare.find("<dt>written</dt>"), std::string::npos);
+    EXPECT_EQ(bare.find("<dt>machine</dt>"), std::string::npos);
+    // A contrast node is shown, with its verdict, and marked not gated.
+    r.nodes[2].contrast = true;
+    const std::string c = audit_html(r);
+    EXPECT_NE(c.find("contrast: shown, not gated"), std::string::npos);
+    EXPECT_NE(c.find("not gated <span class=\"note\">(contrast; would fail)</span>"), std::string::npos);
+}
+
+TEST(Html, NodeNamesAndMessagesEscapedEverywhere) {
+    const std::string evil = "cpu:x=<script>alert(\"&amp;\")</script>'";
+    AuditReport r = report();
+    r.nodes[1].node = evil;
+    r.pairs.front().nodes[1] = evil;
+    r.drift[0].node = evil;
+    r.steps = steps_for({"cpu-ref", evil}, 4);
+    r.steps["generate"]["results"][0] = OJ{{"node", evil}, {"error", "<img src=x> & \"oops\""}};
+    r.model["path"] = "models/<b>&\"m\"";
+    const std::string html = audit_html(r, {"<date>", "host&\"x\""});
+    EXPECT_EQ(html_problem(html), "");
+    EXPECT_EQ(external_reference(html), "");
+    EXPECT_EQ(html.find(evil), std::string::npos);
+    EXPECT_EQ(count(html, "<script"), 1u);
+    const std::string escaped = xml_escape(evil);
+    EXPECT_EQ(escaped, "cpu:x=&lt;script&gt;alert(&quot;&amp;amp;&quot;)&lt;/script&gt;&apos;");
+    // verdict table, criteria, heatmap labels and titles (2 × 2 labels each), drift legend, KL legend and tables
+    EXPECT_GE(count(html, escaped), 12u);
+    EXPECT_NE(html.find("&lt;img src=x&gt; &amp; &quot;oops&quot;"), std::string::npos);
+    EXPECT_NE(html.find("models/&lt;b&gt;&amp;&quot;m&quot;"), std::string::npos);
+    EXPECT_NE(html.find("<dd>&lt;date&gt;</dd>"), std::string::npos);
+    EXPECT_NE(html.find("<title>kvasir-equiv audit: models/&lt;b&gt;&amp;&quot;m&quot; — default</title>"), std::string::npos);
+}
+
+TEST(Html, LargeAuditStaysOnePageUnderTheLimit) {
+    // 20 nodes, 100 layers, 10 op matrices (9 ops judged per op + logits).
+    const AuditReport r = large_report(20, 100);
+    const std::string html = audit_html(r, {"2026-01-01 00:00 UTC", "testhost"});
+    std::printf("[   size   ] HTML report of 20 nodes, 100 layers, 10 op matrices: %zu bytes (%.2f MB)\n", html.size(),
+                static_cast<double>(html.size()) / 1e6);
+    ::testing::Test::RecordProperty("html_bytes", static_cast<int>(html.size()));
+    if (const char* dir = std::getenv("KVASIR_HTML_DUMP")) write_file_atomic(std::string(dir) + "/large_audit.html", html);  // to look at it
+    // Budget 2 MB (1.39 MB today, 65 % of it the 20 heatmaps of 190 cells):
+    // an e-mail attachment anywhere (limits are 10–25 MB), and headless
+    // Chromium loads it in 0.4 s on a 2-core machine (browser_check.py on the
+    // page KVASIR_HTML_DUMP=DIR writes).
+    EXPECT_LT(html.size(), 2'000'000u);
+    EXPECT_EQ(html_problem(html), "");
+    EXPECT_EQ(external_reference(html), "");
+    for (const NodeVerdict& v : r.nodes) EXPECT_NE(html.find("<code>" + xml_escape(v.node) + "</code>"), std::string::npos) << v.node;
+    std::size_t criteria = 0;
+    for (const NodeVerdict& v : r.nodes) criteria += v.sensitive.size() + v.tolerant.size();
+    EXPECT_EQ(count(html, "<tr class=\"crit"), criteria);
+    EXPECT_EQ(count(html, "<svg class=\"heatmap\""), 20u);
+    // One readable page: only the headline op's heatmaps and nothing of the
+    // 19 criteria tables are open; the drift plot has one line per node and
+    // markers on about 16 of its 100 points.
+    EXPECT_EQ(count(html, "<details class=\"op\" open=\"open\">"), 1u);
+    EXPECT_EQ(count(html, "<details class=\"criteria\" open=\"open\">"), 0u);
+    const std::size_t d0 = html.find("<svg class=\"drift\""), d1 = html.find("</svg>", d0);
+    const std::string drift = html.substr(d0, d1 - d0);
+    EXPECT_EQ(count(drift, "class=\"series\""), 19u);
+    EXPECT_LE(count(drift, "<title>"), 19u * 18);
+    // Every figure fits the page's 1500 px column (it scales down, never overflows).
+    static const std::regex svg_width("<svg class=\"[a-z]+\"[^>]* width=\"([0-9.]+)\"");
+    for (auto it = std::sregex_iterator(html.begin(), html.end(), svg_width); it != std::sregex_iterator(); ++it)
+        EXPECT_LE(std::stod((*it)[1].str()), 1500.0) << (*it)[0].str();
+}
+
+TEST(Html, MatrixPage) {
+    OpsReport rep;
+    for (const char* n : {"cpu-ref", "cpu", "opencl:0:<x>"}) {
+        Capabilities c;
+        c.node = n;
+        c.backend = "cpu";
+        c.device = "test device";
+        rep.nodes.push_back(c);
+    }
+    OpResult op;
+    op.op = "moe";
+    op.inputs = "x[8,512] & <pinned>";
+    op.errors = {"", "", "no <device> & \"such\""};
+    op.matrix.assign(3, std::vector<std::optional<CompareStats>>(3));
+    CompareStats st;
+    st.max_abs = 4.5e-7;
+    st.max_rel = 1e-4;
+    st.cosine = 1 - 3.8e-14;
+    op.matrix[0][1] = op.matrix[1][0] = st;
+    op.id_matrix.assign(3, std::vector<std::optional<IndexAgreement>>(3));
+    rep.ops.push_back(op);
+    rep.shard_checks.push_back({"cpu", 4, st, ""});
+    const std::string html = matrix_html(rep, OJ{{"fingerprint", "abc"}, {"path", "fixtures/m"}, {"layer", 1}}, {"2026-01-01", "h"});
+    EXPECT_EQ(html_problem(html), "");
+    EXPECT_EQ(external_reference(html), "");
+    EXPECT_EQ(count(html, "<svg class=\"heatmap\""), 2u);
+    EXPECT_NE(html.find("opencl:0:&lt;x&gt;"), std::string::npos);
+    EXPECT_NE(html.find("no &lt;device&gt; &amp; &quot;such&quot;"), std::string::npos);
+    EXPECT_NE(html.find("x[8,512] &amp; &lt;pinned&gt;"), std::string::npos);
+    EXPECT_EQ(count(html, "not measured (error)"), 2u);  // the two pairs with the failed node
+    EXPECT_NE(html.find("<td class=\"num\" data-v=\"4.5e-07\">4.50e-07</td>"), std::string::npos);
+    EXPECT_NE(html.find("<h2>Shard check</h2>"), std::string::npos);
+    EXPECT_NE(html.find("<dd><code>abc</code></dd>"), std::string::npos);
+}
+
 // --- files ------------------------------------------------------------------------------
 
 TEST(WriteOutputs, EveryFileWrittenAsBuilt) {
     TempDir dir;
     const AuditReport r = report();
-    const OutputPaths p{dir / "r.json", dir / "r.xml", dir / "r.md", dir / "r.csv", dir / "heat.svg", dir / "drift.svg"};
-    write_outputs(r, p);
+    const OutputPaths p{dir / "r.json", dir / "r.xml", dir / "r.md", dir / "r.csv", dir / "heat.svg", dir / "drift.svg", dir / "r.html"};
+    const HtmlStamp stamp{"2026-01-01 00:00 UTC", "testhost"};
+    write_outputs(r, p, stamp);
     EXPECT_EQ(read_text_file(p.json), audit_report_json(r).dump(2) + "\n");
     EXPECT_EQ(read_text_file(p.junit), junit_xml(r));
     EXPECT_EQ(read_text_file(p.markdown), markdown_report(r));
     EXPECT_EQ(read_text_file(p.csv), cosine_csv(r.pairs.front()));
     EXPECT_EQ(read_text_file(p.heatmap_svg), heatmap_svg(r.pairs.front()));
     EXPECT_EQ(read_text_file(p.drift_svg), drift_svg(r.drift));
+    EXPECT_EQ(read_text_file(p.html), audit_html(r, stamp));
     std::size_t files = 0;
     for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir.path)) ++files;
-    EXPECT_EQ(files, 6u);  // no temporary left behind
+    EXPECT_EQ(files, 7u);  // no temporary left behind
     // No pair matrix: refused before anything is written.
     AuditReport none = r;
     none.pairs.clear();
-    EXPECT_THROW(write_outputs(none, OutputPaths{dir / "x.json", "", "", dir / "x.csv", "", ""}), Error);
+    EXPECT_THROW(write_outputs(none, OutputPaths{dir / "x.json", "", "", dir / "x.csv", "", "", ""}), Error);
     EXPECT_FALSE(fs::exists(dir / "x.json"));
     // An unwritable folder is bad input naming the path.
     try {
-        write_outputs(r, OutputPaths{dir / "no/such/dir/r.json", "", "", "", "", ""});
+        write_outputs(r, OutputPaths{dir / "no/such/dir/r.json", "", "", "", "", "", ""});
         ADD_FAILURE() << "no error";
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ErrorCode::bad_input);
@@ -558,7 +897,7 @@ TEST(WriteOutputs, KilledMidWriteLeavesThePreviousReportIntact) {
         struct rlimit rl {limit, limit};
         ::setrlimit(RLIMIT_FSIZE, &rl);
         try {
-            write_outputs(big, OutputPaths{target, "", "", "", "", ""});
+            write_outputs(big, OutputPaths{target, "", "", "", "", "", ""});
         } catch (...) {
         }
         ::_exit(0);  // not reached when the kill works
@@ -581,6 +920,6 @@ TEST(WriteOutputs, KilledMidWriteLeavesThePreviousReportIntact) {
     }
     EXPECT_EQ(partials, 1u);
     // The next successful write replaces the report whole.
-    write_outputs(big, OutputPaths{target, "", "", "", "", ""});
+    write_outputs(big, OutputPaths{target, "", "", "", "", "", ""});
     EXPECT_EQ(read_text_file(target), audit_report_json(big).dump(2) + "\n");
 }

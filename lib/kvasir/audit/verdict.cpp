@@ -336,9 +336,7 @@ nlohmann::ordered_json to_json(const NodeVerdict& v) {
     return j;
 }
 
-namespace {
-
-std::string fmt_value(const CriterionResult& r, double x) {
+std::string format_value(const CriterionResult& r, double x) {
     const auto info = find_criterion(r.criterion);
     if (std::isnan(x)) return "nan";
     if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
@@ -348,21 +346,19 @@ std::string fmt_value(const CriterionResult& r, double x) {
     return fmt_sci(x);
 }
 
-}  // namespace
+std::string format_margin(const CriterionResult& r) {
+    if (std::isnan(r.margin)) return "no margin";
+    if (std::isinf(r.margin)) return r.margin > 0 ? "exact" : "infinitely outside";
+    return fmt::format("{:+.2g} {}", r.margin, margin_unit(r.scale));
+}
 
 std::string describe(const CriterionResult& r) {
     const char* rel = r.direction == Direction::max ? (r.pass ? "<=" : ">") : (r.pass ? ">=" : "<");
     if (!r.measured)
         return fmt::format("{} not measured (tolerance {} {})", r.criterion, r.direction == Direction::max ? "<=" : ">=",
-                           fmt_value(r, r.tolerance));
-    std::string margin;
-    if (std::isnan(r.margin))
-        margin = "no margin";
-    else if (std::isinf(r.margin))
-        margin = r.margin > 0 ? "exact" : "infinitely outside";
-    else
-        margin = fmt::format("{:+.2g} {}", r.margin, margin_unit(r.scale));
-    return fmt::format("{} {} {} {} ({})", r.criterion, fmt_value(r, r.value), rel, fmt_value(r, r.tolerance), margin);
+                           format_value(r, r.tolerance));
+    return fmt::format("{} {} {} {} ({})", r.criterion, format_value(r, r.value), rel, format_value(r, r.tolerance),
+                       format_margin(r));
 }
 
 }  // namespace kvasir

@@ -153,5 +153,12 @@ nlohmann::ordered_json to_json(const NodeVerdict& v);
 
 // "logits.kl_p99 3.2e-07 > 1.0e-07 (-0.5 decades)" — one line for terminals.
 std::string describe(const CriterionResult& r);
+// The parts of that line, for reports that lay them out in columns: a value
+// or tolerance of this criterion as describe() writes it (integer criteria
+// without decimals, cosines and rates as 1-x, linear ones with 3 digits,
+// the rest scientific; "nan"/"inf") and its margin ("+1.8 decades",
+// "exact" for +inf, "infinitely outside" for -inf, "no margin" for NaN).
+std::string format_value(const CriterionResult& r, double x);
+std::string format_margin(const CriterionResult& r);
 
 }  // namespace kvasir

@@ -2,6 +2,7 @@
 // and L guides and the legend.
 #include "kvasir/report/drift_svg.hpp"
 
+#include "kvasir/core/error.hpp"
 #include "kvasir/report/writers_common.hpp"
 
 #include <fmt/format.h>
@@ -16,13 +17,19 @@ namespace kvasir {
 
 using namespace writers_detail;
 
-std::string drift_svg(const std::vector<DriftSeries>& series) {
+namespace {
+
+// style == nullptr: the classic palette, a dot on every point; else series i
+// in series_colour(style[i]) with marker series_marker(style[i]) on about
+// 16 points (every point up to 24 layers).
+std::string drift_plot(const std::vector<DriftSeries>& series, const std::vector<std::size_t>* style) {
     static const std::array<const char*, 10> palette = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
                                                         "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
     const double left = 80, top = 50, pw = 560, ph = 360, bottom_pad = 60;
     std::size_t longest = 10;
     for (const auto& s : series) longest = std::max(longest, s.node.size());
-    const double legend_w = 60 + 6.6 * static_cast<double>(longest + 14);
+    // Wide enough for the longest legend entry and the guides' note.
+    const double legend_w = std::max(60 + 6.6 * static_cast<double>(longest + 14), 330.0);
     const double width = left + pw + 30 + legend_w, height = top + ph + bottom_pad;
 
     std::size_t depth = 1;
@@ -104,7 +111,8 @@ std::string drift_svg(const std::vector<DriftSeries>& series) {
     const double legend_x = left + pw + 30;
     for (std::size_t i = 0; i < series.size(); ++i) {
         const DriftSeries& s = series[i];
-        const char* colour = palette[i % palette.size()];
+        const char* colour = style ? series_colour((*style)[i]) : palette[i % palette.size()];
+        const std::size_t every = !style || s.rel.size() <= 24 ? 1 : (s.rel.size() + 15) / 16;
         std::string pts, dots;
         std::size_t plotted = 0;
         // A gap where a value cannot sit on a log axis: separate polylines.
@@ -124,14 +132,18 @@ std::string drift_svg(const std::vector<DriftSeries>& series) {
             const double x = px(static_cast<double>(l + 1)), y = py(v);
             pts += fmt::format("{},{} ", num(x), num(y));
             ++plotted;
-            dots += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"3\" fill=\"{}\"><title>{} L{}: {}</title></circle>", num(x), num(y), colour,
-                                xml_escape(s.node), l + 1, shortest(v));
+            if (!style)
+                dots += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"3\" fill=\"{}\"><title>{} L{}: {}</title></circle>", num(x), num(y), colour,
+                                    xml_escape(s.node), l + 1, shortest(v));
+            else if (l % every == 0 || l + 1 == s.rel.size())
+                dots += marker_svg(series_marker((*style)[i]), x, y, 3.5, colour, fmt::format("{} L{}: {}", s.node, l + 1, shortest(v)));
         }
         flush();
         o += dots + "\n";
         const std::string alpha = std::isfinite(s.alpha) ? fmt::format("α = {:.2f}", s.alpha) : "α = " + shortest(s.alpha);
         o += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"2\"/>", num(legend_x), num(legend_y),
                          num(legend_x + 22), num(legend_y), colour);
+        if (style) o += marker_svg(series_marker((*style)[i]), legend_x + 11, legend_y, 3.5, colour);
         o += fmt::format("<text x=\"{}\" y=\"{}\">{}  {}{}</text>\n", num(legend_x + 28), num(legend_y + 4), xml_escape(s.node), alpha,
                          any ? "" : " (identical: no drift)");
         legend_y += 18;
@@ -147,6 +159,15 @@ std::string drift_svg(const std::vector<DriftSeries>& series) {
                          num(left + pw / 2), num(top + ph / 2));
     o += "</svg>\n";
     return o;
+}
+
+}  // namespace
+
+std::string drift_svg(const std::vector<DriftSeries>& series) { return drift_plot(series, nullptr); }
+
+std::string drift_svg(const std::vector<DriftSeries>& series, const std::vector<std::size_t>& style) {
+    KVASIR_CHECK(style.size() == series.size(), ErrorCode::internal, "drift plot: {} styles for {} series", style.size(), series.size());
+    return drift_plot(series, &style);
 }
 
 }  // namespace kvasir

@@ -4,6 +4,7 @@
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
+#include "kvasir/report/audit_html.hpp"
 #include "kvasir/report/audit_json.hpp"
 #include "kvasir/report/audit_junit.hpp"
 #include "kvasir/report/audit_markdown.hpp"
@@ -19,7 +20,7 @@ namespace kvasir {
 // Files
 // ============================================================================
 
-void write_outputs(const AuditReport& r, const OutputPaths& p) {
+void write_outputs(const AuditReport& r, const OutputPaths& p, const HtmlStamp& stamp) {
     std::vector<std::pair<std::string, std::string>> files;  // (path, content): build everything first
     if (!p.json.empty()) files.emplace_back(p.json, audit_report_json(r).dump(2) + "\n");
     if (!p.junit.empty()) files.emplace_back(p.junit, junit_xml(r));
@@ -30,6 +31,7 @@ void write_outputs(const AuditReport& r, const OutputPaths& p) {
     if (!p.csv.empty()) files.emplace_back(p.csv, cosine_csv(r.pairs.front()));
     if (!p.heatmap_svg.empty()) files.emplace_back(p.heatmap_svg, heatmap_svg(r.pairs.front()));
     if (!p.drift_svg.empty()) files.emplace_back(p.drift_svg, drift_svg(r.drift));
+    if (!p.html.empty()) files.emplace_back(p.html, audit_html(r, stamp));
     for (const auto& [path, content] : files) write_file_atomic(path, content);
 }
 

@@ -4,12 +4,14 @@
 // have a header each: the versioned JSON report (audit_json.hpp), JUnit XML
 // for CI (audit_junit.hpp), Markdown for hardware reports
 // (audit_markdown.hpp), the cosine pair matrix as CSV (cosine_csv.hpp), an SVG
-// heatmap of that matrix (heatmap_svg.hpp) and an SVG plot of drift against
-// depth (drift_svg.hpp).
+// heatmap of that matrix (heatmap_svg.hpp), an SVG plot of drift against
+// depth (drift_svg.hpp) and one self-contained HTML page with all of it
+// (audit_html.hpp).
 //
 // Every builder returns the document as a string and is pure (no clock, no
 // environment): the same AuditReport gives the same bytes, so reports diff
-// cleanly and tests compare exactly. write_outputs() writes each requested
+// cleanly and tests compare exactly. The HTML page's date and machine are
+// inputs (HtmlStamp) like the report itself, never read by the builder. write_outputs() writes each requested
 // file with write_file_atomic() (temp file in the same folder, fsync,
 // rename): an audit killed mid-way leaves every previous output intact and
 // no partial file in its place.
@@ -29,10 +31,20 @@ struct OutputPaths {
     std::string csv;          // cosine matrix of pairs.front()
     std::string heatmap_svg;  // of pairs.front()
     std::string drift_svg;
+    std::string html;         // the self-contained HTML report
 };
+
+// When and where an HTML page was written, shown in its header; empty
+// fields are left out. The caller decides (the CLI: the clock, or
+// SOURCE_DATE_EPOCH, and the host name), so the builders stay pure.
+struct HtmlStamp {
+    std::string date;
+    std::string machine;
+};
+
 // Builds every requested document first, then writes each atomically (so a
 // builder error writes nothing). A csv/heatmap request with no pair matrix is
 // Error(bad_input). Write failures are Error(bad_input) naming the path.
-void write_outputs(const AuditReport& report, const OutputPaths& paths);
+void write_outputs(const AuditReport& report, const OutputPaths& paths, const HtmlStamp& stamp = {});
 
 }  // namespace kvasir

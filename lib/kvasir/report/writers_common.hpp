@@ -1,13 +1,15 @@
 // Helpers the audit output formats share (one definition each): XML
-// escaping for JUnit and both SVGs, and — internal to the writers, not a
-// public API — the pair-matrix shape check, scalar rendering, shortest
-// round-trip numbers and SVG coordinates.
+// escaping for JUnit, the SVGs and the HTML page, and — internal to the
+// writers, not a public API — the pair-matrix shape check, scalar rendering,
+// shortest round-trip numbers, SVG coordinates and the series styles of the
+// plots (colour and marker shape).
 #pragma once
 
 #include "kvasir/report/writers.hpp"
 
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -27,6 +29,18 @@ std::string scalar_text(const nlohmann::ordered_json& v);
 std::string shortest(double x);
 // An SVG coordinate or size: two decimals.
 std::string num(double x);
+
+// Plot series that stay apart for readers who do not see every colour and in
+// grey print: series i gets the Okabe–Ito colour i mod 7 (yellow left out:
+// unreadable on white) and the marker shape i mod 5 — 7 and 5 are coprime, so
+// the first 35 series all differ in colour or shape.
+enum class Marker { circle, square, triangle, diamond, triangle_down, cross };
+const char* series_colour(std::size_t i);
+Marker series_marker(std::size_t i);
+// One SVG marker centred on (x, y) with "radius" r (the shapes have about
+// equal area), filled with `fill`; a non-empty title becomes its tooltip
+// (escaped here).
+std::string marker_svg(Marker m, double x, double y, double r, std::string_view fill, std::string_view title = {});
 
 }  // namespace writers_detail
 
