@@ -611,7 +611,7 @@ TEST(ConfigHybrid, Qwen35MoeWrapperReadsTheTextConfigAndEveryHybridKey) {
     EXPECT_TRUE(c.norm_topk_prob());  // Qwen3_5MoeTopKRouter renormalises unconditionally
     EXPECT_EQ(c.shared_expert_intermediate_size, 32);
     EXPECT_TRUE(c.shared_expert_gate);
-    EXPECT_FALSE(c.full_forward_supported());
+    EXPECT_TRUE(c.full_forward_supported());  // the hybrid forward pass (arch/qwen3_5_moe.cpp)
     // Tensor names under the wrapper's prefix; a linear layer has no self_attn.
     const LayerTensorNames lin = layer_tensor_names(c, 0);
     EXPECT_EQ(lin.in_proj_qkv, "model.language_model.layers.0.linear_attn.in_proj_qkv.weight");
