@@ -432,6 +432,115 @@ TEST_P(ForwardFixture, CpuRunTwiceIsBitIdentical) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, ForwardFixture, ::testing::ValuesIn(fixtures()), fixture_name);
 
 // ===========================================================================
+// OpenCL (opencl:0) on the hybrid fixtures: the Gated DeltaNet kernels
+// (kernels/opencl/linear_attention.cl) in a whole forward pass
+// ===========================================================================
+
+// What CpuWithinFloat32ToleranceAndRouterAuthority asks of the cpu node, asked
+// of opencl:0 (PoCL here): routing pinned by cpu-ref, logits and the hidden
+// state after every layer within kF32Tolerance normwise of cpu-ref, top-1 of
+// every prompt position identical; then greedy decoding with the cache (the
+// conv history and the recurrent state handed back call after call), pinned
+// to cpu-ref's tokens and routing: step logits within kF32Tolerance, and the
+// node's own argmax equal to cpu-ref's at every step whose top-1/top-2 margin
+// exceeds twice that error (below it a flip is rounding, not divergence).
+namespace {
+
+class ForwardOpencl : public ::testing::TestWithParam<Fixture> {
+protected:
+    void SetUp() override {
+#if !defined(KVASIR_HAVE_OPENCL)
+        GTEST_SKIP() << "this build has no OpenCL (KVASIR_OPENCL off)";
+#else
+        for (const BackendStatus& st : list_backends())
+            if (st.name == "opencl") {
+                ASSERT_TRUE(st.available) << "OpenCL is compiled in but has no device: " << st.reason;
+                return;
+            }
+        FAIL() << "opencl is compiled in but not registered";
+#endif
+    }
+};
+
+std::vector<Fixture> hybrid_fixtures() {
+    std::vector<Fixture> out;
+    for (const Fixture& f : fixtures())
+        if (f.name == "qwen3_5_moe_tiny" || f.name == "qwen3_next_tiny") out.push_back(f);
+    return out;
+}
+
+}  // namespace
+
+TEST_P(ForwardOpencl, WithinFloat32ToleranceOfCpuRefAndGreedyAgrees) {
+    const Loaded& fx = load(GetParam());
+    ASSERT_TRUE(fx.model.config().linear.key_heads > 0) << "a hybrid fixture";
+    const std::vector<std::int32_t> prompt = prompt_of(fx.ref);
+    auto ref = backend("cpu-ref");
+    auto ocl = backend("opencl:0");
+    const ForwardResult oracle = forward(*ref, fx.model, prompt);
+
+    const ForwardResult own = forward(*ocl, fx.model, prompt);
+    ASSERT_EQ(own.logits.dtype(), DType::f32);
+    measured(fmt::format("{:<26} opencl:0 (own router) vs f64 reference: {}", GetParam().name,
+                         describe(match(fx, own, "f64."))));
+
+    ForwardOptions pinned;
+    pinned.routing = &oracle.routing;
+    const ForwardResult pin = forward(*ocl, fx.model, prompt, pinned);
+    const Match m = match(fx, pin, "f64.");
+    measured(fmt::format("{:<26} opencl:0 (pinned by cpu-ref) vs f64 reference: {}", GetParam().name, describe(m)));
+    EXPECT_EQ(m.routing_same, m.routing_rows);
+    EXPECT_LE(m.hidden.rel, kF32Tolerance);
+    EXPECT_LE(m.logits.rel, kF32Tolerance);
+    // Against cpu-ref itself: logits and the hidden state after every layer.
+    const Err vs_oracle = err(oracle.logits, pin.logits);
+    EXPECT_LE(vs_oracle.rel, kF32Tolerance);
+    Err hidden;
+    ASSERT_EQ(pin.hidden.size(), oracle.hidden.size());
+    for (std::size_t l = 0; l < oracle.hidden.size(); ++l) hidden.merge(err(oracle.hidden[l], pin.hidden[l]));
+    EXPECT_LE(hidden.rel, kF32Tolerance);
+    measured(fmt::format("{:<26} opencl:0 pinned vs cpu-ref: logits {} | hidden (every layer) {}", GetParam().name,
+                         fmt_err(vs_oracle), fmt_err(hidden)));
+    const std::int64_t T = pin.logits.dim(0), V = pin.logits.dim(1);
+    std::int64_t agree = 0;
+    for (std::int64_t t = 0; t < T; ++t) {
+        std::int64_t a = 0, b = 0;
+        for (std::int64_t v = 1; v < V; ++v) {
+            if (oracle.logits.at(t * V + v) > oracle.logits.at(t * V + a)) a = v;
+            if (pin.logits.at(t * V + v) > pin.logits.at(t * V + b)) b = v;
+        }
+        agree += a == b ? 1 : 0;
+    }
+    measured(fmt::format("{:<26} opencl:0 pinned: top-1 agreement with cpu-ref {}/{}", GetParam().name, agree, T));
+    EXPECT_EQ(agree, T);
+
+    // Greedy decoding through the cache, pinned to cpu-ref's trajectory.
+    const int n = static_cast<int>(fx.ref.view("greedy.tokens").numel());
+    const GenerateResult authority = greedy_generate(*ref, fx.model, prompt, n);
+    const GenerateResult dec = greedy_generate(*ocl, fx.model, prompt, n, &authority.tokens, &authority.routing);
+    EXPECT_EQ(dec.fed, authority.tokens);
+    const Err step_logits = err(authority.logits, dec.logits);
+    EXPECT_LE(step_logits.rel, kF32Tolerance);
+    double logit_max = 0;
+    for (std::int64_t i = 0; i < authority.logits.numel(); ++i) logit_max = std::max(logit_max, std::fabs(authority.logits.at(i)));
+    const double flip = 2 * kF32Tolerance * logit_max;  // a margin below this may flip on rounding
+    int decided = 0, same = 0;
+    for (int i = 0; i < n; ++i) {
+        const auto ui = static_cast<std::size_t>(i);
+        same += dec.tokens[ui] == authority.tokens[ui] ? 1 : 0;
+        if (authority.margins[ui] <= flip) continue;
+        ++decided;
+        EXPECT_EQ(dec.tokens[ui], authority.tokens[ui]) << "step " << i << ", margin " << authority.margins[ui];
+    }
+    measured(fmt::format("{:<26} opencl:0 greedy {} steps pinned to cpu-ref: own argmax equal at {}/{} ({} steps with "
+                         "margin > {:.2e}); step logits {}",
+                         GetParam().name, n, same, n, decided, flip, fmt_err(step_logits)));
+    EXPECT_GT(decided, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Hybrid, ForwardOpencl, ::testing::ValuesIn(hybrid_fixtures()), fixture_name);
+
+// ===========================================================================
 // Cross-format identities
 // ===========================================================================
 

@@ -221,6 +221,7 @@ struct DeviceInfo {
     cl_uint compute_units = 1;
     std::size_t max_work_group = 1;
     std::array<std::size_t, 3> max_work_item{1, 1, 1};
+    cl_ulong local_mem = 0;  // CL_DEVICE_LOCAL_MEM_SIZE, bytes
     bool fp16 = false, fp64 = false;
 
     std::string label() const { return fmt::format("{} ({})", name, platform_name); }
@@ -271,6 +272,7 @@ Enumeration enumerate_devices() {
             info.max_work_group = device_value<std::size_t>(d, CL_DEVICE_MAX_WORK_GROUP_SIZE);
             KVCL_CHECK(clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof(info.max_work_item),
                                        info.max_work_item.data(), nullptr));
+            info.local_mem = device_value<cl_ulong>(d, CL_DEVICE_LOCAL_MEM_SIZE);
             info.fp16 = has_extension(info.extensions, "cl_khr_fp16");
             info.fp64 = has_extension(info.extensions, "cl_khr_fp64");
             out.devices.push_back(std::move(info));
@@ -462,7 +464,7 @@ public:
         caps_.runtime = fmt::format("{} ({}), driver {}, {}", info_->platform_name, info_->platform_version,
                                     info_->driver, info_->opencl_c);
         caps_.output = DType::f32;
-        caps_.fma = true;  // fma() explicit in matmul and rmsnorm; FP_CONTRACT OFF elsewhere
+        caps_.fma = true;  // fma() explicit in matmul, rmsnorm and Gated DeltaNet; FP_CONTRACT OFF elsewhere
         caps_.threads = static_cast<int>(info_->compute_units);
         caps_.deterministic = true;
         caps_.extra = {
@@ -475,9 +477,11 @@ public:
             {"compute_units", std::to_string(info_->compute_units)},
             {"kernels", fmt::format("matmul {0}x{1} output tiles by {0}x{0} work-groups in local memory "
                                     "(TILE_K {0}), one fma chain per output; softmax/rmsnorm one {2}-wide "
-                                    "work-group tree per row",
+                                    "work-group tree per row; causal conv1d one work-item per (t, c); gated "
+                                    "delta rule one {2}-wide work-group per value head, tokens in sequence, "
+                                    "f32 state in global memory",
                                     tile_, tile_ * kMatmulOutputsPerItem, row_wg_)},
-            {"fp_contract", "off; fma() explicit in matmul and rmsnorm"},
+            {"fp_contract", "off; fma() explicit in matmul, rmsnorm, causal conv1d and the gated delta rule"},
             {"storage_format", caps_.storage == DType::f16    ? "half buffers (vload_half/vstore_half_rte)"
                                : caps_.storage == DType::bf16 ? "f32 buffers of bf16 values (host rounds inputs, kernels round stores)"
                                                               : "f32 buffers"},
@@ -584,7 +588,76 @@ public:
         return download(yb, x.shape);
     }
 
+    // Gated DeltaNet (kernels/opencl/linear_attention.cl). The host checks
+    // shapes and moves data; every arithmetic operation is the kernels'.
+    Tensor causal_conv1d_silu(const TensorView& x, const TensorView& w, const TensorView* history) override {
+        check_conv1d_args(x, w, history);
+        const std::int64_t t_count = x.dim(0), c_count = x.dim(1), k_count = w.shape.back();
+        check_int_range("causal_conv1d_silu", {t_count, c_count, k_count, t_count * c_count});
+        if (x.numel() == 0) return Tensor(DType::f32, x.shape);
+        const std::lock_guard lock(mutex_);
+        const ClMem xb = upload(x), wb = upload(w);
+        // No history: the kernel reads zeros and never touches the buffer
+        // bound in its place (x itself).
+        const ClMem hb = history != nullptr && history->numel() > 0 ? upload(*history) : ClMem();
+        const ClMem yb = output(x.numel());
+        const cl_kernel k = kernel("linear_attention.cl", "kv_causal_conv1d_silu", 0);
+        set_args(k, xb, wb, hb.get() != nullptr ? hb : xb, yb, static_cast<cl_int>(t_count), static_cast<cl_int>(c_count),
+                 static_cast<cl_int>(k_count), static_cast<cl_int>(history != nullptr ? 1 : 0));
+        launch_1d(k, x.numel());
+        return download(yb, x.shape);
+    }
+
+    GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override {
+        check_gated_delta_args(in);
+        const std::int64_t t_count = in.q.dim(0), nk = in.q.dim(1), dk = in.q.dim(2), nv = in.v.dim(1), dv = in.v.dim(2);
+        check_int_range("gated_delta_rule", {t_count, nk, dk, nv, dv, t_count * nv * dv, nv * dk * dv});
+        GatedDeltaResult res{Tensor(DType::f32, {t_count, nv, dv}), Tensor(DType::f32, {nv, dk, dv})};
+        if (nv == 0 || dk == 0 || dv == 0) return res;  // no state: out is empty sums, +0
+        if (t_count == 0) {  // no tokens: the state passes through (as f32, like every state this op returns)
+            if (in.state != nullptr) res.state = Tensor::convert(*in.state, DType::f32);
+            return res;
+        }
+        // q and k of one token in local memory, plus the two l2norm trees.
+        const std::size_t local_bytes = static_cast<std::size_t>(2 * dk) * sizeof(cl_float);
+        KVASIR_CHECK(local_bytes + 2 * row_wg_ * sizeof(cl_float) <= info_->local_mem, ErrorCode::unsupported,
+                     "gated_delta_rule: key head dim {} needs {} bytes of local memory, {} has {}", dk,
+                     local_bytes + 2 * row_wg_ * sizeof(cl_float), info_->label(), info_->local_mem);
+        const std::lock_guard lock(mutex_);
+        const ClMem qb = upload(in.q), kb = upload(in.k), vb = upload(in.v), ab = upload(in.a), bb = upload(in.b),
+                    alb = upload(in.a_log), dtb = upload(in.dt_bias);
+        // The state is f32 in every storage variant (the op's own carried
+        // result, not a stored activation): uploaded exactly when it is f32.
+        const std::size_t state_bytes = static_cast<std::size_t>(res.state.numel()) * sizeof(cl_float);
+        ClMem sin;
+        if (in.state != nullptr) {
+            if (in.state->dtype == DType::f32) {
+                sin = upload_raw(in.state->data, state_bytes);
+            } else {
+                const Tensor f = Tensor::convert(*in.state, DType::f32);
+                sin = upload_raw(f.raw(), state_bytes);
+            }
+        }
+        const ClMem sb(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_WRITE, state_bytes, nullptr));
+        const ClMem ob = output(res.out.numel());
+        const cl_kernel k = kernel("linear_attention.cl", "kv_gated_delta_rule", row_wg_);
+        set_args(k, qb, kb, vb, ab, bb, alb, dtb, in.state != nullptr ? sin : sb, sb, ob, static_cast<cl_int>(t_count),
+                 static_cast<cl_int>(nk), static_cast<cl_int>(dk), static_cast<cl_int>(nv), static_cast<cl_int>(dv),
+                 static_cast<cl_int>(in.state != nullptr ? 1 : 0), LocalBytes{local_bytes / 2}, LocalBytes{local_bytes / 2});
+        const std::size_t global = static_cast<std::size_t>(nv) * row_wg_;
+        KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, 1, nullptr, &global, &row_wg_, 0, nullptr, nullptr));
+        res.out = download(ob, res.out.shape());
+        KVCL_CHECK(clEnqueueReadBuffer(runtime_->queue(), sb.get(), CL_TRUE, 0, state_bytes, res.state.raw(), 0, nullptr,
+                                       nullptr));
+        return res;
+    }
+
 private:
+    // A __local kernel argument of this many bytes.
+    struct LocalBytes {
+        std::size_t bytes;
+    };
+
     static void check_int_range(const char* op, std::initializer_list<std::int64_t> dims) {
         for (std::int64_t d : dims)
             KVASIR_CHECK(d < (std::int64_t{1} << 31), ErrorCode::unsupported,
@@ -669,6 +742,9 @@ private:
     static void set_arg(cl_kernel k, cl_uint index, const ClMem& buffer) {
         const cl_mem handle = buffer.get();
         KVCL_CHECK(clSetKernelArg(k, index, sizeof(cl_mem), &handle));
+    }
+    static void set_arg(cl_kernel k, cl_uint index, LocalBytes local) {
+        KVCL_CHECK(clSetKernelArg(k, index, local.bytes, nullptr));
     }
     template <typename T>
         requires std::is_arithmetic_v<T>

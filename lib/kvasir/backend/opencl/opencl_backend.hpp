@@ -55,6 +55,17 @@
 //     deterministic and independent of the tile shape.
 //   * softmax/rmsnorm: one work-group per row; each work-item reduces a
 //     strided slice of the row, then a power-of-two tree in local memory.
+//   * Gated DeltaNet (linear_attention.cl): causal_conv1d_silu is one
+//     work-item per (t, c), the K taps one fma chain in ascending order, then
+//     silu with the device's exp and division. gated_delta_rule is one
+//     work-group (the row width) per value head running the tokens in
+//     sequence: q/k l2norm (a strided fold plus a tree, as rmsnorm), softplus
+//     (threshold 20), exp and sigmoid on the device, each work-item owning
+//     state columns (dk-term fma chains). The recurrent state is an f32
+//     buffer in EVERY storage variant: returned as f32 and uploaded exactly
+//     when handed back (it is the op's carried result, not a stored
+//     activation), so chunked and whole calls give the same bits. acc=f16
+//     does not reach these ops (f32 sums, as on the cpu backend).
 //   * Deterministic: no atomics, no split-K, fixed work-group shapes chosen
 //     per device at backend creation.
 //
