@@ -34,6 +34,22 @@ expect_usage_error "no-such-model" inspect "$tmp/no-such-model"
 expect_usage_error "layer 2" ops --model fixtures/models/qwen3_moe_tiny --layer 2 --ops moe
 expect_usage_error "--layer 9 is outside" matrix --layer 9
 expect_usage_error "--layer needs --model" ops --layer 1
+# The contract's own family: the hybrid fixtures (Gated DeltaNet + gated
+# attention, made by transformers) audited end to end, each node in its process.
+for m in qwen3_5_moe_tiny qwen3_next_tiny; do
+  "$bin" audit -p protocols/ci.json --model fixtures/models/$m -b cpu-ref,cpu,opencl:0 -o "$tmp/$m.json" >"$tmp/$m.out" 2>&1
+  rc=$?
+  check "audit of $m: cpu and opencl:0 fit → exit 0" test $rc -eq 0
+  check "audit of $m: every step ran" python3 -c "
+import json,sys; d=json.load(open(sys.argv[1]))
+assert [n['verdict'] for n in d['nodes']] == ['reference','fit','fit'], [n['verdict'] for n in d['nodes']]
+for s in ('ops','drift','logits','decide','generate','perplexity','determinism'): assert s in d['steps'], s" "$tmp/$m.json"
+done
+"$bin" inspect fixtures/models/qwen3_5_moe_tiny >"$tmp/q35.txt" 2>&1
+check "inspect shows the hybrid layout" grep -q "hybrid: 2 Gated DeltaNet layers" "$tmp/q35.txt"
+check "inspect says the experts are fused and the vision tower ignored" \
+  bash -c "grep -q 'experts stored fused' '$tmp/q35.txt' && grep -q '^ignored: .*model.visual' '$tmp/q35.txt'"
+
 rm -rf "$tmp"
 echo "$failures failed"
 [ "$failures" -eq 0 ]

@@ -178,8 +178,9 @@ public:
         return y;
     }
 
-    // Gated DeltaNet in f32 on inputs rounded to storage, outputs rounded to
-    // storage. acc=f16 does not reach inside these two ops yet (f32 sums).
+    // Gated DeltaNet in f32 on inputs rounded to storage, the output rounded
+    // to storage, the recurrent state kept f32. acc=f16 does not reach inside
+    // these two ops yet (f32 sums, as on OpenCL).
     Tensor causal_conv1d_silu(const TensorView& x, const TensorView& w, const TensorView* history) override {
         const Tensor xs = stored(x), ws = stored(w);
         const Tensor hs = history != nullptr ? stored(*history) : Tensor();
@@ -191,7 +192,9 @@ public:
     GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override {
         const Tensor q = stored(in.q), k = stored(in.k), v = stored(in.v), a = stored(in.a), b = stored(in.b),
                      al = stored(in.a_log), dt = stored(in.dt_bias);
-        const Tensor st = in.state != nullptr ? stored(*in.state) : Tensor();
+        // The recurrent state is f32 in every storage variant (as transformers
+        // and the OpenCL kernel keep it): widened, never rounded to storage.
+        const Tensor st = in.state != nullptr ? Tensor::convert(*in.state, DType::f32) : Tensor();
         const TensorView sv = st.view();
         GatedDeltaInputs f{q, k, v, a, b, al, dt, in.state != nullptr ? &sv : nullptr};
         GatedDeltaResult r = gated_delta_rule_ref<float>(f);
