@@ -1,5 +1,5 @@
 // Scalar math shared by the GPU kernels AND compiled on the host by the tests.
-// What makes it different: exp, sin/cos, sqrt and the f16/bf16 rounding are
+// What makes it different: exp, log1p, sin/cos, sqrt and the f16/bf16 rounding are
 // kvasir's own sequences of IEEE +, ×, fma, rint and bit operations (sqrtf only
 // seeds an exact correction), so nvcc, hipcc and g++ get the same bits from them.
 //
@@ -15,7 +15,7 @@
 // only fused operations are the explicit fmaf/fma calls below; no flush to
 // zero; IEEE division and square root.
 //
-// Reading guide: kg_expf ↔ std::exp, kg_sincosf ↔ std::sin/std::cos, kg_sqrtf ↔ std::sqrt,
+// Reading guide: kg_expf ↔ std::exp, kg_log1pf ↔ std::log1p, kg_sincosf ↔ std::sin/std::cos, kg_sqrtf ↔ std::sqrt,
 // kg_round_f16/kg_round_bf16 ↔ kvasir::round_to (lib/kvasir/core/dtype.cpp).
 #pragma once
 
@@ -161,6 +161,51 @@ KG_HD float kg_expf(float x) {
     const int ki = static_cast<int>(k);
     const int k1 = ki / 2, k2 = ki - k1;  // each in [-75, 65]: both factors are normal floats
     return e * kg_float(static_cast<std::uint32_t>(k1 + 127) << 23) * kg_float(static_cast<std::uint32_t>(k2 + 127) << 23);
+}
+
+// --- log1p -----------------------------------------------------------------------
+
+// log(1 + y) of an f32 y (softplus of the Gated DeltaNet decay), rounded from
+// a double evaluation like kg_sincosf: the same bits on every vendor and
+// within 0.5 ulp (+ε) of the true value (test: GpuMath.Log1pWithinHalfUlp).
+//   u = 1 + y in double, exact for 2^-29 ≤ |y| (a float has 24 significant
+//   bits); below that, c = y - (u - 1) is the exact remainder (|y| ≤ 1, so
+//   u - 1 is exact) and log(u + c) = log u + c/u to far below an f32 ulp.
+//   u = m·2^k with m in [√½, √2): f = m - 1 is exact (Sterbenz),
+//   log m = 2·atanh(s), s = f/(2 + f), |s| ≤ 0.1716, by its odd series to
+//   s^23/23 (the first term left out, 2s·s^24/25, is below 2^-60 of 2s),
+//   Horner in fma.
+//   k·ln 2 + log m never cancels by more than a factor 2 (|log m| ≤ ln2/2).
+KG_HD float kg_log1pf(float y) {
+    if (!(y > -1.0f)) return y == -1.0f ? -INFINITY : (y == y ? NAN : y + y);  // -1, below -1, NaN
+    if (y == 0.0f || y == INFINITY) return y;  // ±0 keeps its sign, as libm's
+    const double yd = y;
+    const double u = 1.0 + yd;
+    const double c = yd <= 1.0 ? yd - (u - 1.0) : 0.0;  // exact remainder; 0 whenever 1 + y is exact
+    const std::uint64_t bits = kg_bits64(u);            // u ≥ 2^-24: a normal double
+    int k = static_cast<int>((bits >> 52) & 0x7ffu) - 1023;
+    double m = kg_double((bits & 0x000fffffffffffffull) | 0x3ff0000000000000ull);  // [1, 2)
+    if (m > 1.4142135623730951) {
+        m *= 0.5;
+        k += 1;
+    }
+    const double f = m - 1.0;
+    const double s = f / (2.0 + f);
+    const double z = s * s;
+    double p = 1.0 / 23.0;
+    p = fma(p, z, 1.0 / 21.0);
+    p = fma(p, z, 1.0 / 19.0);
+    p = fma(p, z, 1.0 / 17.0);
+    p = fma(p, z, 1.0 / 15.0);
+    p = fma(p, z, 1.0 / 13.0);
+    p = fma(p, z, 1.0 / 11.0);
+    p = fma(p, z, 1.0 / 9.0);
+    p = fma(p, z, 1.0 / 7.0);
+    p = fma(p, z, 1.0 / 5.0);
+    p = fma(p, z, 1.0 / 3.0);
+    const double log_m = fma(2.0 * s * z, p, 2.0 * s);
+    const double r = fma(static_cast<double>(k), 0.69314718055994530942, log_m) + c / u;
+    return static_cast<float>(r);
 }
 
 // --- sin / cos -------------------------------------------------------------------

@@ -14,6 +14,10 @@
 //   rope_kernel      angle = pos · inv_freq in f32 (inv_freq from the host, as transformers
 //                    computes it), (a, b) → (a·c - b·s, b·c + a·s) with fmaf
 //   store_kernel     round a buffer to the storage format (after split-K atomics)
+//   causal_conv1d_silu_kernel   y[t,c] = silu(Σ_j w[c,j]·xx[t+j,c]), one fmaf chain in
+//                    ascending j (linear_attention.hpp; Gated DeltaNet)
+//   gated_delta_kernel          the gated delta rule, one block per value head, tokens
+//                    in order, the f32 state [dk, dv] in global memory
 //
 // Conventions: buffers hold f32 values that are already rounded to the node's
 // storage format; every kernel rounds what it writes with kg_store(·, storage).
@@ -211,6 +215,114 @@ __global__ void rope_kernel(const float* x, const float* positions, const float*
         const float a = x[i0], b = x[i1];
         y[i0] = kg_store(fmaf(a, c, -(b * s)), storage);
         y[i1] = kg_store(fmaf(b, c, a * s), storage);
+    }
+}
+
+// --- Gated DeltaNet (qwen3_5_moe, qwen3_next) -------------------------------------
+// The definitions, and the textbook loops these must match, are
+// lib/kvasir/backend/linear_attention.hpp/.cpp. Both kernels sum in f32 with
+// explicit fmaf whatever the node's acc= (as the cpu node, whose acc=f16 does
+// not reach inside these ops either), and the recurrent state is f32 in and
+// out, never rounded to storage (transformers keeps it in float32 too).
+
+// silu(s) = s / (1 + e^-s), the formula of swiglu_kernel.
+__device__ inline float kg_silu(float s) { return s / (1.0f + kg_expf(-s)); }
+
+// softplus as torch (beta 1, threshold 20): x above 20, else log(1 + e^x).
+__device__ inline float kg_softplus(float x) { return x > 20.0f ? x : kg_log1pf(kg_expf(x)); }
+
+// One thread per (token, channel), grid stride. Input row t' = t + j - (K-1):
+// x when t' ≥ 0, else the history row K-1+t' (null history: zeros). The zero
+// padding is multiplied like any input (w·0), exactly as the reference.
+// Weights [C, K] (a [C, 1, K] tensor has the same layout).
+__global__ void causal_conv1d_silu_kernel(const float* x, const float* w, const float* history, float* y, int t_count,
+                                          int channels, int k_count, int storage) {
+    const std::size_t total = static_cast<std::size_t>(t_count) * channels;
+    const int pad = k_count - 1;
+    for (std::size_t g = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < total;
+         g += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+        const int t = static_cast<int>(g / channels), c = static_cast<int>(g % channels);
+        const float* wc = w + static_cast<std::size_t>(c) * k_count;
+        float s = 0.0f;
+        for (int j = 0; j < k_count; ++j) {
+            const int tp = t + j - pad;
+            const float xv = tp >= 0 ? x[static_cast<std::size_t>(tp) * channels + c]
+                             : history != nullptr ? history[static_cast<std::size_t>(pad + tp) * channels + c]
+                                                  : 0.0f;
+            s = fmaf(wc[j], xv, s);
+        }
+        y[g] = kg_store(kg_silu(s), storage);
+    }
+}
+
+// Σ x_i² over n values by every thread of the block: thread t sums i = t,
+// t + 256, ... with fmaf, then block_reduce's tree. Same order on every vendor.
+__device__ inline float block_sum_squares(const float* x, int n, float* red) {
+    float s = 0.0f;
+    for (int i = static_cast<int>(threadIdx.x); i < n; i += kReduceThreads) s = fmaf(x[i], x[i], s);
+    return block_reduce(s, red, SumOp<false>{});
+}
+
+// One block (kReduceThreads) per value head h, which reads key head
+// h / (nv / nk); the tokens one after another. Per token:
+//   q, k of the key head → `work` (this head's 2·dk floats of global scratch),
+//   each times rsqrt(Σx² + 1e-6) (1/kg_sqrtf: correctly rounded), q also
+//   times 1/√dk; decay = e^g, g = -e^A_log · softplus(a + dt_bias); β = σ(b)
+//   (every thread computes these scalars itself: the same bits);
+//   thread j (j = tid, tid + 256, ...) owns column j of the state S [dk, dv]:
+//     S_ij ← S_ij·decay, m = Σ_i S_ij k_i (fmaf, ascending i),
+//     δ = (v_j - m)·β, S_ij ← fmaf(k_i, δ, S_ij), out_j = Σ_i S_ij q_i.
+// `state` holds the initial state (zeros when the op has none) and ends as
+// the state after the last token; out is rounded to storage, state is not.
+__global__ void __launch_bounds__(kReduceThreads)
+    gated_delta_kernel(const float* q, const float* k, const float* v, const float* a, const float* b,
+                       const float* a_log, const float* dt_bias, float* state, float* out, float* work, int t_count,
+                       int nk, int nv, int dk, int dv, int storage) {
+    __shared__ float red[kReduceThreads];
+    const int h = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x);
+    const int kh = h / (nv / nk);
+    float* qn = work + static_cast<std::size_t>(h) * 2 * dk;
+    float* kn = qn + dk;
+    float* s = state + static_cast<std::size_t>(h) * dk * dv;
+    const float q_scale = 1.0f / kg_sqrtf(static_cast<float>(dk));
+    const float decay_rate = kg_expf(a_log[h]);
+    for (int t = 0; t < t_count; ++t) {
+        const std::size_t qk_row = (static_cast<std::size_t>(t) * nk + kh) * dk;
+        for (int i = tid; i < dk; i += kReduceThreads) {
+            qn[i] = q[qk_row + i];
+            kn[i] = k[qk_row + i];
+        }
+        __syncthreads();
+        const float q_inv = 1.0f / kg_sqrtf(block_sum_squares(qn, dk, red) + 1e-6f);
+        const float k_inv = 1.0f / kg_sqrtf(block_sum_squares(kn, dk, red) + 1e-6f);
+        for (int i = tid; i < dk; i += kReduceThreads) {  // each thread rescales what it loaded
+            qn[i] = qn[i] * q_inv * q_scale;
+            kn[i] = kn[i] * k_inv;
+        }
+        __syncthreads();
+        const std::size_t th = static_cast<std::size_t>(t) * nv + h;
+        const float g = -decay_rate * kg_softplus(a[th] + dt_bias[h]);
+        const float decay = kg_expf(g);
+        const float beta = 1.0f / (1.0f + kg_expf(-b[th]));
+        const float* vr = v + th * dv;
+        float* outr = out + th * dv;
+        for (int j = tid; j < dv; j += kReduceThreads) {
+            float m = 0.0f;
+            for (int i = 0; i < dk; ++i) {
+                const float sij = s[static_cast<std::size_t>(i) * dv + j] * decay;
+                s[static_cast<std::size_t>(i) * dv + j] = sij;
+                m = fmaf(sij, kn[i], m);
+            }
+            const float delta = (vr[j] - m) * beta;
+            float o = 0.0f;
+            for (int i = 0; i < dk; ++i) {
+                const float sij = fmaf(kn[i], delta, s[static_cast<std::size_t>(i) * dv + j]);
+                s[static_cast<std::size_t>(i) * dv + j] = sij;
+                o = fmaf(sij, qn[i], o);
+            }
+            outr[j] = kg_store(o, storage);
+        }
+        __syncthreads();  // qn/kn are rewritten by the next token
     }
 }
 

@@ -345,6 +345,43 @@ public:
         return Tensor::from_f32(y, x.shape);
     }
 
+    // Gated DeltaNet: the host logic of gpu_backend_impl.inc (checks, staging,
+    // the f32 state not rounded, zeros when absent) with the same kernels and
+    // launch geometry: the conv elementwise, the delta rule one block of
+    // kReduceThreads per value head.
+    Tensor causal_conv1d_silu(const TensorView& x, const TensorView& w, const TensorView* history) override {
+        check_conv1d_args(x, w, history);
+        const std::int64_t t_count = x.dim(0), channels = x.dim(1), k_count = w.shape.back();
+        if (x.numel() == 0) return Tensor(DType::f32, x.shape);
+        const std::vector<float> xs = stage(x), ws = stage(w);
+        const std::vector<float> hs = history != nullptr ? stage(*history) : std::vector<float>();
+        std::vector<float> y(xs.size());
+        launch_elementwise(y.size(), gpu_host::causal_conv1d_silu_kernel, xs.data(), ws.data(),
+                           history != nullptr ? hs.data() : static_cast<const float*>(nullptr), y.data(),
+                           static_cast<int>(t_count), static_cast<int>(channels), static_cast<int>(k_count), storage_);
+        return Tensor::from_f32(y, x.shape);
+    }
+
+    GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override {
+        check_gated_delta_args(in);
+        const std::int64_t t_count = in.q.dim(0), nk = in.q.dim(1), dk = in.q.dim(2), nv = in.v.dim(1),
+                           dv = in.v.dim(2);
+        std::vector<float> state(static_cast<std::size_t>(nv * dk * dv), 0.0f);
+        if (in.state != nullptr)
+            for (std::size_t i = 0; i < state.size(); ++i) state[i] = static_cast<float>(in.state->at(static_cast<std::int64_t>(i)));
+        std::vector<float> out(static_cast<std::size_t>(t_count * nv * dv));
+        if (t_count > 0 && nv * dv > 0) {
+            const std::vector<float> q = stage(in.q), k = stage(in.k), v = stage(in.v), a = stage(in.a), b = stage(in.b),
+                                     al = stage(in.a_log), dt = stage(in.dt_bias);
+            std::vector<float> work(static_cast<std::size_t>(nv * 2 * dk));
+            emu::launch({static_cast<unsigned>(nv), 1, 1}, gpu_host::kReduceThreads, gpu_host::gated_delta_kernel,
+                        q.data(), k.data(), v.data(), a.data(), b.data(), al.data(), dt.data(), state.data(), out.data(),
+                        work.data(), static_cast<int>(t_count), static_cast<int>(nk), static_cast<int>(nv),
+                        static_cast<int>(dk), static_cast<int>(dv), storage_);
+        }
+        return {Tensor::from_f32(out, {t_count, nv, dv}), Tensor::from_f32(state, {nv, dk, dv})};
+    }
+
 private:
     // The elementwise kernels loop with a grid stride, so every element gets
     // the same arithmetic whatever the grid; the host launches ⌈n/256⌉ blocks,

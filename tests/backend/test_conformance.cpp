@@ -16,6 +16,8 @@
 //                         the format, and its error is the format's
 //   F16AccConformance     nodes with acc=f16: the exact emulation of a half
 //                         accumulator, bit for bit
+//   LinearAttentionConformance  every node: Gated DeltaNet's causal conv +
+//                         SiLU and gated delta rule (bounds at the suite)
 //
 // Tolerances come from what the node says it is (its capabilities): u_s, the
 // unit roundoff of its storage format (f32 2⁻²⁴, f16 2⁻¹¹, bf16 2⁻⁸), u_a of
@@ -59,10 +61,12 @@
 #include "kvasir/metrics/metrics.hpp"
 #include "tests/backend/matmul_bound.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -907,6 +911,295 @@ TEST_P(Conformance, MoeBlockMatchesTheOracleAndItsShards) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Nodes, Conformance, ::testing::ValuesIn(all_nodes()), node_label);
+
+// ---- Gated DeltaNet: causal conv + SiLU, the gated delta rule -----------------------------
+//
+// The two ops of the hybrid families (linear_attention.hpp), on every node
+// that has kernels for them: cpu-ref, cpu, the CUDA/HIP source on the
+// emulation and cuda/hip where a device exists (OpenCL refuses them:
+// Error(unsupported), not a node of this suite). Both sum in f32 whatever the
+// node's acc= (cpu and GPU kernels alike), so acc=f16 nodes meet the f32
+// bounds here. Bounds (u = 2⁻²⁴; narrow storage adds the rounding of the
+// result, 1.01·u_s relative, plus half a subnormal step):
+//  * conv: y = silu(s), s = Σ_{j<K} w_j·x_j. Any summation order, with or
+//    without fma: |ŝ − s| ≤ γ_K·Σ|w_j x_j| (Higham §3.1). silu′ lies in
+//    [−0.0999, 1.0999], so that error reaches y times ≤ 1.1; silu itself,
+//    ŝ/(1 + e^−ŝ) with exp ≤ 1 ulp (2u relative), 1 + e (the exp's error
+//    scaled by e/(1+e) ≤ 1, plus u) and the division (u), adds ≤ 4u·|y| to
+//    first order: |ŷ − y| ≤ 1.11·γ_K·Σ|w x| + 4.01u·|y|.
+//  * delta rule, normwise (max|Δ| / max|ref| over out, and over the state):
+//    one token maps the state by S ← (I − β k kᵀ)·(e^g S) + β k vᵀ with
+//    ‖k‖ = 1 (l2-normalised), β = σ(b) ∈ (0, 1), e^g ∈ (0, 1]: the linear
+//    part has spectral norm ≤ 1, so rounding errors made at earlier tokens
+//    are carried, never amplified, and after T tokens the state's error is
+//    at most the sum of the per-token errors, each a few dot products of
+//    length dk (plus the l2norm, exp and softplus, a few u): ≲ T·(dk + 8)·u
+//    relative in the worst case, where every rounding goes the same way
+//    (64·40·u ≈ 1.5e-4 and 20·308·u ≈ 3.7e-4 for the cases below).
+//    Roundings that do not conspire grow like the square root of their
+//    number instead, and that is what is measured (printed; ≤ 7.5e-7 on cpu
+//    and gpu-emu, T = 1..64, dk = 8..300, GQA rep 1–3). Held to 1e-5: over
+//    13× the largest measured error, and 15–37× below the worst case.
+class LinearAttentionConformance : public NodeTest {
+protected:
+    static constexpr double kDeltaRuleRel = 1e-5;
+
+    // max|Δ| / max|want|; NaN in either fails.
+    static double normwise(const Tensor& want, const Tensor& got) {
+        EXPECT_EQ(want.numel(), got.numel());
+        double d = 0, m = 0;
+        for (std::int64_t i = 0; i < want.numel(); ++i) {
+            if (std::isnan(want.at(i)) || std::isnan(got.at(i))) return INFINITY;
+            d = std::max(d, std::fabs(got.at(i) - want.at(i)));
+            m = std::max(m, std::fabs(want.at(i)));
+        }
+        return d / m;
+    }
+};
+
+// Inputs of one gated delta rule call, already as the node holds them.
+struct DeltaCase {
+    Tensor q, k, v, a, b, a_log, dt_bias, state;
+    bool has_state = true;
+    GatedDeltaInputs inputs() const {
+        GatedDeltaInputs in{q, k, v, a, b, a_log, dt_bias};
+        in.state = has_state ? &state_view : nullptr;
+        return in;
+    }
+    TensorView state_view;
+};
+
+TEST_P(LinearAttentionConformance, CausalConv1dSiluByHand) {
+    // x [3, 2], w [2, 2] (K = 2), history [1, 2]: small integers and
+    // quarters, exact in every format, so the sums are exact and only silu rounds.
+    const Tensor x = input({1, 2, 3, 4, 5, 6}, {3, 2});
+    const Tensor w = input({0.5, 1, -1, 0.25}, {2, 2});
+    const Tensor h = input({7, 8}, {1, 2});
+    const auto silu = [](double s) { return s / (1 + std::exp(-s)); };
+    for (const bool with_history : {false, true}) {
+        std::vector<double> want;
+        for (int t = 0; t < 3; ++t)
+            for (int c = 0; c < 2; ++c) {
+                const double prev = t > 0 ? x.at((t - 1) * 2 + c) : with_history ? h.at(c) : 0.0;
+                want.push_back(silu(w.at(c * 2) * prev + w.at(c * 2 + 1) * x.at(t * 2 + c)));
+            }
+        const TensorView hv = h;
+        const Tensor y = node().causal_conv1d_silu(x, w, with_history ? &hv : nullptr);
+        ASSERT_EQ(y.shape(), Shape({3, 2}));
+        const Tensor yw = Tensor::from_f64(want, {3, 2});
+        if (oracle())
+            EXPECT_TRUE(elementwise_close(yw, y, 0, 1e-15)) << with_history;
+        else
+            EXPECT_TRUE(elementwise_close(yw, y, few_roundings() + (narrow() ? 1.01 * us() : 0.0), underflow()))
+                << with_history;
+    }
+}
+
+TEST_P(LinearAttentionConformance, CausalConv1dSiluWithinDotProductBoundOfTheOracle) {
+    struct Case {
+        std::int64_t T, C, K;
+        bool history, rank3;
+    };
+    // 300 channels: more than one 256-thread block; T = 1 (decode) and T < K−1
+    // (rows from the history and from x in one sum); [C, 1, K] as checkpoints store it.
+    const std::vector<Case> cases = {{37, 300, 4, true, false}, {37, 300, 4, false, true}, {1, 70, 4, true, false},
+                                     {2, 9, 6, true, true},     {5, 3, 1, false, false}};
+    auto r = ref();
+    double worst = 0;
+    for (const Case& cs : cases) {
+        const Tensor x = held(seeded_normal(31, "conf/la/x", {cs.T, cs.C}, 0, 1));
+        const Tensor w = held(seeded_normal(31, "conf/la/w", cs.rank3 ? Shape{cs.C, 1, cs.K} : Shape{cs.C, cs.K}, 0, 0.5));
+        const Tensor h = held(seeded_normal(31, "conf/la/h", {cs.K - 1, cs.C}, 0, 1));
+        const TensorView hv = h;
+        const TensorView* hp = cs.history ? &hv : nullptr;
+        const Tensor y = node().causal_conv1d_silu(x, w, hp), yr = r->causal_conv1d_silu(x, w, hp);
+        ASSERT_EQ(y.shape(), Shape({cs.T, cs.C}));
+        const double gk = gamma(cs.K, kU32);
+        for (std::int64_t t = 0; t < cs.T; ++t)
+            for (std::int64_t c = 0; c < cs.C; ++c) {
+                double abs_sum = 0;
+                for (std::int64_t j = 0; j < cs.K; ++j) {
+                    const std::int64_t tp = t + j - (cs.K - 1);
+                    const double xv = tp >= 0 ? x.at(tp * cs.C + c) : cs.history ? h.at((cs.K - 1 + tp) * cs.C + c) : 0.0;
+                    abs_sum += std::fabs(w.at(c * cs.K + j) * xv);
+                }
+                const double want = yr.at(t * cs.C + c), got = y.at(t * cs.C + c);
+                const double bound = 1.11 * gk * abs_sum + (4.01 * kU32 + (narrow() ? 1.01 * us() : 0.0)) * std::fabs(want) +
+                                     underflow();
+                ASSERT_LE(std::fabs(got - want), oracle() ? 0.0 : bound)
+                    << "T " << cs.T << " C " << cs.C << " K " << cs.K << " at (" << t << ", " << c << ")";
+                if (bound > 0) worst = std::max(worst, std::fabs(got - want) / bound);
+            }
+    }
+    std::printf("[ measured ] %s causal_conv1d_silu: max |Δ| / bound = %.3f\n", GetParam().spec.c_str(), worst);
+}
+
+TEST_P(LinearAttentionConformance, GatedDeltaRuleByHand) {
+    // One token from a zero state: S = k̂ δᵀ with δ = β·v, out_j = (k̂·q̂)/√dk · δ_j.
+    // q = k = s·(3, 4): k̂·q̂ = n²/(n² + 1e-6), n² = |q|²; at s = 1e-4 the
+    // l2norm's eps is 4× n² (k̂·q̂ = 0.2). b = ln 3: β = 3/4 (as the node holds ln 3).
+    const Tensor v = input({2}, {1, 1, 1});
+    const Tensor a = input({0.5}, {1, 1}), b = input({std::log(3.0)}, {1, 1});
+    const Tensor a_log = input({0.25}, {1}), dt = input({0}, {1});
+    const double beta = 1 / (1 + std::exp(-held(b).at(0))), delta = beta * 2;
+    const double rel = oracle() ? 1e-15 : few_roundings();
+    GatedDeltaResult r;
+    for (const double scale : {1.0, 1e-4}) {
+        const Tensor q = input({3 * scale, 4 * scale}, {1, 1, 2});
+        const GatedDeltaInputs in{q, q, v, a, b, a_log, dt};
+        r = node().gated_delta_rule(in);
+        ASSERT_EQ(r.out.shape(), Shape({1, 1, 1}));
+        ASSERT_EQ(r.state.shape(), Shape({1, 2, 1}));
+        const double q0 = held(q).at(0), q1 = held(q).at(1), n2 = q0 * q0 + q1 * q1, inv = 1 / std::sqrt(n2 + 1e-6);
+        const Tensor out_want = Tensor::from_f64(std::vector<double>{n2 * inv * inv / std::sqrt(2.0) * delta}, {1, 1, 1});
+        const Tensor state_want = Tensor::from_f64(std::vector<double>{q0 * inv * delta, q1 * inv * delta}, {1, 2, 1});
+        EXPECT_TRUE(elementwise_close(out_want, r.out, rel + (narrow() ? 1.01 * us() : 0.0), underflow())) << scale;
+        EXPECT_TRUE(elementwise_close(state_want, r.state, rel, 0)) << scale;  // the state is never rounded to storage
+    }
+    // No tokens: no output, the state handed back as it came.
+    const Tensor none = input({}, {0, 1, 2});
+    const Tensor none1 = input({}, {0, 1, 1});
+    const Tensor none_ab = input({}, {0, 1});
+    GatedDeltaInputs empty{none, none, none1, none_ab, none_ab, a_log, dt};
+    const TensorView sv = r.state;
+    empty.state = &sv;
+    const GatedDeltaResult e = node().gated_delta_rule(empty);
+    EXPECT_EQ(e.out.shape(), Shape({0, 1, 1}));
+    // Every backend keeps the recurrent state f32, as transformers keeps it
+    // float32, in every storage variant: handed back unchanged.
+    EXPECT_EQ(e.state.to_f64(), r.state.to_f64());
+}
+
+TEST_P(LinearAttentionConformance, GatedDeltaRuleWithinRecurrenceBoundOfTheOracle) {
+    struct Case {
+        std::int64_t T, nk, nv, dk, dv;
+        bool state;
+    };
+    // The fixture's heads (2 key, 4 value heads of 16), GQA with rep 3, more
+    // value columns than a block has threads (dv 300), a key dim beyond one
+    // pass of the l2norm (dk 300), a decode step; T up to 64, with and
+    // without an initial state.
+    const std::vector<Case> cases = {{16, 2, 4, 16, 16, true},  {64, 2, 6, 32, 24, true}, {33, 1, 2, 8, 300, false},
+                                     {20, 1, 2, 300, 8, true},  {1, 2, 4, 16, 16, true},  {48, 4, 8, 16, 16, false}};
+    auto r = ref();
+    for (const Case& cs : cases) {
+        const std::string tag = fmt::format("T{} nk{} nv{} dk{} dv{}", cs.T, cs.nk, cs.nv, cs.dk, cs.dv);
+        DeltaCase d;
+        d.q = held(seeded_normal(43, "conf/gd/q", {cs.T, cs.nk, cs.dk}, 0, 1));
+        d.k = held(seeded_normal(43, "conf/gd/k", {cs.T, cs.nk, cs.dk}, 0, 1));
+        d.v = held(seeded_normal(43, "conf/gd/v", {cs.T, cs.nv, cs.dv}, 0, 1));
+        d.a = held(seeded_normal(43, "conf/gd/a", {cs.T, cs.nv}, 0, 2));
+        d.b = held(seeded_normal(43, "conf/gd/b", {cs.T, cs.nv}, 0, 1.5));
+        // A_log from −3 (decay close to 1: long memory, errors carried furthest) to 1.
+        d.a_log = held(seeded_uniform(43, "conf/gd/alog", {cs.nv}, -3, 1));
+        d.dt_bias = held(seeded_normal(43, "conf/gd/dt", {cs.nv}, 0, 0.5));
+        if (cs.T > 3) d.a.set(3 * cs.nv, 25.0);  // softplus above its threshold: x itself
+        d.state = held(seeded_normal(43, "conf/gd/s", {cs.nv, cs.dk, cs.dv}, 0, 0.3));
+        d.state_view = d.state;
+        d.has_state = cs.state;
+        const GatedDeltaResult got = node().gated_delta_rule(d.inputs());
+        const GatedDeltaResult want = r->gated_delta_rule(d.inputs());
+        ASSERT_EQ(got.out.shape(), Shape({cs.T, cs.nv, cs.dv})) << tag;
+        ASSERT_EQ(got.state.shape(), Shape({cs.nv, cs.dk, cs.dv})) << tag;
+        const double e_out = normwise(want.out, got.out), e_state = normwise(want.state, got.state);
+        std::printf("[ measured ] %s gated_delta_rule %s: normwise rel. out %.3e, state %.3e\n", GetParam().spec.c_str(),
+                    tag.c_str(), e_out, e_state);
+        if (oracle()) {
+            EXPECT_EQ(e_out, 0.0) << tag;
+            continue;
+        }
+        EXPECT_LE(e_out, kDeltaRuleRel + (narrow() ? 1.01 * us() : 0.0)) << tag;
+        EXPECT_LE(e_state, kDeltaRuleRel) << tag;
+    }
+}
+
+TEST_P(LinearAttentionConformance, ShapeErrorsAreBadInput) {
+    Backend& n = node();
+    const auto t = [&](Shape s) { return input(std::vector<double>(static_cast<std::size_t>(shape_numel(s)), 0.5), s); };
+    const Tensor x = t({5, 6}), w = t({6, 4}), h = t({3, 6}), h2 = t({2, 6}), h5 = t({3, 5});
+    const TensorView h_rows = h2, h_cols = h5, hv = h;
+    // q/k [T, nk, dk] = [3, 2, 4]; v [3, 4, 5]; a, b [3, 4]; A_log, dt_bias [4]; state [4, 4, 5].
+    const Tensor q = t({3, 2, 4}), v = t({3, 4, 5}), ab = t({3, 4}), per_head = t({4}), st = t({4, 4, 5});
+    const Tensor bad_state = t({4, 5, 4}), v3 = t({3, 3, 5}), v_t = t({2, 4, 5}), ab_bad = t({3, 3}), head_bad = t({3});
+    const Tensor k_bad = t({3, 2, 5}), q2 = t({3, 8});
+    const TensorView bad_sv = bad_state;
+    const auto delta = [&](auto edit) {
+        return [&, edit] {
+            GatedDeltaInputs in{q, q, v, ab, ab, per_head, per_head};
+            edit(in);
+            n.gated_delta_rule(in);
+        };
+    };
+    const std::vector<std::pair<const char*, std::function<void()>>> ops = {
+        {"conv x rank", [&] { n.causal_conv1d_silu(t({1, 5, 6}), w, nullptr); }},
+        {"conv weight channels", [&] { n.causal_conv1d_silu(x, t({5, 4}), nullptr); }},
+        {"conv weight [C, 2, K]", [&] { n.causal_conv1d_silu(x, t({6, 2, 4}), nullptr); }},
+        {"conv history rows", [&] { n.causal_conv1d_silu(x, w, &h_rows); }},
+        {"conv history channels", [&] { n.causal_conv1d_silu(x, w, &h_cols); }},
+        {"delta q rank", delta([&](GatedDeltaInputs& in) { in.q = q2; in.k = q2; })},
+        {"delta k shape", delta([&](GatedDeltaInputs& in) { in.k = k_bad; })},
+        {"delta v tokens", delta([&](GatedDeltaInputs& in) { in.v = v_t; })},
+        {"delta nv not a multiple of nk", delta([&](GatedDeltaInputs& in) { in.v = v3; })},
+        {"delta a", delta([&](GatedDeltaInputs& in) { in.a = ab_bad; })},
+        {"delta b", delta([&](GatedDeltaInputs& in) { in.b = ab_bad; })},
+        {"delta A_log", delta([&](GatedDeltaInputs& in) { in.a_log = head_bad; })},
+        {"delta dt_bias", delta([&](GatedDeltaInputs& in) { in.dt_bias = head_bad; })},
+        {"delta state", delta([&](GatedDeltaInputs& in) { in.state = &bad_sv; })},
+    };
+    for (const auto& [what, op] : ops) EXPECT_EQ(code_of(op), ErrorCode::bad_input) << what;
+    // The well-formed calls run.
+    const TensorView sv = st;
+    GatedDeltaInputs ok{q, q, v, ab, ab, per_head, per_head};
+    ok.state = &sv;
+    EXPECT_EQ(n.gated_delta_rule(ok).out.shape(), Shape({3, 4, 5}));
+    EXPECT_EQ(n.causal_conv1d_silu(x, w, &hv).shape(), Shape({5, 6}));
+}
+
+TEST_P(LinearAttentionConformance, NonFiniteValuesPropagateAsTheDefinitionSays) {
+    auto r = ref();
+    // conv: a NaN input reaches the K outputs of its channel that read it, nothing else.
+    const std::int64_t T = 9, C = 5, K = 4;
+    Tensor x = held(seeded_normal(47, "conf/nan/x", {T, C}, 0, 1));
+    x.set(2 * C + 1, NAN);
+    const Tensor w = held(seeded_normal(47, "conf/nan/w", {C, K}, 0, 0.5));
+    const Tensor y = node().causal_conv1d_silu(x, w, nullptr);
+    EXPECT_TRUE(finite_parity(compare(r->causal_conv1d_silu(x, w, nullptr), y)));
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t c = 0; c < C; ++c)
+            EXPECT_EQ(std::isnan(y.at(t * C + c)), c == 1 && t >= 2 && t < 2 + K) << t << ", " << c;
+    // delta rule (nk 2, nv 4: value heads 2, 3 read key head 1): a NaN in v at
+    // (token 3, head 2, column 1) poisons column 1 of head 2's state from
+    // token 3 on; a NaN in q at (token 5, key head 1) only that token's
+    // output of heads 2 and 3 (q never enters the state).
+    const std::int64_t TT = 8, nk = 2, nv = 4, dk = 4, dv = 3;
+    DeltaCase d;
+    d.q = held(seeded_normal(47, "conf/nan/q", {TT, nk, dk}, 0, 1));
+    d.k = held(seeded_normal(47, "conf/nan/k", {TT, nk, dk}, 0, 1));
+    d.v = held(seeded_normal(47, "conf/nan/v", {TT, nv, dv}, 0, 1));
+    d.a = held(seeded_normal(47, "conf/nan/a", {TT, nv}, 0, 1));
+    d.b = held(seeded_normal(47, "conf/nan/b", {TT, nv}, 0, 1));
+    d.a_log = held(seeded_normal(47, "conf/nan/al", {nv}, 0, 0.5));
+    d.dt_bias = held(seeded_normal(47, "conf/nan/dt", {nv}, 0, 0.5));
+    d.has_state = false;
+    d.v.set((3 * nv + 2) * dv + 1, NAN);
+    d.q.set((5 * nk + 1) * dk + 2, NAN);
+    const GatedDeltaResult g = node().gated_delta_rule(d.inputs()), want = r->gated_delta_rule(d.inputs());
+    EXPECT_TRUE(finite_parity(compare(want.out, g.out)));
+    EXPECT_TRUE(finite_parity(compare(want.state, g.state)));
+    for (std::int64_t t = 0; t < TT; ++t)
+        for (std::int64_t hh = 0; hh < nv; ++hh)
+            for (std::int64_t j = 0; j < dv; ++j) {
+                const bool poisoned = (hh == 2 && j == 1 && t >= 3) || (t == 5 && hh >= 2);
+                EXPECT_EQ(std::isnan(g.out.at((t * nv + hh) * dv + j)), poisoned) << t << ", " << hh << ", " << j;
+            }
+    for (std::int64_t hh = 0; hh < nv; ++hh)
+        for (std::int64_t i = 0; i < dk; ++i)
+            for (std::int64_t j = 0; j < dv; ++j)
+                EXPECT_EQ(std::isnan(g.state.at((hh * dk + i) * dv + j)), hh == 2 && j == 1) << hh << ", " << i << ", " << j;
+}
+
+INSTANTIATE_TEST_SUITE_P(Nodes, LinearAttentionConformance, ::testing::ValuesIn(nodes_where([](const Node&) { return true; })),
+                         node_label);
 
 // ---- narrow storage ---------------------------------------------------------------------
 

@@ -9,12 +9,16 @@
 //  1. GpuMath.*  — the device scalar math (kernels/gpu/math.cuh) compiled for
 //     the host: storage rounding bit-identical to kvasir::round_to, the
 //     f16-accumulation step identical to the cpu emulation, sqrt correctly
-//     rounded, exp ≤ 1 ulp and sin/cos ≤ 0.5 ulp (+ε) from the true values.
+//     rounded, exp ≤ 1 ulp, log1p and sin/cos ≤ 0.5 ulp (+ε) from the true values.
 //     The kernels use these very functions with the same IEEE operations (no
 //     contraction, no FTZ), so this pins the device numerics without a GPU.
 //  1b. EmulatedKernels.* — what the kernels promise beyond the contract, on
 //     the CPU emulation: every matmul output is one fmaf chain in ascending
-//     k, and rope takes the cpu node's f32 angles.
+//     k, rope takes the cpu node's f32 angles, Gated DeltaNet decoding (conv
+//     history, f32 state carried between calls) gives the bits of one call
+//     and ignores acc=f16, and the whole qwen3_5_moe_tiny forward pass on
+//     gpu-emu meets the cpu node's f32 tolerance against cpu-ref (its
+//     decoder bit-identical to its full forward).
 //  2. Vendors/GpuVendor.* — for each vendor compiled in: a malformed variant
 //     is Error(bad_input) on every machine, a valid one without a device is
 //     Error(unsupported) carrying the probe's reason, coherent with the
@@ -39,13 +43,18 @@
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/rng.hpp"
 #include "kvasir/metrics/metrics.hpp"
+#include "kvasir/model/model.hpp"
+#include "kvasir/model/safetensors.hpp"
+#include "kvasir/steps/forward.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -208,6 +217,40 @@ TEST(GpuMath, ExpWithinOneUlp) {
     EXPECT_GT(gm::kg_expf(-100.0f), 0.0f);  // a subnormal, not flushed
 }
 
+TEST(GpuMath, Log1pWithinHalfUlp) {
+    // softplus's log(1 + e^x): arguments from just above -1 to e^20 ≈ 4.9e8,
+    // and tiny ones (where 1 + y is not exact in double) down to subnormals.
+    Bits bits{6};
+    double worst = 0;
+    for (int i = 0; i < 2'000'000; ++i) {
+        const double r = static_cast<double>(bits.next() >> 11) * 0x1p-53;
+        float y;
+        if (i % 4 == 0)
+            y = static_cast<float>(r * 2.0 - 1.0);  // (-1, 1)
+        else if (i % 4 == 1)
+            y = static_cast<float>(std::exp(r * 20.0));  // [1, e^20]
+        else if (i % 4 == 2)
+            y = static_cast<float>((bits.next() & 1 ? 1 : -1) * std::ldexp(1.0 + r, -static_cast<int>(bits.next() % 140)));
+        else
+            y = gm::kg_expf(static_cast<float>(r * 60.0 - 40.0));  // what softplus hands it
+        if (!(y > -1.0f)) continue;
+        const double want = std::log1p(static_cast<double>(y));
+        const float got = gm::kg_log1pf(y);
+        worst = std::max(worst, ulp_error(got, want));
+        ASSERT_LE(ulp_error(got, want), 0.501) << std::hexfloat << y;
+    }
+    RecordProperty("log1p_max_ulp", std::to_string(worst));
+    EXPECT_EQ(gm::kg_log1pf(0.0f), 0.0f);
+    EXPECT_TRUE(std::signbit(gm::kg_log1pf(-0.0f)));
+    EXPECT_EQ(gm::kg_log1pf(-1.0f), -INFINITY);
+    EXPECT_TRUE(std::isnan(gm::kg_log1pf(-2.0f)));
+    EXPECT_TRUE(std::isnan(gm::kg_log1pf(-INFINITY)));
+    EXPECT_TRUE(std::isnan(gm::kg_log1pf(NAN)));
+    EXPECT_EQ(gm::kg_log1pf(INFINITY), INFINITY);
+    EXPECT_EQ(gm::kg_log1pf(std::numeric_limits<float>::max()), std::log1p(std::numeric_limits<float>::max()));
+    EXPECT_EQ(gm::kg_log1pf(std::numeric_limits<float>::denorm_min()), std::numeric_limits<float>::denorm_min());
+}
+
 TEST(GpuMath, SinCosWithinHalfUlpOfTheF32Angle) {
     // Rope angles: positions up to 2^17 times inverse frequencies ≤ 1.
     Bits bits{4};
@@ -260,6 +303,171 @@ TEST(EmulatedKernels, RopeBothLayoutsTakeTheCpuNodesAngles) {
     for (RopeLayout layout : {RopeLayout::neox, RopeLayout::normal}) {
         const Tensor yc = create_backend("cpu")->rope(x, pos, {1e6, layout});
         EXPECT_TRUE(within(compare(yc, emu.rope(x, pos, {1e6, layout})).max_abs, 1e-5));
+    }
+}
+
+// Gated DeltaNet inputs for the tests below: conv input [T, C] and its
+// weights [C, K], the delta rule's operands for T tokens (nk 2 key heads,
+// nv 4 value heads of 16, as qwen3_5_moe_tiny).
+struct DeltaNetInputs {
+    static constexpr std::int64_t kC = 96, kK = 4, kNk = 2, kNv = 4, kD = 16;
+    Tensor x, w, q, k, v, a, b, a_log, dt_bias;
+    explicit DeltaNetInputs(std::int64_t T)
+        : x(seeded_normal(53, "emu/la/x", {T, kC}, 0, 1)),
+          w(seeded_normal(53, "emu/la/w", {kC, kK}, 0, 0.5)),
+          q(seeded_normal(53, "emu/la/q", {T, kNk, kD}, 0, 1)),
+          k(seeded_normal(53, "emu/la/k", {T, kNk, kD}, 0, 1)),
+          v(seeded_normal(53, "emu/la/v", {T, kNv, kD}, 0, 1)),
+          a(seeded_normal(53, "emu/la/a", {T, kNv}, 0, 2)),
+          b(seeded_normal(53, "emu/la/b", {T, kNv}, 0, 1.5)),
+          a_log(seeded_uniform(53, "emu/la/alog", {kNv}, -3, 1)),
+          dt_bias(seeded_normal(53, "emu/la/dt", {kNv}, 0, 0.5)) {}
+    // Rows [t0, t1) of a [T, ...] tensor.
+    static Tensor rows(const Tensor& t, std::int64_t t0, std::int64_t t1) {
+        Shape s = t.shape();
+        const std::int64_t per = t.numel() / s[0];
+        s[0] = t1 - t0;
+        Tensor out(t.dtype(), s);
+        std::memcpy(out.raw(), static_cast<const std::byte*>(t.raw()) + t0 * per * dtype_size(t.dtype()), out.nbytes());
+        return out;
+    }
+    GatedDeltaInputs delta(const Tensor& qq, const Tensor& kk, const Tensor& vv, const Tensor& aa, const Tensor& bb) const {
+        return GatedDeltaInputs{qq, kk, vv, aa, bb, a_log, dt_bias};
+    }
+};
+
+bool same_bits(const Tensor& p, const Tensor& q) {
+    return p.shape() == q.shape() && std::memcmp(p.raw(), q.raw(), p.nbytes()) == 0;
+}
+
+TEST(EmulatedKernels, GatedDeltaNetDecodingEqualsPrefillBitForBit) {
+    // Every output of either kernel depends on its token's inputs and the
+    // carried history/state only, in the same order of operations; and the
+    // state crosses calls as f32, unrounded, whatever the storage. So a
+    // prefill of 10 tokens and then one token at a time (the decoder's
+    // calls, the conv history being the last K−1 inputs, the state the
+    // previous call's) give the bits of one call over all 16 tokens.
+    const std::int64_t T = 16, split = 10, K = DeltaNetInputs::kK;
+    const DeltaNetInputs in(T);
+    for (const char* spec : {"gpu-emu", "gpu-emu:storage=f16", "gpu-emu:storage=bf16"}) {
+        test::EmulatedGpuBackend emu(spec);
+        const Tensor conv_all = emu.causal_conv1d_silu(in.x, in.w, nullptr);
+        const GatedDeltaResult all = emu.gated_delta_rule(in.delta(in.q, in.k, in.v, in.a, in.b));
+        Tensor state;
+        for (std::int64_t t0 = 0; t0 < T; t0 = t0 == 0 ? split : t0 + 1) {
+            const std::int64_t t1 = t0 == 0 ? split : t0 + 1;
+            const Tensor hist = DeltaNetInputs::rows(in.x, t0 - (K - 1), t0);  // t0 ≥ split > K − 1
+            const TensorView hv = hist;
+            const Tensor conv = emu.causal_conv1d_silu(DeltaNetInputs::rows(in.x, t0, t1), in.w, t0 == 0 ? nullptr : &hv);
+            EXPECT_TRUE(same_bits(conv, DeltaNetInputs::rows(conv_all, t0, t1))) << spec << " conv tokens " << t0;
+            const Tensor q = DeltaNetInputs::rows(in.q, t0, t1), k = DeltaNetInputs::rows(in.k, t0, t1),
+                         v = DeltaNetInputs::rows(in.v, t0, t1), a = DeltaNetInputs::rows(in.a, t0, t1),
+                         b = DeltaNetInputs::rows(in.b, t0, t1);
+            GatedDeltaInputs d = in.delta(q, k, v, a, b);
+            const TensorView sv = state;
+            d.state = t0 == 0 ? nullptr : &sv;
+            GatedDeltaResult r = emu.gated_delta_rule(d);
+            EXPECT_TRUE(same_bits(r.out, DeltaNetInputs::rows(all.out, t0, t1))) << spec << " delta tokens " << t0;
+            state = std::move(r.state);
+        }
+        EXPECT_TRUE(same_bits(state, all.state)) << spec << " final state";
+        EXPECT_EQ(state.dtype(), DType::f32);
+    }
+}
+
+TEST(EmulatedKernels, GatedDeltaNetSumsInF32UnderAccF16) {
+    // acc=f16 does not reach inside these two ops (ops.cuh; the cpu node's
+    // choice too): the same bits as the f32 node.
+    const DeltaNetInputs in(12);
+    test::EmulatedGpuBackend f32("gpu-emu"), f16acc("gpu-emu:acc=f16");
+    EXPECT_TRUE(same_bits(f32.causal_conv1d_silu(in.x, in.w, nullptr), f16acc.causal_conv1d_silu(in.x, in.w, nullptr)));
+    const GatedDeltaResult p = f32.gated_delta_rule(in.delta(in.q, in.k, in.v, in.a, in.b));
+    const GatedDeltaResult r = f16acc.gated_delta_rule(in.delta(in.q, in.k, in.v, in.a, in.b));
+    EXPECT_TRUE(same_bits(p.out, r.out));
+    EXPECT_TRUE(same_bits(p.state, r.state));
+}
+
+// The whole forward pass of qwen3_5_moe_tiny (2 Gated DeltaNet + 2 gated
+// attention layers, MoE) with every op — the two new ones included — run by
+// the kernel source on the emulation, against cpu-ref; routing pinned to
+// cpu-ref's (router authority), as tests/steps/test_forward.cpp checks the
+// cpu node. Held to the f32 tolerance the cpu node meets there: 2e-5
+// normwise on every hidden state and the logits. The cpu node's figures are
+// printed next to gpu-emu's.
+TEST(EmulatedKernels, Qwen35MoeTinyForwardWithinTheCpuNodesF32Tolerance) {
+    constexpr double kF32Tolerance = 2e-5;  // test_forward.cpp, CpuWithinFloat32ToleranceAndRouterAuthority
+    const std::filesystem::path dir = std::filesystem::path(KVASIR_SOURCE_DIR) / "fixtures" / "models" / "qwen3_5_moe_tiny";
+    const Model model = Model::open(dir.string());
+    const SafetensorsFile ref_file = SafetensorsFile::open((dir / "reference.safetensors").string());
+    const TensorView ids = ref_file.view("input_ids");
+    std::vector<std::int32_t> prompt(static_cast<std::size_t>(ids.numel()));
+    for (std::int64_t i = 0; i < ids.numel(); ++i) prompt[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(ids.at(i));
+    auto oracle_node = ref();
+    const ForwardResult oracle = forward(*oracle_node, model, prompt);
+    ForwardOptions pinned;
+    pinned.routing = &oracle.routing;
+    test::EmulatedGpuBackend emu("gpu-emu");
+    auto cpu = create_backend("cpu");
+    const ForwardResult g = forward(emu, model, prompt, pinned), c = forward(*cpu, model, prompt, pinned);
+    const auto normwise = [](const Tensor& want, const Tensor& got) {
+        const CompareStats s = compare(want, got);
+        EXPECT_TRUE(finite_parity(s));
+        double m = 0;
+        for (std::int64_t i = 0; i < want.numel(); ++i) m = std::max(m, std::fabs(want.at(i)));
+        return s.max_abs / m;
+    };
+    ASSERT_EQ(g.hidden.size(), oracle.hidden.size());
+    const ModelConfig& cfg = model.config();
+    std::string line;
+    for (std::size_t l = 1; l < oracle.hidden.size(); ++l) {
+        const double eg = normwise(oracle.hidden[l], g.hidden[l]), ec = normwise(oracle.hidden[l], c.hidden[l]);
+        line += fmt::format(" L{} ({}): gpu-emu {:.2e} / cpu {:.2e};", l - 1,
+                            cfg.is_linear_attention(static_cast<std::int64_t>(l - 1)) ? "DeltaNet" : "attention", eg, ec);
+        EXPECT_LE(eg, kF32Tolerance) << "hidden after layer " << l - 1;
+    }
+    const double lg = normwise(oracle.logits, g.logits), lc = normwise(oracle.logits, c.logits);
+    std::printf("[ measured ] qwen3_5_moe_tiny vs cpu-ref (normwise, routing pinned):%s logits: gpu-emu %.2e / cpu %.2e\n",
+                line.c_str(), lg, lc);
+    EXPECT_LE(lg, kF32Tolerance);
+    // Top-1 of every prompt position agrees with the oracle's.
+    const std::int64_t T = g.logits.dim(0), V = g.logits.dim(1);
+    for (std::int64_t t = 0; t < T; ++t) {
+        std::int64_t a = 0, b = 0;
+        for (std::int64_t v = 1; v < V; ++v) {
+            if (oracle.logits.at(t * V + v) > oracle.logits.at(t * V + a)) a = v;
+            if (g.logits.at(t * V + v) > g.logits.at(t * V + b)) b = v;
+        }
+        EXPECT_EQ(a, b) << "position " << t;
+    }
+    // The decoder on the emulation (a prefill of 10, then one token at a
+    // time: conv history and recurrent state carried between calls, routing
+    // pinned per step) gives the full forward's bits.
+    Decoder dec(emu, model);
+    const auto step_plan = [&](std::size_t t0, std::size_t n) {
+        std::vector<RoutingPlan> plans(oracle.routing.size());
+        for (std::size_t l = 0; l < plans.size(); ++l) {
+            const RoutingPlan& p = oracle.routing[l];
+            if (p.ids.empty()) continue;
+            const auto slice = [&](const Tensor& x) {
+                Tensor out(x.dtype(), {static_cast<std::int64_t>(n), x.dim(1)});
+                const std::size_t row = static_cast<std::size_t>(x.dim(1)) * dtype_size(x.dtype());
+                std::memcpy(out.raw(), static_cast<const std::byte*>(x.raw()) + t0 * row, n * row);
+                return out;
+            };
+            plans[l] = RoutingPlan{slice(p.ids), slice(p.weights)};
+        }
+        return plans;
+    };
+    std::size_t t0 = 0;
+    while (t0 < prompt.size()) {
+        const std::size_t n = t0 == 0 ? 10 : 1;
+        const std::vector<RoutingPlan> plans = step_plan(t0, n);
+        const Tensor step = dec.step(std::span(prompt).subspan(t0, n), &plans);
+        const std::size_t row = static_cast<std::size_t>(V) * sizeof(float);
+        ASSERT_EQ(step.nbytes(), n * row);
+        EXPECT_EQ(std::memcmp(step.raw(), static_cast<const std::byte*>(g.logits.raw()) + t0 * row, step.nbytes()), 0)
+            << "decoder step at token " << t0;
+        t0 += n;
     }
 }
 
@@ -413,6 +621,12 @@ TEST_P(GpuOps, DeviceGivesTheEmulationsBits) {
     const Tensor sw = seeded_normal(37, "gpu/b/sw", {5000}, 1, 0.1);
     const Tensor r = seeded_normal(37, "gpu/b/r", {5, 4, 64}, 0, 1);
     const std::vector<std::int64_t> pos{0, 1, 100, 4096, 65535};
+    const DeltaNetInputs la(40);
+    const Tensor la_hist = seeded_normal(37, "gpu/b/hist", {DeltaNetInputs::kK - 1, DeltaNetInputs::kC}, 0, 1);
+    const Tensor la_state = seeded_normal(37, "gpu/b/state", {DeltaNetInputs::kNv, DeltaNetInputs::kD, DeltaNetInputs::kD}, 0, 0.3);
+    const TensorView la_hv = la_hist, la_sv = la_state;
+    GatedDeltaInputs la_in = la.delta(la.q, la.k, la.v, la.a, la.b);
+    la_in.state = &la_sv;
     for (const char* opts : {"", "storage=f16", "storage=bf16", "acc=f16"}) {
         const std::string suffix = *opts ? std::string(":") + opts : "";
         auto dev = create_backend(GetParam() + suffix);
@@ -429,6 +643,10 @@ TEST_P(GpuOps, DeviceGivesTheEmulationsBits) {
         same(dev->sigmoid(s), emu.sigmoid(s), "sigmoid");
         for (RopeLayout layout : {RopeLayout::neox, RopeLayout::normal})
             same(dev->rope(r, pos, {1e6, layout}), emu.rope(r, pos, {1e6, layout}), "rope");
+        same(dev->causal_conv1d_silu(la.x, la.w, &la_hv), emu.causal_conv1d_silu(la.x, la.w, &la_hv), "causal_conv1d_silu");
+        const GatedDeltaResult dr = dev->gated_delta_rule(la_in), er = emu.gated_delta_rule(la_in);
+        same(dr.out, er.out, "gated_delta_rule out");
+        same(dr.state, er.state, "gated_delta_rule state");
     }
 }
 

@@ -37,6 +37,11 @@
 //     fmaf calls in the kernels (cuBLAS uses FFMA/tensor-core MMA likewise).
 //   * exp, sin, cos are kvasir's own (kernels/gpu/math.cuh), not the vendors'
 //     libm, so cuda and hip produce the same bits from the same inputs.
+//   * Gated DeltaNet (causal_conv1d_silu, gated_delta_rule): kernels too —
+//     the conv one thread per (token, channel), the delta rule one block per
+//     value head with the tokens in order and the f32 state in global memory;
+//     f32 sums whatever acc= (as the cpu node), the state never rounded to
+//     storage. Checked on the CPU emulation only; never run on a GPU yet.
 //   * route(), moe_block() and add() are the Backend defaults built on these
 //     ops (combine in f32 on the host, ascending expert order). Weights are
 //     uploaded per call: nothing is cached on the device between ops.
