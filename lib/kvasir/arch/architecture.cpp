@@ -37,16 +37,10 @@ void check_standard_attention(const ModelConfig& c) {
                  "{}: sliding-window attention ({}) is not implemented by the forward pass", c.source, c.sliding_window);
 }
 
-void StandardDecoder::check(const ModelConfig& c) const { check_standard_attention(c); }
+void FamilyDecoder::check(const ModelConfig& c) const { check_standard_attention(c); }
 
-void HybridDecoder::check(const ModelConfig& c) const { check_standard_attention(c); }
-
-Tensor HybridDecoder::layer(LayerGraph& g, std::int64_t l, const TensorView& h, LayerIO& io) const {
-    return g.hybrid_layer(l, h, io);
-}
-
-Tensor StandardDecoder::layer(LayerGraph& g, std::int64_t l, const TensorView& h, LayerIO& io) const {
-    return g.standard_layer(l, h, io);
+Tensor FamilyDecoder::layer(LayerGraph& g, std::int64_t l, const TensorView& h, LayerIO& io) const {
+    return (g.*layer_)(l, h, io);
 }
 
 }  // namespace kvasir::arch

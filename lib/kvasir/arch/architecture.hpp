@@ -29,31 +29,22 @@ public:
     virtual Tensor layer(LayerGraph& g, std::int64_t l, const TensorView& h, LayerIO& io) const = 0;
 };
 
-// A family whose layer is LayerGraph::standard_layer and whose attention is
-// the standard one (check_standard_attention): what qwen2_moe, qwen3_moe and
-// mixtral are, differing only in which weights a layer has (biases, q/k
-// norms, shared expert), which the blocks read from the layer.
-class StandardDecoder final : public DecoderArchitecture {
+// A family: its id and which layer of LayerGraph it is made of —
+// standard_layer (qwen2_moe, qwen3_moe, mixtral: they differ only in which
+// weights a layer has — biases, q/k norms, shared expert — which the blocks
+// read from the layer) or hybrid_layer (qwen3_5_moe, qwen3_next). Both use
+// the standard attention checks (check_standard_attention).
+class FamilyDecoder final : public DecoderArchitecture {
 public:
-    explicit StandardDecoder(Architecture id) : id_(id) {}
+    using LayerFn = Tensor (LayerGraph::*)(std::int64_t, const TensorView&, LayerIO&);
+    FamilyDecoder(Architecture id, LayerFn layer) : id_(id), layer_(layer) {}
     Architecture id() const override { return id_; }
     void check(const ModelConfig& config) const override;
     Tensor layer(LayerGraph& g, std::int64_t l, const TensorView& h, LayerIO& io) const override;
 
 private:
     Architecture id_;
-};
-
-// The hybrid families (qwen3_5_moe, qwen3_next): LayerGraph::hybrid_layer.
-class HybridDecoder final : public DecoderArchitecture {
-public:
-    explicit HybridDecoder(Architecture id) : id_(id) {}
-    Architecture id() const override { return id_; }
-    void check(const ModelConfig& config) const override;
-    Tensor layer(LayerGraph& g, std::int64_t l, const TensorView& h, LayerIO& io) const override;
-
-private:
-    Architecture id_;
+    LayerFn layer_;
 };
 
 // Every family with a full forward pass.

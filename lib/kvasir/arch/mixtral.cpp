@@ -6,7 +6,7 @@
 namespace kvasir::arch {
 
 const DecoderArchitecture& mixtral() {
-    static const StandardDecoder a(Architecture::mixtral);
+    static const FamilyDecoder a(Architecture::mixtral, &LayerGraph::standard_layer);
     return a;
 }
 

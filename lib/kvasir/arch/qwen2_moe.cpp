@@ -7,7 +7,7 @@
 namespace kvasir::arch {
 
 const DecoderArchitecture& qwen2_moe() {
-    static const StandardDecoder a(Architecture::qwen2_moe);
+    static const FamilyDecoder a(Architecture::qwen2_moe, &LayerGraph::standard_layer);
     return a;
 }
 

@@ -10,7 +10,7 @@
 namespace kvasir::arch {
 
 const DecoderArchitecture& qwen3_5_moe() {
-    static const HybridDecoder a(Architecture::qwen3_5_moe);
+    static const FamilyDecoder a(Architecture::qwen3_5_moe, &LayerGraph::hybrid_layer);
     return a;
 }
 

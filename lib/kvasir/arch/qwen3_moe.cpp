@@ -8,7 +8,7 @@
 namespace kvasir::arch {
 
 const DecoderArchitecture& qwen3_moe() {
-    static const StandardDecoder a(Architecture::qwen3_moe);
+    static const FamilyDecoder a(Architecture::qwen3_moe, &LayerGraph::standard_layer);
     return a;
 }
 

@@ -9,7 +9,7 @@
 namespace kvasir::arch {
 
 const DecoderArchitecture& qwen3_next() {
-    static const HybridDecoder a(Architecture::qwen3_next);
+    static const FamilyDecoder a(Architecture::qwen3_next, &LayerGraph::hybrid_layer);
     return a;
 }
 

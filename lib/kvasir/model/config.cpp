@@ -255,6 +255,23 @@ void read_mlp_only_layers(const Keys& k, ModelConfig& c) {
     for (const json& e : *v) c.mlp_only_layers.push_back(k.integer_value(e, "mlp_only_layers", 0, c.num_layers - 1));
 }
 
+// Which layers are MoE in the Qwen MoE families (decoder_sparse_step,
+// mlp_only_layers). Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer /
+// Qwen3NextDecoderLayer.__init__ (transformers 5.24):
+//   if (layer_idx not in config.mlp_only_layers) and (
+//       config.num_experts > 0 and (layer_idx + 1) % config.decoder_sparse_step == 0):
+//       self.mlp = <SparseMoeBlock>  else: self.mlp = <MLP>(intermediate_size=config.intermediate_size)
+// Needs router.num_experts and num_layers read first.
+void read_qwen_sparse_layers(const Keys& k, ModelConfig& c) {
+    c.decoder_sparse_step = k.integer("decoder_sparse_step", 1, 1, kMaxLayers);
+    read_mlp_only_layers(k, c);
+    c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
+    for (std::int64_t l = 0; l < c.num_layers; ++l) {
+        const bool listed = std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), l) != c.mlp_only_layers.end();
+        c.moe_layers[static_cast<std::size_t>(l)] = !listed && c.router.num_experts > 0 && (l + 1) % c.decoder_sparse_step == 0;
+    }
+}
+
 // Sliding-window attention as the Qwen configs resolve it: only when
 // use_sliding_window is true (Qwen3MoeConfig sets sliding_window = None
 // otherwise; Qwen2MoeConfig 0).
@@ -430,19 +447,7 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
             r.norm_topk_prob = k.boolean("norm_topk_prob", d.norm_topk_prob);
             c.intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
             c.moe_intermediate_size = k.integer("moe_intermediate_size", d.moe_intermediate, 1, kMaxDim);
-            c.decoder_sparse_step = k.integer("decoder_sparse_step", 1, 1, kMaxLayers);
-            read_mlp_only_layers(k, c);
-            // Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer.__init__ (transformers 5.24):
-            //   if (layer_idx not in config.mlp_only_layers) and (
-            //       config.num_experts > 0 and (layer_idx + 1) % config.decoder_sparse_step == 0):
-            //       self.mlp = <SparseMoeBlock>  else: self.mlp = <MLP>(intermediate_size=config.intermediate_size)
-            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
-            for (std::int64_t l = 0; l < c.num_layers; ++l) {
-                const bool listed = std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), l) !=
-                                    c.mlp_only_layers.end();
-                c.moe_layers[static_cast<std::size_t>(l)] =
-                    !listed && r.num_experts > 0 && (l + 1) % c.decoder_sparse_step == 0;
-            }
+            read_qwen_sparse_layers(k, c);
             break;
         }
         case Architecture::mixtral: {
@@ -471,16 +476,7 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
             read_hybrid(k, d, c);
             r.norm_topk_prob = k.boolean("norm_topk_prob", true);
             c.intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
-            c.decoder_sparse_step = k.integer("decoder_sparse_step", 1, 1, kMaxLayers);
-            read_mlp_only_layers(k, c);
-            // Qwen3NextDecoderLayer: the qwen3_moe rule.
-            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
-            for (std::int64_t l = 0; l < c.num_layers; ++l) {
-                const bool listed = std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), l) !=
-                                    c.mlp_only_layers.end();
-                c.moe_layers[static_cast<std::size_t>(l)] =
-                    !listed && r.num_experts > 0 && (l + 1) % c.decoder_sparse_step == 0;
-            }
+            read_qwen_sparse_layers(k, c);  // Qwen3NextDecoderLayer: the qwen3_moe rule
             break;
         }
         case Architecture::deepseek_v3: {
