@@ -22,3 +22,14 @@ expect_usage_error() {
     echo "ok: $* → $err"
   fi
 }
+
+# python_with MODULE: the first of python3 (PATH) and Debian's /usr/bin/python3
+# that imports MODULE (scripts/setup.sh installs python3-numpy and
+# python3-jsonschema for the latter); empty when none does — callers FAIL then,
+# never skip: setup guarantees one.
+python_with() {
+  local cand
+  for cand in python3 /usr/bin/python3; do
+    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "import $1" 2>/dev/null; then echo "$cand"; return; fi
+  done
+}

@@ -49,12 +49,10 @@ check "--timings stays out of the report (byte-identical JSON)" cmp -s "$tmp/t.j
 
 # Every report file, checked by independent parsers.
 for f in r.json r.xml r.md r.csv h.svg d.svg; do check "$f written" test -s "$tmp/$f"; done
-if python3 -c "import jsonschema" 2>/dev/null; then
-  check "JSON report valid against protocols/report.schema.json (Python jsonschema)" \
-    python3 scripts/validate_report.py "$tmp/r.json"
-else
-  echo "SKIP: Python jsonschema not installed: the independent schema check did NOT run"
-fi
+pyjs=$(python_with jsonschema)
+check "a python3 with jsonschema exists (setup installs python3-jsonschema)" test -n "$pyjs"
+check "JSON report valid against protocols/report.schema.json (Python jsonschema)" \
+  "${pyjs:-false}" scripts/validate_report.py "$tmp/r.json"
 check "JUnit XML accepted by an XML parser with consistent counts" python3 scripts/validate_report.py --junit "$tmp/r.xml"
 check "JUnit has a failure for the sensitive f16 node" grep -q '<failure' "$tmp/r.xml"
 check "JSON records exit code 1" grep -q '"exit_code": 1' "$tmp/r.json"

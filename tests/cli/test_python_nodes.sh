@@ -4,20 +4,22 @@
 # `compare` judges fit against a cpu-ref capture, a float64 numpy node agrees
 # with the oracle to ~1e-12, and a tampered or truncated capture is refused
 # (exit 2, naming the content hash). The torch node runs too where PyTorch is
-# installed. Skips (exit 0) where python3 or numpy is missing.
+# installed (PyPI torch is not part of the setup yet: issue #22).
 # Usage: test_python_nodes.sh PATH/TO/kvasir-equiv   (run from the repo root)
 set -u
 bin="$1"
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-py="${PYTHON:-python3}"
-if ! command -v "$py" >/dev/null 2>&1; then
-  echo "SKIP: $py not found: the external-node test needs python3 with numpy"
-  exit 0
+# The interpreter: $PYTHON, else the first python3 that imports numpy —
+# python3 on PATH may be a toolchain's without numpy; Debian's /usr/bin/python3
+# has it (scripts/setup.sh installs python3-numpy). Setup guarantees one, so
+# none is a FAILURE, never a skip.
+py="${PYTHON:-$(python_with numpy)}"
+if [ -z "$py" ] || ! "$py" -c "import numpy" 2>/dev/null; then
+  echo "FAIL: no python3 with numpy (python3 on PATH: $(command -v python3 || echo none); scripts/setup.sh installs python3-numpy)"
+  echo "1 failed"
+  exit 1
 fi
-if ! "$py" -c "import numpy" 2>/dev/null; then
-  echo "SKIP: numpy is not importable by $py (apt-get install python3-numpy)"
-  exit 0
-fi
+echo "using $py (numpy $("$py" -c 'import numpy; print(numpy.__version__)'))"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 ci=protocols/ci.json
