@@ -15,9 +15,9 @@
 namespace kvasir {
 
 const std::vector<std::string>& all_op_names() {
-    static const std::vector<std::string> names = {"matmul",    "swiglu",      "softmax",        "rmsnorm",
-                                                   "rope_neox", "rope_normal", "router_softmax", "router_sigmoid",
-                                                   "moe"};
+    static const std::vector<std::string> names = {"matmul",         "swiglu",         "softmax",       "rmsnorm",
+                                                   "rope_neox",      "rope_normal",    "router_softmax", "router_sigmoid",
+                                                   "moe",            "causal_conv1d",  "gated_delta"};
     return names;
 }
 
@@ -321,6 +321,55 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
                 RouterOutput r = b.route(in->first, rp);
                 return NodeOutput{std::move(r.scores), std::move(r.ids)};
             };
+        } else if (op == "causal_conv1d" || op == "gated_delta") {
+            // Gated DeltaNet (qwen3_5_moe, qwen3_next; linear_attention.hpp).
+            // Dimensions: the model's linear-attention heads when it has them,
+            // else nk = max(1, heads/4) key heads and nv = 2·nk value heads of
+            // head_dim; kernel 4. Inputs continue a decode: a seeded conv
+            // history and a seeded recurrent state, so the carried state is
+            // exercised too.
+            const ModelConfig* mc = c.model != nullptr ? &c.model->config() : nullptr;
+            const bool hybrid = mc != nullptr && !mc->linear_attention_layers.empty();
+            const std::int64_t nk = hybrid ? mc->linear.key_heads : std::max<std::int64_t>(1, c.heads / 4);
+            const std::int64_t nv = hybrid ? mc->linear.value_heads : 2 * nk;
+            const std::int64_t dk = hybrid ? mc->linear.key_head_dim : c.head_dim;
+            const std::int64_t dv = hybrid ? mc->linear.value_head_dim : c.head_dim;
+            const std::int64_t K = hybrid ? mc->linear.conv_kernel : 4;
+            if (op == "causal_conv1d") {
+                const std::int64_t C = 2 * nk * dk + nv * dv;
+                auto in = std::make_shared<std::vector<Tensor>>();
+                in->push_back(input(c, op, "x", {T, C}, 0, 1));
+                in->push_back(input(c, op, "weight", {C, K}, 0, 1.0 / std::sqrt(static_cast<double>(K))));
+                in->push_back(input(c, op, "history", {K - 1, C}, 0, 1));
+                keep = in;
+                plan.inputs = fmt::format("silu(causal depthwise conv) x[{},{}]~N(0,1), weight[{},{}]~N(0,1/√{}), history of "
+                                          "{} inputs~N(0,1)",
+                                          T, C, C, K, K, K - 1);
+                plan.run = [in](Backend& b) {
+                    const TensorView h = (*in)[2];
+                    return NodeOutput{b.causal_conv1d_silu((*in)[0], (*in)[1], &h), {}};
+                };
+            } else {
+                auto in = std::make_shared<std::vector<Tensor>>();
+                in->push_back(input(c, op, "q", {T, nk, dk}, 0, 1));
+                in->push_back(input(c, op, "k", {T, nk, dk}, 0, 1));
+                in->push_back(input(c, op, "v", {T, nv, dv}, 0, 1));
+                in->push_back(input(c, op, "a", {T, nv}, 0, 1));
+                in->push_back(input(c, op, "b", {T, nv}, 0, 1));
+                in->push_back(input(c, op, "A_log", {nv}, 1, 0.5));
+                in->push_back(input(c, op, "dt_bias", {nv}, 0, 1));
+                in->push_back(input(c, op, "state", {nv, dk, dv}, 0, 0.1));
+                keep = in;
+                plan.inputs = fmt::format("gated delta rule: q,k[{},{},{}] v[{},{},{}] a,b[{},{}]~N(0,1), A_log~N(1,0.5), "
+                                          "dt_bias~N(0,1), state[{},{},{}]~N(0,0.1)",
+                                          T, nk, dk, T, nv, dv, T, nv, nv, dk, dv);
+                plan.run = [in](Backend& b) {
+                    const auto& v = *in;
+                    const TensorView st = v[7];
+                    GatedDeltaInputs g{v[0], v[1], v[2], v[3], v[4], v[5], v[6], &st};
+                    return NodeOutput{b.gated_delta_rule(g).out, {}};
+                };
+            }
         } else if (op == "moe") {
             auto in = std::make_shared<MoeInputs>(make_moe_inputs(c, *nodes[reference]));
             keep = in;
