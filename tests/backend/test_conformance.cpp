@@ -480,10 +480,10 @@ TEST_P(Conformance, RmsnormWithinBoundOfTheOracleAndNormalisesRows) {
         const Tensor ones = held(Tensor::from_f64(std::vector<double>(static_cast<std::size_t>(cols), 1.0), {cols}));
         const Tensor u = node().rmsnorm(x, ones, 0.0);
         for (std::int64_t row = 0; row < 8; ++row) {
-            double ms = 0;
-            for (std::int64_t c = 0; c < cols; ++c) ms += u.at(row * cols + c) * u.at(row * cols + c);
-            ms /= static_cast<double>(cols);
-            EXPECT_LE(std::fabs(ms - 1), 2 * rel + rel * rel + 2 * underflow()) << "cols=" << cols << " row " << row;
+            double mean_sq = 0;
+            for (std::int64_t c = 0; c < cols; ++c) mean_sq += u.at(row * cols + c) * u.at(row * cols + c);
+            mean_sq /= static_cast<double>(cols);
+            EXPECT_LE(std::fabs(mean_sq - 1), 2 * rel + rel * rel + 2 * underflow()) << "cols=" << cols << " row " << row;
         }
     }
 }

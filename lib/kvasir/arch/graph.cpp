@@ -301,8 +301,8 @@ Tensor LayerGraph::gated_attention(const LayerWeights& w, const TensorView& x, s
     const Tensor gate = std::move(columns(qg, d, d)).reshaped({t_count, nh * d});
     Tensor k = std::move(linear(x, w.k_proj, w.k_bias)).reshaped({t_count, nkv, d});
     const Tensor v = linear(x, w.v_proj, w.v_bias);
-    q = be.rmsnorm(q, norm_scale(be, w.q_norm, c.norm_weight_offset), c.rms_norm_eps);
-    k = be.rmsnorm(k, norm_scale(be, w.k_norm, c.norm_weight_offset), c.rms_norm_eps);
+    q = be.rmsnorm(q, scale_of(w.q_norm), c.rms_norm_eps);
+    k = be.rmsnorm(k, scale_of(w.k_norm), c.rms_norm_eps);
     q = rope_partial(q, pos);
     k = rope_partial(k, pos);
     const Tensor a = be.mul(attend(q, k, v, kv), be.sigmoid(gate));
@@ -398,17 +398,26 @@ Tensor LayerGraph::gated_deltanet(const LayerWeights& w, const TensorView& x, Kv
     state.recurrent = std::move(r.state);
     // Gated RMSNorm per value head: rmsnorm(out, w) · silu(z) (plain weight).
     const Tensor normed = be.rmsnorm(std::move(r.out).reshaped({t_count * nv, dv}), w.linear_norm, c.rms_norm_eps);
-    const Tensor gated = be.swiglu(std::move(Tensor::convert(z, z.dtype())).reshaped({t_count * nv, dv}), normed);
-    return be.matmul(std::move(Tensor::convert(gated, gated.dtype())).reshaped({t_count, vd}), w.out_proj);
+    Tensor gated = be.swiglu(std::move(z).reshaped({t_count * nv, dv}), normed);
+    return be.matmul(std::move(gated).reshaped({t_count, vd}), w.out_proj);
+}
+
+TensorView LayerGraph::scale_of(const TensorView& w) {
+    if (!c.norm_weight_offset) return w;
+    // Computed once per weight and kept: the same bits every call, and the
+    // decode loop does not redo it at every token.
+    auto it = scales_.find(w.data);
+    if (it == scales_.end()) it = scales_.emplace(w.data, norm_scale(be, w, true)).first;
+    return it->second.view();
 }
 
 Tensor LayerGraph::hybrid_layer(std::int64_t l, const TensorView& h, LayerIO& io) {
     const LayerWeights& w = model.layer(l);
-    const Tensor x = be.rmsnorm(h, norm_scale(be, w.input_norm, c.norm_weight_offset), c.rms_norm_eps);
+    const Tensor x = be.rmsnorm(h, scale_of(w.input_norm), c.rms_norm_eps);
     const Tensor a = w.linear_attention ? gated_deltanet(w, x, io.kv) : gated_attention(w, x, io.positions, io.kv);
     if (io.mixer_output != nullptr) *io.mixer_output = a;
     const Tensor h1 = be.add(h, a);
-    const Tensor x2 = be.rmsnorm(h1, norm_scale(be, w.post_attention_norm, c.norm_weight_offset), c.rms_norm_eps);
+    const Tensor x2 = be.rmsnorm(h1, scale_of(w.post_attention_norm), c.rms_norm_eps);
     const Tensor m = feed_forward(w, x2, io);
     return be.add(h1, m);
 }

@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <vector>
 
@@ -122,6 +123,9 @@ public:
     // causal conv + SiLU, the gated delta rule with the layer's recurrent
     // state, gated RMSNorm with z, out_proj.
     Tensor gated_deltanet(const LayerWeights& w, const TensorView& x, KvLayer& state);
+    // The scale RMSNorm weight w stands for on this model: w, or 1 + w
+    // (norm_scale) computed once per weight on this backend and cached.
+    TensorView scale_of(const TensorView& w);
     // The hybrid layer: zero-centred pre-norms around gated attention or Gated
     // DeltaNet, then the MoE / dense feed-forward.
     Tensor hybrid_layer(std::int64_t l, const TensorView& h, LayerIO& io);
@@ -133,6 +137,9 @@ public:
     // The standard pre-norm decoder layer (qwen2_moe, qwen3_moe, mixtral):
     //   h1 = h + attention(rmsnorm(h));  out = h1 + feed_forward(rmsnorm(h1)).
     Tensor standard_layer(std::int64_t l, const TensorView& h, LayerIO& io);
+
+private:
+    std::map<const void*, Tensor> scales_;  // scale_of's cache, by weight address (the model's mmap outlives the graph)
 };
 
 }  // namespace kvasir::arch

@@ -97,10 +97,7 @@ void run(Runner& r, std::vector<KvLayer>& cache, std::span<const std::int32_t> t
         cache[li].seen += t_count;
         if (opt.keep_hidden) out.hidden.push_back(h);
     }
-    const Tensor offset_norm =
-        c.norm_weight_offset ? arch::norm_scale(r.graph.be, r.graph.model.final_norm(), true) : Tensor();
-    out.final_hidden =
-        r.graph.be.rmsnorm(h, c.norm_weight_offset ? offset_norm.view() : r.graph.model.final_norm(), c.rms_norm_eps);
+    out.final_hidden = r.graph.be.rmsnorm(h, r.graph.scale_of(r.graph.model.final_norm()), c.rms_norm_eps);
     out.logits = r.graph.be.matmul(out.final_hidden, r.graph.model.lm_head());
 }
 
