@@ -63,7 +63,8 @@ void run_backends(const BackendsOptions& opt) {
     }
     std::cout << t.render();
     std::cout << "\nVariants: NAME[:DEVICE][:key=value,...] — e.g. cpu:acc=f16, cpu:storage=bf16, "
-                 "cpu:storage=f16,acc=f16, cpu:threads=1\n";
+                 "cpu:storage=f16,acc=f16, cpu:threads=1;\n"
+                 "contrasts: cpu:split_k=shape (a batch-variant matmul: split-K below 64 rows, for the invariance step)\n";
 }
 
 }  // namespace

@@ -154,7 +154,8 @@ TEST(CaptureCompare, MetadataRecordsWhatWasCaptured) {
     EXPECT_EQ(c.protocol_hash(), ci().content_hash);
     EXPECT_EQ(c.model_fingerprint(), model().fingerprint());
     EXPECT_EQ(c.seed(), ci().seed);
-    EXPECT_EQ(c.steps(), (std::vector<std::string>{"ops", "drift", "logits", "decide", "generate", "perplexity", "determinism"}));
+    EXPECT_EQ(c.steps(), (std::vector<std::string>{"ops", "drift", "logits", "decide", "generate", "perplexity",
+                                                   "determinism", "invariance"}));
     EXPECT_TRUE(c.errors().empty());
     EXPECT_EQ(c.capabilities()["backend"], "cpu");
     EXPECT_EQ(c.metadata().at("format"), kCaptureFormat);

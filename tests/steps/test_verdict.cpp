@@ -518,7 +518,10 @@ TEST(Verdict, JudgedAgainstAShippedProtocol) {
                         {"drift.alpha_max", "drift", 0.6},        {"logits.kl_p99", "logits", 1e-10},
                         {"logits.linf_max", "logits", 1e-5},      {"decide.top1_agreement_min", "decide", 1.0},
                         {"decide.routing_agreement_min", "decide", 1.0}, {"generate.first_divergence_min", "generate", 32},
-                        {"perplexity.ratio_max", "perplexity", 1e-7}, {"determinism", "determinism", 0}};
+                        {"perplexity.ratio_max", "perplexity", 1e-7}, {"determinism", "determinism", 0},
+                        {"invariance.ops_max_rel", "invariance", 0}, {"invariance.batch_max_rel", "invariance", 0},
+                        {"invariance.prefill_decode_max_rel", "invariance", 6.5e-4},
+                        {"invariance.repeat_unique_max", "invariance", 1}};
     EXPECT_EQ(judge_node(f32, p).verdict, Verdict::fit);
     NodeInput f16 = f32;
     f16.node = "cpu:acc=f16";

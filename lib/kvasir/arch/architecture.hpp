@@ -37,7 +37,7 @@ public:
 class FamilyDecoder final : public DecoderArchitecture {
 public:
     using LayerFn = Tensor (LayerGraph::*)(std::int64_t, const TensorView&, LayerIO&);
-    FamilyDecoder(Architecture id, LayerFn layer) : id_(id), layer_(layer) {}
+    FamilyDecoder(Architecture id, LayerFn layer_fn) : id_(id), layer_(layer_fn) {}
     Architecture id() const override { return id_; }
     void check(const ModelConfig& config) const override;
     Tensor layer(LayerGraph& g, std::int64_t l, const TensorView& h, LayerIO& io) const override;

@@ -175,7 +175,8 @@ Tensor LayerGraph::swiglu_mlp(const TensorView& x, const TensorView& gate, const
     return be.matmul(a, down);
 }
 
-Tensor LayerGraph::attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos, KvLayer& kv) {
+Tensor LayerGraph::attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos,
+                             std::span<const Segment> segs) {
     const std::int64_t t_count = x.shape[0], nh = c.num_heads, nkv = c.num_kv_heads, d = c.head_dim;
     Tensor q = std::move(linear(x, w.q_proj, w.q_bias)).reshaped({t_count, nh, d});
     Tensor k = std::move(linear(x, w.k_proj, w.k_bias)).reshaped({t_count, nkv, d});
@@ -184,7 +185,18 @@ Tensor LayerGraph::attention(const LayerWeights& w, const TensorView& x, std::sp
     if (present(w.k_norm)) k = be.rmsnorm(k, w.k_norm, c.rms_norm_eps);
     q = be.rope(q, pos, rope);
     k = be.rope(k, pos, rope);
-    return linear(attend(q, k, v, kv), w.o_proj, w.o_bias);
+    return linear(attend_each(q, k, v, segs), w.o_proj, w.o_bias);
+}
+
+Tensor LayerGraph::attend_each(const Tensor& q, const Tensor& k, const Tensor& v, std::span<const Segment> segs) {
+    KVASIR_ASSERT(!segs.empty());
+    if (segs.size() == 1) return attend(q, k, v, *segs.front().kv);
+    std::vector<Tensor> outs;
+    outs.reserve(segs.size());
+    for (const Segment& s : segs)
+        outs.push_back(attend(leading_rows(q, s.row0, s.rows), leading_rows(k, s.row0, s.rows),
+                              leading_rows(v, s.row0, s.rows), *s.kv));
+    return stack_rows(outs);
 }
 
 Tensor LayerGraph::attend(const Tensor& q, const Tensor& k, const Tensor& v, KvLayer& kv) {
@@ -276,6 +288,38 @@ Tensor columns(const TensorView& x, std::int64_t c0, std::int64_t n) {
     return out;
 }
 
+Tensor leading_rows(const TensorView& x, std::int64_t r0, std::int64_t n) {
+    KVASIR_ASSERT(x.rank() >= 1 && r0 >= 0 && n >= 0 && r0 + n <= x.shape[0]);
+    Shape shape = x.shape;
+    shape[0] = n;
+    Tensor out(x.dtype, shape);
+    const std::size_t per = out.nbytes() / static_cast<std::size_t>(std::max<std::int64_t>(n, 1));
+    if (n > 0) std::memcpy(bytes_of(out), static_cast<const std::byte*>(x.data) + static_cast<std::size_t>(r0) * per, out.nbytes());
+    return out;
+}
+
+Tensor stack_rows(const std::vector<Tensor>& parts) {
+    KVASIR_ASSERT(!parts.empty());
+    Shape shape = parts.front().shape();
+    std::int64_t rows = 0;
+    for (const Tensor& p : parts) {
+        KVASIR_CHECK(p.dtype() == parts.front().dtype() && p.view().rank() == static_cast<int>(shape.size()),
+                     ErrorCode::backend_failure, "stacking sequences: the backend returned mixed dtypes or ranks");
+        for (std::size_t d = 1; d < shape.size(); ++d)
+            KVASIR_CHECK(p.shape()[d] == shape[d], ErrorCode::backend_failure, "stacking sequences: {} vs {}",
+                         shape_str(p.shape()), shape_str(shape));
+        rows += p.dim(0);
+    }
+    shape[0] = rows;
+    Tensor out(parts.front().dtype(), shape);
+    std::size_t at = 0;
+    for (const Tensor& p : parts) {
+        if (p.nbytes() > 0) std::memcpy(bytes_of(out) + at, p.raw(), p.nbytes());
+        at += p.nbytes();
+    }
+    return out;
+}
+
 Tensor LayerGraph::rope_partial(const Tensor& x, std::span<const std::int64_t> pos) {
     const std::int64_t d = x.dim(2), rd = static_cast<std::int64_t>(static_cast<double>(d) * c.partial_rotary_factor);
     if (rd == d) return be.rope(x, pos, rope);
@@ -293,7 +337,7 @@ Tensor LayerGraph::rope_partial(const Tensor& x, std::span<const std::int64_t> p
 }
 
 Tensor LayerGraph::gated_attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos,
-                                   KvLayer& kv) {
+                                   std::span<const Segment> segs) {
     const std::int64_t t_count = x.shape[0], nh = c.num_heads, nkv = c.num_kv_heads, d = c.head_dim;
     // q_proj yields, per head, D query values then D gate values.
     const Tensor qg = std::move(linear(x, w.q_proj, w.q_bias)).reshaped({t_count * nh, 2 * d});
@@ -305,14 +349,14 @@ Tensor LayerGraph::gated_attention(const LayerWeights& w, const TensorView& x, s
     k = be.rmsnorm(k, scale_of(w.k_norm), c.rms_norm_eps);
     q = rope_partial(q, pos);
     k = rope_partial(k, pos);
-    const Tensor a = be.mul(attend(q, k, v, kv), be.sigmoid(gate));
+    const Tensor a = be.mul(attend_each(q, k, v, segs), be.sigmoid(gate));
     return linear(a, w.o_proj, w.o_bias);
 }
 
-Tensor LayerGraph::gated_deltanet(const LayerWeights& w, const TensorView& x, KvLayer& state) {
+Tensor LayerGraph::gated_deltanet(const LayerWeights& w, const TensorView& x, std::span<const Segment> segs) {
     const auto& la = c.linear;
     const std::int64_t t_count = x.shape[0], nk = la.key_heads, nv = la.value_heads, dk = la.key_head_dim,
-                       dv = la.value_head_dim, kd = la.key_dim(), vd = la.value_dim();
+                       dv = la.value_head_dim, vd = la.value_dim();
     Tensor qkv, z, b, a;
     if (present(w.in_proj_qkv)) {
         qkv = be.matmul(x, w.in_proj_qkv);  // [T, 2·kd + vd]: q | k | v
@@ -358,6 +402,28 @@ Tensor LayerGraph::gated_deltanet(const LayerWeights& w, const TensorView& x, Kv
         b = cat(bs);
         a = cat(as);
     }
+    KVASIR_ASSERT(!segs.empty());
+    Tensor out;  // [T, nv, dv]: each sequence with its own conv history and recurrent state
+    if (segs.size() == 1) {
+        out = deltanet_core(w, qkv, a, b, *segs.front().kv);
+    } else {
+        std::vector<Tensor> parts;
+        for (const Segment& s : segs)
+            parts.push_back(deltanet_core(w, leading_rows(qkv, s.row0, s.rows), leading_rows(a, s.row0, s.rows),
+                                          leading_rows(b, s.row0, s.rows), *s.kv));
+        out = stack_rows(parts);
+    }
+    // Gated RMSNorm per value head: rmsnorm(out, w) · silu(z) (plain weight).
+    const Tensor normed = be.rmsnorm(std::move(out).reshaped({t_count * nv, dv}), w.linear_norm, c.rms_norm_eps);
+    Tensor gated = be.swiglu(std::move(z).reshaped({t_count * nv, dv}), normed);
+    return be.matmul(std::move(gated).reshaped({t_count, vd}), w.out_proj);
+}
+
+Tensor LayerGraph::deltanet_core(const LayerWeights& w, const Tensor& qkv, const Tensor& a, const Tensor& b,
+                                 KvLayer& state) {
+    const auto& la = c.linear;
+    const std::int64_t t_count = qkv.dim(0), nk = la.key_heads, nv = la.value_heads, dk = la.key_head_dim,
+                       dv = la.value_head_dim, kd = la.key_dim(), vd = la.value_dim();
     // Causal depthwise conv with SiLU over q|k|v, continuing from the
     // previous call's last K−1 inputs (the decode cache).
     const std::int64_t kk = la.conv_kernel, conv_dim = la.conv_dim();
@@ -396,10 +462,7 @@ Tensor LayerGraph::gated_deltanet(const LayerWeights& w, const TensorView& x, Kv
     in.state = state.seen > 0 ? &prev : nullptr;
     GatedDeltaResult r = be.gated_delta_rule(in);
     state.recurrent = std::move(r.state);
-    // Gated RMSNorm per value head: rmsnorm(out, w) · silu(z) (plain weight).
-    const Tensor normed = be.rmsnorm(std::move(r.out).reshaped({t_count * nv, dv}), w.linear_norm, c.rms_norm_eps);
-    Tensor gated = be.swiglu(std::move(z).reshaped({t_count * nv, dv}), normed);
-    return be.matmul(std::move(gated).reshaped({t_count, vd}), w.out_proj);
+    return std::move(r.out).reshaped({t_count, nv, dv});
 }
 
 TensorView LayerGraph::scale_of(const TensorView& w) {
@@ -414,7 +477,7 @@ TensorView LayerGraph::scale_of(const TensorView& w) {
 Tensor LayerGraph::hybrid_layer(std::int64_t l, const TensorView& h, LayerIO& io) {
     const LayerWeights& w = model.layer(l);
     const Tensor x = be.rmsnorm(h, scale_of(w.input_norm), c.rms_norm_eps);
-    const Tensor a = w.linear_attention ? gated_deltanet(w, x, io.kv) : gated_attention(w, x, io.positions, io.kv);
+    const Tensor a = w.linear_attention ? gated_deltanet(w, x, io.segments) : gated_attention(w, x, io.positions, io.segments);
     if (io.mixer_output != nullptr) *io.mixer_output = a;
     const Tensor h1 = be.add(h, a);
     const Tensor x2 = be.rmsnorm(h1, scale_of(w.post_attention_norm), c.rms_norm_eps);
@@ -425,7 +488,7 @@ Tensor LayerGraph::hybrid_layer(std::int64_t l, const TensorView& h, LayerIO& io
 Tensor LayerGraph::standard_layer(std::int64_t l, const TensorView& h, LayerIO& io) {
     const LayerWeights& w = model.layer(l);
     const Tensor x = be.rmsnorm(h, w.input_norm, c.rms_norm_eps);
-    const Tensor a = attention(w, x, io.positions, io.kv);
+    const Tensor a = attention(w, x, io.positions, io.segments);
     const Tensor h1 = be.add(h, a);
     const Tensor x2 = be.rmsnorm(h1, w.post_attention_norm, c.rms_norm_eps);
     const Tensor m = feed_forward(w, x2, io);

@@ -44,6 +44,11 @@ void fill_neg_inf(Tensor& t, std::int64_t base, std::int64_t from, std::int64_t 
 void transpose_into(std::byte* dst, const std::byte* src, std::int64_t rows, std::int64_t cols, std::size_t es);
 // Columns [c0, c0 + n) of every row of x (last dim) as a [rows, n] tensor (a host copy).
 Tensor columns(const TensorView& x, std::int64_t c0, std::int64_t n);
+// Entries [r0, r0 + n) of x's FIRST dim, the others kept (a host copy):
+// [T, H, D] → [n, H, D].
+Tensor leading_rows(const TensorView& x, std::int64_t r0, std::int64_t n);
+// The tensors stacked along their first dim (same dtype and trailing dims).
+Tensor stack_rows(const std::vector<Tensor>& parts);
 // The embedding rows of `tokens`, widened (exactly) to `out` when possible.
 Tensor gather_embeddings(const TensorView& table, std::span<const std::int32_t> tokens, DType out);
 
@@ -79,10 +84,20 @@ struct KvLayer {
 
 // --- the blocks ------------------------------------------------------------------
 
+// One sequence of a layer call. A call may carry several independent
+// sequences stacked along the rows, as a serving node batches requests:
+// every row-wise op (projections, norms, the MoE block, the MLP) sees all
+// rows at once — that is what makes batch composition visible in the bits —
+// while attention and the linear-attention state stay per sequence.
+struct Segment {
+    std::int64_t row0 = 0, rows = 0;  // rows [row0, row0 + rows) of the call's input
+    KvLayer* kv = nullptr;            // this sequence's cache of the layer
+};
+
 // What one layer call reads and writes besides its input.
 struct LayerIO {
-    std::span<const std::int64_t> positions;
-    KvLayer& kv;
+    std::span<const std::int64_t> positions;  // per row
+    std::span<const Segment> segments;        // >= 1, tiling the rows in order
     const RoutingPlan* plan = nullptr;  // router authority for this layer (MoE only), or null
     Tensor& router_logits;              // out: [T, E] for MoE layers
     RoutingPlan& routing;               // out: the routing used
@@ -108,21 +123,26 @@ public:
     // GQA self-attention over the cache: q/k/v (+ biases), per-head q/k
     // RMSNorm when the layer has it, rope, append to `kv`, causal softmax
     // attention, o_proj (+ bias).
-    Tensor attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos, KvLayer& kv);
+    Tensor attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos,
+                     std::span<const Segment> segs);
     // The attention core over the cache: q [T, nh, D], k [T, nkv, D] (normed,
     // rotated), v [T, nkv·D] appended to `kv`, causal GQA softmax attention
     // → [T, nh·D] (before o_proj).
     Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, KvLayer& kv);
+    // attend() for each sequence of a call on its rows of q, k, v, stacked
+    // back in row order (one sequence: attend() itself, no copy).
+    Tensor attend_each(const Tensor& q, const Tensor& k, const Tensor& v, std::span<const Segment> segs);
     // Rope on the first head_dim·partial_rotary_factor dimensions of x [T, H, D].
     Tensor rope_partial(const Tensor& x, std::span<const std::int64_t> pos);
     // Gated full attention (qwen3_5_moe, qwen3_next): q_proj yields query and
     // a per-head gate; q/k RMSNorm (1 + w), partial rope, attention, output ·
     // sigmoid(gate), o_proj.
-    Tensor gated_attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos, KvLayer& kv);
+    Tensor gated_attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos,
+                           std::span<const Segment> segs);
     // Gated DeltaNet linear attention (linear_attention.hpp): projections,
     // causal conv + SiLU, the gated delta rule with the layer's recurrent
     // state, gated RMSNorm with z, out_proj.
-    Tensor gated_deltanet(const LayerWeights& w, const TensorView& x, KvLayer& state);
+    Tensor gated_deltanet(const LayerWeights& w, const TensorView& x, std::span<const Segment> segs);
     // The scale RMSNorm weight w stands for on this model: w, or 1 + w
     // (norm_scale) computed once per weight on this backend and cached.
     TensorView scale_of(const TensorView& w);
@@ -139,6 +159,10 @@ public:
     Tensor standard_layer(std::int64_t l, const TensorView& h, LayerIO& io);
 
 private:
+    // Gated DeltaNet's per-sequence part: causal conv + SiLU continuing
+    // `state`'s history, then the gated delta rule with its recurrent state
+    // → [T, nv, dv] for one sequence's rows of qkv, a, b.
+    Tensor deltanet_core(const LayerWeights& w, const Tensor& qkv, const Tensor& a, const Tensor& b, KvLayer& state);
     std::map<const void*, Tensor> scales_;  // scale_of's cache, by weight address (the model's mmap outlives the graph)
 };
 

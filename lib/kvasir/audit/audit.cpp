@@ -126,7 +126,7 @@ std::uint64_t available_memory() {
 // runs the forward pass, the ops layer when only step 1 uses real weights.
 void load_weights(const detail::AuditPlan& plan, const Model& model, RunTimings& t) {
     const bool forward = plan.drift || plan.logits || plan.decide || plan.generate || plan.perplexity ||
-                         plan.determinism_tokens;
+                         plan.determinism_tokens || plan.invariance;
     std::vector<std::int64_t> layers;
     if (forward) {
         for (std::int64_t l = 0; l < model.config().num_layers; ++l) layers.push_back(l);

@@ -31,6 +31,14 @@ struct AuditPlan {
     std::optional<PerplexityConfig> perplexity;
     std::optional<TokenSequence> determinism_tokens;
     int repeats = 0;
+    struct Invariance {
+        TokenSequence tokens;
+        std::vector<std::int64_t> batch_sizes;
+        std::int64_t op_rows = 0;
+        int repeats = 0;
+        std::int64_t decode = 0;
+    };
+    std::optional<Invariance> invariance;
     std::vector<std::string> steps;  // protocol order
 };
 

@@ -56,6 +56,14 @@ const std::vector<CriterionInfo>& criterion_catalog() {
          "step 6: |ppl_cand / ppl_ref - 1| on the perplexity stream"},
         {"determinism", "determinism", D::max, S::log, false, true,
          "every step run twice on the same node: max over outputs of the run-to-run guarded max_rel; 0 = bit-identical"},
+        {"invariance.ops_max_rel", "invariance", D::max, S::log, false, true,
+         "matmul, softmax and rmsnorm: a row computed alone vs the same row inside op_rows rows, same node: guarded max_rel; 0 = bit-identical"},
+        {"invariance.batch_max_rel", "invariance", D::max, S::log, false, true,
+         "the sequence's logits alone vs inside a batch of B sequences with other batchmates (each B of the protocol), same node: guarded max_rel; 0 = bit-identical"},
+        {"invariance.prefill_decode_max_rel", "invariance", D::max, S::log, false, true,
+         "logits of one prefill vs the same positions decoded one token at a time from the KV cache, same node: guarded max_rel; 0 = bit-identical"},
+        {"invariance.repeat_unique_max", "invariance", D::max, S::linear, true, true,
+         "distinct outputs, bit for bit (greedy tokens with their logits), over `repeats` identical requests, same node; 1 = every request the same"},
     };
     return catalog;
 }
@@ -101,7 +109,7 @@ std::optional<CriterionInfo> find_criterion(std::string_view name) {
 
 const std::vector<std::string>& protocol_step_names() {
     static const std::vector<std::string> names = {"ops",      "drift",      "logits",     "decide",
-                                                   "generate", "perplexity", "determinism"};
+                                                   "generate", "perplexity", "determinism", "invariance"};
     return names;
 }
 
@@ -113,6 +121,7 @@ bool Protocol::runs(std::string_view step) const {
     if (step == "generate") return generate.enabled;
     if (step == "perplexity") return perplexity.enabled;
     if (step == "determinism") return determinism.enabled;
+    if (step == "invariance") return invariance.enabled;
     fail(ErrorCode::internal, "unknown protocol step '{}'", step);
 }
 
@@ -421,6 +430,27 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
         const auto& d = r.object(steps["determinism"], "/steps/determinism", {"repeats"});
         pr.determinism.enabled = true;
         pr.determinism.repeats = static_cast<int>(r.integer(d, "repeats", "/steps/determinism", 2, 16));
+    }
+    if (steps.contains("invariance")) {
+        const std::string p = "/steps/invariance";
+        const auto& g = r.object(steps["invariance"], p, {"tokens", "batch_sizes", "op_rows", "repeats", "decode"});
+        auto& inv = pr.invariance;
+        inv.enabled = true;
+        inv.tokens = read_stream(r, g, "tokens", p, base_dir);
+        if (inv.tokens.count > 4096) r.bad("/steps/invariance/tokens/count", "at most 4096 tokens (decoded one by one)");
+        const std::string bp = json_pointer_child(p, "batch_sizes");
+        const auto& list = g.at("batch_sizes");
+        if (!list.is_array()) r.bad(bp, fmt::format("expected an array, got {}", describe_json_value(list)));
+        if (list.empty() || list.size() > 8) r.bad(bp, "must name 1 to 8 batch sizes");
+        for (std::size_t i = 0; i < list.size(); ++i) {
+            const std::int64_t b = r.integer(list[i], json_pointer_child(bp, std::to_string(i)), 2, 64);
+            if (std::find(inv.batch_sizes.begin(), inv.batch_sizes.end(), b) != inv.batch_sizes.end())
+                r.bad(json_pointer_child(bp, std::to_string(i)), fmt::format("batch size {} listed twice", b));
+            inv.batch_sizes.push_back(b);
+        }
+        inv.op_rows = r.integer(g, "op_rows", p, 2, 4096);
+        inv.repeats = static_cast<int>(r.integer(g, "repeats", p, 2, 64));
+        inv.decode = r.integer(g, "decode", p, 1, 1024);
     }
     if (pr.ops.enabled) {
         try {

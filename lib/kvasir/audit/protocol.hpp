@@ -30,7 +30,8 @@
 //       "decide":     {"tokens": STREAM},
 //       "generate":   {"prompt": STREAM, "n", "teacher_forcing"},
 //       "perplexity": {"tokens": STREAM, "context"},
-//       "determinism": {"repeats"}
+//       "determinism": {"repeats"},
+//       "invariance": {"tokens": STREAM, "batch_sizes": [B...], "op_rows", "repeats", "decode"}
 //     },
 //     "tiers": {
 //       "sensitive": {CRITERION: {"value": number, "why": "one line"}, ...},
@@ -113,6 +114,8 @@ struct CriterionInfo {
 //   logits.kl_p99 logits.linf_max decide.top1_agreement_min
 //   decide.routing_agreement_min generate.first_divergence_min
 //   generate.divergences_max perplexity.ratio_max determinism
+//   invariance.ops_max_rel invariance.batch_max_rel
+//   invariance.prefill_decode_max_rel invariance.repeat_unique_max
 // plus per-op overrides "ops.<op>.max_rel" / "ops.<op>.cosine_min" for every
 // <op> of all_op_names(). Optional (required == false): the per-op overrides,
 // decide.routing_agreement_min (measured WITHOUT router authority: it shows
@@ -182,6 +185,16 @@ struct DeterminismStep {
     int repeats = 2;  // runs of the same node compared with each other (>= 2)
 };
 
+// The invariance step: the same node, the same request, different company.
+struct InvarianceStep {
+    bool enabled = false;
+    TokenStream tokens;                     // the sequence under test (prefill vs decode on all of it)
+    std::vector<std::int64_t> batch_sizes;  // B in 2..64: the sequence among B−1 seeded batchmates
+    std::int64_t op_rows = 512;             // op level: a row alone vs among op_rows rows
+    int repeats = 4;                        // identical greedy requests
+    std::int64_t decode = 8;                // tokens each of them decodes
+};
+
 struct Protocol {
     std::string source;    // the file it came from (for messages)
     std::string base_dir;  // folder relative paths are resolved against
@@ -205,6 +218,7 @@ struct Protocol {
     GenerateStep generate;
     PerplexityStep perplexity;
     DeterminismStep determinism;
+    InvarianceStep invariance;
 
     Tolerances sensitive, tolerant;
     const Tolerances& tier(Tier t) const { return t == Tier::sensitive ? sensitive : tolerant; }
@@ -213,7 +227,7 @@ struct Protocol {
     std::string content_hash;  // content_hash(document)
 
     // "ops", "drift", "logits", "decide", "generate", "perplexity",
-    // "determinism"; Error(internal) for another name.
+    // "determinism", "invariance"; Error(internal) for another name.
     bool runs(std::string_view step) const;
     // Step 1's configuration (seed from the protocol; model/layer left for the
     // caller to set when weights == "model").

@@ -1,10 +1,14 @@
 #include "kvasir/audit/step.hpp"
 
 #include "kvasir/core/error.hpp"
+#include "kvasir/metrics/metrics.hpp"
+#include "kvasir/steps/protocol_steps.hpp"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstring>
 
 namespace kvasir {
@@ -18,11 +22,12 @@ const Step& decide_step();
 const Step& generate_step();
 const Step& perplexity_step();
 const Step& determinism_step();
+const Step& invariance_step();
 
 const std::vector<const Step*>& audit_steps() {
     static const std::vector<const Step*> steps{&ops_step(),      &drift_step(),      &logits_step(),
                                                 &decide_step(),   &generate_step(),   &perplexity_step(),
-                                                &determinism_step()};
+                                                &determinism_step(), &invariance_step()};
     return steps;
 }
 
@@ -98,6 +103,16 @@ std::optional<std::string> first_non_finite(const StepOutput& out) {
         }
     }
     return std::nullopt;
+}
+
+double self_max_rel(const TensorView& a, const TensorView& b) {
+    if (same_bits(a, b)) return 0.0;
+    const CompareStats s = compare(a, b);
+    return finite_parity(s) ? s.max_rel : std::numeric_limits<double>::quiet_NaN();
+}
+
+double worse_max(double a, double b) {
+    return (std::isnan(a) || std::isnan(b)) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b);
 }
 
 Tensor i32_tensor(const std::vector<std::int32_t>& v) {

@@ -22,19 +22,6 @@ namespace kvasir {
 
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// Guarded max_rel of b against a (0 when bit-identical; NaN when their
-// non-finite patterns differ).
-double run_to_run_rel(const Tensor& a, const Tensor& b) {
-    if (same_bits(a.view(), b.view())) return 0.0;
-    const CompareStats s = compare(a.view(), b.view());
-    return finite_parity(s) ? s.max_rel : kNaN;
-}
-
-// NaN-sticky maximum.
-double worse_max(double a, double b) { return (std::isnan(a) || std::isnan(b)) ? kNaN : std::max(a, b); }
-
 class DeterminismAudit final : public Step {
 public:
     const char* name() const override { return "determinism"; }
@@ -66,10 +53,10 @@ public:
         double rows = 0;
         for (int r = 1; r < env.plan->repeats; ++r) {
             const ForwardResult again = forward(node, *env.model, ids);
-            worst = worse_max(worst, run_to_run_rel(first.logits, again.logits));
-            worst = worse_max(worst, run_to_run_rel(first.final_hidden, again.final_hidden));
+            worst = worse_max(worst, self_max_rel(first.logits.view(), again.logits.view()));
+            worst = worse_max(worst, self_max_rel(first.final_hidden.view(), again.final_hidden.view()));
             for (std::size_t k = 0; k < first.hidden.size() && k < again.hidden.size(); ++k)
-                worst = worse_max(worst, run_to_run_rel(first.hidden[k], again.hidden[k]));
+                worst = worse_max(worst, self_max_rel(first.hidden[k].view(), again.hidden[k].view()));
             rows += static_cast<double>(run_to_run_delta(first, again).routing_rows_differing);
         }
         StepOutput out;

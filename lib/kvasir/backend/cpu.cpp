@@ -6,10 +6,12 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <thread>
+#include <vector>
 
 namespace kvasir {
 
@@ -69,17 +71,25 @@ public:
                 KVASIR_CHECK(end != value.c_str() && *end == '\0' && n >= 1 && n <= 1024, ErrorCode::bad_input,
                              "backend '{}': threads must be an integer in 1..1024, not '{}'", spec.canonical(), value);
                 threads = static_cast<int>(n);
+            } else if (key == "split_k") {
+                KVASIR_CHECK(value == "shape" || value == "off", ErrorCode::bad_input,
+                             "backend '{}': split_k must be shape or off, not '{}'", spec.canonical(), value);
+                split_k_ = value == "shape";
             } else {
-                fail(ErrorCode::bad_input, "backend '{}': unknown option '{}' (cpu takes storage=, acc=, threads=)",
-                     spec.canonical(), key);
+                fail(ErrorCode::bad_input,
+                     "backend '{}': unknown option '{}' (cpu takes storage=, acc=, threads=, split_k=)", spec.canonical(),
+                     key);
             }
         }
+        KVASIR_CHECK(!split_k_ || (caps_.storage == DType::f32 && caps_.accumulation == DType::f32), ErrorCode::bad_input,
+                     "backend '{}': split_k=shape is an f32 variant (no storage= or acc= with it)", spec.canonical());
         avx2_ = kernels::cpu_has_avx2_fma();
         BackendSpec canonical;
         canonical.name = "cpu";
         if (caps_.storage != DType::f32) canonical.options["storage"] = dtype_name(caps_.storage);
         if (caps_.accumulation != DType::f32) canonical.options["acc"] = dtype_name(caps_.accumulation);
         if (spec.options.count("threads") != 0) canonical.options["threads"] = std::to_string(threads);
+        if (split_k_) canonical.options["split_k"] = "shape";
         caps_.node = canonical.canonical();
         caps_.backend = "cpu";
         caps_.device = host_cpu_description();
@@ -89,12 +99,57 @@ public:
         caps_.fma = caps_.accumulation == DType::f16 || avx2_;
         caps_.threads = threads;
         caps_.deterministic = true;
+        if (split_k_)
+            caps_.extra.emplace_back("split_k", fmt::format("the K reduction is split in {} partial sums when x has fewer "
+                                                            "than {} rows (a shape heuristic, as BLAS libraries choose)",
+                                                            kSplitKParts, kSplitKRows));
     }
 
     const Capabilities& capabilities() const override { return caps_; }
 
     Tensor matmul(const TensorView& x, const TensorView& w) override {
         check_matmul_args(x, w);
+        if (split_k_ && rows_of(x) < kSplitKRows && w.dim(1) >= 2 * kSplitKParts) return split_k_matmul(x, w);
+        return whole_matmul(x, w);
+    }
+
+private:
+    // split_k=shape: a batch-VARIANT node by construction (a contrast for the
+    // invariance step). Few rows → the K reduction in kSplitKParts
+    // contiguous chunks, each a whole matmul, the partials summed pairwise in
+    // f32; many rows → one pass. Every row's value then depends on how many
+    // rows came with it, exactly the behaviour of a BLAS that picks split-K
+    // by shape. Each result is still an f32 matmul within the usual bound.
+    static constexpr std::int64_t kSplitKRows = 64;
+    static constexpr int kSplitKParts = 4;
+    Tensor split_k_matmul(const TensorView& x, const TensorView& w) {
+        const std::int64_t t_count = rows_of(x), n_count = w.dim(0), k_count = w.dim(1);
+        const Tensor xf = Tensor::convert(x, DType::f32), wf = Tensor::convert(w, DType::f32);
+        const auto cols = [](const Tensor& m, std::int64_t rows, std::int64_t k, std::int64_t c0, std::int64_t n) {
+            Tensor out(DType::f32, {rows, n});
+            for (std::int64_t r = 0; r < rows; ++r)
+                std::memcpy(out.as<float>() + r * n, m.as<float>() + r * k + c0, static_cast<std::size_t>(n) * sizeof(float));
+            return out;
+        };
+        std::vector<Tensor> parts;
+        const std::int64_t chunk = (k_count + kSplitKParts - 1) / kSplitKParts;
+        for (std::int64_t c0 = 0; c0 < k_count; c0 += chunk) {
+            const std::int64_t n = std::min(chunk, k_count - c0);
+            parts.push_back(whole_matmul(cols(xf, t_count, k_count, c0, n), cols(wf, n_count, k_count, c0, n)));
+        }
+        Shape shape = x.shape;
+        shape.back() = n_count;
+        Tensor y(DType::f32, shape);
+        float* yp = y.as<float>();
+        for (std::int64_t i = 0; i < y.numel(); ++i) {
+            float partial[kSplitKParts] = {0, 0, 0, 0};
+            for (std::size_t p = 0; p < parts.size(); ++p) partial[p] = parts[p].as<float>()[i];
+            yp[i] = (partial[0] + partial[1]) + (partial[2] + partial[3]);
+        }
+        return y;
+    }
+
+    Tensor whole_matmul(const TensorView& x, const TensorView& w) {
         const std::int64_t t_count = rows_of(x), n_count = w.dim(0), k_count = w.dim(1);
         Shape shape = x.shape;
         shape.back() = n_count;
@@ -145,6 +200,7 @@ public:
         return y;
     }
 
+public:
     Tensor swiglu(const TensorView& gate, const TensorView& up) override {
         check_same_shape("swiglu", gate, up);
         const Tensor g = stored(gate), u = stored(up);
@@ -283,6 +339,7 @@ private:
 
     Capabilities caps_;
     bool avx2_ = false;
+    bool split_k_ = false;
 };
 
 }  // namespace

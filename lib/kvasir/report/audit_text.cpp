@@ -43,6 +43,47 @@ std::string render_pair(const PairMatrix& m, const Style& st) {
     return out;
 }
 
+// A self-comparison figure: "bit-identical" or the guarded max_rel.
+std::string self_cell(const nlohmann::ordered_json& v, const Style& st) {
+    if (v.is_number() && v.get<double>() == 0.0) return st.green("identical");
+    if (v.is_number()) return st.yellow(fmt_sci(v.get<double>()));
+    return st.red(v.is_string() ? v.get<std::string>() : "?");
+}
+
+// The invariance step: each node against itself.
+std::string render_invariance(const AuditReport& r, const Style& st) {
+    const auto step = r.steps.find("invariance");
+    if (step == r.steps.end() || !step->contains("nodes")) return "";
+    std::vector<std::string> header{"invariance", "row alone vs batch"};
+    for (const auto& b : step->value("batch_sizes", nlohmann::ordered_json::array()))
+        header.push_back(fmt::format("B={}", b.get<std::int64_t>()));
+    header.emplace_back("prefill vs decode");
+    header.push_back(fmt::format("unique outputs of {}", step->value("repeats", 0)));
+    TextTable t(header);
+    for (const auto& n : (*step)["nodes"]) {
+        std::vector<std::string> row{n.value("node", std::string())};
+        if (n.contains("error")) {
+            row.push_back(st.red("error: " + n["error"].get<std::string>()));
+            while (row.size() < header.size()) row.emplace_back("");
+            t.add_row(row);
+            continue;
+        }
+        std::string ops_text;
+        for (const auto& [op, v] : n["ops"].items())
+            if (!v.is_number() || v.get<double>() != 0.0) ops_text += (ops_text.empty() ? "" : " ") + op;
+        row.push_back(ops_text.empty() ? st.green("identical") : st.yellow("differs: " + ops_text));
+        for (const auto& b : n["batch"]) row.push_back(self_cell(b["max_rel"], st));
+        row.push_back(self_cell(n["prefill_decode"]["max_rel"], st));
+        const double bits = n["repeat"]["unique_outputs"].get<double>(),
+                     tokens = n["repeat"]["unique_token_sequences"].get<double>();
+        const std::string cell = fmt::format("{:g} ({:g} as tokens)", bits, tokens);
+        row.push_back(bits == 1.0 ? cell : st.yellow(cell));
+        t.add_row(row);
+    }
+    return "\n" + st.bold("Invariance (each node against itself; guarded max_rel, identical = same bits)") + "\n" +
+           t.render("  ");
+}
+
 }  // namespace
 
 std::string render_audit_text(const AuditReport& r, const Style& st) {
@@ -119,6 +160,8 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
         }
         out += "\n" + st.bold("Drift over depth (step 2, residual stream after each layer)") + "\n" + d.render("  ");
     }
+
+    out += render_invariance(r, st);
 
     const int code = exit_code(r.nodes, r.gate);
     std::vector<std::string> contrast;

@@ -90,7 +90,8 @@ void run(Runner& r, std::vector<KvLayer>& cache, std::span<const std::int32_t> t
         const auto li = static_cast<std::size_t>(l);
         const TensorView input = opt.anchor_inputs != nullptr ? (*opt.anchor_inputs)[li].view() : h.view();
         const RoutingPlan* plan = opt.routing != nullptr && c.is_moe(l) ? &(*opt.routing)[li] : nullptr;
-        arch::LayerIO io{pos, cache[li], plan, out.router_logits[li], out.routing[li],
+        const arch::Segment seg{0, t_count, &cache[li]};
+        arch::LayerIO io{pos, std::span<const arch::Segment>(&seg, 1), plan, out.router_logits[li], out.routing[li],
                          opt.keep_mlp_io ? &out.mlp_input[li] : nullptr, opt.keep_mlp_io ? &out.mlp_output[li] : nullptr,
                          opt.keep_mlp_io ? &out.mixer_output[li] : nullptr};
         h = r.architecture.layer(r.graph, l, input, io);
@@ -106,6 +107,48 @@ std::vector<KvLayer> fresh_cache(const ModelConfig& c) {
     for (auto& k : cache) k.init(c.num_kv_heads, c.head_dim);
     return cache;
 }
+
+}  // namespace
+
+std::vector<Tensor> forward_batch(Backend& backend, const Model& model,
+                                  std::span<const std::vector<std::int32_t>> sequences) {
+    KVASIR_CHECK(!sequences.empty(), ErrorCode::bad_input, "forward_batch: no sequences");
+    Runner r(backend, model);
+    const ModelConfig& c = model.config();
+    const std::int64_t L = c.num_layers;
+    std::vector<std::int32_t> all;
+    std::vector<std::int64_t> pos;
+    std::vector<std::int64_t> row0;
+    for (const auto& seq : sequences) {
+        check_tokens(c, seq);
+        row0.push_back(static_cast<std::int64_t>(all.size()));
+        for (std::size_t t = 0; t < seq.size(); ++t) pos.push_back(static_cast<std::int64_t>(t));
+        all.insert(all.end(), seq.begin(), seq.end());
+    }
+    std::vector<std::vector<KvLayer>> caches;
+    for (std::size_t i = 0; i < sequences.size(); ++i) caches.push_back(fresh_cache(c));
+    Tensor h = arch::gather_embeddings(model.embed(), all, backend.capabilities().output);
+    std::vector<arch::Segment> segs(sequences.size());
+    for (std::int64_t l = 0; l < L; ++l) {
+        const auto li = static_cast<std::size_t>(l);
+        for (std::size_t i = 0; i < sequences.size(); ++i)
+            segs[i] = arch::Segment{row0[i], static_cast<std::int64_t>(sequences[i].size()), &caches[i][li]};
+        Tensor router_logits;
+        RoutingPlan routing;
+        arch::LayerIO io{pos, segs, nullptr, router_logits, routing};
+        h = r.architecture.layer(r.graph, l, h, io);
+        for (std::size_t i = 0; i < sequences.size(); ++i)
+            caches[i][li].seen += static_cast<std::int64_t>(sequences[i].size());
+    }
+    const Tensor final_hidden = backend.rmsnorm(h, r.graph.scale_of(model.final_norm()), c.rms_norm_eps);
+    const Tensor logits = backend.matmul(final_hidden, model.lm_head());
+    std::vector<Tensor> out;
+    for (std::size_t i = 0; i < sequences.size(); ++i)
+        out.push_back(arch::leading_rows(logits, row0[i], static_cast<std::int64_t>(sequences[i].size())));
+    return out;
+}
+
+namespace {
 
 // Bits of two tensors equal (dtype, shape and bytes).
 bool same_bits(const Tensor& a, const Tensor& b) {

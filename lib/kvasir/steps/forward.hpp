@@ -133,6 +133,18 @@ struct ForwardResult {
 ForwardResult forward(Backend& backend, const Model& model, std::span<const std::int32_t> tokens,
                       const ForwardOptions& options = {});
 
+// Several independent sequences in ONE pass, as a serving node batches
+// requests: the rows of all of them are stacked [ΣT, H] through every
+// row-wise op (projections, norms, router, MoE block, MLP, lm_head), while
+// attention and linear-attention state stay per sequence (each from
+// position 0, its own cache). Each backend runs its own router (no
+// authority: batching is the node's own business). Returns the logits
+// [T_i, V] of each sequence, in order. A backend whose arithmetic does not
+// depend on the batch returns for each sequence the bits forward() returns
+// for it alone (the invariance step measures exactly that).
+std::vector<Tensor> forward_batch(Backend& backend, const Model& model,
+                                  std::span<const std::vector<std::int32_t>> sequences);
+
 // Incremental decoding with a KV cache. The Backend and Model must outlive
 // the Decoder. Not thread-safe (one decoding stream).
 class Decoder {
