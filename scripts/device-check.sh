@@ -6,7 +6,8 @@
 # cuda node, its variants and the cuBLAS TF32 on/off nodes against cpu-ref and
 # cpu with `ops` on the default shapes and on a real-size MoE layer
 # (Qwen3-30B-A3B: hidden 2048, expert FFN 768, 128 experts, top-8, 64 tokens);
-# then `audit` and `matrix` (on the fixture model) when this build has them. Everything lands in
+# then `audit` and `matrix` (on the fixture model) when this build has them, and
+# the invariance step on the cuda and cuBLAS TF32 on/off nodes. Everything lands in
 # OUTDIR: one log per phase, ops*.json/.txt, backends.json, ctest logs and
 # JUnit, and summary.txt (phase, status, seconds, and the headline figures).
 #
@@ -188,6 +189,16 @@ fi
 help="$("$BIN" --help 2>&1)"
 if grep -qE "^\s+audit\b" <<<"$help"; then
   run_phase audit 90 "$OUT/audit.txt" "$BIN" audit --json -o "$OUT/audit.json"
+  # The invariance step on the GPU nodes (issue #21): cuBLAS picks its
+  # algorithm by shape (TF32 off and on), the hand-written kernels do not;
+  # the atomics variant shows in the repeated requests. The whole default
+  # protocol runs (steps 1–6 too), so every figure has its context.
+  if [ $cuda_ok -eq 1 ]; then
+    run_phase invariance 90 "$OUT/invariance.txt" "$BIN" audit --gate none \
+      --backends "cpu-ref,cpu,cuda:0,cuda:0:blas=cublas:tf32=0,cuda:0:blas=cublas:tf32=1,cuda:0:nondeterministic=1" \
+      -o "$OUT/invariance.json"
+    sed -n '/^Invariance/,/^$/p' "$OUT/invariance.txt" | sed 's/^/  /' >>"$SUMMARY"
+  fi
 else
   say "audit: not in this build, skipped"
 fi

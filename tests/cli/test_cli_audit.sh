@@ -29,6 +29,25 @@ check "the NaN node is an error" grep -qE "^cpu:fault=nan +error" "$tmp/nan.out"
 "$bin" audit -p $ci -b cpu-ref,cpu:fault=nan --gate none >/dev/null; rc=$?
 check "--gate none reports but never fails → exit 0" test $rc -eq 0
 
+# The invariance step tells a batch-variant node (split-K chosen by shape)
+# from the batch-invariant f32 cpu: same arithmetic class, different company.
+"$bin" audit -p $ci -b cpu-ref,cpu,cpu:split_k=shape -o "$tmp/inv.json" >"$tmp/inv.out"; rc=$?
+check "a batch-variant node under the sensitive gate → exit 1" test $rc -eq 1
+check "the batch-variant node is unfit-sensitive" grep -qE "^cpu:split_k=shape +unfit-sensitive +FAIL +invariance\." "$tmp/inv.out"
+check "cpu is still fit" grep -qE "^cpu +fit +pass" "$tmp/inv.out"
+check "the invariance table shows cpu identical in every batch" \
+  grep -qE "^  cpu +identical +identical +identical " "$tmp/inv.out"
+check "the report names the failing batch figure" python3 - "$tmp/inv.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+nodes = {n["node"]: n for n in doc["steps"]["invariance"]["nodes"]}
+split = nodes["cpu:split_k=shape"]
+assert split["ops"]["matmul"] > 0 and split["ops"]["softmax"] == 0, split["ops"]
+assert any(not b["bit_identical"] for b in split["batch"]), split["batch"]
+assert all(b["bit_identical"] for b in nodes["cpu"]["batch"]), nodes["cpu"]["batch"]
+PY
+check "backends --help lists the contrast variant" bash -c "'$bin' backends | grep -q 'cpu:split_k=shape'"
+
 # --timings: where the time went on stderr; the report itself is unchanged.
 # In this process (--in-process) the load phase is the audit's own; with a
 # process per node each child reads its weights inside its step seconds.
