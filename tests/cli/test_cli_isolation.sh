@@ -12,6 +12,10 @@ bin="$1"
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# The audits of this script keep their children's captures under $tmp, so
+# "no child left running" looks at this script's children only (other CLI
+# tests run capture children of their own in parallel).
+export TMPDIR="$tmp"
 ci=protocols/ci.json
 
 # field NODE KEY FILE: a node's verdict or its errors (as JSON) from a report.
@@ -48,7 +52,7 @@ for case in "segv|SIGSEGV (Segmentation fault)|" "hang|timed out after 60 s|--no
   check "fault=$fault: JSON report valid against the schema" python3 scripts/validate_report.py "$tmp/$fault.json"
   check "fault=$fault: JUnit report valid" python3 scripts/validate_report.py --junit "$tmp/$fault.xml"
 done
-check "no child is left running" bash -c "! pgrep -f '[k]vasir-equiv capture --backend cpu:fault=' >/dev/null"
+check "no child is left running" bash -c "! pgrep -f '[k]vasir-equiv capture .*$tmp/kvasir-audit-' >/dev/null"
 
 # The reference crashing: exit 3, one clear line, no report written.
 err=$("$bin" audit -p $ci -b cpu-ref,cpu --reference cpu:fault=segv -o "$tmp/ref.json" 2>&1 >/dev/null); rc=$?

@@ -269,7 +269,7 @@ std::string header(const AuditReport& r, const HtmlStamp& stamp) {
     o += "</dl>\n</header>\n";
     o += "<nav><a href=\"#verdicts\">Verdicts</a><a href=\"#pairs\">Backend pairs</a><a href=\"#drift\">Drift</a><a href=\"#logits\">Logits</a>"
          "<a href=\"#decide\">Decisions</a><a href=\"#generate\">Generation</a><a href=\"#perplexity\">Perplexity</a>"
-         "<a href=\"#determinism\">Determinism</a><a href=\"#criteria\">All criteria</a><a href=\"#tolerances\">Tolerances</a></nav>\n";
+         "<a href=\"#determinism\">Determinism</a><a href=\"#invariance\">Invariance</a><a href=\"#criteria\">All criteria</a><a href=\"#tolerances\">Tolerances</a></nav>\n";
     return o;
 }
 
@@ -695,6 +695,53 @@ std::string determinism_section(const AuditReport& r) {
     return o;
 }
 
+// A self-comparison cell: "identical" or the guarded max_rel, in red.
+std::string self_td(const Json& e, const char* key) {
+    const double v = number(e, key);
+    if (v == 0.0) return "<td>identical</td>";
+    return fmt::format("<td class=\"num\"><span class=\"fail\">{}</span></td>", std::isnan(v) ? "NaN" : fmt_sci(v));
+}
+
+std::string invariance_section(const AuditReport& r) {
+    const Json& res = results(r, "invariance", "nodes");
+    if (res.empty()) return {};
+    const Json& step = *field(r.steps, "invariance");
+    std::string o = "<section id=\"invariance\">\n<h2>Invariance</h2>\n";
+    o += fmt::format("<p class=\"note\">Each node against itself ({}): a row alone vs among {} rows; the sequence of {} tokens alone "
+                     "vs in a batch of B; one prefill vs token-by-token decode; {} identical requests decoding {} tokens. "
+                     "Guarded max rel; identical = the same bits.</p>\n",
+                     h(text(step, "compared")), h(text(step, "op_rows")), h(text(step, "tokens")), h(text(step, "repeats")),
+                     h(text(step, "decode")));
+    o += "<table><thead><tr><th>node</th><th>matmul row</th><th>softmax row</th><th>rmsnorm row</th>";
+    int columns = 6;
+    if (const Json* sizes = field(step, "batch_sizes"))
+        for (const Json& b : *sizes) {
+            o += fmt::format("<th>B = {}</th>", h(b.dump()));
+            ++columns;
+        }
+    o += "<th>prefill vs decode</th><th>unique outputs (bits / tokens)</th></tr></thead><tbody>\n";
+    for (const Json& e : res) {
+        if (field(e, "error")) {
+            o += error_row(e, columns);
+            continue;
+        }
+        o += fmt::format("<tr><td><code>{}</code></td>", h(text(e, "node")));
+        const Json* ops = field(e, "ops");
+        for (const char* op : {"matmul", "softmax", "rmsnorm"}) o += ops ? self_td(*ops, op) : "<td>—</td>";
+        if (const Json* batch = field(e, "batch"))
+            for (const Json& b : *batch) o += self_td(b, "max_rel");
+        if (const Json* pd = field(e, "prefill_decode")) o += self_td(*pd, "max_rel");
+        if (const Json* rep = field(e, "repeat")) {
+            const double bits = number(*rep, "unique_outputs"), tokens = number(*rep, "unique_token_sequences");
+            o += fmt::format("<td class=\"num\">{}{:.0f} / {:.0f} of {}{}</td>", bits == 1.0 ? "" : "<span class=\"fail\">", bits,
+                             tokens, h(text(*rep, "of")), bits == 1.0 ? "" : "</span>");
+        }
+        o += "</tr>\n";
+    }
+    o += "</tbody></table>\n</section>\n";
+    return o;
+}
+
 std::string criteria_section(const AuditReport& r) {
     std::string o = "<section id=\"criteria\">\n<h2>Every criterion of every node</h2>\n";
     o += "<p class=\"note\">Both tiers. A criterion measured several times (per layer, per op) is judged on its worst value. Failing rows "
@@ -766,6 +813,7 @@ std::string audit_html(const AuditReport& r, const HtmlStamp& stamp) {
     body += generate_section(r);
     body += perplexity_section(r);
     body += determinism_section(r);
+    body += invariance_section(r);
     body += criteria_section(r);
     body += tolerances_section(r);
     const bool from_captures = r.model.value("source", std::string()) == "captures";
