@@ -111,16 +111,24 @@ public:
         const std::int64_t rep = nh / static_cast<std::int64_t>(keys.size()), p0 = s_count - t_count;
         Tensor y(DType::f64, {t_count, nh * d});
         double* yp = y.as<double>();
+        // Widened once (exact), read as plain doubles.
+        const Tensor qd = Tensor::convert(q, DType::f64);
+        std::vector<Tensor> kd, vd;
+        for (std::size_t g = 0; g < keys.size(); ++g) {
+            kd.push_back(Tensor::convert(keys[g], DType::f64));
+            vd.push_back(Tensor::convert(values[g], DType::f64));
+        }
+        const double* qp = qd.as<double>();
 #pragma omp parallel for schedule(dynamic) num_threads(caps_.threads)
         for (std::int64_t row = 0; row < t_count * nh; ++row) {
             const std::int64_t t = row / nh, h = row % nh, n = p0 + t + 1;
-            const TensorView& k = keys[static_cast<std::size_t>(h / rep)];
-            const TensorView& v = values[static_cast<std::size_t>(h / rep)];
+            const double* k = kd[static_cast<std::size_t>(h / rep)].as<double>();
+            const double* v = vd[static_cast<std::size_t>(h / rep)].as<double>();
             std::vector<double> p(static_cast<std::size_t>(n));
             double m = -INFINITY;
             for (std::int64_t s = 0; s < n; ++s) {
                 double dot = 0.0;
-                for (std::int64_t j = 0; j < d; ++j) dot += q.at(row * d + j) * k.at(s * d + j);
+                for (std::int64_t j = 0; j < d; ++j) dot += qp[row * d + j] * k[s * d + j];
                 p[static_cast<std::size_t>(s)] = dot * scale;
                 m = std::fmax(m, p[static_cast<std::size_t>(s)]);
             }
@@ -129,7 +137,7 @@ public:
             for (std::int64_t s = 0; s < n; ++s) p[static_cast<std::size_t>(s)] /= sum;
             for (std::int64_t i = 0; i < d; ++i) {
                 double o = 0.0;
-                for (std::int64_t s = 0; s < n; ++s) o += p[static_cast<std::size_t>(s)] * v.at(s * d + i);
+                for (std::int64_t s = 0; s < n; ++s) o += p[static_cast<std::size_t>(s)] * v[s * d + i];
                 yp[row * d + i] = o;
             }
         }
