@@ -139,6 +139,28 @@ void moe_layer(benchmark::State& state, std::string spec, std::int64_t T) {
     state.counters["GFLOP/s"] = gflops(moe_flops(T) + 2.0 * double(T * kExperts * kHidden));
 }
 
+// Causal GQA attention over a KV cache of S = p0 + T rows (32 query heads, 4
+// kv heads of 128): the node's causal_attention ("fused"), or the default
+// composition of its matmul/scale/softmax (Backend::causal_attention, what
+// LayerGraph::attend ran before the op existed: "composed"). Prefill is
+// T = 512 at p0 = 0, a decode step T = 1 at p0 = 511. GFLOP/s counts the
+// unmasked multiply-adds of Q·Kᵀ and P·V (2·2·D per visible pair).
+void attention(benchmark::State& state, std::string spec, bool fused, std::int64_t T, std::int64_t p0) {
+    const std::int64_t S = p0 + T;
+    const Tensor& q = input("bench/attn/q", {T, kHeads, kHeadDim}, 1);
+    std::vector<TensorView> k, v;
+    for (std::int64_t g = 0; g < kKvHeads; ++g) {
+        k.push_back(input("bench/attn/k" + std::to_string(g), {S, kHeadDim}, 1));
+        v.push_back(input("bench/attn/v" + std::to_string(g), {S, kHeadDim}, 1));
+    }
+    Backend& b = node(spec);
+    const double scale = 1 / std::sqrt(double(kHeadDim));
+    for (auto _ : state)
+        benchmark::DoNotOptimize(fused ? b.causal_attention(q, k, v, scale) : b.Backend::causal_attention(q, k, v, scale));
+    const double pairs = double(T) * double(p0) + double(T) * double(T + 1) / 2;  // Σ_t (p0 + t + 1)
+    state.counters["GFLOP/s"] = gflops(4.0 * double(kHeadDim) * double(kHeads) * pairs);
+}
+
 // Seeded input generation (Philox + libm-free Box–Muller), all threads.
 void seeded(benchmark::State& state, bool normal) {
     for (auto _ : state)
@@ -197,6 +219,13 @@ void register_all() {
     for (std::int64_t t : {16, 128})
         add("moe_block/cpu-ref/f32/T:" + std::to_string(t), moe_block, std::string("cpu-ref"), DType::f32, t)
             ->Unit(benchmark::kMillisecond);
+    for (const char* spec : {"cpu:threads=2", "cpu:threads=1", "cpu:threads=2,storage=bf16", "cpu-ref"})
+        for (const bool fused : {true, false})
+            for (auto [t, p0] : {std::pair<std::int64_t, std::int64_t>{512, 0}, {1, 511}})
+                add(std::string("attention/") + spec + (fused ? "/fused" : "/composed") + "/T:" + std::to_string(t) +
+                        "/p0:" + std::to_string(p0),
+                    attention, std::string(spec), fused, t, p0)
+                    ->Unit(benchmark::kMillisecond);
     add("seeded/normal_f32", seeded, true)->Unit(benchmark::kMillisecond);
     add("seeded/uniform_f32", seeded, false)->Unit(benchmark::kMillisecond);
 }

@@ -912,6 +912,283 @@ TEST_P(Conformance, MoeBlockMatchesTheOracleAndItsShards) {
 
 INSTANTIATE_TEST_SUITE_P(Nodes, Conformance, ::testing::ValuesIn(all_nodes()), node_label);
 
+// ---- causal GQA attention over a KV cache -------------------------------------------------
+//
+// Backend::causal_attention on every node. q [T, nh, D] at positions
+// p0 … p0+T−1, K/V caches [S, D] per kv head (S = p0 + T).
+//  * the oracle is bit for bit a plain f64 loop written here (every sum
+//    sequential from +0); every node is bit for bit its own default
+//    composition (backend.hpp) — the fused cpu kernel promises exactly that;
+//  * against the oracle on the inputs the node holds, per output element
+//    o = Σ_s p_s v_s: a score's error is at most γ_D(u_a)·Σ_j|q_j k_j| (any
+//    order, Higham §3.1), plus its rounding to storage and the rounding of
+//    the scaled score (2u_s·|x| in all, u_s = u for f32), times the scale;
+//    with every scaled score off by at most ε, each p̂_s/p_s lies within
+//    e^{±2ε}; the softmax's own exp, sum and division add softmax_rel(n) as
+//    in the softmax tests; P·V is a dot product of length n: γ_n(u_a)·Σ p̂|v|.
+//    So with ρ = e^{2ε} − 1 + softmax_rel(n) and A = Σ_s p_s|v_s|:
+//      |ô − o| ≤ (ρ + γ_n(u_a)·(1 + ρ))·A + out_u·|o| + abs
+//    out_u = 1.01u_s for narrow storage (u for f32), abs the subnormal steps
+//    of a half accumulator (D·2⁻²⁵ in the score, n·2⁻²⁵ in P·V) and of narrow
+//    storage.
+class AttentionConformance : public NodeTest {
+protected:
+    struct Case {
+        std::int64_t T, nh, nkv, D, p0;
+    };
+    // Inputs as the node holds them (rounded to storage), in its output dtype.
+    struct Inputs {
+        Tensor q;
+        std::vector<Tensor> k, v;
+        std::vector<TensorView> kv() const { return {k.begin(), k.end()}; }
+        std::vector<TensorView> vv() const { return {v.begin(), v.end()}; }
+    };
+    Inputs inputs(const Case& c, const std::string& tag) const {
+        const std::int64_t S = c.p0 + c.T;
+        Inputs in;
+        in.q = held(seeded_normal(11, "conf/attn/q/" + tag, {c.T, c.nh, c.D}, 0, 1));
+        for (std::int64_t g = 0; g < c.nkv; ++g) {
+            in.k.push_back(held(seeded_normal(11, fmt::format("conf/attn/k/{}/{}", tag, g), {S, c.D}, 0, 1)));
+            in.v.push_back(held(seeded_normal(11, fmt::format("conf/attn/v/{}/{}", tag, g), {S, c.D}, 0, 1)));
+        }
+        return in;
+    }
+    Tensor run(Backend& b, const Inputs& in, double scale) const { return b.causal_attention(in.q, in.kv(), in.vv(), scale); }
+    static bool same_bits(const Tensor& a, const Tensor& b) {
+        return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+    }
+    // Row t of out [T, nh·D], bits.
+    static bool same_row(const Tensor& a, const Tensor& b, std::int64_t t) {
+        const std::size_t row = static_cast<std::size_t>(a.dim(1)) * dtype_size(a.dtype());
+        return std::memcmp(static_cast<const std::byte*>(a.raw()) + static_cast<std::size_t>(t) * row,
+                           static_cast<const std::byte*>(b.raw()) + static_cast<std::size_t>(t) * row, row) == 0;
+    }
+};
+
+// The textbook definition, f64, sequential sums: what cpu-ref must equal bit for bit.
+Tensor textbook_attention(const Tensor& q, const std::vector<Tensor>& k, const std::vector<Tensor>& v, double scale,
+                          std::vector<double>* abs_pv = nullptr, std::vector<double>* eps_in = nullptr) {
+    const std::int64_t T = q.dim(0), nh = q.dim(1), D = q.dim(2), S = k[0].dim(0);
+    const std::int64_t rep = nh / static_cast<std::int64_t>(k.size()), p0 = S - T;
+    std::vector<double> out(static_cast<std::size_t>(T * nh * D));
+    if (abs_pv != nullptr) abs_pv->assign(out.size(), 0.0);
+    if (eps_in != nullptr) eps_in->assign(static_cast<std::size_t>(T * nh * 2), 0.0);
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t h = 0; h < nh; ++h) {
+            const Tensor& kg = k[static_cast<std::size_t>(h / rep)];
+            const Tensor& vg = v[static_cast<std::size_t>(h / rep)];
+            const std::int64_t n = p0 + t + 1;
+            std::vector<double> x(static_cast<std::size_t>(n));
+            double m = -INFINITY, max_abs_dot = 0, max_x = 0;
+            for (std::int64_t s = 0; s < n; ++s) {
+                double dot = 0, abs_dot = 0;
+                for (std::int64_t j = 0; j < D; ++j) {
+                    dot += q.at((t * nh + h) * D + j) * kg.at(s * D + j);
+                    abs_dot += std::fabs(q.at((t * nh + h) * D + j) * kg.at(s * D + j));
+                }
+                x[static_cast<std::size_t>(s)] = dot * scale;
+                m = std::fmax(m, x[static_cast<std::size_t>(s)]);
+                max_abs_dot = std::max(max_abs_dot, abs_dot);
+                max_x = std::max(max_x, std::fabs(dot * scale));
+            }
+            double sum = 0;
+            for (std::int64_t s = 0; s < n; ++s) sum += (x[static_cast<std::size_t>(s)] = std::exp(x[static_cast<std::size_t>(s)] - m));
+            for (std::int64_t s = 0; s < n; ++s) x[static_cast<std::size_t>(s)] /= sum;
+            for (std::int64_t i = 0; i < D; ++i) {
+                double o = 0, a = 0;
+                for (std::int64_t s = 0; s < n; ++s) {
+                    o += x[static_cast<std::size_t>(s)] * vg.at(s * D + i);
+                    a += x[static_cast<std::size_t>(s)] * std::fabs(vg.at(s * D + i));
+                }
+                out[static_cast<std::size_t>((t * nh + h) * D + i)] = o;
+                if (abs_pv != nullptr) (*abs_pv)[static_cast<std::size_t>((t * nh + h) * D + i)] = a;
+            }
+            if (eps_in != nullptr) {
+                (*eps_in)[static_cast<std::size_t>((t * nh + h) * 2)] = max_abs_dot * scale;
+                (*eps_in)[static_cast<std::size_t>((t * nh + h) * 2 + 1)] = max_x;
+            }
+        }
+    return Tensor::from_f64(out, {T, nh * D});
+}
+
+// Shapes: one query and a batch; GQA rep 1, 2, 3, 4; D below 8, not a
+// multiple of 8, crossing the 64-term summation block, 128; S not a multiple
+// of 8 and past 64 (P·V crosses a block); p0 = 0 (prefill) and p0 > 0 (a
+// decode step or a chunk continuing over a cache).
+const std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>>& attention_shapes() {
+    static const std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>> s = {
+        {1, 1, 1, 4, 0},  {5, 4, 2, 8, 0},   {3, 6, 2, 72, 37}, {1, 8, 2, 128, 200},
+        {17, 4, 4, 64, 9}, {40, 3, 1, 130, 30}, {9, 12, 3, 16, 0}, {2, 16, 4, 24, 75}};
+    return s;
+}
+
+TEST_P(AttentionConformance, ByHandUniformWeightsAverageTheVisibleValues) {
+    // q = 0: every score is 0, exp(0) = 1, the weights are 1/n over the n
+    // visible keys, so out = the mean of V's first n rows. T = 2, p0 = 1:
+    // query 0 sees rows 0–1, query 1 rows 0–2. Two query heads share the one kv head.
+    const Tensor q = input(std::vector<double>(2 * 2 * 2, 0.0), {2, 2, 2});
+    const std::vector<Tensor> k = {input({1, 2, -3, 4, 0.5, 6}, {3, 2})};
+    const std::vector<Tensor> v = {input({1, 2, 3, 4, 5, 6}, {3, 2})};
+    const std::vector<TensorView> kv(k.begin(), k.end()), vv(v.begin(), v.end());
+    const Tensor y = node().causal_attention(q, kv, vv, 0.5);
+    ASSERT_EQ(y.shape(), Shape({2, 4}));
+    const Tensor want = Tensor::from_f64(std::vector<double>{2, 3, 2, 3, 3, 4, 3, 4}, {2, 4});
+    if (oracle())
+        EXPECT_TRUE(elementwise_close(want, y, 4 * 0x1p-53, 0));
+    else
+        EXPECT_TRUE(elementwise_close(want, y, few_roundings() + (narrow() ? 3.1 * us() : 0.0) + (f16_acc() ? 4 * ua() : 0.0),
+                                      underflow()));
+}
+
+TEST_P(AttentionConformance, WithinTheSoftmaxAndDotProductBoundOfTheTextbook) {
+    auto r = ref();
+    for (const auto& [T, nh, nkv, D, p0] : attention_shapes()) {
+        if (f16_acc() && !reduction_bound_exists(std::max(D, p0 + T))) continue;
+        const Inputs in = inputs({T, nh, nkv, D, p0}, fmt::format("{}x{}x{}x{}x{}", T, nh, nkv, D, p0));
+        const double scale = 1 / std::sqrt(static_cast<double>(D));
+        std::vector<double> abs_pv, eps_in;
+        const Tensor want = textbook_attention(in.q, in.k, in.v, scale, &abs_pv, &eps_in);
+        const Tensor y = run(node(), in, scale);
+        ASSERT_EQ(y.dtype(), caps().output);
+        ASSERT_EQ(y.shape(), Shape({T, nh * D}));
+        if (oracle()) {
+            EXPECT_TRUE(same_bits(want, y)) << "cpu-ref is the textbook loop, bit for bit";
+            continue;
+        }
+        const double u_round = narrow() ? us() : kU32;
+        const double out_u = narrow() ? 1.01 * us() : kU32;
+        double worst = 0;
+        for (std::int64_t t = 0; t < T; ++t)
+            for (std::int64_t h = 0; h < nh; ++h) {
+                const std::int64_t n = p0 + t + 1;
+                const double abs_dot = eps_in[static_cast<std::size_t>((t * nh + h) * 2)];
+                const double max_x = eps_in[static_cast<std::size_t>((t * nh + h) * 2 + 1)];
+                const double eps = gamma(D, ua()) * abs_dot + (f16_acc() ? D * 0x1p-25 * scale : 0.0) + 2 * u_round * max_x * 1.01 +
+                                   underflow();
+                const double rho = std::expm1(2 * eps) + softmax_rel(n);
+                for (std::int64_t i = 0; i < D; ++i) {
+                    const std::int64_t e = t * nh * D + h * D + i;
+                    const double a = abs_pv[static_cast<std::size_t>(e)], w = want.at(e), g = y.at(e);
+                    const double bound = (rho + gamma(n, ua()) * (1 + rho)) * a + out_u * std::fabs(w) +
+                                         (f16_acc() ? n * 0x1p-25 : 0.0) + underflow();
+                    ASSERT_TRUE(std::fabs(g - w) <= bound)
+                        << T << "x" << nh << "x" << nkv << "x" << D << " p0=" << p0 << " t=" << t << " h=" << h << " i=" << i
+                        << ": |" << g << " − " << w << "| > " << bound;
+                    worst = std::max(worst, std::fabs(g - w) / bound);
+                }
+            }
+        std::printf("[ measured ] %s attention %lldx%lldx%lldx%lld p0=%lld: max |Δ| / bound = %.3f\n",
+                    GetParam().spec.c_str(), static_cast<long long>(T), static_cast<long long>(nh),
+                    static_cast<long long>(nkv), static_cast<long long>(D), static_cast<long long>(p0), worst);
+    }
+}
+
+TEST_P(AttentionConformance, FusedIsItsOwnCompositionBitForBit) {
+    if (!caps().deterministic) GTEST_SKIP() << "split-K atomics: no two runs need agree on bits";
+    for (const auto& [T, nh, nkv, D, p0] : attention_shapes()) {
+        const Inputs in = inputs({T, nh, nkv, D, p0}, fmt::format("c{}x{}x{}x{}x{}", T, nh, nkv, D, p0));
+        const Tensor fused = run(node(), in, 0.125);
+        // The base class's composition of this node's own matmul/scale/softmax.
+        const Tensor composed = node().Backend::causal_attention(in.q, in.kv(), in.vv(), 0.125);
+        EXPECT_TRUE(same_bits(fused, composed)) << T << "x" << nh << "x" << nkv << "x" << D << " p0=" << p0;
+    }
+}
+
+TEST_P(AttentionConformance, ALaterKeyNeverReachesAnEarlierQuery) {
+    if (!caps().deterministic) GTEST_SKIP() << "split-K atomics: bits differ between runs";
+    const std::int64_t T = 6, nh = 4, nkv = 2, D = 16, p0 = 3, S = p0 + T;
+    const Inputs in = inputs({T, nh, nkv, D, p0}, "mask");
+    const Tensor base = run(node(), in, 0.25);
+    for (const std::int64_t s : {p0 + 1, S - 1}) {
+        // Key and value at cache position s of every kv head replaced by large
+        // other values: queries t with p0 + t < s must not change a bit, the
+        // first query that sees s must change.
+        Inputs changed = in;
+        for (std::int64_t g = 0; g < nkv; ++g)
+            for (Tensor* c : {&changed.k[static_cast<std::size_t>(g)], &changed.v[static_cast<std::size_t>(g)]}) {
+                *c = Tensor::convert(c->view(), c->dtype());  // own copy
+                for (std::int64_t j = 0; j < D; ++j) c->set(s * D + j, 8.0 + static_cast<double>(j));
+            }
+        const Tensor y = run(node(), changed, 0.25);
+        for (std::int64_t t = 0; t < T; ++t) {
+            if (p0 + t < s) {
+                EXPECT_TRUE(same_row(base, y, t)) << "query " << t << " at " << p0 + t << " saw key " << s;
+            } else if (p0 + t == s) {
+                EXPECT_FALSE(same_row(base, y, t)) << "query " << t << " did not see key " << s;
+            }
+        }
+    }
+}
+
+TEST_P(AttentionConformance, QueryHeadHReadsKvHeadHOverRep) {
+    if (!caps().deterministic) GTEST_SKIP() << "split-K atomics: bits differ between runs";
+    const std::int64_t T = 3, nh = 6, nkv = 2, rep = 3, D = 8, p0 = 4;
+    const Inputs in = inputs({T, nh, nkv, D, p0}, "gqa");
+    const Tensor all = run(node(), in, 0.3);
+    for (std::int64_t g = 0; g < nkv; ++g) {
+        // Heads g·rep … g·rep+rep−1 alone against kv head g alone: the same bits.
+        Inputs one;
+        one.q = Tensor(in.q.dtype(), {T, rep, D});
+        const std::size_t head = static_cast<std::size_t>(D) * dtype_size(in.q.dtype());
+        for (std::int64_t t = 0; t < T; ++t)
+            std::memcpy(static_cast<std::byte*>(one.q.raw()) + static_cast<std::size_t>(t * rep) * head,
+                        static_cast<const std::byte*>(in.q.raw()) + static_cast<std::size_t>(t * nh + g * rep) * head, rep * head);
+        one.k = {in.k[static_cast<std::size_t>(g)]};
+        one.v = {in.v[static_cast<std::size_t>(g)]};
+        const Tensor part = run(node(), one, 0.3);
+        for (std::int64_t t = 0; t < T; ++t)
+            EXPECT_EQ(std::memcmp(static_cast<const std::byte*>(part.raw()) + static_cast<std::size_t>(t * rep) * head,
+                                  static_cast<const std::byte*>(all.raw()) + static_cast<std::size_t>(t * nh + g * rep) * head,
+                                  rep * head),
+                      0)
+                << "kv head " << g << " query " << t;
+    }
+}
+
+TEST_P(AttentionConformance, NonFiniteValuesNeverPass) {
+    const std::int64_t T = 3, nh = 2, nkv = 1, D = 8, p0 = 2;
+    Inputs in = inputs({T, nh, nkv, D, p0}, "nan");
+    // A NaN in the key at position p0 + 1: queries 1 and 2 see it (all their
+    // outputs NaN), query 0 does not.
+    in.k[0] = Tensor::convert(in.k[0].view(), in.k[0].dtype());
+    in.k[0].set((p0 + 1) * D + 3, std::numeric_limits<double>::quiet_NaN());
+    const Tensor y = run(node(), in, 0.5);
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t i = 0; i < nh * D; ++i) {
+            if (t == 0)
+                EXPECT_TRUE(std::isfinite(y.at(t * nh * D + i))) << t << " " << i;
+            else
+                EXPECT_TRUE(std::isnan(y.at(t * nh * D + i))) << t << " " << i;
+        }
+    // An infinite value seen by a query: its output is not finite.
+    Inputs inf = inputs({T, nh, nkv, D, p0}, "inf");
+    inf.v[0] = Tensor::convert(inf.v[0].view(), inf.v[0].dtype());
+    inf.v[0].set(0 * D + 5, std::numeric_limits<double>::infinity());
+    const Tensor yi = run(node(), inf, 0.5);
+    for (std::int64_t t = 0; t < T; ++t) EXPECT_FALSE(std::isfinite(yi.at(t * nh * D + 5))) << t;
+}
+
+TEST_P(AttentionConformance, ShapeErrorsAreBadInput) {
+    Backend& b = node();
+    const Tensor q = seeded_normal(1, "conf/attn/bad/q", {2, 4, 8}, 0, 1);
+    const Tensor k = seeded_normal(1, "conf/attn/bad/k", {5, 8}, 0, 1);
+    const Tensor k_short = seeded_normal(1, "conf/attn/bad/ks", {1, 8}, 0, 1);
+    const Tensor k_dim = seeded_normal(1, "conf/attn/bad/kd", {5, 6}, 0, 1);
+    const std::vector<TensorView> one{k}, three{k, k, k}, shorter{k_short}, dim{k_dim}, mixed{k, k_short};
+    const std::vector<std::pair<const char*, std::function<void()>>> ops = {
+        {"q rank", [&] { b.causal_attention(k, one, one, 1.0); }},
+        {"no kv heads", [&] { b.causal_attention(q, {}, {}, 1.0); }},
+        {"k/v count", [&] { b.causal_attention(q, one, three, 1.0); }},
+        {"heads not divisible", [&] { b.causal_attention(q, three, three, 1.0); }},
+        {"fewer rows than tokens", [&] { b.causal_attention(q, shorter, shorter, 1.0); }},
+        {"head dim", [&] { b.causal_attention(q, dim, dim, 1.0); }},
+        {"rows differ between heads", [&] { b.causal_attention(q, mixed, mixed, 1.0); }},
+    };
+    for (const auto& [what, op] : ops) EXPECT_EQ(code_of(op), ErrorCode::bad_input) << what;
+}
+
+INSTANTIATE_TEST_SUITE_P(Nodes, AttentionConformance, ::testing::ValuesIn(all_nodes()), node_label);
+
 // ---- Gated DeltaNet: causal conv + SiLU, the gated delta rule -----------------------------
 //
 // The two ops of the hybrid families (linear_attention.hpp), on every node

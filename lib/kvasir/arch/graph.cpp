@@ -53,40 +53,6 @@ Tensor broadcast_cols(const TensorView& col, std::int64_t cols) {
     return out;
 }
 
-// row[j] = −inf for j in [from, to) of the row starting at flat index `base`.
-void fill_neg_inf(Tensor& t, std::int64_t base, std::int64_t from, std::int64_t to) {
-    if (from >= to) return;
-    switch (t.dtype()) {
-        case DType::f64:
-            std::fill(t.as<double>() + base + from, t.as<double>() + base + to, -std::numeric_limits<double>::infinity());
-            return;
-        case DType::f32:
-            std::fill(t.as<float>() + base + from, t.as<float>() + base + to, -std::numeric_limits<float>::infinity());
-            return;
-        default:
-            for (std::int64_t j = from; j < to; ++j) t.set(base + j, -std::numeric_limits<double>::infinity());
-    }
-}
-
-// dst[c·rows + r] = src[r·cols + c] for elements of `es` bytes.
-void transpose_into(std::byte* dst, const std::byte* src, std::int64_t rows, std::int64_t cols, std::size_t es) {
-    auto run = [&](auto tag) {
-        using E = decltype(tag);
-        for (std::int64_t r = 0; r < rows; ++r)
-            for (std::int64_t c = 0; c < cols; ++c) {
-                E v;
-                std::memcpy(&v, src + static_cast<std::size_t>(r * cols + c) * sizeof(E), sizeof(E));
-                std::memcpy(dst + static_cast<std::size_t>(c * rows + r) * sizeof(E), &v, sizeof(E));
-            }
-    };
-    switch (es) {
-        case 8: run(std::uint64_t{}); return;
-        case 4: run(std::uint32_t{}); return;
-        case 2: run(std::uint16_t{}); return;
-        default: KVASIR_ASSERT(false);
-    }
-}
-
 // The embedding rows of `tokens`, widened (exactly) to `out` when possible.
 Tensor gather_embeddings(const TensorView& table, std::span<const std::int32_t> tokens, DType out) {
     const std::int64_t t_count = static_cast<std::int64_t>(tokens.size());
@@ -145,11 +111,7 @@ void KvLayer::truncate(std::int64_t n) {
 
 TensorView KvLayer::keys(std::int64_t g) const { return TensorView{dtype, k[static_cast<std::size_t>(g)].data(), {len, dim}}; }
 
-Tensor KvLayer::values_t(std::int64_t g) const {
-    Tensor out(dtype, {dim, len});
-    transpose_into(bytes_of(out), v[static_cast<std::size_t>(g)].data(), len, dim, dtype_size(dtype));
-    return out;
-}
+TensorView KvLayer::values(std::int64_t g) const { return TensorView{dtype, v[static_cast<std::size_t>(g)].data(), {len, dim}}; }
 
 LayerGraph::LayerGraph(Backend& b, const Model& m) : be(b), model(m), c(m.config()) {
     rope.theta = c.rope_theta;
@@ -200,50 +162,16 @@ Tensor LayerGraph::attend_each(const Tensor& q, const Tensor& k, const Tensor& v
 }
 
 Tensor LayerGraph::attend(const Tensor& q, const Tensor& k, const Tensor& v, KvLayer& kv) {
-    const std::int64_t t_count = q.dim(0), nh = c.num_heads, nkv = c.num_kv_heads, d = c.head_dim;
-    const std::int64_t rep = nh / nkv;
     KVASIR_CHECK(q.dtype() == k.dtype() && k.dtype() == v.dtype(), ErrorCode::backend_failure,
                  "attention: the backend returned q/k/v in different dtypes ({}, {}, {})", dtype_name(q.dtype()),
                  dtype_name(k.dtype()), dtype_name(v.dtype()));
     kv.append(k, v);
-    const std::int64_t s_count = kv.len, p0 = s_count - t_count;
-    const std::size_t es = dtype_size(q.dtype());
-    const std::size_t head_bytes = static_cast<std::size_t>(d) * es;
-
-    // Scores of every head, [nh·T, S]; rows of kv group g are contiguous
-    // (heads g·rep … g·rep+rep−1, each T rows).
-    Tensor scores;
-    for (std::int64_t g = 0; g < nkv; ++g) {
-        Tensor qg(q.dtype(), {rep * t_count, d});
-        for (std::int64_t r = 0; r < rep; ++r)
-            for (std::int64_t t = 0; t < t_count; ++t)
-                std::memcpy(bytes_of(qg) + static_cast<std::size_t>(r * t_count + t) * head_bytes,
-                            bytes_of(q.view()) + static_cast<std::size_t>(t * nh + g * rep + r) * head_bytes, head_bytes);
-        const Tensor sg = be.matmul(qg, kv.keys(g));
-        if (g == 0) scores = Tensor(sg.dtype(), {nh * t_count, s_count});
-        KVASIR_CHECK(sg.dtype() == scores.dtype(), ErrorCode::backend_failure, "attention: mixed score dtypes");
-        std::memcpy(bytes_of(scores) + static_cast<std::size_t>(g * rep * t_count * s_count) * dtype_size(sg.dtype()),
-                    sg.raw(), sg.nbytes());
+    std::vector<TensorView> keys, values;
+    for (std::int64_t g = 0; g < kv.heads; ++g) {
+        keys.push_back(kv.keys(g));
+        values.push_back(kv.values(g));
     }
-    Tensor scaled = be.scale(scores, std::pow(static_cast<double>(d), -0.5));
-    // Causal mask, written exactly (see the header): row (h, t) sees 0 … p0 + t.
-    for (std::int64_t h = 0; h < nh; ++h)
-        for (std::int64_t t = 0; t < t_count; ++t) fill_neg_inf(scaled, (h * t_count + t) * s_count, p0 + t + 1, s_count);
-    const Tensor probs = be.softmax(scaled);
-
-    Tensor out;  // [T, nh·D], head-major within a row (transformers' transpose + reshape)
-    for (std::int64_t g = 0; g < nkv; ++g) {
-        const TensorView pg = row_slice(probs.view(), g * rep * t_count, rep * t_count);
-        const Tensor og = be.matmul(pg, kv.values_t(g));  // [rep·T, D]
-        if (g == 0) out = Tensor(og.dtype(), {t_count, nh * d});
-        KVASIR_CHECK(og.dtype() == out.dtype(), ErrorCode::backend_failure, "attention: mixed output dtypes");
-        const std::size_t ob = static_cast<std::size_t>(d) * dtype_size(og.dtype());
-        for (std::int64_t r = 0; r < rep; ++r)
-            for (std::int64_t t = 0; t < t_count; ++t)
-                std::memcpy(bytes_of(out) + static_cast<std::size_t>(t * nh + g * rep + r) * ob,
-                            bytes_of(og.view()) + static_cast<std::size_t>(r * t_count + t) * ob, ob);
-    }
-    return out;
+    return be.causal_attention(q, keys, values, std::pow(static_cast<double>(c.head_dim), -0.5));
 }
 
 Tensor LayerGraph::feed_forward(const LayerWeights& w, const Tensor& x2, LayerIO& io) {

@@ -3,8 +3,8 @@
 // header states them: ALL arithmetic goes through Backend ops; the host only
 // moves data, exactly).
 //
-//   host data movement   row slices, bias/gate broadcasts, the causal mask,
-//                        V transposes, the embedding gather (exact widening)
+//   host data movement   row slices, bias/gate broadcasts, the embedding
+//                        gather (exact widening)
 //   KvLayer              one layer's KV cache ([S, D] rows per kv head)
 //   LayerGraph           a backend + model + config with the blocks: linear
 //                        (+ bias), SwiGLU MLP, GQA attention with q/k norm and
@@ -38,10 +38,6 @@ TensorView row_slice(const TensorView& v, std::int64_t r0, std::int64_t n);
 Tensor broadcast_rows(const TensorView& vec, std::int64_t rows);
 // out[r, c] = col[r] for c < cols: a [rows, 1] column repeated along the row.
 Tensor broadcast_cols(const TensorView& col, std::int64_t cols);
-// row[j] = −inf for j in [from, to) of the row starting at flat index `base`.
-void fill_neg_inf(Tensor& t, std::int64_t base, std::int64_t from, std::int64_t to);
-// dst[c·rows + r] = src[r·cols + c] for elements of `es` bytes.
-void transpose_into(std::byte* dst, const std::byte* src, std::int64_t rows, std::int64_t cols, std::size_t es);
 // Columns [c0, c0 + n) of every row of x (last dim) as a [rows, n] tensor (a host copy).
 Tensor columns(const TensorView& x, std::int64_t c0, std::int64_t n);
 // Entries [r0, r0 + n) of x's FIRST dim, the others kept (a host copy):
@@ -60,8 +56,8 @@ Tensor norm_scale(Backend& be, const TensorView& w, bool offset);
 
 // --- one layer's KV cache --------------------------------------------------------
 
-// K and V per kv head, contiguous [S, D] rows, in the backend's output dtype,
-// so K_g is a zero-copy matmul "weight" [S, D].
+// K and V per kv head, contiguous [S, D] rows, in the backend's output dtype:
+// zero-copy views for Backend::causal_attention.
 struct KvLayer {
     DType dtype = DType::f32;
     std::int64_t heads = 0, dim = 0, len = 0;
@@ -73,8 +69,7 @@ struct KvLayer {
     void append(const TensorView& kk, const TensorView& vv);
     void truncate(std::int64_t n);
     TensorView keys(std::int64_t g) const;
-    // V_gᵀ [dim, len]: the "weight" of P·V in the x·wᵀ convention.
-    Tensor values_t(std::int64_t g) const;
+    TensorView values(std::int64_t g) const;
 
     // Linear-attention layers (Gated DeltaNet) keep no K/V but the last K−1
     // conv inputs [K−1, C] and the recurrent state [nv, dk, dv].
@@ -126,7 +121,8 @@ public:
     Tensor attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos,
                      std::span<const Segment> segs);
     // The attention core over the cache: q [T, nh, D], k [T, nkv, D] (normed,
-    // rotated), v [T, nkv·D] appended to `kv`, causal GQA softmax attention
+    // rotated), v [T, nkv·D] appended to `kv`, then the backend's causal GQA
+    // softmax attention (Backend::causal_attention, scale 1/√head_dim)
     // → [T, nh·D] (before o_proj).
     Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, KvLayer& kv);
     // attend() for each sequence of a call on its rows of q, k, v, stacked

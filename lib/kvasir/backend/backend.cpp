@@ -148,6 +148,23 @@ void check_moe_args(const TensorView& x, std::span<const ExpertWeights> experts,
                      "moe: routing plan names expert {} of {}", ids[i], experts.size());
 }
 
+void check_attention_args(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values) {
+    KVASIR_CHECK(q.rank() == 3, ErrorCode::bad_input, "attention: q {} must be [T, heads, D]", shape_str(q.shape));
+    KVASIR_CHECK(!keys.empty() && keys.size() == values.size(), ErrorCode::bad_input,
+                 "attention: {} key and {} value caches (one of each per kv head)", keys.size(), values.size());
+    const std::int64_t nkv = static_cast<std::int64_t>(keys.size());
+    KVASIR_CHECK(q.dim(1) % nkv == 0, ErrorCode::bad_input, "attention: {} query heads do not share {} kv heads evenly",
+                 q.dim(1), nkv);
+    const std::int64_t s_count = keys[0].rank() == 2 ? keys[0].dim(0) : -1;
+    for (std::size_t g = 0; g < keys.size(); ++g)
+        for (const TensorView* c : {&keys[g], &values[g]})
+            KVASIR_CHECK(c->rank() == 2 && c->dim(0) == s_count && c->dim(1) == q.dim(2) && dtype_is_float(c->dtype),
+                         ErrorCode::bad_input, "attention: kv head {} cache {} does not match [S, D] = [{}, {}] of q {}", g,
+                         shape_str(c->shape), s_count, q.dim(2), shape_str(q.shape));
+    KVASIR_CHECK(s_count >= q.dim(0), ErrorCode::bad_input, "attention: {} cached rows cannot hold {} new tokens", s_count,
+                 q.dim(0));
+}
+
 // --- defaults --------------------------------------------------------------------
 
 DType Backend::combine_dtype() const {
@@ -302,6 +319,87 @@ Tensor Backend::causal_conv1d_silu(const TensorView&, const TensorView&, const T
 GatedDeltaResult Backend::gated_delta_rule(const GatedDeltaInputs&) {
     fail(ErrorCode::unsupported, "{}: gated_delta_rule (Gated DeltaNet) has no kernel on this backend yet",
          capabilities().node);
+}
+
+namespace {
+
+// row[j] = −inf for j in [from, to) of the row starting at flat index `base` (exact host data movement).
+void fill_neg_inf(Tensor& t, std::int64_t base, std::int64_t from, std::int64_t to) {
+    if (from >= to) return;
+    switch (t.dtype()) {
+        case DType::f64:
+            std::fill(t.as<double>() + base + from, t.as<double>() + base + to, -std::numeric_limits<double>::infinity());
+            return;
+        case DType::f32:
+            std::fill(t.as<float>() + base + from, t.as<float>() + base + to, -std::numeric_limits<float>::infinity());
+            return;
+        default:
+            for (std::int64_t j = from; j < to; ++j) t.set(base + j, -std::numeric_limits<double>::infinity());
+    }
+}
+
+// x [rows, cols] → [cols, rows], same dtype (exact host data movement).
+Tensor transposed(const TensorView& x) {
+    const std::int64_t rows = x.dim(0), cols = x.dim(1);
+    const std::size_t es = dtype_size(x.dtype);
+    Tensor out(x.dtype, {cols, rows});
+    const auto* src = static_cast<const std::byte*>(x.data);
+    auto* dst = static_cast<std::byte*>(out.raw());
+    for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c)
+            std::memcpy(dst + static_cast<std::size_t>(c * rows + r) * es, src + static_cast<std::size_t>(r * cols + c) * es, es);
+    return out;
+}
+
+}  // namespace
+
+Tensor Backend::causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                                 double scale_by) {
+    check_attention_args(q, keys, values);
+    const std::int64_t t_count = q.dim(0), nh = q.dim(1), d = q.dim(2), nkv = static_cast<std::int64_t>(keys.size());
+    const std::int64_t rep = nh / nkv, s_count = keys[0].dim(0), p0 = s_count - t_count;
+    if (t_count == 0) return Tensor(capabilities().output, {0, nh * d});
+    const std::size_t head_bytes = static_cast<std::size_t>(d) * dtype_size(q.dtype);
+    const auto* qb = static_cast<const std::byte*>(q.data);
+
+    // Scores of every head, [nh·T, S]; rows of kv head g are contiguous
+    // (heads g·rep … g·rep+rep−1, each T rows).
+    Tensor scores;
+    for (std::int64_t g = 0; g < nkv; ++g) {
+        Tensor qg(q.dtype, {rep * t_count, d});
+        for (std::int64_t r = 0; r < rep; ++r)
+            for (std::int64_t t = 0; t < t_count; ++t)
+                std::memcpy(static_cast<std::byte*>(qg.raw()) + static_cast<std::size_t>(r * t_count + t) * head_bytes,
+                            qb + static_cast<std::size_t>(t * nh + g * rep + r) * head_bytes, head_bytes);
+        const Tensor sg = matmul(qg, keys[static_cast<std::size_t>(g)]);
+        if (g == 0) scores = Tensor(sg.dtype(), {nh * t_count, s_count});
+        KVASIR_CHECK(sg.dtype() == scores.dtype(), ErrorCode::backend_failure, "attention: mixed score dtypes");
+        std::memcpy(static_cast<std::byte*>(scores.raw()) +
+                        static_cast<std::size_t>(g * rep * t_count * s_count) * dtype_size(sg.dtype()),
+                    sg.raw(), sg.nbytes());
+    }
+    Tensor scaled = scale(scores, scale_by);
+    // The causal mask, written exactly: row (h, t) sees 0 … p0 + t.
+    for (std::int64_t h = 0; h < nh; ++h)
+        for (std::int64_t t = 0; t < t_count; ++t) fill_neg_inf(scaled, (h * t_count + t) * s_count, p0 + t + 1, s_count);
+    const Tensor probs = softmax(scaled);
+
+    Tensor out;  // [T, nh·D], head-major within a row (transformers' transpose + reshape)
+    const std::size_t pes = dtype_size(probs.dtype());
+    for (std::int64_t g = 0; g < nkv; ++g) {
+        const TensorView pg{probs.dtype(),
+                            static_cast<const std::byte*>(probs.raw()) + static_cast<std::size_t>(g * rep * t_count * s_count) * pes,
+                            {rep * t_count, s_count}};
+        const Tensor og = matmul(pg, transposed(values[static_cast<std::size_t>(g)]));  // [rep·T, D]
+        if (g == 0) out = Tensor(og.dtype(), {t_count, nh * d});
+        KVASIR_CHECK(og.dtype() == out.dtype(), ErrorCode::backend_failure, "attention: mixed output dtypes");
+        const std::size_t ob = static_cast<std::size_t>(d) * dtype_size(og.dtype());
+        for (std::int64_t r = 0; r < rep; ++r)
+            for (std::int64_t t = 0; t < t_count; ++t)
+                std::memcpy(static_cast<std::byte*>(out.raw()) + static_cast<std::size_t>(t * nh + g * rep + r) * ob,
+                            static_cast<const std::byte*>(og.raw()) + static_cast<std::size_t>(r * t_count + t) * ob, ob);
+    }
+    return out;
 }
 
 Tensor Backend::add(const TensorView& a, const TensorView& b) {

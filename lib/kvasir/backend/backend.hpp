@@ -147,6 +147,37 @@ public:
     virtual Tensor causal_conv1d_silu(const TensorView& x, const TensorView& weight, const TensorView* history);
     virtual GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& inputs);
 
+    // Causal GQA softmax attention over a KV cache: the attention core of
+    // every decoder layer. q [T, nh, D] holds T new queries at cache positions
+    // p0 … p0+T−1; keys[g] and values[g] [S, D] are kv head g's cache rows
+    // (S = p0 + T, the same S and D for every g; nkv = keys.size() divides
+    // nh, rep = nh / nkv; query head h reads kv head h / rep). Returns
+    // [T, nh·D] in the output dtype, head-major within a row:
+    //   out[t, h·D + i] = Σ_{s ≤ p0+t} P[h,t,s] · V_{h/rep}[s, i]
+    //   P[h,t,·] = softmax over s ≤ p0+t of  scale · Σ_j q[t,h,j] · K_{h/rep}[s,j]
+    // Query t never sees a key after p0+t (the causal mask).
+    //
+    // Optional. The default is the composition of this backend's own ops,
+    // which fixes the order of roundings every fused kernel is held to:
+    //   1. per kv head g: S_g = matmul(Q_g, K_g) with Q_g the rep·T rows
+    //      (heads g·rep … g·rep+rep−1, T rows each) — the score is this
+    //      backend's dot product, in its accumulation dtype, rounded to storage;
+    //   2. one scale(·, scale) over the [nh·T, S] scores of all heads (the
+    //      product in the combine dtype, rounded to storage);
+    //   3. −inf written by the host at column s > p0+t of row (h, t);
+    //   4. one softmax over those rows (max-subtracted exp rounded to storage,
+    //      the sum of this backend's softmax, the division, rounded);
+    //   5. per kv head: matmul(P_g, V_gᵀ) with V_gᵀ transposed by the host —
+    //      the masked zeros of P enter the P·V sums (adding +0 changes no bit
+    //      of a finite sum).
+    // A fused kernel reads only the unmasked part and states where its bits
+    // differ from this composition: the cpu kernel (acc=f32, AVX2;
+    // kernels/cpu/attention.hpp) nowhere for finite inputs, cpu-ref (the f64
+    // textbook loop) nowhere. opencl, cuda/hip and the wrappers run this
+    // composition (no fused kernel yet).
+    virtual Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys,
+                                    std::span<const TensorView> values, double scale);
+
 protected:
     // dtype in which the default moe_block/add accumulate.
     DType combine_dtype() const;
@@ -164,6 +195,7 @@ void check_same_shape(const char* op, const TensorView& a, const TensorView& b);
 void check_rmsnorm_args(const TensorView& x, const TensorView& w);
 void check_rope_args(const TensorView& x, std::span<const std::int64_t> positions);
 void check_moe_args(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan);
+void check_attention_args(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values);
 std::int64_t rows_of(const TensorView& x);  // product of all dims but the last
 
 // Shared top-k selection used by the default route(): picks by (score + bias),

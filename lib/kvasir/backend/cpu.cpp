@@ -1,4 +1,5 @@
 // cpu: the f32 fast path of a CPU node, with storage/accumulation variants.
+#include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/f16_round.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "kvasir/backend/cpu_backends.hpp"
@@ -256,6 +257,48 @@ public:
         GatedDeltaResult r = gated_delta_rule_ref<float>(f);
         round_stored(r.out);
         return r;
+    }
+
+    // The fused kernel (kernels/cpu/attention.hpp: the default composition's
+    // bits, computed on the unmasked part only) for acc=f32 on AVX2 + FMA.
+    // acc=f16 and CPUs without AVX2 run the composition itself (Backend's
+    // default): its matmul/softmax already accumulate as those variants promise.
+    Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                            double scale) override {
+        if (caps_.accumulation != DType::f32 || !avx2_) return Backend::causal_attention(q, keys, values, scale);
+        check_attention_args(q, keys, values);
+        const std::int64_t t_count = q.dim(0), nh = q.dim(1), d = q.dim(2), nkv = static_cast<std::int64_t>(keys.size());
+        const Tensor qs = stored(q);
+        // The cache is f32 on this node; other dtypes are widened into copies
+        // (the kernel rounds to storage as it reads, so no rounded copy).
+        std::vector<Tensor> copies;
+        copies.reserve(2 * keys.size());
+        std::vector<const float*> kp, vp;
+        for (std::size_t g = 0; g < keys.size(); ++g)
+            for (auto [view, ptrs] : {std::pair{&keys[g], &kp}, std::pair{&values[g], &vp}}) {
+                if (view->dtype == DType::f32) {
+                    ptrs->push_back(view->as<float>());
+                } else {
+                    copies.push_back(Tensor::convert(*view, DType::f32));
+                    ptrs->push_back(copies.back().as<float>());
+                }
+            }
+        Tensor y(DType::f32, {t_count, nh * d});
+        kernels::AttentionArgs a;
+        a.q = qs.as<float>();
+        a.keys = kp.data();
+        a.values = vp.data();
+        a.out = y.as<float>();
+        a.t_count = t_count;
+        a.heads = nh;
+        a.kv_heads = nkv;
+        a.dim = d;
+        a.s_count = keys[0].dim(0);
+        a.scale = static_cast<float>(scale);  // as scale() rounds it in the combine dtype, f32
+        a.rounding = kernels::rounding_to(caps_.storage);
+        a.threads = caps_.threads;
+        kernels::attention_avx2(a);
+        return y;
     }
 
     Tensor sigmoid(const TensorView& x) override {

@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <vector>
 
 namespace kvasir {
 namespace {
@@ -98,6 +99,50 @@ public:
         return causal_conv1d_silu_ref<double>(x, w, history);
     }
     GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override { return gated_delta_rule_ref<double>(in); }
+
+    // The textbook definition in f64, query row by query row over its
+    // unmasked keys only. Every sum is sequential in ascending index from +0,
+    // so this is also the default composition's result bit for bit (its
+    // masked terms are exact zeros: exp(−inf) = 0, +0 added to a sum).
+    Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                            double scale) override {
+        check_attention_args(q, keys, values);
+        const std::int64_t t_count = q.dim(0), nh = q.dim(1), d = q.dim(2), s_count = keys[0].dim(0);
+        const std::int64_t rep = nh / static_cast<std::int64_t>(keys.size()), p0 = s_count - t_count;
+        Tensor y(DType::f64, {t_count, nh * d});
+        double* yp = y.as<double>();
+        // Widened once (exact), read as plain doubles.
+        const Tensor qd = Tensor::convert(q, DType::f64);
+        std::vector<Tensor> kd, vd;
+        for (std::size_t g = 0; g < keys.size(); ++g) {
+            kd.push_back(Tensor::convert(keys[g], DType::f64));
+            vd.push_back(Tensor::convert(values[g], DType::f64));
+        }
+        const double* qp = qd.as<double>();
+#pragma omp parallel for schedule(dynamic) num_threads(caps_.threads)
+        for (std::int64_t row = 0; row < t_count * nh; ++row) {
+            const std::int64_t t = row / nh, h = row % nh, n = p0 + t + 1;
+            const double* k = kd[static_cast<std::size_t>(h / rep)].as<double>();
+            const double* v = vd[static_cast<std::size_t>(h / rep)].as<double>();
+            std::vector<double> p(static_cast<std::size_t>(n));
+            double m = -INFINITY;
+            for (std::int64_t s = 0; s < n; ++s) {
+                double dot = 0.0;
+                for (std::int64_t j = 0; j < d; ++j) dot += qp[row * d + j] * k[s * d + j];
+                p[static_cast<std::size_t>(s)] = dot * scale;
+                m = std::fmax(m, p[static_cast<std::size_t>(s)]);
+            }
+            double sum = 0.0;
+            for (std::int64_t s = 0; s < n; ++s) sum += (p[static_cast<std::size_t>(s)] = std::exp(p[static_cast<std::size_t>(s)] - m));
+            for (std::int64_t s = 0; s < n; ++s) p[static_cast<std::size_t>(s)] /= sum;
+            for (std::int64_t i = 0; i < d; ++i) {
+                double o = 0.0;
+                for (std::int64_t s = 0; s < n; ++s) o += p[static_cast<std::size_t>(s)] * v[s * d + i];
+                yp[row * d + i] = o;
+            }
+        }
+        return y;
+    }
 
     Tensor sigmoid(const TensorView& x) override {
         Tensor y(DType::f64, x.shape);

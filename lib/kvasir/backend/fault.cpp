@@ -28,7 +28,7 @@ namespace {
 
 const std::vector<std::string>& fault_ops() {
     static const std::vector<std::string> ops = {"matmul", "swiglu", "softmax", "sigmoid", "rmsnorm",
-                                                 "rope",   "moe_block", "add", "mul", "scale"};
+                                                 "rope",   "moe_block", "add", "mul", "scale", "causal_attention"};
     return ops;
 }
 
@@ -199,6 +199,9 @@ bool FaultBackend::composes(const char* composite) const {
     if (c == "moe_block")
         return fault_.kind == FaultKind::bitflip || (output_fault(fault_.kind) && (fault_.op == "matmul" || fault_.op == "swiglu"));
     if (c == "route") return output_fault(fault_.kind) && (fault_.op == "softmax" || fault_.op == "sigmoid");
+    if (c == "causal_attention")
+        return fault_.kind == FaultKind::bitflip ||
+               (output_fault(fault_.kind) && (fault_.op == "matmul" || fault_.op == "scale" || fault_.op == "softmax"));
     return false;
 }
 
@@ -308,6 +311,12 @@ Tensor FaultBackend::moe_block(const TensorView& x, std::span<const ExpertWeight
                                const std::vector<bool>* expert_filter) {
     if (composes("moe_block")) return Backend::moe_block(x, experts, plan, expert_filter);
     return after("moe_block", inner_->moe_block(x, experts, plan, expert_filter));
+}
+
+Tensor FaultBackend::causal_attention(const TensorView& q, std::span<const TensorView> k, std::span<const TensorView> v,
+                                      double s) {
+    if (composes("causal_attention")) return Backend::causal_attention(q, k, v, s);
+    return after("causal_attention", inner_->causal_attention(q, k, v, s));
 }
 
 RouterOutput FaultBackend::route(const TensorView& logits, const RouterParams& params) {

@@ -126,6 +126,12 @@ public:
         return inner_->causal_conv1d_silu(x, w, h);
     }
     GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override { return inner_->gated_delta_rule(in); }
+    // The inner backend's fused attention, or — when the fault targets one of
+    // the ops it is composed of (matmul, scale, softmax; bitflip) — the
+    // default composition through this wrapper, so those faults and their
+    // call numbers are what they were before the op was fused.
+    Tensor causal_attention(const TensorView& q, std::span<const TensorView> k, std::span<const TensorView> v,
+                            double s) override;
 
     const FaultSpec& fault() const { return fault_; }
     // One line per injected fault, in order ("nan: matmul call 0 element 5"),

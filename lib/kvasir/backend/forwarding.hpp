@@ -34,6 +34,10 @@ public:
         return inner_.causal_conv1d_silu(x, w, h);
     }
     GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override { return inner_.gated_delta_rule(in); }
+    Tensor causal_attention(const TensorView& q, std::span<const TensorView> k, std::span<const TensorView> v,
+                            double s) override {
+        return inner_.causal_attention(q, k, v, s);
+    }
 
 protected:
     Backend& inner() { return inner_; }

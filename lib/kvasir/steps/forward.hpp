@@ -3,10 +3,11 @@
 // drift, logits, decisions, generation, perplexity).
 //
 // The rule: ALL arithmetic goes through Backend ops (matmul, rmsnorm, rope,
-// softmax, swiglu, sigmoid, add, mul, scale, route, moe_block). The host only
-// moves data, exactly: the embedding gather, reshapes, per-head slicing,
-// transposes of V, broadcasting a bias/gate vector to a full tensor, and
-// writing −inf into the masked (future) attention scores. Nothing the host
+// softmax, swiglu, sigmoid, add, mul, scale, causal_attention, route,
+// moe_block). The host only moves data, exactly: the embedding gather,
+// reshapes, per-head slicing, broadcasting a bias/gate vector to a full
+// tensor (the default causal_attention also transposes V and writes −inf
+// into the masked attention scores, see below). Nothing the host
 // does rounds: the only dtype change on the host is the exact widening of
 // gathered embedding rows to the backend's output dtype (f32/f16/bf16 → f32 or
 // f64; an f64 embedding is left as f64 for an f32 backend, whose first op
@@ -22,12 +23,14 @@
 //   q,k = rope(q, pos), rope(k, pos)                         (theta from the config,
 //                                                             layout Model::rope_layout())
 //   append k, v to the KV cache (per kv head, [S, D] rows: host copy)
-//   for each kv head g (GQA: the rep = nh/nkv query heads h = g·rep … sharing it):
-//       scores[g] = matmul(Q_g, K_g)        Q_g [rep·T, D] (heads stacked), K_g [S, D] as the "weight"
-//   s   = scale(scores, head_dim^-0.5)      all heads at once, [nh·T, S]
-//   mask: s[h, t, j] = −inf for j > p0 + t  (written on the host; see below)
-//   p   = softmax(s)                        one call for all heads
-//   o_g = matmul(P_g, V_gᵀ)                 P_g [rep·T, S] (a zero-copy slice), V_gᵀ [D, S] (host transpose)
+//   o   = causal_attention(q, K, V, head_dim^-0.5)   [T, nh·D]; GQA: the rep = nh/nkv query
+//         heads h = g·rep … share kv head g. Its default (backend.hpp) is the composition
+//           scores[g] = matmul(Q_g, K_g)    Q_g [rep·T, D] (heads stacked), K_g [S, D] as the "weight"
+//           s   = scale(scores, head_dim^-0.5)  all heads at once, [nh·T, S]
+//           mask: s[h, t, j] = −inf for j > p0 + t  (written on the host; see below)
+//           p   = softmax(s)                one call for all heads
+//           o_g = matmul(P_g, V_gᵀ)         P_g [rep·T, S] (a zero-copy slice), V_gᵀ [D, S] (host transpose)
+//         which the fused cpu kernel reproduces bit for bit on finite inputs
 //   a   = matmul(o [T, nh·D], o_proj) [+ o bias]
 //   h   = add(h, a)
 //   x   = rmsnorm(h, post_attention_norm, eps)
@@ -43,7 +46,7 @@
 //   h   = add(h, m)
 // and at the end: final = rmsnorm(h, final_norm), logits = matmul(final, lm_head).
 //
-// Causal mask. transformers adds a mask of 0 / dtype-min to the scaled scores.
+// Causal mask (the default causal_attention). transformers adds a mask of 0 / dtype-min to the scaled scores.
 // Adding 0 is exact in every precision and adding −inf (or dtype-min) to a
 // finite score yields −inf (dtype-min) — so writing −inf directly into the
 // masked positions of the backend's own scaled-scores tensor is bit-identical

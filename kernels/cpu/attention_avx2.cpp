@@ -1,0 +1,178 @@
+// AVX2 + FMA fused causal attention; the contract is in attention.hpp. Vector
+// lanes run over different keys (scores) or different output dims (P·V),
+// never along a sum, so every sum keeps the matmul contract's order.
+#include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/avx2_load.hpp"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace kvasir::kernels {
+namespace {
+
+using i64 = std::int64_t;
+using namespace avx2;
+
+constexpr i64 kBlock = kMatmulKBlock;  // summation block of every dot product
+constexpr int kRows = 8;               // query heads sharing one transposed key block
+
+template <WeightRounding R>
+inline float round1(float v) {
+    if constexpr (R == WeightRounding::none) return v;
+    else return _mm256_cvtss_f32(round_w<R>(_mm256_set1_ps(v)));
+}
+
+inline float fma1(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+
+// Scores of m query rows q[r] (dim floats each) against keys 0 … n−1 of k
+// [S, dim]: sc[r·ld + s] = R(dot), for s < n (and up to the next multiple of
+// 8 when those keys exist; they are computed and never used).
+template <WeightRounding R>
+void scores(const float* const* q, int m, const float* k, i64 dim, i64 s_count, i64 n, float* sc, i64 ld) {
+    i64 s0 = 0;
+    for (; s0 < n && s0 + 8 <= s_count; s0 += 8) {
+        __m256 tot[kRows], acc[kRows];
+        for (i64 d0 = 0; d0 < dim; d0 += kBlock) {
+            for (int r = 0; r < m; ++r) acc[r] = _mm256_setzero_ps();
+            const i64 d1 = std::min(dim, d0 + kBlock);
+            i64 d = d0;
+            for (; d + 8 <= d1; d += 8) {
+                __m256 kt[8];
+                load_transposed8<WeightFormat::f32, R>(k, s0, dim, d, kt);  // kt[j] = K[s0 … s0+7, d+j]
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; ++j)
+                    for (int r = 0; r < m; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(q[r] + d + j), kt[j], acc[r]);
+            }
+            for (; d < d1; ++d) {
+                alignas(32) float col[8];
+                for (int i = 0; i < 8; ++i) col[i] = load1<WeightFormat::f32, R>(k, (s0 + i) * dim + d);
+                const __m256 c = _mm256_load_ps(col);
+                for (int r = 0; r < m; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(q[r] + d), c, acc[r]);
+            }
+            for (int r = 0; r < m; ++r) tot[r] = d0 == 0 ? acc[r] : _mm256_add_ps(tot[r], acc[r]);
+        }
+        for (int r = 0; r < m; ++r) _mm256_storeu_ps(sc + r * ld + s0, round_w<R>(tot[r]));
+    }
+    for (; s0 < n; ++s0)  // the last keys of a cache whose length is not a multiple of 8
+        for (int r = 0; r < m; ++r) {
+            float total = 0.0f, s = 0.0f;
+            for (i64 d = 0; d < dim; ++d) {
+                if (d > 0 && d % kBlock == 0) {
+                    total = d == kBlock ? s : total + s;
+                    s = 0.0f;
+                }
+                s = fma1(q[r][d], load1<WeightFormat::f32, R>(k, s0 * dim + d), s);
+            }
+            sc[r * ld + s0] = round1<R>(dim <= kBlock ? s : total + s);
+        }
+}
+
+// Row x [n] of scores → probabilities, in place (the cpu softmax of the
+// scaled, masked row of S columns; see attention.hpp). x has room for n
+// rounded up to 8.
+template <WeightRounding R>
+void softmax_row(float* x, i64 n, i64 s_count, float scale) {
+    const __m256 sv = _mm256_set1_ps(scale);
+    i64 c = 0;
+    for (; c + 8 <= n; c += 8) _mm256_storeu_ps(x + c, round_w<R>(_mm256_mul_ps(_mm256_loadu_ps(x + c), sv)));
+    for (; c < n; ++c) x[c] = round1<R>(x[c] * scale);
+    float m = -INFINITY;
+    for (c = 0; c < n; ++c) m = std::fmax(m, x[c]);
+    for (c = 0; c < n; ++c) x[c] = round1<R>(std::exp(x[c] - m));
+    const i64 lanes_end = s_count / 8 * 8;  // the composition's lanes cover columns below this
+    const i64 lim = std::min((n + 7) / 8 * 8, lanes_end);
+    for (c = n; c < lim; ++c) x[c] = 0.0f;  // masked columns: +0
+    __m256 lanes = _mm256_setzero_ps();
+    for (c = 0; c < lim; c += 8) lanes = _mm256_add_ps(lanes, _mm256_loadu_ps(x + c));
+    alignas(32) float l[8];
+    _mm256_store_ps(l, lanes);
+    float sum = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for (c = lanes_end; c < n; ++c) sum += x[c];
+    const __m256 sumv = _mm256_set1_ps(sum);
+    for (c = 0; c + 8 <= n; c += 8) _mm256_storeu_ps(x + c, round_w<R>(_mm256_div_ps(_mm256_loadu_ps(x + c), sumv)));
+    for (; c < n; ++c) x[c] = round1<R>(x[c] / sum);
+}
+
+// o[i0 … i0 + 8·NV) = Σ_{s < n} p[s]·V[s, i] in the matmul contract's order.
+template <WeightRounding R, int NV>
+[[gnu::always_inline]] inline void pv_chunk(const float* p, i64 n, const float* v, i64 dim, i64 i0, float* o) {
+    __m256 tot[NV], acc[NV];
+    for (i64 s0 = 0; s0 < n; s0 += kBlock) {
+        for (int j = 0; j < NV; ++j) acc[j] = _mm256_setzero_ps();
+        const i64 s1 = std::min(n, s0 + kBlock);
+        for (i64 s = s0; s < s1; ++s) {
+            const __m256 pv = _mm256_broadcast_ss(p + s);
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; ++j)
+                acc[j] = _mm256_fmadd_ps(pv, load8<WeightFormat::f32, R>(v, s * dim + i0 + 8 * j), acc[j]);
+        }
+        for (int j = 0; j < NV; ++j) tot[j] = s0 == 0 ? acc[j] : _mm256_add_ps(tot[j], acc[j]);
+    }
+    for (int j = 0; j < NV; ++j) _mm256_storeu_ps(o + i0 + 8 * j, round_w<R>(tot[j]));
+}
+
+template <WeightRounding R>
+void pv_row(const float* p, i64 n, const float* v, i64 dim, float* o) {
+    i64 i0 = 0;
+    for (; i0 + 64 <= dim; i0 += 64) pv_chunk<R, 8>(p, n, v, dim, i0, o);
+    for (; i0 + 8 <= dim; i0 += 8) pv_chunk<R, 1>(p, n, v, dim, i0, o);
+    for (; i0 < dim; ++i0) {
+        float total = 0.0f, s = 0.0f;
+        for (i64 k = 0; k < n; ++k) {
+            if (k > 0 && k % kBlock == 0) {
+                total = k == kBlock ? s : total + s;
+                s = 0.0f;
+            }
+            s = fma1(p[k], load1<WeightFormat::f32, R>(v, k * dim + i0), s);
+        }
+        o[i0] = round1<R>(n <= kBlock ? s : total + s);
+    }
+}
+
+template <WeightRounding R>
+void run(const AttentionArgs& a) {
+    const i64 rep = a.heads / a.kv_heads, chunks = (rep + kRows - 1) / kRows;
+    const i64 p0 = a.s_count - a.t_count, ld = (a.s_count + 7) / 8 * 8;
+    const i64 units = a.kv_heads * a.t_count * chunks;
+#pragma omp parallel num_threads(a.threads)
+    {
+        thread_local std::vector<float> scratch;  // kRows rows of S scores (OpenMP reuses its threads)
+        if (static_cast<i64>(scratch.size()) < kRows * ld) scratch.resize(static_cast<std::size_t>(kRows * ld));
+        float* sc = scratch.data();
+#pragma omp for schedule(dynamic)
+        for (i64 u = 0; u < units; ++u) {
+            // Latest queries first: they have the most keys, so the dynamic
+            // schedule ends with the cheap ones.
+            const i64 t = a.t_count - 1 - u / (a.kv_heads * chunks);
+            const i64 g = u / chunks % a.kv_heads, r0 = u % chunks * kRows;
+            const int m = static_cast<int>(std::min<i64>(kRows, rep - r0));
+            const i64 n = p0 + t + 1;
+            const float* q[kRows];
+            for (int r = 0; r < m; ++r) q[r] = a.q + (t * a.heads + g * rep + r0 + r) * a.dim;
+            scores<R>(q, m, a.keys[g], a.dim, a.s_count, n, sc, ld);
+            for (int r = 0; r < m; ++r) {
+                softmax_row<R>(sc + r * ld, n, a.s_count, a.scale);
+                pv_row<R>(sc + r * ld, n, a.values[g], a.dim, a.out + (t * a.heads + g * rep + r0 + r) * a.dim);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void attention_avx2(const AttentionArgs& a) {
+    if (a.t_count == 0) return;
+    switch (a.rounding) {
+        case WeightRounding::none: run<WeightRounding::none>(a); break;
+        case WeightRounding::f16: run<WeightRounding::f16>(a); break;
+        case WeightRounding::bf16: run<WeightRounding::bf16>(a); break;
+    }
+}
+
+}  // namespace kvasir::kernels
