@@ -205,7 +205,9 @@ void set_audit_command(CLI::App& app) {
                     "Resident host-memory limit of each node's process, GiB (default: the protocol's "
                     "limits.node_memory_gib, else 90% of this machine's memory)")
         ->check(positive("--node-memory", "GiB"));
-    cmd->add_flag("--timings", opt->timings, "Print where the time went on stderr: the load phase, then per step its wall seconds, the seconds inside each backend and the rest (comparing); not in the report, which stays reproducible");
+    add_timings_flag(*cmd, opt->timings,
+                     "the load phase, then per step its wall seconds, the seconds inside each backend and the rest "
+                     "(comparing)");
     add_report_options(*cmd, opt->report);
     cmd->callback([opt] { run_audit_command(*opt); });
 }

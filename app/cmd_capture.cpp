@@ -10,10 +10,12 @@
 #include "kvasir/model/model.hpp"
 #include "kvasir/audit/protocol.hpp"
 #include "kvasir/audit/capture.hpp"
+#include "kvasir/report/audit_text.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <iostream>
 #include <memory>
 
@@ -47,6 +49,7 @@ struct CaptureOptions {
     std::optional<std::uint64_t> seed;
     std::string name;
     std::string output;
+    bool timings = false;
 };
 
 void run_capture(const CaptureOptions& o) {
@@ -72,6 +75,10 @@ void run_capture(const CaptureOptions& o) {
     CaptureData data = capture_node(cfg, *node, *auth, split_commas(o.steps));
     if (!o.name.empty()) data.metadata["node"] = o.name;
     write_capture(o.output, data);
+    if (o.timings) {
+        const Capture written = Capture::open(o.output);
+        std::fputs(render_timings(timings_of_captures({&written}, {})).c_str(), stderr);
+    }
     const auto errors = nlohmann::json::parse(data.metadata.at("errors"));
     std::cout << fmt::format("{}: node {}, protocol {} v{}, steps {}, {} tensors{}\n", o.output, data.metadata.at("node"),
                              protocol.id, protocol.version, data.metadata.at("steps"), data.tensors.size(),
@@ -84,6 +91,7 @@ struct CompareOptions {
     std::string reference;
     std::vector<std::string> only_steps;
     ReportOptions report;
+    bool timings = false;
 };
 
 void run_compare(const CompareOptions& o) {
@@ -107,6 +115,7 @@ void run_compare(const CompareOptions& o) {
     cc.gate = parse_gate(o.report.gate);
     cc.only_steps = split_commas(o.only_steps);
     emit_report(compare_captures(cc, ptrs, ref), o.report);
+    if (o.timings) std::fputs(render_timings(timings_of_captures(ptrs, {})).c_str(), stderr);
 }
 
 }  // namespace
@@ -128,6 +137,8 @@ void set_capture_command(CLI::App& app) {
                     "Node name in the capture (default: the backend spec); e.g. cuda:0@host17 when many machines "
                     "capture the same backend");
     cmd->add_option("-o,--output", opt->output, "Capture file to write (safetensors, atomically)")->required();
+    add_timings_flag(*cmd, opt->timings,
+                     "per step the node's wall seconds (the authority's share included), as recorded in the capture");
     cmd->callback([opt] { run_capture(*opt); });
 }
 
@@ -143,6 +154,8 @@ void set_compare_command(CLI::App& app) {
     cmd->add_option("-r,--reference", opt->reference, "Node every other node is compared with (default: cpu-ref if captured, else the first)");
     cmd->add_option("--only-steps", opt->only_steps, "Judge only these steps, comma separated (e.g. ops for numpy/torch nodes)");
     add_report_options(*cmd, opt->report);
+    add_timings_flag(*cmd, opt->timings,
+                     "the seconds per step each capture recorded when it was made (nothing is computed here)");
     cmd->callback([opt] { run_compare(*opt); });
 }
 

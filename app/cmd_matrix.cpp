@@ -71,6 +71,7 @@ void run_matrix(MatrixOptions& opt) {
     for (std::size_t i = 0; i < clock.size(); ++i) step.node_seconds.push_back(clock.seconds(i));
     timings.steps.push_back(std::move(step));
     if (progress) end_progress();
+    record_weight_caches(nodes.nodes, timings);
     if (opt.timings) std::fprintf(stderr, "model open %.2f s\n%s", open_s, render_timings(timings).c_str());
     const auto json = to_json(report);
     const std::string md = pair_table_markdown(report, "moe");
@@ -107,8 +108,7 @@ void set_matrix_command(CLI::App& app) {
     cmd->add_option("--markdown", opt->markdown_file, "Also write the pair table as Markdown to FILE");
     cmd->add_option("--html", opt->html_file,
                     "Also write a self-contained HTML page (the nodes, max|Δ| and 1 − cosine heatmaps, the pair table; no network) to FILE");
-    cmd->add_flag("--timings", opt->timings,
-                  "Print where the time went on stderr: loading the layer, computing per backend, comparing");
+    add_timings_flag(*cmd, opt->timings, "loading the layer, computing per backend, comparing");
     cmd->callback([opt] { run_matrix(*opt); });
 }
 

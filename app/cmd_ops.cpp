@@ -23,6 +23,7 @@ struct OpsOptions {
     OpsConfig config;
     NodeOptions nodes;
     OutputOptions output;
+    bool timings = false;
 };
 
 void run_ops(OpsOptions& opt) {
@@ -37,7 +38,9 @@ void run_ops(OpsOptions& opt) {
     }
     config.resolved().validate();
     Nodes nodes = create_nodes(opt.nodes);
-    const OpsReport report = run_op_delta(config, nodes.nodes, nodes.reference);
+    const OpsReport report = run_timed("ops", nodes, opt.timings, [&](std::vector<std::unique_ptr<Backend>>& timed) {
+        return run_op_delta(config, timed, nodes.reference);
+    });
     const auto json = to_json(report);
     if (!opt.output.output_file.empty()) write_file_atomic(opt.output.output_file, json.dump(2) + "\n");
     if (opt.output.json)
@@ -73,6 +76,7 @@ void set_ops_command(CLI::App& app) {
     cmd->add_option("--rms-eps", c.rms_eps, "RMSNorm epsilon")->capture_default_str();
     cmd->add_option("--shards", c.shards, "Simulated expert-parallel nodes in the shard check")->capture_default_str();
     add_output_options(*cmd, opt->output);
+    add_timings_flag(*cmd, opt->timings, "the ops' wall seconds, the seconds inside each backend and the rest (comparing)");
     cmd->callback([opt] { run_ops(*opt); });
 }
 

@@ -30,6 +30,7 @@ struct StepOptions {
     std::int64_t tokens = 0;
     std::uint64_t seed = 20261129;
     bool repeat = false;
+    bool timings = false;
     NodeOptions nodes;
     OutputOptions output;
 };
@@ -43,6 +44,7 @@ void add_step_options(CLI::App& cmd, StepOptions& o, const char* tokens_help) {
     cmd.add_option("--seed", o.seed, "Seed of generated token ids (and of --perturb-router)")->capture_default_str();
     cmd.add_flag("--repeat", o.repeat, "Run every node twice: bit-identical or not, and the run-to-run max|Δ|");
     add_output_options(cmd, o.output);
+    add_timings_flag(cmd, o.timings, "the step's wall seconds, the seconds inside each backend and the rest (comparing)");
 }
 
 // Fills the common part of a step config; `model` must outlive the run.
@@ -66,10 +68,14 @@ void emit(const Report& report, const OutputOptions& out, std::string (*render)(
 // Validates the config before any node is created, so a bad option costs no
 // backend start-up (an OpenCL context) and is reported first.
 template <typename Config, typename Run, typename Report>
-void run_step(const StepOptions& o, Config& config, Run run, std::string (*render)(const Report&, const Style&)) {
+void run_step(const char* step, const StepOptions& o, Config& config, Run run,
+              std::string (*render)(const Report&, const Style&)) {
     config.validate();
     Nodes nodes = create_nodes(o.nodes);
-    emit(run(config, nodes.nodes, nodes.reference), o.output, render);
+    const Report report = run_timed(step, nodes, o.timings, [&](std::vector<std::unique_ptr<Backend>>& timed) {
+        return run(config, timed, nodes.reference);
+    });
+    emit(report, o.output, render);
 }
 
 constexpr const char* kPromptTokens = "Use N seeded token ids (default: the model's reference prompt, else 24 seeded ids)";
@@ -92,7 +98,7 @@ void set_drift_command(CLI::App& app) {
         DriftConfig c;
         fill_common(c, model, opt->step);
         c.threshold = opt->threshold;
-        run_step(opt->step, c, run_drift, render_drift_text);
+        run_step("drift", opt->step, c, run_drift, render_drift_text);
     });
 }
 
@@ -111,7 +117,7 @@ void set_logits_command(CLI::App& app) {
         LogitsConfig c;
         fill_common(c, model, opt->step);
         c.router_authority = !opt->no_authority;
-        run_step(opt->step, c, run_logits, render_logits_text);
+        run_step("logits", opt->step, c, run_logits, render_logits_text);
     });
 }
 
@@ -136,7 +142,7 @@ void set_decide_command(CLI::App& app) {
         fill_common(c, model, opt->step);
         c.border = opt->border;
         c.perturb_router = opt->perturb;
-        run_step(opt->step, c, run_decide, render_decide_text);
+        run_step("decide", opt->step, c, run_decide, render_decide_text);
     });
 }
 
@@ -155,7 +161,7 @@ void set_generate_command(CLI::App& app) {
         GenerateConfig c;
         fill_common(c, model, opt->step);
         c.new_tokens = opt->new_tokens;
-        run_step(opt->step, c, run_generate, render_generate_text);
+        run_step("generate", opt->step, c, run_generate, render_generate_text);
     });
 }
 
@@ -186,7 +192,7 @@ void set_perplexity_command(CLI::App& app) {
         fill_common(c, model, s);
         c.context = opt->context;
         c.router_authority = !opt->no_authority;
-        run_step(s, c, run_perplexity, render_perplexity_text);
+        run_step("perplexity", s, c, run_perplexity, render_perplexity_text);
     });
 }
 

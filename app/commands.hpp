@@ -32,6 +32,9 @@ struct NodeOptions {
 };
 void add_node_options(CLI::App& cmd, NodeOptions& nodes);
 
+// --timings, the same flag on every command that measures.
+void add_timings_flag(CLI::App& cmd, bool& timings, const std::string& what);
+
 // Exit code a command sets for main() to return (0 unless it decided otherwise).
 int& command_exit_code();
 

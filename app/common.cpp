@@ -53,6 +53,13 @@ void add_node_options(CLI::App& cmd, NodeOptions& nodes) {
         ->capture_default_str();
 }
 
+void add_timings_flag(CLI::App& cmd, bool& timings, const std::string& what) {
+    cmd.add_flag("--timings", timings,
+                 "Print where the time went on stderr: " + what +
+                     "; and each device node's weight cache (hits, misses, evictions, bytes uploaded). Never in a "
+                     "report, which stays reproducible");
+}
+
 std::function<void(const AuditProgress&)> progress_printer() {
     if (!isatty(STDERR_FILENO)) return {};
     return [](const AuditProgress& p) {

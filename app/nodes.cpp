@@ -2,8 +2,10 @@
 
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/core/error.hpp"
+#include "kvasir/report/audit_text.hpp"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace kvasir::app {
 
@@ -50,6 +52,19 @@ Nodes create_nodes(const NodeOptions& options) {
         out.reference = static_cast<std::size_t>(it - names.begin());
     }
     return out;
+}
+
+void print_step_timings(const std::string& step, const Nodes& nodes, const NodeClock& clock, double wall_s) {
+    RunTimings t;
+    t.load_note = "none: the step reads the weights it needs as it goes (inside the node seconds)";
+    StepTiming st{step, wall_s, {}};
+    for (std::size_t i = 0; i < nodes.nodes.size(); ++i) {
+        t.nodes.push_back(nodes.nodes[i]->capabilities().node);
+        st.node_seconds.push_back(clock.seconds(i));
+    }
+    t.steps.push_back(std::move(st));
+    record_weight_caches(nodes.nodes, t);
+    std::fputs(render_timings(t).c_str(), stderr);
 }
 
 }  // namespace kvasir::app

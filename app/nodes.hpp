@@ -4,8 +4,11 @@
 #include "commands.hpp"
 
 #include "kvasir/backend/backend.hpp"
+#include "kvasir/steps/node_clock.hpp"
 
+#include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace kvasir::app {
@@ -19,6 +22,21 @@ struct Nodes {
 // Duplicate nodes are refused. An absent backend named explicitly is an
 // error (exit 2); absent backends are simply not in the default list.
 Nodes create_nodes(const NodeOptions& options);
+
+// Runs one measuring step, `run(nodes)`, on timing decorators of the nodes
+// (NodeClock: the same results) and, when `print` (--timings), writes on
+// stderr where its time went — the wall seconds, the seconds inside each
+// node, the rest — and every device node's weight-cache counters.
+void print_step_timings(const std::string& step, const Nodes& nodes, const NodeClock& clock, double wall_s);
+template <typename Run>
+auto run_timed(const std::string& step, Nodes& nodes, bool print, Run&& run) {
+    NodeClock clock(nodes.nodes);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto result = run(clock.timed());
+    if (print)
+        print_step_timings(step, nodes, clock, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return result;
+}
 
 // Splits --backends values into node specs (see nodes.cpp for the comma rule).
 std::vector<std::string> split_node_list(const std::vector<std::string>& args);

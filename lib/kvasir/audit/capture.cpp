@@ -186,7 +186,40 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
     m["errors"] = errors.dump();
     m["authority"] = authority.capabilities().node;
     m["step_seconds"] = seconds.dump();
+    if (const auto cache = node.weight_cache_stats()) m["weight_cache"] = to_json(*cache).dump();
     return cd;
+}
+
+RunTimings timings_of_captures(const std::vector<const Capture*>& captures, std::vector<std::string> steps) {
+    if (steps.empty())  // every step some capture timed, in the order it ran them
+        for (const Capture* c : captures)
+            if (const auto j = c->note("step_seconds")) {
+                const auto doc = nlohmann::ordered_json::parse(*j, nullptr, false);
+                if (!doc.is_object()) continue;
+                for (const auto& item : doc.items())
+                    if (std::find(steps.begin(), steps.end(), item.key()) == steps.end()) steps.push_back(item.key());
+            }
+    RunTimings t;
+    t.load_note = "each node's process reads its own weights (inside its step seconds)";
+    for (const Capture* c : captures) t.nodes.push_back(c->node());
+    for (const std::string& step : steps) {
+        StepTiming st{step, 0, {}};
+        for (const Capture* c : captures) {
+            double s = 0;
+            if (const auto j = c->note("step_seconds")) {
+                const auto doc = nlohmann::json::parse(*j, nullptr, false);
+                if (doc.is_object() && doc.contains(step) && doc[step].is_number()) s = doc[step].get<double>();
+            }
+            st.node_seconds.push_back(s);
+            st.wall += s;
+        }
+        t.steps.push_back(std::move(st));
+    }
+    for (const Capture* c : captures)
+        if (const auto j = c->note("weight_cache"))
+            if (const auto stats = weight_cache_stats_from_json(nlohmann::json::parse(*j, nullptr, false)))
+                t.weight_caches.emplace_back(c->node(), *stats);
+    return t;
 }
 
 }  // namespace kvasir

@@ -82,10 +82,18 @@ std::string capture_content_hash(const std::map<std::string, std::string>& metad
 // of the node are recorded in metadata "errors" and the capture goes on; a
 // failure of the authority, or bad input, throws; a node capturing itself
 // (the reference) that computes NaN/Inf is Error(bad_input) as in the audit.
-// Metadata "step_seconds" records each step's wall seconds (the isolated
+// Metadata "step_seconds" records each step's wall seconds and, for a node
+// with a weight cache, "weight_cache" its counters at the end (the isolated
 // audit's timings; not compared). `config.failed_nodes` is ignored.
 CaptureData capture_node(const AuditConfig& config, Backend& node, Backend& authority,
                          const std::vector<std::string>& steps = {});
+
+// The timings recorded in captures (their "step_seconds" and "weight_cache"
+// metadata), one node per capture, for the steps `steps`: what the isolated
+// audit's, capture's and compare's --timings show; `steps` empty: every
+// step a capture timed. No load phase (each node's process read its own
+// weights inside its steps).
+RunTimings timings_of_captures(const std::vector<const Capture*>& captures, std::vector<std::string> steps);
 
 // Adds content_hash and writes atomically (write_safetensors).
 void write_capture(const std::string& path, const CaptureData& capture);

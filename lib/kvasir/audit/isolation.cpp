@@ -221,12 +221,10 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
     cc.protocol = ac.protocol;
     cc.gate = ac.gate;
     cc.contrast_nodes = ac.contrast_nodes;
-    std::vector<std::size_t> ran;  // node indices of ptrs
     for (std::size_t i = 0; i < specs.size(); ++i) {
         if (caps[i]) {
             if (i == reference) ref_index = ptrs.size();
             ptrs.push_back(&*caps[i]);
-            ran.push_back(i);
             continue;
         }
         NodeInput f;
@@ -250,24 +248,9 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
     run.step_order = plan.steps;
 
     // Timings: each child's seconds per step (its own clock, the authority's
-    // share included), the compare in "other".
-    RunTimings& t = run.timings;
-    t.load_note = "each node's process reads its own weights (inside its step seconds)";
-    for (std::size_t i : ran) t.nodes.push_back(caps[i]->node());
-    for (const std::string& step : plan.steps) {
-        StepTiming st{step, 0, {}};
-        for (std::size_t i : ran) {
-            double s = 0;
-            if (const auto j = caps[i]->note("step_seconds")) {
-                const auto doc = nlohmann::json::parse(*j, nullptr, false);
-                if (doc.is_object() && doc.contains(step) && doc[step].is_number()) s = doc[step].get<double>();
-            }
-            st.node_seconds.push_back(s);
-            st.wall += s;
-        }
-        t.steps.push_back(std::move(st));
-    }
-    if (!t.steps.empty()) t.steps.back().wall += compare_s;
+    // share included) and its weight cache, the compare in "other".
+    run.timings = timings_of_captures(ptrs, plan.steps);
+    if (!run.timings.steps.empty()) run.timings.steps.back().wall += compare_s;
     return run;
 }
 

@@ -451,4 +451,40 @@ nlohmann::ordered_json to_json(const Capabilities& c) {
     return j;
 }
 
+namespace {
+
+// The counters in one order for both directions.
+template <typename Stats, typename F>
+void for_each_counter(Stats& s, F&& f) {
+    f("budget_bytes", s.budget_bytes);
+    f("hits", s.hits);
+    f("misses", s.misses);
+    f("uncacheable", s.uncacheable);
+    f("oversized", s.oversized);
+    f("bytes_uploaded", s.bytes_uploaded);
+    f("evictions", s.evictions);
+    f("resident_bytes", s.resident_bytes);
+    f("resident_entries", s.resident_entries);
+}
+
+}  // namespace
+
+nlohmann::ordered_json to_json(const WeightCacheStats& stats) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    for_each_counter(stats, [&](const char* key, std::uint64_t v) { j[key] = v; });
+    return j;
+}
+
+std::optional<WeightCacheStats> weight_cache_stats_from_json(const nlohmann::json& j) {
+    if (!j.is_object()) return std::nullopt;
+    WeightCacheStats s;
+    bool ok = true;
+    for_each_counter(s, [&](const char* key, std::uint64_t& v) {
+        const auto it = j.find(key);
+        if (it == j.end() || !it->is_number_unsigned()) ok = false;
+        else v = it->get<std::uint64_t>();
+    });
+    return ok ? std::optional<WeightCacheStats>(s) : std::nullopt;
+}
+
 }  // namespace kvasir

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -65,6 +66,21 @@ struct Capabilities {
     std::vector<std::pair<std::string, std::string>> extra;  // backend specific
 };
 
+// Counters of a device node's resident weights (weight_cache.hpp). Not part
+// of any report (they describe how a run went, not what it computed): shown
+// by --timings.
+struct WeightCacheStats {
+    std::uint64_t budget_bytes = 0;      // 0: the cache is off
+    std::uint64_t hits = 0;              // weight found resident: nothing uploaded
+    std::uint64_t misses = 0;            // cacheable weight uploaded and kept
+    std::uint64_t uncacheable = 0;       // not in immutable memory (activations, seeded inputs) or cache off: uploaded for the call
+    std::uint64_t oversized = 0;         // larger than the whole budget: uploaded for the call
+    std::uint64_t bytes_uploaded = 0;    // device bytes of misses + uncacheable + oversized
+    std::uint64_t evictions = 0;
+    std::uint64_t resident_bytes = 0;    // now
+    std::uint64_t resident_entries = 0;  // now
+};
+
 struct RopeParams {
     double theta = 1e6;
     RopeLayout layout = RopeLayout::neox;
@@ -98,6 +114,9 @@ public:
     virtual ~Backend() = default;
 
     virtual const Capabilities& capabilities() const = 0;
+    // The node's weight cache, if it has one (device backends). Optional:
+    // the default has none.
+    virtual std::optional<WeightCacheStats> weight_cache_stats() const { return std::nullopt; }
 
     // y[T, N] = x[T, K] · w[N, K]ᵀ  (the nn.Linear convention).
     virtual Tensor matmul(const TensorView& x, const TensorView& w) = 0;

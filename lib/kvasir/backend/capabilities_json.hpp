@@ -6,8 +6,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
+
 namespace kvasir {
 
 nlohmann::ordered_json to_json(const Capabilities& caps);
+
+// A node's weight-cache counters (capture metadata "weight_cache"), and back;
+// nullopt for a document that is not one (a capture from another writer).
+nlohmann::ordered_json to_json(const WeightCacheStats& stats);
+std::optional<WeightCacheStats> weight_cache_stats_from_json(const nlohmann::json& j);
 
 }  // namespace kvasir

@@ -109,6 +109,7 @@ public:
     FaultBackend(std::unique_ptr<Backend> inner, FaultSpec fault);
 
     const Capabilities& capabilities() const override { return caps_; }
+    std::optional<WeightCacheStats> weight_cache_stats() const override { return inner_->weight_cache_stats(); }
     Tensor matmul(const TensorView& x, const TensorView& w) override;
     Tensor swiglu(const TensorView& gate, const TensorView& up) override;
     Tensor softmax(const TensorView& x) override;

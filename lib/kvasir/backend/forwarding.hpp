@@ -14,6 +14,7 @@ class ForwardingBackend : public Backend {
 public:
     explicit ForwardingBackend(Backend& inner) : inner_(inner) {}
     const Capabilities& capabilities() const override { return inner_.capabilities(); }
+    std::optional<WeightCacheStats> weight_cache_stats() const override { return inner_.weight_cache_stats(); }
     Tensor matmul(const TensorView& x, const TensorView& w) override { return inner_.matmul(x, w); }
     Tensor swiglu(const TensorView& g, const TensorView& u) override { return inner_.swiglu(g, u); }
     Tensor softmax(const TensorView& x) override { return inner_.softmax(x); }

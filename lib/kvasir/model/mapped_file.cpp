@@ -36,23 +36,30 @@ MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
             fail(ErrorCode::bad_input, "{}: cannot map: {}", path_, std::strerror(err));
         }
         data_ = static_cast<const std::byte*>(p);
+        registration_ = ImmutableRegistration(data_, size_);
     }
     ::close(fd);  // the mapping keeps the file alive
 }
 
 MappedFile::~MappedFile() {
+    registration_.reset();
     if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
-    : path_(std::move(other.path_)), data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : path_(std::move(other.path_)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      registration_(std::move(other.registration_)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     if (this != &other) {
+        registration_.reset();
         if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
         path_ = std::move(other.path_);
         data_ = std::exchange(other.data_, nullptr);
         size_ = std::exchange(other.size_, 0);
+        registration_ = std::move(other.registration_);
     }
     return *this;
 }

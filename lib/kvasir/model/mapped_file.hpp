@@ -1,7 +1,11 @@
 // A read-only memory-mapped file. Model checkpoints are mapped, never read
 // whole: touching a tensor faults in only that tensor's pages, which is what
-// lets a 240 GB checkpoint be audited one layer at a time.
+// lets a 240 GB checkpoint be audited one layer at a time. The mapping is
+// registered as immutable memory (core/immutable_memory.hpp) for its life,
+// which is what lets a device node keep its weights resident.
 #pragma once
+
+#include "kvasir/core/immutable_memory.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -37,6 +41,7 @@ private:
     std::string path_;
     const std::byte* data_ = nullptr;
     std::size_t size_ = 0;
+    ImmutableRegistration registration_;  // reset before every munmap
 };
 
 }  // namespace kvasir

@@ -1,6 +1,7 @@
 #include "kvasir/model/model.hpp"
 
 #include "kvasir/core/error.hpp"
+#include "kvasir/core/immutable_memory.hpp"
 #include "kvasir/model/gguf.hpp"
 #include "kvasir/model/gguf_arch.hpp"
 #include "kvasir/model/quant.hpp"
@@ -256,6 +257,10 @@ struct Model::Impl {
     mutable std::map<std::string, TensorView, std::less<>> resolved;  // tensor name → view (each resolved once)
     mutable std::deque<Tensor> owned;                                 // dequantised / realigned copies
     mutable std::uint64_t owned_bytes = 0;
+    // The copies never change once made: immutable memory for the model's
+    // life, so a device node may keep them resident like mapped weights.
+    // Declared after `owned`: unregistered before the copies are freed.
+    mutable std::deque<ImmutableRegistration> owned_registrations;
     mutable std::optional<TensorView> embed, final_norm, lm_head;
 
     // --- name lists ---------------------------------------------------------
@@ -293,6 +298,7 @@ TensorView Model::Impl::resolve_gguf(const std::string& name) const {
     }
     owned_bytes += copy.nbytes();
     owned.push_back(std::move(copy));
+    owned_registrations.emplace_back(owned.back().raw(), owned.back().nbytes());
     return owned.back().view();
 }
 

@@ -210,6 +210,18 @@ std::string render_timings(const RunTimings& t) {
     }
     if (t.steps.size() > 1) row(total);
     out += table.render("  ");
+    for (const auto& [node, c] : t.weight_caches) {
+        if (c.budget_bytes == 0) {
+            out += fmt::format("  weight cache {}: off; {} weights uploaded per call, {:.3f} GB\n", node, c.uncacheable,
+                               static_cast<double>(c.bytes_uploaded) * 1e-9);
+            continue;
+        }
+        out += fmt::format("  weight cache {}: {} hits, {} misses, {} evictions, {} uncacheable, {} oversized; "
+                           "{:.3f} GB uploaded; {} resident, {:.3f} of {:.3f} GB\n",
+                           node, c.hits, c.misses, c.evictions, c.uncacheable, c.oversized,
+                           static_cast<double>(c.bytes_uploaded) * 1e-9, c.resident_entries,
+                           static_cast<double>(c.resident_bytes) * 1e-9, static_cast<double>(c.budget_bytes) * 1e-9);
+    }
     return out;
 }
 

@@ -16,7 +16,9 @@ std::string render_audit_text(const AuditReport& report, const Style& style);
 
 // --timings: the load phase (bytes, seconds, GB/s), then one row per step —
 // wall seconds, seconds inside each node, and "other" (the step's own work:
-// comparing, statistics, bookkeeping = wall − Σ nodes) — and a total row.
+// comparing, statistics, bookkeeping = wall − Σ nodes) — and a total row;
+// then one line per node with a weight cache: hits, misses, evictions,
+// bypasses, bytes uploaded, what is resident of the budget.
 std::string render_timings(const RunTimings& t);
 
 }  // namespace kvasir

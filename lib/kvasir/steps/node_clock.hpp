@@ -19,6 +19,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvasir {
@@ -65,7 +66,13 @@ struct RunTimings {
     std::uint64_t load_bytes = 0;
     std::vector<std::string> nodes;  // node names, the order of node_seconds
     std::vector<StepTiming> steps;
+    // The weight caches of the nodes that have one (device nodes), at the end
+    // of the run: node name and counters (backend/weight_cache.hpp).
+    std::vector<std::pair<std::string, WeightCacheStats>> weight_caches;
 };
+
+// Appends the weight-cache counters of every node that has a cache to `t`.
+void record_weight_caches(const std::vector<std::unique_ptr<Backend>>& nodes, RunTimings& t);
 
 // The load phase: reads `layers` (and the embedding, final norm and lm_head
 // when `globals`) with Model::load_layer / load_globals; records bytes and

@@ -4,6 +4,7 @@
 #include "kvasir/backend/opencl/opencl_backend.hpp"
 
 #include "kernels/cpu/matmul.hpp"
+#include "kvasir/backend/weight_cache.hpp"
 #include "kvasir/core/error.hpp"
 
 #include <CL/cl.h>
@@ -14,7 +15,9 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -222,6 +225,7 @@ struct DeviceInfo {
     std::size_t max_work_group = 1;
     std::array<std::size_t, 3> max_work_item{1, 1, 1};
     cl_ulong local_mem = 0;  // CL_DEVICE_LOCAL_MEM_SIZE, bytes
+    cl_ulong global_mem = 0;  // CL_DEVICE_GLOBAL_MEM_SIZE, bytes
     bool fp16 = false, fp64 = false;
 
     std::string label() const { return fmt::format("{} ({})", name, platform_name); }
@@ -273,6 +277,7 @@ Enumeration enumerate_devices() {
             KVCL_CHECK(clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof(info.max_work_item),
                                        info.max_work_item.data(), nullptr));
             info.local_mem = device_value<cl_ulong>(d, CL_DEVICE_LOCAL_MEM_SIZE);
+            info.global_mem = device_value<cl_ulong>(d, CL_DEVICE_GLOBAL_MEM_SIZE);
             info.fp16 = has_extension(info.extensions, "cl_khr_fp16");
             info.fp64 = has_extension(info.extensions, "cl_khr_fp64");
             out.devices.push_back(std::move(info));
@@ -425,13 +430,18 @@ std::size_t floor_pow2(std::size_t n) {
 class OpenclBackend final : public Backend {
 public:
     explicit OpenclBackend(const BackendSpec& spec) {
+        std::optional<std::uint64_t> cache_budget;
         for (const auto& [key, value] : spec.options) {
-            if (!apply_precision_option(spec, key, value, caps_)) {
-                fail(ErrorCode::bad_input, "backend '{}': unknown option '{}' (opencl takes storage=, acc=)",
-                     spec.canonical(), key);
+            if (key == "weight_cache") {
+                cache_budget = parse_weight_cache_option(spec, value);
+            } else if (!apply_precision_option(spec, key, value, caps_)) {
+                fail(ErrorCode::bad_input,
+                     "backend '{}': unknown option '{}' (opencl takes storage=, acc=, weight_cache=)", spec.canonical(),
+                     key);
             }
         }
         info_ = &device_at(spec.device, spec.canonical());
+        weights_ = std::make_unique<WeightCache<ClMem>>(cache_budget.value_or(default_weight_cache_budget(info_->global_mem)));
         if (caps_.accumulation == DType::f16 && !info_->fp16)
             fail(ErrorCode::unsupported,
                  "backend '{}': device {} has no cl_khr_fp16, so it cannot accumulate in half (storage=f16 works: "
@@ -458,6 +468,8 @@ public:
         canonical.device_given = true;
         if (caps_.storage != DType::f32) canonical.options["storage"] = dtype_name(caps_.storage);
         if (caps_.accumulation != DType::f32) canonical.options["acc"] = dtype_name(caps_.accumulation);
+        // Kept in the name when given, so a child process of the audit gets it too.
+        if (cache_budget) canonical.options["weight_cache"] = std::to_string(*cache_budget >> 20);
         caps_.node = canonical.canonical();
         caps_.backend = "opencl";
         caps_.device = info_->name;
@@ -486,10 +498,13 @@ public:
                                : caps_.storage == DType::bf16 ? "f32 buffers of bf16 values (host rounds inputs, kernels round stores)"
                                                               : "f32 buffers"},
             {"build_options", fmt::format("{} {}", cl_std_option(info_->opencl_c), defines_)},
+            {"weight_cache", describe_weight_cache(weights_->stats().budget_bytes, cache_budget.has_value(),
+                                                   "CL_DEVICE_GLOBAL_MEM_SIZE")},
         };
     }
 
     const Capabilities& capabilities() const override { return caps_; }
+    std::optional<WeightCacheStats> weight_cache_stats() const override { return weights_->stats(); }
 
     Tensor matmul(const TensorView& x, const TensorView& w) override {
         check_matmul_args(x, w);
@@ -499,7 +514,7 @@ public:
         check_int_range("matmul", {t_count, n_count, k_count});
         if (t_count == 0 || n_count == 0 || k_count == 0) return Tensor(DType::f32, shape);  // empty sums are +0
         const std::lock_guard lock(mutex_);
-        const ClMem xb = upload(x), wb = upload(w);
+        const ClMem xb = upload(x), wb = weight(w);
         const ClMem yb = output(t_count * n_count);
         const cl_kernel k = kernel("matmul.cl", "kv_matmul", tile_ * tile_);
         set_args(k, xb, wb, yb, static_cast<cl_int>(t_count), static_cast<cl_int>(n_count),
@@ -558,7 +573,7 @@ public:
         check_int_range("rmsnorm", {rows, cols});
         if (rows == 0 || cols == 0) return Tensor(DType::f32, x.shape);
         const std::lock_guard lock(mutex_);
-        const ClMem xb = upload(x), wb = upload(weight);
+        const ClMem xb = upload(x), wb = this->weight(weight);
         const ClMem yb = output(rows * cols);
         const cl_kernel k = kernel("rows.cl", "kv_rmsnorm", row_wg_);
         set_args(k, xb, wb, yb, static_cast<cl_int>(cols), static_cast<cl_float>(eps));
@@ -596,7 +611,7 @@ public:
         check_int_range("causal_conv1d_silu", {t_count, c_count, k_count, t_count * c_count});
         if (x.numel() == 0) return Tensor(DType::f32, x.shape);
         const std::lock_guard lock(mutex_);
-        const ClMem xb = upload(x), wb = upload(w);
+        const ClMem xb = upload(x), wb = weight(w);
         // No history: the kernel reads zeros and never touches the buffer
         // bound in its place (x itself).
         const ClMem hb = history != nullptr && history->numel() > 0 ? upload(*history) : ClMem();
@@ -625,7 +640,7 @@ public:
                      local_bytes + 2 * row_wg_ * sizeof(cl_float), info_->label(), info_->local_mem);
         const std::lock_guard lock(mutex_);
         const ClMem qb = upload(in.q), kb = upload(in.k), vb = upload(in.v), ab = upload(in.a), bb = upload(in.b),
-                    alb = upload(in.a_log), dtb = upload(in.dt_bias);
+                    alb = weight(in.a_log), dtb = weight(in.dt_bias);
         // The state is f32 in every storage variant (the op's own carried
         // result, not a stored activation): uploaded exactly when it is f32.
         const std::size_t state_bytes = static_cast<std::size_t>(res.state.numel()) * sizeof(cl_float);
@@ -703,6 +718,18 @@ private:
         return buffer;
     }
 
+    // A weight (matmul's second operand, a norm's or conv's weight, A_log,
+    // dt_bias): the device copy from the node's cache (weight_cache.hpp says
+    // what it takes and why that is never stale), else uploaded for this
+    // call. A new reference to the buffer: an entry evicted meanwhile stays
+    // valid until the op releases it.
+    ClMem weight(const TensorView& w) const {
+        const std::shared_ptr<const ClMem> resident = weights_->get(
+            w, caps_.storage, static_cast<std::uint64_t>(w.numel()) * storage_bytes(), [&] { return upload(w); });
+        KVCL_CHECK(clRetainMemObject(resident->get()));
+        return ClMem(resident->get());
+    }
+
     ClMem output(std::int64_t numel) const {
         return ClMem(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_WRITE,
                                  static_cast<std::size_t>(numel) * storage_bytes(), nullptr));
@@ -774,6 +801,7 @@ private:
     std::string defines_;
     std::mutex mutex_;
     std::map<std::string, ClKernel> kernels_;
+    std::unique_ptr<WeightCache<ClMem>> weights_;  // device-resident weights
 };
 
 }  // namespace

@@ -1,0 +1,57 @@
+// Host memory that keeps the same bytes for as long as it is registered —
+// in practice the read-only mappings of model checkpoints (MappedFile). A
+// device backend may keep a copy of such bytes resident (weight_cache.hpp):
+// the registry tells it whether a pointer lies in memory like that, and in
+// which *registration*.
+//
+// Why a registry rather than the pointer alone: activations are fresh heap
+// Tensors, and a freed buffer's address is soon reused with other contents,
+// so an address never identifies bytes by itself. A registration's id is
+// never reused (a process-wide counter), and memory is registered only
+// while it cannot change: a view that lies inside registration R at offset
+// o names the same bytes for as long as R exists, and a file mapped again at
+// the same address gets a new id. Heap memory is never registered.
+//
+// The one assumption: nobody writes to a checkpoint file while it is mapped
+// (a MAP_PRIVATE mapping shows such writes) — the model loader assumes it too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+namespace kvasir {
+
+// Where a byte range lies in registered memory.
+struct ImmutableSpan {
+    std::uint64_t region = 0;  // the registration's id, never reused in this process
+    std::size_t offset = 0;    // of the range's first byte from the registration's start
+};
+
+// Registers [data, data + size) for the life of this object; move-only.
+// Registering a range that overlaps a live registration is an internal
+// error (two owners would claim the same bytes).
+class ImmutableRegistration {
+public:
+    ImmutableRegistration() = default;
+    ImmutableRegistration(const void* data, std::size_t size);
+    ImmutableRegistration(ImmutableRegistration&& other) noexcept;
+    ImmutableRegistration& operator=(ImmutableRegistration&& other) noexcept;
+    ImmutableRegistration(const ImmutableRegistration&) = delete;
+    ImmutableRegistration& operator=(const ImmutableRegistration&) = delete;
+    ~ImmutableRegistration();
+
+    std::uint64_t id() const { return id_; }  // 0: registers nothing
+    // Unregisters now (before the memory is unmapped, so that no lookup can
+    // find the range once it may change).
+    void reset() noexcept;
+
+private:
+    std::uint64_t id_ = 0;
+};
+
+// The registration holding all of [data, data + bytes), if one does.
+// Thread-safe.
+std::optional<ImmutableSpan> find_immutable(const void* data, std::size_t bytes);
+
+}  // namespace kvasir

@@ -1,0 +1,209 @@
+// The shared weight cache (backend/weight_cache.hpp) on its own, with a fake
+// device whose "buffers" record what was uploaded: what it keeps, what it
+// never keeps, LRU order, the budget, and the counters. The OpenCL node's
+// use of it runs for real in test_opencl_residency.cpp.
+#include "kvasir/backend/weight_cache.hpp"
+#include "kvasir/core/error.hpp"
+#include "kvasir/core/immutable_memory.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+using namespace kvasir;
+
+namespace {
+
+// A "device buffer": a copy of the host bytes made at upload.
+struct FakeBuffer {
+    std::vector<float> values;
+};
+
+// Weights in immutable memory: one registered host arena of `n` floats.
+struct Arena {
+    explicit Arena(std::size_t n) : values(n) {
+        for (std::size_t i = 0; i < n; ++i) values[i] = static_cast<float>(i);
+        reg = ImmutableRegistration(values.data(), values.size() * sizeof(float));
+    }
+    TensorView view(std::size_t offset, Shape shape) const {
+        return TensorView{DType::f32, values.data() + offset, std::move(shape)};
+    }
+    std::vector<float> values;
+    ImmutableRegistration reg;
+};
+
+struct Device {
+    int uploads = 0;
+    std::shared_ptr<const FakeBuffer> get(WeightCache<FakeBuffer>& cache, const TensorView& w, DType format = DType::f32) {
+        const std::uint64_t bytes = static_cast<std::uint64_t>(w.numel()) * 4;
+        return cache.get(w, format, bytes, [&] {
+            ++uploads;
+            const float* p = static_cast<const float*>(w.data);
+            return FakeBuffer{std::vector<float>(p, p + w.numel())};
+        });
+    }
+};
+
+constexpr std::uint64_t kKiB = 1024;
+
+}  // namespace
+
+TEST(WeightCache, SecondCallIsAHitAndUploadsNothing) {
+    const Arena arena(1024);
+    WeightCache<FakeBuffer> cache(64 * kKiB);
+    Device dev;
+    const TensorView w = arena.view(0, {16, 16});
+    const auto first = dev.get(cache, w);
+    const WeightCacheStats after_first = cache.stats();
+    const auto second = dev.get(cache, w);
+    const WeightCacheStats s = cache.stats();
+    EXPECT_EQ(first.get(), second.get());
+    EXPECT_EQ(dev.uploads, 1);
+    EXPECT_EQ(s.misses, 1u);
+    EXPECT_EQ(s.hits, 1u);
+    EXPECT_EQ(s.bytes_uploaded, after_first.bytes_uploaded);  // the hit uploaded no byte
+    EXPECT_EQ(s.bytes_uploaded, 16u * 16 * 4);
+    EXPECT_EQ(s.resident_bytes, 16u * 16 * 4);
+    EXPECT_EQ(s.resident_entries, 1u);
+}
+
+TEST(WeightCache, KeyIsOffsetShapeDtypeAndDeviceFormat) {
+    const Arena arena(1024);
+    WeightCache<FakeBuffer> cache(64 * kKiB);
+    Device dev;
+    dev.get(cache, arena.view(0, {16, 16}));
+    dev.get(cache, arena.view(256, {16, 16}));          // another offset
+    dev.get(cache, arena.view(0, {8, 32}));             // same bytes, another shape
+    dev.get(cache, arena.view(0, {16, 16}), DType::f16);  // same view, another device format
+    TensorView as_i32 = arena.view(0, {16, 16});
+    as_i32.dtype = DType::i32;
+    dev.get(cache, as_i32);  // same bytes read as another dtype
+    EXPECT_EQ(dev.uploads, 5);
+    EXPECT_EQ(cache.stats().misses, 5u);
+    EXPECT_EQ(cache.stats().hits, 0u);
+    dev.get(cache, arena.view(256, {16, 16}));
+    EXPECT_EQ(cache.stats().hits, 1u);
+}
+
+TEST(WeightCache, HeapMemoryIsNeverCachedSoAReusedAddressIsNeverStale) {
+    WeightCache<FakeBuffer> cache(64 * kKiB);
+    Device dev;
+    // An activation: freed, and its address handed to other contents.
+    std::vector<float> buffer(64, 1.0f);
+    const TensorView a{DType::f32, buffer.data(), {8, 8}};
+    EXPECT_EQ(dev.get(cache, a)->values[0], 1.0f);
+    std::fill(buffer.begin(), buffer.end(), 2.0f);  // same address, same shape, new contents
+    EXPECT_EQ(dev.get(cache, a)->values[0], 2.0f);
+    const WeightCacheStats s = cache.stats();
+    EXPECT_EQ(s.uncacheable, 2u);
+    EXPECT_EQ(s.hits + s.misses, 0u);
+    EXPECT_EQ(s.resident_entries, 0u);
+    EXPECT_EQ(s.bytes_uploaded, 2u * 64 * 4);
+}
+
+TEST(WeightCache, ARegistrationEndedAndRemadeAtTheSameAddressIsAMiss) {
+    std::vector<float> bytes(64, 1.0f);
+    WeightCache<FakeBuffer> cache(64 * kKiB);
+    Device dev;
+    const TensorView w{DType::f32, bytes.data(), {64}};
+    {
+        const ImmutableRegistration mapped(bytes.data(), bytes.size() * 4);
+        EXPECT_EQ(dev.get(cache, w)->values[0], 1.0f);
+        EXPECT_EQ(dev.get(cache, w)->values[0], 1.0f);  // a hit
+    }
+    std::fill(bytes.begin(), bytes.end(), 3.0f);  // "unmapped, another file mapped at the address"
+    const ImmutableRegistration remapped(bytes.data(), bytes.size() * 4);
+    EXPECT_EQ(dev.get(cache, w)->values[0], 3.0f);
+    EXPECT_EQ(cache.stats().misses, 2u);
+    EXPECT_EQ(cache.stats().hits, 1u);
+}
+
+TEST(WeightCache, LeastRecentlyUsedIsEvictedFirst) {
+    const Arena arena(4096);
+    WeightCache<FakeBuffer> cache(3 * kKiB);  // room for three 1 KiB weights
+    Device dev;
+    const TensorView a = arena.view(0, {256}), b = arena.view(256, {256}), c = arena.view(512, {256}),
+                     d = arena.view(768, {256});
+    dev.get(cache, a);
+    dev.get(cache, b);
+    dev.get(cache, c);
+    dev.get(cache, a);  // a is now the most recent; b the least
+    dev.get(cache, d);  // evicts b
+    EXPECT_EQ(cache.stats().evictions, 1u);
+    EXPECT_EQ(cache.stats().resident_bytes, 3 * kKiB);
+    const int uploads = dev.uploads;
+    dev.get(cache, a);
+    dev.get(cache, c);
+    dev.get(cache, d);
+    EXPECT_EQ(dev.uploads, uploads);  // all three still resident
+    dev.get(cache, b);                // b was the one evicted
+    EXPECT_EQ(dev.uploads, uploads + 1);
+    EXPECT_EQ(cache.stats().evictions, 2u);  // ... and evicts a, now the least recent
+    EXPECT_LE(cache.stats().resident_bytes, cache.stats().budget_bytes);
+}
+
+TEST(WeightCache, AnEvictedEntryStaysValidWhileItsUserHoldsIt) {
+    const Arena arena(1024);
+    WeightCache<FakeBuffer> cache(1 * kKiB);
+    Device dev;
+    const auto held = dev.get(cache, arena.view(0, {256}));
+    dev.get(cache, arena.view(256, {256}));  // evicts the first
+    EXPECT_EQ(cache.stats().evictions, 1u);
+    EXPECT_EQ(held->values[5], 5.0f);
+}
+
+TEST(WeightCache, AWeightLargerThanTheBudgetBypassesWithoutFlushing) {
+    const Arena arena(4096);
+    WeightCache<FakeBuffer> cache(2 * kKiB);
+    Device dev;
+    dev.get(cache, arena.view(0, {256}));
+    dev.get(cache, arena.view(0, {1024}));  // 4 KiB > budget
+    dev.get(cache, arena.view(0, {1024}));
+    const WeightCacheStats s = cache.stats();
+    EXPECT_EQ(s.oversized, 2u);
+    EXPECT_EQ(s.evictions, 0u);
+    EXPECT_EQ(s.resident_bytes, 1 * kKiB);
+    EXPECT_EQ(dev.uploads, 3);
+    dev.get(cache, arena.view(0, {256}));
+    EXPECT_EQ(cache.stats().hits, 1u);
+}
+
+TEST(WeightCache, BudgetZeroIsOff) {
+    const Arena arena(1024);
+    WeightCache<FakeBuffer> cache(0);
+    Device dev;
+    dev.get(cache, arena.view(0, {256}));
+    dev.get(cache, arena.view(0, {256}));
+    EXPECT_EQ(dev.uploads, 2);
+    EXPECT_EQ(cache.stats().uncacheable, 2u);
+    EXPECT_EQ(cache.stats().resident_entries, 0u);
+}
+
+TEST(WeightCache, AFailedUploadKeepsNothing) {
+    const Arena arena(1024);
+    WeightCache<FakeBuffer> cache(64 * kKiB);
+    EXPECT_THROW(cache.get(arena.view(0, {16}), DType::f32, 64, []() -> FakeBuffer { throw Error(ErrorCode::backend_failure, "no memory"); }),
+                 Error);
+    EXPECT_EQ(cache.stats().resident_entries, 0u);
+    EXPECT_EQ(cache.stats().misses, 0u);
+    Device dev;
+    dev.get(cache, arena.view(0, {16}));
+    EXPECT_EQ(dev.uploads, 1);
+}
+
+TEST(WeightCache, OptionIsWholeMiB) {
+    BackendSpec spec = BackendSpec::parse("opencl:0");
+    EXPECT_EQ(parse_weight_cache_option(spec, "0"), 0u);
+    EXPECT_EQ(parse_weight_cache_option(spec, "3"), 3u << 20);
+    for (const char* bad : {"", "-1", "1.5", "1M", "x", "99999999999999999999"}) {
+        try {
+            parse_weight_cache_option(spec, bad);
+            ADD_FAILURE() << "accepted '" << bad << "'";
+        } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::bad_input) << bad;
+        }
+    }
+    EXPECT_EQ(default_weight_cache_budget(8ull << 30), 4ull << 30);
+}
