@@ -19,7 +19,7 @@ llama.cpp load the file; the benchmarks feed token ids, never text.
 
 Deterministic: numpy's PCG64 seeded once, tensors drawn in file order, so
 the same numpy release writes the same bytes. Tensors are streamed to disk
-one at a time (peak memory ~ one expert stack, 32 MiB).
+one at a time (peak memory ~ the largest tensor, the 64 MiB embedding).
 
 Usage: python3 scripts/make_bench_gguf.py [--out PATH]
        (needs numpy and gguf: python3 -m venv V && V/bin/pip install numpy gguf)
