@@ -219,7 +219,11 @@ void register_all() {
     for (std::int64_t t : {16, 128})
         add("moe_block/cpu-ref/f32/T:" + std::to_string(t), moe_block, std::string("cpu-ref"), DType::f32, t)
             ->Unit(benchmark::kMillisecond);
-    for (const char* spec : {"cpu:threads=2", "cpu:threads=1", "cpu:threads=2,storage=bf16", "cpu-ref"})
+    std::vector<std::string> attention_nodes = {"cpu:threads=2", "cpu:threads=1", "cpu:threads=2,storage=bf16", "cpu-ref"};
+#if defined(KVASIR_HAVE_OPENCL)
+    attention_nodes.push_back("opencl:0");  // attention.cl against the node's composition, next to cpu's
+#endif
+    for (const std::string& spec : attention_nodes)
         for (const bool fused : {true, false})
             for (auto [t, p0] : {std::pair<std::int64_t, std::int64_t>{512, 0}, {1, 511}})
                 add(std::string("attention/") + spec + (fused ? "/fused" : "/composed") + "/T:" + std::to_string(t) +

@@ -13,6 +13,8 @@
 //   sigmoid_kernel   1 / (1 + e^-x)
 //   rope_kernel      angle = pos · inv_freq in f32 (inv_freq from the host, as transformers
 //                    computes it), (a, b) → (a·c - b·s, b·c + a·s) with fmaf
+//   attention_kernel causal GQA attention, one block per (query row, head) over the keys
+//                    it sees: this node's matmul/scale/softmax/matmul composition bit for bit
 //   store_kernel     round a buffer to the storage format (after split-K atomics)
 //   causal_conv1d_silu_kernel   y[t,c] = silu(Σ_j w[c,j]·xx[t+j,c]), one fmaf chain in
 //                    ascending j (linear_attention.hpp; Gated DeltaNet)
@@ -323,6 +325,99 @@ __global__ void __launch_bounds__(kReduceThreads)
             outr[j] = kg_store(o, storage);
         }
         __syncthreads();  // qn/kn are rewritten by the next token
+    }
+}
+
+// --- causal GQA attention (Backend::causal_attention, backend.hpp) ----------------
+// One block of kReduceThreads per (query t, head h) — block r = t·heads + h —
+// reading kv head h / (heads / kv_heads) rows 0 … p0+t only. The arithmetic is
+// the node's default composition (matmul_kernel, the host's scale,
+// softmax_kernel, matmul_kernel) with every intermediate rounded where that
+// composition stores it (kg_store):
+//   score = chain of Accum::step over j ascending from 0   (matmul_kernel's chain)
+//   x     = kg_store(kg_store(score) · scale)   scale rounded to f32 on the host
+//   m     = fmaxf over thread tid's columns tid, tid+256, …, then block_reduce
+//   e     = kg_store(kg_expf(x − m)), Σ by Accum::add over the same columns + the tree
+//   p     = kg_store(e / Σ);  out[i] = kg_store(chain of Accum::step over s ascending)
+// The composition's masked columns are the tail of each thread's list: −inf
+// leaves fmaxf's max alone, adds +0 to a sum ≥ +0, and fmaf(+0, v, a) = a in
+// P·V — skipping them changes no bit for finite V (a masked V row of Inf or
+// NaN poisons only the composition, through 0·Inf).
+// Rows of more than kAttnChunk keys recompute their scores in each of the
+// three passes (max, sum, P·V), chunk by chunk: the same bits, three times
+// the q·K work. The split-K variant (nondeterministic=1) runs this kernel
+// too: there is no atomic in it.
+constexpr int kAttnChunk = 2048;   // probabilities held in shared memory; a multiple of kReduceThreads
+constexpr int kAttnMaxDim = 512;   // the host runs the composition beyond
+constexpr int kAttnOutPerThread = (kAttnMaxDim + kReduceThreads - 1) / kReduceThreads;
+
+template <bool kF16Acc>
+__device__ inline float attention_score(const float* qs, const float* key, int dim, float scale, int storage) {
+    float acc = 0.0f;
+    for (int j = 0; j < dim; ++j) acc = Accum<kF16Acc>::step(acc, qs[j], key[j]);
+    return kg_store(kg_store(acc, storage) * scale, storage);
+}
+
+template <bool kF16Acc>
+__global__ void __launch_bounds__(kReduceThreads)
+    attention_kernel(const float* q, const float* k, const float* v, float* out, int t_count, int heads, int kv_heads,
+                     int dim, int s_count, float scale, int storage) {
+    __shared__ float qs[kAttnMaxDim];
+    __shared__ float ps[kAttnChunk];  // scores, then exponentials, then one chunk's probabilities
+    __shared__ float red[kReduceThreads];
+    using A = Accum<kF16Acc>;
+    const int tid = static_cast<int>(threadIdx.x), r = static_cast<int>(blockIdx.x);
+    const int t = r / heads, h = r % heads;
+    const int n = s_count - t_count + t + 1;  // keys 0 … p0 + t
+    const bool cached = n <= kAttnChunk;
+    const std::size_t kv_base = static_cast<std::size_t>(h / (heads / kv_heads)) * s_count * dim;
+    const float* kh = k + kv_base;
+    const float* vh = v + kv_base;
+    for (int j = tid; j < dim; j += kReduceThreads) qs[j] = q[static_cast<std::size_t>(r) * dim + j];
+    __syncthreads();
+
+    float m = -INFINITY;
+    for (int c = tid; c < n; c += kReduceThreads) {
+        const float x = attention_score<kF16Acc>(qs, kh + static_cast<std::size_t>(c) * dim, dim, scale, storage);
+        if (cached) ps[c] = x;
+        m = fmaxf(m, x);
+    }
+    m = block_reduce(m, red, MaxOp{});
+
+    float sum = 0.0f;
+    for (int c = tid; c < n; c += kReduceThreads) {
+        const float x = cached ? ps[c] : attention_score<kF16Acc>(qs, kh + static_cast<std::size_t>(c) * dim, dim, scale, storage);
+        const float e = kg_store(kg_expf(x - m), storage);
+        if (cached) ps[c] = e;
+        sum = A::add(sum, e);
+    }
+    sum = block_reduce(sum, red, SumOp<kF16Acc>{});
+
+    float acc[kAttnOutPerThread];
+    for (int j = 0; j < kAttnOutPerThread; ++j) acc[j] = 0.0f;
+    for (int c0 = 0; c0 < n; c0 += kAttnChunk) {
+        const int cn = min(kAttnChunk, n - c0);
+        __syncthreads();  // the previous chunk's P·V is done reading ps
+        for (int c = tid; c < cn; c += kReduceThreads) {
+            const float e = cached ? ps[c]
+                                   : kg_store(kg_expf(attention_score<kF16Acc>(qs, kh + static_cast<std::size_t>(c0 + c) * dim,
+                                                                             dim, scale, storage) -
+                                                      m),
+                                              storage);
+            ps[c] = kg_store(e / sum, storage);
+        }
+        __syncthreads();
+        for (int j = 0; j < kAttnOutPerThread; ++j) {
+            const int i = tid + j * kReduceThreads;
+            if (i >= dim) break;
+            const float* col = vh + static_cast<std::size_t>(c0) * dim + i;
+            for (int s = 0; s < cn; ++s) acc[j] = A::step(acc[j], ps[s], col[static_cast<std::size_t>(s) * dim]);
+        }
+    }
+    float* row = out + (static_cast<std::size_t>(t) * heads + h) * dim;
+    for (int j = 0; j < kAttnOutPerThread; ++j) {
+        const int i = tid + j * kReduceThreads;
+        if (i < dim) row[i] = kg_store(acc[j], storage);
     }
 }
 

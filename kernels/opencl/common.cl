@@ -44,6 +44,26 @@ typedef float kv_store_t;
 #define KV_STORE(v, p, i) ((p)[(i)] = (v))
 #endif
 
+// What KV_STORE then KV_LOAD gives back, for a value a fused kernel keeps in
+// local memory or registers where the unfused kernels would have stored it.
+inline float kv_round_storage(float v) {
+#if KV_STORAGE_HALF
+    // A private ushort as the half slot: declaring a half VARIABLE needs
+    // cl_khr_fp16, a half POINTER does not.
+    ushort slot;
+    vstore_half_rte(v, 0, (__private half*)&slot);
+    return vload_half(0, (__private const half*)&slot);
+#elif KV_STORAGE_BF16
+    return kv_round_bf16(v);
+#else
+    return v;
+#endif
+}
+
+// max that lets NaN win, so a NaN anywhere in a row poisons the whole row as
+// it does on the oracle (fmax would silently drop it).
+inline float kv_max_nan(float a, float b) { return (b > a || isnan(b)) ? b : a; }
+
 // Accumulation. In f16 the running sum is a half variable: each step is
 // evaluated in f32 (one fma) and rounded to half, so the sum is rounded to
 // half after every add — the contract in backend.hpp. Needs cl_khr_fp16.

@@ -11,10 +11,6 @@
 #define KV_ROW_WG 256  // a power of two: the tree halves it
 #endif
 
-// max that lets NaN win, so a NaN anywhere in the row poisons the whole row
-// as it does on the oracle (fmax would silently drop it).
-inline float kv_max_nan(float a, float b) { return (b > a || isnan(b)) ? b : a; }
-
 __kernel __attribute__((reqd_work_group_size(KV_ROW_WG, 1, 1)))
 void kv_softmax(__global const kv_store_t* x, __global kv_store_t* y, const int cols) {
     __local float red_max[KV_ROW_WG];

@@ -382,6 +382,36 @@ public:
         return {Tensor::from_f32(out, {t_count, nv, dv}), Tensor::from_f32(state, {nv, dk, dv})};
     }
 
+    // Causal attention: gpu_backend_impl.inc's host logic (checks, the kv
+    // heads staged one after another, the composition beyond kAttnMaxDim)
+    // with attention_kernel at its launch geometry, one block per (row, head).
+    Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                            double scale) override {
+        check_attention_args(q, keys, values);
+        const std::int64_t t_count = q.dim(0), nh = q.dim(1), d = q.dim(2), nkv = static_cast<std::int64_t>(keys.size());
+        const std::int64_t s_count = keys[0].dim(0);
+        if (t_count == 0) return Tensor(DType::f32, {0, nh * d});
+        if (d > gpu_host::kAttnMaxDim) return Backend::causal_attention(q, keys, values, scale);
+        const std::vector<float> qs = stage(q);
+        std::vector<float> ks, vs;
+        for (std::size_t g = 0; g < keys.size(); ++g) {
+            const std::vector<float> kg = stage(keys[g]), vg = stage(values[g]);
+            ks.insert(ks.end(), kg.begin(), kg.end());
+            vs.insert(vs.end(), vg.begin(), vg.end());
+        }
+        std::vector<float> y(static_cast<std::size_t>(t_count * nh * d));
+        const emu::Dim3 grid{static_cast<unsigned>(t_count * nh), 1, 1};
+        const int t = static_cast<int>(t_count), h = static_cast<int>(nh), g = static_cast<int>(nkv),
+                  dim = static_cast<int>(d), s = static_cast<int>(s_count);
+        if (caps_.accumulation == DType::f16)
+            emu::launch(grid, gpu_host::kReduceThreads, gpu_host::attention_kernel<true>, qs.data(), ks.data(), vs.data(),
+                        y.data(), t, h, g, dim, s, static_cast<float>(scale), storage_);
+        else
+            emu::launch(grid, gpu_host::kReduceThreads, gpu_host::attention_kernel<false>, qs.data(), ks.data(),
+                        vs.data(), y.data(), t, h, g, dim, s, static_cast<float>(scale), storage_);
+        return Tensor::from_f32(y, {t_count, nh * d});
+    }
+
 private:
     // The elementwise kernels loop with a grid stride, so every element gets
     // the same arithmetic whatever the grid; the host launches ⌈n/256⌉ blocks,

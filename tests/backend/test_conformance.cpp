@@ -1018,7 +1018,10 @@ Tensor textbook_attention(const Tensor& q, const std::vector<Tensor>& k, const s
 const std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>>& attention_shapes() {
     static const std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>> s = {
         {1, 1, 1, 4, 0},  {5, 4, 2, 8, 0},   {3, 6, 2, 72, 37}, {1, 8, 2, 128, 200},
-        {17, 4, 4, 64, 9}, {40, 3, 1, 130, 30}, {9, 12, 3, 16, 0}, {2, 16, 4, 24, 75}};
+        {17, 4, 4, 64, 9}, {40, 3, 1, 130, 30}, {9, 12, 3, 16, 0}, {2, 16, 4, 24, 75},
+        // Rows of 2048 and 2049 keys: the opencl and gpu kernels hold 2048
+        // probabilities at once, a longer row recomputes its scores per pass.
+        {2, 4, 2, 8, 2047}};
     return s;
 }
 
@@ -1087,10 +1090,15 @@ TEST_P(AttentionConformance, FusedIsItsOwnCompositionBitForBit) {
     if (!caps().deterministic) GTEST_SKIP() << "split-K atomics: no two runs need agree on bits";
     for (const auto& [T, nh, nkv, D, p0] : attention_shapes()) {
         const Inputs in = inputs({T, nh, nkv, D, p0}, fmt::format("c{}x{}x{}x{}x{}", T, nh, nkv, D, p0));
-        const Tensor fused = run(node(), in, 0.125);
-        // The base class's composition of this node's own matmul/scale/softmax.
-        const Tensor composed = node().Backend::causal_attention(in.q, in.kv(), in.vv(), 0.125);
-        EXPECT_TRUE(same_bits(fused, composed)) << T << "x" << nh << "x" << nkv << "x" << D << " p0=" << p0;
+        // 1/√D as a model scales (a power of two for D = 4, 16, 64, where the
+        // rounding of the score before the scale cannot show) and 0.3.
+        for (const double scale : {1 / std::sqrt(static_cast<double>(D)), 0.3}) {
+            const Tensor fused = run(node(), in, scale);
+            // The base class's composition of this node's own matmul/scale/softmax.
+            const Tensor composed = node().Backend::causal_attention(in.q, in.kv(), in.vv(), scale);
+            EXPECT_TRUE(same_bits(fused, composed))
+                << T << "x" << nh << "x" << nkv << "x" << D << " p0=" << p0 << " scale " << scale;
+        }
     }
 }
 

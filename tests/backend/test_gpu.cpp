@@ -627,6 +627,14 @@ TEST_P(GpuOps, DeviceGivesTheEmulationsBits) {
     const TensorView la_hv = la_hist, la_sv = la_state;
     GatedDeltaInputs la_in = la.delta(la.q, la.k, la.v, la.a, la.b);
     la_in.state = &la_sv;
+    // Attention rows of 2047, 2048 and 2049 keys: probabilities held in
+    // shared memory, and recomputed scores past kAttnChunk.
+    const Tensor aq = seeded_normal(37, "gpu/b/aq", {3, 8, 128}, 0, 1);
+    const std::vector<Tensor> ak = {seeded_normal(37, "gpu/b/ak0", {2049, 128}, 0, 1),
+                                    seeded_normal(37, "gpu/b/ak1", {2049, 128}, 0, 1)};
+    const std::vector<Tensor> av = {seeded_normal(37, "gpu/b/av0", {2049, 128}, 0, 1),
+                                    seeded_normal(37, "gpu/b/av1", {2049, 128}, 0, 1)};
+    const std::vector<TensorView> akv(ak.begin(), ak.end()), avv(av.begin(), av.end());
     for (const char* opts : {"", "storage=f16", "storage=bf16", "acc=f16"}) {
         const std::string suffix = *opts ? std::string(":") + opts : "";
         auto dev = create_backend(GetParam() + suffix);
@@ -647,6 +655,8 @@ TEST_P(GpuOps, DeviceGivesTheEmulationsBits) {
         const GatedDeltaResult dr = dev->gated_delta_rule(la_in), er = emu.gated_delta_rule(la_in);
         same(dr.out, er.out, "gated_delta_rule out");
         same(dr.state, er.state, "gated_delta_rule state");
+        same(dev->causal_attention(aq, akv, avv, 1 / std::sqrt(128.0)), emu.causal_attention(aq, akv, avv, 1 / std::sqrt(128.0)),
+             "causal_attention");
     }
 }
 

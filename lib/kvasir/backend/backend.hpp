@@ -191,9 +191,13 @@ public:
     //      of a finite sum).
     // A fused kernel reads only the unmasked part and states where its bits
     // differ from this composition: the cpu kernel (acc=f32, AVX2;
-    // kernels/cpu/attention.hpp) nowhere for finite inputs, cpu-ref (the f64
-    // textbook loop) nowhere. opencl, cuda/hip and the wrappers run this
-    // composition (no fused kernel yet).
+    // kernels/cpu/attention.hpp), the opencl kernel (kernels/opencl/attention.cl)
+    // and the cuda/hip kernel (attention_kernel, kernels/gpu/ops.cuh) nowhere
+    // for finite inputs — a masked V row holding Inf/NaN poisons only the
+    // composition (0·Inf in step 5) — and cpu-ref (the f64 textbook loop)
+    // nowhere. The split-K cuda/hip variant (nondeterministic=1) runs the
+    // deterministic fused kernel, so its attention matches no single run of
+    // its own composition; the wrappers forward to the node they wrap.
     virtual Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys,
                                     std::span<const TensorView> values, double scale);
 

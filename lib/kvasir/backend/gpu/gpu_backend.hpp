@@ -42,6 +42,9 @@
 //     value head with the tokens in order and the f32 state in global memory;
 //     f32 sums whatever acc= (as the cpu node), the state never rounded to
 //     storage. Checked on the CPU emulation only; never run on a GPU yet.
+//   * causal_attention: attention_kernel, one block per (query row, head)
+//     over the keys it sees, the bits of the node's own matmul/scale/softmax
+//     composition; checked on the CPU emulation only.
 //   * route(), moe_block() and add() are the Backend defaults built on these
 //     ops (combine in f32 on the host, ascending expert order). Weights are
 //     uploaded per call: nothing is cached on the device between ops.

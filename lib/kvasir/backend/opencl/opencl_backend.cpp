@@ -491,7 +491,8 @@ public:
                                     "(TILE_K {0}), one fma chain per output; softmax/rmsnorm one {2}-wide "
                                     "work-group tree per row; causal conv1d one work-item per (t, c); gated "
                                     "delta rule one {2}-wide work-group per value head, tokens in sequence, "
-                                    "f32 state in global memory",
+                                    "f32 state in global memory; causal attention one {2}-wide work-group per "
+                                    "(query row, head) over its visible keys, probabilities in local memory",
                                     tile_, tile_ * kMatmulOutputsPerItem, row_wg_)},
             {"fp_contract", "off; fma() explicit in matmul, rmsnorm, causal conv1d and the gated delta rule"},
             {"storage_format", caps_.storage == DType::f16    ? "half buffers (vload_half/vstore_half_rte)"
@@ -667,7 +668,48 @@ public:
         return res;
     }
 
+    // Fused causal attention (kernels/opencl/attention.cl): one work-group of
+    // row_wg_ per (query row, head), the same bits as this node's composition.
+    // The host stacks the kv heads into one [nkv, S, D] buffer (exact data
+    // movement); head dims beyond the kernel's local q row take the composition.
+    Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                            double scale) override {
+        check_attention_args(q, keys, values);
+        const std::int64_t t_count = q.dim(0), nh = q.dim(1), d = q.dim(2), nkv = static_cast<std::int64_t>(keys.size());
+        const std::int64_t s_count = keys[0].dim(0);
+        if (t_count == 0) return Tensor(DType::f32, {0, nh * d});
+        if (d > kAttentionMaxDim || !one_dtype(keys) || !one_dtype(values))
+            return Backend::causal_attention(q, keys, values, scale);
+        check_int_range("causal_attention", {t_count * nh, nkv * s_count * d, t_count * nh * d});
+        const Tensor kc = stacked(keys), vc = stacked(values);
+        const std::lock_guard lock(mutex_);
+        const ClMem qb = upload(q), kb = upload(kc), vb = upload(vc);
+        const ClMem ob = output(t_count * nh * d);
+        const cl_kernel k = kernel("attention.cl", "kv_causal_attention", row_wg_);
+        set_args(k, qb, kb, vb, ob, static_cast<cl_int>(t_count), static_cast<cl_int>(nh), static_cast<cl_int>(nkv),
+                 static_cast<cl_int>(d), static_cast<cl_int>(s_count), static_cast<cl_float>(scale));
+        launch_rows(k, t_count * nh);
+        return download(ob, {t_count, nh * d});
+    }
+
 private:
+    // KV_ATTN_MAX_DIM of attention.cl.
+    static constexpr std::int64_t kAttentionMaxDim = 512;
+
+    static bool one_dtype(std::span<const TensorView> parts) {
+        return std::all_of(parts.begin(), parts.end(), [&](const TensorView& p) { return p.dtype == parts.front().dtype; });
+    }
+
+    // [n, rows, cols] from n views of [rows, cols] of one dtype, in that dtype.
+    static Tensor stacked(std::span<const TensorView> parts) {
+        const TensorView& first = parts.front();
+        Tensor out(first.dtype, {static_cast<std::int64_t>(parts.size()), first.dim(0), first.dim(1)});
+        const std::size_t bytes = static_cast<std::size_t>(first.numel()) * dtype_size(first.dtype);
+        for (std::size_t g = 0; g < parts.size(); ++g)
+            std::memcpy(static_cast<std::byte*>(out.raw()) + g * bytes, parts[g].data, bytes);
+        return out;
+    }
+
     // A __local kernel argument of this many bytes.
     struct LocalBytes {
         std::size_t bytes;

@@ -66,6 +66,12 @@
 //     when handed back (it is the op's carried result, not a stored
 //     activation), so chunked and whole calls give the same bits. acc=f16
 //     does not reach these ops (f32 sums, as on the cpu backend).
+//   * causal_attention (attention.cl): one row-wide work-group per (query
+//     row, head) over the keys that row sees — scores, the softmax and P·V in
+//     the orders of matmul.cl and rows.cl, intermediates rounded to storage
+//     where the composition stores them — so the composition's bits
+//     (backend.hpp) without its [heads·T, S] score tensor. The kv heads are
+//     stacked into one buffer on the host; head dims > 512 run the composition.
 //   * Deterministic: no atomics, no split-K, fixed work-group shapes chosen
 //     per device at backend creation.
 //
