@@ -189,5 +189,25 @@ nlohmann::ordered_json for_each_candidate(const StepNodes& in, Ledger& led, cons
     return results;
 }
 
+// compare()'s loop for the steps that compare each node with ITSELF
+// (determinism, invariance): body(i, entry) for every present node, the
+// reference included (measured and reported; the verdict does not judge the
+// reference), entry starting as {"node"}; a problem of that node's tensors
+// becomes its error of `step`, written into its entry.
+template <class F>
+nlohmann::ordered_json for_each_node_itself(const StepNodes& in, Ledger& led, const char* step, F&& body) {
+    nlohmann::ordered_json results = nlohmann::ordered_json::array();
+    for (std::size_t i = 0; i < in.nodes.size(); ++i) {
+        if (!in.present[i]) continue;
+        nlohmann::ordered_json entry{{"node", in.nodes[i]->node()}};
+        if (auto why = as_node_failure([&] { body(i, entry); })) {
+            led.error(i, step, *why);
+            entry["error"] = *why;
+        }
+        results.push_back(std::move(entry));
+    }
+    return results;
+}
+
 }  // namespace kvasir
 

@@ -69,25 +69,15 @@ public:
         nlohmann::ordered_json j;
         j["repeats"] = p.determinism.repeats;
         j["compared"] = "logits, final hidden and every hidden state of the full forward (own router), runs 2..R vs run 1";
-        nlohmann::ordered_json per = nlohmann::ordered_json::array();
-        for (std::size_t i = 0; i < in.nodes.size(); ++i) {
-            if (!in.present[i]) continue;
+        j["nodes"] = for_each_node_itself(in, led, "determinism", [&](std::size_t i, nlohmann::ordered_json& e) {
             const NodeOutputs& n = *in.nodes[i];
-            nlohmann::ordered_json e{{"node", n.node()}};
-            if (auto why = as_node_failure([&] {
-                    const double worst = n.view("determinism.run_to_run_max_rel").at(0);
-                    led.measure(i, "determinism", "determinism", worst);
-                    e["bit_identical"] = worst == 0.0;
-                    e["run_to_run_max_rel"] = json_double(worst);
-                    if (n.has("determinism.routing_rows_differing"))
-                        e["routing_rows_differing"] = n.view("determinism.routing_rows_differing").at(0);
-                })) {
-                led.error(i, "determinism", *why);
-                e["error"] = *why;
-            }
-            per.push_back(std::move(e));
-        }
-        j["nodes"] = std::move(per);
+            const double worst = n.view("determinism.run_to_run_max_rel").at(0);
+            led.measure(i, "determinism", "determinism", worst);
+            e["bit_identical"] = worst == 0.0;
+            e["run_to_run_max_rel"] = json_double(worst);
+            if (n.has("determinism.routing_rows_differing"))
+                e["routing_rows_differing"] = n.view("determinism.routing_rows_differing").at(0);
+        });
         return j;
     }
 };

@@ -190,55 +190,45 @@ public:
         j["decode"] = s.decode;
         j["compared"] = "each node against itself: a row alone vs among op_rows rows (matmul, softmax, rmsnorm); the "
                         "sequence alone vs in a batch of B; one prefill vs token-by-token decode; repeated greedy requests";
-        nlohmann::ordered_json per = nlohmann::ordered_json::array();
-        for (std::size_t i = 0; i < in.nodes.size(); ++i) {
-            if (!in.present[i]) continue;
+        j["nodes"] = for_each_node_itself(in, led, "invariance", [&](std::size_t i, nlohmann::ordered_json& e) {
             const NodeOutputs& n = *in.nodes[i];
-            nlohmann::ordered_json e{{"node", n.node()}};
-            if (auto why = as_node_failure([&] {
-                    const std::vector<double> ops = double_vector(n.view("invariance.ops_max_rel"));
-                    KVASIR_CHECK(ops.size() == std::size(kOps), ErrorCode::bad_input,
-                                 "{}: invariance.ops_max_rel has {} entries, not {}", n.origin(), ops.size(), std::size(kOps));
-                    double worst_op = 0;
-                    nlohmann::ordered_json opj;
-                    for (std::size_t k = 0; k < ops.size(); ++k) {
-                        opj[kOps[k]] = json_double(ops[k]);
-                        worst_op = worse_max(worst_op, ops[k]);
-                    }
-                    const std::vector<double> sizes = double_vector(n.view("invariance.batch_sizes"));
-                    const std::vector<double> rel = double_vector(n.view("invariance.batch_max_rel"));
-                    const std::vector<double> abs = double_vector(n.view("invariance.batch_max_abs"));
-                    KVASIR_CHECK(!sizes.empty() && rel.size() == sizes.size() && abs.size() == sizes.size(),
-                                 ErrorCode::bad_input, "{}: invariance batch tensors of {} / {} / {} entries", n.origin(),
-                                 sizes.size(), rel.size(), abs.size());
-                    double worst_batch = 0;
-                    nlohmann::ordered_json bj = nlohmann::ordered_json::array();
-                    for (std::size_t k = 0; k < sizes.size(); ++k) {
-                        bj.push_back({{"B", sizes[k]}, {"max_rel", json_double(rel[k])}, {"max_abs", json_double(abs[k])},
-                                      {"bit_identical", rel[k] == 0.0}});
-                        worst_batch = worse_max(worst_batch, rel[k]);
-                    }
-                    const std::vector<double> pd = double_vector(n.view("invariance.prefill_decode"));
-                    const std::vector<double> rep = double_vector(n.view("invariance.repeat"));
-                    KVASIR_CHECK(pd.size() == 3 && rep.size() == 2, ErrorCode::bad_input,
-                                 "{}: invariance.prefill_decode / repeat have {} / {} entries, not 3 / 2", n.origin(),
-                                 pd.size(), rep.size());
-                    led.measure(i, "invariance", "invariance.ops_max_rel", worst_op);
-                    led.measure(i, "invariance", "invariance.batch_max_rel", worst_batch);
-                    led.measure(i, "invariance", "invariance.prefill_decode_max_rel", pd[0]);
-                    led.measure(i, "invariance", "invariance.repeat_unique_max", rep[1]);
-                    e["ops"] = std::move(opj);
-                    e["batch"] = std::move(bj);
-                    e["prefill_decode"] = {{"max_rel", json_double(pd[0])}, {"max_abs", json_double(pd[1])},
-                                           {"first_differing_position", pd[2]}, {"bit_identical", pd[2] < 0}};
-                    e["repeat"] = {{"unique_outputs", rep[1]}, {"unique_token_sequences", rep[0]}, {"of", s.repeats}};
-                })) {
-                led.error(i, "invariance", *why);
-                e["error"] = *why;
+            const std::vector<double> ops = double_vector(n.view("invariance.ops_max_rel"));
+            KVASIR_CHECK(ops.size() == std::size(kOps), ErrorCode::bad_input,
+                         "{}: invariance.ops_max_rel has {} entries, not {}", n.origin(), ops.size(), std::size(kOps));
+            double worst_op = 0;
+            nlohmann::ordered_json opj;
+            for (std::size_t k = 0; k < ops.size(); ++k) {
+                opj[kOps[k]] = json_double(ops[k]);
+                worst_op = worse_max(worst_op, ops[k]);
             }
-            per.push_back(std::move(e));
-        }
-        j["nodes"] = std::move(per);
+            const std::vector<double> sizes = double_vector(n.view("invariance.batch_sizes"));
+            const std::vector<double> rel = double_vector(n.view("invariance.batch_max_rel"));
+            const std::vector<double> abs = double_vector(n.view("invariance.batch_max_abs"));
+            KVASIR_CHECK(!sizes.empty() && rel.size() == sizes.size() && abs.size() == sizes.size(),
+                         ErrorCode::bad_input, "{}: invariance batch tensors of {} / {} / {} entries", n.origin(),
+                         sizes.size(), rel.size(), abs.size());
+            double worst_batch = 0;
+            nlohmann::ordered_json bj = nlohmann::ordered_json::array();
+            for (std::size_t k = 0; k < sizes.size(); ++k) {
+                bj.push_back({{"B", sizes[k]}, {"max_rel", json_double(rel[k])}, {"max_abs", json_double(abs[k])},
+                              {"bit_identical", rel[k] == 0.0}});
+                worst_batch = worse_max(worst_batch, rel[k]);
+            }
+            const std::vector<double> pd = double_vector(n.view("invariance.prefill_decode"));
+            const std::vector<double> rep = double_vector(n.view("invariance.repeat"));
+            KVASIR_CHECK(pd.size() == 3 && rep.size() == 2, ErrorCode::bad_input,
+                         "{}: invariance.prefill_decode / repeat have {} / {} entries, not 3 / 2", n.origin(),
+                         pd.size(), rep.size());
+            led.measure(i, "invariance", "invariance.ops_max_rel", worst_op);
+            led.measure(i, "invariance", "invariance.batch_max_rel", worst_batch);
+            led.measure(i, "invariance", "invariance.prefill_decode_max_rel", pd[0]);
+            led.measure(i, "invariance", "invariance.repeat_unique_max", rep[1]);
+            e["ops"] = std::move(opj);
+            e["batch"] = std::move(bj);
+            e["prefill_decode"] = {{"max_rel", json_double(pd[0])}, {"max_abs", json_double(pd[1])},
+                                   {"first_differing_position", pd[2]}, {"bit_identical", pd[2] < 0}};
+            e["repeat"] = {{"unique_outputs", rep[1]}, {"unique_token_sequences", rep[0]}, {"of", s.repeats}};
+        });
         return j;
     }
 };
