@@ -11,7 +11,10 @@ lib/kvasir/steps/op_delta.cpp draws them with "weights": "seeded"; every op of
 the protocol's list then runs in numpy in the chosen dtype (default float32,
 what a numpy user would run). The MoE block's routing is pinned by the
 reference (cpu-ref, f64), recomputed here in float64: softmax router, top-k
-with ties to the lower expert id, weights renormalised over the chosen.
+with ties to the lower expert id, weights renormalised over the chosen. The
+Gated DeltaNet ops (causal_conv1d, gated_delta) continue a decode from a seeded
+conv history and recurrent state, as lib/kvasir/backend/linear_attention.hpp
+defines them.
 
 Needs only python3 and numpy; the `safetensors` package is used when present.
 Exit codes: 0 written, 2 bad usage or a protocol this node cannot run.
@@ -35,7 +38,7 @@ import capture_format  # noqa: E402
 import kvasir_rng  # noqa: E402
 
 ALL_OPS = ["matmul", "swiglu", "softmax", "rmsnorm", "rope_neox", "rope_normal", "router_softmax", "router_sigmoid",
-           "moe"]
+           "moe", "causal_conv1d", "gated_delta"]
 
 
 class UsageError(Exception):
@@ -90,6 +93,13 @@ class OpsSpec:
         if E % 4 == 0 and E // 4 >= 2 and k <= 2 * (E // 4):
             return 4, 2
         return 1, 1
+
+    def linear_dims(self):
+        """(nk, nv, dk, dv, K) of the Gated DeltaNet ops with seeded weights
+        (op_delta.cpp): nk = max(1, heads/4) key heads, nv = 2·nk value heads,
+        both of head_dim; conv kernel 4."""
+        nk = max(1, self.heads // 4)
+        return nk, 2 * nk, self.head_dim, self.head_dim, 4
 
 
 def seeded_input(spec, op, name, shape, mean, sd):
@@ -280,6 +290,46 @@ class NumpyOps:
     def add(self, a, b):
         return a + b
 
+    def causal_conv1d_silu(self, x, w, history):
+        """silu of the depthwise causal conv: the K−1 history rows, then x;
+        y[t] = Σ_j w[:, j]·rows[t + j], the taps summed in ascending j."""
+        T = x.shape[0]
+        K = w.shape[1]
+        rows = np.concatenate([history, x], axis=0)  # [K-1+T, C]
+        s = np.zeros_like(x)
+        for j in range(K):
+            s = s + w[:, j][None, :] * rows[j:j + T]
+        return self.silu(s)
+
+    def softplus(self, x):
+        """torch's softplus (beta 1, threshold 20): x itself above 20."""
+        lim = self.dt.type(20)
+        return np.where(x > lim, x, np.log1p(np.exp(np.minimum(x, lim))))
+
+    def l2norm(self, x, eps=1e-6):
+        return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + self.dt.type(eps))
+
+    def gated_delta(self, q, k, v, a, b, a_log, dt_bias, state):
+        """The recurrent gated delta rule (transformers' torch_recurrent_gated_delta_rule
+        with q/k l2-normalised), all value heads at once, token by token:
+        S ← S·exp(g); S += k ⊗ (v − Sᵀk)·β; out = Sᵀq/√dk. -> out [T, nv, dv]."""
+        T, nk, dk = q.shape
+        nv = v.shape[1]
+        rep = nv // nk
+        qn = np.repeat(self.l2norm(q), rep, axis=1) / np.sqrt(self.dt.type(dk))  # [T, nv, dk]
+        kn = np.repeat(self.l2norm(k), rep, axis=1)
+        g = -np.exp(a_log)[None, :] * self.softplus(a + dt_bias[None, :])  # [T, nv]
+        beta = self.sigmoid(b)
+        S = state.copy()  # [nv, dk, dv]
+        out = np.empty(v.shape, dtype=self.dt)
+        for t in range(T):
+            S = S * np.exp(g[t])[:, None, None]
+            mem = np.einsum("hij,hi->hj", S, kn[t])
+            delta = (v[t] - mem) * beta[t][:, None]
+            S = S + kn[t][:, :, None] * delta[:, None, :]
+            out[t] = np.einsum("hij,hi->hj", S, qn[t])
+        return out
+
 
 # --- step 1 on a node ----------------------------------------------------------------
 def run_ops(spec, be, log=lambda *_: None):
@@ -340,6 +390,24 @@ def run_ops(spec, be, log=lambda *_: None):
                 combined = part if combined is None else be.add(combined, part)
             out["ops.moe.shard_combined"] = be.numpy(combined)
             log(f"  moe inputs (RNG, {3 * E} expert matrices) {t1 - t0:.2f} s")
+        elif op == "causal_conv1d":
+            nk, nv, dk, dv, K = spec.linear_dims()
+            C = 2 * nk * dk + nv * dv  # the q, k, v channels the conv runs over
+            x = be.tensor(seeded_input(spec, op, "x", (T, C), 0.0, 1.0))
+            w = be.tensor(seeded_input(spec, op, "weight", (C, K), 0.0, 1.0 / math.sqrt(float(K))))
+            hist = be.tensor(seeded_input(spec, op, "history", (K - 1, C), 0.0, 1.0))
+            out["ops.causal_conv1d.out"] = be.numpy(be.causal_conv1d_silu(x, w, hist))
+        elif op == "gated_delta":
+            nk, nv, dk, dv, _ = spec.linear_dims()
+            g_in = [seeded_input(spec, op, "q", (T, nk, dk), 0.0, 1.0),
+                    seeded_input(spec, op, "k", (T, nk, dk), 0.0, 1.0),
+                    seeded_input(spec, op, "v", (T, nv, dv), 0.0, 1.0),
+                    seeded_input(spec, op, "a", (T, nv), 0.0, 1.0),
+                    seeded_input(spec, op, "b", (T, nv), 0.0, 1.0),
+                    seeded_input(spec, op, "A_log", (nv,), 1.0, 0.5),
+                    seeded_input(spec, op, "dt_bias", (nv,), 0.0, 1.0),
+                    seeded_input(spec, op, "state", (nv, dk, dv), 0.0, 0.1)]
+            out["ops.gated_delta.out"] = be.numpy(be.gated_delta(*[be.tensor(t) for t in g_in]))
         log(f"  {op}: {time.perf_counter() - t0:.2f} s")
     return out
 

@@ -9,7 +9,9 @@ capture writer are numpy_node.py's (scripts/kvasir_rng.py draws the inputs bit
 for bit as kvasir does); every op itself runs in torch as a PyTorch user writes
 it: torch.matmul, torch.softmax, torch.sigmoid, F.silu, the Hugging Face
 RMSNorm and rotary recipes, torch.topk routing with DeepSeek-V3's grouped
-selection, and the HF expert loop with index_add_.
+selection, the HF expert loop with index_add_, and Gated DeltaNet as
+transformers' Qwen3.5 torch fallbacks compute it (a depthwise F.conv1d over the
+conv state and the input, the recurrent gated delta rule token by token).
 
 Needs numpy and torch (a CPU build is enough); safetensors is optional.
 """
@@ -133,6 +135,37 @@ class TorchOps:
 
     def add(self, a, b):
         return a + b
+
+    def causal_conv1d_silu(self, x, w, history):
+        # transformers' torch_causal_conv1d_update: the conv state (history)
+        # and the new tokens, channels first, one group per channel.
+        T, C = x.shape
+        seq = torch.cat((history, x), dim=0).T.unsqueeze(0)  # [1, C, K-1+T]
+        y = F.conv1d(seq, w.unsqueeze(1), groups=C)  # [1, C, T]
+        return F.silu(y[0, :, -T:]).T
+
+    def gated_delta(self, q, k, v, a, b, a_log, dt_bias, state):
+        # Qwen3_5MoeGatedDeltaNet.forward's g and beta, then
+        # torch_recurrent_gated_delta_rule(use_qk_l2norm_in_kernel=True).
+        T, nk, dk = q.shape
+        rep = v.shape[1] // nk
+
+        def l2norm(x, eps=1e-6):
+            return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+        q = l2norm(q).repeat_interleave(rep, dim=1) * (1.0 / dk ** 0.5)  # [T, nv, dk]
+        k = l2norm(k).repeat_interleave(rep, dim=1)
+        g = -a_log.exp() * F.softplus(a + dt_bias)  # [T, nv]
+        beta = b.sigmoid()
+        s = state.clone()  # [nv, dk, dv]
+        out = torch.empty_like(v)
+        for t in range(T):
+            s = s * g[t].exp()[:, None, None]
+            kv_mem = (s * k[t].unsqueeze(-1)).sum(dim=-2)
+            delta = (v[t] - kv_mem) * beta[t].unsqueeze(-1)
+            s = s + k[t].unsqueeze(-1) * delta.unsqueeze(-2)
+            out[t] = (s * q[t].unsqueeze(-1)).sum(dim=-2)
+        return out
 
 
 def main(argv=None):

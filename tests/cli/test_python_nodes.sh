@@ -30,6 +30,41 @@ ci=protocols/ci.json
 check "kvasir_rng.py --check: bit-identical to the fixture and the reference" test $? -eq 0
 grep -q "OK" "$tmp/rng.out" || cat "$tmp/rng.out"
 
+# The numpy node's Gated DeltaNet ops on cases worked by hand (both dtypes).
+# conv, C = 1, K = 3, history (1, 2), x (3, −1), w (1, 0.5, −1):
+#   t0: 1·1 + 0.5·2 − 1·3 = −1;  t1: 1·2 + 0.5·3 − 1·(−1) = 4.5;  then silu.
+# delta rule, nk = nv = 1, dk = 2, dv = 1, A_log = 0, a = dt_bias = 0 (decay
+# exp(−softplus 0) = 1/2), b = 0 (β = 1/2), S = (2, 0):
+#   t0: q (3,4) → (0.6,0.8)/√2, k (0,5) → (0,1), v 3: S = (1, 0), m = 0,
+#       δ = 1.5, S = (1, 1.5), out = (0.6 + 1.2)/√2
+#   t1: q = k = (1,0), v 0: S = (0.5, 0.75), m = 0.5, δ = −0.25,
+#       S = (0.25, 0.75), out = 0.25/√2
+# (l2norm's eps 1e-6 moves the results by ~1e-7 relative.)
+"$py" - >"$tmp/hand.out" 2>&1 <<'EOF'
+import math, sys
+sys.path.insert(0, "scripts")
+import numpy as np
+import numpy_node
+bad = 0
+for dt in ("float32", "float64"):
+    be = numpy_node.NumpyOps(dt)
+    t = lambda a: be.tensor(np.array(a, dtype=np.float64))
+    silu = lambda x: x / (1 + math.exp(-x))
+    y = be.causal_conv1d_silu(t([[3], [-1]]), t([[1, 0.5, -1]]), t([[1], [2]]))
+    want = np.array([[silu(-1.0)], [silu(4.5)]])
+    out = be.gated_delta(t([[[3, 4]], [[1, 0]]]), t([[[0, 5]], [[1, 0]]]), t([[[3]], [[0]]]), t([[0], [0]]),
+                         t([[0], [0]]), t([0]), t([0]), t([[[2], [0]]]))
+    want_d = np.array([[[1.8 / math.sqrt(2)]], [[0.25 / math.sqrt(2)]]])
+    for name, got, w in (("causal_conv1d", y, want), ("gated_delta", out, want_d)):
+        rel = float(np.max(np.abs(got.astype(np.float64) - w)) / np.max(np.abs(w)))
+        ok = got.dtype == np.dtype(dt) and got.shape == w.shape and rel <= 1e-6
+        print(f"{dt} {name}: {got.ravel().tolist()} want {w.ravel().tolist()} rel {rel:.1e}")
+        bad += not ok
+sys.exit(1 if bad else 0)
+EOF
+check "numpy node: causal_conv1d and gated_delta equal hand-computed values (float32, float64)" test $? -eq 0
+cat "$tmp/hand.out"
+
 # The numpy node, with both container writers: the content hash does not
 # depend on the writer, and each file verifies.
 "$py" scripts/numpy_node.py -p $ci -o "$tmp/numpy.safetensors" -q
