@@ -73,6 +73,10 @@ public:
     Tensor rope(const TensorView& x, std::span<const std::int64_t> p, const RopeParams& r) override {
         return inner_->rope(x, p, r);
     }
+    Tensor causal_conv1d_silu(const TensorView& x, const TensorView& w, const TensorView* h) override {
+        return inner_->causal_conv1d_silu(x, w, h);
+    }
+    GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override { return inner_->gated_delta_rule(in); }
 
 private:
     std::unique_ptr<Backend> inner_;
