@@ -81,7 +81,7 @@ import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
 for k in ("nodes", "pairs", "drift", "summary", "exit_code"):
     assert a[k] == b[k], k
-for step in ("ops", "drift", "logits", "decide", "generate", "perplexity", "determinism"):
+for step in ("ops", "drift", "logits", "decide", "generate", "perplexity", "determinism", "invariance"):
     assert a["steps"][step] == b["steps"][step], step
 assert a["steps"]["isolation"]["mode"] == "one child process per node"
 PY
