@@ -71,13 +71,7 @@ void kv_causal_attention(__global const kv_store_t* q,  // [T, heads, D]
         if (cached) ps[c] = x;
         m = kv_max_nan(m, x);
     }
-    red_max[l] = m;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = KV_ROW_WG / 2; s > 0; s >>= 1) {
-        if (l < s) red_max[l] = kv_max_nan(red_max[l], red_max[l + s]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    m = red_max[0];
+    m = kv_group_max(red_max, m);
 
     // Pass 2: exponentials and their sum.
     kv_acc_t sum = KV_ACC_ZERO;
@@ -87,13 +81,7 @@ void kv_causal_attention(__global const kv_store_t* q,  // [T, heads, D]
         if (cached) ps[c] = e;
         sum = KV_ACC_ADD(sum, e);
     }
-    red_sum[l] = sum;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = KV_ROW_WG / 2; s > 0; s >>= 1) {
-        if (l < s) red_sum[l] = KV_ACC_ADD(red_sum[l], red_sum[l + s]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const float total = KV_ACC_TO_FLOAT(red_sum[0]);
+    const float total = KV_ACC_TO_FLOAT(kv_group_sum(red_sum, sum));
 
     // Pass 3: probabilities chunk by chunk, and P·V; work-item l owns outputs
     // l, l + WG, … (one chain each, continued across chunks).

@@ -81,3 +81,36 @@ typedef float kv_acc_t;
 #define KV_ACC_ADD(acc, v) ((acc) + (v))
 #define KV_ACC_TO_FLOAT(acc) (acc)
 #endif
+
+// The work-group reductions the row kernels share (softmax, rmsnorm, fused
+// attention). Every work-item of the group calls them with its partial; the
+// tree pairs item l with l + s, halving s — the order the bits depend on —
+// and every item gets the result. A barrier follows the read, so `red` may
+// be reused at once.
+#ifndef KV_ROW_WG
+#define KV_ROW_WG 256  // a power of two: the trees halve it
+#endif
+inline float kv_group_max(__local float* red, const float v) {
+    const int l = (int)get_local_id(0);
+    red[l] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = KV_ROW_WG / 2; s > 0; s >>= 1) {
+        if (l < s) red[l] = kv_max_nan(red[l], red[l + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float r = red[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+inline kv_acc_t kv_group_sum(__local kv_acc_t* red, const kv_acc_t v) {
+    const int l = (int)get_local_id(0);
+    red[l] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = KV_ROW_WG / 2; s > 0; s >>= 1) {
+        if (l < s) red[l] = KV_ACC_ADD(red[l], red[l + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const kv_acc_t r = red[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}

@@ -20,13 +20,7 @@ void kv_softmax(__global const kv_store_t* x, __global kv_store_t* y, const int 
 
     float m = -INFINITY;
     for (int c = l; c < cols; c += KV_ROW_WG) m = kv_max_nan(m, KV_LOAD(x, base + c));
-    red_max[l] = m;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = KV_ROW_WG / 2; s > 0; s >>= 1) {
-        if (l < s) red_max[l] = kv_max_nan(red_max[l], red_max[l + s]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    m = red_max[0];
+    m = kv_group_max(red_max, m);
 
     // e = exp(x - m) goes through y, i.e. through the storage format: a
     // half-storing device sums the rounded values it actually holds.
@@ -35,13 +29,7 @@ void kv_softmax(__global const kv_store_t* x, __global kv_store_t* y, const int 
         KV_STORE(exp(KV_LOAD(x, base + c) - m), y, base + c);
         sum = KV_ACC_ADD(sum, KV_LOAD(y, base + c));
     }
-    red_sum[l] = sum;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = KV_ROW_WG / 2; s > 0; s >>= 1) {
-        if (l < s) red_sum[l] = KV_ACC_ADD(red_sum[l], red_sum[l + s]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const float total = KV_ACC_TO_FLOAT(red_sum[0]);
+    const float total = KV_ACC_TO_FLOAT(kv_group_sum(red_sum, sum));
 
     // Each work-item rescales only the columns it wrote: no barrier needed.
     for (int c = l; c < cols; c += KV_ROW_WG) KV_STORE(KV_LOAD(y, base + c) / total, y, base + c);
@@ -60,14 +48,9 @@ void kv_rmsnorm(__global const kv_store_t* x, __global const kv_store_t* w, __gl
         const float v = KV_LOAD(x, base + c);
         ss = KV_ACC_FMA(v, v, ss);
     }
-    red_sum[l] = ss;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = KV_ROW_WG / 2; s > 0; s >>= 1) {
-        if (l < s) red_sum[l] = KV_ACC_ADD(red_sum[l], red_sum[l + s]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
+    ss = kv_group_sum(red_sum, ss);
     // sqrt then divide (≤ 3 + 2.5 ulp by the spec) rather than rsqrt: the
     // same formula as the CPU backends, so only the sum order differs.
-    const float inv = 1.0f / sqrt(KV_ACC_TO_FLOAT(red_sum[0]) / (float)cols + eps);
+    const float inv = 1.0f / sqrt(KV_ACC_TO_FLOAT(ss) / (float)cols + eps);
     for (int c = l; c < cols; c += KV_ROW_WG) KV_STORE(KV_LOAD(x, base + c) * inv * KV_LOAD(w, c), y, base + c);
 }
