@@ -15,6 +15,7 @@
 #include "kvasir/metrics/metrics.hpp"
 #include "kvasir/model/model.hpp"
 #include "kvasir/steps/forward.hpp"
+#include "kvasir/steps/protocol_steps.hpp"  // same_bits
 
 #include <gtest/gtest.h>
 
@@ -37,9 +38,7 @@ std::vector<std::int32_t> seq(std::int64_t n, std::int32_t start, std::int64_t v
     return ids;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-    return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
+bool same_bits(const Tensor& a, const Tensor& b) { return kvasir::same_bits(a.view(), b.view()); }
 
 struct Case {
     std::string fixture, node;

@@ -105,10 +105,11 @@ std::optional<std::string> first_non_finite(const StepOutput& out) {
     return std::nullopt;
 }
 
-double self_max_rel(const TensorView& a, const TensorView& b) {
-    if (same_bits(a, b)) return 0.0;
+SelfDelta self_delta(const TensorView& a, const TensorView& b) {
+    if (same_bits(a, b)) return {};
     const CompareStats s = compare(a, b);
-    return finite_parity(s) ? s.max_rel : std::numeric_limits<double>::quiet_NaN();
+    if (!finite_parity(s)) return {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN()};
+    return {s.max_rel, s.max_abs};
 }
 
 double worse_max(double a, double b) {

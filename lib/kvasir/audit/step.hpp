@@ -162,9 +162,14 @@ Tensor i32_tensor(const std::vector<std::int32_t>& v);
 Tensor f64_tensor(const std::vector<double>& v);
 std::vector<std::int32_t> int_vector(const TensorView& v);
 std::vector<double> double_vector(const TensorView& v);
-// A node against ITSELF (determinism, invariance): the guarded max_rel of b
-// against a; 0 when bit-identical, NaN when their non-finite patterns differ.
-double self_max_rel(const TensorView& a, const TensorView& b);
+// A node against ITSELF (determinism, invariance): the guarded max_rel and
+// max|Δ| of b against a, from one comparison; both 0 when bit-identical,
+// NaN when their non-finite patterns differ.
+struct SelfDelta {
+    double max_rel = 0, max_abs = 0;
+};
+SelfDelta self_delta(const TensorView& a, const TensorView& b);
+inline double self_max_rel(const TensorView& a, const TensorView& b) { return self_delta(a, b).max_rel; }
 // NaN-sticky maximum.
 double worse_max(double a, double b);
 // "<prefix>0", "<prefix>1", … until the first absent one.

@@ -47,7 +47,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <set>
 #include <string>
 
@@ -56,12 +55,6 @@ namespace kvasir {
 namespace {
 
 constexpr const char* kOps[] = {"matmul", "softmax", "rmsnorm"};
-
-double max_abs_of(const TensorView& a, const TensorView& b) {
-    if (same_bits(a, b)) return 0.0;
-    const CompareStats s = compare(a, b);
-    return finite_parity(s) ? s.max_abs : std::numeric_limits<double>::quiet_NaN();
-}
 
 // Seeded batchmate j of a batch of B: length T−2 … T+2 (at least 1), ids
 // uniform over the vocabulary.
@@ -143,8 +136,9 @@ public:
             const std::vector<Tensor> logits = forward_batch(node, model, seqs);
             const Tensor& mine = logits[static_cast<std::size_t>(slot)];
             sizes.push_back(static_cast<double>(b));
-            rel.push_back(self_max_rel(alone.view(), mine.view()));
-            abs.push_back(max_abs_of(alone.view(), mine.view()));
+            const SelfDelta d = self_delta(alone.view(), mine.view());
+            rel.push_back(d.max_rel);
+            abs.push_back(d.max_abs);
         }
         out.tensors.emplace("invariance.batch_sizes", f64_tensor(sizes));
         out.tensors.emplace("invariance.batch_max_rel", f64_tensor(rel));
@@ -164,9 +158,8 @@ public:
             if (first_diff < 0 && std::memcmp(dst, static_cast<const std::byte*>(alone.raw()) + static_cast<std::size_t>(t) * row, row) != 0)
                 first_diff = static_cast<double>(t);
         }
-        out.tensors.emplace("invariance.prefill_decode",
-                            f64_tensor({self_max_rel(alone.view(), decoded.view()), max_abs_of(alone.view(), decoded.view()),
-                                        first_diff}));
+        const SelfDelta pd = self_delta(alone.view(), decoded.view());
+        out.tensors.emplace("invariance.prefill_decode", f64_tensor({pd.max_rel, pd.max_abs, first_diff}));
 
         std::set<std::vector<std::int32_t>> outputs;
         std::set<std::string> bits;  // the logits' bytes (tokens follow from them)

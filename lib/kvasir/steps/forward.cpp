@@ -24,6 +24,15 @@ struct Runner {
     arch::LayerGraph graph;
     const arch::DecoderArchitecture& architecture;
     Runner(Backend& b, const Model& m) : graph(b, m), architecture(arch::architecture_for(m.config())) {}
+    // The input of layer 0: the embedding rows, widened exactly to the backend's output dtype.
+    Tensor embed(std::span<const std::int32_t> tokens) const {
+        return arch::gather_embeddings(graph.model.embed(), tokens, graph.be.capabilities().output);
+    }
+    // After the last layer: final = rmsnorm(h, final_norm), logits = final · lm_headᵀ.
+    Tensor final_norm(const Tensor& h) {
+        return graph.be.rmsnorm(h, graph.scale_of(graph.model.final_norm()), graph.c.rms_norm_eps);
+    }
+    Tensor logits(const Tensor& final_hidden) { return graph.be.matmul(final_hidden, graph.model.lm_head()); }
 };
 
 void check_tokens(const ModelConfig& c, std::span<const std::int32_t> tokens) {
@@ -84,7 +93,7 @@ void run(Runner& r, std::vector<KvLayer>& cache, std::span<const std::int32_t> t
         out.mlp_output.resize(static_cast<std::size_t>(L));
         out.mixer_output.resize(static_cast<std::size_t>(L));
     }
-    Tensor h = arch::gather_embeddings(r.graph.model.embed(), tokens, r.graph.be.capabilities().output);
+    Tensor h = r.embed(tokens);
     if (opt.keep_hidden) out.hidden.push_back(h);
     for (std::int64_t l = 0; l < L; ++l) {
         const auto li = static_cast<std::size_t>(l);
@@ -98,8 +107,8 @@ void run(Runner& r, std::vector<KvLayer>& cache, std::span<const std::int32_t> t
         cache[li].seen += t_count;
         if (opt.keep_hidden) out.hidden.push_back(h);
     }
-    out.final_hidden = r.graph.be.rmsnorm(h, r.graph.scale_of(r.graph.model.final_norm()), c.rms_norm_eps);
-    out.logits = r.graph.be.matmul(out.final_hidden, r.graph.model.lm_head());
+    out.final_hidden = r.final_norm(h);
+    out.logits = r.logits(out.final_hidden);
 }
 
 std::vector<KvLayer> fresh_cache(const ModelConfig& c) {
@@ -127,7 +136,7 @@ std::vector<Tensor> forward_batch(Backend& backend, const Model& model,
     }
     std::vector<std::vector<KvLayer>> caches;
     for (std::size_t i = 0; i < sequences.size(); ++i) caches.push_back(fresh_cache(c));
-    Tensor h = arch::gather_embeddings(model.embed(), all, backend.capabilities().output);
+    Tensor h = r.embed(all);
     std::vector<arch::Segment> segs(sequences.size());
     for (std::int64_t l = 0; l < L; ++l) {
         const auto li = static_cast<std::size_t>(l);
@@ -140,8 +149,7 @@ std::vector<Tensor> forward_batch(Backend& backend, const Model& model,
         for (std::size_t i = 0; i < sequences.size(); ++i)
             caches[i][li].seen += static_cast<std::int64_t>(sequences[i].size());
     }
-    const Tensor final_hidden = backend.rmsnorm(h, r.graph.scale_of(model.final_norm()), c.rms_norm_eps);
-    const Tensor logits = backend.matmul(final_hidden, model.lm_head());
+    const Tensor logits = r.logits(r.final_norm(h));
     std::vector<Tensor> out;
     for (std::size_t i = 0; i < sequences.size(); ++i)
         out.push_back(arch::leading_rows(logits, row0[i], static_cast<std::int64_t>(sequences[i].size())));
