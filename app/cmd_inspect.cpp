@@ -37,6 +37,7 @@ std::string human_bytes(std::uint64_t b) {
 // The router's exact rule in one line: scoring, selection, renormalisation,
 // groups, scaling.
 std::string router_rule(const ModelConfig& c) {
+    if (!c.has_moe()) return "none: no MoE layers (a dense SwiGLU MLP on every layer)";
     const RouterConfig& r = c.router;
     std::string s = fmt::format("{} over {} experts, top-{}", router_scoring_name(r.scoring), r.num_experts, r.top_k);
     if (r.score_correction_bias) s += " selected on score + e_score_correction_bias";
@@ -47,6 +48,29 @@ std::string router_rule(const ModelConfig& c) {
         s += fmt::format("; plus a shared expert {} wide{}", c.shared_expert_intermediate_size,
                          c.shared_expert_gate ? " × sigmoid(x·shared_expert_gateᵀ)" : "");
     return s;
+}
+
+// The rope in one line: theta, the frequency scaling, the rotated share.
+std::string rope_rule(const ModelConfig& c) {
+    std::string s = fmt::format("rope θ {:g}", c.rope_theta);
+    if (c.rope_type == "llama3")
+        s += fmt::format(" with llama3 frequency scaling (factor {:g}, low/high freq factor {:g}/{:g}, original context {:g})",
+                         c.rope_scaling.factor, c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor,
+                         c.rope_scaling.original_max_position_embeddings);
+    if (c.partial_rotary_factor != 1.0) s += fmt::format(" on {:g} of head dim", c.partial_rotary_factor);
+    return s;
+}
+
+// Which layers use a sliding window ("" when none does).
+std::string sliding_rule(const ModelConfig& c) {
+    std::vector<std::int64_t> sliding;
+    for (std::int64_t l = 0; l < c.num_layers; ++l)
+        if (c.attention_window(l) > 0) sliding.push_back(l);
+    if (sliding.empty()) return "";
+    if (static_cast<std::int64_t>(sliding.size()) == c.num_layers)
+        return fmt::format("sliding-window attention ({} keys) on every layer", c.sliding_window);
+    return fmt::format("sliding-window attention ({} keys) on layers {}; full causal attention on the others",
+                       c.sliding_window, fmt::join(sliding, ", "));
 }
 
 // Tensors of the checkpoint that are not the audited text decoder (a
@@ -98,6 +122,14 @@ void run_inspect(const InspectOptions& opt) {
         a["head_dim"] = c.head_dim;
         a["vocab_size"] = c.vocab_size;
         a["rope_theta"] = c.rope_theta;
+        a["rope_type"] = c.rope_type;
+        if (c.rope_type == "llama3")
+            a["rope_scaling"] = {{"factor", c.rope_scaling.factor},
+                                 {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                                 {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                                 {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+        a["sliding_window"] = c.sliding_window;
+        a["attention_output_bias"] = c.attention_out_bias;
         a["rms_norm_eps"] = c.rms_norm_eps;
         a["qk_norm"] = c.qk_norm;
         a["attention_bias"] = c.attention_bias;
@@ -132,6 +164,7 @@ void run_inspect(const InspectOptions& opt) {
             nlohmann::ordered_json lj;
             lj["layer"] = l;
             lj["kind"] = c.is_moe(l) ? "moe" : "dense";
+            if (!c.is_linear_attention(l)) lj["attention_window"] = c.attention_window(l);
             if (!c.linear_attention_layers.empty())
                 lj["attention"] = c.is_linear_attention(l) ? "linear (Gated DeltaNet)" : "full";
             lj["bytes"] = model.layer_bytes(l);
@@ -154,10 +187,11 @@ void run_inspect(const InspectOptions& opt) {
     const Style st = style_for(stdout);
     std::cout << st.bold(model.path()) << "  " << model.format() << "  fingerprint " << model.fingerprint() << "\n";
     std::cout << fmt::format(
-        "{}: {} layers, hidden {}, heads {} (kv {}, head dim {}), vocab {}, rope θ {}, rms eps {}{}{}{}\n",
+        "{}: {} layers, hidden {}, heads {} (kv {}, head dim {}), vocab {}, {}, rms eps {}{}{}{}{}\n",
         architecture_name(c.architecture), c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
-        c.vocab_size, c.rope_theta, c.rms_norm_eps, c.qk_norm ? ", q/k norm" : "", c.attention_bias ? ", qkv bias" : "",
-        c.tie_word_embeddings ? ", tied embeddings" : "");
+        c.vocab_size, rope_rule(c), c.rms_norm_eps, c.qk_norm ? ", q/k norm" : "", c.attention_bias ? ", qkv bias" : "",
+        c.attention_out_bias ? ", o_proj bias" : "", c.tie_word_embeddings ? ", tied embeddings" : "");
+    if (const std::string sw = sliding_rule(c); !sw.empty()) std::cout << sw << "\n";
     if (c.num_moe_layers() > 0)
         std::cout << fmt::format("MoE: {} experts × {} wide, top-{} ({} router{}){}\n", c.num_experts(),
                                  c.moe_intermediate_size, c.top_k(), router_scoring_name(c.router.scoring),

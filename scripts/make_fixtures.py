@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build the tiny MoE and hybrid fixtures of kvasir-equiv with Hugging Face transformers.
+"""Build the tiny MoE, hybrid and dense fixtures of kvasir-equiv with Hugging Face transformers.
 
 The tool's forward pass is checked against code nobody on this project wrote:
 this script builds tiny *random* models with the public transformers classes
@@ -18,6 +18,13 @@ Outputs (under --out, default: the repository's fixtures/):
   models/qwen3_next_tiny/      Qwen3NextForCausalLM  (hybrid; fused grouped in_proj_qkvz / in_proj_ba,
                                                       one tensor per expert, shared expert)
   models/qwen3_5_tiny/         Qwen3_5ForConditionalGeneration (dense hybrid, wrapper layout, tied embeddings)
+  models/llama_tiny/           LlamaForCausalLM      (dense; rope_type llama3 frequency scaling, head_dim from
+                                                      hidden/heads, untied)
+  models/qwen3_tiny/           Qwen3ForCausalLM      (dense; q/k norm, explicit head_dim 32 != hidden/heads,
+                                                      tied embeddings)
+  models/qwen2_tiny/           Qwen2ForCausalLM      (dense; q/k/v bias, sliding window 8 on layers 1, 2 via
+                                                      use_sliding_window + max_window_layers 1, untied)
+  models/mistral_tiny/         MistralForCausalLM    (dense; sliding window 8 on every layer, untied)
       each: config.json, generation_config.json, model.safetensors (save_pretrained),
             reference.safetensors (below), REFERENCE.md (what every reference tensor is)
   models/qwen3_moe_tiny.gguf            qwen3_moe_tiny converted with gguf.GGUFWriter, all F32
@@ -72,7 +79,13 @@ routers take their softmax in float32 and the rotary embedding computes cos/sin
 in float32. The f64 references here are computed with those four functions
 replaced by float64 versions of the same formula (``pure_float64`` below);
 the difference to plain ``model.double()`` is printed and written to
-REFERENCE.md. In the hybrids (Qwen3-Next, Qwen3.5) more steps are float32 in
+REFERENCE.md. The float64 rotary embedding recomputes inv_freq in float64 too,
+for rope_type "llama3" with the branch structure of transformers'
+_compute_llama3_parameters (llama3_inv_freq_f64). The attention masks are
+transformers' own (create_causal_mask / create_sliding_window_causal_mask, built
+in the model's dtype: 0 or finfo(dtype).min); every prompt forward records the
+mask each attention layer received and checks it against the layer's window
+(check_attention_masks). In the hybrids (Qwen3-Next, Qwen3.5) more steps are float32 in
 double mode and are replaced too: the (1 + w) RMSNorm, the Gated DeltaNet's
 gated RMSNorm, its decay g = -exp(A_log) * softplus(a + dt_bias) (a and
 exp(A_log) rounded to float32) and the gated delta rule with its q/k L2 norm
@@ -117,6 +130,7 @@ import hashlib
 import importlib.util
 import inspect
 import json
+import math
 import re
 import shutil
 import sys
@@ -168,22 +182,34 @@ from safetensors.numpy import load_file as np_load_file  # noqa: E402
 from safetensors.numpy import save_file as np_save_file  # noqa: E402
 from safetensors.torch import load_file as st_load_file  # noqa: E402
 from transformers import (  # noqa: E402
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
     Qwen3_5Config,
     Qwen3_5ForConditionalGeneration,
     Qwen3_5MoeConfig,
     Qwen3_5MoeForConditionalGeneration,
+    Qwen3Config,
+    Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
     Qwen3NextConfig,
     Qwen3NextForCausalLM,
 )
+from transformers.models.llama import modeling_llama  # noqa: E402
+from transformers.models.mistral import modeling_mistral  # noqa: E402
 from transformers.models.mixtral import modeling_mixtral  # noqa: E402
+from transformers.models.qwen2 import modeling_qwen2  # noqa: E402
 from transformers.models.qwen2_moe import modeling_qwen2_moe  # noqa: E402
 from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: E402
+from transformers.models.qwen3 import modeling_qwen3  # noqa: E402
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe  # noqa: E402
 from transformers.models.qwen3_moe import modeling_qwen3_moe  # noqa: E402
 from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
@@ -366,6 +392,92 @@ FIXTURES = [
               "layer has a dense SwiGLU MLP (intermediate_size 128); no MoE. Gated DeltaNet projections, norms "
               "and rope as in qwen3_5_moe_tiny.",
     ),
+    # --- dense attention-only architectures (no MoE: no router, no border tokens) ---
+    dict(
+        name="llama_tiny",
+        arch="llama",
+        seed=1101,
+        config=dict(
+            vocab_size=320, hidden_size=64, intermediate_size=128,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+            max_position_embeddings=1024, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+        ),
+        plant=[],
+        notes="Dense: every layer a SwiGLU MLP (intermediate_size 128), no biases (attention_bias, mlp_bias false), "
+              "no q/k norm, untied lm_head. head_dim not given: LlamaConfig sets it to hidden/heads = 16 (config.json "
+              "has head_dim 16). ROPE llama3 (Llama 3.1 frequency scaling): inv_freq_i = theta^(-2i/16), theta 5e5, "
+              "then with wavelen = 2*pi/inv_freq, low_freq_wavelen = original_max_position_embeddings / "
+              "low_freq_factor = 64, high_freq_wavelen = 64 / high_freq_factor = 16: wavelen < 16 unchanged; "
+              "wavelen > 64 divided by factor 8; otherwise smoothed, s = (64/wavelen - 1)/(4 - 1), "
+              "inv_freq' = (1 - s) * inv_freq/8 + s * inv_freq. With these values pair 0 is unchanged, pair 1 "
+              "smoothed, pairs 2..7 divided by 8 (all three branches; asserted). attention_scaling 1 (cos/sin "
+              "unscaled). NEOX rotate_half rope. Full causal attention on every layer.",
+    ),
+    dict(
+        name="qwen3_tiny",
+        arch="qwen3",
+        seed=1102,
+        config=dict(
+            vocab_size=320, hidden_size=64, intermediate_size=128,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+            rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            max_position_embeddings=1024, tie_word_embeddings=True, attention_bias=False, use_sliding_window=False,
+        ),
+        plant=[],
+        notes="Dense: every layer a SwiGLU MLP (intermediate_size 128). q/k norm: RMSNorm over head_dim applied per "
+              "head to q and k before rope (q_norm, k_norm), as in qwen3_moe_tiny. head_dim 32 is explicit and "
+              "differs from hidden/heads = 16: q_proj [128, 64], k_proj/v_proj [64, 64], o_proj [64, 128]; "
+              "attention scale 1/sqrt(32). No biases. tie_word_embeddings true: model.safetensors has no "
+              "lm_head.weight, lm_head is model.embed_tokens.weight. use_sliding_window false: config.json has "
+              "sliding_window null and layer_types all full_attention. rope default, theta 1e6.",
+    ),
+    dict(
+        name="qwen2_tiny",
+        arch="qwen2",
+        seed=1103,
+        config=dict(
+            vocab_size=352, hidden_size=64, intermediate_size=128,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+            rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            max_position_embeddings=1024, tie_word_embeddings=False,
+            use_sliding_window=True, sliding_window=8, max_window_layers=1,
+        ),
+        plant=[],
+        notes="Dense: every layer a SwiGLU MLP (intermediate_size 128). ATTENTION BIAS: q_proj, k_proj, v_proj have "
+              "biases (always in Qwen2; o_proj none). Untied lm_head. head_dim = hidden/heads = 16 (not in "
+              "config.json). SLIDING WINDOW: Qwen2Config.__post_init__ (transformers 5.24) keeps sliding_window "
+              "only if use_sliding_window (else sets it to null) and, as layer_types is not given, builds "
+              "layer_types[i] = \"sliding_attention\" if sliding_window is not null and i >= max_window_layers else "
+              "\"full_attention\": with max_window_layers 1 that is [full_attention, sliding_attention, "
+              "sliding_attention], written to config.json. Qwen2Model builds create_causal_mask for the full layer "
+              "and create_sliding_window_causal_mask (window config.sliding_window = 8) for layers 1 and 2: key j is "
+              "visible to query i iff i - 8 < j <= i (masking_utils sliding_window_overlay kv_idx > q_idx - "
+              "sliding_window, and causal kv_idx <= q_idx), i.e. the 8 most recent positions including the query's "
+              "own. The prompt is 24 tokens, so from position 8 on the window cuts. Readers must take layer_types "
+              "from config.json (max_window_layers counts from the bottom: layers >= max_window_layers slide). "
+              "rope default, theta 1e6.",
+    ),
+    dict(
+        name="mistral_tiny",
+        arch="mistral",
+        seed=1104,
+        config=dict(
+            vocab_size=320, hidden_size=64, intermediate_size=128,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            max_position_embeddings=1024, tie_word_embeddings=False, sliding_window=8,
+        ),
+        plant=[],
+        notes="Dense: every layer a SwiGLU MLP (intermediate_size 128), no biases, no q/k norm, untied lm_head, "
+              "head_dim 16 (explicit, = hidden/heads). SLIDING WINDOW on EVERY layer: MistralConfig has no "
+              "layer_types (config.json has none); MistralModel uses create_sliding_window_causal_mask for all "
+              "layers whenever sliding_window is not null: key j is visible to query i iff i - 8 < j <= i (the 8 "
+              "most recent positions including the query's own). The prompt is 24 tokens, so from position 8 on "
+              "the window cuts. rope default, theta 1e6.",
+    ),
 ]
 
 ARCH = {
@@ -375,6 +487,10 @@ ARCH = {
     "qwen3_5_moe": (Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration, modeling_qwen3_5_moe),
     "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM, modeling_qwen3_next),
     "qwen3_5": (Qwen3_5Config, Qwen3_5ForConditionalGeneration, modeling_qwen3_5),
+    "llama": (LlamaConfig, LlamaForCausalLM, modeling_llama),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, modeling_qwen3),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, modeling_qwen2),
+    "mistral": (MistralConfig, MistralForCausalLM, modeling_mistral),
 }
 # RMSNorms of the (1 + w) convention: weight stored zero-centred, y = x / rms(x) * (1 + w) (see their forward).
 ZERO_CENTRED_NORMS = (modeling_qwen3_5_moe.Qwen3_5MoeRMSNorm, modeling_qwen3_5.Qwen3_5RMSNorm,
@@ -400,6 +516,20 @@ def text_model(model):
 def text_config(cfg: dict) -> dict:
     """config.json of a causal LM, or its text_config in a multimodal wrapper."""
     return cfg.get("text_config", cfg)
+
+
+def attention_windows(cfg: dict) -> list[int | None]:
+    """Per layer: the sliding window of its attention (keys i - w < j <= i visible), None for full causal
+    attention (and for linear-attention layers). From config.json as transformers 5.24 reads it: with
+    layer_types (Qwen2/Qwen3 and the hybrids) a layer slides iff its type is "sliding_attention", with the
+    window sliding_window; without layer_types (Mistral, Mixtral, Qwen3-MoE) every layer slides iff
+    sliding_window is not null (their models pick create_sliding_window_causal_mask for all layers then)."""
+    cfg = text_config(cfg)
+    L, sw = cfg["num_hidden_layers"], cfg.get("sliding_window")
+    if cfg.get("layer_types") is not None:
+        assert len(cfg["layer_types"]) == L
+        return [int(sw) if t == "sliding_attention" else None for t in cfg["layer_types"]]
+    return [None if sw is None else int(sw)] * L
 
 
 def moe_block(layer):
@@ -489,13 +619,47 @@ def _rmsnorm_gated_f64(self, hidden_states, gate):
     return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon)) * F.silu(gate)
 
 
-def _rotary_f64(self, x, position_ids):
-    cfg = self.config
-    assert cfg.rope_parameters["rope_type"] == "default" and self.attention_scaling == 1.0
-    base = float(cfg.rope_parameters["rope_theta"])
+def llama3_inv_freq_f64(inv_freq: torch.Tensor, rp: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers 5.24 modeling_rope_utils._compute_llama3_parameters on a float64 inv_freq: the same
+    operations in the same order and the same branch structure (transformers runs them in float32).
+    Returns the scaled inv_freq and per frequency its branch: 0 = unchanged (wavelen < high_freq_wavelen),
+    1 = smoothed, 2 = divided by factor (wavelen > low_freq_wavelen)."""
+    assert inv_freq.dtype == torch.float64
+    factor = rp["factor"]
+    low_freq_factor = rp["low_freq_factor"]
+    high_freq_factor = rp["high_freq_factor"]
+    old_context_len = rp["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    inv_freq_llama = torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+    branch = torch.where(wavelen < high_freq_wavelen, 0, torch.where(wavelen > low_freq_wavelen, 2, 1))
+    assert inv_freq_llama.dtype == torch.float64
+    return inv_freq_llama, branch
+
+
+def rope_inv_freq_f64(cfg) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """float64 inv_freq of a (text) config object for rope_type default or llama3 (+ llama3 branches)."""
+    rp = cfg.rope_parameters
+    assert rp["rope_type"] in ("default", "llama3"), rp["rope_type"]
+    base = float(rp["rope_theta"])
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    dim = int(head_dim * cfg.rope_parameters.get("partial_rotary_factor", 1.0))  # partial rotary: first dim dims
+    dim = int(head_dim * rp.get("partial_rotary_factor", 1.0))  # partial rotary: first dim dims
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    if rp["rope_type"] == "llama3":
+        return llama3_inv_freq_f64(inv_freq, rp)
+    return inv_freq, None
+
+
+def _rotary_f64(self, x, position_ids):
+    if x.dtype != torch.float64:
+        raise RuntimeError("pure_float64 used on a non-float64 model")
+    assert self.attention_scaling == 1.0  # default and llama3: cos/sin unscaled
+    inv_freq, _ = rope_inv_freq_f64(self.config)
     if hasattr(self, "recomposition_frequencies"):
         # Qwen3.5 text M-RoPE: (3, batch, T) position streams, frequencies interleaved by
         # the module's own recomposition (it returns cat(freqs, freqs)).
@@ -518,6 +682,10 @@ def _router_f64(self, hidden_states):
 
 
 def _eager_attention_f64(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    if query.dtype != torch.float64 or key.dtype != torch.float64 or value.dtype != torch.float64:
+        raise RuntimeError("pure_float64 used on a non-float64 model")
+    # transformers' own mask (full causal or sliding window), built in the model's dtype: must be float64 here
+    assert attention_mask is None or attention_mask.dtype == torch.float64, attention_mask.dtype
     mod = sys.modules[type(module).__module__]
     key_states = mod.repeat_kv(key, module.num_key_value_groups)
     value_states = mod.repeat_kv(value, module.num_key_value_groups)
@@ -758,6 +926,75 @@ def check_greedy(model, ids, toks, step_logits, tol: float) -> None:
     assert d < tol, f"cached vs uncached greedy logits differ by {d}"
 
 
+@contextlib.contextmanager
+def record_attention_masks(module, rec: list):
+    """Wraps module.eager_attention_forward (transformers' own, or the float64 one inside pure_float64) and
+    records per call: the layer, the sliding_window transformers passes to the attention interface, the query
+    and key lengths and the mask the layer received."""
+    inner = module.eager_attention_forward
+
+    def recording(m, query, key, value, attention_mask, *args, **kwargs):
+        rec.append(dict(layer=m.layer_idx, window=kwargs.get("sliding_window"), q_len=query.shape[2],
+                        kv_len=key.shape[2], mask=None if attention_mask is None else attention_mask.detach().clone()))
+        return inner(m, query, key, value, attention_mask, *args, **kwargs)
+
+    module.eager_attention_forward = recording
+    try:
+        yield
+    finally:
+        module.eager_attention_forward = inner
+
+
+def check_attention_masks(rec: list, windows: list, linear: list, T: int, dtype: torch.dtype) -> None:
+    """The masks of one prompt forward (no cache): every attention layer got exactly transformers' causal
+    mask, restricted for a sliding layer with window w to keys j with i - w < j <= i (masking_utils
+    sliding_window_overlay: kv_idx > q_idx - sliding_window), 0 where visible and finfo(dtype).min where not
+    (masking_utils.eager_mask), in the model's dtype; and transformers passed that layer's window (or None)."""
+    got = {}
+    for r in rec:
+        assert r["layer"] not in got, f"layer {r['layer']}: attention called twice"
+        got[r["layer"]] = r
+    assert sorted(got) == [i for i in range(len(windows)) if i not in linear], sorted(got)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    for layer, r in got.items():
+        w = windows[layer]
+        assert r["q_len"] == r["kv_len"] == T, r
+        assert r["window"] == w, f"layer {layer}: transformers passed sliding_window {r['window']}, config says {w}"
+        ok = j <= i
+        if w is not None:
+            ok = ok & (j > i - w)
+        want = torch.where(ok, torch.zeros((), dtype=dtype), torch.finfo(dtype).min)
+        mask = r["mask"]
+        assert mask is not None and mask.dtype == dtype and tuple(mask.shape) == (1, 1, T, T), (layer, mask)
+        assert torch.equal(mask[0, 0], want), f"layer {layer}: attention mask is not the expected window {w}"
+
+
+def check_rope(model) -> dict:
+    """transformers' float32 inv_freq buffer vs the float64 one of _rotary_f64 (rope_inv_freq_f64); for
+    rope_type llama3 also: all three branches of _compute_llama3_parameters occur, and no wavelength lies
+    within 1% of a branch boundary (the smoothing is continuous there, so a branch flip between float32
+    and float64 would not show in the values)."""
+    tc = model.config.get_text_config()
+    inv64, branch = rope_inv_freq_f64(tc)
+    hf = text_model(model).rotary_emb.inv_freq
+    assert hf.dtype == torch.float32 and hf.shape == inv64.shape, (hf.dtype, hf.shape, inv64.shape)
+    rel = float(((hf.double() - inv64).abs() / inv64).max())
+    assert rel < 1e-6, f"rope inv_freq: float32 buffer vs float64 differ by {rel} (relative)"
+    out = dict(rope_type=tc.rope_parameters["rope_type"], inv_freq_f64=[float(v) for v in inv64],
+               inv_freq_f32=[float(v) for v in hf], rel_f32_vs_f64_inv_freq=rel, branch=None)
+    if branch is not None:
+        rp = tc.rope_parameters
+        assert set(branch.tolist()) == {0, 1, 2}, f"llama3 rope: not all three branches exercised: {branch.tolist()}"
+        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        dim = int(head_dim * rp.get("partial_rotary_factor", 1.0))
+        wavelen = 2 * math.pi * float(rp["rope_theta"]) ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+        for edge in (rp["original_max_position_embeddings"] / rp["low_freq_factor"],
+                     rp["original_max_position_embeddings"] / rp["high_freq_factor"]):
+            assert float(((wavelen - edge).abs() / edge).min()) > 0.01, "llama3 rope: a wavelength is on a boundary"
+        out.update(branch=branch.tolist(), wavelen=[float(v) for v in wavelen])
+    return out
+
+
 def router_stats(router_logits: torch.Tensor, k: int):
     """gap[t] = p_(k) - p_(k+1): k-th minus (k+1)-th largest softmax probability (f64)."""
     p = torch.softmax(router_logits.to(torch.float64), dim=-1)
@@ -772,15 +1009,23 @@ def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dic
     linear = linear_attention_layer_ids(model)
     k = getattr(model.config.get_text_config(), "num_experts_per_tok", None)
     model = model.float().eval()
+    windows = attention_windows(model.config.to_dict())
+    rope = check_rope(model)
 
-    r32 = forward_capture(model, ids)
+    rec: list = []
+    with record_attention_masks(module, rec):
+        r32 = forward_capture(model, ids)
+    check_attention_masks(rec, windows, linear, len(ids), torch.float32)
     g_tok, g_margin, g_logits = greedy(model, ids, GREEDY_STEPS)
     check_greedy(model, ids, g_tok, g_logits, tol=1e-4)
 
     m64 = copy.deepcopy(model).double().eval()
     r64_plain = forward_capture(m64, ids)  # plain model.double(): partly float32 inside
     with pure_float64(module):
-        r64 = forward_capture(m64, ids)
+        rec = []
+        with record_attention_masks(module, rec):
+            r64 = forward_capture(m64, ids)
+        check_attention_masks(rec, windows, linear, len(ids), torch.float64)
         g64_tok, g64_margin, g64_logits = greedy(m64, ids, GREEDY_STEPS)
         check_greedy(m64, ids, g64_tok, g64_logits, tol=1e-10)
     if linear:  # sanity figure: transformers' chunked delta rule, also run in float64
@@ -849,6 +1094,7 @@ def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dic
         d_f32_vs_f64_hidden=float((r32["hidden_states"].double() - r64["hidden_states"]).abs().max()),
         d_plain_double_vs_f64_logits=float((r64_plain["logits"] - r64["logits"]).abs().max()),
         logits_absmax=float(r64["logits"].abs().max()),
+        windows=windows, rope=rope,
     )
     if linear:
         rel = lambda a, b: float((a - b).abs().max() / b.abs().max())  # noqa: E731
@@ -1079,7 +1325,18 @@ def numpy_f64_forward(cfg: dict, W: dict, ids: np.ndarray) -> dict:
             return (silu(g) * u) @ W[m + "experts.down_proj"][e].T
         return swiglu(f"{m}experts.{e}.", names, x)
 
-    ang = np.arange(T)[:, None] * (1.0 / theta ** (np.arange(0, rd, 2) / rd))[None]
+    inv_freq = 1.0 / theta ** (np.arange(0, rd, 2) / rd)
+    rp = cfg["rope_parameters"]
+    if rp.get("rope_type", "default") == "llama3":  # Llama 3.1 frequency scaling, per wavelength band
+        f, lo, hi = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
+        n_ctx = rp["original_max_position_embeddings"]
+        wl = 2.0 * np.pi / inv_freq
+        s = (n_ctx / wl - lo) / (hi - lo)
+        inv_freq = np.where(wl < n_ctx / hi, inv_freq,
+                            np.where(wl > n_ctx / lo, inv_freq / f, (1.0 - s) * inv_freq / f + s * inv_freq))
+    else:
+        assert rp.get("rope_type", "default") == "default", rp
+    ang = np.arange(T)[:, None] * inv_freq[None]
     cos, sin = np.cos(np.concatenate([ang, ang], -1))[:, None], np.sin(np.concatenate([ang, ang], -1))[:, None]
 
     def rope(x):  # [T, heads, hd], rotate_half (NEOX) layout on the first rd dims
@@ -1087,7 +1344,7 @@ def numpy_f64_forward(cfg: dict, W: dict, ids: np.ndarray) -> dict:
             return np.concatenate([rope(x[..., :rd]), x[..., rd:]], -1)
         return x * cos + np.concatenate([-x[..., rd // 2:], x[..., :rd // 2]], -1) * sin
 
-    def attention(p, x):
+    def attention(p, x, mask):
         if hybrid:  # q_proj gives [q | gate] per head; output gated by sigmoid(gate)
             qg = lin(p + "self_attn.q_proj", x).reshape(T, nh, 2 * hd)
             q, gate = qg[..., :hd], qg[..., hd:].reshape(T, nh * hd)
@@ -1148,13 +1405,18 @@ def numpy_f64_forward(cfg: dict, W: dict, ids: np.ndarray) -> dict:
         o = nw * (o / np.sqrt((o * o).mean(-1, keepdims=True) + eps)) * silu(z)
         return lin(la + "out_proj", o.reshape(T, nv * dv))
 
-    mask = np.triu(np.full((T, T), -np.inf), 1)
+    def causal_mask(window):  # key j visible to query i iff j <= i (and i - window < j for a sliding layer)
+        i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+        ok = (j <= i) & ((j > i - window) if window is not None else True)
+        return np.where(ok, 0.0, -np.inf)
+
+    windows = attention_windows(cfg)
     h = W["model.embed_tokens.weight"][ids]
     hs, topk = [h], {}
     for layer in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{layer}."
         x = rms(h, W[p + "input_layernorm.weight"])
-        h = h + (gated_deltanet(p, x) if p + "linear_attn.A_log" in W else attention(p, x))
+        h = h + (gated_deltanet(p, x) if p + "linear_attn.A_log" in W else attention(p, x, causal_mask(windows[layer])))
         x = rms(h, W[p + "post_attention_layernorm.weight"])
         m = p + ("block_sparse_moe." if mt == "mixtral" else "mlp.")
         names = ("w1", "w3", "w2") if mt == "mixtral" else ("gate_proj", "up_proj", "down_proj")
@@ -1244,7 +1506,13 @@ def reference_md(fx: dict, cfg_json: dict, ref: dict, nums: dict, planted: list,
         lines += [extra, ""]
     lines += ["Architecture notes: " + fx["notes"], ""]
     hybrid = "linear_attention_layers" in ref
-    if not hybrid:
+    dense = not hybrid and not ref["moe_layers"].size
+    if dense:
+        f64_what = ("(model.double() with RMSNorm, eager-attention softmax and rotary cos/sin (inv_freq "
+                    + ("with the llama3 scaling " if nums["rope"]["rope_type"] == "llama3" else "")
+                    + "recomputed in float64) also computed in float64 — plain model.double() keeps those three in "
+                    "float32; the attention masks are transformers' own, built in float64; see below).")
+    elif not hybrid:
         f64_what = ("(model.double() with RMSNorm, eager-attention softmax, router softmax and rotary cos/sin also "
                     "computed in float64 — plain model.double() keeps those four in float32; see below).")
     else:
@@ -1293,13 +1561,18 @@ def reference_md(fx: dict, cfg_json: dict, ref: dict, nums: dict, planted: list,
                    f"{tc['linear_conv_kernel_dim']}; attention: {tc['num_attention_heads']} heads, "
                    f"{tc['num_key_value_heads']} kv heads, head_dim {tc['head_dim']}, rotary dims "
                    f"{int(tc['head_dim'] * tc['rope_parameters']['partial_rotary_factor'])}")
+    if dense:
+        hd = tc.get("head_dim") or tc["hidden_size"] // tc["num_attention_heads"]
+        shapes += (f"; attention: {tc['num_attention_heads']} heads, {tc['num_key_value_heads']} kv heads, head_dim "
+                   f"{hd}" + ("" if tc.get("head_dim") else " (hidden/heads, not in config.json)"))
     lines += [shapes + ".", ""]
     lines += ["## Measured", "",
               f"* max |logits f32 − f64| = {nums['d_f32_vs_f64_logits']:.3e} (max |logit| {nums['logits_absmax']:.2f}); "
               f"max |hidden_states f32 − f64| = {nums['d_f32_vs_f64_hidden']:.3e}"]
     if not hybrid:
         lines += [f"* plain `model.double()` vs the float64 forward: max |Δ logits| = "
-                  f"{nums['d_plain_double_vs_f64_logits']:.3e} (why the f64 reference patches the four float32 spots)"]
+                  f"{nums['d_plain_double_vs_f64_logits']:.3e} (why the f64 reference patches the "
+                  f"{'three' if dense else 'four'} float32 spots)"]
     else:
         lines += [f"* plain `model.double()` vs the float64 forward: max |Δ logits| = "
                   f"{nums['d_plain_double_vs_f64_logits']:.3e}, max |Δ hidden_states| = "
@@ -1320,6 +1593,20 @@ def reference_md(fx: dict, cfg_json: dict, ref: dict, nums: dict, planted: list,
                   f"border tokens (gap < {BORDER_THRESHOLD:g}): {nums['n_border']}"
                   + ("" if not nums["border"] else " — (layer, token, gap): "
                      + ", ".join(f"({i}, {t}, {g:.2e})" for i, t, g in nums["border"]))]
+    if dense:
+        w = nums["windows"]
+        lines += ["* attention masks, as transformers built them and checked in the float32 and float64 prompt "
+                  "forwards (make_fixtures.py check_attention_masks): "
+                  + ", ".join(f"layer {i}: " + ("full causal (j ≤ i)" if v is None else
+                                                 f"sliding window {v} (i − {v} < j ≤ i)") for i, v in enumerate(w))
+                  + "; value 0 where visible, finfo(dtype).min (float32 / float64) where not"]
+        rp = nums["rope"]
+        if rp["branch"] is not None:
+            names = {0: "unchanged", 1: "smoothed", 2: "divided by factor"}
+            lines += ["* rope llama3: inv_freq per rotary pair i (float64, as the float64 forward uses it; "
+                      "transformers' float32 buffer agrees to a relative " + f"{rp['rel_f32_vs_f64_inv_freq']:.1e}): "
+                      + ", ".join(f"{i}: {v!r} ({names[b]}, wavelen {wl:.3f})"
+                                  for i, (v, b, wl) in enumerate(zip(rp["inv_freq_f64"], rp["branch"], rp["wavelen"])))]
     lines += [f"* greedy margins: min {nums['greedy_margin_min']:.3f}, median {nums['greedy_margin_median']:.3f}; "
               f"mean top-1 probability of the prompt logits {nums['mean_top1_prob']:.3f}",
               f"* max |hidden state| {nums['hidden_absmax']:.2f}",
@@ -1392,6 +1679,26 @@ def index_lines(fx: dict, models_dir: Path) -> list[str]:
         moe = [int(x) for x in ref["moe_layers"]]
         E = n_experts(cfg_json)
         weights = ", BF16 weights" if vname.endswith("_bf16") else ", F32 weights"
+        if "linear_attention_layers" not in ref and not moe:  # dense, attention only
+            rp = tc["rope_parameters"]
+            hd = tc.get("head_dim") or tc["hidden_size"] // tc["num_attention_heads"]
+            win = attention_windows(cfg_json)
+            slid = [i for i, w in enumerate(win) if w is not None]
+            line = (f"* `{vname}/` — {cfg_json['architectures'][0]}, {tc['num_hidden_layers']} layers, dense MLPs, "
+                    f"{tc['num_attention_heads']} heads / {tc['num_key_value_heads']} kv heads, head_dim {hd}, rope "
+                    + (f"llama3 (theta {rp['rope_theta']:g}, factor {rp['factor']:g}, low/high_freq_factor "
+                       f"{rp['low_freq_factor']:g}/{rp['high_freq_factor']:g}, original_max_position_embeddings "
+                       f"{rp['original_max_position_embeddings']})" if rp["rope_type"] == "llama3"
+                       else f"theta {rp['rope_theta']:g}")
+                    + (", q/k norm" if any(n.endswith("self_attn.q_norm.weight")
+                                           for n in np_load_file(str(vdir / "model.safetensors"))) else "")
+                    + (", q/k/v bias" if any(n.endswith("self_attn.q_proj.bias")
+                                             for n in np_load_file(str(vdir / "model.safetensors"))) else "")
+                    + (f", sliding window {win[slid[0]]} on layers {slid} (full: "
+                       f"{[i for i in range(len(win)) if i not in slid]})" if slid else ", full causal attention")
+                    + (", tied embeddings" if cfg_json.get("tie_word_embeddings") else ""))
+            lines.append(line + f", hidden {tc['hidden_size']}, vocab {tc['vocab_size']}" + weights)
+            continue
         if "linear_attention_layers" not in ref:
             lines.append(f"* `{vname}/` — {cfg_json['architectures'][0]}, {tc['num_hidden_layers']} layers "
                          f"(MoE: {moe}), {E} experts, top-{tc['num_experts_per_tok']}, "
@@ -1555,6 +1862,17 @@ def main() -> None:
               "quarter of head_dim). Their `f64.*` references run the gated delta rule in its recurrent form; "
               "`reference.safetensors` adds `linear_attention_layers` and `layer.{l}.mixer_output` (see each "
               "REFERENCE.md). The vision towers of the multimodal wrappers (`model.visual.*`) are never run.", "",
+              "Dense notes (llama_tiny, qwen3_tiny, qwen2_tiny, mistral_tiny): attention-only, a SwiGLU MLP in every "
+              "layer, no router (`moe_layers` is empty, no router tensors in `reference.safetensors`). Rope llama3 "
+              "(llama_tiny): inv_freq_i = theta^(−2i/d) rescaled per wavelength 2π/inv_freq_i: below "
+              "original_max_position_embeddings / high_freq_factor unchanged, above original_max_position_embeddings "
+              "/ low_freq_factor divided by factor, in between (1 − s)·inv_freq/factor + s·inv_freq with "
+              "s = (original_max_position_embeddings / wavelen − low_freq_factor) / (high_freq_factor − "
+              "low_freq_factor); cos/sin unscaled. Sliding windows: a sliding layer with window w lets query i see "
+              "keys i − w < j ≤ i (the w most recent positions, its own included); which layers slide is "
+              "`layer_types` in config.json when present (qwen2_tiny: `use_sliding_window` + `max_window_layers` 1 "
+              "give [full, sliding, sliding]), else every layer when `sliding_window` is not null (mistral_tiny). "
+              "Tied embeddings (qwen3_tiny): no `lm_head.weight`, the logits use `model.embed_tokens.weight`.", "",
               f"`../tokens/default.txt`: the default perplexity stream, {STREAM_LEN} ids uniform from numpy "
               f"PCG64({TOKEN_SEED + 1}) in [0, {min_vocab}) (valid for every fixture).", ""]
     (models_dir / "README.md").write_text("\n".join(readme))

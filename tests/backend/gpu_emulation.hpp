@@ -327,14 +327,12 @@ public:
     }
 
     Tensor rope(const TensorView& x, std::span<const std::int64_t> positions, const RopeParams& params) override {
-        check_rope_args(x, positions);
+        check_rope_args(x, positions, params);
         const std::int64_t t_count = x.dim(0), heads = x.dim(1), d = x.dim(2), half = d / 2;
         if (x.numel() == 0) return Tensor(DType::f32, x.shape);
         // Inverse frequencies and positions on the host, as the host code does.
-        const float theta = static_cast<float>(params.theta);
         std::vector<float> inv_freq(static_cast<std::size_t>(half)), pos(static_cast<std::size_t>(t_count));
-        for (std::int64_t i = 0; i < half; ++i)
-            inv_freq[static_cast<std::size_t>(i)] = std::pow(theta, -2.0f * static_cast<float>(i) / static_cast<float>(d));
+        for (std::int64_t i = 0; i < half; ++i) inv_freq[static_cast<std::size_t>(i)] = rope_inv_freq_f32(params, i, d);
         for (std::int64_t t = 0; t < t_count; ++t)
             pos[static_cast<std::size_t>(t)] = static_cast<float>(positions[static_cast<std::size_t>(t)]);
         const std::vector<float> xs = stage(x);

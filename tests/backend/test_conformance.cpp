@@ -59,6 +59,7 @@
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/rng.hpp"
 #include "kvasir/metrics/metrics.hpp"
+#include "kvasir/model/rope_frequencies.hpp"
 #include "tests/backend/matmul_bound.hpp"
 
 #include <fmt/format.h>
@@ -580,6 +581,68 @@ TEST_P(Conformance, RopeWithinAngleErrorOfTheOraclePreservingNorms) {
         // Position 0 is the identity everywhere (cos 0 = 1, sin 0 = 0 exactly).
         const std::vector<std::int64_t> zero(static_cast<std::size_t>(T), 0);
         EXPECT_EQ(node().rope(x, zero, {theta, layout}).to_f64(), x.to_f64()) << name;
+    }
+}
+
+// A frequency-scaled rope (llama3): the node rotates pair i by pos · inv_freq[i]
+// of the table it is given (rounded to f32 on f32 nodes), not by theta^(−2i/d).
+// Bound: the angle is one product of f32 values (≤ 2 roundings of the exact
+// angle), so the plain-rope bounds, which include pow's error, hold.
+TEST_P(Conformance, RopeWithScaledFrequenciesFollowsTheTable) {
+    const std::int64_t T = 6, H = 2, D = 64;
+    ModelConfig mc;
+    mc.head_dim = D;
+    mc.rope_theta = 500000.0;
+    mc.rope_type = "llama3";
+    mc.rope_scaling = {8.0, 1.0, 4.0, 8192.0};  // Llama 3.1's values
+    const std::vector<double> table = rope_inverse_frequencies(mc);
+    ASSERT_EQ(table.size(), static_cast<std::size_t>(D / 2));
+    const Tensor x = held(seeded_normal(14, "conf/p/scaled", {T, H, D}, 0, 1));
+    std::vector<std::int64_t> pos(static_cast<std::size_t>(T));
+    for (std::int64_t i = 0; i < T; ++i) pos[static_cast<std::size_t>(i)] = 1300 * i + 7;
+    auto r = ref();
+    for (RopeLayout layout : {RopeLayout::neox, RopeLayout::normal}) {
+        RopeParams scaled{mc.rope_theta, layout};
+        scaled.inv_freq = std::make_shared<const std::vector<double>>(table);
+        const Tensor yr = r->rope(x, pos, scaled);
+        const Tensor y = node().rope(x, pos, scaled);
+        const Tensor plain = node().rope(x, pos, {mc.rope_theta, layout});
+        double max_abs = 0, moved = 0;
+        for (std::int64_t t = 0; t < T; ++t)
+            for (std::int64_t h = 0; h < H; ++h)
+                for (std::int64_t i = 0; i < D / 2; ++i) {
+                    const std::int64_t base = (t * H + h) * D;
+                    const std::int64_t i0 = base + (layout == RopeLayout::neox ? i : 2 * i);
+                    const std::int64_t i1 = base + (layout == RopeLayout::neox ? i + D / 2 : 2 * i + 1);
+                    const double a = x.at(i0), b = x.at(i1);
+                    const double angle = static_cast<double>(pos[static_cast<std::size_t>(t)]) * table[static_cast<std::size_t>(i)];
+                    // The oracle is the textbook rotation by the table's angle.
+                    if (oracle()) {
+                        EXPECT_NEAR(yr.at(i0), a * std::cos(angle) - b * std::sin(angle), 1e-13);
+                        EXPECT_NEAR(yr.at(i1), b * std::cos(angle) + a * std::sin(angle), 1e-13);
+                    }
+                    const double bound = GetParam().family == Family::opencl
+                                             ? opencl_rope_bound(std::fabs(a) + std::fabs(b), angle, mc.rope_theta)
+                                             : 7000 * 4 * kU32 * 8;
+                    for (std::int64_t j : {i0, i1}) {
+                        const double tol = bound + (narrow() ? 1.01 * us() * std::fabs(yr.at(j)) : 0.0) + underflow();
+                        ASSERT_LE(std::fabs(y.at(j) - yr.at(j)), tol) << " t=" << t << " i=" << i;
+                        max_abs = std::max(max_abs, std::fabs(y.at(j) - yr.at(j)));
+                        moved = std::max(moved, std::fabs(y.at(j) - plain.at(j)));
+                    }
+                }
+        // The table was used: the low-frequency pairs (divided by 8) turn far less than unscaled.
+        EXPECT_GT(moved, 0.1);
+    }
+    // A table of the wrong length is refused.
+    RopeParams bad{mc.rope_theta, RopeLayout::neox};
+    bad.inv_freq = std::make_shared<const std::vector<double>>(table.begin(), table.begin() + 3);
+    try {
+        (void)node().rope(x, pos, bad);
+        ADD_FAILURE() << "a 3-entry table for head dim 64 was accepted";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::bad_input) << e.what();
+        EXPECT_NE(std::string(e.what()).find("inverse frequencies"), std::string::npos) << e.what();
     }
 }
 

@@ -394,9 +394,14 @@ TEST(EmulatedKernels, GatedDeltaNetSumsInF32UnderAccF16) {
 // cpu node. Held to the f32 tolerance the cpu node meets there: 2e-5
 // normwise on every hidden state and the logits. The cpu node's figures are
 // printed next to gpu-emu's.
-TEST(EmulatedKernels, Qwen35MoeTinyForwardWithinTheCpuNodesF32Tolerance) {
+// The same for the dense fixtures: a llama3-scaled rope (the host's f32
+// table), sliding windows (per-row views of the cache) on some layers (qwen2)
+// or all (mistral).
+class EmulatedForward : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(EmulatedForward, WithinTheCpuNodesF32Tolerance) {
     constexpr double kF32Tolerance = 2e-5;  // test_forward.cpp, CpuWithinFloat32ToleranceAndRouterAuthority
-    const std::filesystem::path dir = std::filesystem::path(KVASIR_SOURCE_DIR) / "fixtures" / "models" / "qwen3_5_moe_tiny";
+    const std::filesystem::path dir = std::filesystem::path(KVASIR_SOURCE_DIR) / "fixtures" / "models" / GetParam();
     const Model model = Model::open(dir.string());
     const SafetensorsFile ref_file = SafetensorsFile::open((dir / "reference.safetensors").string());
     const TensorView ids = ref_file.view("input_ids");
@@ -426,7 +431,7 @@ TEST(EmulatedKernels, Qwen35MoeTinyForwardWithinTheCpuNodesF32Tolerance) {
         EXPECT_LE(eg, kF32Tolerance) << "hidden after layer " << l - 1;
     }
     const double lg = normwise(oracle.logits, g.logits), lc = normwise(oracle.logits, c.logits);
-    std::printf("[ measured ] qwen3_5_moe_tiny vs cpu-ref (normwise, routing pinned):%s logits: gpu-emu %.2e / cpu %.2e\n",
+    std::printf("[ measured ] %s vs cpu-ref (normwise, routing pinned):%s logits: gpu-emu %.2e / cpu %.2e\n", GetParam(),
                 line.c_str(), lg, lc);
     EXPECT_LE(lg, kF32Tolerance);
     // Top-1 of every prompt position agrees with the oracle's.
@@ -470,6 +475,10 @@ TEST(EmulatedKernels, Qwen35MoeTinyForwardWithinTheCpuNodesF32Tolerance) {
         t0 += n;
     }
 }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, EmulatedForward,
+                         ::testing::Values("qwen3_5_moe_tiny", "llama_tiny", "mistral_tiny", "qwen2_tiny", "qwen3_tiny"),
+                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
 // ---- 2. specs and absence, per vendor ----------------------------------------------------
 

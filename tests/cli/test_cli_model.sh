@@ -45,6 +45,34 @@ import json,sys; d=json.load(open(sys.argv[1]))
 assert [n['verdict'] for n in d['nodes']] == ['reference','fit','fit'], [n['verdict'] for n in d['nodes']]
 for s in ('ops','drift','logits','decide','generate','perplexity','determinism'): assert s in d['steps'], s" "$tmp/$m.json"
 done
+# Dense decoders: every step runs; routing agreement does not apply and is
+# not judged (said once), the decide step says "no MoE layers".
+for m in llama_tiny qwen2_tiny mistral_tiny qwen3_tiny qwen3_5_tiny; do
+  "$bin" audit -p protocols/ci.json --model fixtures/models/$m -b cpu-ref,cpu,opencl:0 -o "$tmp/$m.json" \
+    --markdown "$tmp/$m.md" >"$tmp/$m.out" 2>&1
+  rc=$?
+  check "audit of dense $m: cpu and opencl:0 fit → exit 0" test $rc -eq 0
+  check "audit of dense $m: routing agreement not judged, said why" python3 -c "
+import json,sys; d=json.load(open(sys.argv[1]))
+assert [n['verdict'] for n in d['nodes']] == ['reference','fit','fit'], [n['verdict'] for n in d['nodes']]
+for n in d['nodes'][1:]:
+    assert n['not_applicable'] == {'decide.routing_agreement_min': 'no MoE layers: the model has no router'}, n['not_applicable']
+    assert all(c['criterion'] != 'decide.routing_agreement_min' for t in n['criteria'].values() for c in t)
+for r in d['steps']['decide']['results']: assert r['routing_free'] == 'no MoE layers', r
+for s in ('ops','drift','logits','decide','generate','perplexity','determinism'): assert s in d['steps'], s" "$tmp/$m.json"
+  check "audit of dense $m: the text report says routing agreement does not apply" \
+    grep -q "not judged: decide.routing_agreement_min does not apply to this model" "$tmp/$m.out"
+  check "audit of dense $m: the markdown says so too" grep -q "Not judged: \`decide.routing_agreement_min\`" "$tmp/$m.md"
+done
+out=$("$bin" decide --model fixtures/models/mistral_tiny -b cpu-ref,cpu 2>&1)
+check "decide on a dense model: top-1 only, no routing tables" \
+  bash -c "grep -q 'no MoE layers: routing agreement and border tokens do not apply' <<<'$out' && ! grep -q 'per MoE layer' <<<'$out'"
+out=$("$bin" inspect fixtures/models/qwen2_tiny 2>&1)
+check "inspect qwen2_tiny: the sliding layers and no router" \
+  bash -c "grep -q 'sliding-window attention (8 keys) on layers 1, 2' <<<'$out' && grep -q 'router: none: no MoE layers' <<<'$out'"
+out=$("$bin" inspect fixtures/models/llama_tiny 2>&1)
+check "inspect llama_tiny: the llama3 rope scaling" grep -q "with llama3 frequency scaling (factor 8" <<<"$out"
+expect_usage_error "the model has no MoE layer" matrix --model fixtures/models/llama_tiny
 "$bin" inspect fixtures/models/qwen3_5_moe_tiny >"$tmp/q35.txt" 2>&1
 check "inspect shows the hybrid layout" grep -q "hybrid: 2 Gated DeltaNet layers" "$tmp/q35.txt"
 check "inspect says the experts are fused and the vision tower ignored" \

@@ -3,11 +3,14 @@
 // here) and against the tensors those fixtures' model.safetensors hold.
 #include "kvasir/core/error.hpp"
 #include "kvasir/model/config.hpp"
+#include "kvasir/model/rope_frequencies.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <numbers>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -418,11 +421,11 @@ json with(const char* key, json value) {
 
 TEST(ConfigErrors, UnknownArchitectureListsTheSupportedOnes) {
     json j = base_config();
-    j["model_type"] = "llama";
-    j["architectures"] = {"LlamaForCausalLM"};
-    expect_error(j, {"model_type", "\"llama\"", "qwen2_moe, qwen3_moe, mixtral"});
+    j["model_type"] = "falcon";
+    j["architectures"] = {"FalconForCausalLM"};
+    expect_error(j, {"model_type", "\"falcon\"", "qwen2_moe, qwen3_moe, mixtral", "llama, mistral, qwen2, qwen3"});
     j.erase("model_type");
-    expect_error(j, {"architectures", "LlamaForCausalLM", "qwen2_moe, qwen3_moe, mixtral"});
+    expect_error(j, {"architectures", "FalconForCausalLM", "qwen2_moe, qwen3_moe, mixtral"});
     j.erase("architectures");
     expect_error(j, {"model_type", "qwen2_moe, qwen3_moe, mixtral"});
     expect_error(with("architectures", {"MixtralForCausalLM"}), {"architectures", "does not match model_type"});
@@ -686,4 +689,157 @@ TEST(ConfigHybrid, BadHybridConfigsAreRefusedNamingTheKey) {
     refused(R"({"model_type": "qwen3_5_moe_text", "head_dim": 16, "partial_rotary_factor": 0.3})",
             "partial_rotary_factor");
     refused(R"({"model_type": "qwen3_5_moe", "text_config": 7})", "text_config must be an object");
+}
+
+// ---------------------------------------------------------------------------
+// Dense decoders: llama (llama3 rope scaling), mistral, qwen2, qwen3.
+// ---------------------------------------------------------------------------
+namespace {
+
+const char* kLlama31_8B = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+  "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "attention_bias": false,
+  "mlp_bias": false, "tie_word_embeddings": false, "hidden_act": "silu", "torch_dtype": "bfloat16",
+  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"}})";
+
+}  // namespace
+
+TEST(ConfigParse, Llama31With3RopeScalingIsDense) {
+    // meta-llama/Llama-3.1-8B's config.json (transformers 4.x keys).
+    const kvasir::ModelConfig c = kvasir::parse_model_config(kLlama31_8B, "llama31/config.json");
+    EXPECT_EQ(c.architecture, Architecture::llama);
+    EXPECT_EQ(c.head_dim, 128);  // hidden / heads
+    EXPECT_EQ(c.num_kv_heads, 8);
+    EXPECT_EQ(c.rope_theta, 500000.0);
+    EXPECT_EQ(c.rope_type, "llama3");
+    EXPECT_EQ(c.rope_scaling.factor, 8.0);
+    EXPECT_EQ(c.rope_scaling.low_freq_factor, 1.0);
+    EXPECT_EQ(c.rope_scaling.high_freq_factor, 4.0);
+    EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192.0);
+    EXPECT_EQ(c.intermediate_size, 14336);
+    EXPECT_FALSE(c.has_moe());
+    EXPECT_EQ(c.num_moe_layers(), 0);
+    EXPECT_FALSE(c.attention_bias);
+    EXPECT_FALSE(c.qk_norm);
+    EXPECT_EQ(c.sliding_window, 0);
+    for (std::int64_t l = 0; l < c.num_layers; ++l) EXPECT_EQ(c.attention_window(l), 0);
+    const LayerTensorNames n = kvasir::layer_tensor_names(c, 3);
+    EXPECT_EQ(n.mlp_gate, "model.layers.3.mlp.gate_proj.weight");  // a dense MLP, no router, no biases
+    EXPECT_TRUE(n.router.empty());
+    EXPECT_TRUE(n.q_bias.empty());
+    EXPECT_TRUE(n.q_norm.empty());
+}
+
+TEST(ConfigErrors, Llama3RopeScalingNeedsItsKeysAndMlpBiasIsRefused) {
+    json j = json::parse(kLlama31_8B);
+    j["rope_scaling"].erase("low_freq_factor");
+    expect_error(j, {"rope_scaling.low_freq_factor is required for rope_type llama3"});
+    j = json::parse(kLlama31_8B);
+    j["rope_scaling"]["high_freq_factor"] = 0.5;
+    expect_error(j, {"high_freq_factor (0.5) must exceed low_freq_factor (1)"});
+    j = json::parse(kLlama31_8B);
+    j["rope_scaling"]["factor"] = "8";
+    expect_error(j, {"rope_scaling.factor"});
+    j = json::parse(kLlama31_8B);
+    j["mlp_bias"] = true;
+    expect_error(j, {"mlp_bias true"}, ErrorCode::unsupported);
+}
+
+TEST(ConfigParse, MistralSlidesOnEveryLayerQwen2OnTheLayersItsConfigNames) {
+    // mistralai/Mistral-7B-v0.1: sliding_window 4096, no layer_types → every layer.
+    const kvasir::ModelConfig m = kvasir::parse_model_config(R"({
+      "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+      "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+      "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": false})",
+                                                              "mistral/config.json");
+    EXPECT_EQ(m.architecture, Architecture::mistral);
+    EXPECT_FALSE(m.attention_bias);
+    for (std::int64_t l = 0; l < m.num_layers; ++l) EXPECT_EQ(m.attention_window(l), 4096) << l;
+    // Mistral-7B-v0.3 and later: sliding_window null → full attention.
+    const kvasir::ModelConfig m3 = kvasir::parse_model_config(
+        R"({"model_type": "mistral", "num_hidden_layers": 2, "sliding_window": null})", "m3/config.json");
+    EXPECT_EQ(m3.attention_window(0), 0);
+
+    // Qwen2.5-7B: use_sliding_window false → full attention everywhere, whatever sliding_window says.
+    const char* qwen25 = R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+      "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+      "vocab_size": 152064, "rope_theta": 1000000.0, "sliding_window": 131072, "use_sliding_window": false,
+      "max_window_layers": 28, "tie_word_embeddings": false})";
+    const kvasir::ModelConfig q = kvasir::parse_model_config(qwen25, "qwen25/config.json");
+    EXPECT_EQ(q.architecture, Architecture::qwen2);
+    EXPECT_TRUE(q.attention_bias);        // Qwen2Attention: q/k/v bias always
+    EXPECT_FALSE(q.attention_out_bias);   // o_proj none
+    EXPECT_EQ(q.head_dim, 128);
+    EXPECT_EQ(q.sliding_window, 0);
+    // use_sliding_window true, no layer_types: the layers >= max_window_layers slide (Qwen2Config's rule).
+    json j = json::parse(qwen25);
+    j["use_sliding_window"] = true;
+    j["sliding_window"] = 64;
+    j["num_hidden_layers"] = 4;
+    j["max_window_layers"] = 2;
+    const kvasir::ModelConfig s = kvasir::parse_model_config(j.dump(), "s/config.json");
+    EXPECT_EQ(s.attention_window(0), 0);
+    EXPECT_EQ(s.attention_window(1), 0);
+    EXPECT_EQ(s.attention_window(2), 64);
+    EXPECT_EQ(s.attention_window(3), 64);
+    // layer_types, when present, decide (transformers writes them to config.json).
+    j["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention", "full_attention"};
+    const kvasir::ModelConfig t = kvasir::parse_model_config(j.dump(), "t/config.json");
+    EXPECT_EQ(t.attention_window(0), 64);
+    EXPECT_EQ(t.attention_window(1), 0);
+    EXPECT_EQ(t.attention_window(2), 64);
+    EXPECT_EQ(t.attention_window(3), 0);
+    j["layer_types"] = {"sliding_attention", "full_attention"};
+    expect_error(j, {"layer_types must list one type per layer (4)"});
+    j["layer_types"] = {"sliding_attention", "full_attention", "linear_attention", "full_attention"};
+    expect_error(j, {"layer_types[2]", "linear_attention"});
+}
+
+TEST(ConfigParse, Qwen3DenseHasQkNormAndItsOwnHeadDim) {
+    // Qwen/Qwen3-8B (abridged): head_dim 128 given explicitly, q/k norm always.
+    const kvasir::ModelConfig c = kvasir::parse_model_config(R"({
+      "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+      "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+      "vocab_size": 151936, "rope_theta": 1000000, "attention_bias": false, "use_sliding_window": false,
+      "sliding_window": null, "max_window_layers": 36, "tie_word_embeddings": false})",
+                                                              "qwen3/config.json");
+    EXPECT_EQ(c.architecture, Architecture::qwen3);
+    EXPECT_TRUE(c.qk_norm);
+    EXPECT_FALSE(c.attention_bias);
+    EXPECT_EQ(c.head_dim, 128);
+    EXPECT_FALSE(c.has_moe());
+    EXPECT_EQ(c.sliding_window, 0);
+    const kvasir::ModelConfig b = kvasir::parse_model_config(R"({"model_type": "qwen3", "attention_bias": true})", "b/config.json");
+    EXPECT_TRUE(b.attention_bias);
+    EXPECT_TRUE(b.attention_out_bias);  // Qwen3Attention: o_proj bias = attention_bias too
+}
+
+TEST(RopeFrequencies, Llama3ScalingByHandOnEachBranch) {
+    // llama_tiny's rope: theta 5e5, 16 rotary dims, factor 8, low/high freq factor 1/4, original context 64:
+    // low_freq_wavelen = 64/1 = 64, high_freq_wavelen = 64/4 = 16.
+    kvasir::ModelConfig c;
+    c.head_dim = 16;
+    c.rope_theta = 500000.0;
+    EXPECT_TRUE(kvasir::rope_inverse_frequencies(c).empty());  // default rope: every node computes theta^(-2i/d)
+    c.rope_type = "llama3";
+    c.rope_scaling = {8.0, 1.0, 4.0, 64.0};
+    const std::vector<double> f = kvasir::rope_inverse_frequencies(c);
+    ASSERT_EQ(f.size(), 8u);
+    // Pair 0: inv 1, wavelength 2π < 16 → unchanged.
+    EXPECT_EQ(f[0], 1.0);
+    // Pair 1: inv = 5e5^(-1/8) = 0.193928..., wavelength 2π/inv = 32.399 in [16, 64] → smoothed with
+    // s = (64/wavelength − 1)/3; (1 − s)·inv/8 + s·inv.
+    const double inv1 = std::pow(500000.0, -0.125);
+    EXPECT_NEAR(inv1, 0.19392, 1e-5);
+    const double s = (64.0 * inv1 / (2 * std::numbers::pi) - 1.0) / 3.0;
+    EXPECT_NEAR(s, 0.32509, 1e-5);
+    EXPECT_NEAR(f[1], inv1 * (1.0 - s) / 8.0 + s * inv1, 1e-16);
+    EXPECT_NEAR(f[1], 0.079403, 1e-6);
+    // Pairs 2..7: wavelength > 64 → divided by 8 (pair 2: 5e5^(-1/4)/8 = 0.0047008).
+    EXPECT_NEAR(f[2], 0.0047008, 1e-7);
+    for (int i = 2; i < 8; ++i) EXPECT_DOUBLE_EQ(f[static_cast<std::size_t>(i)], std::pow(500000.0, -2.0 * i / 16.0) / 8.0) << i;
+    c.rope_type = "yarn";
+    EXPECT_THROW((void)kvasir::rope_inverse_frequencies(c), Error);
 }

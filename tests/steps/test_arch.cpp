@@ -114,9 +114,13 @@ TEST(Architectures, EachFixtureHasItsFamily) {
     std::vector<Architecture> ids;
     for (const arch::DecoderArchitecture* a : arch::architectures()) ids.push_back(a->id());
     EXPECT_EQ(ids, (std::vector<Architecture>{Architecture::qwen2_moe, Architecture::qwen3_moe, Architecture::mixtral,
-                                              Architecture::qwen3_5_moe, Architecture::qwen3_next}));
+                                              Architecture::qwen3_5_moe, Architecture::qwen3_next, Architecture::llama,
+                                              Architecture::mistral, Architecture::qwen2, Architecture::qwen3,
+                                              Architecture::qwen3_5}));
     for (const auto& [name, expect] : std::vector<std::pair<std::string, Architecture>>{
-             {"qwen3_5_moe_tiny", Architecture::qwen3_5_moe}, {"qwen3_next_tiny", Architecture::qwen3_next}}) {
+             {"qwen3_5_moe_tiny", Architecture::qwen3_5_moe}, {"qwen3_next_tiny", Architecture::qwen3_next},
+             {"qwen3_5_tiny", Architecture::qwen3_5}, {"llama_tiny", Architecture::llama},
+             {"mistral_tiny", Architecture::mistral}, {"qwen2_tiny", Architecture::qwen2}, {"qwen3_tiny", Architecture::qwen3}}) {
         const Model m = Model::open((kModels / name).string());
         EXPECT_EQ(arch::architecture_for(m.config()).id(), expect) << name;
     }
@@ -137,8 +141,16 @@ TEST(Architectures, WhatTheForwardPassDoesNotImplementIsRefusedNamingIt) {
     c.rope_type = "yarn";
     refused(c, "rope type 'yarn'");
     c = m.config();
-    c.sliding_window = 4096;
-    refused(c, "sliding-window attention (4096)");
+    c.sliding_window = 4096;  // qwen3_moe: no fixture checks its window rule
+    refused(c, "sliding-window attention (4096) of qwen3_moe");
+    c = Model::open((kModels / "qwen2_tiny").string()).config();
+    EXPECT_EQ(c.sliding_window, 8);  // qwen2: checked by its fixture
+    EXPECT_EQ(arch::architecture_for(c).id(), Architecture::qwen2);
+    c = m.config();
+    c.rope_type = "llama3";  // accepted on a full rotary ...
+    EXPECT_EQ(arch::architecture_for(c).id(), Architecture::qwen3_moe);
+    c.partial_rotary_factor = 0.5;  // ... not with partial rotary
+    refused(c, "with partial rotary");
     c = m.config();
     c.architecture = Architecture::deepseek_v3;
     refused(c, "MLA attention is not modelled");

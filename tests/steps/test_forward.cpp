@@ -83,6 +83,14 @@ const std::vector<Fixture>& fixtures() {
          (kModels / "qwen3_5_moe_tiny" / "reference.safetensors").string(), 3e-5, 1.5},
         {"qwen3_next_tiny", (kModels / "qwen3_next_tiny").string(),
          (kModels / "qwen3_next_tiny" / "reference.safetensors").string(), 3e-5, 1.5},
+        {"qwen3_5_tiny", (kModels / "qwen3_5_tiny").string(), (kModels / "qwen3_5_tiny" / "reference.safetensors").string(),
+         3e-5, 1.5},
+        // Dense decoders (no MoE layer): llama3 rope scaling, q/k norm with head_dim != hidden/heads, q/k/v bias
+        // and a sliding window on some layers (qwen2), a sliding window on every layer (mistral).
+        {"llama_tiny", (kModels / "llama_tiny").string(), (kModels / "llama_tiny" / "reference.safetensors").string()},
+        {"qwen3_tiny", (kModels / "qwen3_tiny").string(), (kModels / "qwen3_tiny" / "reference.safetensors").string()},
+        {"qwen2_tiny", (kModels / "qwen2_tiny").string(), (kModels / "qwen2_tiny" / "reference.safetensors").string()},
+        {"mistral_tiny", (kModels / "mistral_tiny").string(), (kModels / "mistral_tiny" / "reference.safetensors").string()},
     };
     return all;
 }
@@ -460,15 +468,20 @@ protected:
 std::vector<Fixture> hybrid_fixtures() {
     std::vector<Fixture> out;
     for (const Fixture& f : fixtures())
-        if (f.name == "qwen3_5_moe_tiny" || f.name == "qwen3_next_tiny") out.push_back(f);
+        // The hybrids, and the dense fixtures whose attention the OpenCL node computes through windows
+        // (qwen2: some layers slide, mistral: every layer) and a scaled rope (llama).
+        if (f.name == "qwen3_5_moe_tiny" || f.name == "qwen3_next_tiny" || f.name == "qwen3_5_tiny" ||
+            f.name == "llama_tiny" || f.name == "qwen2_tiny" || f.name == "mistral_tiny" || f.name == "qwen3_tiny")
+            out.push_back(f);
     return out;
 }
 
 }  // namespace
 
+// The OpenCL node on the hybrid and dense fixtures: the whole model, pinned
+// and free, and greedy decoding through the cache.
 TEST_P(ForwardOpencl, WithinFloat32ToleranceOfCpuRefAndGreedyAgrees) {
     const Loaded& fx = load(GetParam());
-    ASSERT_TRUE(fx.model.config().linear.key_heads > 0) << "a hybrid fixture";
     const std::vector<std::int32_t> prompt = prompt_of(fx.ref);
     auto ref = backend("cpu-ref");
     auto ocl = backend("opencl:0");
@@ -527,7 +540,7 @@ TEST_P(ForwardOpencl, WithinFloat32ToleranceOfCpuRefAndGreedyAgrees) {
     EXPECT_GT(decided, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Hybrid, ForwardOpencl, ::testing::ValuesIn(hybrid_fixtures()), fixture_name);
+INSTANTIATE_TEST_SUITE_P(HybridAndDense, ForwardOpencl, ::testing::ValuesIn(hybrid_fixtures()), fixture_name);
 
 // ===========================================================================
 // Cross-format identities

@@ -544,10 +544,47 @@ TEST(Verdict, Json) {
     const nlohmann::ordered_json j = to_json(judge_node(n, sensitive_tols(), tolerant_tols()));
     std::vector<std::string> keys;
     for (const auto& [k, v] : j.items()) keys.push_back(k);
-    EXPECT_EQ(keys, (std::vector<std::string>{"node", "verdict", "capabilities", "worst", "errors", "criteria"}));
+    EXPECT_EQ(keys, (std::vector<std::string>{"node", "verdict", "capabilities", "worst", "errors", "criteria",
+                                              "not_applicable"}));
     EXPECT_EQ(j["verdict"], "error");
     EXPECT_EQ(j["worst"]["value"], "nan");  // never null: a NaN is shown as such
     EXPECT_EQ(j["worst"]["pass"], false);
+    EXPECT_TRUE(j["not_applicable"].is_object() && j["not_applicable"].empty());
+}
+
+TEST(Verdict, ACriterionThatDoesNotApplyToTheModelIsNotJudgedUnlessMeasured) {
+    Tolerances sens = sensitive_tols(), tol = tolerant_tols();
+    sens.emplace("decide.routing_agreement_min", Tolerance{0.99, "s"});
+    tol.emplace("decide.routing_agreement_min", Tolerance{0.9, "t"});
+    // Unmeasured and not declared inapplicable: a failed criterion (nothing compared is never a pass).
+    NodeVerdict v = judge_node(good_node(), sens, tol);
+    EXPECT_EQ(v.verdict, Verdict::unfit);
+    ASSERT_TRUE(v.worst.has_value());
+    EXPECT_EQ(v.worst->criterion, "decide.routing_agreement_min");
+    EXPECT_FALSE(v.worst->measured);
+    // A dense model: the decide step declares routing agreement inapplicable → not judged, listed with its reason.
+    NodeInput dense = good_node();
+    dense.not_applicable["decide.routing_agreement_min"] = "no MoE layers";
+    v = judge_node(dense, sens, tol);
+    EXPECT_EQ(v.verdict, Verdict::fit);
+    EXPECT_EQ(find(v.sensitive, "decide.routing_agreement_min"), nullptr);
+    EXPECT_EQ(find(v.tolerant, "decide.routing_agreement_min"), nullptr);
+    EXPECT_EQ(v.not_applicable.at("decide.routing_agreement_min"), "no MoE layers");
+    EXPECT_EQ(to_json(v)["not_applicable"]["decide.routing_agreement_min"], "no MoE layers");
+    EXPECT_EQ(not_applicable_criteria({v}).size(), 1u);
+    // Measured anyway: judged as usual (inapplicability never hides a figure).
+    dense.measurements.push_back({"decide.routing_agreement_min", "decide", 0.5});
+    v = judge_node(dense, sens, tol);
+    EXPECT_EQ(v.verdict, Verdict::unfit);
+    ASSERT_NE(find(v.tolerant, "decide.routing_agreement_min"), nullptr);
+    EXPECT_FALSE(find(v.tolerant, "decide.routing_agreement_min")->pass);
+    // Family tolerances (ops.*) are never skipped this way.
+    NodeInput no_ops = good_node();
+    no_ops.measurements.erase(std::remove_if(no_ops.measurements.begin(), no_ops.measurements.end(),
+                                             [](const Measurement& m) { return m.criterion.rfind("ops.", 0) == 0; }),
+                              no_ops.measurements.end());
+    no_ops.not_applicable["ops.max_rel"] = "claimed";
+    EXPECT_EQ(judge_node(no_ops, sensitive_tols(), tolerant_tols()).verdict, Verdict::unfit);
 }
 
 // --- fault injection -------------------------------------------------------------------

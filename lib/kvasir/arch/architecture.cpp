@@ -10,10 +10,16 @@ const DecoderArchitecture& qwen3_moe();
 const DecoderArchitecture& mixtral();
 const DecoderArchitecture& qwen3_5_moe();
 const DecoderArchitecture& qwen3_next();
+const DecoderArchitecture& llama();
+const DecoderArchitecture& mistral();
+const DecoderArchitecture& qwen2();
+const DecoderArchitecture& qwen3();
+const DecoderArchitecture& qwen3_5();
 
 const std::vector<const DecoderArchitecture*>& architectures() {
     static const std::vector<const DecoderArchitecture*> all{&qwen2_moe(), &qwen3_moe(), &mixtral(), &qwen3_5_moe(),
-                                                             &qwen3_next()};
+                                                             &qwen3_next(), &llama(), &mistral(), &qwen2(),
+                                                             &qwen3(), &qwen3_5()};
     return all;
 }
 
@@ -31,13 +37,20 @@ const DecoderArchitecture& architecture_for(const ModelConfig& c) {
 }
 
 void check_standard_attention(const ModelConfig& c) {
-    KVASIR_CHECK(c.rope_type == "default", ErrorCode::unsupported,
-                 "{}: rope type '{}' is not implemented by the forward pass (only 'default')", c.source, c.rope_type);
-    KVASIR_CHECK(c.sliding_window == 0, ErrorCode::unsupported,
-                 "{}: sliding-window attention ({}) is not implemented by the forward pass", c.source, c.sliding_window);
+    KVASIR_CHECK(c.rope_type == "default" || c.rope_type == "llama3", ErrorCode::unsupported,
+                 "{}: rope type '{}' is not implemented by the forward pass (only 'default' and 'llama3')", c.source,
+                 c.rope_type);
+    KVASIR_CHECK(c.rope_type == "default" || c.partial_rotary_factor == 1.0, ErrorCode::unsupported,
+                 "{}: rope type '{}' with partial rotary is not implemented by the forward pass", c.source, c.rope_type);
 }
 
-void FamilyDecoder::check(const ModelConfig& c) const { check_standard_attention(c); }
+void FamilyDecoder::check(const ModelConfig& c) const {
+    check_standard_attention(c);
+    KVASIR_CHECK(sliding_ == Sliding::checked || c.sliding_window == 0, ErrorCode::unsupported,
+                 "{}: sliding-window attention ({}) of {} is not implemented by the forward pass (no fixture checks "
+                 "which of its layers slide)",
+                 c.source, c.sliding_window, architecture_name(c.architecture));
+}
 
 Tensor FamilyDecoder::layer(LayerGraph& g, std::int64_t l, const TensorView& h, LayerIO& io) const {
     return (g.*layer_)(l, h, io);

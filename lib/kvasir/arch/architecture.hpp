@@ -30,14 +30,20 @@ public:
 };
 
 // A family: its id and which layer of LayerGraph it is made of —
-// standard_layer (qwen2_moe, qwen3_moe, mixtral: they differ only in which
-// weights a layer has — biases, q/k norms, shared expert — which the blocks
-// read from the layer) or hybrid_layer (qwen3_5_moe, qwen3_next). Both use
+// standard_layer (qwen2_moe, qwen3_moe, mixtral, llama, mistral, qwen2,
+// qwen3: they differ only in which weights a layer has — biases, q/k norms,
+// a dense MLP or the MoE block with or without a shared expert — which the
+// blocks read from the layer) or hybrid_layer (qwen3_5_moe, qwen3_next,
+// qwen3_5). Both use
 // the standard attention checks (check_standard_attention).
 class FamilyDecoder final : public DecoderArchitecture {
 public:
     using LayerFn = Tensor (LayerGraph::*)(std::int64_t, const TensorView&, LayerIO&);
-    FamilyDecoder(Architecture id, LayerFn layer_fn) : id_(id), layer_(layer_fn) {}
+    // Whether a sliding window in the config is run (the family's windows are
+    // checked against transformers by a fixture) or refused.
+    enum class Sliding { refused, checked };
+    FamilyDecoder(Architecture id, LayerFn layer_fn, Sliding sliding = Sliding::refused)
+        : id_(id), layer_(layer_fn), sliding_(sliding) {}
     Architecture id() const override { return id_; }
     void check(const ModelConfig& config) const override;
     Tensor layer(LayerGraph& g, std::int64_t l, const TensorView& h, LayerIO& io) const override;
@@ -45,6 +51,7 @@ public:
 private:
     Architecture id_;
     LayerFn layer_;
+    Sliding sliding_;
 };
 
 // Every family with a full forward pass.
@@ -57,7 +64,10 @@ const std::vector<const DecoderArchitecture*>& architectures();
 const DecoderArchitecture& architecture_for(const ModelConfig& config);
 
 // The checks every family built on the standard attention shares: rope
-// type "default" only, no sliding window.
+// type "default" or "llama3" (full rotary only). Sliding windows are
+// LayerGraph::attend's, one mechanism for every family; a family runs them
+// once a fixture made by transformers checks its window rule (which layers
+// slide), else FamilyDecoder::check refuses them.
 void check_standard_attention(const ModelConfig& config);
 
 }  // namespace kvasir::arch

@@ -1,6 +1,7 @@
 #include "kvasir/arch/graph.hpp"
 
 #include "kvasir/core/error.hpp"
+#include "kvasir/model/rope_frequencies.hpp"
 
 #include <fmt/format.h>
 
@@ -116,6 +117,8 @@ TensorView KvLayer::values(std::int64_t g) const { return TensorView{dtype, v[st
 LayerGraph::LayerGraph(Backend& b, const Model& m) : be(b), model(m), c(m.config()) {
     rope.theta = c.rope_theta;
     rope.layout = m.rope_layout();
+    if (std::vector<double> f = rope_inverse_frequencies(c); !f.empty())
+        rope.inv_freq = std::make_shared<const std::vector<double>>(std::move(f));
     router.top_k = static_cast<int>(c.top_k());
     router.scoring = c.router.scoring;
     router.renormalize = c.norm_topk_prob();
@@ -147,31 +150,48 @@ Tensor LayerGraph::attention(const LayerWeights& w, const TensorView& x, std::sp
     if (present(w.k_norm)) k = be.rmsnorm(k, w.k_norm, c.rms_norm_eps);
     q = be.rope(q, pos, rope);
     k = be.rope(k, pos, rope);
-    return linear(attend_each(q, k, v, segs), w.o_proj, w.o_bias);
+    return linear(attend_each(q, k, v, segs, c.attention_window(w.index)), w.o_proj, w.o_bias);
 }
 
-Tensor LayerGraph::attend_each(const Tensor& q, const Tensor& k, const Tensor& v, std::span<const Segment> segs) {
+Tensor LayerGraph::attend_each(const Tensor& q, const Tensor& k, const Tensor& v, std::span<const Segment> segs,
+                               std::int64_t window) {
     KVASIR_ASSERT(!segs.empty());
-    if (segs.size() == 1) return attend(q, k, v, *segs.front().kv);
+    if (segs.size() == 1) return attend(q, k, v, *segs.front().kv, window);
     std::vector<Tensor> outs;
     outs.reserve(segs.size());
     for (const Segment& s : segs)
         outs.push_back(attend(leading_rows(q, s.row0, s.rows), leading_rows(k, s.row0, s.rows),
-                              leading_rows(v, s.row0, s.rows), *s.kv));
+                              leading_rows(v, s.row0, s.rows), *s.kv, window));
     return stack_rows(outs);
 }
 
-Tensor LayerGraph::attend(const Tensor& q, const Tensor& k, const Tensor& v, KvLayer& kv) {
+Tensor LayerGraph::attend(const Tensor& q, const Tensor& k, const Tensor& v, KvLayer& kv, std::int64_t window) {
     KVASIR_CHECK(q.dtype() == k.dtype() && k.dtype() == v.dtype(), ErrorCode::backend_failure,
                  "attention: the backend returned q/k/v in different dtypes ({}, {}, {})", dtype_name(q.dtype()),
                  dtype_name(k.dtype()), dtype_name(v.dtype()));
     kv.append(k, v);
-    std::vector<TensorView> keys, values;
-    for (std::int64_t g = 0; g < kv.heads; ++g) {
-        keys.push_back(kv.keys(g));
-        values.push_back(kv.values(g));
+    const double scale = std::pow(static_cast<double>(c.head_dim), -0.5);
+    // Keys [k0, k1) of every kv head: views into the cache.
+    const auto attend_rows = [&](const TensorView& qr, std::int64_t k0, std::int64_t k1) {
+        std::vector<TensorView> keys, values;
+        for (std::int64_t g = 0; g < kv.heads; ++g) {
+            keys.push_back(row_slice(kv.keys(g), k0, k1 - k0));
+            values.push_back(row_slice(kv.values(g), k0, k1 - k0));
+        }
+        return be.causal_attention(qr, keys, values, scale);
+    };
+    const std::int64_t t_count = q.dim(0), first = kv.len - t_count;  // cache position of row 0
+    if (window <= 0 || kv.len <= window) return attend_rows(q, 0, kv.len);
+    // Rows r < window − first see their whole prefix; each later row p = first + r its last `window` keys.
+    const std::int64_t full_rows = std::clamp<std::int64_t>(window - first, 0, t_count);
+    std::vector<Tensor> parts;
+    if (full_rows > 0) parts.push_back(attend_rows(leading_rows(q, 0, full_rows), 0, first + full_rows));
+    for (std::int64_t r = full_rows; r < t_count; ++r) {
+        const std::int64_t p = first + r;
+        Tensor out = attend_rows(leading_rows(q, r, 1), p - window + 1, p + 1);
+        parts.push_back(std::move(out));
     }
-    return be.causal_attention(q, keys, values, std::pow(static_cast<double>(c.head_dim), -0.5));
+    return parts.size() == 1 ? std::move(parts.front()) : stack_rows(parts);
 }
 
 Tensor LayerGraph::feed_forward(const LayerWeights& w, const Tensor& x2, LayerIO& io) {
@@ -277,7 +297,7 @@ Tensor LayerGraph::gated_attention(const LayerWeights& w, const TensorView& x, s
     k = be.rmsnorm(k, scale_of(w.k_norm), c.rms_norm_eps);
     q = rope_partial(q, pos);
     k = rope_partial(k, pos);
-    const Tensor a = be.mul(attend_each(q, k, v, segs), be.sigmoid(gate));
+    const Tensor a = be.mul(attend_each(q, k, v, segs, c.attention_window(w.index)), be.sigmoid(gate));
     return linear(a, w.o_proj, w.o_bias);
 }
 

@@ -123,11 +123,16 @@ public:
     // The attention core over the cache: q [T, nh, D], k [T, nkv, D] (normed,
     // rotated), v [T, nkv·D] appended to `kv`, then the backend's causal GQA
     // softmax attention (Backend::causal_attention, scale 1/√head_dim)
-    // → [T, nh·D] (before o_proj).
-    Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, KvLayer& kv);
+    // → [T, nh·D] (before o_proj). window W > 0 (sliding-window layers): the
+    // query at cache position p sees only the keys p − W < j ≤ p — the rows
+    // whose whole prefix fits in the window go to one causal call, each later
+    // row to its own call on its window's keys (a view of the cache), so
+    // every backend's own attention op computes it.
+    Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, KvLayer& kv, std::int64_t window = 0);
     // attend() for each sequence of a call on its rows of q, k, v, stacked
     // back in row order (one sequence: attend() itself, no copy).
-    Tensor attend_each(const Tensor& q, const Tensor& k, const Tensor& v, std::span<const Segment> segs);
+    Tensor attend_each(const Tensor& q, const Tensor& k, const Tensor& v, std::span<const Segment> segs,
+                       std::int64_t window = 0);
     // Rope on the first head_dim·partial_rotary_factor dimensions of x [T, H, D].
     Tensor rope_partial(const Tensor& x, std::span<const std::int64_t> pos);
     // Gated full attention (qwen3_5_moe, qwen3_next): q_proj yields query and

@@ -88,6 +88,10 @@ void Ledger::error(std::size_t i, const std::string& step, const std::string& me
     e = e.empty() ? message : e + "; " + message;
 }
 
+void Ledger::not_applicable(const std::string& criterion, const std::string& why) {
+    for (NodeInput& in : inputs_) in.not_applicable[criterion] = why;
+}
+
 void Ledger::reference_failed(const std::string& step, const std::string& message) {
     for (std::size_t i = 0; i < inputs_.size(); ++i)
         error(i, step, i == reference_ ? message : "not compared: the reference failed: " + message);

@@ -100,6 +100,10 @@ public:
     std::size_t index_of(const std::string& node) const;
     void measure(std::size_t i, const std::string& step, const std::string& criterion, double value);
     void error(std::size_t i, const std::string& step, const std::string& message);
+    // `criterion` does not apply to the audited model (why: "no MoE layers"):
+    // for every node, unjudged unless measured (verdict.hpp). A step decides
+    // it from the reference's outputs only.
+    void not_applicable(const std::string& criterion, const std::string& why);
     // The reference failed a step: nothing was compared.
     void reference_failed(const std::string& step, const std::string& message);
     const std::vector<NodeInput>& inputs() const { return inputs_; }

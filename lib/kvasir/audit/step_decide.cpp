@@ -103,6 +103,9 @@ public:
         j["moe_layers"] = rids.size();
         j["border"] = border;
         j["compared"] = "top-1 with router authority; exact expert-set agreement without it (each node's own router)";
+        // A dense model has no router: routing agreement does not apply (the
+        // reference's outputs say so — it routed no layer).
+        if (rids.empty()) led.not_applicable("decide.routing_agreement_min", "no MoE layers: the model has no router");
         j["results"] = for_each_candidate(in, led, "decide", [&](std::size_t i) {
             const NodeOutputs& c = *in.nodes[i];
             const Fraction top1 = top1_agreement(rl, c.view("decide.pinned.logits"));

@@ -122,7 +122,8 @@ struct Measured {
     std::string step;
 };
 
-std::vector<CriterionResult> judge_tier(const std::map<std::string, Measured>& measured, const Tolerances& tols, Tier tier) {
+std::vector<CriterionResult> judge_tier(const std::map<std::string, Measured>& measured, const Tolerances& tols, Tier tier,
+                                        const std::map<std::string, std::string>& not_applicable) {
     std::vector<CriterionResult> out;
     const auto judge_one = [&](const std::string& name, const std::string& from) {
         const auto it = measured.find(name);
@@ -134,6 +135,7 @@ std::vector<CriterionResult> judge_tier(const std::map<std::string, Measured>& m
     for (const auto& [key, tol] : tols) {
         const bool family = key.rfind("ops.", 0) == 0 && criterion_op(key).empty();
         if (!family) {
+            if (not_applicable.count(key) != 0 && measured.count(key) == 0) continue;  // not judged: see the header
             judge_one(key, key);
             continue;
         }
@@ -186,6 +188,7 @@ NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const T
     v.node = in.node;
     v.capabilities = in.capabilities.is_object() ? in.capabilities : nlohmann::ordered_json::object();
     v.errors = in.errors;
+    v.not_applicable = in.not_applicable;
 
     std::map<std::string, Measured> measured;
     for (const Measurement& m : in.measurements) {
@@ -228,8 +231,8 @@ NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const T
             if (e.find(msg) == std::string::npos) e += (e.empty() ? "" : "; ") + msg;
         }
 
-    v.sensitive = judge_tier(measured, sensitive, Tier::sensitive);
-    v.tolerant = judge_tier(measured, tolerant, Tier::tolerant);
+    v.sensitive = judge_tier(measured, sensitive, Tier::sensitive, in.not_applicable);
+    v.tolerant = judge_tier(measured, tolerant, Tier::tolerant, in.not_applicable);
     const auto all_pass = [](const std::vector<CriterionResult>& rs) {
         return std::all_of(rs.begin(), rs.end(), [](const CriterionResult& r) { return r.pass; });
     };
@@ -272,6 +275,13 @@ std::vector<NodeVerdict> judge(const std::vector<NodeInput>& inputs, const Proto
     out.reserve(inputs.size());
     for (const NodeInput& in : inputs) out.push_back(judge_node(in, protocol));
     return out;
+}
+
+const std::map<std::string, std::string>& not_applicable_criteria(const std::vector<NodeVerdict>& verdicts) {
+    static const std::map<std::string, std::string> none;
+    for (const NodeVerdict& v : verdicts)
+        if (v.verdict != Verdict::reference) return v.not_applicable;
+    return none;
 }
 
 bool meets_gate(const NodeVerdict& v, Gate gate) noexcept {
@@ -333,6 +343,9 @@ nlohmann::ordered_json to_json(const NodeVerdict& v) {
         criteria[to_string(t)] = list;
     }
     j["criteria"] = criteria;
+    nlohmann::ordered_json na = nlohmann::ordered_json::object();
+    for (const auto& [criterion, why] : v.not_applicable) na[criterion] = why;
+    j["not_applicable"] = na;
     return j;
 }
 

@@ -17,6 +17,11 @@
 //    or any "ops.<op>.<metric>" was measured. A measured criterion for which
 //    the tier has no tolerance (an optional one, e.g. routing agreement in a
 //    tier that omits it) is not judged in that tier.
+//  * A criterion that does not apply to the audited model (routing agreement
+//    on a dense model: no router) is not judged when the step that owns it
+//    declared it so (NodeInput::not_applicable, set for every node from the
+//    reference's outputs, never by a candidate) and nothing measured it; the
+//    verdict lists it with the reason.
 //  * The same criterion measured several times (e.g. once per layer) is
 //    judged on the WORST value: the largest for max, the smallest for min,
 //    NaN over everything.
@@ -101,6 +106,8 @@ struct NodeInput {
     bool contrast = false;
     std::vector<Measurement> measurements;
     std::map<std::string, std::string> errors;  // step → one-line message
+    // Criteria that do not apply to the audited model → why ("no MoE layers").
+    std::map<std::string, std::string> not_applicable;
 };
 // node + to_json(caps).
 NodeInput node_input(const Capabilities& caps, bool is_reference = false);
@@ -126,9 +133,14 @@ struct NodeVerdict {
     std::vector<CriterionResult> sensitive;  // in criterion-name order
     std::vector<CriterionResult> tolerant;
     std::map<std::string, std::string> errors;  // step → message (incl. non-finite measurements)
+    std::map<std::string, std::string> not_applicable;  // criterion → why, not judged (NodeInput::not_applicable)
 
     const std::vector<CriterionResult>& tier(Tier t) const { return t == Tier::sensitive ? sensitive : tolerant; }
 };
+
+// The criteria that do not apply to the audited model (the same for every
+// node: verdict.hpp's rule), from the first judged node; empty if none.
+const std::map<std::string, std::string>& not_applicable_criteria(const std::vector<NodeVerdict>& verdicts);
 
 // Judge one criterion (exposed for tests and for reports that recompute).
 CriterionResult judge_criterion(const std::string& criterion, const std::string& step, std::optional<double> value,

@@ -120,11 +120,24 @@ void check_rmsnorm_args(const TensorView& x, const TensorView& w) {
                  "rmsnorm: weight {} does not match x {}", shape_str(w.shape), shape_str(x.shape));
 }
 
-void check_rope_args(const TensorView& x, std::span<const std::int64_t> positions) {
+void check_rope_args(const TensorView& x, std::span<const std::int64_t> positions, const RopeParams& params) {
     KVASIR_CHECK(x.rank() == 3, ErrorCode::bad_input, "rope: x {} must be [T, H, D]", shape_str(x.shape));
     KVASIR_CHECK(x.dim(2) % 2 == 0, ErrorCode::bad_input, "rope: head dim {} must be even", x.dim(2));
     KVASIR_CHECK(static_cast<std::int64_t>(positions.size()) == x.dim(0), ErrorCode::bad_input,
                  "rope: {} positions for {} tokens", positions.size(), x.dim(0));
+    KVASIR_CHECK(!params.inv_freq || static_cast<std::int64_t>(params.inv_freq->size()) == x.dim(2) / 2,
+                 ErrorCode::bad_input, "rope: {} inverse frequencies for head dim {}",
+                 params.inv_freq ? params.inv_freq->size() : 0, x.dim(2));
+}
+
+float rope_inv_freq_f32(const RopeParams& p, std::int64_t i, std::int64_t d) {
+    if (p.inv_freq) return static_cast<float>((*p.inv_freq)[static_cast<std::size_t>(i)]);
+    return std::pow(static_cast<float>(p.theta), -2.0f * static_cast<float>(i) / static_cast<float>(d));
+}
+
+double rope_inv_freq_f64(const RopeParams& p, std::int64_t i, std::int64_t d) {
+    if (p.inv_freq) return (*p.inv_freq)[static_cast<std::size_t>(i)];
+    return std::pow(p.theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
 }
 
 void check_moe_args(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan) {

@@ -84,7 +84,19 @@ struct WeightCacheStats {
 struct RopeParams {
     double theta = 1e6;
     RopeLayout layout = RopeLayout::neox;
+    // A frequency-scaled rope (llama3): the inverse frequency of each rotated
+    // pair i < d/2, exact in f64, computed once from the model's config
+    // (model/rope_frequencies.hpp). Null: theta^(−2i/d). A node uses these
+    // values in its own precision (rope_inv_freq_f32 / _f64): an f32 node
+    // their f32 rounding, cpu-ref the values themselves.
+    std::shared_ptr<const std::vector<double>> inv_freq;
 };
+
+// The inverse frequency of pair i of a d-dimensional rotation, as an f32 node
+// computes it (std::pow(float(theta), −2i/d) in f32, or the scaled table
+// rounded to f32) and as cpu-ref does (in f64).
+float rope_inv_freq_f32(const RopeParams& p, std::int64_t i, std::int64_t d);
+double rope_inv_freq_f64(const RopeParams& p, std::int64_t i, std::int64_t d);
 
 struct RouterParams {
     int top_k = 8;
@@ -216,7 +228,7 @@ bool apply_precision_option(const BackendSpec& spec, const std::string& key, con
 void check_matmul_args(const TensorView& x, const TensorView& w);
 void check_same_shape(const char* op, const TensorView& a, const TensorView& b);
 void check_rmsnorm_args(const TensorView& x, const TensorView& w);
-void check_rope_args(const TensorView& x, std::span<const std::int64_t> positions);
+void check_rope_args(const TensorView& x, std::span<const std::int64_t> positions, const RopeParams& params);
 void check_moe_args(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan);
 void check_attention_args(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values);
 std::int64_t rows_of(const TensorView& x);  // product of all dims but the last

@@ -333,18 +333,17 @@ public:
     }
 
     Tensor rope(const TensorView& x, std::span<const std::int64_t> positions, const RopeParams& params) override {
-        check_rope_args(x, positions);
+        check_rope_args(x, positions, params);
         const std::int64_t t_count = x.dim(0), heads = x.dim(1), d = x.dim(2), half = d / 2;
         const Tensor xs = stored(x);
         Tensor y(DType::f32, x.shape);
         const float* xp = xs.as<float>();
         float* yp = y.as<float>();
-        const float theta = static_cast<float>(params.theta);
         for (std::int64_t t = 0; t < t_count; ++t) {
             const float pos = static_cast<float>(positions[static_cast<std::size_t>(t)]);
             for (std::int64_t i = 0; i < half; ++i) {
                 // As GPU kernels do it: inverse frequency, angle and sin/cos all in f32.
-                const float inv_freq = std::pow(theta, -2.0f * static_cast<float>(i) / static_cast<float>(d));
+                const float inv_freq = rope_inv_freq_f32(params, i, d);
                 const float angle = pos * inv_freq;
                 const float c = std::cos(angle), s = std::sin(angle);
                 for (std::int64_t h = 0; h < heads; ++h) {

@@ -166,14 +166,14 @@ public:
     }
 
     Tensor rope(const TensorView& x, std::span<const std::int64_t> positions, const RopeParams& params) override {
-        check_rope_args(x, positions);
+        check_rope_args(x, positions, params);
         const std::int64_t t_count = x.dim(0), heads = x.dim(1), d = x.dim(2), half = d / 2;
         Tensor y(DType::f64, x.shape);
         double* yp = y.as<double>();
         for (std::int64_t t = 0; t < t_count; ++t) {
             const double pos = static_cast<double>(positions[static_cast<std::size_t>(t)]);
             for (std::int64_t i = 0; i < half; ++i) {
-                const double inv_freq = std::pow(params.theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+                const double inv_freq = rope_inv_freq_f64(params, i, d);
                 const double angle = pos * inv_freq;
                 const double c = std::cos(angle), s = std::sin(angle);
                 for (std::int64_t h = 0; h < heads; ++h) {

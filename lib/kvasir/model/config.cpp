@@ -37,6 +37,11 @@ constexpr ArchInfo kArchs[] = {
     {Architecture::deepseek_v3, "deepseek_v3", "DeepseekV3"},
     {Architecture::qwen3_5_moe, "qwen3_5_moe", "Qwen3_5Moe"},
     {Architecture::qwen3_next, "qwen3_next", "Qwen3Next"},
+    {Architecture::llama, "llama", "Llama"},
+    {Architecture::mistral, "mistral", "Mistral"},
+    {Architecture::qwen2, "qwen2", "Qwen2"},
+    {Architecture::qwen3, "qwen3", "Qwen3"},
+    {Architecture::qwen3_5, "qwen3_5", "Qwen3_5"},
 };
 
 // Defaults of the transformers 5.24 config classes (Qwen2MoeConfig,
@@ -62,6 +67,17 @@ Defaults defaults_of(Architecture a) {
             return {248320, 2048, 0, 40, 16, 2, 32768, 1e-6, 10000.0, 256, 8, 512, true};
         case Architecture::qwen3_next:  // Qwen3NextConfig
             return {151936, 2048, 5632, 48, 16, 2, 32768, 1e-6, 10000.0, 512, 10, 512, true};
+        // The dense families: no experts.
+        case Architecture::llama:  // LlamaConfig (num_key_value_heads None → num_attention_heads)
+            return {32000, 4096, 11008, 32, 32, 32, 2048, 1e-6, 10000.0, 0, 0, 0, false};
+        case Architecture::mistral:  // MistralConfig
+            return {32000, 4096, 14336, 32, 32, 8, 4096 * 32, 1e-6, 10000.0, 0, 0, 0, false};
+        case Architecture::qwen2:  // Qwen2Config
+            return {151936, 4096, 22016, 32, 32, 32, 32768, 1e-6, 10000.0, 0, 0, 0, false};
+        case Architecture::qwen3:  // Qwen3Config
+            return {151936, 4096, 22016, 32, 32, 32, 32768, 1e-6, 10000.0, 0, 0, 0, false};
+        case Architecture::qwen3_5:  // Qwen3_5TextConfig
+            return {248320, 4096, 12288, 32, 16, 4, 32768, 1e-6, 10000.0, 0, 0, 0, false};
     }
     return {};
 }
@@ -171,6 +187,7 @@ std::optional<Architecture> arch_from_model_type(std::string_view t) {
     for (const auto& a : kArchs)
         if (t == a.model_type) return a.arch;
     if (t == "qwen3_5_moe_text") return Architecture::qwen3_5_moe;  // Qwen3_5MoeForCausalLM's text-only config
+    if (t == "qwen3_5_text") return Architecture::qwen3_5;          // Qwen3_5ForCausalLM's
     return std::nullopt;
 }
 
@@ -235,15 +252,33 @@ void read_rope(const Keys& k, double default_theta, ModelConfig& c) {
     c.rope_type = "default";
     if (!params) return;
     const Keys p(*params, k.source());
-    const std::string theta_key = std::string(params_key) + ".rope_theta";
-    if (const json* t = p.find("rope_theta", true)) c.rope_theta = k.real_value(*t, theta_key, 0.0, kMaxRopeTheta);
+    const std::string pk(params_key);
+    if (const json* t = p.find("rope_theta", true)) c.rope_theta = k.real_value(*t, pk + ".rope_theta", 0.0, kMaxRopeTheta);
     for (std::string_view key : {"rope_type", "type"}) {
         if (const json* t = p.find(key, true)) {
             if (!t->is_string())
                 fail(ErrorCode::bad_input, "{}: {}.{} must be a string, got {}", k.source(), params_key, key, show(*t));
-            c.rope_type = t->get<std::string>();
+            c.rope_type = one_line(t->get<std::string>().substr(0, 32));
             break;
         }
+    }
+    if (c.rope_type == "llama3") {
+        // transformers' _compute_llama3_parameters reads these four keys (all required there).
+        auto& r = c.rope_scaling;
+        auto need = [&](std::string_view key) -> const json& {
+            const json* v = p.find(key, true);
+            if (!v) fail(ErrorCode::bad_input, "{}: {}.{} is required for rope_type llama3", k.source(), params_key, key);
+            return *v;
+        };
+        r.factor = k.real_value(need("factor"), pk + ".factor", 0.0, 1e6);
+        r.low_freq_factor = k.real_value(need("low_freq_factor"), pk + ".low_freq_factor", 0.0, 1e6);
+        r.high_freq_factor = k.real_value(need("high_freq_factor"), pk + ".high_freq_factor", 0.0, 1e6);
+        r.original_max_position_embeddings = static_cast<double>(
+            k.integer_value(need("original_max_position_embeddings"), pk + ".original_max_position_embeddings", 1,
+                            kMaxPositions));
+        KVASIR_CHECK(r.high_freq_factor > r.low_freq_factor, ErrorCode::bad_input,
+                     "{}: {}.high_freq_factor ({}) must exceed low_freq_factor ({})", k.source(), params_key,
+                     r.high_freq_factor, r.low_freq_factor);
     }
 }
 
@@ -272,13 +307,37 @@ void read_qwen_sparse_layers(const Keys& k, ModelConfig& c) {
     }
 }
 
+// sliding_window as the config classes hold it: absent → the class default,
+// null → no sliding window (0), else the number of keys.
+std::int64_t read_sliding_window(const Keys& k, std::int64_t class_default) {
+    const json* v = k.find("sliding_window");
+    if (v == nullptr) return class_default;
+    return v->is_null() ? 0 : k.integer_value(*v, "sliding_window", 0, kMaxPositions);
+}
+
 // Sliding-window attention as the Qwen configs resolve it: only when
-// use_sliding_window is true (Qwen3MoeConfig sets sliding_window = None
-// otherwise; Qwen2MoeConfig 0).
+// use_sliding_window is true (the config classes set sliding_window = None
+// otherwise), and then on the layers layer_types names "sliding_attention"
+// (Qwen2Config / Qwen3Config default: the layers i >= max_window_layers).
 void read_qwen_sliding_window(const Keys& k, ModelConfig& c) {
     const bool use = k.boolean("use_sliding_window", false);
-    const std::int64_t window = k.integer("sliding_window", 4096, 0, kMaxPositions, true);
-    c.sliding_window = use ? window : 0;
+    c.sliding_window = use ? read_sliding_window(k, 4096) : 0;
+    if (c.sliding_window == 0) return;
+    c.sliding_layers.assign(static_cast<std::size_t>(c.num_layers), false);
+    if (const json* lt = k.find("layer_types", true)) {
+        KVASIR_CHECK(lt->is_array() && static_cast<std::int64_t>(lt->size()) == c.num_layers, ErrorCode::bad_input,
+                     "{}: layer_types must list one type per layer ({}), got {}", k.source(), c.num_layers, show(*lt));
+        for (std::size_t l = 0; l < lt->size(); ++l) {
+            const json& t = (*lt)[l];
+            KVASIR_CHECK(t.is_string() && (t == "sliding_attention" || t == "full_attention"), ErrorCode::bad_input,
+                         "{}: layer_types[{}] = {} (expected \"sliding_attention\" or \"full_attention\")",
+                         k.source(), l, show(t));
+            c.sliding_layers[l] = t == "sliding_attention";
+        }
+    } else {
+        const std::int64_t from = k.integer("max_window_layers", 28, 0, kMaxLayers);
+        for (std::int64_t l = from; l < c.num_layers; ++l) c.sliding_layers[static_cast<std::size_t>(l)] = true;
+    }
 }
 
 // What qwen3_5_moe and qwen3_next share (transformers 5.24): gated full
@@ -288,7 +347,7 @@ void read_qwen_sliding_window(const Keys& k, ModelConfig& c) {
 // default 0.25), Gated DeltaNet linear attention on the layers layer_types
 // names "linear_attention" (default: all but every full_attention_interval-th,
 // 4), and the MoE block's shared expert with its sigmoid gate.
-void read_hybrid(const Keys& k, const Defaults& d, ModelConfig& c) {
+void read_hybrid(const Keys& k, const Defaults& d, ModelConfig& c, bool moe) {
     c.qk_norm = true;
     c.attention_output_gate = true;
     c.norm_weight_offset = true;
@@ -321,6 +380,7 @@ void read_hybrid(const Keys& k, const Defaults& d, ModelConfig& c) {
         const std::int64_t interval = k.integer("full_attention_interval", 4, 1, kMaxLayers);
         for (std::int64_t l = 0; l < c.num_layers; ++l) c.linear_attention_layers[static_cast<std::size_t>(l)] = (l + 1) % interval != 0;
     }
+    if (!moe) return;
     RouterConfig& r = c.router;
     r.num_experts = k.integer("num_experts", d.experts, 1, kMaxExperts);
     r.top_k = k.integer("num_experts_per_tok", d.top_k, 1, kMaxExperts);
@@ -340,7 +400,8 @@ const char* architecture_name(Architecture a) noexcept {
 }
 
 std::string_view supported_architectures() noexcept {
-    return "qwen2_moe, qwen3_moe, mixtral, deepseek_v3 (router/MoE layer only)";
+    return "qwen2_moe, qwen3_moe, mixtral, qwen3_5_moe, qwen3_next, llama, mistral, qwen2, qwen3, qwen3_5, "
+           "deepseek_v3 (router/MoE layer only)";
 }
 
 bool ModelConfig::is_linear_attention(std::int64_t layer) const {
@@ -348,6 +409,16 @@ bool ModelConfig::is_linear_attention(std::int64_t layer) const {
                  source, layer, num_layers);
     return static_cast<std::size_t>(layer) < linear_attention_layers.size() &&
            linear_attention_layers[static_cast<std::size_t>(layer)];
+}
+
+std::int64_t ModelConfig::attention_window(std::int64_t layer) const {
+    KVASIR_CHECK(layer >= 0 && layer < num_layers, ErrorCode::bad_input, "{}: layer {} does not exist (the model has {} layers)",
+                 source, layer, num_layers);
+    if (sliding_window == 0) return 0;
+    if (sliding_layers.empty()) return sliding_window;
+    return static_cast<std::size_t>(layer) < sliding_layers.size() && sliding_layers[static_cast<std::size_t>(layer)]
+               ? sliding_window
+               : 0;
 }
 
 bool ModelConfig::is_moe(std::int64_t layer) const {
@@ -376,7 +447,8 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
     // model's config is text_config, its tensors model.language_model.*.
     const json* body = &j;
     std::string keys_source = source;
-    if (c.architecture == Architecture::qwen3_5_moe && j.contains("text_config")) {
+    if ((c.architecture == Architecture::qwen3_5_moe || c.architecture == Architecture::qwen3_5) &&
+        j.contains("text_config")) {
         KVASIR_CHECK(j["text_config"].is_object(), ErrorCode::bad_input, "{}: text_config must be an object", source);
         body = &j["text_config"];
         keys_source = source + " text_config";
@@ -402,7 +474,8 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
         c.head_dim = k.integer("qk_nope_head_dim", 128, 0, kMaxDim) + k.integer("qk_rope_head_dim", 64, 1, kMaxDim);
     } else if (const json* v = k.find("head_dim", true)) {
         c.head_dim = k.integer_value(*v, "head_dim", 1, kMaxDim);
-    } else if (c.architecture == Architecture::qwen3_5_moe || c.architecture == Architecture::qwen3_next) {
+    } else if (c.architecture == Architecture::qwen3_5_moe || c.architecture == Architecture::qwen3_next ||
+               c.architecture == Architecture::qwen3_5) {
         c.head_dim = 256;  // a field of Qwen3_5MoeTextConfig / Qwen3NextConfig, default 256
     } else {
         // getattr(config, "head_dim", None) or hidden_size // num_attention_heads
@@ -459,12 +532,12 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
             // MixtralExperts: intermediate_dim = config.intermediate_size; no dense layers.
             c.moe_intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
             c.intermediate_size = 0;
-            c.sliding_window = k.integer("sliding_window", 0, 0, kMaxPositions, true);  // None = full attention
+            c.sliding_window = read_sliding_window(k, 0);  // MixtralConfig default None = full attention
             c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);        // MixtralDecoderLayer
             break;
         }
         case Architecture::qwen3_5_moe: {
-            read_hybrid(k, d, c);
+            read_hybrid(k, d, c, true);
             // Qwen3_5MoeTopKRouter renormalises the top-k unconditionally; every
             // layer's MLP is the sparse MoE block (Qwen3_5MoeDecoderLayer).
             r.norm_topk_prob = true;
@@ -473,10 +546,44 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
             break;
         }
         case Architecture::qwen3_next: {
-            read_hybrid(k, d, c);
+            read_hybrid(k, d, c, true);
             r.norm_topk_prob = k.boolean("norm_topk_prob", true);
             c.intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
             read_qwen_sparse_layers(k, c);  // Qwen3NextDecoderLayer: the qwen3_moe rule
+            break;
+        }
+        case Architecture::llama:
+        case Architecture::mistral:
+        case Architecture::qwen2:
+        case Architecture::qwen3: {
+            // LlamaAttention / MistralAttention / Qwen2Attention / Qwen3Attention (transformers 5.24):
+            //  llama: q/k/v/o bias = attention_bias (default false); mlp_bias refused (not modelled);
+            //  mistral: no biases; sliding_window (None = full) on every layer;
+            //  qwen2: q/k/v bias always, o_proj none; qwen3: q/k/v/o bias = attention_bias, q/k norm always;
+            //  the Qwen ones slide only with use_sliding_window, on the layer_types "sliding_attention" layers.
+            const Architecture a = c.architecture;
+            if (a == Architecture::llama) {
+                c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
+                KVASIR_CHECK(!k.boolean("mlp_bias", false), ErrorCode::unsupported,
+                             "{}: mlp_bias true (biases on the MLP projections) is not implemented", source);
+            } else if (a == Architecture::qwen2) {
+                c.attention_bias = true;
+            } else if (a == Architecture::qwen3) {
+                c.qk_norm = true;
+                c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
+            }
+            if (a == Architecture::mistral)
+                c.sliding_window = read_sliding_window(k, 4096);  // MistralConfig default 4096; null = full attention
+            else if (a != Architecture::llama)
+                read_qwen_sliding_window(k, c);
+            c.intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
+            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
+            break;
+        }
+        case Architecture::qwen3_5: {
+            read_hybrid(k, d, c, false);  // Qwen3_5DecoderLayer: the hybrid mixers, a dense MLP on every layer
+            c.intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
+            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
             break;
         }
         case Architecture::deepseek_v3: {
@@ -580,7 +687,11 @@ void validate_model_config(const ModelConfig& c) {
                  ErrorCode::bad_input, "{}: partial_rotary_factor {} × head_dim {} is not an even number of dimensions", s,
                  c.partial_rotary_factor, c.head_dim);
 
+    KVASIR_CHECK(c.sliding_layers.empty() || static_cast<std::int64_t>(c.sliding_layers.size()) == c.num_layers,
+                 ErrorCode::bad_input, "{}: {} sliding-layer flags for num_hidden_layers = {}", s, c.sliding_layers.size(),
+                 c.num_layers);
     const RouterConfig& r = c.router;
+    if (!any_moe) return;  // a dense model (or every layer dense): no router is used
     const char* experts_key = c.architecture == Architecture::mixtral       ? "num_local_experts"
                               : c.architecture == Architecture::deepseek_v3 ? "n_routed_experts"
                                                                             : "num_experts";

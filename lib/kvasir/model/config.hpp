@@ -23,7 +23,11 @@
 
 namespace kvasir {
 
-enum class Architecture : std::uint8_t { qwen2_moe, qwen3_moe, mixtral, deepseek_v3, qwen3_5_moe, qwen3_next };
+enum class Architecture : std::uint8_t {
+    qwen2_moe, qwen3_moe, mixtral, deepseek_v3, qwen3_5_moe, qwen3_next,
+    // Dense decoders (no MoE layer): the standard layer, or the hybrid one (qwen3_5).
+    llama, mistral, qwen2, qwen3, qwen3_5
+};
 
 // The config.json `model_type`: "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3".
 const char* architecture_name(Architecture a) noexcept;
@@ -65,14 +69,28 @@ struct ModelConfig {
                                      // (deepseek_v3: qk_nope_head_dim + qk_rope_head_dim)
     double rope_theta = 10000.0;     // rope_parameters.rope_theta | rope_scaling.rope_theta | rope_theta
                                      // | the class default (mixtral 1e6, others 1e4)
-    std::string rope_type = "default";  // anything else (yarn, ...) is not implemented by the forward pass
+    std::string rope_type = "default";  // "default" or "llama3"; anything else (yarn, ...) is refused by the forward pass
+    // rope_type "llama3" (transformers' _compute_llama3_parameters): the
+    // inverse frequencies of the pairs whose wavelength exceeds
+    // original_max_position_embeddings / low_freq_factor are divided by
+    // factor, those below .../high_freq_factor kept, the ones between
+    // interpolated. Neutral values otherwise.
+    struct RopeScaling {
+        double factor = 1.0;
+        double low_freq_factor = 1.0;
+        double high_freq_factor = 4.0;
+        double original_max_position_embeddings = 8192.0;
+    } rope_scaling;
     double rms_norm_eps = 1e-6;
     std::string hidden_act = "silu";    // only silu (SwiGLU) is accepted
 
     bool qk_norm = false;              // per-head RMSNorm on q and k before rope (qwen3_moe)
     bool attention_bias = false;       // q/k/v projections have a bias (qwen2_moe: qkv_bias; qwen3_moe: attention_bias)
     bool attention_out_bias = false;   // o_proj has a bias (qwen3_moe: attention_bias)
-    std::int64_t sliding_window = 0;   // 0 = full causal attention; >0 is not implemented by the forward pass
+    std::int64_t sliding_window = 0;   // 0 = full causal attention; W > 0: a query at position p sees keys p−W < j ≤ p
+    // Which layers use sliding_window (layer_types "sliding_attention" of the
+    // Qwen dense configs); empty = every layer (mistral, mixtral).
+    std::vector<bool> sliding_layers;
     std::int64_t max_position_embeddings = 0;
 
     std::int64_t vocab_size = 0;
@@ -132,6 +150,9 @@ struct ModelConfig {
     bool is_moe(std::int64_t layer) const;
     std::int64_t num_moe_layers() const;
     bool is_linear_attention(std::int64_t layer) const;  // Error(bad_input) outside [0, num_layers)
+    // The attention window of layer l: sliding_window where the layer slides, else 0 (full causal).
+    std::int64_t attention_window(std::int64_t layer) const;
+    bool has_moe() const { return num_moe_layers() > 0; }
     // False for deepseek_v3 (MLA attention is not described): layer-level audits only.
     bool full_forward_supported() const { return architecture != Architecture::deepseek_v3; }
 };

@@ -300,6 +300,8 @@ std::string verdict_section(const AuditReport& r) {
          "<b>unfit-sensitive</b> only the tolerant one (fine for expert workers, not for ranks that decide), <b>unfit</b> neither, "
          "<b>error</b> crashed or produced NaN/Inf. The worst criterion is the one that explains the verdict; the margin is its "
          "distance to the tolerance (positive inside).</p>\n";
+    for (const auto& [criterion, why] : not_applicable_criteria(r.nodes))
+        o += fmt::format("<p class=\"note\">Not judged: <code>{}</code> does not apply to this model ({}).</p>\n", h(criterion), h(why));
     o += "<div class=\"scroll\"><table class=\"sortable verdicts\">\n<thead><tr><th>node</th><th>verdict</th><th>gate</th><th>worst criterion</th>"
          "<th>value</th><th>tolerance</th><th>margin</th><th>device, runtime</th><th>storage / acc. / output, FMA, determinism</th>";
     // The errors column only when some node has one: it is usually empty.
@@ -575,6 +577,16 @@ std::string decide_section(const AuditReport& r) {
     if (res.empty()) return {};
     const Json& step = *field(r.steps, "decide");
     std::string o = "<section id=\"decide\">\n<h2>Decisions: top-1 and routing agreement</h2>\n";
+    if (text(step, "moe_layers") == "0") {  // a dense model: no router, top-1 only
+        o += "<p class=\"note\">No MoE layers: the model has no router, so routing agreement and border tokens do not apply "
+             "(not judged). Top-1 agreement of the final logits only.</p>\n";
+        o += "<table class=\"sortable\"><thead><tr><th>node</th><th>top-1, router pinned</th><th>top-1, own router</th></tr></thead><tbody>\n";
+        for (const Json& e : res)
+            o += field(e, "error") ? error_row(e, 3)
+                                   : fmt::format("<tr><td><code>{}</code></td>", h(text(e, "node"))) + rate_cell(field(e, "top1_pinned")) +
+                                         rate_cell(field(e, "top1_free")) + "</tr>\n";
+        return o + "</tbody></table>\n</section>\n";
+    }
     o += fmt::format("<p class=\"note\">{}. {} MoE layers; a border token has its k-th and (k+1)-th router scores within {} of each other, "
                      "where a flip is rounding, not a difference.</p>\n",
                      h(text(step, "compared")), h(text(step, "moe_layers")), h(text(step, "border")));

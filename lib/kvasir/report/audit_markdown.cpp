@@ -58,6 +58,9 @@ std::string markdown_report(const AuditReport& r) {
                            md(acc), md(errs.empty() ? "—" : errs));
     }
 
+    for (const auto& [criterion, why] : not_applicable_criteria(r.nodes))
+        out += fmt::format("\nNot judged: `{}` does not apply to this model ({}).\n", criterion, md(why));
+
     for (const NodeVerdict& v : r.nodes) {
         if (v.verdict == Verdict::reference) continue;
         out += fmt::format("\n### {} — {}\n\n| tier | criterion | value | tolerance | pass | margin |\n|---|---|---|---|---|---|\n",

@@ -117,6 +117,8 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
         t.add_row({v.node, colour_verdict(v.verdict, st), gate, why});
     }
     out += t.render();
+    for (const auto& [criterion, why] : not_applicable_criteria(r.nodes))
+        out += st.dim(fmt::format("not judged: {} does not apply to this model ({})", criterion, why)) + "\n";
 
     bool any_error = false;
     for (const NodeVerdict& v : r.nodes)

@@ -17,6 +17,11 @@ std::string error_line(const std::string& node, const std::string& error, const 
     return "  " + st.red(fmt::format("{}: error: {}", node, error)) + "\n";
 }
 
+// How routing was run, or that a dense model has none.
+std::string routing_text(const StepCommon& c, const std::string& with_moe) {
+    return c.model->config().has_moe() ? with_moe : "no MoE layers (nothing to route)";
+}
+
 std::string fmt_layer(std::int64_t l) { return l < 0 ? "none" : fmt::format("layer {}", l); }
 
 std::string fmt_fixed(double v, int digits) {
@@ -48,8 +53,9 @@ std::string render_self_checks_text(const std::vector<SelfCheck>& checks, const 
 
 std::string render_drift_text(const DriftReport& r, const Style& st) {
     std::string out = header("Step 2 — layer-boundary drift", r.config, r.nodes[r.reference], st);
-    out += st.dim(fmt::format("routing pinned by the reference in both runs; free = own residual stream (accumulated "
+    out += st.dim(fmt::format("{}; free = own residual stream (accumulated "
                               "error), local = each layer fed the reference's input; threshold {}",
+                              routing_text(r.config, "routing pinned by the reference in both runs"),
                               fmt_sci(r.config.threshold))) +
            "\n";
     for (const NodeDrift& nd : r.results) {
@@ -75,8 +81,8 @@ std::string render_drift_text(const DriftReport& r, const Style& st) {
 
 std::string render_logits_text(const LogitsReport& r, const Style& st) {
     std::string out = header("Step 3 — end-to-end logit divergence", r.config, r.nodes[r.reference], st);
-    out += st.dim(r.config.router_authority ? "routing pinned by the reference (router authority)"
-                                            : "each node runs its own router (no authority)") +
+    out += st.dim(routing_text(r.config, r.config.router_authority ? "routing pinned by the reference (router authority)"
+                                                                   : "each node runs its own router (no authority)")) +
            "\n\n";
     TextTable t({"node", "per position", "mean", "median", "p90", "p99", "p99.9", "max"});
     TextTable w({"node", "RMS Δp(top)", "max|Δ| logits", "cosine"});
@@ -100,6 +106,18 @@ std::string render_logits_text(const LogitsReport& r, const Style& st) {
 
 std::string render_decide_text(const DecideReport& r, const Style& st) {
     std::string out = header("Step 4 — decision agreement", r.config, r.nodes[r.reference], st);
+    if (!r.config.model->config().has_moe()) {  // a dense model: top-1 only, no router to compare
+        out += st.dim("no MoE layers: routing agreement and border tokens do not apply; top-1 agreement only") + "\n\n";
+        TextTable s({"node", "top-1 no authority", "top-1 authority"});
+        for (const NodeDecide& nd : r.results) {
+            if (!nd.error.empty()) {
+                out += error_line(nd.node, nd.error, st);
+                continue;
+            }
+            s.add_row({nd.node, fmt_fraction(nd.top1_free), fmt_fraction(nd.top1_pinned)});
+        }
+        return out + s.render("  ") + render_self_checks_text(r.repeat, st);
+    }
     out += st.dim(fmt::format("border token: reference router gap (k-th − (k+1)-th score) < {}{}", fmt_sci(r.config.border),
                               r.config.perturb_router > 0
                                   ? fmt::format("; candidates' router logits perturbed by seeded noise ±{}",
@@ -174,8 +192,9 @@ std::string render_generate_text(const GenerateReport& r, const Style& st) {
 std::string render_perplexity_text(const PerplexityReport& r, const Style& st) {
     std::string out = header("Step 6 — perplexity", r.config, r.nodes[r.reference], st);
     out += st.dim(fmt::format("{} windows of ≤ {} tokens, {} predictions; {}", r.windows, r.config.context, r.predictions,
-                              r.config.router_authority ? "routing pinned by the reference (router authority)"
-                                                        : "each node runs its own router")) +
+                              routing_text(r.config, r.config.router_authority
+                                                         ? "routing pinned by the reference (router authority)"
+                                                         : "each node runs its own router"))) +
            "\n\n";
     TextTable t({"node", "perplexity", "mean NLL", "Δ perplexity", "ratio", "max|ΔNLL|"});
     for (const NodePerplexity& np : r.results) {

@@ -17,8 +17,7 @@ void DecideConfig::validate() const {
     KVASIR_CHECK(std::isfinite(border) && border > 0, ErrorCode::bad_input, "--border must be > 0, got {}", border);
     KVASIR_CHECK(std::isfinite(perturb_router) && perturb_router >= 0, ErrorCode::bad_input,
                  "--perturb-router must be ≥ 0, got {}", perturb_router);
-    KVASIR_CHECK(model->config().num_moe_layers() > 0, ErrorCode::bad_input, "{}: the model has no MoE layer to route",
-                 model->path());
+    // A dense model (no MoE layer) has top-1 agreement only: no router to compare.
 }
 
 RouterPerturbedBackend::RouterPerturbedBackend(Backend& inner, double eps, std::uint64_t seed)
@@ -201,6 +200,11 @@ nlohmann::ordered_json to_json(const DecideReport& r) {
             continue;
         }
         o["top1"] = {{"without_authority", to_json(nd.top1_free)}, {"with_authority", to_json(nd.top1_pinned)}};
+        if (!r.config.model->config().has_moe()) {  // dense: top-1 only
+            o["routing"] = "no MoE layers";
+            j["results"].push_back(std::move(o));
+            continue;
+        }
         o["routing"] = {{"without_authority", to_json(nd.routing_free)}, {"with_authority", to_json(nd.routing_pinned)}};
         o["border_tokens"] = nd.border_tokens;
         o["border_flipped"] = nd.border_flipped;

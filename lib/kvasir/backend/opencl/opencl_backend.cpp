@@ -583,7 +583,7 @@ public:
     }
 
     Tensor rope(const TensorView& x, std::span<const std::int64_t> positions, const RopeParams& params) override {
-        check_rope_args(x, positions);
+        check_rope_args(x, positions, params);
         const std::int64_t t_count = x.dim(0), heads = x.dim(1), d = x.dim(2);
         check_int_range("rope", {t_count, heads, d});
         if (x.numel() == 0) return Tensor(DType::f32, x.shape);
@@ -591,13 +591,20 @@ public:
         // to 2^24, which no context length reaches).
         std::vector<cl_float> pos(positions.size());
         for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<cl_float>(positions[i]);
+        // A scaled rope's inverse frequencies cross as f32 (rope_inv_freq_f32);
+        // the plain rope computes theta^(−2i/d) on the device (one unused float then).
+        std::vector<cl_float> freq(params.inv_freq ? static_cast<std::size_t>(d / 2) : 1, 0.0f);
+        if (params.inv_freq)
+            for (std::int64_t i = 0; i < d / 2; ++i) freq[static_cast<std::size_t>(i)] = rope_inv_freq_f32(params, i, d);
         const std::lock_guard lock(mutex_);
         const ClMem xb = upload(x);
         const ClMem pb = upload_raw(pos.data(), pos.size() * sizeof(cl_float));
+        const ClMem fb = upload_raw(freq.data(), freq.size() * sizeof(cl_float));
         const ClMem yb = output(x.numel());
         const cl_kernel k = kernel("elementwise.cl", "kv_rope", 0);
-        set_args(k, xb, yb, pb, static_cast<cl_int>(heads), static_cast<cl_int>(d),
-                 static_cast<cl_float>(params.theta), static_cast<cl_int>(params.layout == RopeLayout::neox ? 1 : 0));
+        set_args(k, xb, yb, pb, fb, static_cast<cl_int>(params.inv_freq ? 1 : 0), static_cast<cl_int>(heads),
+                 static_cast<cl_int>(d), static_cast<cl_float>(params.theta),
+                 static_cast<cl_int>(params.layout == RopeLayout::neox ? 1 : 0));
         const std::size_t global[3] = {static_cast<std::size_t>(d / 2), static_cast<std::size_t>(heads),
                                        static_cast<std::size_t>(t_count)};
         KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, 3, nullptr, global, nullptr, 0, nullptr, nullptr));
