@@ -18,6 +18,8 @@ Outputs (under --out, default: the repository's fixtures/):
   models/qwen3_next_tiny/      Qwen3NextForCausalLM  (hybrid; fused grouped in_proj_qkvz / in_proj_ba,
                                                       one tensor per expert, shared expert)
   models/qwen3_5_tiny/         Qwen3_5ForConditionalGeneration (dense hybrid, wrapper layout, tied embeddings)
+  models/olmoe_tiny/           OlmoeForCausalLM      (q/k norm over the whole projection, softmax top-4 of 16 not
+                                                      renormalised)
   models/llama_tiny/           LlamaForCausalLM      (dense; rope_type llama3 frequency scaling, head_dim from
                                                       hidden/heads, untied)
   models/qwen3_tiny/           Qwen3ForCausalLM      (dense; q/k norm, explicit head_dim 32 != hidden/heads,
@@ -188,6 +190,8 @@ from transformers import (  # noqa: E402
     MistralForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
+    OlmoeConfig,
+    OlmoeForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen2MoeConfig,
@@ -206,6 +210,7 @@ from transformers import (  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 from transformers.models.mistral import modeling_mistral  # noqa: E402
 from transformers.models.mixtral import modeling_mixtral  # noqa: E402
+from transformers.models.olmoe import modeling_olmoe  # noqa: E402
 from transformers.models.qwen2 import modeling_qwen2  # noqa: E402
 from transformers.models.qwen2_moe import modeling_qwen2_moe  # noqa: E402
 from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: E402
@@ -392,6 +397,25 @@ FIXTURES = [
               "layer has a dense SwiGLU MLP (intermediate_size 128); no MoE. Gated DeltaNet projections, norms "
               "and rope as in qwen3_5_moe_tiny.",
     ),
+    dict(
+        name="olmoe_tiny",
+        arch="olmoe",
+        seed=1005,
+        config=dict(
+            vocab_size=320, hidden_size=64, intermediate_size=48,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+            num_experts=16, num_experts_per_tok=4, norm_topk_prob=False,
+            rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            max_position_embeddings=1024, tie_word_embeddings=False, attention_bias=False, clip_qkv=None,
+            eos_token_id=2,
+        ),
+        plant=[(1, 2e-4)],
+        notes="OLMoE: q/k RMSNorm over the WHOLE projection before the split into heads (q_norm weight "
+              "[hidden_size] = [nh*head_dim] = [64], k_norm [(hidden/heads)*kv] = [32]), not per head. Every layer "
+              "MoE: softmax over all 16 experts, top-4, NOT renormalised (norm_topk_prob false: the combine weights "
+              "are the raw top-4 softmax probabilities, summing to < 1). Experts 48 wide (intermediate_size is the "
+              "expert width), no shared expert. No biases, clip_qkv null, untied lm_head, head_dim 16 = hidden/heads.",
+    ),
     # --- dense attention-only architectures (no MoE: no router, no border tokens) ---
     dict(
         name="llama_tiny",
@@ -487,6 +511,7 @@ ARCH = {
     "qwen3_5_moe": (Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration, modeling_qwen3_5_moe),
     "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM, modeling_qwen3_next),
     "qwen3_5": (Qwen3_5Config, Qwen3_5ForConditionalGeneration, modeling_qwen3_5),
+    "olmoe": (OlmoeConfig, OlmoeForCausalLM, modeling_olmoe),
     "llama": (LlamaConfig, LlamaForCausalLM, modeling_llama),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, modeling_qwen3),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, modeling_qwen2),
@@ -1352,7 +1377,10 @@ def numpy_f64_forward(cfg: dict, W: dict, ids: np.ndarray) -> dict:
             q = lin(p + "self_attn.q_proj", x).reshape(T, nh, hd)
         kk = lin(p + "self_attn.k_proj", x).reshape(T, nkv, hd)
         v = lin(p + "self_attn.v_proj", x).reshape(T, nkv, hd)
-        if p + "self_attn.q_norm.weight" in W:
+        if p + "self_attn.q_norm.weight" in W and mt == "olmoe":  # over the whole projection, then split
+            q = rms(q.reshape(T, nh * hd), W[p + "self_attn.q_norm.weight"]).reshape(T, nh, hd)
+            kk = rms(kk.reshape(T, nkv * hd), W[p + "self_attn.k_norm.weight"]).reshape(T, nkv, hd)
+        elif p + "self_attn.q_norm.weight" in W:
             q, kk = rms(q, W[p + "self_attn.q_norm.weight"]), rms(kk, W[p + "self_attn.k_norm.weight"])
         q, kk = rope(q), rope(kk)
         att = np.zeros((T, nh, hd))

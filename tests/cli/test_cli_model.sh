@@ -36,7 +36,7 @@ expect_usage_error "--layer 9 is outside" matrix --layer 9
 expect_usage_error "--layer needs --model" ops --layer 1
 # The contract's own family: the hybrid fixtures (Gated DeltaNet + gated
 # attention, made by transformers) audited end to end, each node in its process.
-for m in qwen3_5_moe_tiny qwen3_next_tiny; do
+for m in qwen3_5_moe_tiny qwen3_next_tiny olmoe_tiny; do
   "$bin" audit -p protocols/ci.json --model fixtures/models/$m -b cpu-ref,cpu,opencl:0 -o "$tmp/$m.json" >"$tmp/$m.out" 2>&1
   rc=$?
   check "audit of $m: cpu and opencl:0 fit → exit 0" test $rc -eq 0

@@ -843,3 +843,28 @@ TEST(RopeFrequencies, Llama3ScalingByHandOnEachBranch) {
     c.rope_type = "yarn";
     EXPECT_THROW((void)kvasir::rope_inverse_frequencies(c), Error);
 }
+
+TEST(ConfigParse, OlmoeNormsTheWholeProjectionAndDoesNotRenormalise) {
+    // allenai/OLMoE-1B-7B-0924's config.json (abridged).
+    const char* text = R"({"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "hidden_size": 2048,
+      "intermediate_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
+      "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": false, "clip_qkv": null, "rope_theta": 10000.0,
+      "rms_norm_eps": 1e-05, "vocab_size": 50304, "tie_word_embeddings": false})";
+    const kvasir::ModelConfig c = kvasir::parse_model_config(text, "olmoe/config.json");
+    EXPECT_EQ(c.architecture, Architecture::olmoe);
+    EXPECT_TRUE(c.qk_norm && c.qk_norm_full);
+    EXPECT_EQ(c.q_norm_dim(), 2048);  // nh·D
+    EXPECT_EQ(c.k_norm_dim(), 2048);  // nkv·D
+    EXPECT_EQ(c.num_experts(), 64);
+    EXPECT_EQ(c.top_k(), 8);
+    EXPECT_FALSE(c.norm_topk_prob());
+    EXPECT_EQ(c.moe_intermediate_size, 1024);
+    EXPECT_EQ(c.num_moe_layers(), 16);
+    EXPECT_FALSE(c.has_shared_expert());
+    json j = json::parse(text);
+    j["clip_qkv"] = 8.0;
+    expect_error(j, {"clip_qkv 8"}, ErrorCode::unsupported);
+    j = json::parse(text);
+    j["head_dim"] = 64;  // 64 × 16 != 2048: OlmoeAttention's q_norm would not fit
+    expect_error(j, {"head_dim 64", "hidden_size 2048"}, ErrorCode::unsupported);
+}

@@ -116,11 +116,12 @@ TEST(Architectures, EachFixtureHasItsFamily) {
     EXPECT_EQ(ids, (std::vector<Architecture>{Architecture::qwen2_moe, Architecture::qwen3_moe, Architecture::mixtral,
                                               Architecture::qwen3_5_moe, Architecture::qwen3_next, Architecture::llama,
                                               Architecture::mistral, Architecture::qwen2, Architecture::qwen3,
-                                              Architecture::qwen3_5}));
+                                              Architecture::qwen3_5, Architecture::olmoe}));
     for (const auto& [name, expect] : std::vector<std::pair<std::string, Architecture>>{
              {"qwen3_5_moe_tiny", Architecture::qwen3_5_moe}, {"qwen3_next_tiny", Architecture::qwen3_next},
              {"qwen3_5_tiny", Architecture::qwen3_5}, {"llama_tiny", Architecture::llama},
-             {"mistral_tiny", Architecture::mistral}, {"qwen2_tiny", Architecture::qwen2}, {"qwen3_tiny", Architecture::qwen3}}) {
+             {"mistral_tiny", Architecture::mistral}, {"qwen2_tiny", Architecture::qwen2}, {"qwen3_tiny", Architecture::qwen3},
+             {"olmoe_tiny", Architecture::olmoe}}) {
         const Model m = Model::open((kModels / name).string());
         EXPECT_EQ(arch::architecture_for(m.config()).id(), expect) << name;
     }

@@ -85,6 +85,8 @@ const std::vector<Fixture>& fixtures() {
          (kModels / "qwen3_next_tiny" / "reference.safetensors").string(), 3e-5, 1.5},
         {"qwen3_5_tiny", (kModels / "qwen3_5_tiny").string(), (kModels / "qwen3_5_tiny" / "reference.safetensors").string(),
          3e-5, 1.5},
+        // olmoe: q/k norm over the whole projection, top-4 of 16 not renormalised.
+        {"olmoe_tiny", (kModels / "olmoe_tiny").string(), (kModels / "olmoe_tiny" / "reference.safetensors").string()},
         // Dense decoders (no MoE layer): llama3 rope scaling, q/k norm with head_dim != hidden/heads, q/k/v bias
         // and a sliding window on some layers (qwen2), a sliding window on every layer (mistral).
         {"llama_tiny", (kModels / "llama_tiny").string(), (kModels / "llama_tiny" / "reference.safetensors").string()},
@@ -471,7 +473,7 @@ std::vector<Fixture> hybrid_fixtures() {
         // The hybrids, and the dense fixtures whose attention the OpenCL node computes through windows
         // (qwen2: some layers slide, mistral: every layer) and a scaled rope (llama).
         if (f.name == "qwen3_5_moe_tiny" || f.name == "qwen3_next_tiny" || f.name == "qwen3_5_tiny" ||
-            f.name == "llama_tiny" || f.name == "qwen2_tiny" || f.name == "mistral_tiny" || f.name == "qwen3_tiny")
+            f.name == "llama_tiny" || f.name == "olmoe_tiny" || f.name == "qwen2_tiny" || f.name == "mistral_tiny" || f.name == "qwen3_tiny")
             out.push_back(f);
     return out;
 }

@@ -15,11 +15,12 @@ const DecoderArchitecture& mistral();
 const DecoderArchitecture& qwen2();
 const DecoderArchitecture& qwen3();
 const DecoderArchitecture& qwen3_5();
+const DecoderArchitecture& olmoe();
 
 const std::vector<const DecoderArchitecture*>& architectures() {
     static const std::vector<const DecoderArchitecture*> all{&qwen2_moe(), &qwen3_moe(), &mixtral(), &qwen3_5_moe(),
                                                              &qwen3_next(), &llama(), &mistral(), &qwen2(),
-                                                             &qwen3(), &qwen3_5()};
+                                                             &qwen3(), &qwen3_5(), &olmoe()};
     return all;
 }
 

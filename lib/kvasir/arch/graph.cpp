@@ -143,11 +143,17 @@ Tensor LayerGraph::swiglu_mlp(const TensorView& x, const TensorView& gate, const
 Tensor LayerGraph::attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos,
                              std::span<const Segment> segs) {
     const std::int64_t t_count = x.shape[0], nh = c.num_heads, nkv = c.num_kv_heads, d = c.head_dim;
-    Tensor q = std::move(linear(x, w.q_proj, w.q_bias)).reshaped({t_count, nh, d});
-    Tensor k = std::move(linear(x, w.k_proj, w.k_bias)).reshaped({t_count, nkv, d});
+    Tensor q = linear(x, w.q_proj, w.q_bias);
+    Tensor k = linear(x, w.k_proj, w.k_bias);
     const Tensor v = linear(x, w.v_proj, w.v_bias);
-    if (present(w.q_norm)) q = be.rmsnorm(q, w.q_norm, c.rms_norm_eps);
-    if (present(w.k_norm)) k = be.rmsnorm(k, w.k_norm, c.rms_norm_eps);
+    if (c.qk_norm_full) {  // olmoe: over the whole projection, before the split into heads
+        q = be.rmsnorm(q, w.q_norm, c.rms_norm_eps);
+        k = be.rmsnorm(k, w.k_norm, c.rms_norm_eps);
+    }
+    q = std::move(q).reshaped({t_count, nh, d});
+    k = std::move(k).reshaped({t_count, nkv, d});
+    if (!c.qk_norm_full && present(w.q_norm)) q = be.rmsnorm(q, w.q_norm, c.rms_norm_eps);
+    if (!c.qk_norm_full && present(w.k_norm)) k = be.rmsnorm(k, w.k_norm, c.rms_norm_eps);
     q = be.rope(q, pos, rope);
     k = be.rope(k, pos, rope);
     return linear(attend_each(q, k, v, segs, c.attention_window(w.index)), w.o_proj, w.o_bias);

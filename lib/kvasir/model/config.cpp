@@ -42,6 +42,7 @@ constexpr ArchInfo kArchs[] = {
     {Architecture::qwen2, "qwen2", "Qwen2"},
     {Architecture::qwen3, "qwen3", "Qwen3"},
     {Architecture::qwen3_5, "qwen3_5", "Qwen3_5"},
+    {Architecture::olmoe, "olmoe", "Olmoe"},
 };
 
 // Defaults of the transformers 5.24 config classes (Qwen2MoeConfig,
@@ -67,6 +68,8 @@ Defaults defaults_of(Architecture a) {
             return {248320, 2048, 0, 40, 16, 2, 32768, 1e-6, 10000.0, 256, 8, 512, true};
         case Architecture::qwen3_next:  // Qwen3NextConfig
             return {151936, 2048, 5632, 48, 16, 2, 32768, 1e-6, 10000.0, 512, 10, 512, true};
+        case Architecture::olmoe:  // OlmoeConfig (OLMoE-1B-7B: 64 experts of 1024, top-8; intermediate = expert width)
+            return {50304, 2048, 2048, 16, 16, 16, 4096, 1e-5, 10000.0, 64, 8, 0, false};
         // The dense families: no experts.
         case Architecture::llama:  // LlamaConfig (num_key_value_heads None → num_attention_heads)
             return {32000, 4096, 11008, 32, 32, 32, 2048, 1e-6, 10000.0, 0, 0, 0, false};
@@ -400,7 +403,7 @@ const char* architecture_name(Architecture a) noexcept {
 }
 
 std::string_view supported_architectures() noexcept {
-    return "qwen2_moe, qwen3_moe, mixtral, qwen3_5_moe, qwen3_next, llama, mistral, qwen2, qwen3, qwen3_5, "
+    return "qwen2_moe, qwen3_moe, mixtral, qwen3_5_moe, qwen3_next, olmoe, llama, mistral, qwen2, qwen3, qwen3_5, "
            "deepseek_v3 (router/MoE layer only)";
 }
 
@@ -578,6 +581,26 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
                 read_qwen_sliding_window(k, c);
             c.intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
             c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
+            break;
+        }
+        case Architecture::olmoe: {
+            // OlmoeAttention (transformers 5.24): q_norm over hidden_size and k_norm over (hidden/heads)·kv
+            // applied to the whole projections before the split into heads; q/k/v/o bias = attention_bias;
+            // clip_qkv (clamping q, k, v) is not modelled. OlmoeTopKRouter: softmax over all experts, top-k,
+            // renormalised only with norm_topk_prob (default false). OlmoeExperts: intermediate_size wide.
+            c.qk_norm = c.qk_norm_full = true;
+            c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
+            if (const json* v = k.find("clip_qkv", true))
+                fail(ErrorCode::unsupported, "{}: clip_qkv {} (clamping q, k and v) is not implemented", source, show(*v));
+            KVASIR_CHECK(c.head_dim * c.num_heads == c.hidden_size, ErrorCode::unsupported,
+                         "{}: head_dim {} × num_attention_heads {} != hidden_size {} (OlmoeAttention's q_norm is "
+                         "hidden_size wide)", source, c.head_dim, c.num_heads, c.hidden_size);
+            r.num_experts = k.integer_aliased("num_experts", "num_local_experts", d.experts, 1, kMaxExperts);
+            r.top_k = k.integer("num_experts_per_tok", d.top_k, 1, kMaxExperts);
+            r.norm_topk_prob = k.boolean("norm_topk_prob", d.norm_topk_prob);
+            c.moe_intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
+            c.intermediate_size = 0;
+            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);  // OlmoeDecoderLayer: every layer
             break;
         }
         case Architecture::qwen3_5: {
@@ -843,8 +866,8 @@ std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& c, std::int64_t la
     add(n.k_bias, {c.kv_dim()});
     add(n.v_bias, {c.kv_dim()});
     add(n.o_bias, {H});
-    add(n.q_norm, {c.head_dim});
-    add(n.k_norm, {c.head_dim});
+    add(n.q_norm, {c.q_norm_dim()});
+    add(n.k_norm, {c.k_norm_dim()});
     add(n.mlp_gate, {c.intermediate_size, H});
     add(n.mlp_up, {c.intermediate_size, H});
     add(n.mlp_down, {H, c.intermediate_size});

@@ -26,7 +26,8 @@ namespace kvasir {
 enum class Architecture : std::uint8_t {
     qwen2_moe, qwen3_moe, mixtral, deepseek_v3, qwen3_5_moe, qwen3_next,
     // Dense decoders (no MoE layer): the standard layer, or the hybrid one (qwen3_5).
-    llama, mistral, qwen2, qwen3, qwen3_5
+    llama, mistral, qwen2, qwen3, qwen3_5,
+    olmoe
 };
 
 // The config.json `model_type`: "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3".
@@ -85,6 +86,9 @@ struct ModelConfig {
     std::string hidden_act = "silu";    // only silu (SwiGLU) is accepted
 
     bool qk_norm = false;              // per-head RMSNorm on q and k before rope (qwen3_moe)
+    // olmoe: the q/k RMSNorm is over the whole projection (q_norm [nh·D],
+    // k_norm [nkv·D]) before it is split into heads.
+    bool qk_norm_full = false;
     bool attention_bias = false;       // q/k/v projections have a bias (qwen2_moe: qkv_bias; qwen3_moe: attention_bias)
     bool attention_out_bias = false;   // o_proj has a bias (qwen3_moe: attention_bias)
     std::int64_t sliding_window = 0;   // 0 = full causal attention; W > 0: a query at position p sees keys p−W < j ≤ p
@@ -153,6 +157,9 @@ struct ModelConfig {
     // The attention window of layer l: sliding_window where the layer slides, else 0 (full causal).
     std::int64_t attention_window(std::int64_t layer) const;
     bool has_moe() const { return num_moe_layers() > 0; }
+    // The widths of the q_norm / k_norm weights: head_dim, or the whole projection (qk_norm_full).
+    std::int64_t q_norm_dim() const { return qk_norm_full ? q_dim() : head_dim; }
+    std::int64_t k_norm_dim() const { return qk_norm_full ? kv_dim() : head_dim; }
     // False for deepseek_v3 (MLA attention is not described): layer-level audits only.
     bool full_forward_supported() const { return architecture != Architecture::deepseek_v3; }
 };

@@ -386,8 +386,8 @@ LayerWeights Model::Impl::load_st(std::int64_t l) const {
     w.k_bias = resolve(n.k_bias, {c.kv_dim()});
     w.v_bias = resolve(n.v_bias, {c.kv_dim()});
     w.o_bias = resolve(n.o_bias, {H});
-    w.q_norm = resolve(n.q_norm, {D});
-    w.k_norm = resolve(n.k_norm, {D});
+    w.q_norm = resolve(n.q_norm, {c.q_norm_dim()});
+    w.k_norm = resolve(n.k_norm, {c.k_norm_dim()});
     w.mlp_gate = resolve(n.mlp_gate, {F, H});
     w.mlp_up = resolve(n.mlp_up, {F, H});
     w.mlp_down = resolve(n.mlp_down, {H, F});
