@@ -155,6 +155,12 @@ void run_inspect(const InspectOptions& opt) {
             a["norm_weight_offset"] = c.norm_weight_offset;
         }
         a["fused_experts"] = c.fused_experts;
+        if (c.architecture == Architecture::gpt_oss) {
+            a["expert_format"] = c.mxfp4_experts ? "mxfp4" : "plain";
+            a["attention_sinks"] = c.attention_sinks;
+            a["swiglu_alpha"] = c.swiglu_alpha;
+            a["swiglu_limit"] = c.swiglu_limit;
+        }
         a["multimodal_wrapper"] = c.multimodal_wrapper;
         a["full_forward"] = c.full_forward_supported();
         j["config"] = a;
@@ -210,6 +216,14 @@ void run_inspect(const InspectOptions& opt) {
             std::count(c.linear_attention_layers.begin(), c.linear_attention_layers.end(), false),
             c.partial_rotary_factor, c.full_forward_supported() ? "" : "; full forward pass not implemented yet: layer-level steps");
     if (c.fused_experts) std::cout << "experts stored fused ([E, 2I, H] gate_up_proj, [E, H, I] down_proj), read per expert\n";
+    if (c.architecture == Architecture::gpt_oss)
+        std::cout << fmt::format(
+            "gpt-oss: attention sinks (one logit per head), router logits with a bias, experts with biases and the "
+            "clamped SwiGLU (alpha {:g}, limit {:g}); expert weights {}\n",
+            c.swiglu_alpha, c.swiglu_limit,
+            c.mxfp4_experts ? "MXFP4 (*_blocks U8: two e2m1 per byte; *_scales U8: e8m0 per 32 values), expanded to f32 "
+                              "exactly as transformers does"
+                            : "unquantised ([E, H, 2I] gate_up_proj, gate/up interleaved; [E, I, H] down_proj)");
     if (ignored.count > 0)
         std::cout << fmt::format("ignored: {} tensors ({}) that are not the audited text decoder, e.g. {}\n", ignored.count,
                                  human_bytes(ignored.bytes), fmt::join(ignored.examples, ", "));

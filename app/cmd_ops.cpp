@@ -1,4 +1,6 @@
 #include "commands.hpp"
+
+#include <fmt/ranges.h>
 #include "nodes.hpp"
 
 #include "kvasir/core/error.hpp"
@@ -57,8 +59,7 @@ void set_ops_command(CLI::App& app) {
         "ops", "Step 1: run each op on each node with seeded inputs and print backend-pair matrices (max|Δ|, cosine)");
     OpsConfig& c = opt->config;
     add_node_options(*cmd, opt->nodes);
-    cmd->add_option("--ops", c.ops, "Ops to run, comma separated (default: all): matmul, swiglu, softmax, rmsnorm, "
-                                    "rope_neox, rope_normal, router_softmax, router_sigmoid, moe")
+    cmd->add_option("--ops", c.ops, "Ops to run, comma separated (default: all): " + fmt::format("{}", fmt::join(all_op_names(), ", ")))
         ->delimiter(',');
     cmd->add_option("-m,--model", opt->model, "Take shapes and weights from this model (HF folder, .safetensors, .gguf)");
     cmd->add_option("-l,--layer", opt->layer, "Layer of --model whose weights are used (default 0)");

@@ -20,6 +20,8 @@ Outputs (under --out, default: the repository's fixtures/):
   models/qwen3_5_tiny/         Qwen3_5ForConditionalGeneration (dense hybrid, wrapper layout, tied embeddings)
   models/olmoe_tiny/           OlmoeForCausalLM      (q/k norm over the whole projection, softmax top-4 of 16 not
                                                       renormalised)
+  models/gpt_oss_tiny/         GptOssForCausalLM     (sinks, sliding/full layers, yarn, biased router, clamped SwiGLU)
+  models/gpt_oss_tiny_mxfp4/   the same with MXFP4 experts (*_blocks / *_scales), and mxfp4/vectors.{gguf,safetensors}
   models/llama_tiny/           LlamaForCausalLM      (dense; rope_type llama3 frequency scaling, head_dim from
                                                       hidden/heads, untied)
   models/qwen3_tiny/           Qwen3ForCausalLM      (dense; q/k norm, explicit head_dim 32 != hidden/heads,
@@ -184,6 +186,8 @@ from safetensors.numpy import load_file as np_load_file  # noqa: E402
 from safetensors.numpy import save_file as np_save_file  # noqa: E402
 from safetensors.torch import load_file as st_load_file  # noqa: E402
 from transformers import (  # noqa: E402
+    GptOssConfig,
+    GptOssForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -207,6 +211,9 @@ from transformers import (  # noqa: E402
     Qwen3NextConfig,
     Qwen3NextForCausalLM,
 )
+from transformers import Mxfp4Config  # noqa: E402
+from transformers.integrations.mxfp4 import convert_moe_packed_tensors  # noqa: E402
+from transformers.models.gpt_oss import modeling_gpt_oss  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 from transformers.models.mistral import modeling_mistral  # noqa: E402
 from transformers.models.mixtral import modeling_mixtral  # noqa: E402
@@ -416,6 +423,33 @@ FIXTURES = [
               "are the raw top-4 softmax probabilities, summing to < 1). Experts 48 wide (intermediate_size is the "
               "expert width), no shared expert. No biases, clip_qkv null, untied lm_head, head_dim 16 = hidden/heads.",
     ),
+    dict(
+        name="gpt_oss_tiny",
+        arch="gpt_oss",
+        seed=1006,
+        config=dict(
+            vocab_size=320, hidden_size=64, intermediate_size=64, head_dim=16,
+            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
+            rms_norm_eps=1e-5, swiglu_limit=1.0,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096},
+            max_position_embeddings=131072, tie_word_embeddings=False, attention_bias=True,
+            pad_token_id=0, eos_token_id=1,
+        ),
+        plant=[],
+        mxfp4_variant=True,
+        notes="gpt-oss: layer_types default [sliding, full, sliding, full] (GptOssConfig: layer i slides iff i is "
+              "even) with sliding_window 8 < the 24-token prompt. ATTENTION SINKS: self_attn.sinks [4], one learned "
+              "logit per head appended to every softmax row and dropped after it. q/k/v/o biases. YaRN rope "
+              "(factor 32, beta_fast 32, beta_slow 1, truncate false, original context 4096, theta 1.5e5; with "
+              "head_dim 16 the correction range is [2.02, 4.35]: pairs 0-2 unchanged, 3-4 blended, 5-7 divided by "
+              "32) and cos/sin scaled by attention_factor 0.1 ln 32 + 1. ROUTER with bias: logits = x W^T + b, top-2 "
+              "of 8, softmax over the two. EXPERTS: gate_up_proj [E, H, 2I] with gate/up INTERLEAVED along 2I "
+              "(gate = columns 0, 2, ..., up = 1, 3, ...), biases, the clamped SwiGLU with alpha 1.702 and "
+              "swiglu_limit 1.0 (not the default 7: with these random weights the clamps then fire — counted "
+              "in REFERENCE.md), (up + 1) * glu, down_proj [E, I, H] with bias. Untied lm_head.",
+    ),
     # --- dense attention-only architectures (no MoE: no router, no border tokens) ---
     dict(
         name="llama_tiny",
@@ -512,6 +546,7 @@ ARCH = {
     "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM, modeling_qwen3_next),
     "qwen3_5": (Qwen3_5Config, Qwen3_5ForConditionalGeneration, modeling_qwen3_5),
     "olmoe": (OlmoeConfig, OlmoeForCausalLM, modeling_olmoe),
+    "gpt_oss": (GptOssConfig, GptOssForCausalLM, modeling_gpt_oss),
     "llama": (LlamaConfig, LlamaForCausalLM, modeling_llama),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, modeling_qwen3),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, modeling_qwen2),
@@ -563,6 +598,11 @@ def moe_block(layer):
     return mlp if hasattr(mlp, "experts") else None
 
 
+def router_of(blk):
+    """The router module of a MoE block: mlp.gate, or mlp.router (gpt-oss)."""
+    return blk.router if hasattr(blk, "router") else blk.gate
+
+
 def moe_layer_ids(model) -> list[int]:
     return [i for i, layer in enumerate(text_model(model).layers) if moe_block(layer) is not None]
 
@@ -580,6 +620,8 @@ def router_renormalises(router) -> bool:
     # Mixtral's and Qwen3.5-MoE's routers divide by the top-k sum unconditionally
     # (MixtralTopKRouter, Qwen3_5MoeTopKRouter have no norm_topk_prob switch).
     if isinstance(router, (modeling_mixtral.MixtralTopKRouter, modeling_qwen3_5_moe.Qwen3_5MoeTopKRouter)):
+        return True
+    if isinstance(router, modeling_gpt_oss.GptOssTopKRouter):  # softmax over the top-k logits: sums to 1
         return True
     return bool(router.norm_topk_prob)
 
@@ -601,13 +643,20 @@ def init_weights(model, seed: int) -> None:
                 p.copy_(BIAS_STD * z)
             elif name.endswith("norm.weight"):  # input/post-attention/final/q/k RMSNorm weights, gated RMSNorm
                 p.copy_(1.0 + NORM_WEIGHT_STD * z)
-            elif name.endswith(".bias"):
+            elif name.endswith(".bias") or name.endswith("_proj_bias"):  # (gpt-oss experts: gate_up_proj_bias)
                 p.copy_(BIAS_STD * z)
+            elif name.endswith("self_attn.sinks"):  # gpt-oss: one sink logit per head, O(1) like a score
+                p.copy_(z)
+            elif name.endswith("mlp.experts.gate_up_proj") and p.dim() == 3 and model.config.model_type == "gpt_oss":
+                p.copy_(z / np.sqrt(p.shape[1]))  # [E, H, 2I], x @ W: variance preserving over H
+            elif name.endswith("mlp.experts.down_proj") and p.dim() == 3 and model.config.model_type == "gpt_oss":
+                p.copy_(z / np.sqrt(p.shape[1]))  # [E, I, H], over I
             elif name.endswith("embed_tokens.weight"):
                 p.copy_(EMBED_STD * z)
             elif name == "lm_head.weight":
                 p.copy_(LM_HEAD_STD * z)
-            elif name.endswith("mlp.gate.weight") or name.endswith("shared_expert_gate.weight"):
+            elif (name.endswith("mlp.gate.weight") or name.endswith("shared_expert_gate.weight")
+                  or name.endswith("mlp.router.weight")):
                 p.copy_(ROUTER_STD * z)  # router [E, H] / shared-expert sigmoid gate [1, H]
             else:  # every other matrix: [.., out, in] -> variance preserving
                 p.copy_(z / np.sqrt(p.shape[-1]))
@@ -670,30 +719,56 @@ def llama3_inv_freq_f64(inv_freq: torch.Tensor, rp: dict) -> tuple[torch.Tensor,
 def rope_inv_freq_f64(cfg) -> tuple[torch.Tensor, torch.Tensor | None]:
     """float64 inv_freq of a (text) config object for rope_type default or llama3 (+ llama3 branches)."""
     rp = cfg.rope_parameters
-    assert rp["rope_type"] in ("default", "llama3"), rp["rope_type"]
+    assert rp["rope_type"] in ("default", "llama3", "yarn"), rp["rope_type"]
     base = float(rp["rope_theta"])
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     dim = int(head_dim * rp.get("partial_rotary_factor", 1.0))  # partial rotary: first dim dims
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     if rp["rope_type"] == "llama3":
         return llama3_inv_freq_f64(inv_freq, rp)
+    if rp["rope_type"] == "yarn":
+        return yarn_inv_freq_f64(rp, base, dim), None
     return inv_freq, None
+
+
+def yarn_inv_freq_f64(rp: dict, base: float, dim: int) -> torch.Tensor:
+    """transformers 5.24 _compute_yarn_parameters' inv_freq with every step in float64 (transformers builds
+    pos_freqs and the ramp in float32); the same operations in the same order."""
+    factor, orig = rp["factor"], rp["original_max_position_embeddings"]
+    beta_fast, beta_slow = rp.get("beta_fast") or 32, rp.get("beta_slow") or 1
+
+    def correction_dim(rot):
+        return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if rp.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    extrapolation_factor = 1 - ramp
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolation_factor) + (1.0 / pos_freqs) * extrapolation_factor
 
 
 def _rotary_f64(self, x, position_ids):
     if x.dtype != torch.float64:
         raise RuntimeError("pure_float64 used on a non-float64 model")
-    assert self.attention_scaling == 1.0  # default and llama3: cos/sin unscaled
+    # default and llama3: cos/sin unscaled; yarn: attention_factor (a Python float: already float64)
+    assert self.attention_scaling == 1.0 or self.config.rope_parameters["rope_type"] == "yarn"
     inv_freq, _ = rope_inv_freq_f64(self.config)
     if hasattr(self, "recomposition_frequencies"):
         # Qwen3.5 text M-RoPE: (3, batch, T) position streams, frequencies interleaved by
         # the module's own recomposition (it returns cat(freqs, freqs)).
         freqs = position_ids.expand(3, -1, -1)[..., None].to(torch.float64) * inv_freq
         emb = self.recomposition_frequencies(freqs)
+    elif isinstance(self, modeling_gpt_oss.GptOssRotaryEmbedding):
+        emb = position_ids[..., None].to(torch.float64) * inv_freq  # half width: its _apply_rotary_emb chunks halves
     else:
         freqs = position_ids[..., None].to(torch.float64) * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
 
 
 def _router_f64(self, hidden_states):
@@ -717,7 +792,13 @@ def _eager_attention_f64(module, query, key, value, attention_mask, scaling, dro
     attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
     if attention_mask is not None:
         attn_weights = attn_weights + attention_mask
-    attn_weights = torch.softmax(attn_weights, dim=-1)
+    sinks = getattr(module, "sinks", None)
+    if sinks is not None:  # gpt-oss: the head's sink logit as one more column, dropped after the softmax
+        assert sinks.dtype == torch.float64
+        col = sinks.reshape(1, -1, 1, 1).expand(query.shape[0], -1, query.shape[-2], -1)
+        attn_weights = torch.softmax(torch.cat([attn_weights, col], dim=-1), dim=-1)[..., :-1]
+    else:
+        attn_weights = torch.softmax(attn_weights, dim=-1)
     attn_output = torch.matmul(attn_weights, value_states).transpose(1, 2).contiguous()
     return attn_output, attn_weights
 
@@ -828,7 +909,7 @@ def pure_float64(module, delta_rule: str = "recurrent"):
             patch(cls, "forward", _rmsnorm_zero_centred_f64 if issubclass(cls, ZERO_CENTRED_NORMS) else _rmsnorm_f64)
         elif cname.endswith("RotaryEmbedding"):
             patch(cls, "forward", _rotary_f64)
-        elif cname.endswith("TopKRouter"):
+        elif cname.endswith("TopKRouter") and cname != "GptOssTopKRouter":  # (gpt-oss's has no float32 step)
             patch(cls, "forward", _router_f64)
         elif cname.endswith("GatedDeltaNet"):
             patch(cls, "forward", deltanet_forward)
@@ -837,7 +918,7 @@ def pure_float64(module, delta_rule: str = "recurrent"):
     # and Gated DeltaNet in the hybrids)
     patched = sorted(obj.__name__ if isinstance(obj, type) else attr for obj, attr, _ in saved)
     want = ["RMSNorm", "RotaryEmbedding", "eager_attention_forward"]
-    want += ["TopKRouter"] if any(n.endswith("TopKRouter") for n in dir(module)) else []
+    want += ["TopKRouter"] if any(n.endswith("TopKRouter") and n != "GptOssTopKRouter" for n in dir(module)) else []
     want += ["RMSNormGated", "GatedDeltaNet"] if rule is not None else []
     assert len(patched) == len(want) and all(sum(n.endswith(w) for n in patched) == 1 for w in want), patched
     try:
@@ -875,7 +956,7 @@ def forward_capture(model, ids: torch.Tensor) -> dict:
             lambda m, a, o, i=i: cap["layer_out"].__setitem__(i, (o[0] if isinstance(o, tuple) else o).detach().clone())))
         def mlp_hook(m, a, o, i=i):  # a forward hook must return None (else it replaces the output)
             cap["mlp_in"][i] = a[0].detach().clone()
-            cap["mlp_out"][i] = o.detach().clone()
+            cap["mlp_out"][i] = (o[0] if isinstance(o, tuple) else o).detach().clone()  # gpt-oss: (out, scores)
 
         hooks.append(layer.mlp.register_forward_hook(mlp_hook))
         if hybrid:  # Gated DeltaNet / gated attention output, before the residual add
@@ -883,7 +964,7 @@ def forward_capture(model, ids: torch.Tensor) -> dict:
                 lambda m, a, o, i=i: cap["mixer_out"].__setitem__(i, (o[0] if isinstance(o, tuple) else o).detach().clone())))
         blk = moe_block(layer)
         if blk is not None:
-            hooks.append(blk.gate.register_forward_hook(
+            hooks.append(router_of(blk).register_forward_hook(
                 lambda m, a, o, i=i: cap["router"].__setitem__(i, tuple(t.detach().clone() for t in o))))
     try:
         with torch.no_grad():
@@ -1359,10 +1440,23 @@ def numpy_f64_forward(cfg: dict, W: dict, ids: np.ndarray) -> dict:
         s = (n_ctx / wl - lo) / (hi - lo)
         inv_freq = np.where(wl < n_ctx / hi, inv_freq,
                             np.where(wl > n_ctx / lo, inv_freq / f, (1.0 - s) * inv_freq / f + s * inv_freq))
+    elif rp.get("rope_type") == "yarn":  # YaRN: ramp between interpolation (÷ factor) and extrapolation
+        f, orig = rp["factor"], rp["original_max_position_embeddings"]
+        cdim = [rd * np.log(orig / (r * 2 * np.pi)) / (2 * np.log(theta))
+                for r in (rp.get("beta_fast") or 32, rp.get("beta_slow") or 1)]
+        if rp.get("truncate", True):
+            cdim = [np.floor(cdim[0]), np.ceil(cdim[1])]
+        lo, hi = max(cdim[0], 0), min(cdim[1], rd - 1)
+        ramp = np.clip((np.arange(rd // 2) - lo) / ((hi + 0.001 if hi == lo else hi) - lo), 0, 1)
+        inv_freq = inv_freq * (ramp / f + (1 - ramp))
     else:
         assert rp.get("rope_type", "default") == "default", rp
+    mscale = 1.0
+    if rp.get("rope_type") == "yarn":  # cos and sin scaled by the attention factor
+        mscale = rp.get("attention_factor") or (0.1 * np.log(rp["factor"]) + 1.0 if rp["factor"] > 1 else 1.0)
     ang = np.arange(T)[:, None] * inv_freq[None]
-    cos, sin = np.cos(np.concatenate([ang, ang], -1))[:, None], np.sin(np.concatenate([ang, ang], -1))[:, None]
+    cos = mscale * np.cos(np.concatenate([ang, ang], -1))[:, None]
+    sin = mscale * np.sin(np.concatenate([ang, ang], -1))[:, None]
 
     def rope(x):  # [T, heads, hd], rotate_half (NEOX) layout on the first rd dims
         if x.shape[-1] > rd:
@@ -1386,8 +1480,11 @@ def numpy_f64_forward(cfg: dict, W: dict, ids: np.ndarray) -> dict:
         att = np.zeros((T, nh, hd))
         for a in range(nh):
             s = q[:, a] @ kk[:, a // (nh // nkv)].T / np.sqrt(hd) + mask
+            if p + "self_attn.sinks" in W:  # gpt-oss: the sink joins the normaliser, its probability dropped
+                s = np.concatenate([s, np.full((T, 1), W[p + "self_attn.sinks"][a])], -1)
             s = np.exp(s - s.max(-1, keepdims=True))
-            att[:, a] = (s / s.sum(-1, keepdims=True)) @ v[:, a // (nh // nkv)]
+            pr = s / s.sum(-1, keepdims=True)
+            att[:, a] = pr[:, :T] @ v[:, a // (nh // nkv)]
         att = att.reshape(T, nh * hd)
         if hybrid:
             att = att * sigmoid(gate)
@@ -1448,7 +1545,23 @@ def numpy_f64_forward(cfg: dict, W: dict, ids: np.ndarray) -> dict:
         x = rms(h, W[p + "post_attention_layernorm.weight"])
         m = p + ("block_sparse_moe." if mt == "mixtral" else "mlp.")
         names = ("w1", "w3", "w2") if mt == "mixtral" else ("gate_proj", "up_proj", "down_proj")
-        if m + "gate.weight" in W:
+        if m + "router.weight" in W:  # gpt-oss: biased logits, softmax over the top-k, clamped SwiGLU experts
+            z = lin(m + "router", x)
+            idx = np.argsort(-z, -1, kind="stable")[:, :k]
+            zk = np.take_along_axis(z, idx, -1)
+            w = np.exp(zk - zk.max(-1, keepdims=True))
+            w /= w.sum(-1, keepdims=True)
+            lim, alpha = cfg.get("swiglu_limit", 7.0), cfg.get("swiglu_alpha", 1.702)
+            y = np.zeros_like(x)
+            for t in range(T):
+                for j in range(k):
+                    e = idx[t, j]
+                    gu = x[t] @ W[m + "experts.gate_up_proj"][e] + W[m + "experts.gate_up_proj_bias"][e]
+                    g, u = np.minimum(gu[0::2], lim), np.clip(gu[1::2], -lim, lim)
+                    o = ((u + 1) * g / (1 + np.exp(-g * alpha))) @ W[m + "experts.down_proj"][e]
+                    y[t] += w[t, j] * (o + W[m + "experts.down_proj_bias"][e])
+            topk[layer] = idx
+        elif m + "gate.weight" in W:
             z = x @ W[m + "gate.weight"].T
             pr = np.exp(z - z.max(-1, keepdims=True))
             pr /= pr.sum(-1, keepdims=True)
@@ -1673,7 +1786,103 @@ def build_model(fx: dict):
 
 
 def reload(model_cls, path: Path, dtype=torch.float32):
-    return model_cls.from_pretrained(str(path), dtype=dtype, **IMPL).eval()
+    extra = {}
+    if "quantization_config" in json.loads((path / "config.json").read_text()):  # MXFP4: transformers dequantises
+        extra["quantization_config"] = Mxfp4Config(dequantize=True)
+    return model_cls.from_pretrained(str(path), dtype=dtype, **IMPL, **extra).eval()
+
+
+# ---------------------------------------------------------------------------
+# MXFP4 (gpt-oss expert weights)
+# ---------------------------------------------------------------------------
+FP4_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
+MXFP4_MODULES_NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+
+
+def mxfp4_quantise(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Our own quantiser (transformers has no CPU one): w [..., R, C] with rows = output features, C a multiple of
+    32 -> blocks U8 [..., R, C/32, 16] (value 2j in the low nibble of byte j, 2j+1 in the high one) and e8m0 scales
+    U8 [..., R, C/32] = floor(log2(max|block|)) - 2 + 127 (as gguf.quants.MXFP4 picks it), each value the nearest
+    e2m1 (first of ties). Checked against transformers' dequantiser by the caller."""
+    *pre, R, C = w.shape
+    g = w.reshape(*pre, R, C // 32, 32).astype(np.float32)
+    amax = np.abs(g).max(-1)
+    e = np.clip(np.where(amax > 0, np.floor(np.log2(np.maximum(amax, 1e-30))) - 2 + 127, 0), 0, 254).astype(np.int32)
+    s = np.ldexp(np.float32(1.0), e - 127)[..., None, None]
+    idx = np.abs(g[..., None] / s - FP4_E2M1).argmin(-1).astype(np.uint8)
+    return (idx[..., 0::2] | (idx[..., 1::2] << 4)).astype(np.uint8), e.astype(np.uint8)
+
+
+def mxfp4_dequantise_np(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Independent numpy MXFP4 expansion, HF layout: [..., R, G, 16] + [..., R, G] -> float32 [..., R, G*32]."""
+    lo, hi = FP4_E2M1[blocks & 15], FP4_E2M1[blocks >> 4]
+    v = np.stack([lo, hi], -1).reshape(*blocks.shape[:-1], 32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.ldexp(v, (scales.astype(np.int32) - 127)[..., None])  # exact; ±inf only on overflow
+    return out.reshape(*blocks.shape[:-2], -1).astype(np.float32)
+
+
+def write_mxfp4_variant(fdir: Path, mdir: Path) -> dict:
+    """gpt-oss checkpoint with MXFP4 experts, as the published ones store them: experts.{gate_up,down}_proj
+    replaced by *_blocks / *_scales of their [E, out, in] transposes, config.json's quantization_config
+    naming mxfp4. Returns the numpy-dequantised plain state dict (for the numpy cross-check)."""
+    sd = np_load_file(str(fdir / "model.safetensors"))
+    out, plain = {}, {}
+    for n, a in sd.items():
+        if n.endswith("experts.gate_up_proj") or n.endswith("experts.down_proj"):
+            blocks, scales = mxfp4_quantise(np.ascontiguousarray(np.swapaxes(a, 1, 2)))
+            out[n + "_blocks"], out[n + "_scales"] = blocks, scales
+            deq = mxfp4_dequantise_np(blocks, scales)
+            ref = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32)
+            assert torch.equal(ref, torch.from_numpy(np.ascontiguousarray(np.swapaxes(deq, 1, 2)))), n
+            plain[n] = np.ascontiguousarray(np.swapaxes(deq, 1, 2))
+        else:
+            out[n] = plain[n] = a
+    if mdir.exists():
+        shutil.rmtree(mdir)
+    mdir.mkdir(parents=True)
+    for f in ("generation_config.json",):
+        if (fdir / f).exists():
+            shutil.copy(fdir / f, mdir / f)
+    cfg = json.loads((fdir / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": MXFP4_MODULES_NOT_CONVERTED}
+    (mdir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    np_save_file(out, str(mdir / "model.safetensors"), metadata={"format": "pt"})
+    return plain
+
+
+def write_mxfp4_vectors(out_dir: Path) -> None:
+    """Test vectors for both MXFP4 layouts: every e8m0 scale 0..255 and every nibble.
+    vectors.safetensors: hf.blocks U8 [2, 256, 2, 16] / hf.scales U8 [2, 256, 2] with hf.transformers F32 = transformers'
+    _convert_moe_packed_tensors(..., dtype=float32) (its [.., G*32, R] transpose included), and gguf.values F32 =
+    gguf.quants.dequantize of vectors.gguf's tensor `mxfp4` (ggml block_mxfp4, 256 rows of 64 values)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.Generator(np.random.PCG64(20261201))
+    blocks = rng.integers(0, 256, (2, 256, 2, 16), dtype=np.uint8)
+    scales = np.stack([np.arange(256, dtype=np.uint8)] * 2).reshape(2, 256, 1).repeat(2, -1)
+    scales[1] = rng.integers(0, 256, (256, 2), dtype=np.uint8)
+    blocks[0, :, 0, :8] = np.arange(256, dtype=np.uint8)[:, None] // 16 * 16 + np.arange(8, dtype=np.uint8)  # nibbles
+    ref = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32).numpy()
+    deq = np.swapaxes(mxfp4_dequantise_np(blocks, scales), 1, 2)
+    assert np.array_equal(np.isnan(ref), np.isnan(deq)) and np.array_equal(np.nan_to_num(ref), np.nan_to_num(deq))
+    # GGUF: 256 rows x 2 blocks, block = e then 16 bytes; row r's scales are r and a random one.
+    raw = np.zeros((256, 2, 17), np.uint8)
+    raw[:, 0, 0] = np.arange(256)
+    raw[:, 1, 0] = rng.integers(0, 256, 256)
+    raw[:, :, 1:] = rng.integers(0, 256, (256, 2, 16))
+    w = gguf.GGUFWriter(str(out_dir / "vectors.gguf"), "mxfp4-vectors")
+    w.add_tensor("mxfp4", raw.reshape(256, 34), raw_dtype=gguf.GGMLQuantizationType.MXFP4)  # bytes → 256 × 64
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    rd = gguf.GGUFReader(str(out_dir / "vectors.gguf"))
+    t = next(t for t in rd.tensors if t.name == "mxfp4")
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+    np_save_file({"hf.blocks": blocks, "hf.scales": scales, "hf.transformers": np.ascontiguousarray(ref),
+                  "gguf.values": np.ascontiguousarray(values.reshape(256, 64))},
+                 str(out_dir / "vectors.safetensors"), metadata={"producer": "scripts/make_fixtures.py"})
 
 
 def save_reference(path: Path, ref: dict, fx_name: str) -> None:
@@ -1699,14 +1908,17 @@ def index_lines(fx: dict, models_dir: Path) -> list[str]:
     run that builds only some fixtures (--only) still writes the full index."""
     name = fx["name"]
     lines = []
-    for vname in [name] + ([name + "_bf16"] if fx.get("bf16_variant") else []):
+    for vname in ([name] + ([name + "_bf16"] if fx.get("bf16_variant") else [])
+                  + ([name + "_mxfp4"] if fx.get("mxfp4_variant") else [])):
         vdir = models_dir / vname
         cfg_json = json.loads((vdir / "config.json").read_text())
         tc = text_config(cfg_json)
         ref = np_load_file(str(vdir / "reference.safetensors"))
         moe = [int(x) for x in ref["moe_layers"]]
         E = n_experts(cfg_json)
-        weights = ", BF16 weights" if vname.endswith("_bf16") else ", F32 weights"
+        weights = (", BF16 weights" if vname.endswith("_bf16")
+                   else ", MXFP4 experts (*_blocks / *_scales), F32 elsewhere" if vname.endswith("_mxfp4")
+                   else ", F32 weights")
         if "linear_attention_layers" not in ref and not moe:  # dense, attention only
             rp = tc["rope_parameters"]
             hd = tc.get("head_dim") or tc["hidden_size"] // tc["num_attention_heads"]
@@ -1804,6 +2016,19 @@ def main() -> None:
         E = n_experts(cfg_json)
 
         variants = [(name, fdir, torch.float32, "")]
+        plain_weights = {}
+        if fx.get("mxfp4_variant"):
+            mdir = models_dir / (name + "_mxfp4")
+            plain_weights[name + "_mxfp4"] = write_mxfp4_variant(fdir, mdir)
+            variants.append((name + "_mxfp4", mdir, torch.float32,
+                             f"Weights: `{name}`'s experts quantised to MXFP4 by make_fixtures.py (mxfp4_quantise: "
+                             "e8m0 scale floor(log2 max|block|) - 2 + 127 per 32 values, nearest e2m1; transformers has "
+                             "no CPU quantiser) and stored as the published gpt-oss checkpoints store them "
+                             "(`*_blocks` / `*_scales`, quantization_config mxfp4); every other tensor as in "
+                             f"`{name}`. transformers loads it with Mxfp4Config(dequantize=True); its dequantised "
+                             "experts equal make_fixtures.py's own numpy expansion bit for bit (asserted), and the "
+                             "reference data is transformers on them."))
+            write_mxfp4_vectors(out_root / "mxfp4")
         if fx.get("bf16_variant"):
             bdir = models_dir / (name + "_bf16")
             if bdir.exists():
@@ -1822,8 +2047,15 @@ def main() -> None:
                 for (n1, p1), (n2, p2) in zip(model.state_dict().items(), m.state_dict().items()):
                     assert n1 == n2 and torch.equal(p1, p2), n1
             ref, stats, nums = compute_reference(m, ids, module)
-            nums["d_numpy_f64"] = numpy_check(json.loads((vdir / "config.json").read_text()),
-                                              st_load_file(str(vdir / "model.safetensors")), ref)
+            weights = ({n: torch.from_numpy(a) for n, a in plain_weights[vname].items()} if vname in plain_weights
+                       else st_load_file(str(vdir / "model.safetensors")))
+            if vname in plain_weights:  # what transformers holds after loading = our numpy expansion, bit for bit
+                for n, t in m.state_dict().items():
+                    if n.endswith("experts.gate_up_proj") or n.endswith("experts.down_proj"):
+                        assert torch.equal(t, weights[n]), n
+                ref.update({f"mxfp4.{n}": weights[n].numpy() for n in weights if n.startswith("model.layers.0.mlp.experts.")
+                            and not n.endswith("_bias")})
+            nums["d_numpy_f64"] = numpy_check(json.loads((vdir / "config.json").read_text()), weights, ref)
             nums["E"] = E
             vplanted = []
             for p in planted:
@@ -1901,6 +2133,14 @@ def main() -> None:
               "`layer_types` in config.json when present (qwen2_tiny: `use_sliding_window` + `max_window_layers` 1 "
               "give [full, sliding, sliding]), else every layer when `sliding_window` is not null (mistral_tiny). "
               "Tied embeddings (qwen3_tiny): no `lm_head.weight`, the logits use `model.embed_tokens.weight`.", "",
+              "gpt-oss notes (gpt_oss_tiny, gpt_oss_tiny_mxfp4): attention sinks, alternating sliding/full layers, "
+              "yarn rope, a biased router (softmax over the top-k logits), experts with biases and the clamped "
+              "SwiGLU (swiglu_limit 1.0 so the clamps fire), gate_up_proj interleaved as GptOssExperts holds it. "
+              "gpt_oss_tiny_mxfp4 stores the experts as MXFP4 (`*_blocks` / `*_scales`, quantised by "
+              "make_fixtures.py, dequantised by transformers: its reference.safetensors adds `mxfp4.*`, transformers' "
+              "dequantised layer-0 experts). `../mxfp4/vectors.*`: MXFP4 test vectors, every scale and nibble, in "
+              "the Hugging Face layout (expanded by transformers) and ggml's block_mxfp4 (expanded by the gguf "
+              "package).", "",
               f"`../tokens/default.txt`: the default perplexity stream, {STREAM_LEN} ids uniform from numpy "
               f"PCG64({TOKEN_SEED + 1}) in [0, {min_vocab}) (valid for every fixture).", ""]
     (models_dir / "README.md").write_text("\n".join(readme))

@@ -38,7 +38,7 @@ import capture_format  # noqa: E402
 import kvasir_rng  # noqa: E402
 
 ALL_OPS = ["matmul", "swiglu", "softmax", "rmsnorm", "rope_neox", "rope_normal", "router_softmax", "router_sigmoid",
-           "moe", "causal_conv1d", "gated_delta"]
+           "moe", "causal_conv1d", "gated_delta", "attention", "attention_sinks", "clamped_swiglu"]
 
 
 class UsageError(Exception):
@@ -290,6 +290,32 @@ class NumpyOps:
     def add(self, a, b):
         return a + b
 
+    def clamped_swiglu(self, gate, up, alpha, limit):
+        """gpt-oss (transformers GptOssExperts._apply_gate): (clamp(up, ±limit) + 1) · g·σ(g·alpha), g = min(gate, limit)."""
+        g = np.minimum(gate, self.dt.type(limit))
+        u = np.clip(up, self.dt.type(-limit), self.dt.type(limit))
+        return (u + self.dt.type(1)) * (g * self.sigmoid(g * self.dt.type(alpha)))
+
+    def attention(self, q, keys, values, scale, window=0, sinks=None):
+        """Causal GQA softmax attention of q [T, nh, D] over caches [S, D] per kv head (query r at position
+        S − T + r), keys p − window < j ≤ p when window > 0, and per head a sink logit joining the softmax."""
+        T, nh, D = q.shape
+        S = keys[0].shape[0]
+        rep = nh // len(keys)
+        out = np.zeros((T, nh * D), dtype=self.dt)
+        for h in range(nh):
+            k, v = keys[h // rep], values[h // rep]
+            s = (q[:, h] @ k.T) * self.dt.type(scale)  # [T, S]
+            p = np.arange(S - T, S)[:, None]
+            j = np.arange(S)[None, :]
+            visible = (j <= p) & ((j > p - window) if window > 0 else True)
+            s = np.where(visible, s, -np.inf).astype(self.dt)
+            if sinks is not None:
+                s = np.concatenate([s, np.full((T, 1), sinks[h], dtype=self.dt)], axis=1)
+            w = self.softmax(s)[:, :S]
+            out[:, h * D:(h + 1) * D] = w @ v
+        return out
+
     def causal_conv1d_silu(self, x, w, history):
         """silu of the depthwise causal conv: the K−1 history rows, then x;
         y[t] = Σ_j w[:, j]·rows[t + j], the taps summed in ascending j."""
@@ -408,6 +434,24 @@ def run_ops(spec, be, log=lambda *_: None):
                     seeded_input(spec, op, "dt_bias", (nv,), 0.0, 1.0),
                     seeded_input(spec, op, "state", (nv, dk, dv), 0.0, 0.1)]
             out["ops.gated_delta.out"] = be.numpy(be.gated_delta(*[be.tensor(t) for t in g_in]))
+        elif op in ("attention", "attention_sinks"):
+            # op_delta.cpp: T queries at positions T..2T−1 of a 2T-key cache, heads/2 kv heads (heads when odd),
+            # scale 1/√head_dim; attention_sinks adds a window of max(1, T/2) and a sink per head.
+            nh, D = spec.heads, spec.head_dim
+            nkv = nh // 2 if nh % 2 == 0 else nh
+            q = be.tensor(seeded_input(spec, op, "q", (T, nh, D), 0.0, 1.0))
+            ks = [be.tensor(seeded_input(spec, op, f"k{g}", (2 * T, D), 0.0, 1.0)) for g in range(nkv)]
+            vs = [be.tensor(seeded_input(spec, op, f"v{g}", (2 * T, D), 0.0, 1.0)) for g in range(nkv)]
+            scale = 1.0 / math.sqrt(float(D))
+            if op == "attention":
+                out["ops.attention.out"] = be.numpy(be.attention(q, ks, vs, scale))
+            else:
+                sinks = be.tensor(seeded_input(spec, op, "sinks", (nh,), 0.0, 1.0))
+                out["ops.attention_sinks.out"] = be.numpy(be.attention(q, ks, vs, scale, max(1, T // 2), sinks))
+        elif op == "clamped_swiglu":
+            g = be.tensor(seeded_input(spec, op, "gate", (T, I), 0.0, 4.0))
+            u = be.tensor(seeded_input(spec, op, "up", (T, I), 0.0, 4.0))
+            out["ops.clamped_swiglu.out"] = be.numpy(be.clamped_swiglu(g, u, 1.702, 7.0))
         log(f"  {op}: {time.perf_counter() - t0:.2f} s")
     return out
 

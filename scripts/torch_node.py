@@ -136,6 +136,33 @@ class TorchOps:
     def add(self, a, b):
         return a + b
 
+    def clamped_swiglu(self, gate, up, alpha, limit):
+        # transformers' GptOssExperts._apply_gate on de-interleaved gate / up.
+        gate = gate.clamp(min=None, max=limit)
+        up = up.clamp(min=-limit, max=limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+    def attention(self, q, keys, values, scale, window=0, sinks=None):
+        # transformers' eager_attention_forward (repeat_kv, the additive mask of masking_utils: 0 visible,
+        # finfo.min masked) and, with sinks, gpt-oss's: the sink column, max-subtracted softmax, column dropped.
+        T, nh, D = q.shape
+        S = keys[0].shape[0]
+        rep = nh // len(keys)
+        k = torch.stack(keys).repeat_interleave(rep, dim=0)  # [nh, S, D]
+        v = torch.stack(values).repeat_interleave(rep, dim=0)
+        w = torch.matmul(q.transpose(0, 1), k.transpose(1, 2)) * scale  # [nh, T, S]
+        p = torch.arange(S - T, S)[:, None]
+        j = torch.arange(S)[None, :]
+        visible = (j <= p) & ((j > p - window) if window > 0 else torch.ones_like(j, dtype=torch.bool))
+        w = w + torch.where(visible, 0.0, torch.finfo(self.dt).min).to(self.dt)
+        if sinks is not None:
+            c = torch.cat([w, sinks.reshape(-1, 1, 1).expand(-1, T, 1)], dim=-1)
+            c = c - c.max(dim=-1, keepdim=True).values
+            probs = torch.softmax(c, dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(w, dim=-1)
+        return torch.matmul(probs, v).transpose(0, 1).reshape(T, nh * D)
+
     def causal_conv1d_silu(self, x, w, history):
         # transformers' torch_causal_conv1d_update: the conv state (history)
         # and the new tokens, channels first, one group per channel.

@@ -10,6 +10,7 @@
 //   softmax_kernel   max, then e = exp(x - max) rounded to storage, Σe by a fixed tree, e/Σ
 //   rmsnorm_kernel   Σx² by a fixed tree (fmaf), x · 1/sqrt(Σx²/n + eps) · w
 //   swiglu_kernel    g / (1 + e^-g) · u           (the cpu backend's formula)
+//   clamped_swiglu_kernel  (clamp(u) + 1) · g'·σ(g'·alpha), g' = min(g, limit)  (gpt-oss)
 //   sigmoid_kernel   1 / (1 + e^-x)
 //   rope_kernel      angle = pos · inv_freq in f32 (inv_freq from the host, as transformers
 //                    computes it), (a, b) → (a·c - b·s, b·c + a·s) with fmaf
@@ -190,6 +191,18 @@ __global__ void swiglu_kernel(const float* gate, const float* up, float* y, std:
          i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
         const float g = gate[i];
         y[i] = kg_store(g / (1.0f + kg_expf(-g)) * up[i], storage);
+    }
+}
+
+// gpt-oss's clamped SwiGLU: explicit comparisons, not fminf/fmaxf (those drop a NaN).
+__global__ void clamped_swiglu_kernel(const float* gate, const float* up, float* y, std::size_t n, float alpha,
+                                      float limit, int storage) {
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+        const float g = gate[i], u = up[i];
+        const float gc = g > limit ? limit : g;
+        const float uc = u > limit ? limit : (u < -limit ? -limit : u);
+        y[i] = kg_store((uc + 1.0f) * (gc * (1.0f / (1.0f + kg_expf(-(gc * alpha))))), storage);
     }
 }
 

@@ -4,6 +4,7 @@
 // Reference loops (cpu-ref, f64):
 //   swiglu:  y = g / (1 + e^-g) · u
 //   sigmoid: y = 1 / (1 + e^-x)
+//   clamped_swiglu: y = (clamp(u, −l, l) + 1) · (g' / (1 + e^(−g'·alpha))), g' = min(g, l)
 //   rope:    (a, b) → (a·cos θ − b·sin θ, b·cos θ + a·sin θ), θ = pos · theta^(−2i/d)
 // Written in the same operation order as the cpu backend, so only the
 // built-ins and the compiler differ.
@@ -14,6 +15,17 @@ __kernel void kv_swiglu(__global const kv_store_t* g, __global const kv_store_t*
     if (i >= n) return;
     const float gv = KV_LOAD(g, i);
     KV_STORE(gv / (1.0f + exp(-gv)) * KV_LOAD(u, i), y, i);
+}
+
+// gpt-oss's clamped SwiGLU: explicit comparisons, not fmin/fmax (those drop a NaN).
+__kernel void kv_clamped_swiglu(__global const kv_store_t* g, __global const kv_store_t* u, __global kv_store_t* y,
+                                const ulong n, const float alpha, const float limit) {
+    const size_t i = get_global_id(0);
+    if (i >= n) return;
+    const float gv = KV_LOAD(g, i), uv = KV_LOAD(u, i);
+    const float gc = gv > limit ? limit : gv;
+    const float uc = uv > limit ? limit : (uv < -limit ? -limit : uv);
+    KV_STORE((uc + 1.0f) * (gc * (1.0f / (1.0f + exp(-(gc * alpha))))), y, i);
 }
 
 __kernel void kv_sigmoid(__global const kv_store_t* x, __global kv_store_t* y, const ulong n) {

@@ -286,6 +286,15 @@ public:
         return Tensor::from_f32(y, gate.shape);
     }
 
+    Tensor clamped_swiglu(const TensorView& gate, const TensorView& up, double alpha, double limit) override {
+        check_clamped_swiglu_args(gate, up, alpha, limit);
+        const std::vector<float> g = stage(gate), u = stage(up);
+        std::vector<float> y(g.size());
+        launch_elementwise(y.size(), gpu_host::clamped_swiglu_kernel, g.data(), u.data(), y.data(), y.size(),
+                           static_cast<float>(alpha), static_cast<float>(limit), storage_);
+        return Tensor::from_f32(y, gate.shape);
+    }
+
     Tensor softmax(const TensorView& x) override {
         KVASIR_CHECK(x.rank() >= 1, ErrorCode::bad_input, "softmax: scalar input");
         const std::int64_t rows = rows_of(x), cols = x.dim(-1);

@@ -675,6 +675,61 @@ TEST_P(Conformance, SwigluAndSigmoidWithinUlpOfTheOracle) {
     EXPECT_TRUE(within_ulp(r->sigmoid(g), node().sigmoid(g), sigmoid_ulp()));
 }
 
+// gpt-oss's clamped SwiGLU. f32 nodes take alpha and the limit rounded to
+// f32; their error relative to the oracle is then, per element, a few
+// roundings plus the exp argument's relative error amplified by |s|, s = g'·alpha
+// (exp(x(1+δ)) = exp(x)·(1 + xδ)): |Δy| ≤ |y|·u·(C + 4|s|), C = 8 (cpu, gpu) or
+// 26 (OpenCL: exp ≤ 3 ulp, / ≤ 2.5 ulp), plus the storage rounding.
+namespace {
+constexpr double kGptOssAlpha = 1.702, kGptOssLimit = 7.0;
+double clamped_swiglu_f64(double g, double u) {
+    const double gc = std::min(g, kGptOssLimit), uc = std::clamp(u, -kGptOssLimit, kGptOssLimit);
+    return (uc + 1.0) * gc / (1.0 + std::exp(-gc * kGptOssAlpha));
+}
+}  // namespace
+
+TEST_P(Conformance, ClampedSwigluByHandAndWithinBoundOfTheOracle) {
+    // Clamps: g = 10 → 7, u = −9 → −7, u = 8 → 7; g below −limit is not clamped (only from above).
+    const std::vector<double> gv{0, 1, 10, -3, -9, 2.5, 7, 0.25}, uv{5, -9, 0.5, 8, 1, -1, 7, -0.5};
+    const Tensor g = input(gv, {8}), u = input(uv, {8});
+    const Tensor y = node().clamped_swiglu(g, u, kGptOssAlpha, kGptOssLimit);
+    const Tensor gh = held(g), uh = held(u);
+    const double cf = GetParam().family == Family::opencl ? 26.0 : 8.0;
+    const auto bound = [&](double want, double gin) {
+        const double s = std::fabs(std::min(gin, kGptOssLimit) * kGptOssAlpha);
+        return std::fabs(want) * (kU32 * (cf + 4 * s) + (narrow() ? 1.01 * us() : 0.0)) + underflow();
+    };
+    for (std::size_t i = 0; i < gv.size(); ++i) {
+        const double want = clamped_swiglu_f64(gh.at(static_cast<std::int64_t>(i)), uh.at(static_cast<std::int64_t>(i)));
+        const double tol = oracle() ? 1e-15 * std::max(1.0, std::fabs(want)) : bound(want, gh.at(static_cast<std::int64_t>(i)));
+        EXPECT_NEAR(y.at(static_cast<std::int64_t>(i)), want, tol) << "g " << gv[i] << " u " << uv[i];
+    }
+    EXPECT_EQ(y.at(0), 0.0);  // g = 0: (u + 1) · 0 · σ(0)
+    EXPECT_EQ(y.at(5), 0.0);  // u = −1: (−1 + 1) · …
+    // Seeded, wide enough that every clamp fires often.
+    const Tensor gs = held(seeded_normal(15, "conf/e/cg", {4, 1000}, 0, 5));
+    const Tensor us_ = held(seeded_normal(15, "conf/e/cu", {4, 1000}, 0, 5));
+    auto r = ref();
+    const Tensor yr = r->clamped_swiglu(gs, us_, kGptOssAlpha, kGptOssLimit);
+    const Tensor yn = node().clamped_swiglu(gs, us_, kGptOssAlpha, kGptOssLimit);
+    std::int64_t clamped = 0;
+    for (std::int64_t i = 0; i < gs.numel(); ++i) {
+        clamped += gs.at(i) > kGptOssLimit || std::fabs(us_.at(i)) > kGptOssLimit;
+        const double want = clamped_swiglu_f64(gs.at(i), us_.at(i));
+        ASSERT_NEAR(yr.at(i), want, 1e-15 * std::max(1.0, std::fabs(want))) << i;  // the oracle is the formula
+        ASSERT_NEAR(yn.at(i), yr.at(i), oracle() ? 0.0 : bound(yr.at(i), gs.at(i))) << i;
+    }
+    EXPECT_GT(clamped, 200);
+    // NaN passes the clamps (no fmin/fmax); +inf gate clamps to the limit; −inf gate gives −inf·0 = NaN.
+    const Tensor gx = input({NAN, 1, INFINITY, -INFINITY}, {4}), ux = input({1, NAN, -INFINITY, 1}, {4});
+    const Tensor yx = node().clamped_swiglu(gx, ux, kGptOssAlpha, kGptOssLimit);
+    EXPECT_TRUE(std::isnan(yx.at(0)));
+    EXPECT_TRUE(std::isnan(yx.at(1)));
+    EXPECT_NEAR(yx.at(2), clamped_swiglu_f64(7.0, -7.0), std::fabs(clamped_swiglu_f64(7.0, -7.0)) * 1e-2);
+    EXPECT_TRUE(std::isnan(yx.at(3)));
+    EXPECT_THROW((void)node().clamped_swiglu(g, u, kGptOssAlpha, 0.0), Error);
+}
+
 TEST_P(Conformance, ElementwiseNonFiniteValuesPropagate) {
     // sigmoid(±inf) = 1, 0; swiglu(−inf, ·) = −inf/inf = NaN; NaN stays NaN.
     const Tensor x = input({NAN, INFINITY, -INFINITY, 1}, {4});
@@ -1107,6 +1162,51 @@ TEST_P(AttentionConformance, ByHandUniformWeightsAverageTheVisibleValues) {
     else
         EXPECT_TRUE(elementwise_close(want, y, few_roundings() + (narrow() ? 3.1 * us() : 0.0) + (f16_acc() ? 4 * ua() : 0.0),
                                       underflow()));
+}
+
+// Attention sinks (gpt-oss): q = 0, so every score is 0 and each visible key
+// weighs 1 / (n + e^sink): out = (Σ visible V rows) / (n + e^sink).
+TEST_P(AttentionConformance, SinksByHandTakeTheirShareOfTheSoftmax) {
+    const Tensor q = input(std::vector<double>(2 * 2 * 2, 0.0), {2, 2, 2});
+    const std::vector<Tensor> k = {input({1, 2, -3, 4, 0.5, 6}, {3, 2})};
+    const std::vector<Tensor> v = {input({1, 2, 3, 4, 5, 6}, {3, 2})};
+    const std::vector<TensorView> kv(k.begin(), k.end()), vv(v.begin(), v.end());
+    const Tensor sinks = input({0.0, std::log(2.0)}, {2});  // head 0: e^0 = 1, head 1: e^(ln 2) held = ~2
+    const double e1 = std::exp(held(sinks).at(1));
+    const Tensor y = node().causal_attention_sinks(q, kv, vv, 0.5, sinks);
+    ASSERT_EQ(y.shape(), Shape({2, 4}));
+    // Query 0 sees rows 0–1 (sums 4, 6), query 1 rows 0–2 (sums 9, 12); head h divides by n + e^sink_h.
+    const Tensor want = Tensor::from_f64(std::vector<double>{4.0 / 3, 6.0 / 3, 4 / (2 + e1), 6 / (2 + e1),
+                                                             9.0 / 4, 12.0 / 4, 9 / (3 + e1), 12 / (3 + e1)},
+                                         {2, 4});
+    if (oracle())
+        EXPECT_TRUE(elementwise_close(want, y, 8 * 0x1p-53, 0));
+    else
+        EXPECT_TRUE(elementwise_close(want, y, few_roundings() + (narrow() ? 4.1 * us() : 0.0) + (f16_acc() ? 4 * ua() : 0.0),
+                                      underflow()));
+    // A sink of −inf takes nothing: the plain attention's bits (an exp(−inf) = +0 more in each row sum).
+    if (caps().deterministic) {
+        const Inputs in = inputs({5, 4, 2, 8, 3}, "sink-none");
+        const Tensor plain = run(node(), in, 0.3);
+        const Tensor with = node().causal_attention_sinks(in.q, in.kv(), in.vv(), 0.3, input({-INFINITY, -INFINITY, -INFINITY, -INFINITY}, {4}));
+        EXPECT_TRUE(same_bits(plain, with));
+    }
+    // A dominant sink takes (almost) everything: the output shrinks by e^−40 relative to the values.
+    const Tensor big = node().causal_attention_sinks(q, kv, vv, 0.5, input({40.0, 40.0}, {2}));
+    for (std::int64_t i = 0; i < big.numel(); ++i) EXPECT_LT(std::fabs(big.at(i)), 1e-15) << i;
+    // Against the oracle on seeded inputs with seeded sinks, within the plain attention's f32 scale.
+    auto r = ref();
+    const Inputs in = inputs({9, 12, 3, 16, 5}, "sinks");
+    const Tensor sk = held(seeded_normal(11, "conf/attn/sinks", {12}, 0, 2));
+    const Tensor yr = r->causal_attention_sinks(in.q, in.kv(), in.vv(), 0.25, sk);
+    const Tensor yn = node().causal_attention_sinks(in.q, in.kv(), in.vv(), 0.25, sk);
+    double m = 0, d = 0;
+    for (std::int64_t i = 0; i < yr.numel(); ++i) {
+        m = std::max(m, std::fabs(yr.at(i)));
+        d = std::max(d, std::fabs(yr.at(i) - yn.at(i)));
+    }
+    EXPECT_LE(d / m, oracle() ? 0.0 : narrow() || f16_acc() ? 3e-2 : 2e-6) << "normwise";
+    EXPECT_THROW((void)node().causal_attention_sinks(in.q, in.kv(), in.vv(), 0.25, input({1, 2}, {2})), Error);
 }
 
 TEST_P(AttentionConformance, WithinTheSoftmaxAndDotProductBoundOfTheTextbook) {

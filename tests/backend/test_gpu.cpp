@@ -446,7 +446,7 @@ TEST_P(EmulatedForward, WithinTheCpuNodesF32Tolerance) {
     }
     // The decoder on the emulation (a prefill of 10, then one token at a
     // time: conv history and recurrent state carried between calls, routing
-    // pinned per step) gives the full forward's bits.
+    // pinned per step) gives the full forward's bits (with attention sinks: within the f32 tolerance, below).
     Decoder dec(emu, model);
     const auto step_plan = [&](std::size_t t0, std::size_t n) {
         std::vector<RoutingPlan> plans(oracle.routing.size());
@@ -470,14 +470,29 @@ TEST_P(EmulatedForward, WithinTheCpuNodesF32Tolerance) {
         const Tensor step = dec.step(std::span(prompt).subspan(t0, n), &plans);
         const std::size_t row = static_cast<std::size_t>(V) * sizeof(float);
         ASSERT_EQ(step.nbytes(), n * row);
-        EXPECT_EQ(std::memcmp(step.raw(), static_cast<const std::byte*>(g.logits.raw()) + t0 * row, step.nbytes()), 0)
-            << "decoder step at token " << t0;
+        if (!cfg.attention_sinks) {
+            EXPECT_EQ(std::memcmp(step.raw(), static_cast<const std::byte*>(g.logits.raw()) + t0 * row, step.nbytes()), 0)
+                << "decoder step at token " << t0;
+        } else {
+            // Sinks run the composition (no fused kernel takes them yet): its softmax reduces a row of the
+            // call's key count, masked zeros included, so a shorter decode row rounds differently —
+            // close, not the same bits (the invariance step measures exactly this on every node).
+            const TensorView full{DType::f32, static_cast<const std::byte*>(g.logits.raw()) + t0 * row,
+                                  {static_cast<std::int64_t>(n), V}};
+            double m = 0, d = 0;
+            for (std::int64_t i = 0; i < full.numel(); ++i) {
+                m = std::max(m, std::fabs(full.at(i)));
+                d = std::max(d, std::fabs(full.at(i) - step.at(i)));
+            }
+            EXPECT_LE(d / m, kF32Tolerance) << "decoder step at token " << t0;
+        }
         t0 += n;
     }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EmulatedForward,
-                         ::testing::Values("qwen3_5_moe_tiny", "llama_tiny", "mistral_tiny", "qwen2_tiny", "qwen3_tiny"),
+                         ::testing::Values("qwen3_5_moe_tiny", "llama_tiny", "mistral_tiny", "qwen2_tiny", "qwen3_tiny",
+                                           "olmoe_tiny", "gpt_oss_tiny"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
 // ---- 2. specs and absence, per vendor ----------------------------------------------------

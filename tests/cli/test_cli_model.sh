@@ -36,7 +36,7 @@ expect_usage_error "--layer 9 is outside" matrix --layer 9
 expect_usage_error "--layer needs --model" ops --layer 1
 # The contract's own family: the hybrid fixtures (Gated DeltaNet + gated
 # attention, made by transformers) audited end to end, each node in its process.
-for m in qwen3_5_moe_tiny qwen3_next_tiny olmoe_tiny; do
+for m in qwen3_5_moe_tiny qwen3_next_tiny olmoe_tiny gpt_oss_tiny; do
   "$bin" audit -p protocols/ci.json --model fixtures/models/$m -b cpu-ref,cpu,opencl:0 -o "$tmp/$m.json" >"$tmp/$m.out" 2>&1
   rc=$?
   check "audit of $m: cpu and opencl:0 fit → exit 0" test $rc -eq 0
@@ -73,6 +73,32 @@ check "inspect qwen2_tiny: the sliding layers and no router" \
 out=$("$bin" inspect fixtures/models/llama_tiny 2>&1)
 check "inspect llama_tiny: the llama3 rope scaling" grep -q "with llama3 frequency scaling (factor 8" <<<"$out"
 expect_usage_error "the model has no MoE layer" matrix --model fixtures/models/llama_tiny
+# gpt-oss with MXFP4 experts: inspect names the format; malformed MXFP4 tensors are refused naming the tensor.
+out=$("$bin" inspect fixtures/models/gpt_oss_tiny_mxfp4 2>&1)
+check "inspect gpt_oss_tiny_mxfp4: MXFP4 experts, sinks, the sliding layers" \
+  bash -c "grep -q 'expert weights MXFP4' <<<'$out' && grep -q 'attention sinks' <<<'$out' && grep -q 'on layers 0, 2' <<<'$out'"
+"$bin" audit -p protocols/ci.json --model fixtures/models/gpt_oss_tiny_mxfp4 -b cpu-ref,cpu >"$tmp/mx.out" 2>&1
+check "audit of gpt_oss_tiny_mxfp4: cpu fit → exit 0" test $? -eq 0
+# Rewrite one tensor's header entry (same byte count, so the file stays valid safetensors).
+mxbad() {  # mxbad DIR TENSOR KEY JSONVALUE
+  mkdir -p "$1" && cp fixtures/models/gpt_oss_tiny_mxfp4/config.json "$1/"
+  python3 - "$1/model.safetensors" "$2" "$3" "$4" <<'PY'
+import json, struct, sys
+src = "fixtures/models/gpt_oss_tiny_mxfp4/model.safetensors"
+data = open(src, "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+head = json.loads(data[8:8 + n])
+head[sys.argv[2]][sys.argv[3]] = json.loads(sys.argv[4])
+h = json.dumps(head).encode()
+h += b" " * (-len(h) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + data[8 + n:])
+PY
+}
+mxbad "$tmp/mx1" model.layers.0.mlp.experts.gate_up_proj_blocks shape '[8, 128, 4, 8]'
+expect_usage_error "gate_up_proj_blocks.*shape" ops --model "$tmp/mx1" --layer 0 --ops moe
+mxbad "$tmp/mx2" model.layers.1.mlp.experts.down_proj_scales dtype '"I8"'
+expect_usage_error "MXFP4 tensor 'model.layers.1.mlp.experts.down_proj_scales' has dtype I8, expected U8" \
+  logits --model "$tmp/mx2" -b cpu-ref,cpu
 "$bin" inspect fixtures/models/qwen3_5_moe_tiny >"$tmp/q35.txt" 2>&1
 check "inspect shows the hybrid layout" grep -q "hybrid: 2 Gated DeltaNet layers" "$tmp/q35.txt"
 check "inspect says the experts are fused and the vision tower ignored" \

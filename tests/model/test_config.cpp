@@ -332,10 +332,10 @@ TEST(ConfigParse, SparseStepAndMlpOnlyLayersCombine) {
 
 TEST(ConfigParse, RopeParametersWinOverTopLevelRopeTheta) {
     const ModelConfig c = kvasir::parse_model_config(
-        R"({"model_type": "qwen3_moe", "rope_theta": 5.0, "rope_parameters": {"rope_type": "yarn", "rope_theta": 7.0}})",
+        R"({"model_type": "qwen3_moe", "rope_theta": 5.0, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 7.0}})",
         "r/config.json");
     EXPECT_EQ(c.rope_theta, 7.0);
-    EXPECT_EQ(c.rope_type, "yarn");
+    EXPECT_EQ(c.rope_type, "dynamic");
     const ModelConfig d = kvasir::parse_model_config(
         R"({"model_type": "qwen3_moe", "rope_theta": 5.0, "rope_scaling": {"type": "linear", "factor": 2.0}})",
         "r/config.json");
@@ -840,8 +840,62 @@ TEST(RopeFrequencies, Llama3ScalingByHandOnEachBranch) {
     // Pairs 2..7: wavelength > 64 → divided by 8 (pair 2: 5e5^(-1/4)/8 = 0.0047008).
     EXPECT_NEAR(f[2], 0.0047008, 1e-7);
     for (int i = 2; i < 8; ++i) EXPECT_DOUBLE_EQ(f[static_cast<std::size_t>(i)], std::pow(500000.0, -2.0 * i / 16.0) / 8.0) << i;
-    c.rope_type = "yarn";
+    c.rope_type = "longrope";
     EXPECT_THROW((void)kvasir::rope_inverse_frequencies(c), Error);
+}
+
+TEST(RopeFrequencies, YarnAsGptOssUsesIt) {
+    // GptOssConfig's rope: yarn, theta 1.5e5, factor 32, beta_fast 32, beta_slow 1, truncate false,
+    // original context 4096; head_dim 64. Correction range by hand: low = 64·ln(4096/(32·2π)) / (2 ln 1.5e5)
+    // = 8.093, high = 64·ln(4096/2π) / (2 ln 1.5e5) = 17.398: pairs ≤ 8 keep theta^(−2i/64), pairs ≥ 18 are
+    // divided by 32, the ones between blend with ramp (i − low)/(high − low).
+    const kvasir::ModelConfig c = kvasir::parse_model_config(R"({"model_type": "qwen3_moe", "head_dim": 64,
+      "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                          "beta_slow": 1.0, "truncate": false, "original_max_position_embeddings": 4096}})",
+                                                             "yarn/config.json");
+    ASSERT_EQ(c.rope_type, "yarn");
+    const std::vector<double> f = kvasir::rope_inverse_frequencies(c);
+    ASSERT_EQ(f.size(), 32u);
+    const auto p = [](int i) { return std::pow(150000.0, -2.0 * i / 64.0); };
+    const double low = 64 * std::log(4096 / (32 * 2 * std::numbers::pi)) / (2 * std::log(150000.0));
+    const double high = 64 * std::log(4096 / (2 * std::numbers::pi)) / (2 * std::log(150000.0));
+    EXPECT_NEAR(low, 8.093, 1e-3);
+    EXPECT_NEAR(high, 17.398, 1e-3);
+    EXPECT_EQ(f[0], 1.0);
+    for (int i : {1, 5, 8}) EXPECT_DOUBLE_EQ(f[static_cast<std::size_t>(i)], p(i)) << i;
+    for (int i : {18, 25, 31}) EXPECT_DOUBLE_EQ(f[static_cast<std::size_t>(i)], p(i) / 32) << i;
+    const double r9 = (9 - low) / (high - low);
+    EXPECT_NEAR(f[9], p(9) * (r9 / 32 + (1 - r9)), 1e-17);
+    // transformers' own float32 values (ROPE_INIT_FUNCTIONS["yarn"] on GptOssConfig(head_dim=64)).
+    const std::vector<std::pair<int, double>> hf{{5, 0.15532298386096954}, {8, 0.05081327259540558},
+                                                 {9, 0.031705696135759354}, {10, 0.019334999844431877},
+                                                 {12, 0.006794959306716919}, {20, 1.818833698052913e-05},
+                                                 {31, 3.023511396804679e-07}};
+    for (const auto& [i, v] : hf) EXPECT_NEAR(f[static_cast<std::size_t>(i)] / v, 1.0, 1e-6) << i;
+    // attention_factor: 0.1·ln 32 + 1 (transformers: 1.3465735902799727).
+    EXPECT_NEAR(kvasir::rope_attention_factor(c), 1.3465735902799727, 1e-15);
+    // truncate (the default): low floored to 8, high ceiled to 18.
+    kvasir::ModelConfig t = c;
+    t.rope_scaling.truncate = true;
+    const std::vector<double> ft = kvasir::rope_inverse_frequencies(t);
+    EXPECT_NEAR(ft[9], p(9) * ((1.0 / 10) / 32 + (1 - 1.0 / 10)), 1e-17);
+    // attention_factor given, and DeepSeek's mscale / mscale_all_dim form.
+    t.rope_scaling.attention_factor = 1.5;
+    EXPECT_EQ(kvasir::rope_attention_factor(t), 1.5);
+    kvasir::ModelConfig d = c;
+    d.rope_scaling.mscale = 1.0;
+    d.rope_scaling.mscale_all_dim = 0.5;
+    EXPECT_NEAR(kvasir::rope_attention_factor(d), (0.1 * std::log(32.0) + 1) / (0.05 * std::log(32.0) + 1), 1e-15);
+    EXPECT_EQ(kvasir::rope_attention_factor(kvasir::parse_model_config(R"({"model_type": "qwen3_moe"})", "x")), 1.0);
+}
+
+TEST(ConfigErrors, YarnNeedsItsKeys) {
+    expect_error(std::string(R"({"model_type": "qwen3_moe", "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})"),
+                 {"original_max_position_embeddings is required for rope_type yarn"});
+    expect_error(std::string(R"({"model_type": "qwen3_moe", "rope_parameters": {"rope_type": "yarn",
+                    "original_max_position_embeddings": 4096}})"), {"factor is required for rope_type yarn"});
+    expect_error(std::string(R"({"model_type": "qwen3_moe", "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                    "original_max_position_embeddings": 4096, "truncate": 1}})"), {"truncate must be true or false"});
 }
 
 TEST(ConfigParse, OlmoeNormsTheWholeProjectionAndDoesNotRenormalise) {
@@ -867,4 +921,55 @@ TEST(ConfigParse, OlmoeNormsTheWholeProjectionAndDoesNotRenormalise) {
     j = json::parse(text);
     j["head_dim"] = 64;  // 64 × 16 != 2048: OlmoeAttention's q_norm would not fit
     expect_error(j, {"head_dim 64", "hidden_size 2048"}, ErrorCode::unsupported);
+}
+
+TEST(ConfigParse, GptOssDefaultsAndLayout) {
+    // openai/gpt-oss-20b's config.json (abridged; its quantization_config names MXFP4).
+    const char* text = R"({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880,
+      "intermediate_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
+      "head_dim": 64, "num_local_experts": 32, "num_experts_per_tok": 4, "sliding_window": 128,
+      "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention",
+                      "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+                      "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+                      "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+                      "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+                      "sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+      "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                       "rope_type": "yarn", "truncate": false}, "rope_theta": 150000, "swiglu_limit": 7.0,
+      "attention_bias": true, "vocab_size": 201088, "rms_norm_eps": 1e-05, "tie_word_embeddings": false,
+      "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}})";
+    const kvasir::ModelConfig c = kvasir::parse_model_config(text, "oss/config.json");
+    EXPECT_EQ(c.architecture, Architecture::gpt_oss);
+    EXPECT_TRUE(c.attention_sinks && c.router_logit_bias && c.expert_bias && c.clamped_swiglu);
+    EXPECT_TRUE(c.attention_bias && c.attention_out_bias);
+    EXPECT_EQ(c.swiglu_alpha, 1.702);
+    EXPECT_EQ(c.swiglu_limit, 7.0);
+    EXPECT_EQ(c.rope_type, "yarn");
+    EXPECT_EQ(c.rope_theta, 150000.0);
+    EXPECT_FALSE(c.rope_scaling.truncate);
+    EXPECT_EQ(c.num_experts(), 32);
+    EXPECT_EQ(c.top_k(), 4);
+    EXPECT_TRUE(c.norm_topk_prob());  // softmax over the top-k logits
+    EXPECT_EQ(c.moe_intermediate_size, 2880);
+    EXPECT_EQ(c.num_moe_layers(), 24);
+    EXPECT_EQ(c.attention_window(0), 128);
+    EXPECT_EQ(c.attention_window(1), 0);
+    EXPECT_EQ(c.attention_window(22), 128);
+    // Without layer_types, rope or head_dim: GptOssConfig's defaults (even layers slide, yarn 32, head_dim 64).
+    const kvasir::ModelConfig d = kvasir::parse_model_config(R"({"model_type": "gpt_oss", "num_hidden_layers": 3})", "d");
+    EXPECT_EQ(d.head_dim, 64);
+    EXPECT_EQ(d.rope_type, "yarn");
+    EXPECT_EQ(d.rope_scaling.factor, 32.0);
+    EXPECT_EQ(d.rope_scaling.original_max_position_embeddings, 4096.0);
+    EXPECT_FALSE(d.rope_scaling.truncate);
+    EXPECT_EQ(d.rope_theta, 150000.0);
+    EXPECT_EQ(d.attention_window(0), 128);
+    EXPECT_EQ(d.attention_window(1), 0);
+    EXPECT_EQ(d.attention_window(2), 128);
+    json j = json::parse(text);
+    j["layer_types"] = {"sliding_attention"};
+    expect_error(j, {"layer_types must list one type per layer (24)"});
+    j = json::parse(text);
+    j["swiglu_limit"] = 0;
+    expect_error(j, {"swiglu_limit"});
 }

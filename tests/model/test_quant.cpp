@@ -4,7 +4,9 @@
 // against the gguf package lives in test_gguf.cpp.
 #include "kvasir/core/dtype.hpp"
 #include "kvasir/core/error.hpp"
+#include "kvasir/model/gguf.hpp"
 #include "kvasir/model/quant.hpp"
+#include "kvasir/model/safetensors.hpp"
 
 #include <gtest/gtest.h>
 
@@ -12,6 +14,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 using namespace kvasir;
@@ -154,3 +157,74 @@ TEST(QuantRow, UnsupportedTypeAndBadLengthAreRefused) {
     }
     EXPECT_THROW(dequantize_row(GgmlType::Q8_0, src.data(), y.data(), 31), Error);
 }
+
+// ---- MXFP4 -------------------------------------------------------------------------------
+// fixtures/mxfp4/ (scripts/make_fixtures.py write_mxfp4_vectors): every e8m0 scale 0..255 and every nibble,
+// in both layouts, with the public references' own expansions: transformers' _convert_moe_packed_tensors
+// (float32) for the Hugging Face blocks/scales, gguf.quants.dequantize for ggml's block_mxfp4.
+namespace {
+
+const std::string kMxfp4 = std::string(KVASIR_SOURCE_DIR) + "/fixtures/mxfp4/";
+
+bool same_float_bits(float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); }
+
+TEST(Mxfp4, HuggingFaceLayoutIsTransformersBitForBit) {
+    const kvasir::SafetensorsFile f = kvasir::SafetensorsFile::open(kMxfp4 + "vectors.safetensors");
+    const auto& bi = f.info("hf.blocks");
+    ASSERT_EQ(bi.shape, (kvasir::Shape{2, 256, 2, 16}));
+    const auto* blocks = reinterpret_cast<const std::uint8_t*>(f.raw("hf.blocks").data());
+    const auto* scales = reinterpret_cast<const std::uint8_t*>(f.raw("hf.scales").data());
+    const kvasir::TensorView ref = f.view("hf.transformers");  // [2, 64, 256]: transformers transposes to [E, G·32, R]
+    ASSERT_EQ(ref.shape, (kvasir::Shape{2, 64, 256}));
+    std::int64_t infinite = 0, denormal = 0, mismatched = 0;
+    std::vector<float> row(64);
+    for (std::int64_t e = 0; e < 2; ++e)
+        for (std::int64_t r = 0; r < 256; ++r) {
+            kvasir::dequantize_mxfp4_hf(blocks + (e * 256 + r) * 32, scales + (e * 256 + r) * 2, 2, row.data());
+            for (std::int64_t c = 0; c < 64; ++c) {
+                const float want = static_cast<float>(ref.at((e * 64 + c) * 256 + r));
+                mismatched += !same_float_bits(row[static_cast<std::size_t>(c)], want);
+                infinite += std::isinf(want);
+                denormal += want != 0 && std::fabs(want) < 0x1p-126f;
+            }
+        }
+    EXPECT_EQ(mismatched, 0);
+    EXPECT_GT(infinite, 0);  // scale 255 overflows for |v| ≥ 1, as torch.ldexp does
+    EXPECT_GT(denormal, 0);  // scales 0..2 reach f32 denormals exactly
+    // By hand: byte 0x71 at scale 128 → low nibble 1 (0.5) then high nibble 7 (6.0), times 2^1.
+    const std::uint8_t b[16] = {0x71}, s[1] = {128};
+    float y[32];
+    kvasir::dequantize_mxfp4_hf(b, s, 1, y);
+    EXPECT_EQ(y[0], 1.0f);
+    EXPECT_EQ(y[1], 12.0f);
+    EXPECT_EQ(y[2], 0.0f);
+}
+
+TEST(Mxfp4, GgufBlocksAreTheGgufPackageBitForBit) {
+    const kvasir::GgufFile g = kvasir::GgufFile::open(kMxfp4 + "vectors.gguf");
+    const kvasir::GgufTensor* t = g.find_tensor("mxfp4");
+    ASSERT_NE(t, nullptr);
+    ASSERT_EQ(t->type, GgmlType::MXFP4);
+    const kvasir::Tensor got = kvasir::dequantize(*t);
+    ASSERT_EQ(got.shape(), (kvasir::Shape{256, 64}));
+    const kvasir::SafetensorsFile f = kvasir::SafetensorsFile::open(kMxfp4 + "vectors.safetensors");
+    const kvasir::TensorView want = f.view("gguf.values");
+    std::int64_t mismatched = 0;
+    for (std::int64_t i = 0; i < want.numel(); ++i) {
+        const bool bad = !same_float_bits(got.as<float>()[i], static_cast<float>(want.at(i)));
+        if (bad && mismatched < 5) ADD_FAILURE() << "element " << i << ": " << got.as<float>()[i] << " vs " << want.at(i);
+        mismatched += bad;
+    }
+    EXPECT_EQ(mismatched, 0);
+    // By hand: ggml orders a block's low nibbles first, then the high ones (unlike the HF layout).
+    std::array<std::byte, 17> blk{};
+    blk[0] = std::byte{128};  // 2^(128−128) = 1, times the doubled e2m1 value
+    blk[1] = std::byte{0x71};
+    std::array<float, 32> y{};
+    kvasir::dequantize_row_mxfp4(blk.data(), y.data(), 32);
+    EXPECT_EQ(y[0], 1.0f);   // kvalues[1] = 1
+    EXPECT_EQ(y[16], 12.0f); // kvalues[7] = 12
+    EXPECT_EQ(y[1], 0.0f);
+}
+
+}  // namespace

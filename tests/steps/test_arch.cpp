@@ -116,12 +116,12 @@ TEST(Architectures, EachFixtureHasItsFamily) {
     EXPECT_EQ(ids, (std::vector<Architecture>{Architecture::qwen2_moe, Architecture::qwen3_moe, Architecture::mixtral,
                                               Architecture::qwen3_5_moe, Architecture::qwen3_next, Architecture::llama,
                                               Architecture::mistral, Architecture::qwen2, Architecture::qwen3,
-                                              Architecture::qwen3_5, Architecture::olmoe}));
+                                              Architecture::qwen3_5, Architecture::olmoe, Architecture::gpt_oss}));
     for (const auto& [name, expect] : std::vector<std::pair<std::string, Architecture>>{
              {"qwen3_5_moe_tiny", Architecture::qwen3_5_moe}, {"qwen3_next_tiny", Architecture::qwen3_next},
              {"qwen3_5_tiny", Architecture::qwen3_5}, {"llama_tiny", Architecture::llama},
              {"mistral_tiny", Architecture::mistral}, {"qwen2_tiny", Architecture::qwen2}, {"qwen3_tiny", Architecture::qwen3},
-             {"olmoe_tiny", Architecture::olmoe}}) {
+             {"olmoe_tiny", Architecture::olmoe}, {"gpt_oss_tiny", Architecture::gpt_oss}}) {
         const Model m = Model::open((kModels / name).string());
         EXPECT_EQ(arch::architecture_for(m.config()).id(), expect) << name;
     }
@@ -139,8 +139,8 @@ TEST(Architectures, WhatTheForwardPassDoesNotImplementIsRefusedNamingIt) {
         }
     };
     ModelConfig c = m.config();
-    c.rope_type = "yarn";
-    refused(c, "rope type 'yarn'");
+    c.rope_type = "longrope";
+    refused(c, "rope type 'longrope'");
     c = m.config();
     c.sliding_window = 4096;  // qwen3_moe: no fixture checks its window rule
     refused(c, "sliding-window attention (4096) of qwen3_moe");
@@ -156,6 +156,6 @@ TEST(Architectures, WhatTheForwardPassDoesNotImplementIsRefusedNamingIt) {
     c.architecture = Architecture::deepseek_v3;
     refused(c, "MLA attention is not modelled");
     c = Model::open((kModels / "qwen3_5_moe_tiny").string()).config();
-    c.rope_type = "yarn";
-    refused(c, "rope type 'yarn'");
+    c.rope_type = "longrope";
+    refused(c, "rope type 'longrope'");
 }

@@ -87,6 +87,11 @@ const std::vector<Fixture>& fixtures() {
          3e-5, 1.5},
         // olmoe: q/k norm over the whole projection, top-4 of 16 not renormalised.
         {"olmoe_tiny", (kModels / "olmoe_tiny").string(), (kModels / "olmoe_tiny" / "reference.safetensors").string()},
+        // gpt_oss: sinks, yarn, alternating sliding windows, biased router, clamped SwiGLU experts with biases.
+        {"gpt_oss_tiny", (kModels / "gpt_oss_tiny").string(), (kModels / "gpt_oss_tiny" / "reference.safetensors").string()},
+        // The same model with MXFP4 experts (*_blocks / *_scales), referenced by transformers on its dequantisation.
+        {"gpt_oss_tiny_mxfp4", (kModels / "gpt_oss_tiny_mxfp4").string(),
+         (kModels / "gpt_oss_tiny_mxfp4" / "reference.safetensors").string()},
         // Dense decoders (no MoE layer): llama3 rope scaling, q/k norm with head_dim != hidden/heads, q/k/v bias
         // and a sliding window on some layers (qwen2), a sliding window on every layer (mistral).
         {"llama_tiny", (kModels / "llama_tiny").string(), (kModels / "llama_tiny" / "reference.safetensors").string()},
@@ -473,7 +478,7 @@ std::vector<Fixture> hybrid_fixtures() {
         // The hybrids, and the dense fixtures whose attention the OpenCL node computes through windows
         // (qwen2: some layers slide, mistral: every layer) and a scaled rope (llama).
         if (f.name == "qwen3_5_moe_tiny" || f.name == "qwen3_next_tiny" || f.name == "qwen3_5_tiny" ||
-            f.name == "llama_tiny" || f.name == "olmoe_tiny" || f.name == "qwen2_tiny" || f.name == "mistral_tiny" || f.name == "qwen3_tiny")
+            f.name == "llama_tiny" || f.name == "olmoe_tiny" || f.name == "gpt_oss_tiny" || f.name == "qwen2_tiny" || f.name == "mistral_tiny" || f.name == "qwen3_tiny")
             out.push_back(f);
     return out;
 }
@@ -911,3 +916,38 @@ TEST(ForwardErrors, BadTokensPlansAndAnchors) {
     const std::vector<std::int32_t> pinned{1, 2};
     expect_error([&] { (void)greedy_generate(*be, fx.model, prompt, 5, &pinned); }, "2 pinned tokens for 5 steps");
 }
+
+// MXFP4 experts: what the loader made of layer 0's blocks and scales is, bit for bit, what transformers
+// holds after loading the checkpoint with Mxfp4Config(dequantize=True) (reference tensors mxfp4.*: gate_up
+// [E, H, 2I] with gate/up interleaved, down [E, I, H]); and the plain fixture's experts are its tensors moved.
+TEST(GptOss, Mxfp4ExpertsAreTransformersDequantisationBitForBit) {
+    for (const char* name : {"gpt_oss_tiny_mxfp4", "gpt_oss_tiny"}) {
+        const Model m = Model::open((kModels / name).string());
+        EXPECT_EQ(m.config().mxfp4_experts, std::string(name) == "gpt_oss_tiny_mxfp4") << name;
+        const LayerWeights& w = m.layer(0);
+        const std::int64_t E = m.config().num_experts(), H = m.config().hidden_size, I = m.config().moe_intermediate_size;
+        ASSERT_EQ(static_cast<std::int64_t>(w.experts.size()), E);
+        const bool mx = m.config().mxfp4_experts;
+        const SafetensorsFile ref = SafetensorsFile::open(
+            (kModels / name / (mx ? "reference.safetensors" : "model.safetensors")).string());
+        const std::string pre = mx ? "mxfp4.model.layers.0.mlp.experts." : "model.layers.0.mlp.experts.";
+        const TensorView gu = ref.view(pre + "gate_up_proj"), dn = ref.view(pre + "down_proj");
+        ASSERT_EQ(gu.shape, (Shape{E, H, 2 * I}));
+        ASSERT_EQ(dn.shape, (Shape{E, I, H}));
+        std::int64_t differ = 0, nonzero = 0;
+        for (std::int64_t e = 0; e < E; ++e) {
+            const ExpertWeights& x = w.experts[static_cast<std::size_t>(e)];
+            EXPECT_TRUE(x.activation.clamped);
+            for (std::int64_t i = 0; i < I; ++i)
+                for (std::int64_t h = 0; h < H; ++h) {
+                    differ += x.gate.at(i * H + h) != gu.at((e * H + h) * 2 * I + 2 * i);
+                    differ += x.up.at(i * H + h) != gu.at((e * H + h) * 2 * I + 2 * i + 1);
+                    differ += x.down.at(h * I + i) != dn.at((e * I + i) * H + h);
+                    nonzero += x.gate.at(i * H + h) != 0;
+                }
+        }
+        EXPECT_EQ(differ, 0) << name;
+        EXPECT_GT(nonzero, E * I * H / 2) << name;
+    }
+}
+

@@ -16,11 +16,12 @@ const DecoderArchitecture& qwen2();
 const DecoderArchitecture& qwen3();
 const DecoderArchitecture& qwen3_5();
 const DecoderArchitecture& olmoe();
+const DecoderArchitecture& gpt_oss();
 
 const std::vector<const DecoderArchitecture*>& architectures() {
     static const std::vector<const DecoderArchitecture*> all{&qwen2_moe(), &qwen3_moe(), &mixtral(), &qwen3_5_moe(),
                                                              &qwen3_next(), &llama(), &mistral(), &qwen2(),
-                                                             &qwen3(), &qwen3_5(), &olmoe()};
+                                                             &qwen3(), &qwen3_5(), &olmoe(), &gpt_oss()};
     return all;
 }
 
@@ -38,9 +39,9 @@ const DecoderArchitecture& architecture_for(const ModelConfig& c) {
 }
 
 void check_standard_attention(const ModelConfig& c) {
-    KVASIR_CHECK(c.rope_type == "default" || c.rope_type == "llama3", ErrorCode::unsupported,
-                 "{}: rope type '{}' is not implemented by the forward pass (only 'default' and 'llama3')", c.source,
-                 c.rope_type);
+    KVASIR_CHECK(c.rope_type == "default" || c.rope_type == "llama3" || c.rope_type == "yarn", ErrorCode::unsupported,
+                 "{}: rope type '{}' is not implemented by the forward pass (only 'default', 'llama3' and 'yarn')",
+                 c.source, c.rope_type);
     KVASIR_CHECK(c.rope_type == "default" || c.partial_rotary_factor == 1.0, ErrorCode::unsupported,
                  "{}: rope type '{}' with partial rotary is not implemented by the forward pass", c.source, c.rope_type);
 }

@@ -34,15 +34,6 @@ TensorView row_slice(const TensorView& v, std::int64_t r0, std::int64_t n) {
     return TensorView{v.dtype, bytes_of(v) + static_cast<std::size_t>(r0 * cols) * esize(v), {n, cols}};
 }
 
-// A vector [N] repeated as `rows` rows [rows, N] (bias / gate broadcast), same dtype.
-Tensor broadcast_rows(const TensorView& vec, std::int64_t rows) {
-    const std::int64_t n = vec.numel();
-    Tensor out(vec.dtype, {rows, n});
-    const std::size_t row_bytes = static_cast<std::size_t>(n) * esize(vec);
-    for (std::int64_t r = 0; r < rows; ++r) std::memcpy(bytes_of(out) + static_cast<std::size_t>(r) * row_bytes, vec.data, row_bytes);
-    return out;
-}
-
 // out[r, c] = col[r] for c < cols: a [rows, 1] column repeated along the row.
 Tensor broadcast_cols(const TensorView& col, std::int64_t cols) {
     const std::int64_t rows = col.numel();
@@ -119,6 +110,7 @@ LayerGraph::LayerGraph(Backend& b, const Model& m) : be(b), model(m), c(m.config
     rope.layout = m.rope_layout();
     if (std::vector<double> f = rope_inverse_frequencies(c); !f.empty())
         rope.inv_freq = std::make_shared<const std::vector<double>>(std::move(f));
+    attention_factor = rope_attention_factor(c);
     router.top_k = static_cast<int>(c.top_k());
     router.scoring = c.router.scoring;
     router.renormalize = c.norm_topk_prob();
@@ -156,46 +148,62 @@ Tensor LayerGraph::attention(const LayerWeights& w, const TensorView& x, std::sp
     if (!c.qk_norm_full && present(w.k_norm)) k = be.rmsnorm(k, w.k_norm, c.rms_norm_eps);
     q = be.rope(q, pos, rope);
     k = be.rope(k, pos, rope);
-    return linear(attend_each(q, k, v, segs, c.attention_window(w.index)), w.o_proj, w.o_bias);
+    return linear(attend_each(q, k, v, segs, c.attention_window(w.index), present(w.sinks) ? &w.sinks : nullptr), w.o_proj,
+                  w.o_bias);
 }
 
 Tensor LayerGraph::attend_each(const Tensor& q, const Tensor& k, const Tensor& v, std::span<const Segment> segs,
-                               std::int64_t window) {
+                               std::int64_t window, const TensorView* sinks) {
     KVASIR_ASSERT(!segs.empty());
-    if (segs.size() == 1) return attend(q, k, v, *segs.front().kv, window);
+    if (segs.size() == 1) return attend(q, k, v, *segs.front().kv, window, sinks);
     std::vector<Tensor> outs;
     outs.reserve(segs.size());
     for (const Segment& s : segs)
         outs.push_back(attend(leading_rows(q, s.row0, s.rows), leading_rows(k, s.row0, s.rows),
-                              leading_rows(v, s.row0, s.rows), *s.kv, window));
+                              leading_rows(v, s.row0, s.rows), *s.kv, window, sinks));
     return stack_rows(outs);
 }
 
-Tensor LayerGraph::attend(const Tensor& q, const Tensor& k, const Tensor& v, KvLayer& kv, std::int64_t window) {
+Tensor LayerGraph::attend(const Tensor& q, const Tensor& k, const Tensor& v, KvLayer& kv, std::int64_t window,
+                          const TensorView* sinks) {
     KVASIR_CHECK(q.dtype() == k.dtype() && k.dtype() == v.dtype(), ErrorCode::backend_failure,
                  "attention: the backend returned q/k/v in different dtypes ({}, {}, {})", dtype_name(q.dtype()),
                  dtype_name(k.dtype()), dtype_name(v.dtype()));
     kv.append(k, v);
-    const double scale = std::pow(static_cast<double>(c.head_dim), -0.5);
+    // yarn scales cos and sin (so q and k) by attention_factor: the scores by its square.
+    const double scale = std::pow(static_cast<double>(c.head_dim), -0.5) * attention_factor * attention_factor;
+    std::vector<TensorView> keys, values;
+    for (std::int64_t g = 0; g < kv.heads; ++g) {
+        keys.push_back(kv.keys(g));
+        values.push_back(kv.values(g));
+    }
+    return windowed_attention(be, q, keys, values, scale, window, sinks);
+}
+
+Tensor windowed_attention(Backend& be, const TensorView& q, std::span<const TensorView> keys,
+                          std::span<const TensorView> values, double scale, std::int64_t window, const TensorView* sinks) {
+    KVASIR_CHECK(!keys.empty() && keys.size() == values.size() && q.rank() == 3, ErrorCode::bad_input,
+                 "attention: q {} with {} key / {} value caches", shape_str(q.shape), keys.size(), values.size());
+    const std::int64_t len = keys[0].dim(0);
     // Keys [k0, k1) of every kv head: views into the cache.
     const auto attend_rows = [&](const TensorView& qr, std::int64_t k0, std::int64_t k1) {
-        std::vector<TensorView> keys, values;
-        for (std::int64_t g = 0; g < kv.heads; ++g) {
-            keys.push_back(row_slice(kv.keys(g), k0, k1 - k0));
-            values.push_back(row_slice(kv.values(g), k0, k1 - k0));
+        std::vector<TensorView> ks, vs;
+        for (std::size_t g = 0; g < keys.size(); ++g) {
+            ks.push_back(row_slice(keys[g], k0, k1 - k0));
+            vs.push_back(row_slice(values[g], k0, k1 - k0));
         }
-        return be.causal_attention(qr, keys, values, scale);
+        return sinks != nullptr ? be.causal_attention_sinks(qr, ks, vs, scale, *sinks) : be.causal_attention(qr, ks, vs, scale);
     };
-    const std::int64_t t_count = q.dim(0), first = kv.len - t_count;  // cache position of row 0
-    if (window <= 0 || kv.len <= window) return attend_rows(q, 0, kv.len);
+    const std::int64_t t_count = q.dim(0), first = len - t_count;  // cache position of row 0
+    KVASIR_CHECK(first >= 0, ErrorCode::bad_input, "attention: {} queries over {} cached keys", t_count, len);
+    if (window <= 0 || len <= window) return attend_rows(q, 0, len);
     // Rows r < window − first see their whole prefix; each later row p = first + r its last `window` keys.
     const std::int64_t full_rows = std::clamp<std::int64_t>(window - first, 0, t_count);
     std::vector<Tensor> parts;
     if (full_rows > 0) parts.push_back(attend_rows(leading_rows(q, 0, full_rows), 0, first + full_rows));
     for (std::int64_t r = full_rows; r < t_count; ++r) {
         const std::int64_t p = first + r;
-        Tensor out = attend_rows(leading_rows(q, r, 1), p - window + 1, p + 1);
-        parts.push_back(std::move(out));
+        parts.push_back(attend_rows(leading_rows(q, r, 1), p - window + 1, p + 1));
     }
     return parts.size() == 1 ? std::move(parts.front()) : stack_rows(parts);
 }
@@ -205,7 +213,7 @@ Tensor LayerGraph::feed_forward(const LayerWeights& w, const Tensor& x2, LayerIO
     if (!w.moe) {
         m = swiglu_mlp(x2, w.mlp_gate, w.mlp_up, w.mlp_down);
     } else {
-        io.router_logits = be.matmul(x2, w.router);
+        io.router_logits = linear(x2, w.router, w.router_logit_bias);  // gpt_oss: logits with a bias
         if (io.plan != nullptr) {
             io.routing = *io.plan;
         } else {

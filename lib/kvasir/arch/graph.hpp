@@ -30,12 +30,22 @@
 
 namespace kvasir::arch {
 
+// Causal GQA attention of q [T, nh, D] over one cache per kv head (keys and
+// values [S, D], S ≥ T; query row r sits at cache position S − T + r) with the
+// backend's own attention op (Backend::causal_attention, or
+// causal_attention_sinks when sinks [nh] are given). window W > 0: the query
+// at position p sees only the keys p − W < j ≤ p — the rows whose whole prefix
+// fits in the window go to one causal call, each later row to its own call on
+// its window's keys (views of the cache), so every backend computes it with
+// its own kernel. Used by the decoder layer and by step 1's attention ops.
+Tensor windowed_attention(Backend& be, const TensorView& q, std::span<const TensorView> keys,
+                          std::span<const TensorView> values, double scale, std::int64_t window = 0,
+                          const TensorView* sinks = nullptr);
+
 // --- exact host data movement ---------------------------------------------------
 
 // Rows [r0, r0 + n) of a tensor viewed as [rows, last dim]: zero copy.
 TensorView row_slice(const TensorView& v, std::int64_t r0, std::int64_t n);
-// A vector [N] repeated as `rows` rows [rows, N] (bias / gate broadcast), same dtype.
-Tensor broadcast_rows(const TensorView& vec, std::int64_t rows);
 // out[r, c] = col[r] for c < cols: a [rows, 1] column repeated along the row.
 Tensor broadcast_cols(const TensorView& col, std::int64_t cols);
 // Columns [c0, c0 + n) of every row of x (last dim) as a [rows, n] tensor (a host copy).
@@ -109,6 +119,7 @@ public:
     const Model& model;
     const ModelConfig& c;
     RopeParams rope;
+    double attention_factor = 1.0;  // rope_attention_factor: yarn's cos/sin scale
     RouterParams router;
 
     // x·wᵀ (+ bias broadcast over rows when present).
@@ -123,16 +134,15 @@ public:
     // The attention core over the cache: q [T, nh, D], k [T, nkv, D] (normed,
     // rotated), v [T, nkv·D] appended to `kv`, then the backend's causal GQA
     // softmax attention (Backend::causal_attention, scale 1/√head_dim)
-    // → [T, nh·D] (before o_proj). window W > 0 (sliding-window layers): the
-    // query at cache position p sees only the keys p − W < j ≤ p — the rows
-    // whose whole prefix fits in the window go to one causal call, each later
-    // row to its own call on its window's keys (a view of the cache), so
-    // every backend's own attention op computes it.
-    Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, KvLayer& kv, std::int64_t window = 0);
+    // → [T, nh·D] (before o_proj); window W > 0 (sliding-window layers) as
+    // windowed_attention describes.
+    // sinks (gpt_oss, [nh]): Backend::causal_attention_sinks instead.
+    Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, KvLayer& kv, std::int64_t window = 0,
+                  const TensorView* sinks = nullptr);
     // attend() for each sequence of a call on its rows of q, k, v, stacked
     // back in row order (one sequence: attend() itself, no copy).
     Tensor attend_each(const Tensor& q, const Tensor& k, const Tensor& v, std::span<const Segment> segs,
-                       std::int64_t window = 0);
+                       std::int64_t window = 0, const TensorView* sinks = nullptr);
     // Rope on the first head_dim·partial_rotary_factor dimensions of x [T, H, D].
     Tensor rope_partial(const Tensor& x, std::span<const std::int64_t> pos);
     // Gated full attention (qwen3_5_moe, qwen3_next): q_proj yields query and

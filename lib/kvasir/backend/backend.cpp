@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <tuple>
 
 namespace kvasir {
 
@@ -150,6 +151,11 @@ void check_moe_args(const TensorView& x, std::span<const ExpertWeights> experts,
                          ew.down.dim(0) == h && ew.down.dim(1) == ew.gate.dim(0),
                      ErrorCode::bad_input, "moe: expert {} weights gate {} up {} down {} do not fit hidden size {}", e,
                      shape_str(ew.gate.shape), shape_str(ew.up.shape), shape_str(ew.down.shape), h);
+        const std::int64_t i = ew.gate.dim(0);
+        for (const auto& [b, n, what] : {std::tuple{&ew.gate_bias, i, "gate"}, std::tuple{&ew.up_bias, i, "up"},
+                                         std::tuple{&ew.down_bias, h, "down"}})
+            KVASIR_CHECK(b->data == nullptr || (b->rank() == 1 && b->dim(0) == n), ErrorCode::bad_input,
+                         "moe: expert {} {} bias {} does not fit {}", e, what, shape_str(b->shape), n);
     }
     KVASIR_CHECK(plan.ids.dtype() == DType::i32 && plan.ids.view().rank() == 2 && plan.ids.dim(0) == x.dim(0) &&
                      plan.weights.shape() == plan.ids.shape(),
@@ -296,10 +302,18 @@ Tensor moe_combine_default(Backend& backend, const TensorView& x, std::span<cons
             std::memcpy(static_cast<std::byte*>(xg.raw()) + r * row_bytes,
                         static_cast<const std::byte*>(x.data) + static_cast<std::size_t>(routed[r].first) * row_bytes,
                         row_bytes);
-        const Tensor g = backend.matmul(xg, experts[e].gate);
-        const Tensor u = backend.matmul(xg, experts[e].up);
-        const Tensor act = backend.swiglu(g, u);
-        const Tensor y = backend.matmul(act, experts[e].down);
+        const ExpertWeights& ew = experts[e];
+        const std::int64_t rows = static_cast<std::int64_t>(routed.size());
+        // y = x·Wᵀ (+ b, gpt-oss): the bias added with this backend's add.
+        const auto linear = [&](const TensorView& in, const TensorView& w, const TensorView& b) {
+            Tensor out = backend.matmul(in, w);
+            return b.data == nullptr ? out : backend.add(out, broadcast_rows(b, rows));
+        };
+        const Tensor g = linear(xg, ew.gate, ew.gate_bias);
+        const Tensor u = linear(xg, ew.up, ew.up_bias);
+        const Tensor act = ew.activation.clamped ? backend.clamped_swiglu(g, u, ew.activation.alpha, ew.activation.limit)
+                                                 : backend.swiglu(g, u);
+        const Tensor y = linear(act, ew.down, ew.down_bias);
         for (std::size_t r = 0; r < routed.size(); ++r) {
             const Acc w = static_cast<Acc>(routed[r].second);
             Acc* dst = acc.data() + routed[r].first * h;
@@ -322,6 +336,17 @@ Tensor Backend::moe_block(const TensorView& x, std::span<const ExpertWeights> ex
                      expert_filter->size(), experts.size());
     if (combine_dtype() == DType::f64) return moe_combine_default<double>(*this, x, experts, plan, expert_filter);
     return moe_combine_default<float>(*this, x, experts, plan, expert_filter);
+}
+
+Tensor Backend::clamped_swiglu(const TensorView&, const TensorView&, double, double) {
+    fail(ErrorCode::unsupported, "{}: clamped_swiglu (gpt-oss experts) has no kernel on this backend yet",
+         capabilities().node);
+}
+
+void check_clamped_swiglu_args(const TensorView& gate, const TensorView& up, double alpha, double limit) {
+    check_same_shape("clamped_swiglu", gate, up);
+    KVASIR_CHECK(std::isfinite(alpha) && std::isfinite(limit) && limit > 0, ErrorCode::bad_input,
+                 "clamped_swiglu: alpha {} and limit {} must be finite, limit > 0", alpha, limit);
 }
 
 Tensor Backend::causal_conv1d_silu(const TensorView&, const TensorView&, const TensorView*) {
@@ -368,6 +393,18 @@ Tensor transposed(const TensorView& x) {
 
 Tensor Backend::causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
                                  double scale_by) {
+    return compose_attention(q, keys, values, scale_by, nullptr);
+}
+
+Tensor Backend::causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys,
+                                       std::span<const TensorView> values, double scale_by, const TensorView& sinks) {
+    KVASIR_CHECK(sinks.rank() == 1 && q.rank() == 3 && sinks.dim(0) == q.dim(1), ErrorCode::bad_input,
+                 "attention: sinks {} for q {} (one per query head)", shape_str(sinks.shape), shape_str(q.shape));
+    return compose_attention(q, keys, values, scale_by, &sinks);
+}
+
+Tensor Backend::compose_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                                  double scale_by, const TensorView* sinks) {
     check_attention_args(q, keys, values);
     const std::int64_t t_count = q.dim(0), nh = q.dim(1), d = q.dim(2), nkv = static_cast<std::int64_t>(keys.size());
     const std::int64_t rep = nh / nkv, s_count = keys[0].dim(0), p0 = s_count - t_count;
@@ -395,7 +432,28 @@ Tensor Backend::causal_attention(const TensorView& q, std::span<const TensorView
     // The causal mask, written exactly: row (h, t) sees 0 … p0 + t.
     for (std::int64_t h = 0; h < nh; ++h)
         for (std::int64_t t = 0; t < t_count; ++t) fill_neg_inf(scaled, (h * t_count + t) * s_count, p0 + t + 1, s_count);
-    const Tensor probs = softmax(scaled);
+    Tensor probs;
+    if (sinks == nullptr) {
+        probs = softmax(scaled);
+    } else {
+        // One more column per row: the head's sink logit; softmax over S + 1, then the sink's column dropped.
+        const std::int64_t rows = nh * t_count;
+        const std::size_t es = dtype_size(scaled.dtype());
+        Tensor widened(scaled.dtype(), {rows, s_count + 1});
+        for (std::int64_t r = 0; r < rows; ++r) {
+            std::memcpy(static_cast<std::byte*>(widened.raw()) + static_cast<std::size_t>(r * (s_count + 1)) * es,
+                        static_cast<const std::byte*>(scaled.raw()) + static_cast<std::size_t>(r * s_count) * es,
+                        static_cast<std::size_t>(s_count) * es);
+            widened.set(r * (s_count + 1) + s_count, sinks->at(r / t_count));
+        }
+        const Tensor wp = softmax(widened);
+        probs = Tensor(wp.dtype(), {rows, s_count});
+        const std::size_t pe = dtype_size(wp.dtype());
+        for (std::int64_t r = 0; r < rows; ++r)
+            std::memcpy(static_cast<std::byte*>(probs.raw()) + static_cast<std::size_t>(r * s_count) * pe,
+                        static_cast<const std::byte*>(wp.raw()) + static_cast<std::size_t>(r * (s_count + 1)) * pe,
+                        static_cast<std::size_t>(s_count) * pe);
+    }
 
     Tensor out;  // [T, nh·D], head-major within a row (transformers' transpose + reshape)
     const std::size_t pes = dtype_size(probs.dtype());

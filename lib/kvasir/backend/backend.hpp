@@ -134,6 +134,13 @@ public:
     virtual Tensor matmul(const TensorView& x, const TensorView& w) = 0;
     // silu(gate) · up, element-wise; silu(g) = g / (1 + e^-g).
     virtual Tensor swiglu(const TensorView& gate, const TensorView& up) = 0;
+    // gpt-oss's clamped SwiGLU (transformers GptOssExperts._apply_gate),
+    // element-wise: g' = min(g, limit), u' = clamp(u, −limit, limit),
+    // y = (u' + 1) · (g' · σ(g'·alpha)), σ(s) = 1 / (1 + e^−s); NaN passes
+    // through the clamps (no fmin/fmax). f32 nodes use alpha and limit rounded
+    // to f32, as torch does with the Python floats. Optional: the default
+    // refuses (Error(unsupported)).
+    virtual Tensor clamped_swiglu(const TensorView& gate, const TensorView& up, double alpha, double limit);
     // Row-wise softmax over the last dim, max-subtracted.
     virtual Tensor softmax(const TensorView& x) = 0;
     // Element-wise logistic sigmoid.
@@ -212,10 +219,23 @@ public:
     // its own composition; the wrappers forward to the node they wrap.
     virtual Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys,
                                     std::span<const TensorView> values, double scale);
+    // causal_attention with attention sinks (gpt-oss; transformers'
+    // eager_attention_forward with s_aux): a learned logit sinks[h] per query
+    // head joins the softmax of every row of head h as one more column, and
+    // its probability is dropped — the real keys' probabilities then sum to
+    // less than 1. sinks is [nh]. Default: this backend's composition above
+    // with the sink column written by the host after step 3 (the value in the
+    // scores' dtype), so every node computes it with its own matmul, scale
+    // and softmax; no fused kernel takes sinks yet.
+    virtual Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys,
+                                          std::span<const TensorView> values, double scale, const TensorView& sinks);
 
 protected:
     // dtype in which the default moe_block/add accumulate.
     DType combine_dtype() const;
+    // The composition of causal_attention (sinks null) and causal_attention_sinks.
+    Tensor compose_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                             double scale, const TensorView* sinks);
 };
 
 // The precision options every backend accepts: storage=f32|f16|bf16 and
@@ -227,6 +247,7 @@ bool apply_precision_option(const BackendSpec& spec, const std::string& key, con
 // Shape checks shared by backends; each throws Error(bad_input) naming the op.
 void check_matmul_args(const TensorView& x, const TensorView& w);
 void check_same_shape(const char* op, const TensorView& a, const TensorView& b);
+void check_clamped_swiglu_args(const TensorView& gate, const TensorView& up, double alpha, double limit);
 void check_rmsnorm_args(const TensorView& x, const TensorView& w);
 void check_rope_args(const TensorView& x, std::span<const std::int64_t> positions, const RopeParams& params);
 void check_moe_args(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan);

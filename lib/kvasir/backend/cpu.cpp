@@ -214,6 +214,23 @@ public:
         return y;
     }
 
+    Tensor clamped_swiglu(const TensorView& gate, const TensorView& up, double alpha, double limit) override {
+        check_clamped_swiglu_args(gate, up, alpha, limit);
+        const Tensor g = stored(gate), u = stored(up);
+        Tensor y(DType::f32, gate.shape);
+        const float* gp = g.as<float>();
+        const float* upp = u.as<float>();
+        float* yp = y.as<float>();
+        const auto a = static_cast<float>(alpha), l = static_cast<float>(limit);
+        for (std::int64_t i = 0; i < y.numel(); ++i) {
+            const float gc = gp[i] > l ? l : gp[i];
+            const float uc = upp[i] > l ? l : (upp[i] < -l ? -l : upp[i]);
+            yp[i] = (uc + 1.0f) * (gc * (1.0f / (1.0f + std::exp(-(gc * a)))));
+        }
+        round_stored(y);
+        return y;
+    }
+
     Tensor softmax(const TensorView& x) override {
         KVASIR_CHECK(x.rank() >= 1, ErrorCode::bad_input, "softmax: scalar input");
         const Tensor xs = stored(x);

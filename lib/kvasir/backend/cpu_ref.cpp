@@ -75,6 +75,19 @@ public:
         return y;
     }
 
+    Tensor clamped_swiglu(const TensorView& gate, const TensorView& up, double alpha, double limit) override {
+        check_clamped_swiglu_args(gate, up, alpha, limit);
+        Tensor y(DType::f64, gate.shape);
+        double* yp = y.as<double>();
+        for (std::int64_t i = 0; i < gate.numel(); ++i) {
+            const double g = gate.at(i), u = up.at(i);
+            const double gc = g > limit ? limit : g;
+            const double uc = u > limit ? limit : (u < -limit ? -limit : u);
+            yp[i] = (uc + 1.0) * (gc * (1.0 / (1.0 + std::exp(-(gc * alpha)))));
+        }
+        return y;
+    }
+
     Tensor softmax(const TensorView& x) override {
         KVASIR_CHECK(x.rank() >= 1, ErrorCode::bad_input, "softmax: scalar input");
         Tensor y(DType::f64, x.shape);

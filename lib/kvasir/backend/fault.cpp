@@ -27,7 +27,7 @@ namespace kvasir {
 namespace {
 
 const std::vector<std::string>& fault_ops() {
-    static const std::vector<std::string> ops = {"matmul", "swiglu", "softmax", "sigmoid", "rmsnorm",
+    static const std::vector<std::string> ops = {"matmul", "swiglu", "clamped_swiglu", "softmax", "sigmoid", "rmsnorm",
                                                  "rope",   "moe_block", "add", "mul", "scale", "causal_attention"};
     return ops;
 }
@@ -295,6 +295,9 @@ Tensor FaultBackend::matmul(const TensorView& x, const TensorView& w) {
 }
 
 Tensor FaultBackend::swiglu(const TensorView& gate, const TensorView& up) { return after("swiglu", inner_->swiglu(gate, up)); }
+Tensor FaultBackend::clamped_swiglu(const TensorView& gate, const TensorView& up, double alpha, double limit) {
+    return after("clamped_swiglu", inner_->clamped_swiglu(gate, up, alpha, limit));
+}
 Tensor FaultBackend::softmax(const TensorView& x) { return after("softmax", inner_->softmax(x)); }
 Tensor FaultBackend::sigmoid(const TensorView& x) { return after("sigmoid", inner_->sigmoid(x)); }
 Tensor FaultBackend::rmsnorm(const TensorView& x, const TensorView& weight, double eps) {

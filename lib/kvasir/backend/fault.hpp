@@ -112,6 +112,7 @@ public:
     std::optional<WeightCacheStats> weight_cache_stats() const override { return inner_->weight_cache_stats(); }
     Tensor matmul(const TensorView& x, const TensorView& w) override;
     Tensor swiglu(const TensorView& gate, const TensorView& up) override;
+    Tensor clamped_swiglu(const TensorView& gate, const TensorView& up, double alpha, double limit) override;
     Tensor softmax(const TensorView& x) override;
     Tensor sigmoid(const TensorView& x) override;
     Tensor rmsnorm(const TensorView& x, const TensorView& weight, double eps) override;

@@ -17,6 +17,9 @@ public:
     std::optional<WeightCacheStats> weight_cache_stats() const override { return inner_.weight_cache_stats(); }
     Tensor matmul(const TensorView& x, const TensorView& w) override { return inner_.matmul(x, w); }
     Tensor swiglu(const TensorView& g, const TensorView& u) override { return inner_.swiglu(g, u); }
+    Tensor clamped_swiglu(const TensorView& g, const TensorView& u, double a, double l) override {
+        return inner_.clamped_swiglu(g, u, a, l);
+    }
     Tensor softmax(const TensorView& x) override { return inner_.softmax(x); }
     Tensor sigmoid(const TensorView& x) override { return inner_.sigmoid(x); }
     Tensor rmsnorm(const TensorView& x, const TensorView& w, double eps) override { return inner_.rmsnorm(x, w, eps); }
@@ -35,6 +38,10 @@ public:
         return inner_.causal_conv1d_silu(x, w, h);
     }
     GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override { return inner_.gated_delta_rule(in); }
+    Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> k, std::span<const TensorView> v,
+                                  double s, const TensorView& sinks) override {
+        return inner_.causal_attention_sinks(q, k, v, s, sinks);
+    }
     Tensor causal_attention(const TensorView& q, std::span<const TensorView> k, std::span<const TensorView> v,
                             double s) override {
         return inner_.causal_attention(q, k, v, s);

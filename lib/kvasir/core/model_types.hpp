@@ -23,11 +23,21 @@ enum class RopeLayout {
     normal,  // rotate adjacent pairs: (2i, 2i + 1)     — GPT-J / original llama.cpp
 };
 
+// How an expert combines its gate and up projections: SwiGLU, or gpt-oss's
+// clamped SwiGLU (Backend::clamped_swiglu) with its alpha and limit.
+struct ExpertActivation {
+    bool clamped = false;
+    double alpha = 1.702, limit = 7.0;
+};
+
 // One routed expert's weights, as views into the model's storage.
 struct ExpertWeights {
     TensorView gate;  // [I, H]
     TensorView up;    // [I, H]
     TensorView down;  // [H, I]
+    // gpt-oss: biases of the three projections ([I], [I], [H]), absent elsewhere.
+    TensorView gate_bias, up_bias, down_bias;
+    ExpertActivation activation;
 };
 
 }  // namespace kvasir

@@ -149,4 +149,13 @@ Tensor Tensor::reshaped(Shape shape) && {
     return std::move(*this);
 }
 
+Tensor broadcast_rows(const TensorView& vec, std::int64_t rows) {
+    const std::int64_t n = vec.numel();
+    Tensor out(vec.dtype, {rows, n});
+    const std::size_t row_bytes = static_cast<std::size_t>(n) * dtype_size(vec.dtype);
+    for (std::int64_t r = 0; r < rows; ++r)
+        if (row_bytes > 0) std::memcpy(static_cast<std::byte*>(out.raw()) + static_cast<std::size_t>(r) * row_bytes, vec.data, row_bytes);
+    return out;
+}
+
 }  // namespace kvasir

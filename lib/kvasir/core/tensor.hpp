@@ -92,4 +92,8 @@ constexpr DType dtype_of<float>() { return DType::f32; }
 template <>
 constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
 
+// A vector [N] repeated as `rows` rows [rows, N] (bias / gate broadcast),
+// same dtype: exact host data movement.
+Tensor broadcast_rows(const TensorView& vec, std::int64_t rows);
+
 }  // namespace kvasir

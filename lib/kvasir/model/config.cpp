@@ -43,6 +43,7 @@ constexpr ArchInfo kArchs[] = {
     {Architecture::qwen3, "qwen3", "Qwen3"},
     {Architecture::qwen3_5, "qwen3_5", "Qwen3_5"},
     {Architecture::olmoe, "olmoe", "Olmoe"},
+    {Architecture::gpt_oss, "gpt_oss", "GptOss"},
 };
 
 // Defaults of the transformers 5.24 config classes (Qwen2MoeConfig,
@@ -68,6 +69,8 @@ Defaults defaults_of(Architecture a) {
             return {248320, 2048, 0, 40, 16, 2, 32768, 1e-6, 10000.0, 256, 8, 512, true};
         case Architecture::qwen3_next:  // Qwen3NextConfig
             return {151936, 2048, 5632, 48, 16, 2, 32768, 1e-6, 10000.0, 512, 10, 512, true};
+        case Architecture::gpt_oss:  // GptOssConfig (gpt-oss-120b's shape; default_theta 150000)
+            return {201088, 2880, 2880, 36, 64, 8, 131072, 1e-5, 150000.0, 128, 4, 0, true};
         case Architecture::olmoe:  // OlmoeConfig (OLMoE-1B-7B: 64 experts of 1024, top-8; intermediate = expert width)
             return {50304, 2048, 2048, 16, 16, 16, 4096, 1e-5, 10000.0, 64, 8, 0, false};
         // The dense families: no experts.
@@ -282,6 +285,40 @@ void read_rope(const Keys& k, double default_theta, ModelConfig& c) {
         KVASIR_CHECK(r.high_freq_factor > r.low_freq_factor, ErrorCode::bad_input,
                      "{}: {}.high_freq_factor ({}) must exceed low_freq_factor ({})", k.source(), params_key,
                      r.high_freq_factor, r.low_freq_factor);
+    } else if (c.rope_type == "yarn") {
+        // transformers' _compute_yarn_parameters: factor (null: max_position_embeddings /
+        // original_max_position_embeddings) and original_max_position_embeddings are read unconditionally;
+        // beta_fast / beta_slow default (also when 0 or null) to 32 / 1, truncate to true; attention_factor
+        // (else derived from mscale, mscale_all_dim) is the cos/sin scale.
+        auto& r = c.rope_scaling;
+        const json* orig = p.find("original_max_position_embeddings", true);
+        if (!orig) fail(ErrorCode::bad_input, "{}: {}.original_max_position_embeddings is required for rope_type yarn",
+                        k.source(), params_key);
+        r.original_max_position_embeddings = static_cast<double>(
+            k.integer_value(*orig, pk + ".original_max_position_embeddings", 1, kMaxPositions));
+        const json* f = p.find("factor");
+        if (!f) fail(ErrorCode::bad_input, "{}: {}.factor is required for rope_type yarn", k.source(), params_key);
+        r.factor = f->is_null() ? static_cast<double>(k.integer("max_position_embeddings", 0, 1, kMaxPositions)) /
+                                      r.original_max_position_embeddings
+                                : k.real_value(*f, pk + ".factor", 0.0, 1e6);
+        KVASIR_CHECK(r.factor > 0, ErrorCode::bad_input, "{}: {}.factor must be > 0", k.source(), params_key);
+        const auto opt_real = [&](std::string_view key, double fallback, double lo, double hi) {
+            const json* v = p.find(key, true);
+            const double x = v ? k.real_value(*v, pk + "." + std::string(key), lo, hi) : fallback;
+            return x == 0.0 ? fallback : x;  // transformers: `... or default`
+        };
+        r.beta_fast = opt_real("beta_fast", 32.0, 0.0, 1e6);
+        r.beta_slow = opt_real("beta_slow", 1.0, 0.0, 1e6);
+        if (const json* t = p.find("truncate", true)) {
+            KVASIR_CHECK(t->is_boolean(), ErrorCode::bad_input, "{}: {}.truncate must be true or false, got {}", k.source(),
+                         params_key, show(*t));
+            r.truncate = t->get<bool>();
+        }
+        if (const json* a = p.find("attention_factor", true))
+            r.attention_factor = k.real_value(*a, pk + ".attention_factor", 0.0, 1e6);
+        if (const json* m = p.find("mscale", true)) r.mscale = k.real_value(*m, pk + ".mscale", -1e6, 1e6);
+        if (const json* m = p.find("mscale_all_dim", true))
+            r.mscale_all_dim = k.real_value(*m, pk + ".mscale_all_dim", -1e6, 1e6);
     }
 }
 
@@ -403,7 +440,7 @@ const char* architecture_name(Architecture a) noexcept {
 }
 
 std::string_view supported_architectures() noexcept {
-    return "qwen2_moe, qwen3_moe, mixtral, qwen3_5_moe, qwen3_next, olmoe, llama, mistral, qwen2, qwen3, qwen3_5, "
+    return "qwen2_moe, qwen3_moe, mixtral, qwen3_5_moe, qwen3_next, olmoe, gpt_oss, llama, mistral, qwen2, qwen3, qwen3_5, "
            "deepseek_v3 (router/MoE layer only)";
 }
 
@@ -480,6 +517,8 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
     } else if (c.architecture == Architecture::qwen3_5_moe || c.architecture == Architecture::qwen3_next ||
                c.architecture == Architecture::qwen3_5) {
         c.head_dim = 256;  // a field of Qwen3_5MoeTextConfig / Qwen3NextConfig, default 256
+    } else if (c.architecture == Architecture::gpt_oss && !k.find("head_dim")) {
+        c.head_dim = 64;  // GptOssConfig.head_dim (an explicit null: hidden_size // num_attention_heads, below)
     } else {
         // getattr(config, "head_dim", None) or hidden_size // num_attention_heads
         KVASIR_CHECK(c.hidden_size % c.num_heads == 0, ErrorCode::bad_input,
@@ -488,6 +527,15 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
         c.head_dim = c.hidden_size / c.num_heads;
     }
     read_rope(k, d.rope_theta, c);
+    if (c.architecture == Architecture::gpt_oss && !k.find("rope_parameters", true) && !k.find("rope_scaling", true)) {
+        // GptOssConfig.__post_init__'s rope when none is given.
+        c.rope_type = "yarn";
+        c.rope_scaling.factor = 32.0;
+        c.rope_scaling.beta_fast = 32.0;
+        c.rope_scaling.beta_slow = 1.0;
+        c.rope_scaling.truncate = false;
+        c.rope_scaling.original_max_position_embeddings = 4096.0;
+    }
     c.rms_norm_eps = k.real("rms_norm_eps", d.rms_eps, 0.0, 0.5);
     c.hidden_act = k.string("hidden_act", "silu");
     KVASIR_CHECK(c.hidden_act == "silu", ErrorCode::unsupported,
@@ -581,6 +629,43 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
                 read_qwen_sliding_window(k, c);
             c.intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
             c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
+            break;
+        }
+        case Architecture::gpt_oss: {
+            // GptOssAttention (transformers 5.24): q/k/v/o bias = attention_bias (default true), a learned sink
+            // per head, sliding_window on the layer_types "sliding_attention" layers (default: even layers).
+            // GptOssTopKRouter: logits = x·Wᵀ + b, top-k of the logits, softmax over the k — the softmax over
+            // all experts renormalised over the chosen k, in exact arithmetic (RouterScoring::softmax with
+            // norm_topk_prob). GptOssExperts: gate_up [E, H, 2I] interleaved (gate = columns 0, 2, …; up = 1,
+            // 3, …) with bias, the clamped SwiGLU, down [E, I, H] with bias; intermediate_size is the expert width.
+            c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", true);
+            c.attention_sinks = true;
+            c.router_logit_bias = true;
+            c.expert_bias = true;
+            c.clamped_swiglu = true;
+            c.swiglu_alpha = k.real("swiglu_alpha", 1.702, -1e6, 1e6);
+            c.swiglu_limit = k.real("swiglu_limit", 7.0, 0.0, 1e6);
+            c.sliding_window = read_sliding_window(k, 128);
+            c.sliding_layers.assign(static_cast<std::size_t>(c.num_layers), false);
+            if (const json* lt = k.find("layer_types", true)) {
+                KVASIR_CHECK(lt->is_array() && static_cast<std::int64_t>(lt->size()) == c.num_layers, ErrorCode::bad_input,
+                             "{}: layer_types must list one type per layer ({}), got {}", k.source(), c.num_layers, show(*lt));
+                for (std::size_t l = 0; l < lt->size(); ++l) {
+                    const json& t = (*lt)[l];
+                    KVASIR_CHECK(t.is_string() && (t == "sliding_attention" || t == "full_attention"), ErrorCode::bad_input,
+                                 "{}: layer_types[{}] = {} (expected \"sliding_attention\" or \"full_attention\")",
+                                 k.source(), l, show(t));
+                    c.sliding_layers[l] = t == "sliding_attention";
+                }
+            } else {
+                for (std::int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers[static_cast<std::size_t>(l)] = (l + 1) % 2 != 0;
+            }
+            r.num_experts = k.integer_aliased("num_local_experts", "num_experts", d.experts, 1, kMaxExperts);
+            r.top_k = k.integer("num_experts_per_tok", d.top_k, 1, kMaxExperts);
+            r.norm_topk_prob = true;
+            c.moe_intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
+            c.intermediate_size = 0;
+            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);  // GptOssDecoderLayer: every layer
             break;
         }
         case Architecture::olmoe: {
@@ -795,6 +880,7 @@ LayerTensorNames layer_tensor_names(const ModelConfig& c, std::int64_t layer) {
             n.q_norm = a + "q_norm.weight";
             n.k_norm = a + "k_norm.weight";
         }
+        if (c.attention_sinks) n.sinks = a + "sinks";
     }
     if (!moe) {
         n.mlp_gate = p + "mlp.gate_proj.weight";
@@ -815,6 +901,21 @@ LayerTensorNames layer_tensor_names(const ModelConfig& c, std::int64_t layer) {
         return n;
     }
     const std::string m = p + "mlp.";
+    if (c.architecture == Architecture::gpt_oss) {
+        n.experts.clear();
+        n.router = m + "router.weight";
+        n.router_logit_bias = m + "router.bias";
+        const std::string x = m + "experts.";
+        n.oss_gate_up = x + (c.mxfp4_experts ? "gate_up_proj_blocks" : "gate_up_proj");
+        n.oss_down = x + (c.mxfp4_experts ? "down_proj_blocks" : "down_proj");
+        if (c.mxfp4_experts) {
+            n.oss_gate_up_scales = x + "gate_up_proj_scales";
+            n.oss_down_scales = x + "down_proj_scales";
+        }
+        n.oss_gate_up_bias = x + "gate_up_proj_bias";
+        n.oss_down_bias = x + "down_proj_bias";
+        return n;
+    }
     n.router = m + "gate.weight";
     if (c.fused_experts) {
         n.experts.clear();
@@ -882,6 +983,20 @@ std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& c, std::int64_t la
     add(n.shared_up, {c.shared_expert_intermediate_size, H});
     add(n.shared_down, {H, c.shared_expert_intermediate_size});
     add(n.shared_expert_gate, {1, H});
+    const std::int64_t E = c.num_experts(), I = c.moe_intermediate_size;
+    add(n.sinks, {c.num_heads});
+    add(n.router_logit_bias, {E});
+    if (c.mxfp4_experts) {  // U8: blocks of 32 values, 16 bytes each, one e8m0 scale per block
+        add(n.oss_gate_up, {E, 2 * I, H / 32, 16});
+        add(n.oss_gate_up_scales, {E, 2 * I, H / 32});
+        add(n.oss_down, {E, H, I / 32, 16});
+        add(n.oss_down_scales, {E, H, I / 32});
+    } else {
+        add(n.oss_gate_up, {E, H, 2 * I});
+        add(n.oss_down, {E, I, H});
+    }
+    add(n.oss_gate_up_bias, {E, 2 * I});
+    add(n.oss_down_bias, {E, H});
     add(n.fused_gate_up, {c.num_experts(), 2 * c.moe_intermediate_size, H});
     add(n.fused_down, {c.num_experts(), H, c.moe_intermediate_size});
     const auto& la = c.linear;

@@ -17,6 +17,7 @@
 #include "kvasir/core/tensor.hpp"  // Shape
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,7 +28,7 @@ enum class Architecture : std::uint8_t {
     qwen2_moe, qwen3_moe, mixtral, deepseek_v3, qwen3_5_moe, qwen3_next,
     // Dense decoders (no MoE layer): the standard layer, or the hybrid one (qwen3_5).
     llama, mistral, qwen2, qwen3, qwen3_5,
-    olmoe
+    olmoe, gpt_oss
 };
 
 // The config.json `model_type`: "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3".
@@ -81,6 +82,15 @@ struct ModelConfig {
         double low_freq_factor = 1.0;
         double high_freq_factor = 4.0;
         double original_max_position_embeddings = 8192.0;
+        // rope_type "yarn" (transformers' _compute_yarn_parameters): the
+        // correction range from beta_fast / beta_slow (floored / ceiled with
+        // truncate), and the cos/sin scale attention_factor (NaN: derived from
+        // factor, mscale and mscale_all_dim as transformers does).
+        double beta_fast = 32.0;
+        double beta_slow = 1.0;
+        bool truncate = true;
+        double attention_factor = std::numeric_limits<double>::quiet_NaN();
+        double mscale = 0.0, mscale_all_dim = 0.0;
     } rope_scaling;
     double rms_norm_eps = 1e-6;
     std::string hidden_act = "silu";    // only silu (SwiGLU) is accepted
@@ -89,6 +99,17 @@ struct ModelConfig {
     // olmoe: the q/k RMSNorm is over the whole projection (q_norm [nh·D],
     // k_norm [nkv·D]) before it is split into heads.
     bool qk_norm_full = false;
+    // gpt_oss: a learned sink logit per query head in every attention
+    // softmax (self_attn.sinks [nh]); the router's logits have a bias
+    // (mlp.router.bias [E]); experts carry biases and the clamped SwiGLU
+    // (GptOssExperts: alpha, limit); expert weights MXFP4 (`*_blocks` /
+    // `*_scales`) or plain, as the checkpoint has them.
+    bool attention_sinks = false;
+    bool router_logit_bias = false;
+    bool expert_bias = false;
+    bool clamped_swiglu = false;
+    double swiglu_alpha = 1.702, swiglu_limit = 7.0;
+    bool mxfp4_experts = false;  // set by Model::open from the checkpoint's tensors
     bool attention_bias = false;       // q/k/v projections have a bias (qwen2_moe: qkv_bias; qwen3_moe: attention_bias)
     bool attention_out_bias = false;   // o_proj has a bias (qwen3_moe: attention_bias)
     std::int64_t sliding_window = 0;   // 0 = full causal attention; W > 0: a query at position p sees keys p−W < j ≤ p
@@ -221,6 +242,14 @@ struct LayerTensorNames {
     std::string in_proj_qkv, in_proj_z, in_proj_b, in_proj_a;  // qwen3_5_moe
     std::string in_proj_qkvz, in_proj_ba;                      // qwen3_next (interleaved per key head)
     std::string conv1d, dt_bias, a_log, linear_norm, out_proj;
+    // gpt_oss: attention sinks [nh], the router's logit bias [E], and the
+    // experts as GptOssExperts stores them — gate_up [E, H, 2I] (gate/up
+    // interleaved along 2I) and down [E, I, H], or MXFP4 (`*_blocks` U8
+    // [E, 2I, H/32, 16] / [E, H, I/32, 16] with `*_scales` U8 [E, 2I, H/32] /
+    // [E, H, I/32], rows = output features), plus their biases [E, 2I], [E, H].
+    std::string sinks, router_logit_bias;
+    std::string oss_gate_up, oss_gate_up_bias, oss_down, oss_down_bias;
+    std::string oss_gate_up_scales, oss_down_scales;  // MXFP4 only
 };
 
 struct ModelTensorNames {

@@ -273,6 +273,9 @@ struct Model::Impl {
     TensorView resolve(const std::string& name, const Shape& expected) const;
     TensorView resolve_gguf(const std::string& name) const;
     LayerWeights load_st(std::int64_t l) const;
+    // gpt_oss experts → w.experts in kvasir's layout (owned copies).
+    void load_gpt_oss_experts(const LayerTensorNames& n, LayerWeights& w) const;
+    TensorView keep(Tensor t) const;  // an owned copy, registered immutable for the model's life
     LayerWeights load_gguf(std::int64_t l) const;
     void check_present() const;
 };
@@ -368,6 +371,92 @@ void Model::Impl::check_present() const {
         if (gg->find_tensor(n) == nullptr) missing(label, n);
 }
 
+TensorView Model::Impl::keep(Tensor t) const {
+    owned_bytes += t.nbytes();
+    owned.push_back(std::move(t));
+    owned_registrations.emplace_back(owned.back().raw(), owned.back().nbytes());
+    return owned.back().view();
+}
+
+// GptOssExperts (transformers 5.24) computes, per expert e, gate_up = x·gate_up_proj[e] + gate_up_proj_bias[e]
+// with gate = gate_up[..., 0::2] and up = gate_up[..., 1::2], then (clamped SwiGLU)·down_proj[e] +
+// down_proj_bias[e]. kvasir's experts are y = x·Wᵀ with W [out, in]: gate/up rows are columns 2i / 2i+1 of
+// gate_up_proj[e] [H, 2I] (rows 2i / 2i+1 of the MXFP4 blocks, which are already [2I, H]), down is
+// down_proj[e]ᵀ [H, I] (the MXFP4 down blocks are already [H, I]). The copies are exact: plain weights are
+// moved element by element in their own dtype, MXFP4 is expanded to f32 as transformers expands it
+// (dequantize_mxfp4_hf).
+void Model::Impl::load_gpt_oss_experts(const LayerTensorNames& n, LayerWeights& w) const {
+    const ModelConfig& c = cfg;
+    const std::int64_t H = c.hidden_size, I = c.moe_intermediate_size, E = c.num_experts();
+    const ExpertActivation act{true, c.swiglu_alpha, c.swiglu_limit};
+    const TensorView gub = resolve(n.oss_gate_up_bias, {E, 2 * I});
+    const TensorView dnb = resolve(n.oss_down_bias, {E, H});
+    const std::size_t bes = dtype_size(gub.dtype);
+    // Every other element of row e of the [E, 2I] bias: gate (parity 0) or up (parity 1).
+    const auto bias_half = [&](std::int64_t e, int parity) {
+        Tensor b(gub.dtype, {I});
+        const auto* src = static_cast<const std::byte*>(gub.data) + static_cast<std::size_t>(e * 2 * I) * bes;
+        for (std::int64_t i = 0; i < I; ++i)
+            std::memcpy(static_cast<std::byte*>(b.raw()) + static_cast<std::size_t>(i) * bes,
+                        src + static_cast<std::size_t>(2 * i + parity) * bes, bes);
+        return keep(std::move(b));
+    };
+    const auto down_bias = [&](std::int64_t e) {
+        return TensorView{dnb.dtype, static_cast<const std::byte*>(dnb.data) + static_cast<std::size_t>(e * H) * dtype_size(dnb.dtype), {H}};
+    };
+    if (c.mxfp4_experts) {
+        // Blocks/scales: U8, checked here (the typed view refuses U8): shape, dtype, then every byte is in range.
+        const auto u8 = [&](const std::string& name, const Shape& want) {
+            const SafetensorsTensorInfo& info = st->info(name);
+            KVASIR_CHECK(info.dtype == SafetensorsDType::U8, ErrorCode::bad_input, "{}: MXFP4 tensor '{}' has dtype {}, expected U8",
+                         st->shard_of(name), name, safetensors_dtype_name(info.dtype));
+            check_shape(st->shard_of(name), name, info.shape, want);
+            const std::span<const std::byte> raw = st->raw(name);
+            KVASIR_CHECK(raw.size() == static_cast<std::size_t>(shape_numel(want)), ErrorCode::bad_input,
+                         "{}: MXFP4 tensor '{}' holds {} bytes for shape {}", st->shard_of(name), name, raw.size(), shape_str(want));
+            return reinterpret_cast<const std::uint8_t*>(raw.data());
+        };
+        const std::uint8_t* gb = u8(n.oss_gate_up, {E, 2 * I, H / 32, 16});
+        const std::uint8_t* gs = u8(n.oss_gate_up_scales, {E, 2 * I, H / 32});
+        const std::uint8_t* db = u8(n.oss_down, {E, H, I / 32, 16});
+        const std::uint8_t* ds = u8(n.oss_down_scales, {E, H, I / 32});
+        for (std::int64_t e = 0; e < E; ++e) {
+            Tensor gate(DType::f32, {I, H}), up(DType::f32, {I, H}), down(DType::f32, {H, I});
+            const std::int64_t g_in = H / 32, g_dn = I / 32;
+            for (std::int64_t r = 0; r < 2 * I; ++r) {
+                float* dst = (r % 2 == 0 ? gate : up).as<float>() + (r / 2) * H;
+                const std::int64_t row = e * 2 * I + r;
+                dequantize_mxfp4_hf(gb + row * g_in * 16, gs + row * g_in, g_in, dst);
+            }
+            for (std::int64_t h = 0; h < H; ++h) {
+                const std::int64_t row = e * H + h;
+                dequantize_mxfp4_hf(db + row * g_dn * 16, ds + row * g_dn, g_dn, down.as<float>() + h * I);
+            }
+            w.experts.push_back({keep(std::move(gate)), keep(std::move(up)), keep(std::move(down)), bias_half(e, 0),
+                                 bias_half(e, 1), down_bias(e), act});
+        }
+        return;
+    }
+    const TensorView gu = resolve(n.oss_gate_up, {E, H, 2 * I});
+    const TensorView dn = resolve(n.oss_down, {E, I, H});
+    const std::size_t es = dtype_size(gu.dtype), des = dtype_size(dn.dtype);
+    const auto* gsrc = static_cast<const std::byte*>(gu.data);
+    const auto* dsrc = static_cast<const std::byte*>(dn.data);
+    for (std::int64_t e = 0; e < E; ++e) {
+        Tensor gate(gu.dtype, {I, H}), up(gu.dtype, {I, H}), down(dn.dtype, {H, I});
+        for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t j = 0; j < 2 * I; ++j)
+                std::memcpy(static_cast<std::byte*>((j % 2 == 0 ? gate : up).raw()) + static_cast<std::size_t>((j / 2) * H + h) * es,
+                            gsrc + static_cast<std::size_t>((e * H + h) * 2 * I + j) * es, es);
+        for (std::int64_t i = 0; i < I; ++i)
+            for (std::int64_t h = 0; h < H; ++h)
+                std::memcpy(static_cast<std::byte*>(down.raw()) + static_cast<std::size_t>(h * I + i) * des,
+                            dsrc + static_cast<std::size_t>((e * I + i) * H + h) * des, des);
+        w.experts.push_back({keep(std::move(gate)), keep(std::move(up)), keep(std::move(down)), bias_half(e, 0),
+                             bias_half(e, 1), down_bias(e), act});
+    }
+}
+
 LayerWeights Model::Impl::load_st(std::int64_t l) const {
     const ModelConfig& c = cfg;
     const LayerTensorNames n = layer_tensor_names(c, l);
@@ -393,6 +482,9 @@ LayerWeights Model::Impl::load_st(std::int64_t l) const {
     w.mlp_down = resolve(n.mlp_down, {H, F});
     w.router = resolve(n.router, {E, H});
     w.router_bias = resolve(n.router_bias, {E});
+    w.router_logit_bias = resolve(n.router_logit_bias, {E});
+    w.sinks = resolve(n.sinks, {c.num_heads});
+    if (!n.oss_gate_up.empty()) load_gpt_oss_experts(n, w);
     for (const ExpertTensorNames& e : n.experts)
         w.experts.push_back({resolve(e.gate, {I, H}), resolve(e.up, {I, H}), resolve(e.down, {H, I})});
     if (!n.fused_gate_up.empty()) {
@@ -542,7 +634,16 @@ Model Model::open(const std::string& path) {
         ModelConfig& c = impl->cfg;
         for (std::int64_t l = 0; l < c.num_layers; ++l)
             if (c.is_moe(l)) {
-                c.fused_experts = impl->st->contains(fmt::format("{}layers.{}.mlp.experts.gate_up_proj", c.tensor_prefix, l));
+                const std::string x = fmt::format("{}layers.{}.mlp.experts.", c.tensor_prefix, l);
+                if (c.architecture == Architecture::gpt_oss) {
+                    // MXFP4 (the published checkpoints) or plain (as transformers saves a dequantised model).
+                    c.mxfp4_experts = impl->st->contains(x + "gate_up_proj_blocks");
+                    KVASIR_CHECK(!c.mxfp4_experts || (c.hidden_size % 32 == 0 && c.moe_intermediate_size % 32 == 0),
+                                 ErrorCode::bad_input, "{}: MXFP4 experts need hidden_size ({}) and intermediate_size ({}) "
+                                 "in whole blocks of 32", impl->label, c.hidden_size, c.moe_intermediate_size);
+                } else {
+                    c.fused_experts = impl->st->contains(x + "gate_up_proj");
+                }
                 break;
             }
     }
@@ -630,7 +731,8 @@ std::vector<std::pair<const TensorView*, const char*>> LayerWeights::named_views
             {&q_norm, "q_norm"},                 {&k_norm, "k_norm"},
             {&mlp_gate, "mlp gate_proj"},        {&mlp_up, "mlp up_proj"},
             {&mlp_down, "mlp down_proj"},        {&router, "router (gate)"},
-            {&router_bias, "router bias"},       {&shared_gate, "shared expert gate_proj"},
+            {&router_bias, "router bias"},       {&router_logit_bias, "router logit bias"},
+            {&sinks, "attention sinks"},         {&shared_gate, "shared expert gate_proj"},
             {&shared_up, "shared expert up_proj"}, {&shared_down, "shared expert down_proj"},
             {&shared_expert_gate, "shared_expert_gate"},
             {&in_proj_qkv, "linear_attn in_proj_qkv"}, {&in_proj_z, "linear_attn in_proj_z"},

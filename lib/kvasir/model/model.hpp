@@ -84,6 +84,8 @@ struct LayerWeights {
     // MoE block (moe == true)
     TensorView router;                          // [E, H]
     TensorView router_bias;                     // [E] DeepSeek e_score_correction_bias, else absent
+    TensorView router_logit_bias;               // [E] gpt_oss: added to the router logits, else absent
+    TensorView sinks;                           // [nh] gpt_oss attention sinks, else absent
     std::vector<ExpertWeights> experts;         // E entries: gate/up [I, H], down [H, I]
     TensorView shared_gate, shared_up;          // [Is, H] or absent
     TensorView shared_down;                     // [H, Is] or absent

@@ -86,12 +86,55 @@ std::string_view ggml_type_name(GgmlType type) noexcept { return ggml_traits(typ
 bool ggml_type_dequantizable(GgmlType type) noexcept {
     switch (type) {
         case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16:
-        case GgmlType::Q8_0: case GgmlType::Q4_K: case GgmlType::Q6_K: return true;
+        case GgmlType::Q8_0: case GgmlType::Q4_K: case GgmlType::Q6_K: case GgmlType::MXFP4: return true;
         default: return false;
     }
 }
 
-std::string_view ggml_dequantizable_types() noexcept { return "F32, F16, BF16, Q8_0, Q4_K, Q6_K"; }
+std::string_view ggml_dequantizable_types() noexcept { return "F32, F16, BF16, Q8_0, Q4_K, Q6_K, MXFP4"; }
+
+// e2m1: sign, 2 exponent bits, 1 mantissa bit (OCP MX v1.0) — transformers'
+// FP4_VALUES, −0 included.
+constexpr float kFp4Values[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
+                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// ggml_e8m0_to_fp32_half: 2^(e − 128) built from its bits (denormal for e < 2).
+float e8m0_half(std::uint8_t e) noexcept {
+    const std::uint32_t bits = e < 2 ? std::uint32_t{0x00200000} << e : static_cast<std::uint32_t>(e - 1) << 23;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// ggml's kvalues_mxfp4: e2m1 doubled, as int8 — so nibble 8 is +0, not −0.
+constexpr float kMxfp4Kvalues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// MXFP4 (ggml block_mxfp4): u8 e, u8 qs[16]; y[j] = kvalues[qs[j] & 15]·2^(e−128),
+// y[j + 16] = kvalues[qs[j] >> 4]·2^(e−128) — low nibbles first, then high.
+void dequantize_row_mxfp4(const std::byte* src, float* dst, std::int64_t n) noexcept {
+    for (std::int64_t b = 0; b < n / 32; ++b) {
+        const std::byte* blk = src + b * 17;
+        const float d = e8m0_half(static_cast<std::uint8_t>(blk[0]));
+        for (std::int64_t j = 0; j < 16; ++j) {
+            const auto q = static_cast<std::uint8_t>(blk[1 + j]);
+            dst[b * 32 + j] = kMxfp4Kvalues[q & 15] * d;
+            dst[b * 32 + j + 16] = kMxfp4Kvalues[q >> 4] * d;
+        }
+    }
+}
+
+void dequantize_mxfp4_hf(const std::uint8_t* blocks, const std::uint8_t* scales, std::int64_t groups,
+                         float* dst) noexcept {
+    for (std::int64_t g = 0; g < groups; ++g) {
+        // torch.ldexp(v, e − 127): exact, overflowing to ±inf only when v·2^(e−127) does (e = 255, |v| ≥ 1).
+        const int e = static_cast<int>(scales[g]) - 127;
+        for (std::int64_t j = 0; j < 16; ++j) {
+            const std::uint8_t q = blocks[g * 16 + j];
+            dst[g * 32 + 2 * j] = std::ldexp(kFp4Values[q & 15], e);
+            dst[g * 32 + 2 * j + 1] = std::ldexp(kFp4Values[q >> 4], e);
+        }
+    }
+}
 
 // Q8_0: per 32 elements one f16 scale d and 32 signed bytes; y = q·d.
 void dequantize_row_q8_0(const std::byte* src, float* dst, std::int64_t n) noexcept {
@@ -185,6 +228,7 @@ void dequantize_row(GgmlType type, const std::byte* src, float* dst, std::int64_
         case GgmlType::Q8_0: dequantize_row_q8_0(src, dst, n); return;
         case GgmlType::Q4_K: dequantize_row_q4_k(src, dst, n); return;
         case GgmlType::Q6_K: dequantize_row_q6_k(src, dst, n); return;
+        case GgmlType::MXFP4: dequantize_row_mxfp4(src, dst, n); return;
         default: break;
     }
     KVASIR_ASSERT(false);

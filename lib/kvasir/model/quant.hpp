@@ -71,7 +71,7 @@ GgmlTypeTraits ggml_traits(GgmlType type) noexcept;
 std::string_view ggml_type_name(GgmlType type) noexcept;
 
 // Whether dequantize() / dequantize_row() handle `type`: F32, F16, BF16,
-// Q8_0, Q4_K and Q6_K. Other known types can be listed (inspect) but not
+// Q8_0, Q4_K, Q6_K and MXFP4. Other known types can be listed (inspect) but not
 // expanded.
 bool ggml_type_dequantizable(GgmlType type) noexcept;
 // The dequantizable types as one comma-separated string, for error messages.
@@ -91,6 +91,22 @@ void dequantize_row(GgmlType type, const std::byte* src, float* dst, std::int64_
 void dequantize_row_q8_0(const std::byte* src, float* dst, std::int64_t n) noexcept;
 void dequantize_row_q4_k(const std::byte* src, float* dst, std::int64_t n) noexcept;
 void dequantize_row_q6_k(const std::byte* src, float* dst, std::int64_t n) noexcept;
+// MXFP4 as ggml stores it (block_mxfp4, 32 elements / 17 bytes): u8 e (e8m0),
+// u8 qs[16]; y[j] = kvalues[qs[j] & 15]·2^(e−128) and y[j+16] =
+// kvalues[qs[j] >> 4]·2^(e−128), kvalues = 2·e2m1 (ggml's
+// dequantize_row_mxfp4 and gguf.quants.MXFP4). Every product is exact in
+// f32 (a 2-bit significand times a power of two) except where it overflows.
+void dequantize_row_mxfp4(const std::byte* src, float* dst, std::int64_t n) noexcept;
+
+// MXFP4 as Hugging Face checkpoints store it (gpt-oss `*_blocks` U8 [..., G, 16]
+// and `*_scales` U8 [..., G]): `groups` groups of 32 values; byte j of group g
+// holds value 2j in its low nibble and 2j+1 in its high nibble, e2m1
+// (transformers' FP4_VALUES), scaled by 2^(scale − 127) — transformers'
+// _convert_moe_packed_tensors (integrations/mxfp4.py) bit for bit: each
+// value is ldexp(e2m1, scale − 127), exact (down to f32 denormals), ±inf only
+// where it overflows (scale 255 with |v| ≥ 1). dst holds groups·32 floats.
+void dequantize_mxfp4_hf(const std::uint8_t* blocks, const std::uint8_t* scales, std::int64_t groups,
+                         float* dst) noexcept;
 
 // A whole GGUF tensor as an owning f32 Tensor with the row-major shape
 // (`tensor.shape`, i.e. ggml's ne reversed). F32 is copied bit for bit (NaN

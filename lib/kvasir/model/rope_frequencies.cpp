@@ -2,16 +2,20 @@
 
 #include "kvasir/core/error.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
 namespace kvasir {
 
-std::vector<double> rope_inverse_frequencies(const ModelConfig& c) {
-    if (c.rope_type == "default") return {};
-    KVASIR_CHECK(c.rope_type == "llama3", ErrorCode::unsupported, "{}: rope type '{}' is not implemented", c.source,
-                 c.rope_type);
-    const auto d = static_cast<std::int64_t>(static_cast<double>(c.head_dim) * c.partial_rotary_factor);
+namespace {
+
+std::int64_t rotary_dims(const ModelConfig& c) {
+    return static_cast<std::int64_t>(static_cast<double>(c.head_dim) * c.partial_rotary_factor);
+}
+
+std::vector<double> llama3_inverse_frequencies(const ModelConfig& c) {
+    const std::int64_t d = rotary_dims(c);
     const auto& r = c.rope_scaling;
     const double low_wavelen = r.original_max_position_embeddings / r.low_freq_factor;
     const double high_wavelen = r.original_max_position_embeddings / r.high_freq_factor;
@@ -30,6 +34,54 @@ std::vector<double> rope_inverse_frequencies(const ModelConfig& c) {
         out[static_cast<std::size_t>(i)] = f;
     }
     return out;
+}
+
+// _compute_yarn_parameters' correction dimension.
+double yarn_correction_dim(double rotations, std::int64_t d, double base, double original) {
+    return (static_cast<double>(d) * std::log(original / (rotations * 2.0 * std::numbers::pi))) / (2.0 * std::log(base));
+}
+
+std::vector<double> yarn_inverse_frequencies(const ModelConfig& c) {
+    const std::int64_t d = rotary_dims(c);
+    const auto& r = c.rope_scaling;
+    double low = yarn_correction_dim(r.beta_fast, d, c.rope_theta, r.original_max_position_embeddings);
+    double high = yarn_correction_dim(r.beta_slow, d, c.rope_theta, r.original_max_position_embeddings);
+    if (r.truncate) {
+        low = std::floor(low);
+        high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(d - 1));
+    if (low == high) high += 0.001;  // transformers: "Prevent singularity"
+    std::vector<double> out(static_cast<std::size_t>(d / 2));
+    for (std::int64_t i = 0; i < d / 2; ++i) {
+        const double pos_freq = std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(d));
+        const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+        const double extrapolation = 1.0 - ramp;  // inv_freq_extrapolation_factor
+        out[static_cast<std::size_t>(i)] =
+            (1.0 / (r.factor * pos_freq)) * (1.0 - extrapolation) + (1.0 / pos_freq) * extrapolation;
+    }
+    return out;
+}
+
+double yarn_mscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
+}  // namespace
+
+std::vector<double> rope_inverse_frequencies(const ModelConfig& c) {
+    if (c.rope_type == "default") return {};
+    if (c.rope_type == "llama3") return llama3_inverse_frequencies(c);
+    if (c.rope_type == "yarn") return yarn_inverse_frequencies(c);
+    fail(ErrorCode::unsupported, "{}: rope type '{}' is not implemented", c.source, c.rope_type);
+}
+
+double rope_attention_factor(const ModelConfig& c) {
+    if (c.rope_type != "yarn") return 1.0;
+    const auto& r = c.rope_scaling;
+    if (!std::isnan(r.attention_factor)) return r.attention_factor;
+    if (r.mscale != 0.0 && r.mscale_all_dim != 0.0)
+        return yarn_mscale(r.factor, r.mscale) / yarn_mscale(r.factor, r.mscale_all_dim);
+    return yarn_mscale(r.factor, 1.0);
 }
 
 }  // namespace kvasir

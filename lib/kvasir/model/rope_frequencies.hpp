@@ -18,7 +18,20 @@ namespace kvasir {
 //   wavelen_i > original_max_position_embeddings / low_freq_factor   → inv_i / factor
 //   otherwise, s = (original_max_position_embeddings / wavelen_i − low_freq_factor)
 //                  / (high_freq_factor − low_freq_factor)            → (1 − s)·inv_i / factor + s·inv_i
+// rope_type "yarn" (_compute_yarn_parameters, in f64): with the correction
+// range low = max(cd(beta_fast), 0), high = min(cd(beta_slow), d − 1),
+// cd(r) = d·ln(original / (2πr)) / (2 ln theta) (floored / ceiled when
+// truncate), ramp_i = clamp((i − low) / (high − low), 0, 1):
+//   inv_i = theta^(−2i/d) · (ramp_i / factor + (1 − ramp_i)).
 // Error(unsupported) for any other rope_type.
 std::vector<double> rope_inverse_frequencies(const ModelConfig& config);
+
+// The factor transformers multiplies cos and sin by (attention_scaling):
+// 1 but for yarn — attention_factor when given, else
+// m(factor, mscale) / m(factor, mscale_all_dim) when both are set, else
+// m(factor, 1); m(s, k) = 1 for s ≤ 1, else 0.1·k·ln s + 1. Both q and k
+// carry it, so the attention scores carry its square: the forward pass
+// multiplies the softmax scale by attention_factor² (LayerGraph).
+double rope_attention_factor(const ModelConfig& config);
 
 }  // namespace kvasir

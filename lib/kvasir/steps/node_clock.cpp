@@ -45,6 +45,9 @@ public:
     Tensor swiglu(const TensorView& g, const TensorView& u) override {
         return timed([&] { return inner().swiglu(g, u); });
     }
+    Tensor clamped_swiglu(const TensorView& g, const TensorView& u, double a, double l) override {
+        return timed([&] { return inner().clamped_swiglu(g, u, a, l); });
+    }
     Tensor softmax(const TensorView& x) override { return timed([&] { return inner().softmax(x); }); }
     Tensor sigmoid(const TensorView& x) override { return timed([&] { return inner().sigmoid(x); }); }
     Tensor rmsnorm(const TensorView& x, const TensorView& w, double eps) override {

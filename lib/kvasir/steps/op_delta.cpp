@@ -17,7 +17,8 @@ namespace kvasir {
 const std::vector<std::string>& all_op_names() {
     static const std::vector<std::string> names = {"matmul",         "swiglu",         "softmax",       "rmsnorm",
                                                    "rope_neox",      "rope_normal",    "router_softmax", "router_sigmoid",
-                                                   "moe",            "causal_conv1d",  "gated_delta"};
+                                                   "moe",            "causal_conv1d",  "gated_delta",    "attention",
+                                                   "attention_sinks", "clamped_swiglu"};
     return names;
 }
 
@@ -370,6 +371,50 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
                     return NodeOutput{b.gated_delta_rule(g).out, {}};
                 };
             }
+        } else if (op == "attention" || op == "attention_sinks") {
+            // Causal GQA attention over a cache: T queries at positions T..2T−1 of 2T cached keys, nkv =
+            // heads/2 kv heads (heads when odd), scale 1/√head_dim, through each node's own attention op.
+            // attention_sinks (gpt-oss): a sliding window of max(1, T/2) keys (each row its own call on its
+            // window) and a sink logit per head (the layer's own when the model has them).
+            const std::int64_t nh = c.heads, nkv = nh % 2 == 0 ? nh / 2 : nh, D = c.head_dim, S = 2 * T;
+            struct AttnInputs {
+                Tensor q, sinks;
+                std::vector<Tensor> k, v;
+            };
+            auto in = std::make_shared<AttnInputs>();
+            in->q = input(c, op, "q", {T, nh, D}, 0, 1);
+            for (std::int64_t g = 0; g < nkv; ++g) {
+                in->k.push_back(input(c, op, fmt::format("k{}", g), {S, D}, 0, 1));
+                in->v.push_back(input(c, op, fmt::format("v{}", g), {S, D}, 0, 1));
+            }
+            const bool sinks = op == "attention_sinks";
+            const bool model_sinks = sinks && lw != nullptr && present(lw->sinks) && lw->sinks.dim(0) == nh;
+            if (sinks) in->sinks = model_sinks ? Tensor::convert(lw->sinks, DType::f32) : input(c, op, "sinks", {nh}, 0, 1);
+            const std::int64_t window = sinks ? std::max<std::int64_t>(1, T / 2) : 0;
+            const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+            keep = in;
+            plan.inputs = fmt::format("q[{},{},{}] over a cache of {} keys × {} kv heads~N(0,1), scale 1/√{}{}", T, nh, D, S,
+                                      nkv, D,
+                                      sinks ? fmt::format(", sliding window {}, sinks[{}] {}", window, nh,
+                                                          model_sinks ? "of " + where : "~N(0,1)")
+                                            : std::string(", causal"));
+            plan.run = [in, scale, window, sinks](Backend& b) {
+                const std::vector<TensorView> ks(in->k.begin(), in->k.end()), vs(in->v.begin(), in->v.end());
+                const TensorView sv = in->sinks.view();
+                return NodeOutput{arch::windowed_attention(b, in->q, ks, vs, scale, window, sinks ? &sv : nullptr), {}};
+            };
+        } else if (op == "clamped_swiglu") {
+            // gpt-oss's expert activation with its own alpha and limit (the model's when it has them); inputs
+            // wide enough (sd 4) that the clamps fire on ~8 % of the elements.
+            const bool oss = lw != nullptr && c.model->config().clamped_swiglu;
+            const double alpha = oss ? c.model->config().swiglu_alpha : 1.702, limit = oss ? c.model->config().swiglu_limit : 7.0;
+            auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "gate", {T, I}, 0, 4),
+                                                                  input(c, op, "up", {T, I}, 0, 4));
+            keep = in;
+            plan.inputs = fmt::format("clamped SwiGLU gate, up[{},{}]~N(0,4), alpha {}, limit {}", T, I, alpha, limit);
+            plan.run = [in, alpha, limit](Backend& b) {
+                return NodeOutput{b.clamped_swiglu(in->first, in->second, alpha, limit), {}};
+            };
         } else if (op == "moe") {
             auto in = std::make_shared<MoeInputs>(make_moe_inputs(c, *nodes[reference]));
             keep = in;

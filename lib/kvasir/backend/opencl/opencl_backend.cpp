@@ -542,6 +542,19 @@ public:
         return download(yb, gate.shape);
     }
 
+    Tensor clamped_swiglu(const TensorView& gate, const TensorView& up, double alpha, double limit) override {
+        check_clamped_swiglu_args(gate, up, alpha, limit);
+        const std::int64_t n = gate.numel();
+        if (n == 0) return Tensor(DType::f32, gate.shape);
+        const std::lock_guard lock(mutex_);
+        const ClMem gb = upload(gate), ub = upload(up);
+        const ClMem yb = output(n);
+        const cl_kernel k = kernel("elementwise.cl", "kv_clamped_swiglu", 0);
+        set_args(k, gb, ub, yb, static_cast<cl_ulong>(n), static_cast<cl_float>(alpha), static_cast<cl_float>(limit));
+        launch_1d(k, n);
+        return download(yb, gate.shape);
+    }
+
     Tensor sigmoid(const TensorView& x) override {
         const std::int64_t n = x.numel();
         if (n == 0) return Tensor(DType::f32, x.shape);
