@@ -1,6 +1,7 @@
 #include "commands.hpp"
 
 #include "kvasir/model/model.hpp"
+#include "kvasir/model/rope_frequencies.hpp"
 #include "kvasir/core/tool_info.hpp"
 #include "kvasir/report/text.hpp"
 
@@ -57,6 +58,12 @@ std::string rope_rule(const ModelConfig& c) {
         s += fmt::format(" with llama3 frequency scaling (factor {:g}, low/high freq factor {:g}/{:g}, original context {:g})",
                          c.rope_scaling.factor, c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor,
                          c.rope_scaling.original_max_position_embeddings);
+    if (c.rope_type == "yarn")
+        s += fmt::format(" with yarn scaling (factor {:g}, beta fast/slow {:g}/{:g}, original context {:g}, attention factor {:.6g})",
+                         c.rope_scaling.factor, c.rope_scaling.beta_fast, c.rope_scaling.beta_slow,
+                         c.rope_scaling.original_max_position_embeddings, rope_attention_factor(c));
+    if (!c.rope_freq_factors.empty())
+        s += fmt::format(" with GGUF frequency factors [{:g}]", fmt::join(c.rope_freq_factors, ", "));
     if (c.partial_rotary_factor != 1.0) s += fmt::format(" on {:g} of head dim", c.partial_rotary_factor);
     return s;
 }

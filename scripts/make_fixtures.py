@@ -135,8 +135,10 @@ import importlib.util
 import inspect
 import json
 import math
+import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import types
@@ -455,6 +457,7 @@ FIXTURES = [
         name="llama_tiny",
         arch="llama",
         seed=1101,
+        llama_cpp_gguf=True,
         config=dict(
             vocab_size=320, hidden_size=64, intermediate_size=128,
             num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -1433,7 +1436,9 @@ def numpy_f64_forward(cfg: dict, W: dict, ids: np.ndarray) -> dict:
 
     inv_freq = 1.0 / theta ** (np.arange(0, rd, 2) / rd)
     rp = cfg["rope_parameters"]
-    if rp.get("rope_type", "default") == "llama3":  # Llama 3.1 frequency scaling, per wavelength band
+    if "_inv_freq" in rp:  # a GGUF's rope (rope_freqs factors): the table itself
+        inv_freq = np.asarray(rp["_inv_freq"], dtype=np.float64)
+    elif rp.get("rope_type", "default") == "llama3":  # Llama 3.1 frequency scaling, per wavelength band
         f, lo, hi = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
         n_ctx = rp["original_max_position_embeddings"]
         wl = 2.0 * np.pi / inv_freq
@@ -1785,6 +1790,55 @@ def build_model(fx: dict):
     return model, module
 
 
+def llama_cpp_gguf(fx: dict, fdir: Path, models_dir: Path, llama_cpp: Path, model_cls, ids, module):
+    """models/<name>.gguf written by llama.cpp's own converter (convert_hf_to_gguf.py --outtype f32) from the
+    fixture, with a tiny SentencePiece tokenizer (320 pieces, byte fallback; the converter needs one, the
+    audit never tokenises), and models/<name>.gguf.reference.safetensors: transformers on the same weights with
+    the rope as the GGUF holds it — llama.cpp's converter turns llama3 scaling into rope_freqs factors (f32),
+    inv_freq_i = theta^(-2i/d) / factor_i, which the float64 forward then uses exactly (the float32 one keeps
+    transformers' own llama3 table: within float32 rounding of it)."""
+    import sentencepiece as spm
+    name = fx["name"]
+    out = models_dir / f"{name}.gguf"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / name
+        src.mkdir()
+        for f in ("config.json", "generation_config.json", "model.safetensors"):
+            shutil.copy(fdir / f, src / f)
+        rnd = np.random.Generator(np.random.PCG64(20261201))
+        words = ["the", "of", "and", "model", "node", "audit", "tensor", "expert", "router", "layer", "rope", "cache"]
+        (Path(tmp) / "corpus.txt").write_text("\n".join(" ".join(words[i] for i in rnd.integers(0, len(words), 12))
+                                                       for _ in range(2000)))
+        spm.SentencePieceTrainer.train(input=str(Path(tmp) / "corpus.txt"), model_prefix=str(src / "tokenizer"),
+                                       vocab_size=fx["config"]["vocab_size"], model_type="bpe", byte_fallback=True,
+                                       character_coverage=1.0, bos_id=1, eos_id=2, unk_id=0, pad_id=-1,
+                                       num_threads=1, minloglevel=2)
+        env = dict(os.environ, PYTHONPATH=str(llama_cpp / "gguf-py"))
+        subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(src), "--outtype", "f32",
+                        "--outfile", str(out)], check=True, env=env, capture_output=True)
+    rd = gguf.GGUFReader(str(out))
+    factors = next(np.asarray(t.data, dtype=np.float64) for t in rd.tensors if t.name == "rope_freqs.weight")
+    cfg = json.loads((fdir / "config.json").read_text())
+    rp = cfg["rope_parameters"]
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    inv = 1.0 / (float(rp["rope_theta"]) ** (np.arange(0, hd, 2, dtype=np.float64) / hd)) / factors
+    m = reload(model_cls, fdir)
+    global rope_inv_freq_f64
+    own = rope_inv_freq_f64
+    rope_inv_freq_f64 = lambda c: (torch.from_numpy(inv.copy()), None)  # noqa: E731  (the GGUF's rope, f64)
+    try:
+        ref, _, nums = compute_reference(m, ids, module)
+    finally:
+        rope_inv_freq_f64 = own
+    gcfg = json.loads(json.dumps(cfg))
+    gcfg["rope_parameters"] = {"rope_type": "default", "rope_theta": rp["rope_theta"], "_inv_freq": inv.tolist()}
+    nums["d_numpy_f64"] = numpy_check(gcfg, st_load_file(str(fdir / "model.safetensors")), ref)
+    nums["E"] = 0
+    save_reference(models_dir / f"{name}.gguf.reference.safetensors", ref, name + ".gguf")
+    print(f"   {name}.gguf by llama.cpp's converter: rope_freqs {factors.tolist()}")
+    return (name + ".gguf", nums)
+
+
 def reload(model_cls, path: Path, dtype=torch.float32):
     extra = {}
     if "quantization_config" in json.loads((path / "config.json").read_text()):  # MXFP4: transformers dequantises
@@ -1981,6 +2035,10 @@ def index_lines(fx: dict, models_dir: Path) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(REPO / "fixtures"), help="fixtures folder (default: repo fixtures/)")
+    ap.add_argument("--llama-cpp", metavar="DIR",
+                    help="llama.cpp's source tree (vendored in the llama-cpp-python sdist: pip download --no-deps "
+                         "--no-binary :all: llama-cpp-python) to also write the GGUF that its converter makes of the "
+                         "fixtures marked llama_cpp_gguf, with its reference")
     ap.add_argument("--only", nargs="+", metavar="NAME", choices=[fx["name"] for fx in FIXTURES],
                     help="build only these fixtures (with their _bf16 / .gguf variants) and leave every other "
                          "fixture's files as they are; models/README.md is rebuilt from the files on disk")
@@ -2072,6 +2130,11 @@ def main() -> None:
                                                             ref, nums, vplanted, extra, note))
             summary.append((vname, nums))
 
+        if fx.get("llama_cpp_gguf") and args.llama_cpp:
+            summary.append(llama_cpp_gguf(fx, fdir, models_dir, Path(args.llama_cpp), model_cls, ids, module))
+        elif fx.get("llama_cpp_gguf"):
+            print(f"   {name}.gguf (llama.cpp's converter) kept as it is: no --llama-cpp given")
+
         if fx.get("gguf"):
             sd = np_load_file(str(fdir / "model.safetensors"))
             moe = moe_layer_ids(model)
@@ -2115,7 +2178,11 @@ def main() -> None:
               "ffn_gate_exps/ffn_up_exps, [n_expert, n_embd, n_ff] for ffn_down_exps); attn_q/attn_k NOT permuted "
               "(qwen3moe uses NEOX rope, llama.cpp permutes only for llama-style rope); the dense layer "
               "(mlp_only_layers) is blk.N.ffn_gate/ffn_up/ffn_down, which stock llama.cpp's qwen3moe graph does "
-              "not expect; no tokenizer metadata.", "",
+              "not expect; no tokenizer metadata. `llama_tiny.gguf` is different: written by llama.cpp's own "
+              "converter (`--llama-cpp DIR`: convert_hf_to_gguf.py --outtype f32, from the llama-cpp-python sdist) "
+              "with a 320-piece SentencePiece tokenizer made for it; attn_q/attn_k permuted for llama.cpp's rope "
+              "layout, llama3 scaling as `rope_freqs.weight` factors; its reference "
+              "(`llama_tiny.gguf.reference.safetensors`) is transformers with that rope.", "",
               "Hybrid notes (qwen3_5_moe_tiny, qwen3_next_tiny, qwen3_5_tiny): Gated DeltaNet (linear attention) "
               "and gated full attention in one stack (`layer_types`); RMSNorm weights zero-centred, y = x/rms(x) · "
               "(1 + w), except the DeltaNet's gated norm (w · x/rms(x) · silu(z)); partial rotary (the first "

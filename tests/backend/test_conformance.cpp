@@ -516,6 +516,13 @@ double opencl_rope_bound(double ab, double angle, double theta) {
 }
 }  // namespace
 
+namespace {
+// The element indices of rotated pair i of the head that starts at `base`.
+std::pair<std::int64_t, std::int64_t> rope_pair(RopeLayout layout, std::int64_t base, std::int64_t i, std::int64_t D) {
+    return layout == RopeLayout::neox ? std::pair{base + i, base + i + D / 2} : std::pair{base + 2 * i, base + 2 * i + 1};
+}
+}  // namespace
+
 TEST_P(Conformance, RopeByHand) {
     // D = 4, theta = 10000: pair 0 turns by pos·1, pair 1 by pos·10000^(-1/2) = pos/100.
     // Every f32 node is held to the per-element bound of the OpenCL spec here
@@ -557,9 +564,7 @@ TEST_P(Conformance, RopeWithinAngleErrorOfTheOraclePreservingNorms) {
         for (std::int64_t t = 0; t < T; ++t)
             for (std::int64_t h = 0; h < H; ++h)
                 for (std::int64_t i = 0; i < D / 2; ++i) {
-                    const std::int64_t base = (t * H + h) * D;
-                    const std::int64_t i0 = base + (layout == RopeLayout::neox ? i : 2 * i);
-                    const std::int64_t i1 = base + (layout == RopeLayout::neox ? i + D / 2 : 2 * i + 1);
+                    const auto [i0, i1] = rope_pair(layout, (t * H + h) * D, i, D);
                     const double a = x.at(i0), b = x.at(i1);
                     const double angle = static_cast<double>(pos[static_cast<std::size_t>(t)]) *
                                          std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
@@ -611,9 +616,7 @@ TEST_P(Conformance, RopeWithScaledFrequenciesFollowsTheTable) {
         for (std::int64_t t = 0; t < T; ++t)
             for (std::int64_t h = 0; h < H; ++h)
                 for (std::int64_t i = 0; i < D / 2; ++i) {
-                    const std::int64_t base = (t * H + h) * D;
-                    const std::int64_t i0 = base + (layout == RopeLayout::neox ? i : 2 * i);
-                    const std::int64_t i1 = base + (layout == RopeLayout::neox ? i + D / 2 : 2 * i + 1);
+                    const auto [i0, i1] = rope_pair(layout, (t * H + h) * D, i, D);
                     const double a = x.at(i0), b = x.at(i1);
                     const double angle = static_cast<double>(pos[static_cast<std::size_t>(t)]) * table[static_cast<std::size_t>(i)];
                     // The oracle is the textbook rotation by the table's angle.

@@ -70,6 +70,8 @@ check "decide on a dense model: top-1 only, no routing tables" \
 out=$("$bin" inspect fixtures/models/qwen2_tiny 2>&1)
 check "inspect qwen2_tiny: the sliding layers and no router" \
   bash -c "grep -q 'sliding-window attention (8 keys) on layers 1, 2' <<<'$out' && grep -q 'router: none: no MoE layers' <<<'$out'"
+out=$("$bin" inspect fixtures/models/llama_tiny.gguf 2>&1)
+check "inspect llama_tiny.gguf (llama.cpp's converter): a dense llama GGUF" grep -q "^llama: 3 layers, hidden 64" <<<"$out"
 out=$("$bin" inspect fixtures/models/llama_tiny 2>&1)
 check "inspect llama_tiny: the llama3 rope scaling" grep -q "with llama3 frequency scaling (factor 8" <<<"$out"
 expect_usage_error "the model has no MoE layer" matrix --model fixtures/models/llama_tiny

@@ -14,8 +14,10 @@
 //  * a rejection is Error(bad_input), one line, starting "NAME: ";
 //  * an accepted file's tensors lie inside the buffer and tile the data
 //    region exactly; every byte and every element of every view is read;
-//  * view() refuses only dtypes without a kvasir counterpart (Error(unsupported)).
+//  * view() refuses only dtypes without a kvasir counterpart (Error(unsupported));
+//  * MXFP4 pairs (X_blocks / X_scales) pass check_mxfp4_pair or are refused as above.
 #include "kvasir/core/error.hpp"
+#include "kvasir/model/quant.hpp"
 #include "kvasir/model/safetensors.hpp"
 #include "kvasir/model/safetensors_checkpoint.hpp"
 
@@ -24,7 +26,9 @@
 #include <cstdio>
 #include <cstring>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace {
 
@@ -44,6 +48,32 @@ void check_rejection(const kvasir::Error& e, std::string_view name) {
 }
 
 volatile std::uint64_t g_sink;  // keeps the reads below from being optimised away
+
+// Every "X_blocks" / "X_scales" pair (gpt-oss MXFP4) through the loader's own
+// check (check_mxfp4_pair, against the blocks' own shape: the scales, the
+// dtypes and the sizes must fit it) and, when accepted, every row expanded.
+// A refusal is bad_input, one line, naming the file.
+void exercise_mxfp4(const kvasir::SafetensorsFile& f, std::string_view file, std::uint64_t& sink) {
+    for (const auto& name : f.names()) {
+        constexpr std::string_view kSuffix = "_blocks";
+        if (name.size() <= kSuffix.size() || name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0) continue;
+        const std::string scales = name.substr(0, name.size() - kSuffix.size()) + "_scales";
+        if (!f.contains(scales)) continue;
+        const auto& bi = f.info(name);
+        if (bi.shape.size() < 3 || bi.shape.back() != 16) continue;  // not an MXFP4 blocks shape: the loader never asks
+        try {
+            const kvasir::Mxfp4Pair p =
+                kvasir::check_mxfp4_pair(std::string(file), bi, f.raw(name), f.info(scales), f.raw(scales), bi.shape);
+            std::vector<float> row(static_cast<std::size_t>(p.groups) * 32);
+            for (std::int64_t r = 0; r < p.rows; ++r) {
+                p.row(r, row.data());
+                for (float v : row) sink += v == 0.0f;
+            }
+        } catch (const kvasir::Error& e) {
+            check_rejection(e, file);
+        }
+    }
+}
 
 void exercise_file(std::span<const std::byte> bytes) {
     constexpr std::string_view kName = "fuzz.safetensors";
@@ -73,6 +103,7 @@ void exercise_file(std::span<const std::byte> bytes) {
             }
         }
         check(covered == f.file_size() - f.data_offset(), "tensors do not tile the data buffer");
+        exercise_mxfp4(f, kName, sink);
         for (const auto& [k, v] : f.metadata()) sink += k.size() + v.size();
         g_sink = sink;
     } catch (const kvasir::Error& e) {

@@ -227,4 +227,34 @@ TEST(Mxfp4, GgufBlocksAreTheGgufPackageBitForBit) {
     EXPECT_EQ(y[1], 0.0f);
 }
 
+TEST(Mxfp4, MalformedPairsAreRefusedNamingTheTensor) {
+    std::vector<std::byte> blocks(2 * 3 * 2 * 16), scales(2 * 3 * 2);
+    kvasir::SafetensorsTensorInfo b{"l.gate_up_proj_blocks", kvasir::SafetensorsDType::U8, {2, 3, 2, 16}, 0, blocks.size()};
+    kvasir::SafetensorsTensorInfo s{"l.gate_up_proj_scales", kvasir::SafetensorsDType::U8, {2, 3, 2}, 0, scales.size()};
+    const kvasir::Shape want{2, 3, 2, 16};
+    const kvasir::Mxfp4Pair ok = kvasir::check_mxfp4_pair("f", b, blocks, s, scales, want);
+    EXPECT_EQ(ok.rows, 6);
+    EXPECT_EQ(ok.groups, 2);
+    const auto refused = [&](const kvasir::SafetensorsTensorInfo& bb, std::span<const std::byte> braw,
+                             const kvasir::SafetensorsTensorInfo& ss, std::span<const std::byte> sraw, const std::string& needle) {
+        try {
+            (void)kvasir::check_mxfp4_pair("f", bb, braw, ss, sraw, want);
+            ADD_FAILURE() << "accepted; wanted: " << needle;
+        } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::bad_input) << e.what();
+            EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+        }
+    };
+    auto fewer_blocks = b;  // wrong block count
+    fewer_blocks.shape = {2, 3, 1, 16};
+    refused(fewer_blocks, std::span(blocks).first(96), s, scales, "'l.gate_up_proj_blocks' has shape [2, 3, 1, 16], expected [2, 3, 2, 16]");
+    auto truncated = s;  // truncated scales
+    truncated.shape = {2, 3, 1};
+    refused(b, blocks, truncated, std::span(scales).first(6), "'l.gate_up_proj_scales' has shape [2, 3, 1], expected [2, 3, 2]");
+    auto wrong_type = s;
+    wrong_type.dtype = kvasir::SafetensorsDType::I8;
+    refused(b, blocks, wrong_type, scales, "'l.gate_up_proj_scales' has dtype I8, expected U8");
+    refused(b, std::span(blocks).first(100), s, scales, "hold 100 / 12 bytes");
+}
+
 }  // namespace

@@ -121,7 +121,8 @@ TEST(Architectures, EachFixtureHasItsFamily) {
              {"qwen3_5_moe_tiny", Architecture::qwen3_5_moe}, {"qwen3_next_tiny", Architecture::qwen3_next},
              {"qwen3_5_tiny", Architecture::qwen3_5}, {"llama_tiny", Architecture::llama},
              {"mistral_tiny", Architecture::mistral}, {"qwen2_tiny", Architecture::qwen2}, {"qwen3_tiny", Architecture::qwen3},
-             {"olmoe_tiny", Architecture::olmoe}, {"gpt_oss_tiny", Architecture::gpt_oss}}) {
+             {"olmoe_tiny", Architecture::olmoe}, {"gpt_oss_tiny", Architecture::gpt_oss},
+             {"llama_tiny.gguf", Architecture::llama}}) {
         const Model m = Model::open((kModels / name).string());
         EXPECT_EQ(arch::architecture_for(m.config()).id(), expect) << name;
     }

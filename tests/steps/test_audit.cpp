@@ -67,6 +67,9 @@ public:
         return y;
     }
     Tensor swiglu(const TensorView& g, const TensorView& u) override { return inner_->swiglu(g, u); }
+    Tensor clamped_swiglu(const TensorView& g, const TensorView& u, double a, double l) override {
+        return inner_->clamped_swiglu(g, u, a, l);
+    }
     Tensor softmax(const TensorView& x) override { return inner_->softmax(x); }
     Tensor sigmoid(const TensorView& x) override { return inner_->sigmoid(x); }
     Tensor rmsnorm(const TensorView& x, const TensorView& w, double eps) override { return inner_->rmsnorm(x, w, eps); }

@@ -95,6 +95,8 @@ const std::vector<Fixture>& fixtures() {
         // Dense decoders (no MoE layer): llama3 rope scaling, q/k norm with head_dim != hidden/heads, q/k/v bias
         // and a sliding window on some layers (qwen2), a sliding window on every layer (mistral).
         {"llama_tiny", (kModels / "llama_tiny").string(), (kModels / "llama_tiny" / "reference.safetensors").string()},
+        // The same model converted by llama.cpp's own convert_hf_to_gguf.py (q/k permuted, rope_freqs factors).
+        {"llama_tiny.gguf", (kModels / "llama_tiny.gguf").string(), (kModels / "llama_tiny.gguf.reference.safetensors").string()},
         {"qwen3_tiny", (kModels / "qwen3_tiny").string(), (kModels / "qwen3_tiny" / "reference.safetensors").string()},
         {"qwen2_tiny", (kModels / "qwen2_tiny").string(), (kModels / "qwen2_tiny" / "reference.safetensors").string()},
         {"mistral_tiny", (kModels / "mistral_tiny").string(), (kModels / "mistral_tiny" / "reference.safetensors").string()},

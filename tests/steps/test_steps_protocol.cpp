@@ -699,3 +699,33 @@ TEST(StepOps, GatedDeltaNetOpsOnEveryNode) {
         EXPECT_LT(op.matrix[0][3]->cosine, cpu.cosine) << op.op;
     }
 }
+
+// Step 1 on the gpt-oss ops (issue #16): causal GQA attention over a cache (the fused kernels), the same with
+// a sliding window and sinks (each node's composition, window rows one call each), and the clamped SwiGLU.
+// f32 nodes land at f32 rounding of the oracle; bf16 storage is visibly coarser; acc=f16 reaches into the
+// attention's dot products (not into the element-wise clamped SwiGLU, where it equals plain cpu).
+TEST(StepOps, GptOssOpsOnEveryNode) {
+    OpsConfig oc;
+    oc.tokens = 16;
+    oc.ops = {"attention", "attention_sinks", "clamped_swiglu"};
+    std::vector<std::unique_ptr<Backend>> nodes;
+    for (const char* s : {"cpu-ref", "cpu", "cpu:acc=f16", "cpu:storage=bf16", "opencl:0"}) nodes.push_back(create_backend(s));
+    const OpsReport r = run_op_delta(oc, nodes, 0);
+    ASSERT_EQ(r.ops.size(), 3u);
+    for (const OpResult& op : r.ops) {
+        for (std::size_t i = 0; i < nodes.size(); ++i) EXPECT_EQ(op.errors[i], "") << op.op << " " << i;
+        const CompareStats& cpu = *op.matrix[0][1];
+        const CompareStats& ocl = *op.matrix[0][4];
+        for (const CompareStats* s : {&cpu, &ocl}) {
+            EXPECT_LE(s->max_rel, 1e-3) << op.op;
+            EXPECT_GE(s->cosine, 1 - 1e-10) << op.op;
+        }
+        EXPECT_GT(op.matrix[0][3]->max_abs, 100 * cpu.max_abs) << op.op;  // bf16 storage: coarser
+        EXPECT_GE(op.matrix[0][3]->cosine, 1 - 1e-4) << op.op;
+        if (op.op == "clamped_swiglu")
+            EXPECT_EQ(op.matrix[1][2]->max_abs, 0.0);  // element-wise: no accumulation for f16 to reach
+        else
+            EXPECT_GT(op.matrix[0][2]->max_abs, 100 * cpu.max_abs) << op.op;  // f16 sums in the dot products
+    }
+    EXPECT_NE(r.ops[1].inputs.find("sliding window 8, sinks[8]"), std::string::npos) << r.ops[1].inputs;
+}

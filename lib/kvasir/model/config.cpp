@@ -359,22 +359,29 @@ std::int64_t read_sliding_window(const Keys& k, std::int64_t class_default) {
 // use_sliding_window is true (the config classes set sliding_window = None
 // otherwise), and then on the layers layer_types names "sliding_attention"
 // (Qwen2Config / Qwen3Config default: the layers i >= max_window_layers).
+// c.sliding_layers from layer_types ("sliding_attention" / "full_attention",
+// one per layer) when the config has them; false (all full) when it has none.
+bool read_sliding_layer_types(const Keys& k, ModelConfig& c) {
+    c.sliding_layers.assign(static_cast<std::size_t>(c.num_layers), false);
+    const json* lt = k.find("layer_types", true);
+    if (!lt) return false;
+    KVASIR_CHECK(lt->is_array() && static_cast<std::int64_t>(lt->size()) == c.num_layers, ErrorCode::bad_input,
+                 "{}: layer_types must list one type per layer ({}), got {}", k.source(), c.num_layers, show(*lt));
+    for (std::size_t l = 0; l < lt->size(); ++l) {
+        const json& t = (*lt)[l];
+        KVASIR_CHECK(t.is_string() && (t == "sliding_attention" || t == "full_attention"), ErrorCode::bad_input,
+                     "{}: layer_types[{}] = {} (expected \"sliding_attention\" or \"full_attention\")", k.source(), l,
+                     show(t));
+        c.sliding_layers[l] = t == "sliding_attention";
+    }
+    return true;
+}
+
 void read_qwen_sliding_window(const Keys& k, ModelConfig& c) {
     const bool use = k.boolean("use_sliding_window", false);
     c.sliding_window = use ? read_sliding_window(k, 4096) : 0;
     if (c.sliding_window == 0) return;
-    c.sliding_layers.assign(static_cast<std::size_t>(c.num_layers), false);
-    if (const json* lt = k.find("layer_types", true)) {
-        KVASIR_CHECK(lt->is_array() && static_cast<std::int64_t>(lt->size()) == c.num_layers, ErrorCode::bad_input,
-                     "{}: layer_types must list one type per layer ({}), got {}", k.source(), c.num_layers, show(*lt));
-        for (std::size_t l = 0; l < lt->size(); ++l) {
-            const json& t = (*lt)[l];
-            KVASIR_CHECK(t.is_string() && (t == "sliding_attention" || t == "full_attention"), ErrorCode::bad_input,
-                         "{}: layer_types[{}] = {} (expected \"sliding_attention\" or \"full_attention\")",
-                         k.source(), l, show(t));
-            c.sliding_layers[l] = t == "sliding_attention";
-        }
-    } else {
+    if (!read_sliding_layer_types(k, c)) {
         const std::int64_t from = k.integer("max_window_layers", 28, 0, kMaxLayers);
         for (std::int64_t l = from; l < c.num_layers; ++l) c.sliding_layers[static_cast<std::size_t>(l)] = true;
     }
@@ -646,20 +653,8 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
             c.swiglu_alpha = k.real("swiglu_alpha", 1.702, -1e6, 1e6);
             c.swiglu_limit = k.real("swiglu_limit", 7.0, 0.0, 1e6);
             c.sliding_window = read_sliding_window(k, 128);
-            c.sliding_layers.assign(static_cast<std::size_t>(c.num_layers), false);
-            if (const json* lt = k.find("layer_types", true)) {
-                KVASIR_CHECK(lt->is_array() && static_cast<std::int64_t>(lt->size()) == c.num_layers, ErrorCode::bad_input,
-                             "{}: layer_types must list one type per layer ({}), got {}", k.source(), c.num_layers, show(*lt));
-                for (std::size_t l = 0; l < lt->size(); ++l) {
-                    const json& t = (*lt)[l];
-                    KVASIR_CHECK(t.is_string() && (t == "sliding_attention" || t == "full_attention"), ErrorCode::bad_input,
-                                 "{}: layer_types[{}] = {} (expected \"sliding_attention\" or \"full_attention\")",
-                                 k.source(), l, show(t));
-                    c.sliding_layers[l] = t == "sliding_attention";
-                }
-            } else {
+            if (!read_sliding_layer_types(k, c))  // GptOssConfig.__post_init__: layer i slides iff (i + 1) % 2
                 for (std::int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers[static_cast<std::size_t>(l)] = (l + 1) % 2 != 0;
-            }
             r.num_experts = k.integer_aliased("num_local_experts", "num_experts", d.experts, 1, kMaxExperts);
             r.top_k = k.integer("num_experts_per_tok", d.top_k, 1, kMaxExperts);
             r.norm_topk_prob = true;

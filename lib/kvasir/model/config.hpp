@@ -92,6 +92,9 @@ struct ModelConfig {
         double attention_factor = std::numeric_limits<double>::quiet_NaN();
         double mscale = 0.0, mscale_all_dim = 0.0;
     } rope_scaling;
+    // A GGUF's rope_freqs.weight (llama.cpp's converter writes the llama3
+    // scaling this way): pair i turns by pos · theta^(−2i/d) / factor_i. Empty otherwise.
+    std::vector<double> rope_freq_factors;
     double rms_norm_eps = 1e-6;
     std::string hidden_act = "silu";    // only silu (SwiGLU) is accepted
 

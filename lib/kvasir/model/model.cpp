@@ -174,9 +174,11 @@ ModelConfig model_config_from_gguf(const GgufFile& file, const std::string& path
         c.architecture = Architecture::qwen3_moe;
     } else if (p.architecture == "llama" && p.expert_count > 0) {
         c.architecture = Architecture::mixtral;
+    } else if (p.architecture == "llama") {
+        c.architecture = Architecture::llama;  // dense (llama.cpp's converter: q/k permuted for its rope layout)
     } else {
-        fail(ErrorCode::unsupported, "{}: GGUF architecture '{}' without experts is not a MoE model (supported: "
-             "qwen2moe, qwen3moe, llama with experts = mixtral)", path, p.architecture);
+        fail(ErrorCode::unsupported, "{}: GGUF architecture '{}' without experts is not supported (supported: qwen2moe, "
+             "qwen3moe, llama dense or with experts = mixtral)", path, p.architecture);
     }
     const std::string& a = p.architecture;
     c.hidden_size = p.embedding_length;
@@ -196,6 +198,18 @@ ModelConfig model_config_from_gguf(const GgufFile& file, const std::string& path
         if (t != "none" && !t.empty()) c.rope_type = t;
     }
     c.max_position_embeddings = file.has(a + ".context_length") ? file.get_int(a + ".context_length") : 32768;
+    if (const GgufTensor* rf = file.find_tensor("rope_freqs.weight")) {  // llama3 scaling as frequency factors
+        KVASIR_CHECK(rf->shape.size() == 1 && rf->shape[0] == p.key_length / 2, ErrorCode::bad_input,
+                     "{}: tensor 'rope_freqs.weight' has shape {}, expected [{}] (half the head dim)", path,
+                     shape_str(rf->shape), p.key_length / 2);
+        const Tensor f = dequantize(*rf);
+        for (std::int64_t i = 0; i < f.numel(); ++i) {
+            const double v = f.at(i);
+            KVASIR_CHECK(std::isfinite(v) && v > 0, ErrorCode::bad_input,
+                         "{}: rope_freqs.weight[{}] = {} (a frequency factor must be finite and > 0)", path, i, v);
+            c.rope_freq_factors.push_back(v);
+        }
+    }
     c.qk_norm = p.qk_norm;
     for (const GgufTensor& t : file.tensors()) {
         const auto r = gguf_tensor_role(t.name);
@@ -212,6 +226,12 @@ ModelConfig model_config_from_gguf(const GgufFile& file, const std::string& path
     c.tie_word_embeddings = p.tied_embeddings;
     c.moe_layers = p.moe_layers;
     c.moe_intermediate_size = p.expert_feed_forward_length;
+    if (c.architecture == Architecture::llama) {
+        c.intermediate_size = p.feed_forward_length;
+        c.router = RouterConfig{};
+        validate_model_config(c);
+        return c;
+    }
     if (c.architecture == Architecture::mixtral) {
         c.intermediate_size = 0;
     } else {
@@ -405,33 +425,17 @@ void Model::Impl::load_gpt_oss_experts(const LayerTensorNames& n, LayerWeights& 
         return TensorView{dnb.dtype, static_cast<const std::byte*>(dnb.data) + static_cast<std::size_t>(e * H) * dtype_size(dnb.dtype), {H}};
     };
     if (c.mxfp4_experts) {
-        // Blocks/scales: U8, checked here (the typed view refuses U8): shape, dtype, then every byte is in range.
-        const auto u8 = [&](const std::string& name, const Shape& want) {
-            const SafetensorsTensorInfo& info = st->info(name);
-            KVASIR_CHECK(info.dtype == SafetensorsDType::U8, ErrorCode::bad_input, "{}: MXFP4 tensor '{}' has dtype {}, expected U8",
-                         st->shard_of(name), name, safetensors_dtype_name(info.dtype));
-            check_shape(st->shard_of(name), name, info.shape, want);
-            const std::span<const std::byte> raw = st->raw(name);
-            KVASIR_CHECK(raw.size() == static_cast<std::size_t>(shape_numel(want)), ErrorCode::bad_input,
-                         "{}: MXFP4 tensor '{}' holds {} bytes for shape {}", st->shard_of(name), name, raw.size(), shape_str(want));
-            return reinterpret_cast<const std::uint8_t*>(raw.data());
+        // Blocks/scales: U8 (the typed view refuses U8), checked by check_mxfp4_pair: dtype, shapes, sizes.
+        const auto pair = [&](const std::string& blocks, const std::string& scales, const Shape& want) {
+            return check_mxfp4_pair(st->shard_of(blocks), st->info(blocks), st->raw(blocks), st->info(scales), st->raw(scales),
+                                    want);
         };
-        const std::uint8_t* gb = u8(n.oss_gate_up, {E, 2 * I, H / 32, 16});
-        const std::uint8_t* gs = u8(n.oss_gate_up_scales, {E, 2 * I, H / 32});
-        const std::uint8_t* db = u8(n.oss_down, {E, H, I / 32, 16});
-        const std::uint8_t* ds = u8(n.oss_down_scales, {E, H, I / 32});
+        const Mxfp4Pair gu = pair(n.oss_gate_up, n.oss_gate_up_scales, {E, 2 * I, H / 32, 16});
+        const Mxfp4Pair dn = pair(n.oss_down, n.oss_down_scales, {E, H, I / 32, 16});
         for (std::int64_t e = 0; e < E; ++e) {
             Tensor gate(DType::f32, {I, H}), up(DType::f32, {I, H}), down(DType::f32, {H, I});
-            const std::int64_t g_in = H / 32, g_dn = I / 32;
-            for (std::int64_t r = 0; r < 2 * I; ++r) {
-                float* dst = (r % 2 == 0 ? gate : up).as<float>() + (r / 2) * H;
-                const std::int64_t row = e * 2 * I + r;
-                dequantize_mxfp4_hf(gb + row * g_in * 16, gs + row * g_in, g_in, dst);
-            }
-            for (std::int64_t h = 0; h < H; ++h) {
-                const std::int64_t row = e * H + h;
-                dequantize_mxfp4_hf(db + row * g_dn * 16, ds + row * g_dn, g_dn, down.as<float>() + h * I);
-            }
+            for (std::int64_t r = 0; r < 2 * I; ++r) gu.row(e * 2 * I + r, (r % 2 == 0 ? gate : up).as<float>() + (r / 2) * H);
+            for (std::int64_t h = 0; h < H; ++h) dn.row(e * H + h, down.as<float>() + h * I);
             w.experts.push_back({keep(std::move(gate)), keep(std::move(up)), keep(std::move(down)), bias_half(e, 0),
                                  bias_half(e, 1), down_bias(e), act});
         }

@@ -4,6 +4,7 @@
 // (see quant.hpp) every product here is exact in f32, so the order cannot
 // change a bit.
 #include "kvasir/model/quant.hpp"
+#include "kvasir/model/safetensors.hpp"
 
 #include "kvasir/core/dtype.hpp"
 #include "kvasir/core/error.hpp"
@@ -89,6 +90,32 @@ bool ggml_type_dequantizable(GgmlType type) noexcept {
         case GgmlType::Q8_0: case GgmlType::Q4_K: case GgmlType::Q6_K: case GgmlType::MXFP4: return true;
         default: return false;
     }
+}
+
+void Mxfp4Pair::row(std::int64_t r, float* dst) const noexcept {
+    dequantize_mxfp4_hf(blocks + r * groups * 16, scales + r * groups, groups, dst);
+}
+
+Mxfp4Pair check_mxfp4_pair(const std::string& file, const SafetensorsTensorInfo& b, std::span<const std::byte> b_raw,
+                           const SafetensorsTensorInfo& s, std::span<const std::byte> s_raw, const Shape& want) {
+    KVASIR_CHECK(want.size() >= 3 && want.back() == 16, ErrorCode::internal, "check_mxfp4_pair: expected shape {}",
+                 shape_str(want));
+    for (const auto* t : {&b, &s})
+        KVASIR_CHECK(t->dtype == SafetensorsDType::U8, ErrorCode::bad_input, "{}: MXFP4 tensor '{}' has dtype {}, expected U8",
+                     file, t->name, safetensors_dtype_name(t->dtype));
+    KVASIR_CHECK(b.shape == want, ErrorCode::bad_input, "{}: MXFP4 tensor '{}' has shape {}, expected {} (blocks of 32 values, "
+                 "16 bytes each)", file, b.name, shape_str(b.shape), shape_str(want));
+    const Shape want_scales(want.begin(), want.end() - 1);
+    KVASIR_CHECK(s.shape == want_scales, ErrorCode::bad_input, "{}: MXFP4 tensor '{}' has shape {}, expected {} (one scale per "
+                 "block of '{}')", file, s.name, shape_str(s.shape), shape_str(want_scales), b.name);
+    const std::int64_t groups = want[want.size() - 2];
+    const std::int64_t rows = shape_numel(want_scales) / std::max<std::int64_t>(groups, 1);
+    KVASIR_CHECK(b_raw.size() == static_cast<std::size_t>(shape_numel(want)) &&
+                     s_raw.size() == static_cast<std::size_t>(shape_numel(want_scales)),
+                 ErrorCode::bad_input, "{}: MXFP4 tensors '{}' / '{}' hold {} / {} bytes for their shapes", file, b.name, s.name,
+                 b_raw.size(), s_raw.size());
+    return {reinterpret_cast<const std::uint8_t*>(b_raw.data()), reinterpret_cast<const std::uint8_t*>(s_raw.data()), rows,
+            groups};
 }
 
 std::string_view ggml_dequantizable_types() noexcept { return "F32, F16, BF16, Q8_0, Q4_K, Q6_K, MXFP4"; }

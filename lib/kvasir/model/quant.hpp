@@ -36,6 +36,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
+#include <string>
 #include <string_view>
 
 namespace kvasir {
@@ -107,6 +109,23 @@ void dequantize_row_mxfp4(const std::byte* src, float* dst, std::int64_t n) noex
 // where it overflows (scale 255 with |v| ≥ 1). dst holds groups·32 floats.
 void dequantize_mxfp4_hf(const std::uint8_t* blocks, const std::uint8_t* scales, std::int64_t groups,
                          float* dst) noexcept;
+
+// An MXFP4 pair of a Hugging Face checkpoint, checked: both U8, blocks
+// [P..., R, G, 16] and scales [P..., R, G] with `want_rows` = P…·R rows of
+// `want_cols` = 32·G values (the config's shape), raw sizes as the shapes say.
+// Error(bad_input) "FILE: MXFP4 tensor 'NAME' ..." naming the tensor
+// otherwise. The rows come out as views of the two raw buffers.
+struct Mxfp4Pair {
+    const std::uint8_t* blocks = nullptr;  // rows × groups × 16 bytes
+    const std::uint8_t* scales = nullptr;  // rows × groups bytes
+    std::int64_t rows = 0, groups = 0;
+    // Row r expanded to groups·32 floats at dst (dequantize_mxfp4_hf).
+    void row(std::int64_t r, float* dst) const noexcept;
+};
+struct SafetensorsTensorInfo;
+Mxfp4Pair check_mxfp4_pair(const std::string& file, const SafetensorsTensorInfo& blocks, std::span<const std::byte> blocks_raw,
+                           const SafetensorsTensorInfo& scales, std::span<const std::byte> scales_raw,
+                           const Shape& blocks_shape);
 
 // A whole GGUF tensor as an owning f32 Tensor with the row-major shape
 // (`tensor.shape`, i.e. ggml's ne reversed). F32 is copied bit for bit (NaN

@@ -69,6 +69,17 @@ double yarn_mscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.
 }  // namespace
 
 std::vector<double> rope_inverse_frequencies(const ModelConfig& c) {
+    if (!c.rope_freq_factors.empty()) {  // GGUF rope_freqs: theta^(−2i/d) / factor_i (llama.cpp's ggml_rope_ext)
+        const std::int64_t d = rotary_dims(c);
+        KVASIR_CHECK(c.rope_type == "default" && static_cast<std::int64_t>(c.rope_freq_factors.size()) == d / 2,
+                     ErrorCode::bad_input, "{}: {} rope frequency factors for {} rotary dimensions (rope type {})", c.source,
+                     c.rope_freq_factors.size(), d, c.rope_type);
+        std::vector<double> out(static_cast<std::size_t>(d / 2));
+        for (std::int64_t i = 0; i < d / 2; ++i)
+            out[static_cast<std::size_t>(i)] = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(d)) /
+                                               c.rope_freq_factors[static_cast<std::size_t>(i)];
+        return out;
+    }
     if (c.rope_type == "default") return {};
     if (c.rope_type == "llama3") return llama3_inverse_frequencies(c);
     if (c.rope_type == "yarn") return yarn_inverse_frequencies(c);

@@ -23,6 +23,8 @@ namespace kvasir {
 // cd(r) = d·ln(original / (2πr)) / (2 ln theta) (floored / ceiled when
 // truncate), ramp_i = clamp((i − low) / (high − low), 0, 1):
 //   inv_i = theta^(−2i/d) · (ramp_i / factor + (1 − ramp_i)).
+// A GGUF's rope_freqs factors (ModelConfig::rope_freq_factors, rope type
+// default): inv_i = theta^(−2i/d) / factor_i, as llama.cpp applies them.
 // Error(unsupported) for any other rope_type.
 std::vector<double> rope_inverse_frequencies(const ModelConfig& config);
 

@@ -529,30 +529,28 @@ public:
         return download(yb, shape);
     }
 
+    // y[i] = kernel(a[i], b[i], extra…) of elementwise.cl over n elements.
+    template <class... Extra>
+    Tensor binary_elementwise(const char* name, const TensorView& a, const TensorView& b, Extra... extra) {
+        const std::int64_t n = a.numel();
+        if (n == 0) return Tensor(DType::f32, a.shape);
+        const std::lock_guard lock(mutex_);
+        const ClMem ab = upload(a), bb = upload(b);
+        const ClMem yb = output(n);
+        const cl_kernel k = kernel("elementwise.cl", name, 0);
+        set_args(k, ab, bb, yb, static_cast<cl_ulong>(n), extra...);
+        launch_1d(k, n);
+        return download(yb, a.shape);
+    }
+
     Tensor swiglu(const TensorView& gate, const TensorView& up) override {
         check_same_shape("swiglu", gate, up);
-        const std::int64_t n = gate.numel();
-        if (n == 0) return Tensor(DType::f32, gate.shape);
-        const std::lock_guard lock(mutex_);
-        const ClMem gb = upload(gate), ub = upload(up);
-        const ClMem yb = output(n);
-        const cl_kernel k = kernel("elementwise.cl", "kv_swiglu", 0);
-        set_args(k, gb, ub, yb, static_cast<cl_ulong>(n));
-        launch_1d(k, n);
-        return download(yb, gate.shape);
+        return binary_elementwise("kv_swiglu", gate, up);
     }
 
     Tensor clamped_swiglu(const TensorView& gate, const TensorView& up, double alpha, double limit) override {
         check_clamped_swiglu_args(gate, up, alpha, limit);
-        const std::int64_t n = gate.numel();
-        if (n == 0) return Tensor(DType::f32, gate.shape);
-        const std::lock_guard lock(mutex_);
-        const ClMem gb = upload(gate), ub = upload(up);
-        const ClMem yb = output(n);
-        const cl_kernel k = kernel("elementwise.cl", "kv_clamped_swiglu", 0);
-        set_args(k, gb, ub, yb, static_cast<cl_ulong>(n), static_cast<cl_float>(alpha), static_cast<cl_float>(limit));
-        launch_1d(k, n);
-        return download(yb, gate.shape);
+        return binary_elementwise("kv_clamped_swiglu", gate, up, static_cast<cl_float>(alpha), static_cast<cl_float>(limit));
     }
 
     Tensor sigmoid(const TensorView& x) override {
