@@ -145,7 +145,9 @@ void moe_layer(benchmark::State& state, std::string spec, std::int64_t T) {
 // LayerGraph::attend ran before the op existed: "composed"). Prefill is
 // T = 512 at p0 = 0, a decode step T = 1 at p0 = 511. GFLOP/s counts the
 // unmasked multiply-adds of Q·Kᵀ and P·V (2·2·D per visible pair).
-void attention(benchmark::State& state, std::string spec, bool fused, std::int64_t T, std::int64_t p0) {
+// sinks: the same with gpt-oss's attention sinks (causal_attention_sinks, one
+// logit per query head).
+void attention(benchmark::State& state, std::string spec, bool fused, std::int64_t T, std::int64_t p0, bool sinks) {
     const std::int64_t S = p0 + T;
     const Tensor& q = input("bench/attn/q", {T, kHeads, kHeadDim}, 1);
     std::vector<TensorView> k, v;
@@ -155,8 +157,14 @@ void attention(benchmark::State& state, std::string spec, bool fused, std::int64
     }
     Backend& b = node(spec);
     const double scale = 1 / std::sqrt(double(kHeadDim));
-    for (auto _ : state)
-        benchmark::DoNotOptimize(fused ? b.causal_attention(q, k, v, scale) : b.Backend::causal_attention(q, k, v, scale));
+    const Tensor& sk = input("bench/attn/sinks", {kHeads}, 1);
+    for (auto _ : state) {
+        if (sinks)
+            benchmark::DoNotOptimize(fused ? b.causal_attention_sinks(q, k, v, scale, sk)
+                                           : b.Backend::causal_attention_sinks(q, k, v, scale, sk));
+        else
+            benchmark::DoNotOptimize(fused ? b.causal_attention(q, k, v, scale) : b.Backend::causal_attention(q, k, v, scale));
+    }
     const double pairs = double(T) * double(p0) + double(T) * double(T + 1) / 2;  // Σ_t (p0 + t + 1)
     state.counters["GFLOP/s"] = gflops(4.0 * double(kHeadDim) * double(kHeads) * pairs);
 }
@@ -224,12 +232,13 @@ void register_all() {
     attention_nodes.push_back("opencl:0");  // attention.cl against the node's composition, next to cpu's
 #endif
     for (const std::string& spec : attention_nodes)
-        for (const bool fused : {true, false})
-            for (auto [t, p0] : {std::pair<std::int64_t, std::int64_t>{512, 0}, {1, 511}})
-                add(std::string("attention/") + spec + (fused ? "/fused" : "/composed") + "/T:" + std::to_string(t) +
-                        "/p0:" + std::to_string(p0),
-                    attention, std::string(spec), fused, t, p0)
-                    ->Unit(benchmark::kMillisecond);
+        for (const bool sinks : {false, true})
+            for (const bool fused : {true, false})
+                for (auto [t, p0] : {std::pair<std::int64_t, std::int64_t>{512, 0}, {1, 511}})
+                    add(std::string(sinks ? "attention_sinks/" : "attention/") + spec + (fused ? "/fused" : "/composed") +
+                            "/T:" + std::to_string(t) + "/p0:" + std::to_string(p0),
+                        attention, std::string(spec), fused, t, p0, sinks)
+                        ->Unit(benchmark::kMillisecond);
     add("seeded/normal_f32", seeded, true)->Unit(benchmark::kMillisecond);
     add("seeded/uniform_f32", seeded, false)->Unit(benchmark::kMillisecond);
 }

@@ -20,6 +20,10 @@
 //   out[i]   = R(Σ_s p[s]·V[s, i])  the matmul contract over s (blocks of 64,
 //                                   FMA chains), V read through R; the
 //                                   composition's masked terms are fma(+0, v, a) = a
+// With sinks (Backend::causal_attention_sinks): the composition's row has S + 1
+// columns, the head's sink σ = R(sink) at column S; m takes it in, e_σ =
+// R(expf(σ − m)) joins Σ where column S falls — lane S mod 8 when S < ⌊(S+1)/8⌋·8,
+// else last in the tail —, and its probability is dropped.
 // Where it differs: a masked key whose V row holds Inf or NaN poisons the
 // composition's P·V (0·Inf = NaN) but is never read here.
 //
@@ -41,6 +45,7 @@ struct AttentionArgs {
     float* out = nullptr;                  // [T, heads·dim]
     std::int64_t t_count = 0, heads = 0, kv_heads = 0, dim = 0, s_count = 0;
     float scale = 1.0f;
+    const float* sinks = nullptr;          // [heads] sink logits (gpt-oss), or null
     WeightRounding rounding = WeightRounding::none;  // storage rounding R of everything read and written
     int threads = 1;
 };

@@ -77,23 +77,32 @@ void scores(const float* const* q, int m, const float* k, i64 dim, i64 s_count, 
 // scaled, masked row of S columns; see attention.hpp). x has room for n
 // rounded up to 8.
 template <WeightRounding R>
-void softmax_row(float* x, i64 n, i64 s_count, float scale) {
+void softmax_row(float* x, i64 n, i64 s_count, float scale, const float* sink) {
     const __m256 sv = _mm256_set1_ps(scale);
     i64 c = 0;
     for (; c + 8 <= n; c += 8) _mm256_storeu_ps(x + c, round_w<R>(_mm256_mul_ps(_mm256_loadu_ps(x + c), sv)));
     for (; c < n; ++c) x[c] = round1<R>(x[c] * scale);
     float m = -INFINITY;
     for (c = 0; c < n; ++c) m = std::fmax(m, x[c]);
+    // The sink: column s_count of the composition's widened row (attention.hpp).
+    const float sigma = sink != nullptr ? round1<R>(*sink) : 0.0f;
+    if (sink != nullptr) m = std::fmax(m, sigma);
     for (c = 0; c < n; ++c) x[c] = round1<R>(std::exp(x[c] - m));
-    const i64 lanes_end = s_count / 8 * 8;  // the composition's lanes cover columns below this
+    const float e_sink = sink != nullptr ? round1<R>(std::exp(sigma - m)) : 0.0f;
+    const i64 cols = s_count + (sink != nullptr ? 1 : 0);
+    const i64 lanes_end = cols / 8 * 8;  // the composition's lanes cover columns below this
     const i64 lim = std::min((n + 7) / 8 * 8, lanes_end);
     for (c = n; c < lim; ++c) x[c] = 0.0f;  // masked columns: +0
+    const bool sink_in_lanes = sink != nullptr && s_count < lanes_end;
+    if (sink_in_lanes && s_count < lim) x[s_count] = e_sink;  // in the last chunk read below (x has room: ld ≥ lim)
     __m256 lanes = _mm256_setzero_ps();
     for (c = 0; c < lim; c += 8) lanes = _mm256_add_ps(lanes, _mm256_loadu_ps(x + c));
     alignas(32) float l[8];
     _mm256_store_ps(l, lanes);
+    if (sink_in_lanes && s_count >= lim) l[s_count % 8] += e_sink;  // its chunk: zeros but for the sink
     float sum = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
     for (c = lanes_end; c < n; ++c) sum += x[c];
+    if (sink != nullptr && !sink_in_lanes) sum += e_sink;  // the tail's last column
     const __m256 sumv = _mm256_set1_ps(sum);
     for (c = 0; c + 8 <= n; c += 8) _mm256_storeu_ps(x + c, round_w<R>(_mm256_div_ps(_mm256_loadu_ps(x + c), sumv)));
     for (; c < n; ++c) x[c] = round1<R>(x[c] / sum);
@@ -157,7 +166,8 @@ void run(const AttentionArgs& a) {
             for (int r = 0; r < m; ++r) q[r] = a.q + (t * a.heads + g * rep + r0 + r) * a.dim;
             scores<R>(q, m, a.keys[g], a.dim, a.s_count, n, sc, ld);
             for (int r = 0; r < m; ++r) {
-                softmax_row<R>(sc + r * ld, n, a.s_count, a.scale);
+                softmax_row<R>(sc + r * ld, n, a.s_count, a.scale,
+                               a.sinks != nullptr ? a.sinks + g * rep + r0 + r : nullptr);
                 pv_row<R>(sc + r * ld, n, a.values[g], a.dim, a.out + (t * a.heads + g * rep + r0 + r) * a.dim);
             }
         }

@@ -1266,7 +1266,28 @@ TEST_P(AttentionBits, FusedIsItsOwnCompositionBitForBit) {
             const Tensor composed = node().Backend::causal_attention(in.q, in.kv(), in.vv(), scale);
             EXPECT_TRUE(same_bits(fused, composed))
                 << T << "x" << nh << "x" << nkv << "x" << D << " p0=" << p0 << " scale " << scale;
+            // With sinks (the sink column S of the composition's row lands in a lane or in the tail as S
+            // varies over the shapes): whatever the node runs, it is its composition's bits.
+            const Tensor sk = held(seeded_normal(11, fmt::format("conf/attn/sk/{}x{}", T, nh), {nh}, 0, 1));
+            const Tensor fs = node().causal_attention_sinks(in.q, in.kv(), in.vv(), scale, sk);
+            const Tensor cs = node().Backend::causal_attention_sinks(in.q, in.kv(), in.vv(), scale, sk);
+            EXPECT_TRUE(same_bits(fs, cs)) << "sinks " << T << "x" << nh << "x" << nkv << "x" << D << " p0=" << p0
+                                           << " scale " << scale;
         }
+    }
+}
+
+// The sink column lands inside the last lane chunk only when S mod 8 = 7: rows
+// whose chunk ends before it (lane added afterwards) and rows sharing its chunk.
+TEST_P(AttentionBits, SinksInTheLastLaneChunkAreTheCompositionBitForBit) {
+    for (const auto& [T, nh, nkv, D, p0] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>>{
+             {3, 4, 2, 16, 4}, {9, 4, 2, 8, 14}, {1, 2, 1, 8, 22}, {17, 8, 2, 64, 14}}) {
+        ASSERT_EQ((p0 + T) % 8, 7);
+        const Inputs in = inputs({T, nh, nkv, D, p0}, fmt::format("l{}x{}x{}x{}x{}", T, nh, nkv, D, p0));
+        const Tensor sk = held(seeded_normal(12, fmt::format("conf/attn/sl/{}", T), {nh}, 0, 2));
+        const Tensor fs = node().causal_attention_sinks(in.q, in.kv(), in.vv(), 0.3, sk);
+        const Tensor cs = node().Backend::causal_attention_sinks(in.q, in.kv(), in.vv(), 0.3, sk);
+        EXPECT_TRUE(same_bits(fs, cs)) << T << "x" << nh << "x" << nkv << "x" << D << " p0=" << p0;
     }
 }
 

@@ -474,7 +474,7 @@ TEST_P(EmulatedForward, WithinTheCpuNodesF32Tolerance) {
             EXPECT_EQ(std::memcmp(step.raw(), static_cast<const std::byte*>(g.logits.raw()) + t0 * row, step.nbytes()), 0)
                 << "decoder step at token " << t0;
         } else {
-            // Sinks run the composition (no fused kernel takes them yet): its softmax reduces a row of the
+            // Sinks run the composition on this node (its GPU kernel takes none yet): its softmax reduces a row of the
             // call's key count, masked zeros included, so a shorter decode row rounds differently —
             // close, not the same bits (the invariance step measures exactly this on every node).
             const TensorView full{DType::f32, static_cast<const std::byte*>(g.logits.raw()) + t0 * row,

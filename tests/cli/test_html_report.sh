@@ -31,6 +31,12 @@ check "the header records the date from SOURCE_DATE_EPOCH" grep -q "<dd>2026-01-
 check "the same audit twice → byte-identical HTML" cmp -s "$tmp/r.html" "$tmp/r2.html"
 check "no temporary left beside the page" bash -c "! ls -A '$tmp' | grep -q '^\.r.*tmp'"
 
+# A dense model: the decisions section says there is no router, the verdicts that routing agreement is not judged.
+"$bin" audit -p $ci --model fixtures/models/qwen2_tiny -b cpu-ref,cpu --html "$tmp/dense.html" -o "$tmp/dense.json" >/dev/null 2>&1
+check "audit --html of a dense model exits 0" test $? -eq 0
+check "dense HTML well-formed, every node and criterion of its JSON" python3 $here/html_check.py "$tmp/dense.html" --json "$tmp/dense.json"
+check "dense HTML: no MoE layers, routing agreement not judged" bash -c "grep -q 'No MoE layers: the model has no router' '$tmp/dense.html' && grep -q 'Not judged: <code>decide.routing_agreement_min</code>' '$tmp/dense.html'"
+
 # The parser check is not vacuous: a page with an unclosed element, an
 # external image or a link out is refused.
 sed 's|<main>|<main><div><img src="https://example.invalid/x.png" alt=""/>|' "$tmp/r.html" >"$tmp/bad.html"

@@ -283,6 +283,22 @@ public:
     Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
                             double scale) override {
         if (caps_.accumulation != DType::f32 || !avx2_) return Backend::causal_attention(q, keys, values, scale);
+        return fused_attention(q, keys, values, scale, nullptr);
+    }
+
+    // The fused kernel takes sinks too (attention.hpp: the composition's bits, sink column included).
+    Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                                  double scale, const TensorView& sinks) override {
+        if (caps_.accumulation != DType::f32 || !avx2_) return Backend::causal_attention_sinks(q, keys, values, scale, sinks);
+        KVASIR_CHECK(sinks.rank() == 1 && q.rank() == 3 && sinks.dim(0) == q.dim(1), ErrorCode::bad_input,
+                     "attention: sinks {} for q {} (one per query head)", shape_str(sinks.shape), shape_str(q.shape));
+        const Tensor s32 = Tensor::convert(sinks, DType::f32);  // as the composition writes them: the f32 value
+        return fused_attention(q, keys, values, scale, &s32);
+    }
+
+private:
+    Tensor fused_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                           double scale, const Tensor* sinks) {
         check_attention_args(q, keys, values);
         const std::int64_t t_count = q.dim(0), nh = q.dim(1), d = q.dim(2), nkv = static_cast<std::int64_t>(keys.size());
         const Tensor qs = stored(q);
@@ -314,9 +330,12 @@ public:
         a.scale = static_cast<float>(scale);  // as scale() rounds it in the combine dtype, f32
         a.rounding = kernels::rounding_to(caps_.storage);
         a.threads = caps_.threads;
+        a.sinks = sinks != nullptr ? sinks->as<float>() : nullptr;
         kernels::attention_avx2(a);
         return y;
     }
+
+public:
 
     Tensor sigmoid(const TensorView& x) override {
         const Tensor xs = stored(x);
