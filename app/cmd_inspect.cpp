@@ -135,6 +135,14 @@ void run_inspect(const InspectOptions& opt) {
                                  {"low_freq_factor", c.rope_scaling.low_freq_factor},
                                  {"high_freq_factor", c.rope_scaling.high_freq_factor},
                                  {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+        if (!c.rope_freq_factors.empty()) a["rope_freq_factors"] = c.rope_freq_factors;
+        if (c.rope_type == "yarn")
+            a["rope_yarn"] = {{"factor", c.rope_scaling.factor},
+                              {"beta_fast", c.rope_scaling.beta_fast},
+                              {"beta_slow", c.rope_scaling.beta_slow},
+                              {"truncate", c.rope_scaling.truncate},
+                              {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings},
+                              {"attention_factor", rope_attention_factor(c)}};
         a["sliding_window"] = c.sliding_window;
         a["attention_output_bias"] = c.attention_out_bias;
         a["rms_norm_eps"] = c.rms_norm_eps;

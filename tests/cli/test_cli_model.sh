@@ -72,6 +72,15 @@ check "inspect qwen2_tiny: the sliding layers and no router" \
   bash -c "grep -q 'sliding-window attention (8 keys) on layers 1, 2' <<<'$out' && grep -q 'router: none: no MoE layers' <<<'$out'"
 out=$("$bin" inspect fixtures/models/llama_tiny.gguf 2>&1)
 check "inspect llama_tiny.gguf (llama.cpp's converter): a dense llama GGUF" grep -q "^llama: 3 layers, hidden 64" <<<"$out"
+"$bin" inspect fixtures/models/llama_tiny.gguf --json >"$tmp/lg.json"
+check "inspect --json llama_tiny.gguf: the GGUF's rope frequency factors" python3 -c "
+import json,sys; a=json.load(open(sys.argv[1]))['config']
+assert a['architecture']=='llama' and len(a['rope_freq_factors'])==8 and a['rope_freq_factors'][0]==1.0 and a['rope_freq_factors'][2]==8.0, a" "$tmp/lg.json"
+"$bin" inspect fixtures/models/gpt_oss_tiny --json >"$tmp/go.json"
+check "inspect --json gpt_oss_tiny: yarn, sinks, plain experts" python3 -c "
+import json,sys; a=json.load(open(sys.argv[1]))['config']
+assert a['rope_yarn']['truncate'] is False and abs(a['rope_yarn']['attention_factor']-1.3465735902799727)<1e-12, a
+assert a['attention_sinks'] and a['expert_format']=='plain' and a['swiglu_limit']==1.0, a" "$tmp/go.json"
 out=$("$bin" inspect fixtures/models/llama_tiny 2>&1)
 check "inspect llama_tiny: the llama3 rope scaling" grep -q "with llama3 frequency scaling (factor 8" <<<"$out"
 expect_usage_error "the model has no MoE layer" matrix --model fixtures/models/llama_tiny
