@@ -50,50 +50,30 @@ for dt in ("float32", "float64"):
     be = numpy_node.NumpyOps(dt)
     t = lambda a: be.tensor(np.array(a, dtype=np.float64))
     silu = lambda x: x / (1 + math.exp(-x))
+    cases = []
     y = be.causal_conv1d_silu(t([[3], [-1]]), t([[1, 0.5, -1]]), t([[1], [2]]))
-    want = np.array([[silu(-1.0)], [silu(4.5)]])
+    cases.append(("causal_conv1d", y, np.array([[silu(-1.0)], [silu(4.5)]])))
     out = be.gated_delta(t([[[3, 4]], [[1, 0]]]), t([[[0, 5]], [[1, 0]]]), t([[[3]], [[0]]]), t([[0], [0]]),
                          t([[0], [0]]), t([0]), t([0]), t([[[2], [0]]]))
-    want_d = np.array([[[1.8 / math.sqrt(2)]], [[0.25 / math.sqrt(2)]]])
-    for name, got, w in (("causal_conv1d", y, want), ("gated_delta", out, want_d)):
+    cases.append(("gated_delta", out, np.array([[[1.8 / math.sqrt(2)]], [[0.25 / math.sqrt(2)]]])))
+    # gpt-oss: q = 0, so every visible key weighs 1/(n + e^sink); window 1: each query sees only its own key;
+    # clamped SwiGLU at g = 10 → 7, u = −9 → −7: (−7 + 1)·7·σ(7·1.702).
+    q = t(np.zeros((2, 2, 2)))
+    k, v = [t([[1, 2], [-3, 4], [0.5, 6]])], [t([[1, 2], [3, 4], [5, 6]])]
+    cases.append(("attention sinks", be.attention(q, k, v, 0.5, 0, t([0.0, math.log(2.0)])),
+                  np.array([[4 / 3, 6 / 3, 4 / 4, 6 / 4], [9 / 4, 12 / 4, 9 / 5, 12 / 5]])))
+    cases.append(("attention window", be.attention(q, k, v, 0.5, 1), np.array([[3, 4, 3, 4], [5, 6, 5, 6]], dtype=float)))
+    cases.append(("clamped_swiglu", be.clamped_swiglu(t([10.0, 0.0]), t([-9.0, 5.0]), 1.702, 7.0),
+                  np.array([-6 * 7 / (1 + math.exp(-7 * 1.702)), 0.0])))
+    for name, got, w in cases:
         rel = float(np.max(np.abs(got.astype(np.float64) - w)) / np.max(np.abs(w)))
         ok = got.dtype == np.dtype(dt) and got.shape == w.shape and rel <= 1e-6
         print(f"{dt} {name}: {got.ravel().tolist()} want {w.ravel().tolist()} rel {rel:.1e}")
         bad += not ok
 sys.exit(1 if bad else 0)
 EOF
-check "numpy node: causal_conv1d and gated_delta equal hand-computed values (float32, float64)" test $? -eq 0
+check "numpy node: causal_conv1d, gated_delta, attention (sinks, window) and clamped_swiglu equal hand-computed values (float32, float64)" test $? -eq 0
 cat "$tmp/hand.out"
-
-# The gpt-oss ops by hand: q = 0 makes every visible key weigh 1/(n + e^sink);
-# clamped SwiGLU at g = 10 → 7, u = −9 → −7: (−7 + 1)·7·σ(7·1.702).
-"$py" - >"$tmp/hand2.out" 2>&1 <<'EOF'
-import math, sys
-sys.path.insert(0, "scripts")
-import numpy as np
-import numpy_node
-bad = 0
-for dt in ("float32", "float64"):
-    be = numpy_node.NumpyOps(dt)
-    t = lambda a: be.tensor(np.array(a, dtype=np.float64))
-    q = t(np.zeros((2, 2, 2)))
-    k, v = [t([[1, 2], [-3, 4], [0.5, 6]])], [t([[1, 2], [3, 4], [5, 6]])]
-    got = be.attention(q, k, v, 0.5, 0, t([0.0, math.log(2.0)]))
-    e1 = 2.0
-    want = np.array([[4 / 3, 6 / 3, 4 / (2 + e1), 6 / (2 + e1)], [9 / 4, 12 / 4, 9 / (3 + e1), 12 / (3 + e1)]])
-    win = be.attention(q, k, v, 0.5, 1)  # window 1: each query sees only its own key
-    want_w = np.array([[3, 4, 3, 4], [5, 6, 5, 6]], dtype=np.float64)
-    y = be.clamped_swiglu(t([10.0, 0.0]), t([-9.0, 5.0]), 1.702, 7.0)
-    want_c = np.array([-6 * 7 / (1 + math.exp(-7 * 1.702)), 0.0])
-    for name, g, w in (("attention sinks", got, want), ("attention window", win, want_w), ("clamped_swiglu", y, want_c)):
-        rel = float(np.max(np.abs(g.astype(np.float64) - w)) / np.max(np.abs(w)))
-        ok = g.dtype == np.dtype(dt) and g.shape == w.shape and rel <= 1e-6
-        print(f"{dt} {name}: rel {rel:.1e}")
-        bad += not ok
-sys.exit(1 if bad else 0)
-EOF
-check "numpy node: attention with sinks / window and clamped_swiglu equal hand-computed values" test $? -eq 0
-cat "$tmp/hand2.out"
 
 # The numpy node, with both container writers: the content hash does not
 # depend on the writer, and each file verifies.

@@ -940,7 +940,11 @@ TEST(ConfigParse, GptOssDefaultsAndLayout) {
       "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}})";
     const kvasir::ModelConfig c = kvasir::parse_model_config(text, "oss/config.json");
     EXPECT_EQ(c.architecture, Architecture::gpt_oss);
-    EXPECT_TRUE(c.attention_sinks && c.router_logit_bias && c.expert_bias && c.clamped_swiglu);
+    EXPECT_TRUE(c.attention_sinks && c.clamped_swiglu);
+    const LayerTensorNames n = kvasir::layer_tensor_names(c, 0);
+    EXPECT_EQ(n.router_logit_bias, "model.layers.0.mlp.router.bias");
+    EXPECT_EQ(n.oss_gate_up_bias, "model.layers.0.mlp.experts.gate_up_proj_bias");
+    EXPECT_EQ(n.sinks, "model.layers.0.self_attn.sinks");
     EXPECT_TRUE(c.attention_bias && c.attention_out_bias);
     EXPECT_EQ(c.swiglu_alpha, 1.702);
     EXPECT_EQ(c.swiglu_limit, 7.0);

@@ -120,9 +120,7 @@ LayerGraph::LayerGraph(Backend& b, const Model& m) : be(b), model(m), c(m.config
 }
 
 Tensor LayerGraph::linear(const TensorView& x, const TensorView& w, const TensorView& bias) {
-    Tensor y = be.matmul(x, w);
-    if (!present(bias)) return y;
-    return be.add(y, broadcast_rows(bias, rows_of(y.view())));
+    return kvasir::linear(be, x, w, bias);
 }
 
 Tensor LayerGraph::swiglu_mlp(const TensorView& x, const TensorView& gate, const TensorView& up, const TensorView& down) {

@@ -48,9 +48,11 @@ std::optional<std::string> first_non_finite_weight(const Model& model) {
         for (const auto& [v, what] : lw.named_views())
             if (auto w = check(*v, fmt::format("layer {} {}", l, what))) return w;
         for (std::size_t e = 0; e < lw.experts.size(); ++e) {
-            if (auto w = check(lw.experts[e].gate, fmt::format("layer {} expert {} gate_proj", l, e))) return w;
-            if (auto w = check(lw.experts[e].up, fmt::format("layer {} expert {} up_proj", l, e))) return w;
-            if (auto w = check(lw.experts[e].down, fmt::format("layer {} expert {} down_proj", l, e))) return w;
+            const ExpertWeights& x = lw.experts[e];
+            for (const auto& [v, what] : {std::pair{&x.gate, "gate_proj"}, std::pair{&x.up, "up_proj"},
+                                          std::pair{&x.down, "down_proj"}, std::pair{&x.gate_bias, "gate_proj bias"},
+                                          std::pair{&x.up_bias, "up_proj bias"}, std::pair{&x.down_bias, "down_proj bias"}})
+                if (auto w = check(*v, fmt::format("layer {} expert {} {}", l, e, what))) return w;
         }
     }
     if (auto w = check(model.final_norm(), "the final norm")) return w;

@@ -167,6 +167,17 @@ void check_moe_args(const TensorView& x, std::span<const ExpertWeights> experts,
                      "moe: routing plan names expert {} of {}", ids[i], experts.size());
 }
 
+Tensor linear(Backend& be, const TensorView& x, const TensorView& w, const TensorView& bias) {
+    Tensor y = be.matmul(x, w);
+    if (bias.data == nullptr) return y;
+    return be.add(y, broadcast_rows(bias, rows_of(y.view())));
+}
+
+void check_sinks_args(const TensorView& q, const TensorView& sinks) {
+    KVASIR_CHECK(sinks.rank() == 1 && q.rank() == 3 && sinks.dim(0) == q.dim(1), ErrorCode::bad_input,
+                 "attention: sinks {} for q {} (one per query head)", shape_str(sinks.shape), shape_str(q.shape));
+}
+
 void check_attention_args(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values) {
     KVASIR_CHECK(q.rank() == 3, ErrorCode::bad_input, "attention: q {} must be [T, heads, D]", shape_str(q.shape));
     KVASIR_CHECK(!keys.empty() && keys.size() == values.size(), ErrorCode::bad_input,
@@ -303,17 +314,12 @@ Tensor moe_combine_default(Backend& backend, const TensorView& x, std::span<cons
                         static_cast<const std::byte*>(x.data) + static_cast<std::size_t>(routed[r].first) * row_bytes,
                         row_bytes);
         const ExpertWeights& ew = experts[e];
-        const std::int64_t rows = static_cast<std::int64_t>(routed.size());
-        // y = x·Wᵀ (+ b, gpt-oss): the bias added with this backend's add.
-        const auto linear = [&](const TensorView& in, const TensorView& w, const TensorView& b) {
-            Tensor out = backend.matmul(in, w);
-            return b.data == nullptr ? out : backend.add(out, broadcast_rows(b, rows));
-        };
-        const Tensor g = linear(xg, ew.gate, ew.gate_bias);
-        const Tensor u = linear(xg, ew.up, ew.up_bias);
+        // The biases (gpt-oss) added with this backend's add.
+        const Tensor g = linear(backend, xg, ew.gate, ew.gate_bias);
+        const Tensor u = linear(backend, xg, ew.up, ew.up_bias);
         const Tensor act = ew.activation.clamped ? backend.clamped_swiglu(g, u, ew.activation.alpha, ew.activation.limit)
                                                  : backend.swiglu(g, u);
-        const Tensor y = linear(act, ew.down, ew.down_bias);
+        const Tensor y = linear(backend, act, ew.down, ew.down_bias);
         for (std::size_t r = 0; r < routed.size(); ++r) {
             const Acc w = static_cast<Acc>(routed[r].second);
             Acc* dst = acc.data() + routed[r].first * h;
@@ -376,18 +382,6 @@ void fill_neg_inf(Tensor& t, std::int64_t base, std::int64_t from, std::int64_t 
     }
 }
 
-// x [rows, cols] → [cols, rows], same dtype (exact host data movement).
-Tensor transposed(const TensorView& x) {
-    const std::int64_t rows = x.dim(0), cols = x.dim(1);
-    const std::size_t es = dtype_size(x.dtype);
-    Tensor out(x.dtype, {cols, rows});
-    const auto* src = static_cast<const std::byte*>(x.data);
-    auto* dst = static_cast<std::byte*>(out.raw());
-    for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t c = 0; c < cols; ++c)
-            std::memcpy(dst + static_cast<std::size_t>(c * rows + r) * es, src + static_cast<std::size_t>(r * cols + c) * es, es);
-    return out;
-}
 
 }  // namespace
 
@@ -398,8 +392,7 @@ Tensor Backend::causal_attention(const TensorView& q, std::span<const TensorView
 
 Tensor Backend::causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys,
                                        std::span<const TensorView> values, double scale_by, const TensorView& sinks) {
-    KVASIR_CHECK(sinks.rank() == 1 && q.rank() == 3 && sinks.dim(0) == q.dim(1), ErrorCode::bad_input,
-                 "attention: sinks {} for q {} (one per query head)", shape_str(sinks.shape), shape_str(q.shape));
+    check_sinks_args(q, sinks);
     return compose_attention(q, keys, values, scale_by, &sinks);
 }
 

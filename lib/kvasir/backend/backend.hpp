@@ -253,6 +253,11 @@ void check_rmsnorm_args(const TensorView& x, const TensorView& w);
 void check_rope_args(const TensorView& x, std::span<const std::int64_t> positions, const RopeParams& params);
 void check_moe_args(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan);
 void check_attention_args(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values);
+void check_sinks_args(const TensorView& q, const TensorView& sinks);  // sinks [nh] for q [T, nh, D]
+
+// y = x·wᵀ + bias (bias [N], or absent: data null) with be's matmul and add:
+// nn.Linear on one node — the decoder layer's projections and the experts'.
+Tensor linear(Backend& be, const TensorView& x, const TensorView& w, const TensorView& bias);
 std::int64_t rows_of(const TensorView& x);  // product of all dims but the last
 
 // Shared top-k selection used by the default route(): picks by (score + bias),

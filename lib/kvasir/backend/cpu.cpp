@@ -290,8 +290,7 @@ public:
     Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
                                   double scale, const TensorView& sinks) override {
         if (caps_.accumulation != DType::f32 || !avx2_) return Backend::causal_attention_sinks(q, keys, values, scale, sinks);
-        KVASIR_CHECK(sinks.rank() == 1 && q.rank() == 3 && sinks.dim(0) == q.dim(1), ErrorCode::bad_input,
-                     "attention: sinks {} for q {} (one per query head)", shape_str(sinks.shape), shape_str(q.shape));
+        check_sinks_args(q, sinks);
         const Tensor s32 = Tensor::convert(sinks, DType::f32);  // as the composition writes them: the f32 value
         return fused_attention(q, keys, values, scale, &s32);
     }

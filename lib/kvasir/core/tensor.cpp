@@ -158,4 +158,17 @@ Tensor broadcast_rows(const TensorView& vec, std::int64_t rows) {
     return out;
 }
 
+Tensor transposed(const TensorView& x) {
+    KVASIR_CHECK(x.rank() == 2, ErrorCode::internal, "transposed: {} is not a matrix", shape_str(x.shape));
+    const std::int64_t rows = x.dim(0), cols = x.dim(1);
+    const std::size_t es = dtype_size(x.dtype);
+    Tensor out(x.dtype, {cols, rows});
+    const auto* src = static_cast<const std::byte*>(x.data);
+    auto* dst = static_cast<std::byte*>(out.raw());
+    for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c)
+            std::memcpy(dst + static_cast<std::size_t>(c * rows + r) * es, src + static_cast<std::size_t>(r * cols + c) * es, es);
+    return out;
+}
+
 }  // namespace kvasir

@@ -95,5 +95,7 @@ constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
 // A vector [N] repeated as `rows` rows [rows, N] (bias / gate broadcast),
 // same dtype: exact host data movement.
 Tensor broadcast_rows(const TensorView& vec, std::int64_t rows);
+// x [rows, cols] → [cols, rows], same dtype (exact host data movement).
+Tensor transposed(const TensorView& x);
 
 }  // namespace kvasir

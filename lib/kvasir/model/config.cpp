@@ -647,8 +647,6 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
             // 3, …) with bias, the clamped SwiGLU, down [E, I, H] with bias; intermediate_size is the expert width.
             c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", true);
             c.attention_sinks = true;
-            c.router_logit_bias = true;
-            c.expert_bias = true;
             c.clamped_swiglu = true;
             c.swiglu_alpha = k.real("swiglu_alpha", 1.702, -1e6, 1e6);
             c.swiglu_limit = k.real("swiglu_limit", 7.0, 0.0, 1e6);

@@ -103,13 +103,11 @@ struct ModelConfig {
     // k_norm [nkv·D]) before it is split into heads.
     bool qk_norm_full = false;
     // gpt_oss: a learned sink logit per query head in every attention
-    // softmax (self_attn.sinks [nh]); the router's logits have a bias
-    // (mlp.router.bias [E]); experts carry biases and the clamped SwiGLU
+    // softmax (self_attn.sinks [nh]); experts with the clamped SwiGLU
     // (GptOssExperts: alpha, limit); expert weights MXFP4 (`*_blocks` /
-    // `*_scales`) or plain, as the checkpoint has them.
+    // `*_scales`) or plain, as the checkpoint has them. (The router's logit
+    // bias and the experts' biases are tensors of the layer: LayerTensorNames.)
     bool attention_sinks = false;
-    bool router_logit_bias = false;
-    bool expert_bias = false;
     bool clamped_swiglu = false;
     double swiglu_alpha = 1.702, swiglu_limit = 7.0;
     bool mxfp4_experts = false;  // set by Model::open from the checkpoint's tensors

@@ -33,6 +33,13 @@ namespace {
 
 // Rows [r0, r0 + n) of slice e of a stacked [E, R, C] tensor, as a [n, C]
 // view (zero copy; the stack is row-major, so these rows are contiguous).
+// Slice e of a stacked [E, ...] tensor, as a view of its [...] (zero copy).
+TensorView slice0(const TensorView& stack, std::int64_t e) {
+    Shape s(stack.shape.begin() + 1, stack.shape.end());
+    const std::size_t bytes = static_cast<std::size_t>(shape_numel(s)) * dtype_size(stack.dtype);
+    return TensorView{stack.dtype, static_cast<const std::byte*>(stack.data) + static_cast<std::size_t>(e) * bytes, std::move(s)};
+}
+
 TensorView rows_of_slice(const TensorView& stack, std::int64_t e, std::int64_t r0, std::int64_t n) {
     const std::int64_t rows = stack.shape[1], cols = stack.shape[2];
     const std::size_t es = dtype_size(stack.dtype);
@@ -319,10 +326,7 @@ TensorView Model::Impl::resolve_gguf(const std::string& name) const {
     } else {
         copy = dequantize(*t);  // quantised, or a misaligned F32/F16/BF16 (widened exactly)
     }
-    owned_bytes += copy.nbytes();
-    owned.push_back(std::move(copy));
-    owned_registrations.emplace_back(owned.back().raw(), owned.back().nbytes());
-    return owned.back().view();
+    return keep(std::move(copy));
 }
 
 TensorView Model::Impl::resolve(const std::string& name, const Shape& expected) const {
@@ -421,9 +425,6 @@ void Model::Impl::load_gpt_oss_experts(const LayerTensorNames& n, LayerWeights& 
                         src + static_cast<std::size_t>(2 * i + parity) * bes, bes);
         return keep(std::move(b));
     };
-    const auto down_bias = [&](std::int64_t e) {
-        return TensorView{dnb.dtype, static_cast<const std::byte*>(dnb.data) + static_cast<std::size_t>(e * H) * dtype_size(dnb.dtype), {H}};
-    };
     if (c.mxfp4_experts) {
         // Blocks/scales: U8 (the typed view refuses U8), checked by check_mxfp4_pair: dtype, shapes, sizes.
         const auto pair = [&](const std::string& blocks, const std::string& scales, const Shape& want) {
@@ -437,27 +438,23 @@ void Model::Impl::load_gpt_oss_experts(const LayerTensorNames& n, LayerWeights& 
             for (std::int64_t r = 0; r < 2 * I; ++r) gu.row(e * 2 * I + r, (r % 2 == 0 ? gate : up).as<float>() + (r / 2) * H);
             for (std::int64_t h = 0; h < H; ++h) dn.row(e * H + h, down.as<float>() + h * I);
             w.experts.push_back({keep(std::move(gate)), keep(std::move(up)), keep(std::move(down)), bias_half(e, 0),
-                                 bias_half(e, 1), down_bias(e), act});
+                                 bias_half(e, 1), slice0(dnb, e), act});
         }
         return;
     }
     const TensorView gu = resolve(n.oss_gate_up, {E, H, 2 * I});
     const TensorView dn = resolve(n.oss_down, {E, I, H});
-    const std::size_t es = dtype_size(gu.dtype), des = dtype_size(dn.dtype);
-    const auto* gsrc = static_cast<const std::byte*>(gu.data);
-    const auto* dsrc = static_cast<const std::byte*>(dn.data);
+    const std::size_t row = static_cast<std::size_t>(H) * dtype_size(gu.dtype);
     for (std::int64_t e = 0; e < E; ++e) {
-        Tensor gate(gu.dtype, {I, H}), up(gu.dtype, {I, H}), down(dn.dtype, {H, I});
-        for (std::int64_t h = 0; h < H; ++h)
-            for (std::int64_t j = 0; j < 2 * I; ++j)
-                std::memcpy(static_cast<std::byte*>((j % 2 == 0 ? gate : up).raw()) + static_cast<std::size_t>((j / 2) * H + h) * es,
-                            gsrc + static_cast<std::size_t>((e * H + h) * 2 * I + j) * es, es);
-        for (std::int64_t i = 0; i < I; ++i)
-            for (std::int64_t h = 0; h < H; ++h)
-                std::memcpy(static_cast<std::byte*>(down.raw()) + static_cast<std::size_t>(h * I + i) * des,
-                            dsrc + static_cast<std::size_t>((e * I + i) * H + h) * des, des);
-        w.experts.push_back({keep(std::move(gate)), keep(std::move(up)), keep(std::move(down)), bias_half(e, 0),
-                             bias_half(e, 1), down_bias(e), act});
+        // gate_up[e]ᵀ [2I, H]: its even rows are gate's, its odd rows up's.
+        const Tensor t = transposed(slice0(gu, e));
+        Tensor gate(gu.dtype, {I, H}), up(gu.dtype, {I, H});
+        for (std::int64_t i = 0; i < I; ++i) {
+            std::memcpy(static_cast<std::byte*>(gate.raw()) + i * row, static_cast<const std::byte*>(t.raw()) + 2 * i * row, row);
+            std::memcpy(static_cast<std::byte*>(up.raw()) + i * row, static_cast<const std::byte*>(t.raw()) + (2 * i + 1) * row, row);
+        }
+        w.experts.push_back({keep(std::move(gate)), keep(std::move(up)), keep(transposed(slice0(dn, e))), bias_half(e, 0),
+                             bias_half(e, 1), slice0(dnb, e), act});
     }
 }
 

@@ -14,6 +14,11 @@ std::int64_t rotary_dims(const ModelConfig& c) {
     return static_cast<std::int64_t>(static_cast<double>(c.head_dim) * c.partial_rotary_factor);
 }
 
+// theta^(2i/d): the unscaled rope's wavelength factor of pair i (its inverse frequency's reciprocal).
+double pos_freq(const ModelConfig& c, std::int64_t i, std::int64_t d) {
+    return std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(d));
+}
+
 std::vector<double> llama3_inverse_frequencies(const ModelConfig& c) {
     const std::int64_t d = rotary_dims(c);
     const auto& r = c.rope_scaling;
@@ -21,7 +26,7 @@ std::vector<double> llama3_inverse_frequencies(const ModelConfig& c) {
     const double high_wavelen = r.original_max_position_embeddings / r.high_freq_factor;
     std::vector<double> out(static_cast<std::size_t>(d / 2));
     for (std::int64_t i = 0; i < d / 2; ++i) {
-        const double inv = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(d));
+        const double inv = 1.0 / pos_freq(c, i, d);
         const double wavelen = 2.0 * std::numbers::pi / inv;
         double f = inv;
         if (wavelen > low_wavelen) {
@@ -55,11 +60,11 @@ std::vector<double> yarn_inverse_frequencies(const ModelConfig& c) {
     if (low == high) high += 0.001;  // transformers: "Prevent singularity"
     std::vector<double> out(static_cast<std::size_t>(d / 2));
     for (std::int64_t i = 0; i < d / 2; ++i) {
-        const double pos_freq = std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(d));
+        const double pf = pos_freq(c, i, d);
         const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
         const double extrapolation = 1.0 - ramp;  // inv_freq_extrapolation_factor
         out[static_cast<std::size_t>(i)] =
-            (1.0 / (r.factor * pos_freq)) * (1.0 - extrapolation) + (1.0 / pos_freq) * extrapolation;
+            (1.0 / (r.factor * pf)) * (1.0 - extrapolation) + (1.0 / pf) * extrapolation;
     }
     return out;
 }
@@ -76,8 +81,7 @@ std::vector<double> rope_inverse_frequencies(const ModelConfig& c) {
                      c.rope_freq_factors.size(), d, c.rope_type);
         std::vector<double> out(static_cast<std::size_t>(d / 2));
         for (std::int64_t i = 0; i < d / 2; ++i)
-            out[static_cast<std::size_t>(i)] = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(d)) /
-                                               c.rope_freq_factors[static_cast<std::size_t>(i)];
+            out[static_cast<std::size_t>(i)] = 1.0 / pos_freq(c, i, d) / c.rope_freq_factors[static_cast<std::size_t>(i)];
         return out;
     }
     if (c.rope_type == "default") return {};
