@@ -1,6 +1,8 @@
 #include "commands.hpp"
 
+#include "kvasir/model/gguf.hpp"
 #include "kvasir/model/model.hpp"
+#include "kvasir/model/quant.hpp"
 #include "kvasir/model/rope_frequencies.hpp"
 #include "kvasir/core/tool_info.hpp"
 #include "kvasir/report/text.hpp"
@@ -87,6 +89,16 @@ struct Ignored {
     std::uint64_t bytes = 0;
     std::vector<std::string> examples;
 };
+// gpt-oss's expert weights as stored: "mxfp4" / "plain" (safetensors), or
+// the GGUF type of the expert stacks ("gguf MXFP4").
+std::string oss_expert_format(const Model& m) {
+    if (const GgufFile* g = m.gguf()) {
+        const GgufTensor* t = g->find_tensor("blk.0.ffn_gate_exps.weight");
+        return fmt::format("gguf {}", t != nullptr ? ggml_type_name(t->type) : "?");
+    }
+    return m.config().mxfp4_experts ? "mxfp4" : "plain";
+}
+
 Ignored ignored_tensors(const ModelConfig& c, const std::vector<ModelTensorEntry>& table) {
     Ignored out;
     std::set<std::string> used;
@@ -171,7 +183,7 @@ void run_inspect(const InspectOptions& opt) {
         }
         a["fused_experts"] = c.fused_experts;
         if (c.architecture == Architecture::gpt_oss) {
-            a["expert_format"] = c.mxfp4_experts ? "mxfp4" : "plain";
+            a["expert_format"] = oss_expert_format(model);
             a["attention_sinks"] = c.attention_sinks;
             a["swiglu_alpha"] = c.swiglu_alpha;
             a["swiglu_limit"] = c.swiglu_limit;
@@ -236,9 +248,12 @@ void run_inspect(const InspectOptions& opt) {
             "gpt-oss: attention sinks (one logit per head), router logits with a bias, experts with biases and the "
             "clamped SwiGLU (alpha {:g}, limit {:g}); expert weights {}\n",
             c.swiglu_alpha, c.swiglu_limit,
-            c.mxfp4_experts ? "MXFP4 (*_blocks U8: two e2m1 per byte; *_scales U8: e8m0 per 32 values), expanded to f32 "
-                              "exactly as transformers does"
-                            : "unquantised ([E, H, 2I] gate_up_proj, gate/up interleaved; [E, I, H] down_proj)");
+            model.gguf() != nullptr
+                ? fmt::format("ffn_gate/up/down_exps stacks ({}) with .bias tensors; alpha and limit are llama.cpp's "
+                              "constants (a GGUF carries neither)", oss_expert_format(model))
+            : c.mxfp4_experts ? "MXFP4 (*_blocks U8: two e2m1 per byte; *_scales U8: e8m0 per 32 values), expanded to f32 "
+                                "exactly as transformers does"
+                              : "unquantised ([E, H, 2I] gate_up_proj, gate/up interleaved; [E, I, H] down_proj)");
     if (ignored.count > 0)
         std::cout << fmt::format("ignored: {} tensors ({}) that are not the audited text decoder, e.g. {}\n", ignored.count,
                                  human_bytes(ignored.bytes), fmt::join(ignored.examples, ", "));

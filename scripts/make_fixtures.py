@@ -441,6 +441,7 @@ FIXTURES = [
         ),
         plant=[],
         mxfp4_variant=True,
+        llama_cpp_gguf="mxfp4",
         notes="gpt-oss: layer_types default [sliding, full, sliding, full] (GptOssConfig: layer i slides iff i is "
               "even) with sliding_window 8 < the 24-token prompt. ATTENTION SINKS: self_attn.sinks [4], one learned "
               "logit per head appended to every softmax row and dropped after it. q/k/v/o biases. YaRN rope "
@@ -1790,52 +1791,127 @@ def build_model(fx: dict):
     return model, module
 
 
-def llama_cpp_gguf(fx: dict, fdir: Path, models_dir: Path, llama_cpp: Path, model_cls, ids, module):
-    """models/<name>.gguf written by llama.cpp's own converter (convert_hf_to_gguf.py --outtype f32) from the
-    fixture, with a tiny SentencePiece tokenizer (320 pieces, byte fallback; the converter needs one, the
-    audit never tokenises), and models/<name>.gguf.reference.safetensors: transformers on the same weights with
-    the rope as the GGUF holds it — llama.cpp's converter turns llama3 scaling into rope_freqs factors (f32),
-    inv_freq_i = theta^(-2i/d) / factor_i, which the float64 forward then uses exactly (the float32 one keeps
-    transformers' own llama3 table: within float32 rounding of it)."""
+TOKENIZER_WORDS = ["the", "of", "and", "model", "node", "audit", "tensor", "expert", "router", "layer", "rope", "cache"]
+
+
+def tokenizer_corpus() -> list[str]:
+    """The text the converter's tiny tokenizers are trained on (the audit never tokenises these fixtures)."""
+    rnd = np.random.Generator(np.random.PCG64(20261201))
+    return [" ".join(TOKENIZER_WORDS[i] for i in rnd.integers(0, len(TOKENIZER_WORDS), 12)) for _ in range(2000)]
+
+
+def write_converter_tokenizer(src: Path, arch: str, vocab_size: int) -> None:
+    """The tokenizer convert_hf_to_gguf.py needs beside the weights. llama: a SentencePiece BPE model (320 pieces,
+    byte fallback; LlamaModel's _set_vocab_sentencepiece). gpt_oss: a byte-level BPE tokenizer.json trained by HF
+    tokenizers (GptOssModel's _set_vocab_gpt2), as small as the corpus allows (the converter pads it to vocab_size
+    with [PAD] tokens)."""
+    if arch == "gpt_oss":
+        from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
+        tok = Tokenizer(tok_models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tok.decoder = decoders.ByteLevel()
+        tok.train_from_iterator(tokenizer_corpus(), trainers.BpeTrainer(
+            vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            special_tokens=["<|endoftext|>"], show_progress=False))
+        tok.save(str(src / "tokenizer.json"))
+        (src / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}))
+        return
     import sentencepiece as spm
-    name = fx["name"]
+    (src.parent / "corpus.txt").write_text("\n".join(tokenizer_corpus()))
+    spm.SentencePieceTrainer.train(input=str(src.parent / "corpus.txt"), model_prefix=str(src / "tokenizer"),
+                                   vocab_size=vocab_size, model_type="bpe", byte_fallback=True,
+                                   character_coverage=1.0, bos_id=1, eos_id=2, unk_id=0, pad_id=-1,
+                                   num_threads=1, minloglevel=2)
+
+
+# convert_hf_to_gguf.py run in this process's interpreter. The converter names a byte-level BPE tokenizer's
+# pre-tokenizer by hashing how it splits a test text, and stops on a hash it does not list — every tokenizer
+# trained here is such a one. For gpt_oss the run sets the name to "gpt-4o" (what the converter writes for
+# gpt-oss's own o200k tokenizer); nothing else of the converter is touched.
+CONVERTER_RUN = """
+import runpy, sys
+root = sys.argv[1]
+sys.path[:0] = [root, root + "/gguf-py"]
+pre = sys.argv[2]
+if pre:
+    import conversion.base
+    conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+sys.argv = [root + "/convert_hf_to_gguf.py"] + sys.argv[3:]
+runpy.run_path(root + "/convert_hf_to_gguf.py", run_name="__main__")
+"""
+
+
+def llama_cpp_gguf(fx: dict, fdir: Path, models_dir: Path, llama_cpp: Path, model_cls, ids, module):
+    """models/<folder>.gguf written by llama.cpp's own converter (convert_hf_to_gguf.py --outtype f32) from the
+    fixture folder `fdir` (llama_tiny, or gpt_oss_tiny_mxfp4 whose MXFP4 experts it repacks into ggml MXFP4
+    blocks), with a tiny tokenizer (the converter needs one, the audit never tokenises), and
+    models/<folder>.gguf.reference.safetensors: transformers on the same weights computing what the GGUF means as
+    llama.cpp runs it.
+    * llama: llama.cpp's converter turns llama3 scaling into rope_freqs factors (f32), inv_freq_i =
+      theta^(-2i/d) / factor_i, which the float64 forward then uses exactly (the float32 one keeps transformers'
+      own llama3 table: within float32 rounding of it).
+    * gpt_oss: a GGUF carries neither swiglu_limit nor yarn's truncate flag; llama.cpp's openai-moe graph uses
+      ggml_swiglu_oai with limit 7 and alpha 1.702 and ggml's yarn floors / ceils the correction range
+      (ggml_rope_yarn_corr_dims: truncate true). The reference is transformers with those two settings (the
+      fixture's own config has swiglu_limit 1.0 and truncate false)."""
+    name = fdir.name
+    arch = fx["arch"]
     out = models_dir / f"{name}.gguf"
+    cfg = json.loads((fdir / "config.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / name
         src.mkdir()
         for f in ("config.json", "generation_config.json", "model.safetensors"):
             shutil.copy(fdir / f, src / f)
-        rnd = np.random.Generator(np.random.PCG64(20261201))
-        words = ["the", "of", "and", "model", "node", "audit", "tensor", "expert", "router", "layer", "rope", "cache"]
-        (Path(tmp) / "corpus.txt").write_text("\n".join(" ".join(words[i] for i in rnd.integers(0, len(words), 12))
-                                                       for _ in range(2000)))
-        spm.SentencePieceTrainer.train(input=str(Path(tmp) / "corpus.txt"), model_prefix=str(src / "tokenizer"),
-                                       vocab_size=fx["config"]["vocab_size"], model_type="bpe", byte_fallback=True,
-                                       character_coverage=1.0, bos_id=1, eos_id=2, unk_id=0, pad_id=-1,
-                                       num_threads=1, minloglevel=2)
-        env = dict(os.environ, PYTHONPATH=str(llama_cpp / "gguf-py"))
-        subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(src), "--outtype", "f32",
-                        "--outfile", str(out)], check=True, env=env, capture_output=True)
+        write_converter_tokenizer(src, arch, cfg["vocab_size"])
+        subprocess.run([sys.executable, "-c", CONVERTER_RUN, str(llama_cpp), "gpt-4o" if arch == "gpt_oss" else "",
+                        str(src), "--outtype", "f32", "--outfile", str(out)], check=True, capture_output=True)
     rd = gguf.GGUFReader(str(out))
-    factors = next(np.asarray(t.data, dtype=np.float64) for t in rd.tensors if t.name == "rope_freqs.weight")
-    cfg = json.loads((fdir / "config.json").read_text())
-    rp = cfg["rope_parameters"]
-    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    inv = 1.0 / (float(rp["rope_theta"]) ** (np.arange(0, hd, 2, dtype=np.float64) / hd)) / factors
-    m = reload(model_cls, fdir)
-    global rope_inv_freq_f64
-    own = rope_inv_freq_f64
-    rope_inv_freq_f64 = lambda c: (torch.from_numpy(inv.copy()), None)  # noqa: E731  (the GGUF's rope, f64)
-    try:
+    if arch == "gpt_oss":
+        types = {t.name: t.tensor_type.name for t in rd.tensors}
+        assert all(types[n] == "MXFP4" for n in types if n.endswith("_exps.weight")), types
+        gcfg = json.loads(json.dumps(cfg))
+        gcfg["swiglu_limit"] = 7.0
+        gcfg["rope_parameters"]["truncate"] = True
+        with tempfile.TemporaryDirectory() as tmp:
+            for f in ("generation_config.json", "model.safetensors"):
+                shutil.copy(fdir / f, Path(tmp) / f)
+            (Path(tmp) / "config.json").write_text(json.dumps(gcfg, indent=2))
+            m = reload(model_cls, Path(tmp))
+        # The GGUF's experts, expanded by the gguf package, are transformers' dequantised ones bit for bit.
+        deq = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in rd.tensors if t.name.endswith("_exps.weight")}
+        sd = m.state_dict()
+        for l in range(cfg["num_hidden_layers"]):
+            gu = sd[f"model.layers.{l}.mlp.experts.gate_up_proj"].numpy()  # [E, H, 2I], gate/up interleaved
+            dn = sd[f"model.layers.{l}.mlp.experts.down_proj"].numpy()     # [E, I, H]
+            assert np.array_equal(deq[f"blk.{l}.ffn_gate_exps.weight"], gu[:, :, 0::2].transpose(0, 2, 1))
+            assert np.array_equal(deq[f"blk.{l}.ffn_up_exps.weight"], gu[:, :, 1::2].transpose(0, 2, 1))
+            assert np.array_equal(deq[f"blk.{l}.ffn_down_exps.weight"], dn.transpose(0, 2, 1))
         ref, _, nums = compute_reference(m, ids, module)
-    finally:
-        rope_inv_freq_f64 = own
-    gcfg = json.loads(json.dumps(cfg))
-    gcfg["rope_parameters"] = {"rope_type": "default", "rope_theta": rp["rope_theta"], "_inv_freq": inv.tolist()}
-    nums["d_numpy_f64"] = numpy_check(gcfg, st_load_file(str(fdir / "model.safetensors")), ref)
-    nums["E"] = 0
+        weights = {n: t for n, t in sd.items()}
+        print(f"   {name}.gguf by llama.cpp's converter: experts MXFP4 (equal to transformers' expansion), "
+              "swiglu_limit 7 and yarn truncate as llama.cpp runs it")
+    else:
+        factors = next(np.asarray(t.data, dtype=np.float64) for t in rd.tensors if t.name == "rope_freqs.weight")
+        rp = cfg["rope_parameters"]
+        hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        inv = 1.0 / (float(rp["rope_theta"]) ** (np.arange(0, hd, 2, dtype=np.float64) / hd)) / factors
+        m = reload(model_cls, fdir)
+        global rope_inv_freq_f64
+        own = rope_inv_freq_f64
+        rope_inv_freq_f64 = lambda c: (torch.from_numpy(inv.copy()), None)  # noqa: E731  (the GGUF's rope, f64)
+        try:
+            ref, _, nums = compute_reference(m, ids, module)
+        finally:
+            rope_inv_freq_f64 = own
+        gcfg = json.loads(json.dumps(cfg))
+        gcfg["rope_parameters"] = {"rope_type": "default", "rope_theta": rp["rope_theta"], "_inv_freq": inv.tolist()}
+        weights = st_load_file(str(fdir / "model.safetensors"))
+        print(f"   {name}.gguf by llama.cpp's converter: rope_freqs {factors.tolist()}")
+    nums["d_numpy_f64"] = numpy_check(gcfg, weights, ref)
+    nums["E"] = n_experts(cfg)
     save_reference(models_dir / f"{name}.gguf.reference.safetensors", ref, name + ".gguf")
-    print(f"   {name}.gguf by llama.cpp's converter: rope_freqs {factors.tolist()}")
     return (name + ".gguf", nums)
 
 
@@ -2130,10 +2206,12 @@ def main() -> None:
                                                             ref, nums, vplanted, extra, note))
             summary.append((vname, nums))
 
-        if fx.get("llama_cpp_gguf") and args.llama_cpp:
-            summary.append(llama_cpp_gguf(fx, fdir, models_dir, Path(args.llama_cpp), model_cls, ids, module))
-        elif fx.get("llama_cpp_gguf"):
-            print(f"   {name}.gguf (llama.cpp's converter) kept as it is: no --llama-cpp given")
+        if fx.get("llama_cpp_gguf"):  # True: the fixture itself; "mxfp4": its MXFP4 variant
+            cdir = models_dir / (name + ("_mxfp4" if fx["llama_cpp_gguf"] == "mxfp4" else ""))
+            if args.llama_cpp:
+                summary.append(llama_cpp_gguf(fx, cdir, models_dir, Path(args.llama_cpp), model_cls, ids, module))
+            else:
+                print(f"   {cdir.name}.gguf (llama.cpp's converter) kept as it is: no --llama-cpp given")
 
         if fx.get("gguf"):
             sd = np_load_file(str(fdir / "model.safetensors"))
@@ -2182,7 +2260,15 @@ def main() -> None:
               "converter (`--llama-cpp DIR`: convert_hf_to_gguf.py --outtype f32, from the llama-cpp-python sdist) "
               "with a 320-piece SentencePiece tokenizer made for it; attn_q/attn_k permuted for llama.cpp's rope "
               "layout, llama3 scaling as `rope_freqs.weight` factors; its reference "
-              "(`llama_tiny.gguf.reference.safetensors`) is transformers with that rope.", "",
+              "(`llama_tiny.gguf.reference.safetensors`) is transformers with that rope. `gpt_oss_tiny_mxfp4.gguf` "
+              "is the same converter's output for gpt_oss_tiny_mxfp4 (arch `gpt-oss`, a byte-level BPE tokenizer "
+              "trained for it with HF tokenizers, its pre-tokenizer named `gpt-4o` for the converter): the MXFP4 "
+              "experts repacked into ggml MXFP4 blocks (split into ffn_gate_exps / ffn_up_exps, expanded by the gguf "
+              "package to transformers' dequantised experts bit for bit, asserted), attn_sinks, expert biases. A "
+              "GGUF carries no swiglu_limit and no yarn truncate flag; llama.cpp computes gpt-oss with limit 7 "
+              "(ggml_swiglu_oai) and a floored/ceiled yarn correction range (ggml_rope_yarn_corr_dims), so its "
+              "reference (`gpt_oss_tiny_mxfp4.gguf.reference.safetensors`) is transformers with swiglu_limit 7 "
+              "and truncate true — not the folder's own settings (1 and false).", "",
               "Hybrid notes (qwen3_5_moe_tiny, qwen3_next_tiny, qwen3_5_tiny): Gated DeltaNet (linear attention) "
               "and gated full attention in one stack (`layer_types`); RMSNorm weights zero-centred, y = x/rms(x) · "
               "(1 + w), except the DeltaNet's gated norm (w · x/rms(x) · silu(z)); partial rotary (the first "

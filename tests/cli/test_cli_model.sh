@@ -81,6 +81,14 @@ check "inspect --json gpt_oss_tiny: yarn, sinks, plain experts" python3 -c "
 import json,sys; a=json.load(open(sys.argv[1]))['config']
 assert a['rope_yarn']['truncate'] is False and abs(a['rope_yarn']['attention_factor']-1.3465735902799727)<1e-12, a
 assert a['attention_sinks'] and a['expert_format']=='plain' and a['swiglu_limit']==1.0, a" "$tmp/go.json"
+"$bin" inspect fixtures/models/gpt_oss_tiny_mxfp4.gguf --json >"$tmp/gg.json"
+check "inspect --json gpt_oss_tiny_mxfp4.gguf (llama.cpp's converter): MXFP4 stacks, llama.cpp's swiglu and yarn" python3 -c "
+import json,sys; a=json.load(open(sys.argv[1]))['config']
+assert a['architecture']=='gpt_oss' and a['expert_format']=='gguf MXFP4' and a['swiglu_limit']==7.0, a
+assert a['rope_yarn']['truncate'] is True and abs(a['rope_yarn']['attention_factor']-1.3465735902799727)<1e-12, a" "$tmp/gg.json"
+out=$("$bin" inspect fixtures/models/gpt_oss_tiny_mxfp4.gguf 2>&1)
+check "inspect gpt_oss_tiny_mxfp4.gguf: the sliding layers of llama.cpp's default pattern" \
+  grep -q 'sliding-window attention (8 keys) on layers 0, 2' <<<"$out"
 out=$("$bin" inspect fixtures/models/llama_tiny 2>&1)
 check "inspect llama_tiny: the llama3 rope scaling" grep -q "with llama3 frequency scaling (factor 8" <<<"$out"
 expect_usage_error "the model has no MoE layer" matrix --model fixtures/models/llama_tiny

@@ -2,13 +2,15 @@
 // kvasir::Error is the expected way to reject it, anything else (a crash, an
 // ASan/UBSan report, another exception type, a leak) is a finding. Whatever
 // parses is exercised further: every metadata value rendered, every tensor
-// name mapped, the hyperparameter reader run, and every dequantisable tensor
+// name mapped, the hyperparameter reader and the model description built
+// from it (model_config_from_gguf: rope, yarn, windows) run, and every dequantisable tensor
 // expanded so ASan sees any read outside the tensor's bytes.
 //
 // Run: build-fuzz/fuzz_gguf -max_total_time=60 tests/fuzz/corpus/gguf
 #include "kvasir/core/error.hpp"
 #include "kvasir/model/gguf.hpp"
 #include "kvasir/model/gguf_arch.hpp"
+#include "kvasir/model/model.hpp"
 #include "kvasir/model/quant.hpp"
 
 #include <cstddef>
@@ -39,6 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         }
         try {
             sink += static_cast<std::size_t>(kvasir::read_gguf_model_params(file).block_count);
+            sink += static_cast<std::size_t>(kvasir::model_config_from_gguf(file, "fuzz.gguf").num_layers);
         } catch (const kvasir::Error&) {
         }
         g_sink = sink;

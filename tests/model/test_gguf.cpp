@@ -4,6 +4,7 @@
 #include "kvasir/core/error.hpp"
 #include "kvasir/model/gguf.hpp"
 #include "kvasir/model/gguf_arch.hpp"
+#include "kvasir/model/model.hpp"
 #include "kvasir/model/quant.hpp"
 
 #include <gtest/gtest.h>
@@ -698,6 +699,11 @@ TEST(GgufNames, LayerTensors) {
         {"blk.0.ffn_up.weight", 0, GgufRole::ffn_up, false, false},
         {"blk.0.ffn_down.weight", 0, GgufRole::ffn_down, false, false},
         {"blk.9.exp_probs_b.bias", 9, GgufRole::exp_probs_b, false, true},
+        // gpt-oss (llama.cpp's converter: sinks, its own post-attention norm name, expert biases)
+        {"blk.3.attn_sinks.weight", 3, GgufRole::attn_sinks, false, false},
+        {"blk.3.post_attention_norm.weight", 3, GgufRole::post_attention_norm, false, false},
+        {"blk.3.ffn_gate_exps.bias", 3, GgufRole::ffn_gate_exps, true, true},
+        {"blk.3.ffn_gate_inp.bias", 3, GgufRole::ffn_gate_inp, false, true},
     };
     for (const auto& c : cases) {
         SCOPED_TRACE(c.name);
@@ -786,6 +792,41 @@ std::vector<std::byte> metadata_file(const std::vector<Kv>& kvs) {
 Kv kv_u32(std::string k, std::uint32_t v) { return {std::move(k), [v](Builder& w) { w.u32(4); w.u32(v); }}; }
 Kv kv_f32(std::string k, float v) { return {std::move(k), [v](Builder& w) { w.u32(6); w.f32(v); }}; }
 Kv kv_str(std::string k, std::string v) { return {std::move(k), [v](Builder& w) { w.u32(8); w.str(v); }}; }
+Kv kv_bools(std::string k, std::vector<bool> v) {
+    return {std::move(k), [v](Builder& w) {
+                w.u32(9);
+                w.u32(7);
+                w.u64(v.size());
+                for (bool b : v) w.u8(b ? 1 : 0);
+            }};
+}
+
+// gpt-oss metadata as llama.cpp's converter writes it (no tensors), plus `extra`.
+std::vector<std::byte> gpt_oss_metadata(std::vector<Kv> extra) {
+    std::vector<Kv> kvs{
+        kv_str("general.architecture", "gpt-oss"), kv_u32("gpt-oss.block_count", 6),
+        kv_u32("gpt-oss.embedding_length", 64), kv_u32("gpt-oss.attention.head_count", 4),
+        kv_u32("gpt-oss.attention.head_count_kv", 2), kv_u32("gpt-oss.attention.key_length", 16),
+        kv_f32("gpt-oss.rope.freq_base", 150000.0f), kv_f32("gpt-oss.attention.layer_norm_rms_epsilon", 1e-5f),
+        kv_u32("gpt-oss.expert_count", 8), kv_u32("gpt-oss.expert_used_count", 2),
+        kv_u32("gpt-oss.expert_feed_forward_length", 64), kv_u32("gpt-oss.vocab_size", 320),
+        kv_str("gpt-oss.rope.scaling.type", "yarn"), kv_f32("gpt-oss.rope.scaling.factor", 32.0f),
+        kv_u32("gpt-oss.rope.scaling.original_context_length", 4096), kv_u32("gpt-oss.context_length", 131072),
+    };
+    for (auto& e : extra) kvs.push_back(std::move(e));
+    return metadata_file(kvs);
+}
+
+// The error `f` throws: its code and one-line message.
+template <typename F>
+std::pair<ErrorCode, std::string> error_of(F&& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return {e.code(), e.what()};
+    }
+    return {ErrorCode::internal, "<no error>"};
+}
 }  // namespace
 
 TEST(GgufModel, MixtralUsesLlamaArchWithExperts) {
@@ -859,8 +900,115 @@ TEST(GgufModel, UnsupportedArchitectureListsSupported) {
         FAIL();
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ErrorCode::unsupported);
-        EXPECT_NE(std::string(e.what()).find("architecture 'test' is not supported (supported: qwen2moe, qwen3moe, llama)"),
+        EXPECT_NE(std::string(e.what()).find(
+                      "architecture 'test' is not supported (supported: qwen2moe, qwen3moe, llama, gpt-oss)"),
                   std::string::npos)
             << e.what();
     }
+}
+
+// gpt_oss_tiny_mxfp4.gguf is written by llama.cpp's own convert_hf_to_gguf.py (scripts/make_fixtures.py
+// --llama-cpp): what the tool reads of it is what llama.cpp's openai-moe graph computes.
+TEST(GgufModel, GptOssConvertedByLlamaCpp) {
+    const std::string path = std::string(KVASIR_SOURCE_DIR) + "/fixtures/models/gpt_oss_tiny_mxfp4.gguf";
+    const GgufFile f = GgufFile::open(path);
+    const GgufModelParams p = read_gguf_model_params(f);
+    EXPECT_EQ(p.architecture, "gpt-oss");
+    EXPECT_EQ(p.sliding_window, 8);
+    EXPECT_EQ(p.sliding_layers, (std::vector<bool>{true, false, true, false}));  // llama.cpp's period 2
+    for (const char* n : {"blk.0.ffn_gate_exps.weight", "blk.3.ffn_up_exps.weight", "blk.2.ffn_down_exps.weight"})
+        EXPECT_EQ(f.tensor(n).type, GgmlType::MXFP4) << n;
+    const ModelConfig c = model_config_from_gguf(f, path);
+    EXPECT_EQ(c.architecture, Architecture::gpt_oss);
+    EXPECT_TRUE(c.attention_sinks);
+    EXPECT_TRUE(c.attention_bias);
+    EXPECT_TRUE(c.attention_out_bias);
+    EXPECT_TRUE(c.clamped_swiglu);
+    EXPECT_EQ(c.swiglu_alpha, 1.702);  // ggml_swiglu_oai's constants: the GGUF has no key for them
+    EXPECT_EQ(c.swiglu_limit, 7.0);
+    EXPECT_EQ(c.sliding_window, 8);
+    EXPECT_EQ(c.sliding_layers, (std::vector<bool>{true, false, true, false}));
+    EXPECT_EQ(c.rope_type, "yarn");
+    EXPECT_EQ(c.rope_theta, 150000.0);
+    EXPECT_EQ(c.rope_scaling.factor, 32.0);
+    EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 4096.0);
+    EXPECT_EQ(c.rope_scaling.beta_fast, 32.0);
+    EXPECT_EQ(c.rope_scaling.beta_slow, 1.0);
+    EXPECT_TRUE(c.rope_scaling.truncate);  // ggml_rope_yarn_corr_dims floors / ceils
+    EXPECT_DOUBLE_EQ(c.rope_scaling.attention_factor, 0.1 * std::log(32.0) + 1.0);
+    EXPECT_EQ(c.router.scoring, RouterScoring::softmax);
+    EXPECT_EQ(c.router.num_experts, 8);
+    EXPECT_EQ(c.router.top_k, 2);
+    EXPECT_TRUE(c.router.norm_topk_prob);
+    EXPECT_EQ(c.moe_intermediate_size, 64);
+    EXPECT_EQ(c.moe_layers, (std::vector<bool>{true, true, true, true}));
+    EXPECT_FALSE(c.tie_word_embeddings);
+}
+
+TEST(GgufModel, SlidingWindowPatternKeys) {
+    // A period n: layer l slides iff l % n < n - 1 (llama_hparams::set_swa_pattern); 0: every layer.
+    auto layers = [](std::vector<Kv> extra) {
+        return read_gguf_model_params(GgufFile::parse(gpt_oss_metadata(std::move(extra)), "g.gguf")).sliding_layers;
+    };
+    EXPECT_EQ(layers({kv_u32("gpt-oss.attention.sliding_window", 128)}),
+              (std::vector<bool>{true, false, true, false, true, false}));
+    EXPECT_EQ(layers({kv_u32("gpt-oss.attention.sliding_window", 128),
+                      kv_u32("gpt-oss.attention.sliding_window_pattern", 3)}),
+              (std::vector<bool>{true, true, false, true, true, false}));
+    EXPECT_EQ(layers({kv_u32("gpt-oss.attention.sliding_window", 128),
+                      kv_u32("gpt-oss.attention.sliding_window_pattern", 0)}),
+              (std::vector<bool>(6, true)));
+    const std::vector<bool> explicit_layers{false, true, true, false, false, true};
+    EXPECT_EQ(layers({kv_u32("gpt-oss.attention.sliding_window", 128),
+                      kv_bools("gpt-oss.attention.sliding_window_pattern", explicit_layers)}),
+              explicit_layers);
+    EXPECT_TRUE(layers({}).empty());  // no window: no sliding layer
+
+    const auto [code, msg] = error_of([&] {
+        (void)layers({kv_u32("gpt-oss.attention.sliding_window", 128),
+                      kv_bools("gpt-oss.attention.sliding_window_pattern", {true, false})});
+    });
+    EXPECT_EQ(code, ErrorCode::bad_input);
+    EXPECT_EQ(msg, "g.gguf: gpt-oss.attention.sliding_window_pattern is an array of 2 bool, not 6 booleans (one per layer)");
+    const auto [code2, msg2] = error_of([&] {
+        (void)layers({kv_u32("gpt-oss.attention.sliding_window", 128),
+                      kv_u32("gpt-oss.attention.sliding_window_pattern", 7)});
+    });
+    EXPECT_EQ(code2, ErrorCode::bad_input);
+    EXPECT_EQ(msg2, "g.gguf: gpt-oss.attention.sliding_window_pattern is 7, not a period in 0..6");
+    // A window on an architecture whose pattern llama.cpp takes from elsewhere is refused, not guessed.
+    const auto qwen = metadata_file({
+        kv_str("general.architecture", "qwen3moe"), kv_u32("qwen3moe.block_count", 2),
+        kv_u32("qwen3moe.embedding_length", 64), kv_u32("qwen3moe.attention.head_count", 4),
+        kv_f32("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6f), kv_u32("qwen3moe.expert_count", 4),
+        kv_u32("qwen3moe.expert_used_count", 2), kv_u32("qwen3moe.expert_feed_forward_length", 32),
+        kv_u32("qwen3moe.vocab_size", 48), kv_u32("qwen3moe.attention.sliding_window", 16),
+    });
+    EXPECT_EQ(error_of([&] { (void)read_gguf_model_params(GgufFile::parse(qwen, "q.gguf")); }),
+              std::make_pair(ErrorCode::unsupported,
+                             std::string("q.gguf: qwen3moe.attention.sliding_window is set but qwen3moe has no "
+                                         "sliding-window layer pattern here (not modelled for this architecture)")));
+}
+
+TEST(GgufModel, YarnKeysLlamaCppDoesNotReadAreRefusedWhenTheyDisagree) {
+    // llama.cpp computes gpt-oss's yarn with beta 32 / 1, extrapolation 1 and cos/sin scale 0.1 ln(factor) + 1
+    // whatever these keys say: a file that says otherwise is refused (which one is meant is not knowable).
+    auto config_error = [](Kv extra) {
+        const auto bytes = gpt_oss_metadata({std::move(extra)});
+        return error_of([&] { (void)model_config_from_gguf(GgufFile::parse(bytes, "g.gguf"), "g.gguf"); });
+    };
+    EXPECT_EQ(config_error(kv_f32("gpt-oss.rope.scaling.yarn_beta_fast", 16.0f)),
+              std::make_pair(ErrorCode::unsupported,
+                             std::string("g.gguf: gpt-oss.rope.scaling.yarn_beta_fast is 16, but llama.cpp computes this "
+                                         "architecture's yarn with 32 (not modelled)")));
+    EXPECT_EQ(config_error(kv_f32("gpt-oss.rope.scaling.yarn_ext_factor", 0.5f)).first, ErrorCode::unsupported);
+    EXPECT_EQ(config_error(kv_f32("gpt-oss.rope.scaling.yarn_log_multiplier", 0.1f)).first, ErrorCode::unsupported);
+    EXPECT_EQ(config_error(kv_f32("gpt-oss.rope.scaling.yarn_attn_factor", 1.0f)).first, ErrorCode::unsupported);
+    EXPECT_EQ(config_error(kv_f32("gpt-oss.rope.freq_base_swa", 10000.0f)).first, ErrorCode::unsupported);
+    EXPECT_EQ(config_error(kv_f32("gpt-oss.rope.scaling.factor", 0.5f)).first, ErrorCode::bad_input);
+    // The keys with llama.cpp's own values pass the yarn checks (and the metadata-only file then fails on its
+    // missing routers: every gpt-oss layer is MoE).
+    const auto [code, msg] = config_error(kv_f32("gpt-oss.rope.scaling.yarn_beta_slow", 1.0f));
+    EXPECT_EQ(code, ErrorCode::bad_input);
+    EXPECT_EQ(msg, "g.gguf: layer 0 has no blk.0.ffn_gate_inp.weight (every gpt-oss layer is MoE)");
 }

@@ -97,6 +97,10 @@ const std::vector<Fixture>& fixtures() {
         {"llama_tiny", (kModels / "llama_tiny").string(), (kModels / "llama_tiny" / "reference.safetensors").string()},
         // The same model converted by llama.cpp's own convert_hf_to_gguf.py (q/k permuted, rope_freqs factors).
         {"llama_tiny.gguf", (kModels / "llama_tiny.gguf").string(), (kModels / "llama_tiny.gguf.reference.safetensors").string()},
+        // gpt_oss_tiny_mxfp4 converted by the same converter: MXFP4 experts repacked into ggml blocks, and what
+        // llama.cpp computes of it (swiglu limit 7, yarn with floored/ceiled correction range: a GGUF carries neither).
+        {"gpt_oss_tiny_mxfp4.gguf", (kModels / "gpt_oss_tiny_mxfp4.gguf").string(),
+         (kModels / "gpt_oss_tiny_mxfp4.gguf.reference.safetensors").string()},
         {"qwen3_tiny", (kModels / "qwen3_tiny").string(), (kModels / "qwen3_tiny" / "reference.safetensors").string()},
         {"qwen2_tiny", (kModels / "qwen2_tiny").string(), (kModels / "qwen2_tiny" / "reference.safetensors").string()},
         {"mistral_tiny", (kModels / "mistral_tiny").string(), (kModels / "mistral_tiny" / "reference.safetensors").string()},

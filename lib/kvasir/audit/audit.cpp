@@ -220,8 +220,8 @@ AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>&
                 if (i != reference) order.push_back(i);
             for (std::size_t i : order) {
                 StepOutput o;
-                if (auto why = as_node_failure([&] { o = s.collect(env, *timed[i], decisions, i == reference); })) {
-                    recs[i].errors[name] = *why;
+                if (auto failed = as_node_failure([&] { o = s.collect(env, *timed[i], decisions, i == reference); })) {
+                    recs[i].errors[name] = *failed;
                     continue;
                 }
                 if (i == reference) detail::check_reference_finite(o, timing.nodes[i], name, ac.model);

@@ -36,8 +36,9 @@ struct ExpertWeights {
     TensorView up;    // [I, H]
     TensorView down;  // [H, I]
     // gpt-oss: biases of the three projections ([I], [I], [H]), absent elsewhere.
-    TensorView gate_bias, up_bias, down_bias;
-    ExpertActivation activation;
+    // (Default member initialisers: the plain experts are built as {gate, up, down}.)
+    TensorView gate_bias{}, up_bias{}, down_bias{};
+    ExpertActivation activation{};
 };
 
 }  // namespace kvasir

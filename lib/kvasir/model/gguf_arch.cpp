@@ -28,7 +28,7 @@ struct RoleName {
     bool expert_stacked;
 };
 // llama.cpp's names (src/llama-arch.cpp LLM_TENSOR_NAMES), base part only.
-constexpr std::array<RoleName, 23> kRoleNames = {{
+constexpr std::array<RoleName, 25> kRoleNames = {{
     {"token_embd", GgufRole::token_embd, false, false},
     {"output_norm", GgufRole::output_norm, false, false},
     {"output", GgufRole::output, false, false},
@@ -52,6 +52,8 @@ constexpr std::array<RoleName, 23> kRoleNames = {{
     {"ffn_up", GgufRole::ffn_up, true, false},
     {"ffn_down", GgufRole::ffn_down, true, false},
     {"exp_probs_b", GgufRole::exp_probs_b, true, false},
+    {"attn_sinks", GgufRole::attn_sinks, true, false},
+    {"post_attention_norm", GgufRole::post_attention_norm, true, false},
 }};
 
 // A plain non-negative decimal below 2^31 (no sign, no leading zeros except "0").
@@ -123,14 +125,14 @@ std::optional<GgufTensorRole> gguf_tensor_role(std::string_view name) {
 // Hyperparameters
 // ---------------------------------------------------------------------------
 
-std::string_view gguf_supported_architectures() noexcept { return "qwen2moe, qwen3moe, llama"; }
+std::string_view gguf_supported_architectures() noexcept { return "qwen2moe, qwen3moe, llama, gpt-oss"; }
 
 GgufModelParams read_gguf_model_params(const GgufFile& file) {
     GgufModelParams p;
     const std::string& fname = file.name();
     p.architecture = file.get_string("general.architecture");
     const std::string& arch = p.architecture;
-    if (arch != "qwen2moe" && arch != "qwen3moe" && arch != "llama")
+    if (arch != "qwen2moe" && arch != "qwen3moe" && arch != "llama" && arch != "gpt-oss")
         fail(ErrorCode::unsupported, "{}: architecture '{}' is not supported (supported: {})", fname, printable(arch),
              gguf_supported_architectures());
     const auto key = [&](std::string_view suffix) { return fmt::format("{}.{}", arch, suffix); };
@@ -232,6 +234,40 @@ GgufModelParams read_gguf_model_params(const GgufFile& file) {
         if (r->role == GgufRole::ffn_gate_inp && r->layer >= 0) p.moe_layers[static_cast<std::size_t>(r->layer)] = true;
     }
     p.tied_embeddings = !has_output;
+
+    // Sliding windows (llama.cpp: hparams.n_swa, load_swa_pattern). A window
+    // without a pattern key takes the architecture's default pattern; only
+    // gpt-oss has one here (period 2: layer l slides iff l is even).
+    p.sliding_window = opt_int("attention.sliding_window", 0);
+    if (p.sliding_window < 0 || p.sliding_window > (std::int64_t{1} << 31))
+        fail(ErrorCode::bad_input, "{}: {} is {}, not a window length", fname, key("attention.sliding_window"),
+             p.sliding_window);
+    if (p.sliding_window > 0) {
+        const std::string k = key("attention.sliding_window_pattern");
+        const GgufValue* v = file.find(k);
+        const auto n = static_cast<std::size_t>(p.block_count);
+        if (v != nullptr && v->is_array()) {
+            if (v->array_type() != GgufType::boolean || v->array_size() != n)
+                fail(ErrorCode::bad_input, "{}: {} is an array of {} {}, not {} booleans (one per layer)", fname, k,
+                     v->array_size(), gguf_type_name(v->array_type()), n);
+            p.sliding_layers = file.get_array_bool(k);
+        } else {
+            std::int64_t period = 0;
+            if (v != nullptr) {
+                period = file.get_int(k);
+                if (period < 0 || period > p.block_count)
+                    fail(ErrorCode::bad_input, "{}: {} is {}, not a period in 0..{}", fname, k, period, p.block_count);
+            } else if (arch == "gpt-oss") {
+                period = 2;
+            } else {
+                fail(ErrorCode::unsupported, "{}: {} is set but {} has no sliding-window layer pattern here "
+                     "(not modelled for this architecture)", fname, key("attention.sliding_window"), arch);
+            }
+            p.sliding_layers.resize(n);
+            for (std::size_t l = 0; l < n; ++l)  // llama_hparams::set_swa_pattern (not dense-first)
+                p.sliding_layers[l] = period == 0 || static_cast<std::int64_t>(l) % period < period - 1;
+        }
+    }
     return p;
 }
 

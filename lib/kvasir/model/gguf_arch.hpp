@@ -43,6 +43,8 @@ enum class GgufRole {
     ffn_up,
     ffn_down,
     exp_probs_b,       // blk.N.exp_probs_b     DeepSeek-style router score-correction bias [n_expert]
+    attn_sinks,        // blk.N.attn_sinks      gpt-oss: a learned sink logit per head [n_head]
+    post_attention_norm,  // blk.N.post_attention_norm  gpt-oss: its post-attention RMSNorm (others: ffn_norm)
 };
 std::string_view gguf_role_name(GgufRole role) noexcept;  // the llama.cpp base name, e.g. "ffn_up_exps"
 
@@ -64,7 +66,7 @@ std::optional<GgufTensorRole> gguf_tensor_role(std::string_view name);
 // ---------------------------------------------------------------------------
 
 // The hyperparameters of a qwen2moe / qwen3moe / llama (Mixtral when
-// expert_count > 0) GGUF, read from `<arch>.*` metadata and the tensor list.
+// expert_count > 0) / gpt-oss GGUF, read from `<arch>.*` metadata and the tensor list.
 // A plain record: the common model description is built from it elsewhere.
 struct GgufModelParams {
     std::string architecture;                    // general.architecture
@@ -91,9 +93,15 @@ struct GgufModelParams {
     bool shared_expert_gate = false;             // any blk.N.ffn_gate_inp_shexp tensor
     bool tied_embeddings = false;                // no `output` tensor: lm_head is token_embd
     std::vector<bool> moe_layers;                // per layer: has a router (blk.N.ffn_gate_inp)
+    // <arch>.attention.sliding_window (0: none) and which layers use it:
+    // <arch>.attention.sliding_window_pattern — a bool per layer, or a period
+    // n (layer l slides iff l % n < n − 1; 0: every layer) — else llama.cpp's
+    // default for the architecture (gpt-oss: period 2, the even layers).
+    std::int64_t sliding_window = 0;
+    std::vector<bool> sliding_layers;
 };
 
-// Supported architectures, for messages: "qwen2moe, qwen3moe, llama".
+// Supported architectures, for messages: "qwen2moe, qwen3moe, llama, gpt-oss".
 std::string_view gguf_supported_architectures() noexcept;
 // Read the hyperparameters. Throws Error(bad_input) naming the file for a
 // missing/ill-typed required key or inconsistent values, and

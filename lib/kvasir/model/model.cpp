@@ -165,6 +165,53 @@ double decimal_of_f32(double x) {
     return ec == std::errc() && p == s.data() + s.size() && static_cast<float>(d) == f ? d : x;
 }
 
+// A GGUF's yarn rope as llama.cpp computes it for the architectures read
+// here (llama_model::load_hparams, llama_context's cparams, ggml's rope):
+// rope.scaling.factor and original_context_length (default: context_length)
+// from the file; beta_fast 32 and beta_slow 1, extrapolation factor 1 and the
+// ramp between ggml_rope_yarn_corr_dims' floored / ceiled correction
+// dimensions (transformers' truncate = true) are llama.cpp's own — it reads no
+// key for them here; cos/sin scaled by 0.1·ln(factor) + 1 (yarn_attn_factor is
+// overwritten by that) times rope.scaling.attn_factor. A file whose yarn keys
+// say otherwise than what llama.cpp computes is refused: which of the two is
+// meant is not knowable.
+void read_gguf_yarn(const GgufFile& file, const std::string& a, const std::string& path, ModelConfig& c) {
+    const auto key = [&](std::string_view suffix) { return fmt::format("{}.rope.scaling.{}", a, suffix); };
+    const auto real = [&](std::string_view suffix, double fallback) {
+        const std::string k = key(suffix);
+        if (!file.has(k)) return fallback;
+        const double v = file.get_float(k);
+        KVASIR_CHECK(std::isfinite(v), ErrorCode::bad_input, "{}: {} is {}, not a finite number", path, k, v);
+        return decimal_of_f32(v);
+    };
+    auto& r = c.rope_scaling;
+    r.factor = real("factor", 0.0);
+    KVASIR_CHECK(r.factor >= 1.0 && r.factor <= 1e6, ErrorCode::bad_input,
+                 "{}: {} is {} (yarn needs a factor in [1, 1e6])", path, key("factor"), r.factor);
+    const std::string orig_key = file.has(key("original_context_length")) ? key("original_context_length")
+                                                                           : a + ".context_length";
+    const std::int64_t orig = file.get_int(orig_key);
+    KVASIR_CHECK(orig > 0 && orig <= (std::int64_t{1} << 31), ErrorCode::bad_input, "{}: {} is {}, not a positive length",
+                 path, orig_key, orig);
+    r.original_max_position_embeddings = static_cast<double>(orig);
+    r.beta_fast = 32.0;
+    r.beta_slow = 1.0;
+    r.truncate = true;
+    const auto mscale = 0.1 * std::log(r.factor) + 1.0;
+    const struct {
+        std::string_view suffix;
+        double llama_cpp;
+    } fixed[] = {{"yarn_beta_fast", r.beta_fast}, {"yarn_beta_slow", r.beta_slow}, {"yarn_ext_factor", 1.0},
+                 {"yarn_log_multiplier", 0.0}, {"yarn_attn_factor", mscale}};
+    for (const auto& f : fixed) {
+        const double v = real(f.suffix, f.llama_cpp);
+        KVASIR_CHECK(std::abs(v - f.llama_cpp) <= 1e-6 * std::abs(f.llama_cpp), ErrorCode::unsupported,
+                     "{}: {} is {}, but llama.cpp computes this architecture's yarn with {} (not modelled)", path,
+                     key(f.suffix), v, f.llama_cpp);
+    }
+    r.attention_factor = mscale * real("attn_factor", 1.0);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -183,6 +230,8 @@ ModelConfig model_config_from_gguf(const GgufFile& file, const std::string& path
         c.architecture = Architecture::mixtral;
     } else if (p.architecture == "llama") {
         c.architecture = Architecture::llama;  // dense (llama.cpp's converter: q/k permuted for its rope layout)
+    } else if (p.architecture == "gpt-oss" && p.expert_count > 0) {
+        c.architecture = Architecture::gpt_oss;
     } else {
         fail(ErrorCode::unsupported, "{}: GGUF architecture '{}' without experts is not supported (supported: qwen2moe, "
              "qwen3moe, llama dense or with experts = mixtral)", path, p.architecture);
@@ -204,6 +253,7 @@ ModelConfig model_config_from_gguf(const GgufFile& file, const std::string& path
         const std::string& t = file.get_string(k);
         if (t != "none" && !t.empty()) c.rope_type = t;
     }
+    if (c.rope_type == "yarn") read_gguf_yarn(file, a, path, c);
     c.max_position_embeddings = file.has(a + ".context_length") ? file.get_int(a + ".context_length") : 32768;
     if (const GgufTensor* rf = file.find_tensor("rope_freqs.weight")) {  // llama3 scaling as frequency factors
         KVASIR_CHECK(rf->shape.size() == 1 && rf->shape[0] == p.key_length / 2, ErrorCode::bad_input,
@@ -233,6 +283,31 @@ ModelConfig model_config_from_gguf(const GgufFile& file, const std::string& path
     c.tie_word_embeddings = p.tied_embeddings;
     c.moe_layers = p.moe_layers;
     c.moe_intermediate_size = p.expert_feed_forward_length;
+    c.sliding_window = p.sliding_window;
+    c.sliding_layers = p.sliding_layers;
+    if (c.architecture == Architecture::gpt_oss) {
+        // llama.cpp's openai-moe graph: a sink per head, the router's logits with a bias, top-k, softmax over the
+        // chosen k (LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT), experts with biases and ggml_swiglu_oai with the
+        // constants it hard-codes (alpha 1.702, limit 7: the GGUF carries neither), every layer MoE.
+        KVASIR_CHECK(!file.has(a + ".rope.freq_base_swa") ||
+                         file.get_float(a + ".rope.freq_base_swa") == file.get_float(a + ".rope.freq_base"),
+                     ErrorCode::unsupported, "{}: {}.rope.freq_base_swa differs from rope.freq_base (a second rope base "
+                     "for the sliding layers is not modelled)", path, a);
+        for (std::int64_t l = 0; l < c.num_layers; ++l)
+            KVASIR_CHECK(c.moe_layers[static_cast<std::size_t>(l)], ErrorCode::bad_input,
+                         "{}: layer {} has no blk.{}.ffn_gate_inp.weight (every gpt-oss layer is MoE)", path, l, l);
+        c.attention_sinks = true;
+        c.clamped_swiglu = true;
+        c.swiglu_alpha = 1.702;
+        c.swiglu_limit = 7.0;
+        c.intermediate_size = 0;
+        c.router.scoring = RouterScoring::softmax;
+        c.router.num_experts = p.expert_count;
+        c.router.top_k = p.expert_used_count;
+        c.router.norm_topk_prob = true;
+        validate_model_config(c);
+        return c;
+    }
     if (c.architecture == Architecture::llama) {
         c.intermediate_size = p.feed_forward_length;
         c.router = RouterConfig{};
@@ -355,15 +430,19 @@ std::vector<std::string> Model::Impl::gguf_layer_names(std::int64_t l) const {
     const ModelConfig& c = cfg;
     auto w = [&](std::string_view base) { return fmt::format("blk.{}.{}.weight", l, base); };
     auto b = [&](std::string_view base) { return fmt::format("blk.{}.{}.bias", l, base); };
-    std::vector<std::string> n{w("attn_norm"), w("ffn_norm"), w("attn_q"), w("attn_k"), w("attn_v"), w("attn_output")};
+    const bool oss = c.architecture == Architecture::gpt_oss;
+    std::vector<std::string> n{w("attn_norm"), w(oss ? "post_attention_norm" : "ffn_norm"), w("attn_q"), w("attn_k"),
+                               w("attn_v"), w("attn_output")};
     if (c.attention_bias) n.insert(n.end(), {b("attn_q"), b("attn_k"), b("attn_v")});
     if (c.attention_out_bias) n.push_back(b("attn_output"));
     if (c.qk_norm) n.insert(n.end(), {w("attn_q_norm"), w("attn_k_norm")});
+    if (c.attention_sinks) n.push_back(w("attn_sinks"));
     if (!c.is_moe(l)) {
         n.insert(n.end(), {w("ffn_gate"), w("ffn_up"), w("ffn_down")});
         return n;
     }
     n.push_back(w("ffn_gate_inp"));
+    if (oss) n.insert(n.end(), {b("ffn_gate_inp"), b("ffn_gate_exps"), b("ffn_up_exps"), b("ffn_down_exps")});
     if (gguf_stacked(l)) {
         n.insert(n.end(), {w("ffn_gate_exps"), w("ffn_up_exps"), w("ffn_down_exps")});
     } else {
@@ -461,8 +540,8 @@ void Model::Impl::load_gpt_oss_experts(const LayerTensorNames& n, LayerWeights& 
 LayerWeights Model::Impl::load_st(std::int64_t l) const {
     const ModelConfig& c = cfg;
     const LayerTensorNames n = layer_tensor_names(c, l);
-    const std::int64_t H = c.hidden_size, D = c.head_dim, I = c.moe_intermediate_size,
-                       Is = c.shared_expert_intermediate_size, F = c.intermediate_size, E = c.num_experts();
+    const std::int64_t H = c.hidden_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size,
+                       F = c.intermediate_size, E = c.num_experts();
     LayerWeights w;
     w.index = l;
     w.moe = c.is_moe(l);
@@ -525,8 +604,9 @@ LayerWeights Model::Impl::load_gguf(std::int64_t l) const {
     LayerWeights w;
     w.index = l;
     w.moe = c.is_moe(l);
+    const bool oss = c.architecture == Architecture::gpt_oss;
     w.input_norm = resolve(w_("attn_norm"), {H});
-    w.post_attention_norm = resolve(w_("ffn_norm"), {H});
+    w.post_attention_norm = resolve(w_(oss ? "post_attention_norm" : "ffn_norm"), {H});
     w.q_proj = resolve(w_("attn_q"), {c.q_dim(), H});
     w.k_proj = resolve(w_("attn_k"), {c.kv_dim(), H});
     w.v_proj = resolve(w_("attn_v"), {c.kv_dim(), H});
@@ -541,6 +621,7 @@ LayerWeights Model::Impl::load_gguf(std::int64_t l) const {
         w.q_norm = resolve(w_("attn_q_norm"), {D});
         w.k_norm = resolve(w_("attn_k_norm"), {D});
     }
+    if (c.attention_sinks) w.sinks = resolve(w_("attn_sinks"), {c.num_heads});
     if (!w.moe) {
         w.mlp_gate = resolve(w_("ffn_gate"), {F, H});
         w.mlp_up = resolve(w_("ffn_up"), {F, H});
@@ -559,6 +640,20 @@ LayerWeights Model::Impl::load_gguf(std::int64_t l) const {
                               {stack.shape[1], stack.shape[2]}};
         };
         for (std::int64_t e = 0; e < E; ++e) w.experts.push_back({slice(g, e), slice(u, e), slice(d, e)});
+        if (oss) {  // gpt-oss: the router's logit bias, a bias per expert matrix, the clamped SwiGLU
+            w.router_logit_bias = resolve(b_("ffn_gate_inp"), {E});
+            const TensorView gb = resolve(b_("ffn_gate_exps"), {E, I});
+            const TensorView ub = resolve(b_("ffn_up_exps"), {E, I});
+            const TensorView db = resolve(b_("ffn_down_exps"), {E, H});
+            const ExpertActivation act{true, c.swiglu_alpha, c.swiglu_limit};
+            for (std::int64_t e = 0; e < E; ++e) {
+                ExpertWeights& x = w.experts[static_cast<std::size_t>(e)];
+                x.gate_bias = slice0(gb, e);
+                x.up_bias = slice0(ub, e);
+                x.down_bias = slice0(db, e);
+                x.activation = act;
+            }
+        }
     } else {
         for (std::int64_t e = 0; e < E; ++e)
             w.experts.push_back({resolve(fmt::format("blk.{}.ffn_gate.{}.weight", l, e), {I, H}),

@@ -272,7 +272,7 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
         } else if (op == "rope_neox" || op == "rope_normal") {
             auto in = std::make_shared<Tensor>(input(c, op, "x", {T, c.heads, c.head_dim}, 0, 1));
             keep = in;
-            RopeParams rp{c.rope_theta, op == "rope_neox" ? RopeLayout::neox : RopeLayout::normal};
+            RopeParams rp{c.rope_theta, op == "rope_neox" ? RopeLayout::neox : RopeLayout::normal, nullptr};
             plan.inputs = fmt::format("x[{},{},{}]~N(0,1), positions {}..{}, theta {}", T, c.heads, c.head_dim,
                                       c.position_offset, c.position_offset + T - 1, c.rope_theta);
             plan.run = [in, rp, positions](Backend& b) { return NodeOutput{b.rope(*in, positions, rp), {}}; };
