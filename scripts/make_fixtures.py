@@ -441,7 +441,7 @@ FIXTURES = [
         ),
         plant=[],
         mxfp4_variant=True,
-        llama_cpp_gguf="mxfp4",
+        llama_cpp_gguf=["", "_mxfp4"],
         notes="gpt-oss: layer_types default [sliding, full, sliding, full] (GptOssConfig: layer i slides iff i is "
               "even) with sliding_window 8 < the 24-token prompt. ATTENTION SINKS: self_attn.sinks [4], one learned "
               "logit per head appended to every softmax row and dropped after it. q/k/v/o biases. YaRN rope "
@@ -458,7 +458,7 @@ FIXTURES = [
         name="llama_tiny",
         arch="llama",
         seed=1101,
-        llama_cpp_gguf=True,
+        llama_cpp_gguf=[""],
         config=dict(
             vocab_size=320, hidden_size=64, intermediate_size=128,
             num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -1870,7 +1870,8 @@ def llama_cpp_gguf(fx: dict, fdir: Path, models_dir: Path, llama_cpp: Path, mode
     rd = gguf.GGUFReader(str(out))
     if arch == "gpt_oss":
         types = {t.name: t.tensor_type.name for t in rd.tensors}
-        assert all(types[n] == "MXFP4" for n in types if n.endswith("_exps.weight")), types
+        want = "MXFP4" if "quantization_config" in cfg else "F32"  # the converter keeps MXFP4; plain experts stay F32
+        assert all(types[n] == want for n in types if n.endswith("_exps.weight")), types
         gcfg = json.loads(json.dumps(cfg))
         gcfg["swiglu_limit"] = 7.0
         gcfg["rope_parameters"]["truncate"] = True
@@ -1890,7 +1891,7 @@ def llama_cpp_gguf(fx: dict, fdir: Path, models_dir: Path, llama_cpp: Path, mode
             assert np.array_equal(deq[f"blk.{l}.ffn_down_exps.weight"], dn.transpose(0, 2, 1))
         ref, _, nums = compute_reference(m, ids, module)
         weights = {n: t for n, t in sd.items()}
-        print(f"   {name}.gguf by llama.cpp's converter: experts MXFP4 (equal to transformers' expansion), "
+        print(f"   {name}.gguf by llama.cpp's converter: experts {want} (equal to transformers' weights), "
               "swiglu_limit 7 and yarn truncate as llama.cpp runs it")
     else:
         factors = next(np.asarray(t.data, dtype=np.float64) for t in rd.tensors if t.name == "rope_freqs.weight")
@@ -2206,8 +2207,8 @@ def main() -> None:
                                                             ref, nums, vplanted, extra, note))
             summary.append((vname, nums))
 
-        if fx.get("llama_cpp_gguf"):  # True: the fixture itself; "mxfp4": its MXFP4 variant
-            cdir = models_dir / (name + ("_mxfp4" if fx["llama_cpp_gguf"] == "mxfp4" else ""))
+        for variant in fx.get("llama_cpp_gguf", []):  # "": the fixture itself; "_mxfp4": its MXFP4 variant
+            cdir = models_dir / (name + variant)
             if args.llama_cpp:
                 summary.append(llama_cpp_gguf(fx, cdir, models_dir, Path(args.llama_cpp), model_cls, ids, module))
             else:
@@ -2262,12 +2263,13 @@ def main() -> None:
               "layout, llama3 scaling as `rope_freqs.weight` factors; its reference "
               "(`llama_tiny.gguf.reference.safetensors`) is transformers with that rope. `gpt_oss_tiny_mxfp4.gguf` "
               "is the same converter's output for gpt_oss_tiny_mxfp4 (arch `gpt-oss`, a byte-level BPE tokenizer "
-              "trained for it with HF tokenizers, its pre-tokenizer named `gpt-4o` for the converter): the MXFP4 "
+              "trained for it with HF tokenizers, its pre-tokenizer named `gpt-4o` for the converter), "
+              "`gpt_oss_tiny.gguf` for gpt_oss_tiny (F32 experts, split from gate_up_proj and transposed): the MXFP4 "
               "experts repacked into ggml MXFP4 blocks (split into ffn_gate_exps / ffn_up_exps, expanded by the gguf "
               "package to transformers' dequantised experts bit for bit, asserted), attn_sinks, expert biases. A "
               "GGUF carries no swiglu_limit and no yarn truncate flag; llama.cpp computes gpt-oss with limit 7 "
-              "(ggml_swiglu_oai) and a floored/ceiled yarn correction range (ggml_rope_yarn_corr_dims), so its "
-              "reference (`gpt_oss_tiny_mxfp4.gguf.reference.safetensors`) is transformers with swiglu_limit 7 "
+              "(ggml_swiglu_oai) and a floored/ceiled yarn correction range (ggml_rope_yarn_corr_dims), so their "
+              "references (`gpt_oss_tiny*.gguf.reference.safetensors`) are transformers with swiglu_limit 7 "
               "and truncate true — not the folder's own settings (1 and false).", "",
               "Hybrid notes (qwen3_5_moe_tiny, qwen3_next_tiny, qwen3_5_tiny): Gated DeltaNet (linear attention) "
               "and gated full attention in one stack (`layer_types`); RMSNorm weights zero-centred, y = x/rms(x) · "

@@ -25,7 +25,7 @@ KVASIR_PACKAGES=(
   hipcc libamdhip64-dev
   libopenblas-dev
   libssl-dev librandom123-dev json-schema-test-suite
-  python3-jsonschema python3-numpy
+  python3-jsonschema python3-numpy python3-venv
   chromium fonts-dejavu-core
 )
 

@@ -99,6 +99,8 @@ const std::vector<Fixture>& fixtures() {
         {"llama_tiny.gguf", (kModels / "llama_tiny.gguf").string(), (kModels / "llama_tiny.gguf.reference.safetensors").string()},
         // gpt_oss_tiny_mxfp4 converted by the same converter: MXFP4 experts repacked into ggml blocks, and what
         // llama.cpp computes of it (swiglu limit 7, yarn with floored/ceiled correction range: a GGUF carries neither).
+        {"gpt_oss_tiny.gguf", (kModels / "gpt_oss_tiny.gguf").string(),
+         (kModels / "gpt_oss_tiny.gguf.reference.safetensors").string()},
         {"gpt_oss_tiny_mxfp4.gguf", (kModels / "gpt_oss_tiny_mxfp4.gguf").string(),
          (kModels / "gpt_oss_tiny_mxfp4.gguf.reference.safetensors").string()},
         {"qwen3_tiny", (kModels / "qwen3_tiny").string(), (kModels / "qwen3_tiny" / "reference.safetensors").string()},

@@ -545,7 +545,7 @@ TEST(Verdict, Json) {
     std::vector<std::string> keys;
     for (const auto& [k, v] : j.items()) keys.push_back(k);
     EXPECT_EQ(keys, (std::vector<std::string>{"node", "verdict", "capabilities", "worst", "errors", "criteria",
-                                              "not_applicable"}));
+                                              "not_applicable", "not_measurable"}));
     EXPECT_EQ(j["verdict"], "error");
     EXPECT_EQ(j["worst"]["value"], "nan");  // never null: a NaN is shown as such
     EXPECT_EQ(j["worst"]["pass"], false);
@@ -585,6 +585,38 @@ TEST(Verdict, ACriterionThatDoesNotApplyToTheModelIsNotJudgedUnlessMeasured) {
                               no_ops.measurements.end());
     no_ops.not_applicable["ops.max_rel"] = "claimed";
     EXPECT_EQ(judge_node(no_ops, sensitive_tols(), tolerant_tols()).verdict, Verdict::unfit);
+}
+
+TEST(Verdict, NotMeasurableOnOneNodeIsListedNotJudgedNeverPassed) {
+    // A free-running external node (llama.cpp) without step 1: the ops family and its per-op keys are not
+    // measurable on it; what it did measure is judged as usual.
+    NodeInput ext = good_node("llama.cpp");
+    ext.measurements.erase(std::remove_if(ext.measurements.begin(), ext.measurements.end(),
+                                          [](const Measurement& m) { return m.criterion.rfind("ops.", 0) == 0; }),
+                           ext.measurements.end());
+    ext.not_measurable["ops.max_rel"] = "step ops not captured by this node";
+    NodeVerdict v = judge_node(ext, sensitive_tols(), tolerant_tols());
+    EXPECT_EQ(v.verdict, Verdict::fit);
+    for (const auto* tier : {&v.sensitive, &v.tolerant})
+        for (const CriterionResult& r : *tier) EXPECT_NE(r.criterion.rfind("ops.", 0), 0u) << r.criterion;
+    EXPECT_EQ(to_json(v)["not_measurable"]["ops.max_rel"], "step ops not captured by this node");
+    EXPECT_EQ(not_measurable_by_reason(v).at("step ops not captured by this node"), std::vector<std::string>{"ops.max_rel"});
+    EXPECT_TRUE(not_applicable_criteria({v}).empty());  // not a property of the model
+    // A judged figure still counts: a logit delta between the tiers makes it unfit-sensitive.
+    set(ext, "logits.kl_p99", 1e-3);
+    EXPECT_EQ(judge_node(ext, sensitive_tols(), tolerant_tols()).verdict, Verdict::unfit_sensitive);
+    // Measured per-op figures are judged even so (the declaration never hides a figure).
+    set(ext, "logits.kl_p99", 1e-9);
+    ext.measurements.push_back({"ops.matmul.max_rel", "ops", 1e3});
+    EXPECT_EQ(judge_node(ext, sensitive_tols(), tolerant_tols()).verdict, Verdict::unfit);
+    // Everything not measurable: nothing judged is an error, not a pass.
+    NodeInput nothing;
+    nothing.node = "empty";
+    for (const Tolerances& tols : {sensitive_tols(), tolerant_tols()})
+        for (const auto& [key, t] : tols) nothing.not_measurable[key] = "not captured";
+    v = judge_node(nothing, sensitive_tols(), tolerant_tols());
+    EXPECT_EQ(v.verdict, Verdict::error);
+    EXPECT_NE(v.errors.at("verdict").find("no criterion could be judged"), std::string::npos);
 }
 
 // --- fault injection -------------------------------------------------------------------

@@ -95,16 +95,23 @@ void compare_step(const Protocol& p, const std::string& name, const std::vector<
         out.steps[name] = nlohmann::ordered_json{{"error", why}};
         return;
     }
+    std::vector<bool> free(n, false);
     for (std::size_t i = 0; i < n; ++i) {
+        free[i] = nodes[i].free_running;
         if (present[i]) continue;
         const auto e = nodes[i].errors.find(name);
+        if (const auto nc = nodes[i].not_captured.find(name); e == nodes[i].errors.end() && nc != nodes[i].not_captured.end()) {
+            for (const CriterionInfo& c : s.criteria())
+                led.not_applicable_for(i, c.name, fmt::format("step {} not captured by this node: {}", name, nc->second));
+            continue;
+        }
         led.error(i, name, e != nodes[i].errors.end() ? e->second
                                                       : fmt::format("not captured ({} has no step '{}')", nodes[i].outputs->origin(), name));
     }
     // A problem with the reference's own tensors (a capture without them)
     // leaves nothing compared; a candidate's is that candidate's (the step
     // records it).
-    if (auto why = as_node_failure([&] { out.steps[name] = s.compare(p, StepNodes{outs, present, reference}, led, out); })) {
+    if (auto why = as_node_failure([&] { out.steps[name] = s.compare(p, StepNodes{outs, present, reference, free}, led, out); })) {
         led.reference_failed(name, *why);
         out.steps[name] = nlohmann::ordered_json{{"error", *why}};
     }
@@ -300,7 +307,7 @@ AuditRun compare_captures(const CompareConfig& cc, const std::vector<const Captu
         n.node = c->node();
         n.capabilities = c->capabilities();
         inputs.push_back(std::move(n));
-        recs.push_back({c, c->steps(), c->errors()});
+        recs.push_back({c, c->steps(), c->errors(), c->not_captured(), c->free_running()});
     }
     Ledger led(std::move(inputs), reference);
     nlohmann::ordered_json sources = nlohmann::ordered_json::array();

@@ -60,17 +60,23 @@ C token_step(const AuditConfig& ac, std::uint64_t seed, const TokenStream& s) {
     return c;
 }
 
-// One node as the compare loop sees it: its outputs, the steps it collected
-// and the steps it failed (step → one-line reason).
+// One node as the compare loop sees it: its outputs, the steps it collected,
+// the steps it failed (step → one-line reason), the steps its writer says it
+// cannot provide (step → why; external runtimes) and whether it ran free
+// (its own router and decoding: Capture::free_running).
 struct NodeRecord {
     const NodeOutputs* outputs = nullptr;
     std::vector<std::string> steps;
     std::map<std::string, std::string> errors;
+    std::map<std::string, std::string> not_captured;
+    bool free_running = false;
 };
 
 // Step `name` compared over `nodes` into the ledger and the report: a node
-// that failed or lacks the step is that node's error; a reference that did
-// leaves nothing compared ("not compared: the reference failed").
+// that failed or lacks the step is that node's error — unless its writer
+// declared the step not captured, then the step's criteria are not judged
+// for that node (listed with the reason); a reference that did leaves
+// nothing compared ("not compared: the reference failed").
 void compare_step(const Protocol& protocol, const std::string& name, const std::vector<NodeRecord>& nodes,
                   std::size_t reference, Ledger& ledger, AuditReport& report);
 

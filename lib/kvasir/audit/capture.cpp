@@ -109,6 +109,24 @@ Capture Capture::open(const std::string& path) {
         KVASIR_CHECK(v.is_string(), ErrorCode::bad_input, "{}: errors/{} must be a string", path, k);
         c.errors_[k] = v.get<std::string>();
     }
+    // Optional (external writers): steps this node cannot provide, and why.
+    if (const auto it = meta.find("not_captured"); it != meta.end()) {
+        const nlohmann::json nc = parse_meta_json(path, "not_captured", it->second);
+        KVASIR_CHECK(nc.is_object(), ErrorCode::bad_input, "{}: not_captured must be a JSON object", path);
+        for (const auto& [k, v] : nc.items()) {
+            KVASIR_CHECK(v.is_string() && !v.get<std::string>().empty(), ErrorCode::bad_input,
+                         "{}: not_captured/{} must be a non-empty string (why the step is not captured)", path, k);
+            KVASIR_CHECK(std::find(c.steps_.begin(), c.steps_.end(), k) == c.steps_.end(), ErrorCode::bad_input,
+                         "{}: step '{}' is both captured and not captured", path, k);
+            c.not_captured_[k] = v.get<std::string>();
+        }
+    }
+    // A node that runs its own router and decoding (an external runtime:
+    // llama.cpp) declares "authority": "none"; kvasir's own captures are pinned.
+    if (const auto a = caps.find("authority"); a != caps.end()) {
+        KVASIR_CHECK(a->is_string(), ErrorCode::bad_input, "{}: capabilities/authority must be a string", path);
+        c.free_running_ = a->get<std::string>() == "none";
+    }
     return c;
 }
 

@@ -52,6 +52,12 @@ public:
     std::uint64_t seed() const { return seed_; }
     const std::vector<std::string>& steps() const { return steps_; }
     const std::map<std::string, std::string>& errors() const { return errors_; }
+    // Steps the writer says this node cannot provide → why (metadata
+    // "not_captured", optional): their criteria are not judged for it.
+    const std::map<std::string, std::string>& not_captured() const { return not_captured_; }
+    // capabilities.authority == "none": the node ran its own router and its
+    // own decoding (no decisions pinned by the authority).
+    bool free_running() const { return free_running_; }
     const std::map<std::string, std::string>& metadata() const { return file_->metadata(); }
     // Did this capture run `step` (listed in steps, not failed)?
     bool has_step(const std::string& step) const;
@@ -66,7 +72,8 @@ private:
     nlohmann::ordered_json capabilities_;
     std::uint64_t seed_ = 0;
     std::vector<std::string> steps_;
-    std::map<std::string, std::string> errors_;
+    std::map<std::string, std::string> errors_, not_captured_;
+    bool free_running_ = false;
     std::shared_ptr<SafetensorsFile> file_;
 };
 

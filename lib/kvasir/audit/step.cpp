@@ -88,6 +88,12 @@ void Ledger::error(std::size_t i, const std::string& step, const std::string& me
     e = e.empty() ? message : e + "; " + message;
 }
 
+void Ledger::not_applicable_for(std::size_t i, const std::string& criterion, const std::string& why) {
+    KVASIR_CHECK(i < inputs_.size() && i != reference_, ErrorCode::internal, "not_applicable_for: node {} of {}", i,
+                 inputs_.size());
+    inputs_[i].not_measurable.emplace(criterion, why);
+}
+
 void Ledger::not_applicable(const std::string& criterion, const std::string& why) {
     for (NodeInput& in : inputs_) in.not_applicable[criterion] = why;
 }

@@ -104,6 +104,11 @@ public:
     // for every node, unjudged unless measured (verdict.hpp). A step decides
     // it from the reference's outputs only.
     void not_applicable(const std::string& criterion, const std::string& why);
+    // `criterion` cannot be measured on candidate i, by what the node is (a
+    // free-running external node has no pinned outputs; a step its writer
+    // declared not captured): not judged for that node only, listed with why
+    // (NodeInput::not_measurable).
+    void not_applicable_for(std::size_t i, const std::string& criterion, const std::string& why);
     // The reference failed a step: nothing was compared.
     void reference_failed(const std::string& step, const std::string& message);
     const std::vector<NodeInput>& inputs() const { return inputs_; }
@@ -128,6 +133,9 @@ struct StepNodes {
     const std::vector<const NodeOutputs*>& nodes;
     const std::vector<bool>& present;
     std::size_t reference;
+    // Per node: it ran its own router and decoding (capability authority
+    // "none"): its logits are free-running, it has no pinned outputs.
+    const std::vector<bool>& free_running;
 };
 
 class Step {

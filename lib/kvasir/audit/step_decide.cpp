@@ -63,6 +63,30 @@ public:
         return std::make_shared<const ForwardResult>(forward(authority, *env.model, env.plan->decide->tokens.ids, opt));
     }
 
+    // A node that runs its own router (capability authority "none": an
+    // external runtime) has no pinned logits: its top-1 agreement is measured
+    // free-running (its own argmax vs the reference's, which for the
+    // authority itself is its pinned one), and routing agreement needs its
+    // expert choices, which such a node may not expose.
+    static nlohmann::ordered_json free_running_node(const NodeOutputs& ref, const NodeOutputs& c, std::size_t moe_layers,
+                                                    std::size_t i, Ledger& led) {
+        const std::vector<std::int32_t> a = int_vector(ref.view("decide.free.top1")), b = int_vector(c.view("decide.free.top1"));
+        KVASIR_CHECK(a.size() == b.size() && !a.empty(), ErrorCode::bad_input, "{}: {} free top-1 tokens, the reference has {}",
+                     c.origin(), b.size(), a.size());
+        std::int64_t same = 0;
+        for (std::size_t t = 0; t < a.size(); ++t) same += a[t] == b[t];
+        const Fraction top1 = binomial(same, static_cast<std::int64_t>(a.size()));
+        led.measure(i, "decide", "decide.top1_agreement_min", top1.rate);
+        nlohmann::ordered_json e{{"node", c.node()}, {"free_running", true}, {"top1_free", to_json(top1)}};
+        const std::vector<TensorView> cids = numbered(c, "decide.free.ids.");
+        if (moe_layers > 0 && cids.empty()) {
+            led.not_applicable_for(i, "decide.routing_agreement_min",
+                                   "the node runs its own router and exposes no expert choices (no decide.free.ids.*)");
+            e["routing_free"] = "not exposed by this node";
+        }
+        return e;
+    }
+
     StepOutput collect(const StepEnv& env, Backend& node, const std::any& decisions, bool self) const override {
         const ForwardResult& ref = *std::any_cast<std::shared_ptr<const ForwardResult>>(decisions);
         const auto& ids = env.plan->decide->tokens.ids;
@@ -108,6 +132,7 @@ public:
         if (rids.empty()) led.not_applicable("decide.routing_agreement_min", "no MoE layers: the model has no router");
         j["results"] = for_each_candidate(in, led, "decide", [&](std::size_t i) {
             const NodeOutputs& c = *in.nodes[i];
+            if (in.free_running[i]) return free_running_node(ref, c, rids.size(), i, led);
             const Fraction top1 = top1_agreement(rl, c.view("decide.pinned.logits"));
             const std::vector<TensorView> cids = numbered(c, "decide.free.ids.");
             KVASIR_CHECK(cids.size() == rids.size(), ErrorCode::bad_input, "{}: routing of {} MoE layers, the reference has {}",

@@ -64,7 +64,10 @@ public:
         j["results"] = for_each_candidate(in, led, "generate", [&](std::size_t i) {
             const NodeOutputs& c = *in.nodes[i];
             const std::vector<std::int32_t> ct = int_vector(c.view("generate.tokens"));
-            const std::vector<std::int32_t> pinned = int_vector(c.view("generate.pinned_own"));
+            // A free-running node (its own decoding, authority "none") is teacher-forced only when its writer was
+            // given the reference's tokens; without generate.pinned_own that criterion is not measurable on it.
+            const bool forced = !in.free_running[i] || c.has("generate.pinned_own");
+            const std::vector<std::int32_t> pinned = forced ? int_vector(c.view("generate.pinned_own")) : rt;
             KVASIR_CHECK(ct.size() == rt.size() && pinned.size() == rt.size(), ErrorCode::bad_input,
                          "{}: {} generated tokens, the reference has {}", c.origin(), ct.size(), rt.size());
             const std::int64_t first = first_divergence(rt, ct);
@@ -72,10 +75,14 @@ public:
             for (std::size_t s = 0; s < rt.size(); ++s) divergences += pinned[s] != rt[s];
             led.measure(i, "generate", "generate.first_divergence_min",
                         first < 0 ? static_cast<double>(p.generate.n) : static_cast<double>(first));
-            if (p.generate.teacher_forcing)
+            if (p.generate.teacher_forcing && forced)
                 led.measure(i, "generate", "generate.divergences_max", static_cast<double>(divergences));
-            nlohmann::ordered_json e{{"node", c.node()}, {"first_divergence", first}, {"tokens", ct},
-                                     {"teacher_forced_divergences", divergences}};
+            else if (p.generate.teacher_forcing)
+                led.not_applicable_for(i, "generate.divergences_max",
+                                       "free-running node captured without the reference's tokens (no generate.pinned_own)");
+            nlohmann::ordered_json e{{"node", c.node()}, {"first_divergence", first}, {"tokens", ct}};
+            if (forced) e["teacher_forced_divergences"] = divergences;
+            if (in.free_running[i]) e["free_running"] = true;
             if (first >= 0 && c.has("generate.margins") && ref.has("generate.margins")) {
                 const TensorView rm = ref.view("generate.margins"), cm = c.view("generate.margins");
                 if (first < rm.numel() && first < cm.numel()) {

@@ -58,8 +58,10 @@ public:
             const Summary linf = summarize(d.linf), l2 = summarize(d.l2), kl = summarize(d.kl);
             led.measure(i, "logits", "logits.kl_p99", kl.p99);
             led.measure(i, "logits", "logits.linf_max", linf.max);
-            return nlohmann::ordered_json{
-                {"node", in.nodes[i]->node()}, {"linf", to_json(linf)}, {"l2", to_json(l2)}, {"kl", to_json(kl)}};
+            nlohmann::ordered_json e{{"node", in.nodes[i]->node()}, {"linf", to_json(linf)}, {"l2", to_json(l2)}, {"kl", to_json(kl)}};
+            // Its own router: the delta holds its routing flips too (on a dense model the same thing).
+            if (in.free_running[i]) e["free_running"] = true;
+            return e;
         });
         return j;
     }

@@ -66,7 +66,9 @@ public:
                          cn.size(), rn.size());
             const double ppl = perplexity_from_nll(cn), ratio = ppl / ref_ppl;
             led.measure(i, "perplexity", "perplexity.ratio_max", std::abs(ratio - 1.0));
-            return nlohmann::ordered_json{{"node", c.node()}, {"perplexity", json_double(ppl)}, {"ratio", json_double(ratio)}};
+            nlohmann::ordered_json e{{"node", c.node()}, {"perplexity", json_double(ppl)}, {"ratio", json_double(ratio)}};
+            if (in.free_running[i]) e["free_running"] = true;  // its own router in every window
+            return e;
         });
         return j;
     }

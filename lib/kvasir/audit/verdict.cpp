@@ -123,7 +123,8 @@ struct Measured {
 };
 
 std::vector<CriterionResult> judge_tier(const std::map<std::string, Measured>& measured, const Tolerances& tols, Tier tier,
-                                        const std::map<std::string, std::string>& not_applicable) {
+                                        const std::map<std::string, std::string>& not_applicable,
+                                        const std::map<std::string, std::string>& not_measurable) {
     std::vector<CriterionResult> out;
     const auto judge_one = [&](const std::string& name, const std::string& from) {
         const auto it = measured.find(name);
@@ -132,10 +133,26 @@ std::vector<CriterionResult> judge_tier(const std::map<std::string, Measured>& m
         out.push_back(judge_criterion(name, step, it != measured.end() ? std::optional<double>(it->second.value) : std::nullopt,
                                       tols.at(from), from, tier));
     };
+    // Not judged (see the header): a key that does not apply to the model;
+    // on this node, a key not measurable — a family tolerance ("ops.max_rel")
+    // covering its per-op keys ("ops.moe.max_rel") when nothing of the family
+    // was measured. Family tolerances are never skipped as "not applicable".
+    const auto family_measured = [&](const std::string& family) {
+        return measured.count(family) != 0 || std::any_of(measured.begin(), measured.end(), [&](const auto& m) {
+                   return !criterion_op(m.first).empty() && criterion_family(m.first) == family;
+               });
+    };
+    const auto not_judged = [&](const std::string& key, bool family) {
+        if (measured.count(key) != 0) return false;
+        if (family) return not_measurable.count(key) != 0 && !family_measured(key);
+        return not_applicable.count(key) != 0 || not_measurable.count(key) != 0 ||
+               (!criterion_op(key).empty() && not_measurable.count(criterion_family(key)) != 0 &&
+                !family_measured(criterion_family(key)));
+    };
     for (const auto& [key, tol] : tols) {
         const bool family = key.rfind("ops.", 0) == 0 && criterion_op(key).empty();
+        if (not_judged(key, family)) continue;
         if (!family) {
-            if (not_applicable.count(key) != 0 && measured.count(key) == 0) continue;  // not judged: see the header
             judge_one(key, key);
             continue;
         }
@@ -189,6 +206,7 @@ NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const T
     v.capabilities = in.capabilities.is_object() ? in.capabilities : nlohmann::ordered_json::object();
     v.errors = in.errors;
     v.not_applicable = in.not_applicable;
+    v.not_measurable = in.not_measurable;
 
     std::map<std::string, Measured> measured;
     for (const Measurement& m : in.measurements) {
@@ -231,8 +249,14 @@ NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const T
             if (e.find(msg) == std::string::npos) e += (e.empty() ? "" : "; ") + msg;
         }
 
-    v.sensitive = judge_tier(measured, sensitive, Tier::sensitive, in.not_applicable);
-    v.tolerant = judge_tier(measured, tolerant, Tier::tolerant, in.not_applicable);
+    v.sensitive = judge_tier(measured, sensitive, Tier::sensitive, in.not_applicable, in.not_measurable);
+    v.tolerant = judge_tier(measured, tolerant, Tier::tolerant, in.not_applicable, in.not_measurable);
+    // Nothing judged is never a pass: a node whose every criterion was
+    // declared not applicable or not measurable has no verdict but error.
+    if (v.sensitive.empty() && v.tolerant.empty() && v.errors.empty() &&
+        !(in.not_applicable.empty() && in.not_measurable.empty()))
+        v.errors["verdict"] = fmt::format("no criterion could be judged on this node ({} not applicable, {} not measurable)",
+                                          in.not_applicable.size(), in.not_measurable.size());
     const auto all_pass = [](const std::vector<CriterionResult>& rs) {
         return std::all_of(rs.begin(), rs.end(), [](const CriterionResult& r) { return r.pass; });
     };
@@ -282,6 +306,12 @@ const std::map<std::string, std::string>& not_applicable_criteria(const std::vec
     for (const NodeVerdict& v : verdicts)
         if (v.verdict != Verdict::reference) return v.not_applicable;
     return none;
+}
+
+std::map<std::string, std::vector<std::string>> not_measurable_by_reason(const NodeVerdict& v) {
+    std::map<std::string, std::vector<std::string>> out;
+    for (const auto& [criterion, why] : v.not_measurable) out[why].push_back(criterion);
+    return out;
 }
 
 bool meets_gate(const NodeVerdict& v, Gate gate) noexcept {
@@ -346,6 +376,9 @@ nlohmann::ordered_json to_json(const NodeVerdict& v) {
     nlohmann::ordered_json na = nlohmann::ordered_json::object();
     for (const auto& [criterion, why] : v.not_applicable) na[criterion] = why;
     j["not_applicable"] = na;
+    nlohmann::ordered_json nm = nlohmann::ordered_json::object();
+    for (const auto& [criterion, why] : v.not_measurable) nm[criterion] = why;
+    j["not_measurable"] = nm;
     return j;
 }
 

@@ -20,8 +20,17 @@
 //  * A criterion that does not apply to the audited model (routing agreement
 //    on a dense model: no router) is not judged when the step that owns it
 //    declared it so (NodeInput::not_applicable, set for every node from the
-//    reference's outputs, never by a candidate) and nothing measured it; the
-//    verdict lists it with the reason.
+//    reference's outputs) and nothing measured it; the verdict lists it with
+//    the reason. The same holds for one node alone when what the node IS
+//    rules a measurement out, decided by the compare from the node's capture
+//    metadata, never from its numbers: a step its writer declared not
+//    captured (an external runtime exposes no single ops or hidden states),
+//    a pinned measurement of a node that runs its own router (capability
+//    authority "none"): NodeInput::not_measurable. A family tolerance
+//    ("ops.max_rel") not measurable covers its per-op keys when nothing of
+//    the family was measured (a family is never skipped as merely "not
+//    applicable"). A node left with no judged criterion at all is error
+//    ("no criterion could be judged"): nothing compared is never a pass.
 //  * The same criterion measured several times (e.g. once per layer) is
 //    judged on the WORST value: the largest for max, the smallest for min,
 //    NaN over everything.
@@ -108,6 +117,9 @@ struct NodeInput {
     std::map<std::string, std::string> errors;  // step → one-line message
     // Criteria that do not apply to the audited model → why ("no MoE layers").
     std::map<std::string, std::string> not_applicable;
+    // Criteria this node alone cannot be measured on → why (a step its writer
+    // declared not captured, a pinned measurement of a free-running node).
+    std::map<std::string, std::string> not_measurable;
 };
 // node + to_json(caps).
 NodeInput node_input(const Capabilities& caps, bool is_reference = false);
@@ -134,6 +146,7 @@ struct NodeVerdict {
     std::vector<CriterionResult> tolerant;
     std::map<std::string, std::string> errors;  // step → message (incl. non-finite measurements)
     std::map<std::string, std::string> not_applicable;  // criterion → why, not judged (NodeInput::not_applicable)
+    std::map<std::string, std::string> not_measurable;  // criterion → why, not judged on this node (NodeInput)
 
     const std::vector<CriterionResult>& tier(Tier t) const { return t == Tier::sensitive ? sensitive : tolerant; }
 };
@@ -141,6 +154,9 @@ struct NodeVerdict {
 // The criteria that do not apply to the audited model (the same for every
 // node: verdict.hpp's rule), from the first judged node; empty if none.
 const std::map<std::string, std::string>& not_applicable_criteria(const std::vector<NodeVerdict>& verdicts);
+// The criteria not judged on `v` alone (NodeVerdict::not_measurable),
+// grouped by reason: why → the criteria (for reports).
+std::map<std::string, std::vector<std::string>> not_measurable_by_reason(const NodeVerdict& v);
 
 // Judge one criterion (exposed for tests and for reports that recompute).
 CriterionResult judge_criterion(const std::string& criterion, const std::string& step, std::optional<double> value,

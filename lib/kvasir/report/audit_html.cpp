@@ -13,6 +13,7 @@
 #include "kvasir/report/writers_common.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
@@ -302,6 +303,10 @@ std::string verdict_section(const AuditReport& r) {
          "distance to the tolerance (positive inside).</p>\n";
     for (const auto& [criterion, why] : not_applicable_criteria(r.nodes))
         o += fmt::format("<p class=\"note\">Not judged: <code>{}</code> does not apply to this model ({}).</p>\n", h(criterion), h(why));
+    for (const NodeVerdict& v : r.nodes)
+        for (const auto& [why, criteria] : not_measurable_by_reason(v))
+            o += fmt::format("<p class=\"note\">Not judged for <b>{}</b>: <code>{}</code> ({}).</p>\n", h(v.node),
+                             h(fmt::format("{}", fmt::join(criteria, ", "))), h(why));
     o += "<div class=\"scroll\"><table class=\"sortable verdicts\">\n<thead><tr><th>node</th><th>verdict</th><th>gate</th><th>worst criterion</th>"
          "<th>value</th><th>tolerance</th><th>margin</th><th>device, runtime</th><th>storage / acc. / output, FMA, determinism</th>";
     // The errors column only when some node has one: it is usually empty.

@@ -6,6 +6,7 @@
 #include "kvasir/report/writers_common.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -60,6 +61,9 @@ std::string markdown_report(const AuditReport& r) {
 
     for (const auto& [criterion, why] : not_applicable_criteria(r.nodes))
         out += fmt::format("\nNot judged: `{}` does not apply to this model ({}).\n", criterion, md(why));
+    for (const NodeVerdict& v : r.nodes)
+        for (const auto& [why, criteria] : not_measurable_by_reason(v))
+            out += fmt::format("\nNot judged for {}: `{}` ({}).\n", md(v.node), fmt::join(criteria, "`, `"), md(why));
 
     for (const NodeVerdict& v : r.nodes) {
         if (v.verdict == Verdict::reference) continue;

@@ -1,6 +1,7 @@
 #include "kvasir/report/audit_text.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <map>
@@ -119,6 +120,9 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
     out += t.render();
     for (const auto& [criterion, why] : not_applicable_criteria(r.nodes))
         out += st.dim(fmt::format("not judged: {} does not apply to this model ({})", criterion, why)) + "\n";
+    for (const NodeVerdict& v : r.nodes)
+        for (const auto& [why, criteria] : not_measurable_by_reason(v))
+            out += st.dim(fmt::format("not judged for {}: {} ({})", v.node, fmt::join(criteria, ", "), why)) + "\n";
 
     bool any_error = false;
     for (const NodeVerdict& v : r.nodes)

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# llama.cpp as a node (issue 17), run for real: scripts/llamacpp_node.py drives
+# llama.cpp (built by scripts/setup_llamacpp.sh from the llama-cpp-python sdist
+# into BUILD/llamacpp) on GGUF files made by llama.cpp's own converter, and
+# `compare` judges its captures against the oracle's.
+#  * llama_tiny.gguf (dense, all F32): llama.cpp's defaults (flash attention
+#    auto, F16 KV cache) move the logits by ~1e-2 (unfit for sensitive ranks);
+#    F32 KV with flash attention off agrees to ~5e-6 (fit).
+#  * gpt_oss_tiny.gguf (F32 experts): llama.cpp's gpt-oss graph (sinks,
+#    sliding layers, yarn, clamped SwiGLU) agrees with kvasir's reading of the
+#    GGUF (swiglu limit 7, floored/ceiled yarn range) to ~1e-5: an independent
+#    check of those semantics. gpt_oss_tiny_mxfp4.gguf: llama.cpp quantises
+#    the activations to Q8_0 for its MXFP4 dot products, far outside the
+#    f32 tolerances of the oracle (unfit), which the report shows.
+#  * a free-running node: routing agreement not measurable, steps it cannot
+#    provide (ops, drift, invariance) listed as not judged, never passed; the
+#    llama-cpp-python version and the settings in every capture.
+# Usage: test_llamacpp_node.sh PATH/TO/kvasir-equiv   (run from the repo root)
+set -u
+bin="$1"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+lc="$(cd "$(dirname "$bin")" && pwd)/llamacpp"
+py="$lc/venv/bin/python"
+export LLAMA_CPP_LIB_PATH="$lc/build/bin"
+if [ ! -x "$py" ] || ! "$py" -c "import llama_cpp" 2>/dev/null; then
+  echo "FAIL: no llama.cpp under $lc (scripts/test builds it: scripts/setup_llamacpp.sh)"
+  echo "1 failed"
+  exit 1
+fi
+echo "using llama-cpp-python $("$py" -c 'import llama_cpp; print(llama_cpp.__version__)') from $lc"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+ci=protocols/ci.json
+node() { "$py" scripts/llamacpp_node.py -p $ci --kvasir "$bin" -q "$@"; }
+verdicts() {  # compare JSON → "node=verdict ..." on one line
+  python3 -c "
+import json,sys; d=json.load(open(sys.argv[1]))
+print(' '.join(n['node']+'='+n['verdict'] for n in d['nodes']))" "$1"
+}
+
+# --- a dense llama: llama.cpp's defaults vs F32 KV without flash attention --------------
+m=fixtures/models/llama_tiny.gguf
+"$bin" capture -p $ci -m $m -b cpu-ref -o "$tmp/ref.safetensors" >/dev/null 2>&1
+check "cpu-ref capture of llama_tiny.gguf" test -s "$tmp/ref.safetensors"
+node -m $m -o "$tmp/default.safetensors"; rc=$?
+check "llamacpp_node.py with llama.cpp's defaults → exit 0" test $rc -eq 0
+node -m $m -o "$tmp/f32.safetensors" --flash-attn off --kv-type f32; rc=$?
+check "llamacpp_node.py --flash-attn off --kv-type f32 → exit 0" test $rc -eq 0
+"$bin" compare -p $ci "$tmp/ref.safetensors" "$tmp/default.safetensors" "$tmp/f32.safetensors" -o "$tmp/cmp.json" \
+  >"$tmp/cmp.txt" 2>&1; rc=$?
+check "compare: a node fails the sensitive gate → exit 1" test $rc -eq 1
+v=$(verdicts "$tmp/cmp.json")
+check "defaults (flash attention auto, F16 KV) unfit-sensitive, F32 KV + no flash attention fit: $v" \
+  test "$v" = "cpu-ref=reference llama.cpp:fa=auto,kv=f16=unfit-sensitive llama.cpp:fa=off,kv=f32=fit"
+check "the measured logit deltas: defaults ~1e-2, F32 KV < 1e-4" python3 -c "
+import json,sys; d=json.load(open(sys.argv[1])); r={e['node']:e for e in d['steps']['logits']['results']}
+a=r['llama.cpp:fa=auto,kv=f16']['linf']['max']; b=r['llama.cpp:fa=off,kv=f32']['linf']['max']
+print('linf', a, b); assert 1e-3 < a < 1e-1 and b < 1e-4 and r['llama.cpp:fa=off,kv=f32']['free_running'], (a, b)" "$tmp/cmp.json"
+check "free-running: ops, drift and invariance not judged (not captured), never passed" python3 -c "
+import json,sys; d=json.load(open(sys.argv[1])); n=[x for x in d['nodes'] if x['node']=='llama.cpp:fa=off,kv=f32'][0]
+nm=n['not_measurable']; judged={c['criterion'] for c in n['criteria']['sensitive']}
+assert {'ops.max_rel','drift.final_rel','invariance.batch_max_rel'} <= set(nm), nm
+assert 'not captured by this node' in nm['drift.final_rel'], nm
+assert not (set(nm) & judged), judged
+assert {'logits.linf_max','logits.kl_p99','perplexity.ratio_max','generate.first_divergence_min','decide.top1_agreement_min','determinism'} <= judged, judged
+assert n['not_applicable'].get('decide.routing_agreement_min','').startswith('no MoE layers'), n['not_applicable']" "$tmp/cmp.json"
+check "the text report lists what was not judged for the llama.cpp node" \
+  grep -q "not judged for llama.cpp:fa=off,kv=f32: drift.alpha_max, drift.final_rel (step drift not captured" "$tmp/cmp.txt"
+check "report valid against protocols/report.schema.json" python3 scripts/validate_report.py "$tmp/cmp.json"
+check "the capture records llama-cpp-python's version, llama.cpp's settings and authority none" "$py" -c "
+import json,sys; sys.path.insert(0,'scripts'); import capture_format
+meta,_=capture_format.read_capture(sys.argv[1]); caps=json.loads(meta['capabilities'])
+import llama_cpp
+assert caps['authority']=='none' and caps['extra']['llama_cpp_python']==llama_cpp.__version__, caps
+s=json.loads(meta['llama_cpp_settings']); assert s['flash_attn']=='off' and s['type_k']=='f32', s
+assert json.loads(meta['not_captured']).keys() >= {'ops','drift','invariance'}, meta['not_captured']" "$tmp/f32.safetensors"
+
+# --- gpt-oss: llama.cpp's own graph vs kvasir's reading of the GGUF --------------------------
+# ci.json with teacher forcing on (and its criterion in both tiers): llama.cpp is fed the oracle's tokens
+# from the oracle's capture (--reference-capture).
+tf="$tmp/tf.json"
+python3 -c "
+import json,os,sys; d=json.load(open('$ci')); d['id']='ci-teacher-forced'
+for s in d['steps'].values():
+    for k in ('tokens','prompt'):
+        if isinstance(s,dict) and isinstance(s.get(k),dict): s[k]['path']=os.path.abspath(os.path.join('protocols', s[k]['path']))
+d['steps']['generate']['teacher_forcing']=True
+d['tiers']['sensitive']['generate.divergences_max']={'value':0,'why':'test'}
+d['tiers']['tolerant']['generate.divergences_max']={'value':2,'why':'test'}
+json.dump(d, open(sys.argv[1],'w'))" "$tf"
+for g in gpt_oss_tiny gpt_oss_tiny_mxfp4; do
+  m=fixtures/models/$g.gguf
+  "$bin" capture -p "$tf" -m $m -b cpu-ref -o "$tmp/$g.ref.safetensors" >/dev/null 2>&1
+  "$py" scripts/llamacpp_node.py -p "$tf" --kvasir "$bin" -q -m $m -o "$tmp/$g.f32.safetensors" --flash-attn off \
+    --kv-type f32 --reference-capture "$tmp/$g.ref.safetensors"
+  "$bin" compare -p "$tf" "$tmp/$g.ref.safetensors" "$tmp/$g.f32.safetensors" -o "$tmp/$g.json" >/dev/null 2>&1
+done
+"$py" scripts/llamacpp_node.py -p "$tf" --kvasir "$bin" -q -m fixtures/models/gpt_oss_tiny.gguf -o "$tmp/free.safetensors" \
+  --flash-attn off --kv-type f32
+"$bin" compare -p "$tf" "$tmp/gpt_oss_tiny.ref.safetensors" "$tmp/free.safetensors" -o "$tmp/free.json" >/dev/null 2>&1
+check "without --reference-capture, teacher-forced divergences are not measurable on the free-running node" python3 -c "
+import json,sys; d=json.load(open(sys.argv[1])); n=[x for x in d['nodes'] if x['verdict']!='reference'][0]
+assert 'without the reference' in n['not_measurable']['generate.divergences_max'], n['not_measurable']" "$tmp/free.json"
+check "gpt_oss_tiny.gguf (F32 experts): llama.cpp agrees with kvasir's reading (limit 7, floored yarn range) → fit" \
+  test "$(verdicts "$tmp/gpt_oss_tiny.json")" = "cpu-ref=reference llama.cpp:fa=off,kv=f32=fit"
+check "gpt_oss_tiny.gguf: logits within 1e-4, routing agreement not measurable, teacher-forced divergences judged" python3 -c "
+import json,sys; d=json.load(open(sys.argv[1])); r=d['steps']['logits']['results'][0]['linf']['max']
+n=[x for x in d['nodes'] if x['verdict']!='reference'][0]
+print('linf', r); assert r < 1e-4, r
+assert 'exposes no expert choices' in n['not_measurable']['decide.routing_agreement_min'], n['not_measurable']
+assert d['steps']['generate']['results'][0]['teacher_forced_divergences'] == 0, d['steps']['generate']" "$tmp/gpt_oss_tiny.json"
+check "gpt_oss_tiny_mxfp4.gguf: llama.cpp's Q8_0 activations for MXFP4 weights move the logits far past f32 (unfit)" python3 -c "
+import json,sys; d=json.load(open(sys.argv[1])); r=d['steps']['logits']['results'][0]['linf']['max']
+v=[x['verdict'] for x in d['nodes'] if x['verdict']!='reference'][0]
+print('linf', r, v); assert r > 1e-2 and v in ('unfit', 'unfit-sensitive'), (r, v)" "$tmp/gpt_oss_tiny_mxfp4.json"
+
+# --- bad input: one line, exit 2 -------------------------------------------------------------
+for args in "-m nonexistent.gguf -o $tmp/x.safetensors" "-m fixtures/models/llama_tiny.gguf -o $tmp/x.safetensors --steps ops" \
+            "-m fixtures/models/llama_tiny.gguf -o $tmp/x.safetensors --threads 0"; do
+  err=$(node $args 2>&1); rc=$?
+  check "llamacpp_node.py $args → exit 2, one line: $err" bash -c "[ $rc -eq 2 ] && [ \$(printf '%s\n' \"\$1\" | grep -c .) -eq 1 ]" _ "$err"
+done
+check "no capture written on bad input" test ! -e "$tmp/x.safetensors"
+
+echo "$failures failed"
+[ "$failures" -eq 0 ]
