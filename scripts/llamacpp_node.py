@@ -238,15 +238,27 @@ def run_steps(doc, protocol_path, node, steps, reference, log):
         log(f"  generate: {n} tokens after a {len(prompt)}-token prompt"
             + (", teacher-forced with the reference's tokens" if "generate.pinned_own" in out else ""))
     if "perplexity" in steps:
+        # step_perplexity.cpp: windows from an empty cache; with "score": "second_half" only the predictions from
+        # position C//2 of a window of C tokens on (llama-perplexity's rule); with "kl_divergence" the logits of
+        # every scored prediction and its target too.
         p = S["perplexity"]
         ids = stream_ids(doc, protocol_path, p["tokens"], "steps.perplexity")
-        nll = []
+        second_half, kld = p.get("score") == "second_half", "kl_divergence" in p
+        nll, rows, targets = [], [], []
         for b, e in perplexity_windows(len(ids), int(p["context"])):
             w = ids[b:e]
             lg = node.forward(w)
-            nll.extend(log_softmax_nll(lg[t], w[t + 1]) for t in range(len(w) - 1))
+            for t in range((e - b) // 2 if second_half else 0, len(w) - 1):
+                nll.append(log_softmax_nll(lg[t], w[t + 1]))
+                if kld:
+                    rows.append(lg[t])
+                    targets.append(w[t + 1])
         out["perplexity.nll"] = np.asarray(nll, np.float64)
-        log(f"  perplexity: {len(nll)} predictions, ppl {float(np.exp(np.mean(nll))):.6g}")
+        if kld:
+            out["perplexity.logits"] = np.asarray(rows, np.float32)
+            out["perplexity.targets"] = np.asarray(targets, np.int32)
+        log(f"  perplexity: {len(nll)} predictions{' (second half of each window)' if second_half else ''}, "
+            f"ppl {float(np.exp(np.mean(nll))):.6g}")
     if "determinism" in steps:
         name = next((k for k in ("logits", "drift", "decide") if k in S), None)
         if name is None:

@@ -63,6 +63,30 @@ expect_usage_error "exclude each other" logits --tokens 4 --tokens-file "$tmp/ok
 expect_usage_error "--tokens" drift --tokens 0
 expect_usage_error "--threshold must be > 0" drift --threshold -1
 expect_usage_error "--context must be in 2..65536" perplexity --context 1
+# Step 6 scored as llama-perplexity scores (second half of each window) with its --kl-divergence statistics:
+# audit and capture + compare agree, the counts are the windows' second halves, f32 vs the oracle is tiny.
+python3 -c "
+import json,os; d=json.load(open('protocols/ci.json')); d['id']='ci-kld'; d['model']=os.path.abspath(os.path.join('protocols', d['model']))
+for s in d['steps'].values():
+    for k in ('tokens','prompt'):
+        if isinstance(s,dict) and isinstance(s.get(k),dict): s[k]['path']=os.path.abspath(os.path.join('protocols', s[k]['path']))
+d['steps']={'perplexity': dict(d['steps']['perplexity'], score='second_half', kl_divergence={'base_rounding': 'exact'})}
+d['tiers']={t:{'perplexity.ratio_max': d['tiers'][t]['perplexity.ratio_max']} for t in d['tiers']}
+json.dump(d, open('$tmp/kld.json','w'))"
+"$bin" audit -p "$tmp/kld.json" -b cpu-ref,cpu --in-process -o "$tmp/kld_audit.json" >/dev/null 2>&1
+"$bin" capture -p "$tmp/kld.json" -b cpu-ref -o "$tmp/kr.safetensors" >/dev/null 2>&1
+"$bin" capture -p "$tmp/kld.json" -b cpu -o "$tmp/kc.safetensors" >/dev/null 2>&1
+"$bin" compare -p "$tmp/kld.json" "$tmp/kr.safetensors" "$tmp/kc.safetensors" -o "$tmp/kld_cmp.json" >/dev/null 2>&1
+check "perplexity second_half + kl_divergence: audit == capture/compare, llama.cpp's figures for cpu vs cpu-ref" python3 -c "
+import json,sys
+a,c=(json.load(open(f))['steps']['perplexity'] for f in sys.argv[1:3])
+d=json.load(open('$tmp/kld.json'))['steps']['perplexity']; n,C=d['tokens']['count'],d['context']
+want=sum(len(range((e-b)//2, e-b-1)) for b,e in [(b,min(n,b+C)) for b in range(0,n,C)] if e-b>=2)
+assert a['predictions']==want and a['scored'].startswith('second half'), (a['predictions'], want)
+ka,kc=a['results'][0]['llamacpp_kl_divergence'],c['results'][0]['llamacpp_kl_divergence']
+assert ka==kc, 'audit and compare differ'
+assert ka['predictions']==want and abs(ka['Mean KLD']['value'])<1e-9 and ka['Same top p']['value']==1.0, ka
+print('predictions', want, 'Mean KLD', ka['Mean KLD']['value'], 'RMS dp', ka['RMS Δp']['value'])" "$tmp/kld_audit.json" "$tmp/kld_cmp.json"
 rm -rf "$tmp"
 echo "$failures failed"
 [ "$failures" -eq 0 ]

@@ -12,6 +12,9 @@
 #    check of those semantics. gpt_oss_tiny_mxfp4.gguf: llama.cpp quantises
 #    the activations to Q8_0 for its MXFP4 dot products, far outside the
 #    f32 tolerances of the oracle (unfit), which the report shows.
+#  * llama-perplexity --kl-divergence's statistics: every figure it prints
+#    equals kvasir's perplexity step on the same token stream (its own base
+#    file's), llama.cpp's uint16 base rounding applied (tests/cli/llamacpp_kld_check.py).
 #  * a free-running node: routing agreement not measurable, steps it cannot
 #    provide (ops, drift, invariance) listed as not judged, never passed; the
 #    llama-cpp-python version and the settings in every capture.
@@ -113,6 +116,35 @@ check "gpt_oss_tiny_mxfp4.gguf: llama.cpp's Q8_0 activations for MXFP4 weights m
 import json,sys; d=json.load(open(sys.argv[1])); r=d['steps']['logits']['results'][0]['linf']['max']
 v=[x['verdict'] for x in d['nodes'] if x['verdict']!='reference'][0]
 print('linf', r, v); assert r > 1e-2 and v in ('unfit', 'unfit-sensitive'), (r, v)" "$tmp/gpt_oss_tiny_mxfp4.json"
+
+# --- llama-perplexity's statistics, same definitions -------------------------------------------
+# llama-perplexity scores llama_tiny.gguf on a text (F32 KV, no flash attention) and keeps its base file;
+# then, --kl-divergence, the defaults (flash attention on, F16 KV) against it, printing its statistics.
+# kvasir runs step 6 on the very token stream that base file holds (score second_half, base rounded as
+# the file rounds it: llamacpp-u16), both settings through llamacpp_node.py, and compare must print the
+# same figures to llama-perplexity's digits.
+lp="$lc/build/bin/llama-perplexity"
+python3 -c "
+import random; w=['the','of','and','model','node','audit','tensor','expert','router','layer','rope','cache']
+r=random.Random(7); print(' '.join(r.choice(w) for _ in range(600)))" >"$tmp/text.txt"
+m=fixtures/models/llama_tiny.gguf
+common=(-m $m -c 64 -b 64 -ub 64 -t 2)
+"$lp" "${common[@]}" -f "$tmp/text.txt" -fa off -ctk f32 -ctv f32 --kl-divergence-base "$tmp/base.kld" \
+  >"$tmp/lp_base.out" 2>"$tmp/lp_base.err"; rc=$?
+check "llama-perplexity writes its base file" test $rc -eq 0 -a -s "$tmp/base.kld"
+"$lp" "${common[@]}" -fa on -ctk f16 -ctv f16 --kl-divergence --kl-divergence-base "$tmp/base.kld" \
+  >"$tmp/lp_kld.out" 2>"$tmp/lp_kld.err"; rc=$?
+check "llama-perplexity --kl-divergence prints its statistics" grep -q "KL divergence statistics" "$tmp/lp_kld.out"
+python3 tests/cli/llamacpp_kld_check.py protocol "$tmp/base.kld" "$tmp" 1
+for cfg in "off f32 base" "on f16 cand"; do
+  set -- $cfg
+  "$py" scripts/llamacpp_node.py -p "$tmp/kld.json" --kvasir "$bin" -q -m $m -o "$tmp/kld_$3.safetensors" \
+    --flash-attn $1 --kv-type $2 --batch 64 --ubatch 64 --threads 2 --ctx 64
+done
+"$bin" compare -p "$tmp/kld.json" -r "llama.cpp:fa=off,kv=f32" "$tmp/kld_base.safetensors" "$tmp/kld_cand.safetensors" \
+  -o "$tmp/kld_cmp.json" >/dev/null 2>&1
+check "every figure llama-perplexity --kl-divergence printed equals kvasir's (perplexity step)" \
+  python3 tests/cli/llamacpp_kld_check.py compare "$tmp/lp_kld.out" "$tmp/kld_cmp.json" "llama.cpp:fa=on,kv=f16"
 
 # --- bad input: one line, exit 2 -------------------------------------------------------------
 for args in "-m nonexistent.gguf -o $tmp/x.safetensors" "-m fixtures/models/llama_tiny.gguf -o $tmp/x.safetensors --steps ops" \

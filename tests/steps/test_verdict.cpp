@@ -224,7 +224,21 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"count_integer_wrong_type", [](json& d) { d["tiers"]["tolerant"]["generate.first_divergence_min"]["value"] = 2.5; },
                 "/tiers/tolerant/generate.first_divergence_min/value", "expected an integer", true},
         BadCase{"top_k_above_experts", [](json& d) { d["steps"]["ops"]["shapes"]["top_k"] = 17; }, "/steps/ops/shapes/top_k",
-                "exceeds experts = 16", false}),
+                "exceeds experts = 16", false},
+        BadCase{"perplexity_score_unknown", [](json& d) { d["steps"]["perplexity"]["score"] = "first_half"; },
+                "/steps/perplexity/score", "must be \"all\" or \"second_half\"", true},
+        BadCase{"kl_divergence_rounding_unknown",
+                [](json& d) { d["steps"]["perplexity"]["kl_divergence"] = {{"base_rounding", "u8"}}; },
+                "/steps/perplexity/kl_divergence/base_rounding", "must be \"exact\" or \"llamacpp-u16\"", true},
+        BadCase{"kl_divergence_unknown_key",
+                [](json& d) { d["steps"]["perplexity"]["kl_divergence"] = {{"base_rounding", "exact"}, {"cut", 16}}; },
+                "/steps/perplexity/kl_divergence/cut", "unknown key", true},
+        BadCase{"second_half_tiny_window",
+                [](json& d) {
+                    d["steps"]["perplexity"]["score"] = "second_half";
+                    d["steps"]["perplexity"]["context"] = 3;
+                },
+                "/steps/perplexity/context", "at least 4 tokens", false}),
     [](const ::testing::TestParamInfo<BadCase>& param_info) { return std::string(param_info.param.name); });
 
 TEST(Protocol, FileLevelProblems) {

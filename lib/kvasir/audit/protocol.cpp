@@ -419,12 +419,26 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
     }
     if (steps.contains("perplexity")) {
         const std::string p = "/steps/perplexity";
-        const auto& g = r.object(steps["perplexity"], p, {"tokens", "context"});
+        const auto& g = r.object(steps["perplexity"], p, {"tokens", "context"}, {"score", "kl_divergence"});
         pr.perplexity.enabled = true;
         pr.perplexity.tokens = read_stream(r, g, "tokens", p, base_dir);
         if (pr.perplexity.tokens.count < 2)
             r.bad("/steps/perplexity/tokens/count", "needs at least 2 tokens (one predicted from another)");
         pr.perplexity.context = r.integer(g, "context", p, 1, kMaxTokens);
+        if (g.contains("score")) {
+            const std::string score = r.string(g, "score", p);
+            if (score != "all" && score != "second_half") r.bad(p + "/score", "must be \"all\" or \"second_half\"");
+            pr.perplexity.second_half = score == "second_half";
+            if (pr.perplexity.second_half && pr.perplexity.context < 4)
+                r.bad(p + "/context", "second_half scoring needs windows of at least 4 tokens");
+        }
+        if (g.contains("kl_divergence")) {
+            const auto& k = r.object(g.at("kl_divergence"), p + "/kl_divergence", {"base_rounding"});
+            pr.perplexity.kl_divergence = true;
+            pr.perplexity.base_rounding = r.string(k, "base_rounding", p + "/kl_divergence");
+            if (pr.perplexity.base_rounding != "exact" && pr.perplexity.base_rounding != "llamacpp-u16")
+                r.bad(p + "/kl_divergence/base_rounding", "must be \"exact\" or \"llamacpp-u16\"");
+        }
     }
     if (steps.contains("determinism")) {
         const auto& d = r.object(steps["determinism"], "/steps/determinism", {"repeats"});

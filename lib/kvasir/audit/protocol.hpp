@@ -179,6 +179,13 @@ struct PerplexityStep {
     bool enabled = false;
     TokenStream tokens;
     std::int64_t context = 64;  // window: each position is predicted from at most this many before it
+    // "score": "second_half" — only the predictions from position ⌊C/2⌋ of
+    // each window of C tokens on count (llama-perplexity's rule).
+    bool second_half = false;
+    // "kl_divergence": llama-perplexity's statistics against the reference
+    // (metrics/llamacpp_kld.hpp), the base rounded as its base file rounds it or not.
+    bool kl_divergence = false;
+    std::string base_rounding = "exact";
 };
 struct DeterminismStep {
     bool enabled = false;

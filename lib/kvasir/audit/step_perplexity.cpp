@@ -1,14 +1,22 @@
 // Step 6 as an audit step: perplexity over a token stream (steps/perplexity.hpp
 // explains the windows). Routing is pinned per window by the authority.
+// With "score": "second_half" only the predictions from position ⌊C/2⌋ of a
+// window of C tokens count (llama-perplexity's rule); with "kl_divergence"
+// the report adds llama-perplexity --kl-divergence's statistics against the
+// reference (metrics/llamacpp_kld.hpp).
 //
-// Tensors: perplexity.nll [predictions] (f64, window by window).
+// Tensors: perplexity.nll [P] (f64, the scored predictions window by window);
+// with kl_divergence also perplexity.logits [P, V] (the node's logits of each
+// scored prediction, its own float type) and perplexity.targets [P] (i32).
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/step.hpp"
 
 #include "kvasir/core/error.hpp"
+#include "kvasir/metrics/llamacpp_kld.hpp"
 #include "kvasir/metrics/metrics.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 
 namespace kvasir {
@@ -43,22 +51,55 @@ public:
 
     StepOutput collect(const StepEnv& env, Backend& node, const std::any& decisions, bool self) const override {
         const PerplexityDecision& ref = *std::any_cast<std::shared_ptr<const PerplexityDecision>>(decisions);
+        const PerplexityStep& ps = env.protocol->perplexity;
+        PerplexityPass own;
+        if (!self) own = run_perplexity_windows(node, *env.plan->perplexity, ref.windows, &ref.pass);
+        const PerplexityPass& pass = self ? ref.pass : own;
+        const auto& ids = env.plan->perplexity->tokens.ids;
+        // The scored predictions, window by window (the pass's nll holds all of them in that order).
+        std::vector<double> nll;
+        std::vector<std::int32_t> targets;
+        std::vector<std::pair<std::size_t, std::int64_t>> rows;  // (window, position)
+        std::size_t k = 0;
+        for (std::size_t w = 0; w < ref.windows.size(); ++w) {
+            const auto [b, e] = ref.windows[w];
+            const std::int64_t first = ps.second_half ? (e - b) / 2 : 0;
+            for (std::int64_t t = 0; t + 1 < e - b; ++t, ++k) {
+                if (t < first) continue;
+                nll.push_back(pass.nll.at(k));
+                targets.push_back(ids[static_cast<std::size_t>(b + t + 1)]);
+                rows.emplace_back(w, t);
+            }
+        }
         StepOutput out;
-        out.tensors.emplace("perplexity.nll", f64_tensor(self ? ref.pass.nll
-                                                              : run_perplexity_windows(node, *env.plan->perplexity,
-                                                                                       ref.windows, &ref.pass)
-                                                                    .nll));
+        out.tensors.emplace("perplexity.nll", f64_tensor(nll));
+        if (ps.kl_divergence) {
+            const Tensor& l0 = pass.logits.at(0);
+            const std::int64_t V = l0.shape().at(1);
+            const std::size_t row_bytes = static_cast<std::size_t>(V) * dtype_size(l0.dtype());
+            Tensor logits(l0.dtype(), {static_cast<std::int64_t>(rows.size()), V});
+            for (std::size_t r = 0; r < rows.size(); ++r)
+                std::memcpy(static_cast<std::byte*>(logits.raw()) + r * row_bytes,
+                            static_cast<const std::byte*>(pass.logits[rows[r].first].raw()) +
+                                static_cast<std::size_t>(rows[r].second) * row_bytes,
+                            row_bytes);
+            out.tensors.emplace("perplexity.logits", std::move(logits));
+            out.tensors.emplace("perplexity.targets", i32_tensor(targets));
+        }
         return out;
     }
 
-    nlohmann::ordered_json compare(const Protocol&, const StepNodes& in, Ledger& led, AuditReport&) const override {
+    nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
         const NodeOutputs& ref = *in.nodes[in.reference];
         const std::vector<double> rn = double_vector(ref.view("perplexity.nll"));
         const double ref_ppl = perplexity_from_nll(rn);
         nlohmann::ordered_json j;
         j["reference"] = ref.node();
         j["predictions"] = rn.size();
+        j["scored"] = p.perplexity.second_half ? "second half of each window (llama-perplexity)" : "every prediction";
         j["reference_perplexity"] = json_double(ref_ppl);
+        const bool kld = p.perplexity.kl_divergence;
+        if (kld) j["kl_divergence_base_rounding"] = p.perplexity.base_rounding;
         j["results"] = for_each_candidate(in, led, "perplexity", [&](std::size_t i) {
             const NodeOutputs& c = *in.nodes[i];
             const std::vector<double> cn = double_vector(c.view("perplexity.nll"));
@@ -68,6 +109,15 @@ public:
             led.measure(i, "perplexity", "perplexity.ratio_max", std::abs(ratio - 1.0));
             nlohmann::ordered_json e{{"node", c.node()}, {"perplexity", json_double(ppl)}, {"ratio", json_double(ratio)}};
             if (in.free_running[i]) e["free_running"] = true;  // its own router in every window
+            if (kld) {
+                const std::vector<std::int32_t> rt = int_vector(ref.view("perplexity.targets")),
+                                                ct = int_vector(c.view("perplexity.targets"));
+                KVASIR_CHECK(rt == ct, ErrorCode::bad_input, "{}: its perplexity targets differ from the reference's",
+                             c.origin());
+                e["llamacpp_kl_divergence"] =
+                    to_json(llamacpp_kl_divergence(ref.view("perplexity.logits"), c.view("perplexity.logits"), rt,
+                                                   parse_base_rounding(p.perplexity.base_rounding)));
+            }
             return e;
         });
         return j;

@@ -686,7 +686,33 @@ std::string perplexity_section(const AuditReport& r) {
         o += num_td(ppl, fmt::format("{:.6g}", ppl)) + num_td(ratio, fmt::format("{:.9f}", ratio)) +
              num_td(std::abs(ratio - 1), fmt_sci(std::abs(ratio - 1))) + "</tr>\n";
     }
-    o += "</tbody></table>\n</section>\n";
+    o += "</tbody></table>\n";
+    // llama-perplexity --kl-divergence's figures, under its names (metrics/llamacpp_kld.hpp).
+    bool any_kld = false;
+    for (const Json& e : res) any_kld = any_kld || field(e, "llamacpp_kl_divergence") != nullptr;
+    if (any_kld) {
+        o += fmt::format("<p class=\"note\">llama-perplexity <code>--kl-divergence</code> statistics against the reference, its "
+                         "definitions (base rounding: {}).</p>\n",
+                         h(text(step, "kl_divergence_base_rounding")));
+        o += "<table class=\"sortable\"><thead><tr><th>node</th><th>Mean KLD</th><th>99.0% KLD</th><th>Maximum KLD</th>"
+             "<th>RMS Δp</th><th>Same top p</th><th>Mean ln(PPL(Q)/PPL(base))</th></tr></thead><tbody>\n";
+        const auto pm = [](const Json& k, const char* key, double scale, const char* unit) {
+            const Json* f = field(k, key);
+            if (f == nullptr) return std::string("<td>—</td>");
+            return fmt::format("<td class=\"num\">{:.6g} ± {:.2g}{}</td>", scale * number(*f, "value"),
+                               scale * number(*f, "uncertainty"), unit);
+        };
+        for (const Json& e : res) {
+            const Json* k = field(e, "llamacpp_kl_divergence");
+            if (k == nullptr) continue;
+            o += fmt::format("<tr><td><code>{}</code></td>", h(text(e, "node"))) + pm(*k, "Mean KLD", 1, "") +
+                 num_td(number(*k, "99.0% KLD"), fmt_sci(number(*k, "99.0% KLD"))) +
+                 num_td(number(*k, "Maximum KLD"), fmt_sci(number(*k, "Maximum KLD"))) + pm(*k, "RMS Δp", 100, " %") +
+                 pm(*k, "Same top p", 100, " %") + pm(*k, "Mean ln(PPL(Q)/PPL(base))", 1, "") + "</tr>\n";
+        }
+        o += "</tbody></table>\n";
+    }
+    o += "</section>\n";
     return o;
 }
 
