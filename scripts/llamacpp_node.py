@@ -130,6 +130,7 @@ class LlamaCpp:
         lc.llama_backend_init()
         mp = lc.llama_model_default_params()
         mp.n_gpu_layers = args.gpu_layers
+        mp.use_extra_bufts = not args.no_repack  # llama.cpp's -nr/--no-repack: weights as stored, no CPU repacking
         self.model = lc.llama_model_load_from_file(str(model_path).encode(), mp)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {model_path}")
@@ -304,6 +305,8 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=2048, help="logical batch n_batch (default 2048, llama.cpp's)")
     ap.add_argument("--ubatch", type=int, default=512, help="physical batch n_ubatch (default 512, llama.cpp's)")
     ap.add_argument("--ctx", type=int, default=0, help="context size (default: the longest sequence the protocol needs)")
+    ap.add_argument("--no-repack", action="store_true",
+                    help="keep the weights as stored (llama.cpp's --no-repack: no CPU repacking into interleaved blocks)")
     ap.add_argument("--steps", help="comma-separated subset of the protocol's logits,decide,generate,perplexity,determinism")
     ap.add_argument("--reference-capture", help="the oracle's capture (kvasir-equiv capture -b cpu-ref): its greedy "
                                                 "tokens teacher-force generation (generate.pinned_own)")
@@ -387,7 +390,7 @@ def main(argv=None):
 
     settings = {"flash_attn": args.flash_attn, "type_k": args.kv_type, "type_v": args.kv_type,
                 "n_threads": args.threads, "n_gpu_layers": args.gpu_layers, "n_batch": args.batch,
-                "n_ubatch": min(args.ubatch, args.batch), "n_ctx": n_ctx}
+                "n_ubatch": min(args.ubatch, args.batch), "n_ctx": n_ctx, "repack": not args.no_repack}
     caps = {
         "node": name,
         "backend": "llama.cpp",

@@ -2,12 +2,12 @@
 # llama.cpp for the tests that run it for real (tests/cli/test_llamacpp_node.sh):
 # the llama-cpp-python sdist from PyPI, its vendored llama.cpp built once with
 # CMake into $KVASIR_BUILD_DIR/llamacpp/build (the shared libraries and the
-# llama-perplexity tool), and the llama-cpp-python package installed into the
+# llama-perplexity and llama-quantize tools), and the llama-cpp-python package installed into the
 # venv $KVASIR_BUILD_DIR/llamacpp/venv against those libraries
 # (LLAMA_CPP_LIB_PATH). One build serves both the Python node
-# (scripts/llamacpp_node.py) and llama-perplexity; a user on a phone or a GPU
+# (scripts/llamacpp_node.py), llama-perplexity and llama-quantize; a user on a phone or a GPU
 # box just runs `pip install llama-cpp-python`, which builds the same sources.
-# Reused between runs: a stamp names the version it was built from.
+# Reused between runs: a stamp names the version and build it was made from.
 #
 #   scripts/setup_llamacpp.sh            (sourced by scripts/test; also runnable alone)
 set -euo pipefail
@@ -15,10 +15,11 @@ set -euo pipefail
 KVASIR_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 KVASIR_BUILD_DIR="${KVASIR_BUILD_DIR:-$KVASIR_ROOT/build}"
 KVASIR_LLAMACPP_PYTHON_VERSION=0.3.36
+KVASIR_LLAMACPP_BUILD=2  # bump when the build changes (targets, options): the stamp names both
 
 kvasir_setup_llamacpp() {
   local dir="$KVASIR_BUILD_DIR/llamacpp"
-  local stamp="$dir/ready-$KVASIR_LLAMACPP_PYTHON_VERSION"
+  local stamp="$dir/ready-$KVASIR_LLAMACPP_PYTHON_VERSION-$KVASIR_LLAMACPP_BUILD"
   [ -f "$stamp" ] && return 0
   local log="$dir/setup.log"
   mkdir -p "$dir"
@@ -35,10 +36,10 @@ kvasir_setup_llamacpp() {
     cmake -S "$dir/src/vendor/llama.cpp" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON
-    cmake --build "$dir/build" --target llama llama-perplexity --parallel "$(nproc)"
+    cmake --build "$dir/build" --target llama llama-perplexity llama-quantize --parallel "$(nproc)"
     # The package's Python side only: its libraries are the ones just built.
     CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$dir/venv/bin/pip" install -q \
-      "$dir/sdist/llama_cpp_python-$KVASIR_LLAMACPP_PYTHON_VERSION.tar.gz" numpy
+      "$dir/sdist/llama_cpp_python-$KVASIR_LLAMACPP_PYTHON_VERSION.tar.gz" numpy gguf==0.19.0
     LLAMA_CPP_LIB_PATH="$dir/build/bin" "$dir/venv/bin/python" -c "import llama_cpp; print(llama_cpp.__version__)"
   } >"$log" 2>&1 || {
     tail -40 "$log" >&2

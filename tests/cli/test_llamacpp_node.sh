@@ -9,12 +9,15 @@
 #  * gpt_oss_tiny.gguf (F32 experts): llama.cpp's gpt-oss graph (sinks,
 #    sliding layers, yarn, clamped SwiGLU) agrees with kvasir's reading of the
 #    GGUF (swiglu limit 7, floored/ceiled yarn range) to ~1e-5: an independent
-#    check of those semantics. gpt_oss_tiny_mxfp4.gguf: llama.cpp quantises
-#    the activations to Q8_0 for its MXFP4 dot products, far outside the
-#    f32 tolerances of the oracle (unfit), which the report shows.
+#    check of those semantics. gpt_oss_tiny_mxfp4.gguf: llama.cpp's logits are
+#    far outside the oracle's f32 tolerances there (unfit), which the report
+#    shows (README: Q8_0 activations explain part of it).
 #  * llama-perplexity --kl-divergence's statistics: every figure it prints
 #    equals kvasir's perplexity step on the same token stream (its own base
 #    file's), llama.cpp's uint16 base rounding applied (tests/cli/llamacpp_kld_check.py).
+#  * cpu:qdot=llamacpp (activations as llama.cpp's CPU backend quantises them)
+#    reproduces llama.cpp's Q8_0 and Q6_K logits ~1e5 times closer than either
+#    is to the f64 oracle (GGUFs quantised by llama-quantize).
 #  * a free-running node: routing agreement not measurable, steps it cannot
 #    provide (ops, drift, invariance) listed as not judged, never passed; the
 #    llama-cpp-python version and the settings in every capture.
@@ -112,7 +115,7 @@ n=[x for x in d['nodes'] if x['verdict']!='reference'][0]
 print('linf', r); assert r < 1e-4, r
 assert 'exposes no expert choices' in n['not_measurable']['decide.routing_agreement_min'], n['not_measurable']
 assert d['steps']['generate']['results'][0]['teacher_forced_divergences'] == 0, d['steps']['generate']" "$tmp/gpt_oss_tiny.json"
-check "gpt_oss_tiny_mxfp4.gguf: llama.cpp's Q8_0 activations for MXFP4 weights move the logits far past f32 (unfit)" python3 -c "
+check "gpt_oss_tiny_mxfp4.gguf: llama.cpp's MXFP4 arithmetic moves the logits far past f32 (unfit)" python3 -c "
 import json,sys; d=json.load(open(sys.argv[1])); r=d['steps']['logits']['results'][0]['linf']['max']
 v=[x['verdict'] for x in d['nodes'] if x['verdict']!='reference'][0]
 print('linf', r, v); assert r > 1e-2 and v in ('unfit', 'unfit-sensitive'), (r, v)" "$tmp/gpt_oss_tiny_mxfp4.json"
@@ -145,6 +148,35 @@ done
   -o "$tmp/kld_cmp.json" >/dev/null 2>&1
 check "every figure llama-perplexity --kl-divergence printed equals kvasir's (perplexity step)" \
   python3 tests/cli/llamacpp_kld_check.py compare "$tmp/lp_kld.out" "$tmp/kld_cmp.json" "llama.cpp:fa=on,kv=f16"
+
+# --- cpu:qdot=llamacpp: llama.cpp's quantised arithmetic as a cpu variant -----------------------------
+# A random dense llama wide enough for k-quants (every row a multiple of 256), made with the gguf package,
+# quantised by llama-quantize --pure; llama_tiny.gguf quantised to Q8_0. On each: logits of llama.cpp
+# (F32 KV, no flash attention), of cpu:qdot=llamacpp and of cpu-ref on the first 8 positions; qdot must
+# agree with llama.cpp at least 100 times better than either agrees with the oracle (qdot_check.py).
+q8="$tmp/q.json"
+python3 -c "
+import json,os,sys; d=json.load(open('$ci')); d['id']='qdot'
+lg=d['steps']['logits']; lg['tokens']['path']=os.path.abspath(os.path.join('protocols', lg['tokens']['path'])); lg['tokens']['count']=8
+d['steps']={'logits': lg}
+d['tiers']={t:{k:v for k,v in d['tiers'][t].items() if k.startswith('logits.')} for t in d['tiers']}
+json.dump(d, open(sys.argv[1],'w'))" "$q8"
+"$py" tests/cli/make_dense_gguf.py fixtures/models/llama_tiny.gguf "$tmp/dense.gguf"
+quant="$lc/build/bin/llama-quantize"
+for t in Q8_0 Q6_K Q4_K; do "$quant" --pure "$tmp/dense.gguf" "$tmp/dense.$t.gguf" $t >/dev/null 2>&1; done
+"$quant" fixtures/models/llama_tiny.gguf "$tmp/llama_tiny.Q8_0.gguf" Q8_0 >/dev/null 2>&1
+echo "| GGUF | llama.cpp vs cpu-ref | cpu:qdot=llamacpp vs cpu-ref | cpu:qdot=llamacpp vs llama.cpp |"
+for g in dense.Q8_0 dense.Q6_K llama_tiny.Q8_0 dense.Q4_K; do
+  m="$tmp/$g.gguf"
+  "$bin" capture -p "$q8" -m "$m" -b cpu-ref -o "$tmp/qr.safetensors" >/dev/null 2>&1
+  "$bin" capture -p "$q8" -m "$m" -b cpu:qdot=llamacpp -o "$tmp/qq.safetensors" >/dev/null 2>&1
+  "$py" scripts/llamacpp_node.py -p "$q8" --kvasir "$bin" -q -m "$m" -o "$tmp/ql.safetensors" --flash-attn off --kv-type f32
+  "$py" tests/cli/qdot_check.py "$g.gguf" "$tmp/qr.safetensors" "$tmp/ql.safetensors" "$tmp/qq.safetensors"; rc=$?
+  # Q4_K is reported, not asserted: from position 1 on llama.cpp differs from the dequantised-weights x
+  # Q8_K-activations product by ~2e-2 when the token embedding and the layers are both Q4_K (each Q4_K tensor
+  # alone agrees to 4e-7), a cause not found yet (README, #17).
+  [ $g = dense.Q4_K ] || check "cpu:qdot=llamacpp reproduces llama.cpp's $g arithmetic (>= 100x closer than to cpu-ref)" test $rc -eq 0
+done
 
 # --- bad input: one line, exit 2 -------------------------------------------------------------
 for args in "-m nonexistent.gguf -o $tmp/x.safetensors" "-m fixtures/models/llama_tiny.gguf -o $tmp/x.safetensors --steps ops" \

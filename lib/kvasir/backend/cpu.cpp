@@ -3,6 +3,7 @@
 #include "kernels/cpu/f16_round.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "kvasir/backend/cpu_backends.hpp"
+#include "kvasir/backend/llamacpp_activations.hpp"
 #include "kvasir/core/error.hpp"
 
 #include <omp.h>
@@ -72,18 +73,26 @@ public:
                 KVASIR_CHECK(end != value.c_str() && *end == '\0' && n >= 1 && n <= 1024, ErrorCode::bad_input,
                              "backend '{}': threads must be an integer in 1..1024, not '{}'", spec.canonical(), value);
                 threads = static_cast<int>(n);
+            } else if (key == "qdot") {
+                KVASIR_CHECK(value == "llamacpp" || value == "off", ErrorCode::bad_input,
+                             "backend '{}': qdot must be llamacpp or off, not '{}'", spec.canonical(), value);
+                qdot_ = value == "llamacpp";
             } else if (key == "split_k") {
                 KVASIR_CHECK(value == "shape" || value == "off", ErrorCode::bad_input,
                              "backend '{}': split_k must be shape or off, not '{}'", spec.canonical(), value);
                 split_k_ = value == "shape";
             } else {
                 fail(ErrorCode::bad_input,
-                     "backend '{}': unknown option '{}' (cpu takes storage=, acc=, threads=, split_k=)", spec.canonical(),
+                     "backend '{}': unknown option '{}' (cpu takes storage=, acc=, threads=, split_k=, qdot=)", spec.canonical(),
                      key);
             }
         }
         KVASIR_CHECK(!split_k_ || (caps_.storage == DType::f32 && caps_.accumulation == DType::f32), ErrorCode::bad_input,
                      "backend '{}': split_k=shape is an f32 variant (no storage= or acc= with it)", spec.canonical());
+        KVASIR_CHECK(!qdot_ || (caps_.storage == DType::f32 && caps_.accumulation == DType::f32 && !split_k_),
+                     ErrorCode::bad_input,
+                     "backend '{}': qdot=llamacpp is llama.cpp's f32 arithmetic (no storage=, acc= or split_k= with it)",
+                     spec.canonical());
         avx2_ = kernels::cpu_has_avx2_fma();
         BackendSpec canonical;
         canonical.name = "cpu";
@@ -91,6 +100,7 @@ public:
         if (caps_.accumulation != DType::f32) canonical.options["acc"] = dtype_name(caps_.accumulation);
         if (spec.options.count("threads") != 0) canonical.options["threads"] = std::to_string(threads);
         if (split_k_) canonical.options["split_k"] = "shape";
+        if (qdot_) canonical.options["qdot"] = "llamacpp";
         caps_.node = canonical.canonical();
         caps_.backend = "cpu";
         caps_.device = host_cpu_description();
@@ -104,6 +114,9 @@ public:
             caps_.extra.emplace_back("split_k", fmt::format("the K reduction is split in {} partial sums when x has fewer "
                                                             "than {} rows (a shape heuristic, as BLAS libraries choose)",
                                                             kSplitKParts, kSplitKRows));
+        if (qdot_)
+            caps_.extra.emplace_back("qdot", "llama.cpp's CPU dot products: activations quantised to Q8_0 / Q8_K (or "
+                                             "rounded to f16 / bf16) for the weight's stored format, as its vec_dot_type");
     }
 
     const Capabilities& capabilities() const override { return caps_; }
@@ -111,6 +124,10 @@ public:
     Tensor matmul(const TensorView& x, const TensorView& w) override {
         check_matmul_args(x, w);
         if (split_k_ && rows_of(x) < kSplitKRows && w.dim(1) >= 2 * kSplitKParts) return split_k_matmul(x, w);
+        if (qdot_) {
+            const WeightOrigin origin = weight_origin_of(w);
+            if (origin != WeightOrigin::none) return whole_matmul(llamacpp_activations(x, origin).view(), w);
+        }
         return whole_matmul(x, w);
     }
 
@@ -417,6 +434,7 @@ private:
     Capabilities caps_;
     bool avx2_ = false;
     bool split_k_ = false;
+    bool qdot_ = false;  // qdot=llamacpp (llamacpp_activations.hpp)
 };
 
 }  // namespace

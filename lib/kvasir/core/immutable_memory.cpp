@@ -13,6 +13,7 @@ namespace {
 struct Region {
     std::uintptr_t end;
     std::uint64_t id;
+    WeightOrigin origin;
 };
 
 struct Registry {
@@ -31,7 +32,7 @@ std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(
 
 }  // namespace
 
-ImmutableRegistration::ImmutableRegistration(const void* data, std::size_t size) {
+ImmutableRegistration::ImmutableRegistration(const void* data, std::size_t size, WeightOrigin origin) {
     if (data == nullptr || size == 0) return;
     Registry& r = registry();
     const std::lock_guard lock(r.mutex);
@@ -42,7 +43,7 @@ ImmutableRegistration::ImmutableRegistration(const void* data, std::size_t size)
     KVASIR_CHECK(!overlaps_next && !overlaps_prev, ErrorCode::internal,
                  "immutable memory [{:#x}, {:#x}) overlaps a live registration", start, end);
     id_ = r.next_id++;
-    r.by_start.emplace(start, Region{end, id_});
+    r.by_start.emplace(start, Region{end, id_, origin});
 }
 
 ImmutableRegistration::ImmutableRegistration(ImmutableRegistration&& other) noexcept
@@ -79,7 +80,7 @@ std::optional<ImmutableSpan> find_immutable(const void* data, std::size_t bytes)
     if (it == r.by_start.begin()) return std::nullopt;
     --it;
     if (start + bytes > it->second.end || start + bytes < start) return std::nullopt;
-    return ImmutableSpan{it->second.id, static_cast<std::size_t>(start - it->first)};
+    return ImmutableSpan{it->second.id, static_cast<std::size_t>(start - it->first), it->second.origin};
 }
 
 }  // namespace kvasir

@@ -22,10 +22,23 @@
 
 namespace kvasir {
 
+// What registered bytes were expanded from, when the model expanded them
+// (dequantised GGUF blocks, MXFP4 experts): the family of the stored format
+// as llama.cpp's CPU backend pairs it with activations for its dot products
+// (cpu:qdot=llamacpp). `none`: the bytes are the checkpoint's own.
+enum class WeightOrigin : std::uint8_t {
+    none,
+    f16,            // F16 stored (activations rounded to f16)
+    bf16,           // BF16 stored (activations rounded to bf16)
+    blocks_q8_0,    // 32-value blocks whose dot takes Q8_0/Q8_1 activations (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4)
+    superblocks_q8_k,  // 256-value k-quants whose dot takes Q8_K activations (Q2_K … Q6_K)
+};
+
 // Where a byte range lies in registered memory.
 struct ImmutableSpan {
     std::uint64_t region = 0;  // the registration's id, never reused in this process
     std::size_t offset = 0;    // of the range's first byte from the registration's start
+    WeightOrigin origin = WeightOrigin::none;
 };
 
 // Registers [data, data + size) for the life of this object; move-only.
@@ -34,7 +47,7 @@ struct ImmutableSpan {
 class ImmutableRegistration {
 public:
     ImmutableRegistration() = default;
-    ImmutableRegistration(const void* data, std::size_t size);
+    ImmutableRegistration(const void* data, std::size_t size, WeightOrigin origin = WeightOrigin::none);
     ImmutableRegistration(ImmutableRegistration&& other) noexcept;
     ImmutableRegistration& operator=(ImmutableRegistration&& other) noexcept;
     ImmutableRegistration(const ImmutableRegistration&) = delete;

@@ -71,6 +71,21 @@ void check_shape(const std::string& file, const std::string& name, const Shape& 
                  file, name, shape_str(found), shape_str(expected));
 }
 
+// The family of a GGUF storage type as llama.cpp's CPU backend pairs it with
+// activations (its vec_dot_type): F16/BF16 activations for F16/BF16 weights,
+// Q8_0/Q8_1 for the 32-value block formats, Q8_K for the k-quants.
+WeightOrigin weight_origin(GgmlType type) {
+    switch (type) {
+        case GgmlType::F16: return WeightOrigin::f16;
+        case GgmlType::BF16: return WeightOrigin::bf16;
+        case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1:
+        case GgmlType::MXFP4: return WeightOrigin::blocks_q8_0;
+        case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+            return WeightOrigin::superblocks_q8_k;
+        default: return WeightOrigin::none;
+    }
+}
+
 [[noreturn]] void missing(const std::string& file, const std::string& name) {
     fail(ErrorCode::bad_input, "{}: missing tensor {}", file, name);
 }
@@ -377,7 +392,9 @@ struct Model::Impl {
     LayerWeights load_st(std::int64_t l) const;
     // gpt_oss experts → w.experts in kvasir's layout (owned copies).
     void load_gpt_oss_experts(const LayerTensorNames& n, LayerWeights& w) const;
-    TensorView keep(Tensor t) const;  // an owned copy, registered immutable for the model's life
+    // An owned copy, registered immutable for the model's life, with what it
+    // was expanded from (cpu:qdot=llamacpp reads it).
+    TensorView keep(Tensor t, WeightOrigin origin = WeightOrigin::none) const;
     LayerWeights load_gguf(std::int64_t l) const;
     void check_present() const;
 };
@@ -401,7 +418,7 @@ TensorView Model::Impl::resolve_gguf(const std::string& name) const {
     } else {
         copy = dequantize(*t);  // quantised, or a misaligned F32/F16/BF16 (widened exactly)
     }
-    return keep(std::move(copy));
+    return keep(std::move(copy), weight_origin(t->type));
 }
 
 TensorView Model::Impl::resolve(const std::string& name, const Shape& expected) const {
@@ -474,10 +491,10 @@ void Model::Impl::check_present() const {
         if (gg->find_tensor(n) == nullptr) missing(label, n);
 }
 
-TensorView Model::Impl::keep(Tensor t) const {
+TensorView Model::Impl::keep(Tensor t, WeightOrigin origin) const {
     owned_bytes += t.nbytes();
     owned.push_back(std::move(t));
-    owned_registrations.emplace_back(owned.back().raw(), owned.back().nbytes());
+    owned_registrations.emplace_back(owned.back().raw(), owned.back().nbytes(), origin);
     return owned.back().view();
 }
 
@@ -516,8 +533,9 @@ void Model::Impl::load_gpt_oss_experts(const LayerTensorNames& n, LayerWeights& 
             Tensor gate(DType::f32, {I, H}), up(DType::f32, {I, H}), down(DType::f32, {H, I});
             for (std::int64_t r = 0; r < 2 * I; ++r) gu.row(e * 2 * I + r, (r % 2 == 0 ? gate : up).as<float>() + (r / 2) * H);
             for (std::int64_t h = 0; h < H; ++h) dn.row(e * H + h, down.as<float>() + h * I);
-            w.experts.push_back({keep(std::move(gate)), keep(std::move(up)), keep(std::move(down)), bias_half(e, 0),
-                                 bias_half(e, 1), slice0(dnb, e), act});
+            constexpr WeightOrigin mx = WeightOrigin::blocks_q8_0;  // MXFP4: 32-value blocks
+            w.experts.push_back({keep(std::move(gate), mx), keep(std::move(up), mx), keep(std::move(down), mx),
+                                 bias_half(e, 0), bias_half(e, 1), slice0(dnb, e), act});
         }
         return;
     }
