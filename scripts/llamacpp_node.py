@@ -369,24 +369,19 @@ def main(argv=None):
     t0 = time.perf_counter()
     try:
         node = LlamaCpp(args.model, args, n_ctx)
+        try:
+            log(f"{TOOL}: {doc.get('id')} v{doc.get('version')} on {args.model} ({node.desc}), llama-cpp-python "
+                f"{node.version}, flash attention {args.flash_attn}, KV {args.kv_type}, {args.threads} threads, "
+                f"n_ctx {n_ctx}")
+            tensors = run_steps(doc, args.protocol, node, wanted, reference, log)
+        finally:
+            node.close()
     except UsageError as e:
         print(f"{TOOL}: {e}", file=sys.stderr)
         return 2
-    except RuntimeError as e:
+    except RuntimeError as e:  # llama.cpp itself failed
         print(f"{TOOL}: {e}", file=sys.stderr)
         return 3
-    log(f"{TOOL}: {doc.get('id')} v{doc.get('version')} on {args.model} ({node.desc}), llama-cpp-python "
-        f"{node.version}, flash attention {args.flash_attn}, KV {args.kv_type}, {args.threads} threads, n_ctx {n_ctx}")
-    try:
-        tensors = run_steps(doc, args.protocol, node, wanted, reference, log)
-    except UsageError as e:
-        print(f"{TOOL}: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:
-        print(f"{TOOL}: {e}", file=sys.stderr)
-        return 3
-    finally:
-        node.close()
 
     settings = {"flash_attn": args.flash_attn, "type_k": args.kv_type, "type_v": args.kv_type,
                 "n_threads": args.threads, "n_gpu_layers": args.gpu_layers, "n_batch": args.batch,

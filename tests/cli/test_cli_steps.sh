@@ -65,14 +65,8 @@ expect_usage_error "--threshold must be > 0" drift --threshold -1
 expect_usage_error "--context must be in 2..65536" perplexity --context 1
 # Step 6 scored as llama-perplexity scores (second half of each window) with its --kl-divergence statistics:
 # audit and capture + compare agree, the counts are the windows' second halves, f32 vs the oracle is tiny.
-python3 -c "
-import json,os; d=json.load(open('protocols/ci.json')); d['id']='ci-kld'; d['model']=os.path.abspath(os.path.join('protocols', d['model']))
-for s in d['steps'].values():
-    for k in ('tokens','prompt'):
-        if isinstance(s,dict) and isinstance(s.get(k),dict): s[k]['path']=os.path.abspath(os.path.join('protocols', s[k]['path']))
-d['steps']={'perplexity': dict(d['steps']['perplexity'], score='second_half', kl_divergence={'base_rounding': 'exact'})}
-d['tiers']={t:{'perplexity.ratio_max': d['tiers'][t]['perplexity.ratio_max']} for t in d['tiers']}
-json.dump(d, open('$tmp/kld.json','w'))"
+python3 tests/cli/protocol_variant.py protocols/ci.json "$tmp/kld.json" ci-kld --steps perplexity \
+  --set 'perplexity.score="second_half"' --set 'perplexity.kl_divergence={"base_rounding": "exact"}'
 "$bin" audit -p "$tmp/kld.json" -b cpu-ref,cpu --in-process -o "$tmp/kld_audit.json" >/dev/null 2>&1
 "$bin" capture -p "$tmp/kld.json" -b cpu-ref -o "$tmp/kr.safetensors" >/dev/null 2>&1
 "$bin" capture -p "$tmp/kld.json" -b cpu -o "$tmp/kc.safetensors" >/dev/null 2>&1

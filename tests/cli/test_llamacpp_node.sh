@@ -85,15 +85,8 @@ assert json.loads(meta['not_captured']).keys() >= {'ops','drift','invariance'}, 
 # ci.json with teacher forcing on (and its criterion in both tiers): llama.cpp is fed the oracle's tokens
 # from the oracle's capture (--reference-capture).
 tf="$tmp/tf.json"
-python3 -c "
-import json,os,sys; d=json.load(open('$ci')); d['id']='ci-teacher-forced'
-for s in d['steps'].values():
-    for k in ('tokens','prompt'):
-        if isinstance(s,dict) and isinstance(s.get(k),dict): s[k]['path']=os.path.abspath(os.path.join('protocols', s[k]['path']))
-d['steps']['generate']['teacher_forcing']=True
-d['tiers']['sensitive']['generate.divergences_max']={'value':0,'why':'test'}
-d['tiers']['tolerant']['generate.divergences_max']={'value':2,'why':'test'}
-json.dump(d, open(sys.argv[1],'w'))" "$tf"
+python3 tests/cli/protocol_variant.py $ci "$tf" ci-teacher-forced --set generate.teacher_forcing=true \
+  --tier generate.divergences_max=0
 for g in gpt_oss_tiny gpt_oss_tiny_mxfp4; do
   m=fixtures/models/$g.gguf
   "$bin" capture -p "$tf" -m $m -b cpu-ref -o "$tmp/$g.ref.safetensors" >/dev/null 2>&1
@@ -155,12 +148,7 @@ check "every figure llama-perplexity --kl-divergence printed equals kvasir's (pe
 # (F32 KV, no flash attention), of cpu:qdot=llamacpp and of cpu-ref on the first 8 positions; qdot must
 # agree with llama.cpp at least 100 times better than either agrees with the oracle (qdot_check.py).
 q8="$tmp/q.json"
-python3 -c "
-import json,os,sys; d=json.load(open('$ci')); d['id']='qdot'
-lg=d['steps']['logits']; lg['tokens']['path']=os.path.abspath(os.path.join('protocols', lg['tokens']['path'])); lg['tokens']['count']=8
-d['steps']={'logits': lg}
-d['tiers']={t:{k:v for k,v in d['tiers'][t].items() if k.startswith('logits.')} for t in d['tiers']}
-json.dump(d, open(sys.argv[1],'w'))" "$q8"
+python3 tests/cli/protocol_variant.py $ci "$q8" qdot --steps logits --set logits.tokens.count=8
 "$py" tests/cli/make_dense_gguf.py fixtures/models/llama_tiny.gguf "$tmp/dense.gguf"
 quant="$lc/build/bin/llama-quantize"
 for t in Q8_0 Q6_K Q4_K; do "$quant" --pure "$tmp/dense.gguf" "$tmp/dense.$t.gguf" $t >/dev/null 2>&1; done

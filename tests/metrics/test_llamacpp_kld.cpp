@@ -31,15 +31,15 @@ TEST(LlamaCppKld, TwoPredictionsByHand) {
     EXPECT_EQ(k.count, 2);
     EXPECT_NEAR(k.kld.value, kl0 / 2, 1e-15);
     EXPECT_EQ(k.kld.uncertainty, 0.0);  // n <= 10: llama.cpp reports no uncertainty
-    EXPECT_NEAR(k.kld_max, kl0, 1e-15);
-    EXPECT_NEAR(k.kld_min, 0.0, 1e-15);
-    EXPECT_NEAR(k.kld_median, kl0 / 2, 1e-15);         // even count: mean of the middle two
-    EXPECT_NEAR(k.kld_p99, 0.99 * kl0, 1e-15);         // p = 0.99·(n − 1), linear between the two
-    EXPECT_NEAR(k.kld_p10, 0.10 * kl0, 1e-15);
+    EXPECT_NEAR(k.kld_spread.max, kl0, 1e-15);
+    EXPECT_NEAR(k.kld_spread.min, 0.0, 1e-15);
+    EXPECT_NEAR(k.kld_spread.median, kl0 / 2, 1e-15);         // even count: mean of the middle two
+    EXPECT_NEAR(k.kld_spread.p99, 0.99 * kl0, 1e-15);         // p = 0.99·(n − 1), linear between the two
+    EXPECT_NEAR(k.kld_spread.p10, 0.10 * kl0, 1e-15);
     // Δp of the targets: 1/2 − 3/4 and 0.
     const double p_b1 = std::exp(1.0) / (std::exp(1.0) + std::exp(2.0));
-    EXPECT_NEAR(k.dp_min, -0.25, 1e-15);
-    EXPECT_NEAR(k.dp_max, 0.0, 1e-15);
+    EXPECT_NEAR(k.dp_spread.min, -0.25, 1e-15);
+    EXPECT_NEAR(k.dp_spread.max, 0.0, 1e-15);
     EXPECT_NEAR(k.dp.value, -0.125, 1e-15);
     EXPECT_NEAR(k.dp_rms.value, std::sqrt(0.0625 / 2), 1e-15);
     // Same top: prediction 0's candidate ties (first maximum: token 0), the base's top is 1; prediction 1 agrees.
@@ -126,7 +126,7 @@ TEST(LlamaCppKld, BadInputIsRefusedAndNaNPropagates) {
     const Tensor n = rows({{0.0, std::numeric_limits<double>::quiet_NaN()}, {1.0, 0.0}});
     const LlamaCppKld k = llamacpp_kl_divergence(a.view(), n.view(), {0, 1}, BaseRounding::exact);
     EXPECT_TRUE(std::isnan(k.kld.value));
-    EXPECT_TRUE(std::isnan(k.kld_max));
+    EXPECT_TRUE(std::isnan(k.kld_spread.max));
     EXPECT_TRUE(std::isnan(k.same_top.value));
 }
 

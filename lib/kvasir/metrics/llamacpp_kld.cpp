@@ -102,6 +102,19 @@ double median(const std::vector<double>& v) {
     return n % 2 == 0 ? 0.5 * (v[n / 2] + v[n / 2 - 1]) : v[n / 2];
 }
 
+Spread spread_of(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    Spread s;
+    s.max = v.back();
+    s.min = v.front();
+    s.median = median(v);
+    const std::pair<double*, double> at[] = {{&s.p999, 0.999}, {&s.p99, 0.99}, {&s.p95, 0.95}, {&s.p90, 0.90},
+                                             {&s.p75, 0.75},   {&s.p25, 0.25}, {&s.p10, 0.10}, {&s.p5, 0.05},
+                                             {&s.p1, 0.01},    {&s.p01, 0.001}};
+    for (const auto& [field, fraction] : at) *field = percentile(v, fraction);
+    return s;
+}
+
 std::vector<double> row(const TensorView& t, std::int64_t r) {
     const std::int64_t V = t.shape[1];
     std::vector<double> out(static_cast<std::size_t>(V));
@@ -206,11 +219,11 @@ LlamaCppKld llamacpp_kl_divergence(const TensorView& base, const TensorView& can
         for (ValueUncertainty* x : {&nan.ppl, &nan.ppl_base, &nan.ln_ppl_ratio, &nan.ppl_ratio, &nan.ppl_diff, &nan.kld,
                                     &nan.dp, &nan.dp_rms, &nan.same_top})
             *x = {kNaN, kNaN};
-        for (double* x : {&nan.ln_ppl_correlation, &nan.kld_max, &nan.kld_p999, &nan.kld_p99, &nan.kld_p95, &nan.kld_p90,
-                          &nan.kld_median, &nan.kld_p10, &nan.kld_p5, &nan.kld_p1, &nan.kld_p01, &nan.kld_min, &nan.dp_max,
-                          &nan.dp_p999, &nan.dp_p99, &nan.dp_p95, &nan.dp_p90, &nan.dp_p75, &nan.dp_median, &nan.dp_p25,
-                          &nan.dp_p10, &nan.dp_p5, &nan.dp_p1, &nan.dp_p01, &nan.dp_min})
-            *x = kNaN;
+        for (Spread* sp : {&nan.kld_spread, &nan.dp_spread})
+            for (double* x : {&sp->max, &sp->p999, &sp->p99, &sp->p95, &sp->p90, &sp->p75, &sp->median, &sp->p25, &sp->p10,
+                              &sp->p5, &sp->p1, &sp->p01, &sp->min})
+                *x = kNaN;
+        nan.ln_ppl_correlation = kNaN;
         return nan;
     }
     const ValueUncertainty lq = mean_unc(s_nll, s_nll2, P), lb = mean_unc(s_b, s_b2, P);
@@ -226,33 +239,9 @@ LlamaCppKld llamacpp_kl_divergence(const TensorView& base, const TensorView& can
     k.ppl_diff = {k.ppl.value - k.ppl_base.value,
                   std::sqrt(k.ppl.uncertainty * k.ppl.uncertainty + k.ppl_base.uncertainty * k.ppl_base.uncertainty - 2.0 * ppl_cov)};
     k.kld = mean_unc(s_kld, s_kld2, P);
-    std::sort(klds.begin(), klds.end());
-    k.kld_max = klds.back();
-    k.kld_min = klds.front();
-    k.kld_median = median(klds);
-    k.kld_p999 = percentile(klds, 0.999);
-    k.kld_p99 = percentile(klds, 0.99);
-    k.kld_p95 = percentile(klds, 0.95);
-    k.kld_p90 = percentile(klds, 0.90);
-    k.kld_p10 = percentile(klds, 0.10);
-    k.kld_p5 = percentile(klds, 0.05);
-    k.kld_p1 = percentile(klds, 0.01);
-    k.kld_p01 = percentile(klds, 0.001);
+    k.kld_spread = spread_of(std::move(klds));
     k.dp = mean_unc(s_dp, s_dp2, P);
-    std::sort(dps.begin(), dps.end());
-    k.dp_max = dps.back();
-    k.dp_min = dps.front();
-    k.dp_median = median(dps);
-    k.dp_p999 = percentile(dps, 0.999);
-    k.dp_p99 = percentile(dps, 0.99);
-    k.dp_p95 = percentile(dps, 0.95);
-    k.dp_p90 = percentile(dps, 0.90);
-    k.dp_p75 = percentile(dps, 0.75);
-    k.dp_p25 = percentile(dps, 0.25);
-    k.dp_p10 = percentile(dps, 0.10);
-    k.dp_p5 = percentile(dps, 0.05);
-    k.dp_p1 = percentile(dps, 0.01);
-    k.dp_p01 = percentile(dps, 0.001);
+    k.dp_spread = spread_of(std::move(dps));
     const ValueUncertainty mse = mean_unc(s_dp2, s_dp4, P);
     const double rms = std::sqrt(mse.value);
     k.dp_rms = {rms, rms > 0 ? 0.5 / rms * mse.uncertainty : 0.0};
@@ -270,31 +259,31 @@ nlohmann::ordered_json to_json(const LlamaCppKld& k) {
             {"Mean PPL(Q)/PPL(base)", vu(k.ppl_ratio)},
             {"Mean PPL(Q)-PPL(base)", vu(k.ppl_diff)},
             {"Mean KLD", vu(k.kld)},
-            {"Maximum KLD", json_double(k.kld_max)},
-            {"99.9% KLD", json_double(k.kld_p999)},
-            {"99.0% KLD", json_double(k.kld_p99)},
-            {"95.0% KLD", json_double(k.kld_p95)},
-            {"90.0% KLD", json_double(k.kld_p90)},
-            {"Median KLD", json_double(k.kld_median)},
-            {"10.0% KLD", json_double(k.kld_p10)},
-            {"5.0% KLD", json_double(k.kld_p5)},
-            {"1.0% KLD", json_double(k.kld_p1)},
-            {"0.1% KLD", json_double(k.kld_p01)},
-            {"Minimum KLD", json_double(k.kld_min)},
+            {"Maximum KLD", json_double(k.kld_spread.max)},
+            {"99.9% KLD", json_double(k.kld_spread.p999)},
+            {"99.0% KLD", json_double(k.kld_spread.p99)},
+            {"95.0% KLD", json_double(k.kld_spread.p95)},
+            {"90.0% KLD", json_double(k.kld_spread.p90)},
+            {"Median KLD", json_double(k.kld_spread.median)},
+            {"10.0% KLD", json_double(k.kld_spread.p10)},
+            {"5.0% KLD", json_double(k.kld_spread.p5)},
+            {"1.0% KLD", json_double(k.kld_spread.p1)},
+            {"0.1% KLD", json_double(k.kld_spread.p01)},
+            {"Minimum KLD", json_double(k.kld_spread.min)},
             {"Mean Δp", vu(k.dp)},
-            {"Maximum Δp", json_double(k.dp_max)},
-            {"99.9% Δp", json_double(k.dp_p999)},
-            {"99.0% Δp", json_double(k.dp_p99)},
-            {"95.0% Δp", json_double(k.dp_p95)},
-            {"90.0% Δp", json_double(k.dp_p90)},
-            {"75.0% Δp", json_double(k.dp_p75)},
-            {"Median Δp", json_double(k.dp_median)},
-            {"25.0% Δp", json_double(k.dp_p25)},
-            {"10.0% Δp", json_double(k.dp_p10)},
-            {"5.0% Δp", json_double(k.dp_p5)},
-            {"1.0% Δp", json_double(k.dp_p1)},
-            {"0.1% Δp", json_double(k.dp_p01)},
-            {"Minimum Δp", json_double(k.dp_min)},
+            {"Maximum Δp", json_double(k.dp_spread.max)},
+            {"99.9% Δp", json_double(k.dp_spread.p999)},
+            {"99.0% Δp", json_double(k.dp_spread.p99)},
+            {"95.0% Δp", json_double(k.dp_spread.p95)},
+            {"90.0% Δp", json_double(k.dp_spread.p90)},
+            {"75.0% Δp", json_double(k.dp_spread.p75)},
+            {"Median Δp", json_double(k.dp_spread.median)},
+            {"25.0% Δp", json_double(k.dp_spread.p25)},
+            {"10.0% Δp", json_double(k.dp_spread.p10)},
+            {"5.0% Δp", json_double(k.dp_spread.p5)},
+            {"1.0% Δp", json_double(k.dp_spread.p1)},
+            {"0.1% Δp", json_double(k.dp_spread.p01)},
+            {"Minimum Δp", json_double(k.dp_spread.min)},
             {"RMS Δp", vu(k.dp_rms)},
             {"Same top p", vu(k.same_top)}};
 }

@@ -60,16 +60,21 @@ struct ValueUncertainty {
     double uncertainty = 0;
 };
 
+// The order statistics llama-perplexity prints of a sample: max, min, the
+// median and percentiles (llama.cpp's percentile(), see the header).
+struct Spread {
+    double max = 0, p999 = 0, p99 = 0, p95 = 0, p90 = 0, p75 = 0, median = 0, p25 = 0, p10 = 0, p5 = 0, p1 = 0, p01 = 0,
+           min = 0;
+};
+
 struct LlamaCppKld {
     std::int64_t count = 0;  // predictions
     ValueUncertainty ppl, ppl_base, ln_ppl_ratio, ppl_ratio, ppl_diff;
     double ln_ppl_correlation = 0;  // Cor(ln PPL(Q), ln PPL(base)), a fraction (llama.cpp prints %)
     ValueUncertainty kld;
-    double kld_max = 0, kld_p999 = 0, kld_p99 = 0, kld_p95 = 0, kld_p90 = 0, kld_median = 0, kld_p10 = 0, kld_p5 = 0,
-           kld_p1 = 0, kld_p01 = 0, kld_min = 0;
+    Spread kld_spread;    // llama.cpp prints all but p75 / p25 for the KLD
     ValueUncertainty dp;  // Δp as a fraction (llama.cpp prints %)
-    double dp_max = 0, dp_p999 = 0, dp_p99 = 0, dp_p95 = 0, dp_p90 = 0, dp_p75 = 0, dp_median = 0, dp_p25 = 0,
-           dp_p10 = 0, dp_p5 = 0, dp_p1 = 0, dp_p01 = 0, dp_min = 0;
+    Spread dp_spread;
     ValueUncertainty dp_rms;
     ValueUncertainty same_top;  // fraction
 };
