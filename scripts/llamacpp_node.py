@@ -149,6 +149,7 @@ class LlamaCpp:
                                f"(flash attention {args.flash_attn}, KV cache {args.kv_type})")
         self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
         self.n_batch = args.batch
+        self.token_by_token = args.token_by_token
         self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
         buf = ctypes.create_string_buffer(256)
         lc.llama_model_desc(self.model, buf, len(buf))
@@ -188,6 +189,8 @@ class LlamaCpp:
 
     def forward(self, ids):
         self.clear()
+        if self.token_by_token:  # llama.cpp's decode path: one token per llama_decode through the KV cache
+            return np.stack([self.eval([t], i)[0] for i, t in enumerate(ids)])
         return self.eval(ids, 0)
 
 
@@ -305,6 +308,8 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=2048, help="logical batch n_batch (default 2048, llama.cpp's)")
     ap.add_argument("--ubatch", type=int, default=512, help="physical batch n_ubatch (default 512, llama.cpp's)")
     ap.add_argument("--ctx", type=int, default=0, help="context size (default: the longest sequence the protocol needs)")
+    ap.add_argument("--token-by-token", action="store_true",
+                    help="evaluate every sequence one token at a time (llama.cpp's decode path) instead of in batches")
     ap.add_argument("--no-repack", action="store_true",
                     help="keep the weights as stored (llama.cpp's --no-repack: no CPU repacking into interleaved blocks)")
     ap.add_argument("--steps", help="comma-separated subset of the protocol's logits,decide,generate,perplexity,determinism")
@@ -385,7 +390,8 @@ def main(argv=None):
 
     settings = {"flash_attn": args.flash_attn, "type_k": args.kv_type, "type_v": args.kv_type,
                 "n_threads": args.threads, "n_gpu_layers": args.gpu_layers, "n_batch": args.batch,
-                "n_ubatch": min(args.ubatch, args.batch), "n_ctx": n_ctx, "repack": not args.no_repack}
+                "n_ubatch": min(args.ubatch, args.batch), "n_ctx": n_ctx, "repack": not args.no_repack,
+                "token_by_token": args.token_by_token}
     caps = {
         "node": name,
         "backend": "llama.cpp",
