@@ -64,7 +64,9 @@ void run_backends(const BackendsOptions& opt) {
     std::cout << t.render();
     std::cout << "\nVariants: NAME[:DEVICE][:key=value,...] — e.g. cpu:acc=f16, cpu:storage=bf16, "
                  "cpu:storage=f16,acc=f16, cpu:threads=1;\n"
-                 "contrasts: cpu:split_k=shape (a batch-variant matmul: split-K below 64 rows, for the invariance step)\n";
+                 "contrasts: cpu:split_k=shape (a batch-variant matmul: split-K below 64 rows, for the invariance step);\n"
+                 "runtimes: cpu:qdot=llamacpp (llama.cpp's CPU arithmetic on quantised GGUF weights: activations in "
+                 "Q8_0 / Q8_K / f16 / bf16 for the weight's format)\n";
 }
 
 }  // namespace
