@@ -347,14 +347,19 @@ def main(argv=None):
                              "determinism)")
         if not Path(args.model).is_file():
             raise UsageError(f"{args.model}: no such file")
+        fingerprint = model_fingerprint(args)
         reference = None
         if args.reference_capture:
-            _, ref_tensors = capture_format.read_capture(args.reference_capture)
+            ref_meta, ref_tensors = capture_format.read_capture(args.reference_capture)
+            # The tokens it feeds must be the oracle's for this very protocol and model.
+            for key, want in (("protocol_hash", phash), ("model_fingerprint", fingerprint)):
+                if ref_meta.get(key) != want:
+                    raise UsageError(f"{args.reference_capture}: {key} {ref_meta.get(key)!r} differs from this run's "
+                                     f"{want!r} (another protocol or model was captured)")
             reference = {k: np.asarray(v) for k, v in ref_tensors.items()}
             if "generate.tokens" not in reference:
                 raise UsageError(f"{args.reference_capture}: no generate.tokens (capture the reference with the "
                                  "generate step)")
-        fingerprint = model_fingerprint(args)
         need = 0
         for k in ("logits", "decide", "drift"):
             if k in S:

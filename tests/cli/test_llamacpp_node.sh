@@ -196,6 +196,9 @@ for args in "-m nonexistent.gguf -o $tmp/x.safetensors" "-m fixtures/models/llam
   err=$(node $args 2>&1); rc=$?
   check "llamacpp_node.py $args → exit 2, one line: $err" bash -c "[ $rc -eq 2 ] && [ \$(printf '%s\n' \"\$1\" | grep -c .) -eq 1 ]" _ "$err"
 done
+err=$(node -m fixtures/models/llama_tiny.gguf -o "$tmp/x.safetensors" --reference-capture "$tmp/gpt_oss_tiny.ref.safetensors" 2>&1); rc=$?
+check "a reference capture of another protocol/model is refused (exit 2, one line): $err" \
+  bash -c "[ $rc -eq 2 ] && grep -q 'differs from this run' <<<\"\$1\" && [ \$(printf '%s\n' \"\$1\" | grep -c .) -eq 1 ]" _ "$err"
 check "no capture written on bad input" test ! -e "$tmp/x.safetensors"
 
 echo "$failures failed"
