@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A llama.cpp deployment as a kvasir-equiv node: steps 3-6 of a protocol
-(logits, decide, generate, perplexity) and determinism, computed by llama.cpp
+(logits, decide, generate, perplexity), determinism and invariance, computed by llama.cpp
 on a GGUF model and written as a capture (protocols/CAPTURE.md) for
 `kvasir-equiv compare`.
 
@@ -23,9 +23,11 @@ routing flips), top-1 agreement free-running; routing agreement is not
 measurable (llama.cpp does not expose its expert choices) and teacher-forced
 divergences only with --reference-capture (the oracle's capture, whose
 greedy tokens are fed to llama.cpp). Steps llama.cpp cannot provide (single
-ops, hidden states between layers, batch invariance) are declared
-"not_captured" with the reason: compare lists them as not judged for this
-node, never as passed.
+ops, hidden states between layers) are declared "not_captured" with the
+reason: compare lists them as not judged for this node, never as passed. The
+invariance step is llama.cpp's: the request among seeded batchmates decoded
+together in one unified KV cache, one prefill vs its token-by-token path,
+repeated greedy requests (single ops not measurable).
 
 Token ids come from the protocol's token files exactly as kvasir reads them
 (path relative to the protocol, sha256 checked, offset and count); no BOS is
@@ -49,13 +51,13 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import capture_format  # noqa: E402
+import kvasir_rng  # noqa: E402
 
 TOOL = "scripts/llamacpp_node.py"
 STEPS = ["ops", "drift", "logits", "decide", "generate", "perplexity", "determinism", "invariance"]
 NOT_CAPTURED = {
     "ops": "llama.cpp runs whole graphs: its API exposes no single op",
     "drift": "llama.cpp's API exposes no hidden state between layers",
-    "invariance": "batch / co-batch / prefill-vs-decode invariance is not measured by this node yet",
 }
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 FLASH = {"auto": -1, "off": 0, "on": 1}
@@ -97,18 +99,26 @@ def perplexity_windows(n, context):
     return out
 
 
-def guarded_max_rel(ref, cand):
-    """metrics.hpp CompareStats::max_rel: max|Δ| / max(|ref_i|, max(1e-3·RMS(ref), DBL_MIN)) over the positions
-    finite on both sides; inf when the non-finite patterns differ."""
+def self_delta(ref, cand):
+    """step.cpp self_delta: (guarded max_rel, max|Δ|) of a node against itself — 0 for the same bits; max_rel as
+    metrics.hpp CompareStats: max|Δ| / max(|ref_i|, max(1e-3·RMS(ref), DBL_MIN)) over the positions finite on both
+    sides; NaN when the non-finite patterns differ."""
     r, c = np.asarray(ref, np.float64).ravel(), np.asarray(cand, np.float64).ravel()
+    if np.array_equal(np.asarray(ref).view(np.uint8), np.asarray(cand).view(np.uint8)):
+        return 0.0, 0.0
     fr, fc = np.isfinite(r), np.isfinite(c)
     if not np.array_equal(fr, fc) or not np.array_equal(r[~fr], c[~fc]):
-        return float("inf")
+        return float("nan"), float("nan")
     r, c = r[fr], c[fc]
     if r.size == 0:
-        return 0.0
+        return 0.0, 0.0
     guard = max(1e-3 * float(np.sqrt(np.mean(r * r))), sys.float_info.min)
-    return float(np.max(np.abs(c - r) / np.maximum(np.abs(r), guard)))
+    d = np.abs(c - r)
+    return float(np.max(d / np.maximum(np.abs(r), guard))), float(np.max(d))
+
+
+def guarded_max_rel(ref, cand):
+    return self_delta(ref, cand)[0]
 
 
 # --- llama.cpp --------------------------------------------------------------------------
@@ -116,7 +126,7 @@ class LlamaCpp:
     """One llama.cpp model + context through llama-cpp-python's C API bindings: token ids in, every position's
     logits out (float32, as llama.cpp returns them)."""
 
-    def __init__(self, model_path, args, n_ctx):
+    def __init__(self, model_path, args, n_ctx, n_seq=1):
         try:
             import llama_cpp
         except (ImportError, OSError) as e:  # OSError / FileNotFoundError: the package without its libllama
@@ -138,7 +148,8 @@ class LlamaCpp:
         cp.n_ctx = n_ctx
         cp.n_batch = args.batch
         cp.n_ubatch = min(args.ubatch, args.batch)
-        cp.n_seq_max = 1
+        cp.n_seq_max = n_seq
+        cp.kv_unified = True  # batched sequences share one cache of n_ctx cells (the invariance step's batches)
         cp.n_threads = cp.n_threads_batch = args.threads
         cp.flash_attn_type = FLASH[args.flash_attn]
         cp.type_k = cp.type_v = KV_TYPES[args.kv_type]
@@ -150,7 +161,7 @@ class LlamaCpp:
         self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
         self.n_batch = args.batch
         self.token_by_token = args.token_by_token
-        self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        self.batch = lc.llama_batch_init(self.n_batch, 0, n_seq)
         buf = ctypes.create_string_buffer(256)
         lc.llama_model_desc(self.model, buf, len(buf))
         self.desc = buf.value.decode("utf-8", "replace")
@@ -164,32 +175,45 @@ class LlamaCpp:
     def clear(self):
         self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), True)
 
-    def eval(self, ids, pos0):
-        """Decode ids at positions pos0..; returns their logits [len, V] (float32). The KV cache keeps them."""
-        out = np.empty((len(ids), self.n_vocab), np.float32)
-        for b in range(0, len(ids), self.n_batch):
-            chunk = ids[b:b + self.n_batch]
+    def decode(self, items):
+        """items: (token, position, sequence, want logits) in order, decoded in llama_decode calls of n_batch;
+        returns the logits rows [V] of the items that want them, in order."""
+        rows = []
+        for b in range(0, len(items), self.n_batch):
+            chunk = items[b:b + self.n_batch]
             bt = self.batch
             bt.n_tokens = len(chunk)
-            for j, t in enumerate(chunk):
+            for j, (t, pos, seq, want) in enumerate(chunk):
                 if not 0 <= t < self.n_vocab:
                     raise UsageError(f"token id {t} is outside the model's vocabulary of {self.n_vocab}")
                 bt.token[j] = t
-                bt.pos[j] = pos0 + b + j
+                bt.pos[j] = pos
                 bt.n_seq_id[j] = 1
-                bt.seq_id[j][0] = 0
-                bt.logits[j] = 1
+                bt.seq_id[j][0] = seq
+                bt.logits[j] = 1 if want else 0
             rc = self.lc.llama_decode(self.ctx, bt)
             if rc != 0:
-                raise RuntimeError(f"llama_decode returned {rc} at positions {pos0 + b}..{pos0 + b + len(chunk) - 1}")
-            for j in range(len(chunk)):
-                row = self.lc.llama_get_logits_ith(self.ctx, j)
-                out[b + j] = np.ctypeslib.as_array(row, shape=(self.n_vocab,))
-        return out
+                raise RuntimeError(f"llama_decode returned {rc} at positions {chunk[0][1]}..{chunk[-1][1]}")
+            for j, item in enumerate(chunk):
+                if item[3]:
+                    rows.append(np.ctypeslib.as_array(self.lc.llama_get_logits_ith(self.ctx, j),
+                                                      shape=(self.n_vocab,)).copy())
+        return rows
 
-    def forward(self, ids):
+    def eval(self, ids, pos0):
+        """Decode ids at positions pos0.. of sequence 0; their logits [len, V] (float32). The KV cache keeps them."""
+        return np.stack(self.decode([(t, pos0 + i, 0, True) for i, t in enumerate(ids)]))
+
+    def forward_batch(self, seqs, slot):
+        """The sequences decoded together (sequence j = seq id j, one cache); the logits [len, V] of seqs[slot]."""
         self.clear()
-        if self.token_by_token:  # llama.cpp's decode path: one token per llama_decode through the KV cache
+        items = [(t, i, j, j == slot) for j, seq in enumerate(seqs) for i, t in enumerate(seq)]
+        return np.stack(self.decode(items))
+
+    def forward(self, ids, token_by_token=None):
+        self.clear()
+        if self.token_by_token if token_by_token is None else token_by_token:
+            # llama.cpp's decode path: one token per llama_decode through the KV cache
             return np.stack([self.eval([t], i)[0] for i, t in enumerate(ids)])
         return self.eval(ids, 0)
 
@@ -275,6 +299,49 @@ def run_steps(doc, protocol_path, node, steps, reference, log):
             worst = max(worst, guarded_max_rel(first, node.forward(ids)))
         out["determinism.run_to_run_max_rel"] = np.asarray([worst], np.float64)
         log(f"  determinism: run-to-run max_rel {worst:.3g} on the logits")
+    if "invariance" in steps:
+        # step_invariance.cpp, its batch, prefill_decode and repeat parts (single ops are not llama.cpp's API).
+        inv = S["invariance"]
+        ids = stream_ids(doc, protocol_path, inv["tokens"], "steps.invariance")
+        seed, T = int(doc["seed"]), len(ids)
+        alone = node.forward(ids)
+        sizes, rel, mx = [], [], []
+        for b in inv["batch_sizes"]:
+            slot, seqs, mate = b // 2, [], 0
+            for j in range(b):
+                if j == slot:
+                    seqs.append(ids)
+                    continue
+                n = max(1, T + (mate % 5) - 2)  # batchmate(): lengths T−2 … T+2, ids uniform over the vocabulary
+                u = kvasir_rng.seeded_uniform(seed, f"invariance/batch{b}/mate{mate}", (n,), 0.0, 1.0, np.float64)
+                seqs.append([int(min(max(np.floor(x * node.n_vocab), 0), node.n_vocab - 1)) for x in u])
+                mate += 1
+            r, a = self_delta(alone, node.forward_batch(seqs, slot))
+            sizes.append(float(b))
+            rel.append(r)
+            mx.append(a)
+        out["invariance.batch_sizes"] = np.asarray(sizes, np.float64)
+        out["invariance.batch_max_rel"] = np.asarray(rel, np.float64)
+        out["invariance.batch_max_abs"] = np.asarray(mx, np.float64)
+        prefill, decoded = node.forward(ids, token_by_token=False), node.forward(ids, token_by_token=True)
+        diff = [t for t in range(T) if prefill[t].tobytes() != decoded[t].tobytes()]
+        r, a = self_delta(prefill, decoded)
+        out["invariance.prefill_decode"] = np.asarray([r, a, float(diff[0]) if diff else -1.0], np.float64)
+        outputs, bits = set(), set()
+        for _ in range(int(inv["repeats"])):
+            last = node.forward(ids)[-1]
+            toks, rows = [], []
+            for step in range(int(inv["decode"])):
+                t = int(np.argmax(last))
+                toks.append(t)
+                rows.append(last.tobytes())
+                if step + 1 < int(inv["decode"]):
+                    last = node.eval([t], T + step)[0]
+            outputs.add(tuple(toks))
+            bits.add(b"".join(rows))
+        out["invariance.repeat"] = np.asarray([float(len(outputs)), float(len(bits))], np.float64)
+        log(f"  invariance: batch max_rel {max(rel):.3g}, prefill vs decode {r:.3g} (first differing position "
+            f"{int(out['invariance.prefill_decode'][2])}), {len(bits)} distinct outputs of {inv['repeats']}")
     return out
 
 
@@ -334,7 +401,7 @@ def main(argv=None):
     try:
         doc, phash = capture_format.load_protocol(args.protocol)
         S = doc.get("steps", {})
-        wanted = [s for s in ("logits", "decide", "generate", "perplexity", "determinism") if s in S]
+        wanted = [s for s in ("logits", "decide", "generate", "perplexity", "determinism", "invariance") if s in S]
         if args.steps:
             asked = [s.strip() for s in args.steps.split(",") if s.strip()]
             bad = [s for s in asked if s not in wanted]
@@ -368,6 +435,12 @@ def main(argv=None):
             need = max(need, int(S["generate"]["prompt"]["count"]) + int(S["generate"]["n"]))
         if "perplexity" in S:
             need = max(need, int(S["perplexity"]["context"]))
+        n_seq = 1
+        if "invariance" in wanted:  # the largest batch: B sequences of up to T+2 tokens in one cache
+            inv = S["invariance"]
+            T = int(inv["tokens"]["count"])
+            n_seq = max([1] + [int(b) for b in inv["batch_sizes"]])
+            need = max(need, n_seq * (T + 2), T + int(inv["decode"]))
         n_ctx = args.ctx or ((need + 255) // 256) * 256
         if n_ctx < need:
             raise UsageError(f"--ctx {n_ctx} is shorter than the {need} positions the protocol needs")
@@ -378,7 +451,7 @@ def main(argv=None):
     name = args.name or f"llama.cpp:fa={args.flash_attn},kv={args.kv_type}"
     t0 = time.perf_counter()
     try:
-        node = LlamaCpp(args.model, args, n_ctx)
+        node = LlamaCpp(args.model, args, n_ctx, n_seq)
         try:
             log(f"{TOOL}: {doc.get('id')} v{doc.get('version')} on {args.model} ({node.desc}), llama-cpp-python "
                 f"{node.version}, flash attention {args.flash_attn}, KV {args.kv_type}, {args.threads} threads, "
@@ -411,7 +484,8 @@ def main(argv=None):
     }
     not_captured = {s: NOT_CAPTURED[s] for s in STEPS if s in NOT_CAPTURED and s in S}
     not_captured.update({s: "not asked for (--steps)" for s in ("logits", "decide", "generate", "perplexity",
-                                                                "determinism") if s in S and s not in wanted})
+                                                                "determinism", "invariance")
+                         if s in S and s not in wanted})
     meta = {
         "node": name,
         "capabilities": json.dumps(caps, ensure_ascii=False, separators=(",", ":")),

@@ -56,19 +56,34 @@ check "llamacpp_node.py --flash-attn off --kv-type f32 → exit 0" test $rc -eq 
   >"$tmp/cmp.txt" 2>&1; rc=$?
 check "compare: a node fails the sensitive gate → exit 1" test $rc -eq 1
 v=$(verdicts "$tmp/cmp.json")
-check "defaults (flash attention auto, F16 KV) unfit-sensitive, F32 KV + no flash attention fit: $v" \
-  test "$v" = "cpu-ref=reference llama.cpp:fa=auto,kv=f16=unfit-sensitive llama.cpp:fa=off,kv=f32=fit"
+check "defaults (flash attention auto, F16 KV) unfit, F32 KV + no flash attention unfit-sensitive: $v" \
+  test "$v" = "cpu-ref=reference llama.cpp:fa=auto,kv=f16=unfit llama.cpp:fa=off,kv=f32=unfit-sensitive"
+# Why: llama.cpp is not batch-invariant (a request's logits change when other sequences share its batch:
+# the sensitive tier asks for the same bits) — at F32 KV without flash attention that is the ONLY failing
+# criterion; with its defaults the batch moves a request by ~1e-2 (past the tolerant tier too) and the
+# logits, KL and perplexity fail the sensitive tier.
+check "F32 KV, no flash attention: every criterion passes but batch invariance (bits differ by ~1e-6)" python3 -c "
+import json,sys; d=json.load(open(sys.argv[1])); n=[x for x in d['nodes'] if x['node']=='llama.cpp:fa=off,kv=f32'][0]
+bad=[c['criterion'] for t in ('sensitive','tolerant') for c in n['criteria'][t] if not c['pass']]
+assert bad == ['invariance.batch_max_rel'], bad
+b=[x for x in d['steps']['invariance']['nodes'] if x['node']==n['node']][0]['batch']
+assert all(0 < e['max_abs'] < 1e-4 for e in b), b" "$tmp/cmp.json"
+check "defaults: the batch moves a request past the tolerant tier, logits fail the sensitive one" python3 -c "
+import json,sys; d=json.load(open(sys.argv[1])); n=[x for x in d['nodes'] if x['node']=='llama.cpp:fa=auto,kv=f16'][0]
+sens={c['criterion'] for c in n['criteria']['sensitive'] if not c['pass']}; tol={c['criterion'] for c in n['criteria']['tolerant'] if not c['pass']}
+assert {'logits.linf_max','invariance.batch_max_rel'} <= sens and tol == {'invariance.batch_max_rel'}, (sens, tol)" "$tmp/cmp.json"
 check "the measured logit deltas: defaults ~1e-2, F32 KV < 1e-4" python3 -c "
 import json,sys; d=json.load(open(sys.argv[1])); r={e['node']:e for e in d['steps']['logits']['results']}
 a=r['llama.cpp:fa=auto,kv=f16']['linf']['max']; b=r['llama.cpp:fa=off,kv=f32']['linf']['max']
 print('linf', a, b); assert 1e-3 < a < 1e-1 and b < 1e-4 and r['llama.cpp:fa=off,kv=f32']['free_running'], (a, b)" "$tmp/cmp.json"
-check "free-running: ops, drift and invariance not judged (not captured), never passed" python3 -c "
+check "free-running: ops, drift and single-op invariance not judged (not captured), never passed" python3 -c "
 import json,sys; d=json.load(open(sys.argv[1])); n=[x for x in d['nodes'] if x['node']=='llama.cpp:fa=off,kv=f32'][0]
 nm=n['not_measurable']; judged={c['criterion'] for c in n['criteria']['sensitive']}
-assert {'ops.max_rel','drift.final_rel','invariance.batch_max_rel'} <= set(nm), nm
+assert {'ops.max_rel','drift.final_rel','invariance.ops_max_rel'} <= set(nm), nm
 assert 'not captured by this node' in nm['drift.final_rel'], nm
 assert not (set(nm) & judged), judged
-assert {'logits.linf_max','logits.kl_p99','perplexity.ratio_max','generate.first_divergence_min','decide.top1_agreement_min','determinism'} <= judged, judged
+assert {'logits.linf_max','logits.kl_p99','perplexity.ratio_max','generate.first_divergence_min','decide.top1_agreement_min','determinism',
+        'invariance.batch_max_rel','invariance.prefill_decode_max_rel','invariance.repeat_unique_max'} <= judged, judged
 assert n['not_applicable'].get('decide.routing_agreement_min','').startswith('no MoE layers'), n['not_applicable']" "$tmp/cmp.json"
 check "the text report lists what was not judged for the llama.cpp node" \
   grep -q "not judged for llama.cpp:fa=off,kv=f32: drift.alpha_max, drift.final_rel (step drift not captured" "$tmp/cmp.txt"
@@ -79,7 +94,7 @@ meta,_=capture_format.read_capture(sys.argv[1]); caps=json.loads(meta['capabilit
 import llama_cpp
 assert caps['authority']=='none' and caps['extra']['llama_cpp_python']==llama_cpp.__version__, caps
 s=json.loads(meta['llama_cpp_settings']); assert s['flash_attn']=='off' and s['type_k']=='f32', s
-assert json.loads(meta['not_captured']).keys() >= {'ops','drift','invariance'}, meta['not_captured']" "$tmp/f32.safetensors"
+assert json.loads(meta['not_captured']).keys() == {'ops','drift'}, meta['not_captured']" "$tmp/f32.safetensors"
 
 # --- gpt-oss: llama.cpp's own graph vs kvasir's reading of the GGUF --------------------------
 # ci.json with teacher forcing on (and its criterion in both tiers): llama.cpp is fed the oracle's tokens
@@ -100,8 +115,11 @@ done
 check "without --reference-capture, teacher-forced divergences are not measurable on the free-running node" python3 -c "
 import json,sys; d=json.load(open(sys.argv[1])); n=[x for x in d['nodes'] if x['verdict']!='reference'][0]
 assert 'without the reference' in n['not_measurable']['generate.divergences_max'], n['not_measurable']" "$tmp/free.json"
-check "gpt_oss_tiny.gguf (F32 experts): llama.cpp agrees with kvasir's reading (limit 7, floored yarn range) → fit" \
-  test "$(verdicts "$tmp/gpt_oss_tiny.json")" = "cpu-ref=reference llama.cpp:fa=off,kv=f32=fit"
+check "gpt_oss_tiny.gguf (F32 experts): llama.cpp agrees with kvasir's reading (limit 7, floored yarn range): all but batch invariance pass" \
+  python3 -c "
+import json,sys; d=json.load(open(sys.argv[1])); n=[x for x in d['nodes'] if x['verdict']!='reference'][0]
+bad=[c['criterion'] for t in ('sensitive','tolerant') for c in n['criteria'][t] if not c['pass']]
+assert bad in ([], ['invariance.batch_max_rel']), bad" "$tmp/gpt_oss_tiny.json"
 check "gpt_oss_tiny.gguf: logits within 1e-4, routing agreement not measurable, teacher-forced divergences judged" python3 -c "
 import json,sys; d=json.load(open(sys.argv[1])); r=d['steps']['logits']['results'][0]['linf']['max']
 n=[x for x in d['nodes'] if x['verdict']!='reference'][0]

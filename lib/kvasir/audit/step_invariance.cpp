@@ -185,14 +185,22 @@ public:
                         "sequence alone vs in a batch of B; one prefill vs token-by-token decode; repeated greedy requests";
         j["nodes"] = for_each_node_itself(in, led, "invariance", [&](std::size_t i, nlohmann::ordered_json& e) {
             const NodeOutputs& n = *in.nodes[i];
-            const std::vector<double> ops = double_vector(n.view("invariance.ops_max_rel"));
-            KVASIR_CHECK(ops.size() == std::size(kOps), ErrorCode::bad_input,
-                         "{}: invariance.ops_max_rel has {} entries, not {}", n.origin(), ops.size(), std::size(kOps));
+            // An external runtime that runs whole graphs (llama.cpp) has no single ops to recompute.
+            const bool no_ops = in.free_running[i] && i != in.reference && !n.has("invariance.ops_max_rel");
             double worst_op = 0;
             nlohmann::ordered_json opj;
-            for (std::size_t k = 0; k < ops.size(); ++k) {
-                opj[kOps[k]] = json_double(ops[k]);
-                worst_op = worse_max(worst_op, ops[k]);
+            if (no_ops) {
+                led.not_applicable_for(i, "invariance.ops_max_rel",
+                                       "the node runs whole graphs: no single op to recompute alone (no invariance.ops_max_rel)");
+
+            } else {
+                const std::vector<double> ops = double_vector(n.view("invariance.ops_max_rel"));
+                KVASIR_CHECK(ops.size() == std::size(kOps), ErrorCode::bad_input,
+                             "{}: invariance.ops_max_rel has {} entries, not {}", n.origin(), ops.size(), std::size(kOps));
+                for (std::size_t k = 0; k < ops.size(); ++k) {
+                    opj[kOps[k]] = json_double(ops[k]);
+                    worst_op = worse_max(worst_op, ops[k]);
+                }
             }
             const std::vector<double> sizes = double_vector(n.view("invariance.batch_sizes"));
             const std::vector<double> rel = double_vector(n.view("invariance.batch_max_rel"));
@@ -212,11 +220,11 @@ public:
             KVASIR_CHECK(pd.size() == 3 && rep.size() == 2, ErrorCode::bad_input,
                          "{}: invariance.prefill_decode / repeat have {} / {} entries, not 3 / 2", n.origin(),
                          pd.size(), rep.size());
-            led.measure(i, "invariance", "invariance.ops_max_rel", worst_op);
+            if (!no_ops) led.measure(i, "invariance", "invariance.ops_max_rel", worst_op);
             led.measure(i, "invariance", "invariance.batch_max_rel", worst_batch);
             led.measure(i, "invariance", "invariance.prefill_decode_max_rel", pd[0]);
             led.measure(i, "invariance", "invariance.repeat_unique_max", rep[1]);
-            e["ops"] = std::move(opj);
+            if (!no_ops) e["ops"] = std::move(opj);  // absent: not measurable on this node
             e["batch"] = std::move(bj);
             e["prefill_decode"] = {{"max_rel", json_double(pd[0])}, {"max_abs", json_double(pd[1])},
                                    {"first_differing_position", pd[2]}, {"bit_identical", pd[2] < 0}};

@@ -69,10 +69,14 @@ std::string render_invariance(const AuditReport& r, const Style& st) {
             t.add_row(row);
             continue;
         }
-        std::string ops_text;
-        for (const auto& [op, v] : n["ops"].items())
-            if (!v.is_number() || v.get<double>() != 0.0) ops_text += (ops_text.empty() ? "" : " ") + op;
-        row.push_back(ops_text.empty() ? st.green("identical") : st.yellow("differs: " + ops_text));
+        if (!n.contains("ops")) {
+            row.push_back(st.dim("—"));  // not measurable on this node (an external runtime's whole graphs)
+        } else {
+            std::string ops_text;
+            for (const auto& [op, v] : n["ops"].items())
+                if (!v.is_number() || v.get<double>() != 0.0) ops_text += (ops_text.empty() ? "" : " ") + op;
+            row.push_back(ops_text.empty() ? st.green("identical") : st.yellow("differs: " + ops_text));
+        }
         for (const auto& b : n["batch"]) row.push_back(self_cell(b["max_rel"], st));
         row.push_back(self_cell(n["prefill_decode"]["max_rel"], st));
         const double bits = n["repeat"]["unique_outputs"].get<double>(),
