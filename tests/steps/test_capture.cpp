@@ -221,9 +221,52 @@ TEST(CaptureCompare, MismatchedCapturesAreRefusedNamingTheProblem) {
     expect_bad_input([&] { (void)compare_captures(cc, {&ref, &other_seed}, 0); }, "seed 7 differs");
     expect_bad_input([&] { (void)compare_captures(cc, {&ref, &other_model}, 0); }, "model fingerprint");
     expect_bad_input([&] { (void)compare_captures(cc, {&ref, &dup}, 0); }, "both capture node 'cpu-ref'");
+    // The same capture twice (or a copy of it): a node compared with itself, said so.
+    const std::string same = capture(dir, "cpu", {"ops"});
+    fs::copy_file(same, dir / "copy.safetensors");
+    const Capture a = Capture::open(same), b = Capture::open(dir / "copy.safetensors");
+    expect_bad_input([&] { (void)compare_captures(cc, {&ref, &a, &b}, 0); }, "are the same capture");
+    expect_bad_input([&] { (void)compare_captures(cc, {&ref, &a, &a}, 0); }, "a node compared with itself");
     const Protocol other = load_protocol((kRoot / "protocols" / "default.json").string());
     cc.protocol = &other;
     expect_bad_input([&] { (void)compare_captures(cc, {&ref}, 0); }, "captured with protocol hash");
+}
+
+TEST(CaptureCompare, StepsTheProtocolDoesNotRunAreRefused) {
+    // A capture whose (hash-covered, rehashed) metadata names a step the protocol does not have.
+    TempDir dir;
+    const Capture ref = Capture::open(capture(dir, "cpu-ref"));
+    {
+        CompareConfig cc;  // --only-steps with a name that is no step at all: the user's input, exit 2 (not 3)
+        cc.protocol = &ci();
+        cc.only_steps = {"warmup"};
+        expect_bad_input([&] { (void)compare_captures(cc, {&ref}, 0); }, "does not run step \"warmup\"");
+    }
+    const std::string path = capture(dir, "cpu", {"ops"});
+    for (const auto& [key, value] : {std::pair<std::string, std::string>{"steps", R"(["ops","tokenize\n"])"},
+                                     {"not_captured", R"({"warmup":"no such step"})"}}) {
+        const SafetensorsFile f = SafetensorsFile::open(path);
+        std::map<std::string, TensorView> views;
+        for (const auto& n : f.names()) views.emplace(n, f.view(n));
+        CaptureData forged;
+        forged.metadata = f.metadata();
+        forged.metadata.erase("content_hash");
+        forged.metadata[key] = value;
+        for (const auto& [n, v] : views) forged.tensors.emplace(n, Tensor::convert(v, v.dtype));
+        const std::string out = dir / (key + ".safetensors");
+        write_capture(out, forged);  // rehashed: the content hash is valid
+        const Capture c = Capture::open(out);
+        CompareConfig cc;
+        cc.protocol = &ci();
+        cc.only_steps = {"ops"};
+        expect_bad_input([&] { (void)compare_captures(cc, {&ref, &c}, 0); }, "which protocol 'ci' does not run");
+        // One line even for a hostile name (JSON-quoted).
+        try {
+            (void)compare_captures(cc, {&ref, &c}, 0);
+        } catch (const Error& e) {
+            EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+        }
+    }
 }
 
 TEST(CaptureCompare, OpsOnlyCapturesAreJudgedOnStepOne) {

@@ -269,12 +269,19 @@ AuditRun compare_captures(const CompareConfig& cc, const std::vector<const Captu
     const Protocol& p = *cc.protocol;
     KVASIR_CHECK(!caps.empty(), ErrorCode::bad_input, "compare needs at least one capture");
     KVASIR_CHECK(reference < caps.size(), ErrorCode::bad_input, "reference index {} of {} captures", reference, caps.size());
+    // A step name from a file or the command line: unknown names are the input's problem, not a bug.
+    const auto runs = [&](const std::string& st) {
+        const auto& known = protocol_step_names();
+        return std::find(known.begin(), known.end(), st) != known.end() && p.runs(st);
+    };
     for (const std::string& s : cc.only_steps)
-        KVASIR_CHECK(p.runs(s), ErrorCode::bad_input, "--only-steps: protocol '{}' does not run step '{}'", p.id, s);
+        KVASIR_CHECK(runs(s), ErrorCode::bad_input, "--only-steps: protocol '{}' does not run step {}", p.id,
+                     nlohmann::json(s).dump());
     // They must be captures of the same thing.
     std::string fingerprint;
     std::map<std::string, std::string> names;
-    for (const Capture* c : caps) {
+    for (std::size_t ci = 0; ci < caps.size(); ++ci) {
+        const Capture* c = caps[ci];
         KVASIR_CHECK(c->protocol_hash() == p.content_hash, ErrorCode::bad_input,
                      "{}: captured with protocol hash {}, but {} ({} v{}) has {}", c->path(), c->protocol_hash(), p.source,
                      p.id, p.version, p.content_hash);
@@ -286,6 +293,19 @@ AuditRun compare_captures(const CompareConfig& cc, const std::vector<const Captu
                          "{}: model fingerprint {} differs from {} (another model was captured)", c->path(),
                          c->model_fingerprint(), fingerprint);
         }
+        // Steps the protocol does not have (a forged list: the protocol hash already matched). The name is
+        // shown JSON-quoted: it comes from the file.
+        for (const std::string& st : c->steps())
+            KVASIR_CHECK(runs(st), ErrorCode::bad_input, "{}: captures step {}, which protocol '{}' does not run",
+                         c->path(), nlohmann::json(st).dump(), p.id);
+        for (const auto& [st, why] : c->not_captured())
+            KVASIR_CHECK(runs(st), ErrorCode::bad_input,
+                         "{}: declares step {} not captured, which protocol '{}' does not run", c->path(),
+                         nlohmann::json(st).dump(), p.id);
+        for (std::size_t k = 0; k < ci; ++k)
+            KVASIR_CHECK(caps[k]->metadata().at("content_hash") != c->metadata().at("content_hash"), ErrorCode::bad_input,
+                         "{} and {} are the same capture (content hash {}): a node compared with itself",
+                         caps[k]->path(), c->path(), c->metadata().at("content_hash").substr(0, 19));
         const auto [it, fresh] = names.emplace(c->node(), c->path());
         KVASIR_CHECK(fresh, ErrorCode::bad_input, "{} and {} both capture node '{}'", it->second, c->path(), c->node());
     }
