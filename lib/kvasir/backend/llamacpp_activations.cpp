@@ -11,14 +11,6 @@ namespace kvasir {
 
 namespace {
 
-// ggml's nearest_int: round to nearest, ties to even, through the float adder.
-int nearest_int(float f) {
-    const float v = f + 12582912.f;
-    std::int32_t i = 0;
-    std::memcpy(&i, &v, sizeof(i));
-    return (i & 0x007fffff) - 0x00400000;
-}
-
 void q8_0_row(float* x, std::int64_t k) {
     for (std::int64_t b = 0; b < k; b += 32) {
         float amax = 0.0f;
@@ -48,12 +40,8 @@ void q8_k_row(float* x, std::int64_t k) {
         const float d = 1 / iscale;
         // llama.cpp compiles nearest_int(iscale * x) with the product contracted into the adder's FMA
         // (-O3 -march=native, GCC's default -ffp-contract=fast): the exact product is rounded once.
-        for (int j = 0; j < 256; ++j) {
-            const float v = std::fma(iscale, x[b + j], 12582912.f);
-            std::int32_t i = 0;
-            std::memcpy(&i, &v, sizeof(i));
-            x[b + j] = d * static_cast<float>(std::min(127, (i & 0x007fffff) - 0x00400000));
-        }
+        for (int j = 0; j < 256; ++j)
+            x[b + j] = d * static_cast<float>(std::min(127, ggml_nearest_int_of_product(iscale, x[b + j])));
     }
 }
 

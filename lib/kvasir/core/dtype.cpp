@@ -62,6 +62,17 @@ double round_to_f16(double x) noexcept {
     return round_binary(x, 10, -14, 15);
 }
 
+namespace {
+int mantissa_int(float v) noexcept {
+    std::int32_t i = 0;
+    std::memcpy(&i, &v, sizeof(i));
+    return (i & 0x007fffff) - 0x00400000;
+}
+}  // namespace
+
+int ggml_nearest_int(float f) noexcept { return mantissa_int(f + 12582912.f); }
+int ggml_nearest_int_of_product(float a, float b) noexcept { return mantissa_int(std::fma(a, b, 12582912.f)); }
+
 double round_to_bf16(double x) noexcept {
     if (std::isnan(x)) return x;
     return round_binary(x, 7, -126, 127);

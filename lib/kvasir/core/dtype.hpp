@@ -35,6 +35,13 @@ float bf16_bits_to_f32(std::uint16_t h) noexcept;   // exact
 double round_to(DType t, double x) noexcept;
 double round_to_f16(double x) noexcept;
 double round_to_bf16(double x) noexcept;
+// ggml's nearest_int: the integer nearest f (ties to even) read from the
+// mantissa of f + 1.5·2^23 — exact for |f| < 2^22, as llama.cpp computes it.
+// ggml_nearest_int_of_product(a, b) is the same for a·b with the product
+// contracted into the adder's FMA (rounded once), as llama.cpp's -O3
+// -march=native build compiles nearest_int(a * b).
+int ggml_nearest_int(float f) noexcept;
+int ggml_nearest_int_of_product(float a, float b) noexcept;
 
 // Read element i of a buffer of type t as double (exact for every float type).
 double load_as_f64(DType t, const void* data, std::size_t i) noexcept;

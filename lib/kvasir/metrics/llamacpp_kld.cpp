@@ -1,5 +1,6 @@
 #include "kvasir/metrics/llamacpp_kld.hpp"
 
+#include "kvasir/core/dtype.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/metrics/metrics.hpp"
 #include "kvasir/metrics/stats.hpp"
@@ -23,14 +24,6 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// llama.cpp's nearest_int (perplexity.cpp): round to nearest, ties to even,
-// through the float adder.
-int nearest_int(float f) {
-    const float v = f + 12582912.f;
-    std::int32_t i = 0;
-    std::memcpy(&i, &v, sizeof(i));
-    return (i & 0x007fffff) - 0x00400000;
-}
 
 // One row's log-probabilities as the base file of llama-perplexity holds
 // them (u16, decoded), in f32 exactly as its log_softmax() writer computes.
@@ -49,7 +42,7 @@ std::vector<double> u16_log_probs(const std::vector<float>& z) {
     std::vector<double> out(z.size());
     const float inv_scale = scale != 0 ? 1 / scale : 0.f;
     for (std::size_t i = 0; i < z.size(); ++i) {
-        const int q = scale != 0 && z[i] > min_logit ? nearest_int(inv_scale * (z[i] - min_logit)) : 0;
+        const int q = scale != 0 && z[i] > min_logit ? ggml_nearest_int(inv_scale * (z[i] - min_logit)) : 0;
         out[i] = static_cast<double>(scale * static_cast<float>(static_cast<std::uint16_t>(q)) + min_log_prob);
     }
     return out;
