@@ -101,6 +101,7 @@ Nodes create_audit_nodes(const NodeOptions& options, std::vector<NodeInput>& fai
 }
 
 void run_audit_command(const AuditOptions& opt) {
+    check_report_outputs(opt.report);  // before anything runs: a misused output costs no audit
     const Protocol protocol = load_protocol(opt.protocol);
     const Gate gate = parse_gate(opt.report.gate);
     std::string model_path = opt.model;
@@ -165,6 +166,16 @@ void add_report_options(CLI::App& cmd, ReportOptions& o) {
     cmd.add_option("--html", o.files.html,
                    "Write one self-contained HTML report (verdicts, heatmaps, plots, every criterion; no network); its header "
                    "records the date (SOURCE_DATE_EPOCH when set) and machine");
+}
+
+void check_report_outputs(const ReportOptions& o, std::vector<std::pair<std::string, std::string>> more) {
+    const std::pair<const char*, const std::string*> files[] = {
+        {"--output", &o.output.output_file}, {"--junit", &o.files.junit},         {"--markdown", &o.files.markdown},
+        {"--csv", &o.files.csv},             {"--svg-heatmap", &o.files.heatmap_svg}, {"--svg-drift", &o.files.drift_svg},
+        {"--html", &o.files.html}};
+    for (const auto& [option, path] : files)
+        if (!path->empty()) more.emplace_back(option, *path);
+    check_output_paths(more);
 }
 
 void emit_report(const AuditRun& run, const ReportOptions& o) {

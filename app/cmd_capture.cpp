@@ -7,6 +7,7 @@
 
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/core/error.hpp"
+#include "kvasir/core/io.hpp"
 #include "kvasir/model/model.hpp"
 #include "kvasir/audit/protocol.hpp"
 #include "kvasir/audit/capture.hpp"
@@ -54,6 +55,7 @@ struct CaptureOptions {
 
 void run_capture(const CaptureOptions& o) {
     KVASIR_CHECK(!o.output.empty(), ErrorCode::bad_input, "capture needs -o FILE");
+    check_output_paths({{"--output", o.output}});
     const Protocol protocol = load_protocol(o.protocol);
     const std::string model_path =
         !o.model.empty() ? o.model : (protocol.model.empty() ? default_model_path() : protocol.model_resolved);
@@ -95,6 +97,7 @@ struct CompareOptions {
 };
 
 void run_compare(const CompareOptions& o) {
+    check_report_outputs(o.report);
     const Protocol protocol = load_protocol(o.protocol);
     std::vector<Capture> caps;
     caps.reserve(o.captures.size());
@@ -147,8 +150,7 @@ void set_compare_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand(
         "compare", "Judge captures from any machines or runtimes as `audit` judges live nodes (same verdicts, reports, exit codes)");
     cmd->add_option("captures", opt->captures, "Capture files (kvasir-equiv capture, scripts/numpy_node.py, ...)")
-        ->required()
-        ->check(CLI::ExistingFile);
+        ->required();  // each is checked when opened: a FIFO, device or directory is refused by name
     cmd->add_option("-p,--protocol", opt->protocol, "Protocol file the captures were made with (its hash must match)")
         ->capture_default_str();
     cmd->add_option("-r,--reference", opt->reference, "Node every other node is compared with (default: cpu-ref if captured, else the first)");

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 namespace kvasir::app {
 
@@ -23,7 +24,7 @@ namespace {
 
 struct MatrixOptions {
     std::string model = default_model_path();
-    std::int64_t layer = -1;  // -1: the first MoE layer
+    std::optional<std::int64_t> layer;  // default: the first MoE layer
     OpsConfig config;
     NodeOptions nodes;
     OutputOptions output;
@@ -40,23 +41,29 @@ void run_matrix(MatrixOptions& opt) {
     const auto t_open = std::chrono::steady_clock::now();
     const Model model = Model::open(opt.model);
     const double open_s = seconds_since(t_open);
-    if (opt.layer < 0) {
-        for (std::int64_t l = 0; l < model.config().num_layers && opt.layer < 0; ++l)
+    if (!opt.layer) {
+        for (std::int64_t l = 0; l < model.config().num_layers && !opt.layer; ++l)
             if (model.config().is_moe(l)) opt.layer = l;
-        KVASIR_CHECK(opt.layer >= 0, ErrorCode::bad_input, "{}: the model has no MoE layer", opt.model);
+        KVASIR_CHECK(opt.layer.has_value(), ErrorCode::bad_input, "{}: the model has no MoE layer", opt.model);
     }
+    const std::int64_t layer = *opt.layer;
     OpsConfig c = opt.config;
     c.model = &model;
-    c.layer = opt.layer;
+    c.layer = layer;
     c.ops = {"moe"};
     c.validate();
     (void)c.resolved();  // a bad --layer is refused here, in the step's own words
+    std::vector<std::pair<std::string, std::string>> outputs;
+    if (!opt.output.output_file.empty()) outputs.emplace_back("--output", opt.output.output_file);
+    if (!opt.markdown_file.empty()) outputs.emplace_back("--markdown", opt.markdown_file);
+    if (!opt.html_file.empty()) outputs.emplace_back("--html", opt.html_file);
+    check_output_paths(outputs);
     Nodes nodes = create_nodes(opt.nodes);
 
     // Load: the layer's weights read once, before any node computes, so the
     // nodes' seconds below are computing only.
     RunTimings timings;
-    const std::int64_t layers[] = {opt.layer};
+    const std::int64_t layers[] = {layer};
     load_phase(model, layers, false, timings);
     for (const auto& n : nodes.nodes) timings.nodes.push_back(n->capabilities().node);
 
@@ -78,7 +85,7 @@ void run_matrix(MatrixOptions& opt) {
     std::string html;  // built before anything is written, like the audit's files
     if (!opt.html_file.empty()) {
         nlohmann::ordered_json m = audit_model_json(model);
-        m["layer"] = opt.layer;
+        m["layer"] = layer;
         html = matrix_html(report, m, html_stamp());
     }
     if (!opt.output.output_file.empty()) write_file_atomic(opt.output.output_file, json.dump(2) + "\n");

@@ -21,7 +21,7 @@ namespace {
 
 struct OpsOptions {
     std::string model;
-    std::int64_t layer = -1;
+    std::optional<std::int64_t> layer;  // default 0 with --model
     OpsConfig config;
     NodeOptions nodes;
     OutputOptions output;
@@ -34,11 +34,12 @@ void run_ops(OpsOptions& opt) {
     if (!opt.model.empty()) {
         model.emplace(Model::open(opt.model));
         config.model = &*model;
-        config.layer = opt.layer < 0 ? 0 : opt.layer;
+        config.layer = opt.layer.value_or(0);
     } else {
-        KVASIR_CHECK(opt.layer < 0, ErrorCode::bad_input, "--layer needs --model");
+        KVASIR_CHECK(!opt.layer, ErrorCode::bad_input, "--layer needs --model");
     }
     config.resolved().validate();
+    if (!opt.output.output_file.empty()) check_output_paths({{"--output", opt.output.output_file}});
     Nodes nodes = create_nodes(opt.nodes);
     const OpsReport report = run_timed("ops", nodes, opt.timings, [&](std::vector<std::unique_ptr<Backend>>& timed) {
         return run_op_delta(config, timed, nodes.reference);

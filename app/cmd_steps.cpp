@@ -71,6 +71,7 @@ template <typename Config, typename Run, typename Report>
 void run_step(const char* step, const StepOptions& o, Config& config, Run run,
               std::string (*render)(const Report&, const Style&)) {
     config.validate();
+    if (!o.output.output_file.empty()) check_output_paths({{"--output", o.output.output_file}});
     Nodes nodes = create_nodes(o.nodes);
     const Report report = run_timed(step, nodes, o.timings, [&](std::vector<std::unique_ptr<Backend>>& timed) {
         return run(config, timed, nodes.reference);

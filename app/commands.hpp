@@ -35,6 +35,19 @@ void add_node_options(CLI::App& cmd, NodeOptions& nodes);
 // --timings, the same flag on every command that measures.
 void add_timings_flag(CLI::App& cmd, bool& timings, const std::string& what);
 
+// Numbers on the command line are parsed strictly, never coerced: every
+// option of `app` and its subcommands whose type is an integer or a floating
+// point number gets a check that runs before CLI11's conversion — decimal
+// digits only (a '-' only on a signed integer; no spaces, '+', hex or
+// fraction), within the 64-bit range (never saturated), and a floating-point
+// value finite and representable (1e999 is an error, not inf). A
+// multi-value option (--backends, --steps, --only-steps, ...) takes one
+// argument per occurrence (commas separate values), so it never swallows the
+// positional arguments after it. A text option (a path, a node, a name) is
+// never empty: `-o ""` is an error, not "no output". Applied once in main(), so an option added
+// later is covered too.
+void strict_options(CLI::App& app);
+
 // Exit code a command sets for main() to return (0 unless it decided otherwise).
 int& command_exit_code();
 

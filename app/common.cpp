@@ -7,9 +7,14 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <charconv>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <limits>
+#include <system_error>
 
 namespace kvasir::app {
 
@@ -33,6 +38,72 @@ HtmlStamp html_stamp() {
     struct utsname u {};
     if (::uname(&u) == 0) s.machine += fmt::format("{}({} {} {})", s.machine.empty() ? "" : " ", u.sysname, u.release, u.machine);
     return s;
+}
+
+namespace {
+
+enum class NumberKind { none, signed_integer, unsigned_integer, floating };
+
+NumberKind number_kind(const CLI::Option& o) {
+    const std::string t = o.get_type_name();
+    const std::string base = t.substr(0, t.find(':'));
+    if (base == "INT") return NumberKind::signed_integer;
+    if (base == "UINT") return NumberKind::unsigned_integer;
+    if (base == "FLOAT") return NumberKind::floating;
+    return NumberKind::none;
+}
+
+bool is_text(const CLI::Option& o) {
+    const std::string t = o.get_type_name();
+    return t.substr(0, t.find(':')) == "TEXT";
+}
+
+// The error text for `text` as a number of `kind` ("" when it is one).
+std::string number_error(NumberKind kind, const std::string& text) {
+    const char* b = text.data();
+    const char* e = b + text.size();
+    if (kind == NumberKind::floating) {
+        double v = 0;
+        const auto [end, ec] = std::from_chars(b, e, v, std::chars_format::general);
+        if (text.empty() || end != e || ec == std::errc::invalid_argument || std::isnan(v) || std::isinf(v))
+            return ec == std::errc::result_out_of_range ? fmt::format("'{}' is outside the range of a double", text)
+                                                        : fmt::format("'{}' is not a finite decimal number", text);
+        if (ec == std::errc::result_out_of_range) return fmt::format("'{}' is outside the range of a double", text);
+        return {};
+    }
+    const bool is_signed = kind == NumberKind::signed_integer;
+    const bool digits = !text.empty() && text.find_first_not_of("0123456789", is_signed && text[0] == '-' ? 1 : 0) == std::string::npos &&
+                        text != "-";
+    const std::string range = is_signed ? fmt::format("{}..{}", std::numeric_limits<std::int64_t>::min(),
+                                                      std::numeric_limits<std::int64_t>::max())
+                                        : fmt::format("0..{}", std::numeric_limits<std::uint64_t>::max());
+    if (!digits)
+        return fmt::format("'{}' is not {} integer ({})", text, is_signed ? "a decimal" : "an unsigned decimal", range);
+    std::from_chars_result r{};
+    if (is_signed) {
+        std::int64_t v = 0;
+        r = std::from_chars(b, e, v);
+    } else {
+        std::uint64_t v = 0;
+        r = std::from_chars(b, e, v);
+    }
+    if (r.ec != std::errc{} || r.ptr != e) return fmt::format("'{}' is outside {}", text, range);
+    return {};
+}
+
+}  // namespace
+
+void strict_options(CLI::App& app) {
+    for (CLI::Option* o : app.get_options()) {
+        if (o->nonpositional() && o->get_items_expected_max() > 1) o->allow_extra_args(false);
+        if (is_text(*o))
+            o->check(CLI::Validator([](std::string& text) { return text.empty() ? std::string("an empty value") : std::string(); },
+                                    "", "non-empty"));
+        const NumberKind kind = number_kind(*o);
+        if (kind == NumberKind::none) continue;
+        o->check(CLI::Validator([kind](std::string& text) { return number_error(kind, text); }, "", "strict number"));
+    }
+    for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) strict_options(*sub);
 }
 
 int& command_exit_code() {

@@ -52,6 +52,16 @@ int main(int argc, char** argv) {
     kvasir::app::set_generate_command(app);
     kvasir::app::set_perplexity_command(app);
     kvasir::app::set_inspect_command(app);
+    kvasir::app::strict_options(app);
+    // An unknown command is named, with the valid ones (CLI11 would only say
+    // that a subcommand is required).
+    if (argc > 1 && argv[1][0] != '-' && app.get_subcommands([&](const CLI::App* s) { return s->get_name() == argv[1]; }).empty()) {
+        std::string names;
+        for (const CLI::App* s : app.get_subcommands([](const CLI::App*) { return true; }))
+            names += (names.empty() ? "" : ", ") + s->get_name();
+        std::fprintf(stderr, "kvasir-equiv: error: unknown command '%s' (commands: %s; see --help)\n", argv[1], names.c_str());
+        return 2;
+    }
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {

@@ -11,6 +11,8 @@
 #include "kvasir/audit/audit.hpp"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kvasir::app {
 
@@ -20,6 +22,10 @@ struct ReportOptions {
     std::string gate = "sensitive";
 };
 void add_report_options(CLI::App& cmd, ReportOptions& options);
+// Refuses (exit 2, naming the options) report files that cannot be written:
+// one path for two outputs, an existing non-regular file; `more` adds the
+// command's own outputs (capture's -o).
+void check_report_outputs(const ReportOptions& options, std::vector<std::pair<std::string, std::string>> more = {});
 // Writes every requested file (atomically), prints, sets command_exit_code().
 void emit_report(const AuditRun& run, const ReportOptions& options);
 

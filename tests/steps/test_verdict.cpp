@@ -251,7 +251,7 @@ TEST(Protocol, FileLevelProblems) {
     write_file_atomic(broken, "{\"id\": \"x\",\n  ");
     expect_bad_input([&] { load_protocol(broken); }, broken + ": invalid JSON: ", "parse error");
     const std::string missing = (dir / "missing.json").string();
-    expect_bad_input([&] { load_protocol(missing); }, missing + ": cannot read", "");
+    expect_bad_input([&] { load_protocol(missing); }, missing + ": no such file or directory", "");
     fs::remove_all(dir);
 }
 

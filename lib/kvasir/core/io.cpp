@@ -6,53 +6,231 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 namespace kvasir {
 
-void write_file_atomic(const std::string& path, std::string_view content) {
+namespace {
+
+// What a non-regular file is, in words.
+const char* kind_of(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+    if (S_ISSOCK(mode)) return "a socket";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    return "not a regular file";
+}
+
+[[noreturn]] void refuse_errno(const std::string& path, int err) {
+    if (err == ENOENT) {
+        struct stat l {};
+        if (::lstat(path.c_str(), &l) == 0 && S_ISLNK(l.st_mode))
+            fail(ErrorCode::bad_input, "{}: a symlink to nothing (its target does not exist)", path);
+        fail(ErrorCode::bad_input, "{}: no such file or directory", path);
+    }
+    if (err == ELOOP) fail(ErrorCode::bad_input, "{}: a symlink loop (too many levels of symbolic links)", path);
+    if (err == EACCES || err == EPERM) fail(ErrorCode::bad_input, "{}: permission denied", path);
+    if (err == ENOTDIR) fail(ErrorCode::bad_input, "{}: a part of the path is not a directory", path);
+    if (err == ENAMETOOLONG) fail(ErrorCode::bad_input, "{}: name too long", path);
+    fail(ErrorCode::bad_input, "{}: cannot open: {}", path, std::strerror(err));
+}
+
+}  // namespace
+
+bool check_input_path(const std::string& path, InputKind kind) {
+    if (path.empty()) fail(ErrorCode::bad_input, "an empty path where a file is expected");
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) refuse_errno(path, errno);
+    if (S_ISREG(st.st_mode)) return false;
+    if (S_ISDIR(st.st_mode) && kind == InputKind::file_or_directory) return true;
+    fail(ErrorCode::bad_input, "{}: is {}, not a regular file", path, kind_of(st.st_mode));
+}
+
+int open_input_file(const std::string& path) {
+    (void)check_input_path(path);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) refuse_errno(path, errno);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ::close(fd);
+        fail(ErrorCode::bad_input, "{}: is {}, not a regular file", path, kind_of(st.st_mode));
+    }
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    return fd;
+}
+
+std::string read_text_file(const std::string& path, std::size_t max_bytes) {
+    const int fd = open_input_file(path);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+        const int err = errno;
+        ::close(fd);
+        fail(ErrorCode::bad_input, "{}: cannot read: {}", path, std::strerror(err));
+    }
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    if (size > max_bytes) {
+        ::close(fd);
+        fail(ErrorCode::bad_input, "{}: file is {} bytes, more than the {} allowed", path, size, max_bytes);
+    }
+    std::string text(static_cast<std::size_t>(size), '\0');
+    std::size_t done = 0;
+    while (done < text.size()) {
+        const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            const int err = n < 0 ? errno : 0;
+            ::close(fd);
+            fail(ErrorCode::bad_input, "{}: {}", path, err != 0 ? std::string("read failed: ") + std::strerror(err)
+                                                               : std::string("short read (the file shrank while it was read)"));
+        }
+        done += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+    return text;
+}
+
+// --- atomic writes --------------------------------------------------------
+
+namespace {
+
+// Temporaries in flight, for the signal handler: lock-free slots holding
+// heap copies of the paths (the handler only reads them and calls unlink,
+// which is async-signal-safe).
+constexpr int kTempSlots = 64;
+std::atomic<char*> g_temp_slots[kTempSlots];
+std::atomic<bool> g_handlers_installed{false};
+constexpr int kCleanupSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+extern "C" void remove_temporaries_and_reraise(int sig) {
+    for (auto& slot : g_temp_slots)
+        if (char* p = slot.exchange(nullptr)) ::unlink(p);  // the heap copy leaks: the process is ending
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+}
+
+void install_cleanup_handlers() {
+    if (g_handlers_installed.exchange(true)) return;
+    for (int sig : kCleanupSignals) {
+        struct sigaction old {};
+        if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) continue;  // ignored (nohup) or owned by someone else
+        struct sigaction sa {};
+        sa.sa_handler = remove_temporaries_and_reraise;
+        sigemptyset(&sa.sa_mask);
+        for (int s : kCleanupSignals) sigaddset(&sa.sa_mask, s);
+        ::sigaction(sig, &sa, nullptr);
+    }
+}
+
+int register_temporary(const std::string& path) {
+    char* copy = ::strdup(path.c_str());
+    if (copy == nullptr) return -1;
+    for (int i = 0; i < kTempSlots; ++i) {
+        char* expected = nullptr;
+        if (g_temp_slots[i].compare_exchange_strong(expected, copy)) return i;
+    }
+    std::free(copy);  // table full (64 writes at once): this one is only removed by the destructor
+    return -1;
+}
+
+void unregister_temporary(int slot) {
+    if (slot < 0) return;
+    std::free(g_temp_slots[slot].exchange(nullptr));
+}
+
+// Why `path` cannot be an output ("" when it can): an existing output that is
+// not a regular file is never replaced.
+std::string output_target_problem(const std::string& path) {
+    if (path.empty()) return "an empty output path";
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+        return fmt::format("{}: is {}; an output is never written over one", path, kind_of(st.st_mode));
+    return {};
+}
+
+void check_output_target(const std::string& path) {
+    if (const std::string why = output_target_problem(path); !why.empty()) fail(ErrorCode::bad_input, "{}", why);
+}
+
+}  // namespace
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
     namespace fs = std::filesystem;
-    const fs::path target(path);
+    check_output_target(path_);
+    install_cleanup_handlers();
+    const fs::path target(path_);
     const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
     std::string name = ".";
     name += target.filename().string();
     name += ".tmp-XXXXXX";
-    std::string tmpl = (dir / name).string();
-    const int fd = ::mkstemp(tmpl.data());
-    if (fd < 0) fail(ErrorCode::bad_input, "{}: cannot create a temporary file beside it: {}", path, std::strerror(errno));
-    const auto abandon = [&](const char* what) {
-        const int err = errno;
-        ::close(fd);
-        ::unlink(tmpl.c_str());
-        fail(ErrorCode::bad_input, "{}: {}: {}", path, what, std::strerror(err));
-    };
-    std::size_t done = 0;
-    while (done < content.size()) {
-        const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            abandon("write failed");
-        }
-        done += static_cast<std::size_t>(n);
+    temp_ = (dir / name).string();
+    // Blocked while the temporary is created and registered: an interrupt
+    // in between would leave it behind.
+    sigset_t block, old;
+    sigemptyset(&block);
+    for (int s : kCleanupSignals) sigaddset(&block, s);
+    ::pthread_sigmask(SIG_BLOCK, &block, &old);
+    fd_ = ::mkostemp(temp_.data(), O_CLOEXEC);
+    const int err = errno;
+    if (fd_ >= 0) slot_ = register_temporary(temp_);
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (fd_ < 0) fail(ErrorCode::bad_input, "{}: cannot create a temporary file beside it: {}", path_, std::strerror(err));
+}
+
+AtomicFile::~AtomicFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!temp_.empty()) ::unlink(temp_.c_str());
+    unregister_temporary(slot_);
+}
+
+void AtomicFile::abandon(const char* what, int err) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    ::unlink(temp_.c_str());
+    temp_.clear();
+    unregister_temporary(slot_);
+    slot_ = -1;
+    fail(ErrorCode::bad_input, "{}: {}: {}", path_, what, std::strerror(err));
+}
+
+void AtomicFile::write(const void* data, std::size_t n) {
+    KVASIR_ASSERT(fd_ >= 0);
+    const auto* p = static_cast<const char*>(data);
+    while (n > 0) {
+        const std::size_t chunk = std::min<std::size_t>(n, std::size_t{1} << 30);  // ≤ what one write() moves on Linux
+        const ssize_t w = ::write(fd_, p, chunk);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) abandon("cannot write", w < 0 ? errno : EIO);
+        p += w;
+        n -= static_cast<std::size_t>(w);
     }
-    if (::fchmod(fd, 0644) != 0) abandon("chmod failed");
-    if (::fsync(fd) != 0) abandon("fsync failed");
-    if (::close(fd) != 0) {
-        const int err = errno;
-        ::unlink(tmpl.c_str());
-        fail(ErrorCode::bad_input, "{}: close failed: {}", path, std::strerror(err));
-    }
-    if (::rename(tmpl.c_str(), path.c_str()) != 0) {
-        const int err = errno;
-        ::unlink(tmpl.c_str());
-        fail(ErrorCode::bad_input, "{}: rename failed: {}", path, std::strerror(err));
-    }
+}
+
+void AtomicFile::commit() {
+    namespace fs = std::filesystem;
+    KVASIR_ASSERT(fd_ >= 0);
+    if (::fchmod(fd_, 0644) != 0) abandon("chmod failed", errno);
+    if (::fsync(fd_) != 0) abandon("fsync failed", errno);
+    const int r = ::close(fd_);
+    fd_ = -1;
+    if (r != 0) abandon("close failed", errno);
+    check_output_target(path_);  // became a FIFO or a folder meanwhile: still never replaced
+    if (::rename(temp_.c_str(), path_.c_str()) != 0) abandon("cannot rename the temporary file into place", errno);
+    temp_.clear();
+    unregister_temporary(slot_);
+    slot_ = -1;
     // Make the rename itself durable.
+    const fs::path target(path_);
+    const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
     const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
         ::fsync(dfd);
@@ -60,16 +238,37 @@ void write_file_atomic(const std::string& path, std::string_view content) {
     }
 }
 
-std::string read_text_file(const std::string& path, std::size_t max_bytes) {
-    std::error_code ec;
-    const auto size = std::filesystem::file_size(path, ec);
-    if (ec) fail(ErrorCode::bad_input, "{}: cannot read: {}", path, ec.message());
-    if (size > max_bytes) fail(ErrorCode::bad_input, "{}: file is {} bytes, more than the {} allowed", path, size, max_bytes);
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail(ErrorCode::bad_input, "{}: cannot open", path);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
+void write_file_atomic(const std::string& path, std::string_view content) {
+    AtomicFile f(path);
+    f.write(content.data(), content.size());
+    f.commit();
+}
+
+void check_output_paths(const std::vector<std::pair<std::string, std::string>>& outputs) {
+    namespace fs = std::filesystem;
+    std::vector<std::pair<std::string, fs::path>> seen;
+    for (const auto& [option, path] : outputs) {
+        if (path.empty()) fail(ErrorCode::bad_input, "{}: an empty path", option);
+        if (const std::string why = output_target_problem(path); !why.empty()) fail(ErrorCode::bad_input, "{} {}", option, why);
+        // The file a write would reach: symlinks followed even where their
+        // target does not exist yet (a rename replaces the link, but two
+        // outputs through one link are still one mistake).
+        std::error_code ec;
+        fs::path p = fs::absolute(path, ec);
+        for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
+            const fs::path target = fs::read_symlink(p, ec);
+            if (ec) break;
+            p = target.is_absolute() ? target : p.parent_path() / target;
+        }
+        fs::path canonical = fs::weakly_canonical(p, ec);
+        if (ec) canonical = p.lexically_normal();
+        for (const auto& [other, p] : seen) {
+            std::error_code eq;
+            if (p == canonical || fs::equivalent(p, canonical, eq))
+                fail(ErrorCode::bad_input, "{} and {} name the same file {}: each report needs its own", other, option, path);
+        }
+        seen.emplace_back(option, std::move(canonical));
+    }
 }
 
 }  // namespace kvasir

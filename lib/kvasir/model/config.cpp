@@ -1,6 +1,7 @@
 #include "kvasir/model/config.hpp"
 
 #include "kvasir/core/error.hpp"
+#include "kvasir/core/io.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -721,21 +722,9 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
 
 ModelConfig load_model_config(const std::string& dir_or_file) {
     namespace fs = std::filesystem;
-    std::error_code ec;
     std::string path = dir_or_file;
-    if (fs::is_directory(path, ec)) path = (fs::path(dir_or_file) / "config.json").string();
-    KVASIR_CHECK(fs::is_regular_file(path, ec), ErrorCode::bad_input, "{}: no such file (expected a Hugging Face "
-                 "config.json or a folder holding one)", path);
-    const std::uintmax_t size = fs::file_size(path, ec);
-    KVASIR_CHECK(!ec, ErrorCode::bad_input, "{}: cannot read: {}", path, ec.message());
-    KVASIR_CHECK(size <= kMaxConfigBytes, ErrorCode::bad_input, "{}: {} bytes is too large for a config.json "
-                 "(limit {} bytes)", path, size, kMaxConfigBytes);
-    std::ifstream in(path, std::ios::binary);
-    KVASIR_CHECK(in.good(), ErrorCode::bad_input, "{}: cannot open for reading", path);
-    std::string text(static_cast<std::size_t>(size), '\0');
-    in.read(text.data(), static_cast<std::streamsize>(size));
-    KVASIR_CHECK(static_cast<std::uintmax_t>(in.gcount()) == size, ErrorCode::bad_input, "{}: short read", path);
-    return parse_model_config(text, path);
+    if (check_input_path(path, InputKind::file_or_directory)) path = (fs::path(dir_or_file) / "config.json").string();
+    return parse_model_config(read_text_file(path, kMaxConfigBytes), path);
 }
 
 void validate_model_config(const ModelConfig& c) {

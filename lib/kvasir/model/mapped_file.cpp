@@ -1,6 +1,7 @@
 #include "kvasir/model/mapped_file.hpp"
 
 #include "kvasir/core/error.hpp"
+#include "kvasir/core/io.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -15,8 +16,7 @@
 namespace kvasir {
 
 MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
-    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail(ErrorCode::bad_input, "{}: cannot open: {}", path_, std::strerror(errno));
+    const int fd = open_input_file(path_);  // a FIFO, device or directory is refused by name, never blocks
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
         const int err = errno;

@@ -2,6 +2,7 @@
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/immutable_memory.hpp"
+#include "kvasir/core/io.hpp"
 #include "kvasir/model/gguf.hpp"
 #include "kvasir/model/gguf_arch.hpp"
 #include "kvasir/model/quant.hpp"
@@ -696,15 +697,16 @@ Model Model::open(const std::string& path) {
     auto impl = std::make_unique<Impl>();
     impl->path = path;
     std::error_code ec;
-    const fs::file_status status = fs::status(path, ec);
-    KVASIR_CHECK(!ec && fs::exists(status), ErrorCode::bad_input, "{}: no such file or directory", path);
+    // Anything but a regular file or a folder (a FIFO, a device, a symlink
+    // loop) is refused by name here, before anything is opened.
+    const bool is_dir = check_input_path(path, InputKind::file_or_directory);
 
     bool is_gguf = false;
-    if (fs::is_regular_file(status)) {
+    if (!is_dir) {
         char magic[4] = {0, 0, 0, 0};
-        std::ifstream in(path, std::ios::binary);
-        in.read(magic, 4);
-        is_gguf = in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+        const int fd = open_input_file(path);
+        is_gguf = ::read(fd, magic, 4) == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+        ::close(fd);
     }
 
     if (is_gguf) {
@@ -714,7 +716,7 @@ Model Model::open(const std::string& path) {
         impl->cfg = model_config_from_gguf(*impl->gg, path);
         // llama.cpp permutes q/k of llama-architecture files for adjacent-pair rope.
         impl->rope = impl->gg->get_string("general.architecture") == "llama" ? RopeLayout::normal : RopeLayout::neox;
-    } else if (fs::is_directory(status)) {
+    } else if (is_dir) {
         impl->format = "safetensors";
         impl->cfg = load_model_config(path);
         impl->st.emplace(SafetensorsCheckpoint::open(path));

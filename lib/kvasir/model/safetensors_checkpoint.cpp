@@ -4,6 +4,7 @@
 #include "kvasir/model/safetensors_checkpoint.hpp"
 
 #include "kvasir/core/error.hpp"
+#include "kvasir/core/io.hpp"
 #include "kvasir/model/safetensors_text.hpp"
 
 #include <fmt/format.h>
@@ -204,12 +205,11 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path) {
     impl->path = path;
     const std::string shown = escape(path, 400);
     std::error_code ec;
-    const fs::file_status status = fs::status(path, ec);
-    if (ec || !fs::exists(status)) fail(ErrorCode::bad_input, "{}: no such file or directory", shown);
+    const bool is_dir = check_input_path(path, InputKind::file_or_directory);  // a FIFO, device, loop: refused by name
 
     fs::path index;
     fs::path single;
-    if (fs::is_directory(status)) {
+    if (is_dir) {
         const fs::path dir(path);
         if (fs::is_regular_file(dir / "model.safetensors", ec)) single = dir / "model.safetensors";
         else if (fs::is_regular_file(dir / "model.safetensors.index.json", ec)) index = dir / "model.safetensors.index.json";
