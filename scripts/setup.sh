@@ -29,6 +29,10 @@ KVASIR_PACKAGES=(
   chromium fonts-dejavu-core
 )
 
+# Installs the missing ones quietly: apt's and dpkg's output goes to
+# $KVASIR_BUILD_DIR-setup.log (beside the build folder, which may not exist
+# yet); one line says what is installed and where the log is, one that it is
+# done. On failure: the log's tail, exit 3.
 kvasir_install_packages() {
   local missing=()
   local p
@@ -43,10 +47,20 @@ kvasir_install_packages() {
     echo "  apt-get update && apt-get install -y ${missing[*]}" >&2
     exit 2
   fi
-  echo "kvasir: installing ${missing[*]}" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >&2
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  local log="$KVASIR_BUILD_DIR-setup.log"
+  mkdir -p "$(dirname "$log")"
+  echo "kvasir: installing ${#missing[@]} Debian packages: ${missing[*]} (log: $log)" >&2
+  local t0=$SECONDS
+  if ! {
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q &&
+      apt-get install -y -q --no-install-recommends "${missing[@]}"
+  } >"$log" 2>&1; then
+    tail -30 "$log" >&2
+    echo "kvasir: installing Debian packages failed (log: $log)" >&2
+    exit 3
+  fi
+  echo "kvasir: Debian packages installed in $((SECONDS - t0)) s" >&2
 }
 
 # Configure (once) and build the given targets (default: all), quietly unless
@@ -54,6 +68,7 @@ kvasir_install_packages() {
 kvasir_build() {
   local log="$KVASIR_BUILD_DIR.log"
   if [ ! -f "$KVASIR_BUILD_DIR/build.ninja" ]; then
+    echo "kvasir: configuring and building $KVASIR_BUILD_DIR, the first time takes minutes (log: $log)" >&2
     if ! cmake -S "$KVASIR_ROOT" -B "$KVASIR_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$KVASIR_BUILD_TYPE" \
         "${KVASIR_CMAKE_ARGS[@]}" >"$log" 2>&1; then
       cat "$log" >&2
