@@ -154,7 +154,9 @@ class TorchOps:
         p = torch.arange(S - T, S)[:, None]
         j = torch.arange(S)[None, :]
         visible = (j <= p) & ((j > p - window) if window > 0 else torch.ones_like(j, dtype=torch.bool))
-        w = w + torch.where(visible, 0.0, torch.finfo(self.dt).min).to(self.dt)
+        # (the two values as tensors of the working dtype: python scalars make a float32 tensor,
+        # which float64's finfo.min overflows)
+        w = w + torch.where(visible, torch.tensor(0.0, dtype=self.dt), torch.tensor(torch.finfo(self.dt).min, dtype=self.dt))
         if sinks is not None:
             c = torch.cat([w, sinks.reshape(-1, 1, 1).expand(-1, T, 1)], dim=-1)
             c = c - c.max(dim=-1, keepdim=True).values
