@@ -33,3 +33,37 @@ python_with() {
     if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "import $1" 2>/dev/null; then echo "$cand"; return; fi
   done
 }
+
+# skip WHAT WHY: WHAT could not run (a missing dependency). Under CI (CI=true)
+# that is a failure — ./scripts/test installs every dependency the tests
+# need, so a missing one is a setup bug, and a skip counted as a pass hides
+# it. Elsewhere (ctest by hand) it prints SKIP and counts in $skips.
+skips=0
+skip() {
+  if [ "${CI:-}" = true ]; then
+    echo "FAIL: $1 did NOT run: $2 (CI=true: a skip is a failure)"
+    failures=$((failures + 1))
+  else
+    echo "SKIP: $1: $2"
+    skips=$((skips + 1))
+  fi
+}
+
+# test_python MODULE...: the interpreter the external-node tests run with,
+# which must import every MODULE: $KVASIR_TEST_PYTHON (./scripts/test exports
+# its venv, scripts/setup_python.sh) or $PYTHON when set — no other is tried
+# then —, else the build folder's venv beside $bin (BUILD/pyvenv, made by
+# ./scripts/test), else python3 on PATH or Debian's /usr/bin/python3. Empty
+# when none imports them all.
+test_python() {
+  local cand mods
+  mods=$(IFS=,; echo "$*")
+  local chosen="${KVASIR_TEST_PYTHON:-${PYTHON:-}}"
+  if [ -n "$chosen" ]; then
+    "$chosen" -c "import $mods" 2>/dev/null && echo "$chosen"
+    return 0
+  fi
+  for cand in "$(cd "$(dirname "$bin")" && pwd)/pyvenv/bin/python" python3 /usr/bin/python3; do
+    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "import $mods" 2>/dev/null; then echo "$cand"; return 0; fi
+  done
+}
