@@ -37,6 +37,55 @@ using kvasir::Shape;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
+// A config.json as save_pretrained writes it: every size present
+// (config.cpp is_required_size), the config class's default filled in where
+// `text` leaves one out — for the tests about other keys. The values are
+// transformers 5.24's defaults (Qwen3MoeConfig, Qwen2MoeConfig, ...).
+std::string sized(const std::string& text) {
+    json j = json::parse(text);
+    std::string type = j.value("model_type", "");
+    if (type.empty() && j.contains("architectures") && j["architectures"][0] == "MixtralForCausalLM") type = "mixtral";
+    json s;
+    if (type == "qwen3_moe")
+        s = {{"vocab_size", 151936}, {"hidden_size", 2048}, {"intermediate_size", 6144}, {"num_hidden_layers", 24},
+             {"num_attention_heads", 32}, {"num_experts", 128}, {"num_experts_per_tok", 8}, {"moe_intermediate_size", 768}};
+    else if (type == "qwen2_moe")
+        s = {{"vocab_size", 151936}, {"hidden_size", 2048}, {"intermediate_size", 5632}, {"num_hidden_layers", 24},
+             {"num_attention_heads", 16}, {"num_experts", 60}, {"num_experts_per_tok", 4}, {"moe_intermediate_size", 1408},
+             {"shared_expert_intermediate_size", 5632}};
+    else if (type == "mixtral")
+        s = {{"vocab_size", 32000}, {"hidden_size", 4096}, {"intermediate_size", 14336}, {"num_hidden_layers", 32},
+             {"num_attention_heads", 32}, {"num_local_experts", 8}, {"num_experts_per_tok", 2}};
+    else if (type == "deepseek_v3")
+        s = {{"vocab_size", 129280}, {"hidden_size", 7168}, {"intermediate_size", 18432}, {"num_hidden_layers", 61},
+             {"num_attention_heads", 128}, {"n_routed_experts", 256}, {"num_experts_per_tok", 8},
+             {"moe_intermediate_size", 2048}, {"qk_nope_head_dim", 128}, {"qk_rope_head_dim", 64}, {"v_head_dim", 128},
+             {"kv_lora_rank", 512}};
+    else if (type == "qwen3_5_moe_text" || type == "qwen3_5_moe")
+        s = {{"vocab_size", 248320}, {"hidden_size", 2048}, {"num_hidden_layers", 40}, {"num_attention_heads", 16},
+             {"num_experts", 256}, {"num_experts_per_tok", 8}, {"moe_intermediate_size", 512},
+             {"shared_expert_intermediate_size", 512}, {"linear_key_head_dim", 128}, {"linear_value_head_dim", 128},
+             {"linear_num_key_heads", 16}, {"linear_num_value_heads", 32}};
+    else if (type == "qwen3_next")
+        s = {{"vocab_size", 151936}, {"hidden_size", 2048}, {"intermediate_size", 5632}, {"num_hidden_layers", 48},
+             {"num_attention_heads", 16}, {"num_experts", 512}, {"num_experts_per_tok", 10}, {"moe_intermediate_size", 512},
+             {"shared_expert_intermediate_size", 512}, {"linear_key_head_dim", 128}, {"linear_value_head_dim", 128},
+             {"linear_num_key_heads", 16}, {"linear_num_value_heads", 32}};
+    else if (type == "gpt_oss")
+        s = {{"vocab_size", 201088}, {"hidden_size", 2880}, {"intermediate_size", 2880}, {"num_hidden_layers", 36},
+             {"num_attention_heads", 64}, {"num_local_experts", 128}, {"num_experts_per_tok", 4}};
+    else if (type == "qwen2" || type == "qwen3")
+        s = {{"vocab_size", 151936}, {"hidden_size", 4096}, {"intermediate_size", 22016}, {"num_hidden_layers", 32},
+             {"num_attention_heads", 32}};
+    else if (type == "llama" || type == "mistral")
+        s = {{"vocab_size", 32000}, {"hidden_size", 4096}, {"intermediate_size", type == "llama" ? 11008 : 14336},
+             {"num_hidden_layers", 32}, {"num_attention_heads", 32}};
+    json* body = j.contains("text_config") && j["text_config"].is_object() ? &j["text_config"] : &j;
+    for (const auto& [k, v] : s.items())
+        if (!body->contains(k)) (*body)[k] = v;
+    return j.dump();
+}
+
 const std::string kModels = std::string(KVASIR_SOURCE_DIR) + "/fixtures/models/";
 
 // ---------------------------------------------------------------------------
@@ -298,25 +347,40 @@ TEST(ConfigParse, Mixtral8x7bConfig) {
     EXPECT_EQ(c.sliding_window, 0);
 }
 
-TEST(ConfigParse, MissingKeysTakeTheTransformersDefaults) {
-    const ModelConfig c = kvasir::parse_model_config(R"({"model_type": "qwen3_moe"})", "min/config.json");
+TEST(ConfigParse, MissingSizesAreRefusedOtherKeysTakeTheTransformersDefaults) {
+    // A size is never guessed: each one left out of a full config is refused naming it (transformers would
+    // take its config class's default, e.g. hidden_size 2048 — another model's width).
+    const json full = json::parse(sized(R"({"model_type": "qwen3_moe"})"));
+    const auto expect_error = [](const json& j, std::initializer_list<std::string> needles) {
+        try {
+            (void)kvasir::parse_model_config(j.dump(), "min/config.json");
+            ADD_FAILURE() << "accepted: " << j.dump();
+        } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::bad_input) << e.what();
+            for (const std::string& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+        }
+    };
+    for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size",
+                            "moe_intermediate_size", "num_experts_per_tok"}) {
+        json j = full;
+        j.erase(key);
+        expect_error(j, {std::string("required key \"") + key + "\" is missing"});
+    }
+    json no_experts = full;
+    no_experts.erase("num_experts");
+    expect_error(no_experts, {"required key \"num_experts\" (or \"num_local_experts\") is missing"});
+    // The rest takes the defaults of Qwen3MoeConfig.
+    const ModelConfig c = kvasir::parse_model_config(full.dump(), "min/config.json");
     EXPECT_EQ(c.hidden_size, 2048);
-    EXPECT_EQ(c.num_layers, 24);
-    EXPECT_EQ(c.num_heads, 32);
     EXPECT_EQ(c.num_kv_heads, 4);
-    EXPECT_EQ(c.head_dim, 64);
-    EXPECT_EQ(c.num_experts(), 128);
-    EXPECT_EQ(c.top_k(), 8);
+    EXPECT_EQ(c.head_dim, 64);  // hidden_size / num_attention_heads
     EXPECT_FALSE(c.norm_topk_prob());
-    EXPECT_EQ(c.moe_intermediate_size, 768);
-    EXPECT_EQ(c.intermediate_size, 6144);
     EXPECT_EQ(c.rope_theta, 10000.0);
     EXPECT_EQ(c.rms_norm_eps, 1e-6);
-    EXPECT_EQ(c.vocab_size, 151936);
     EXPECT_EQ(c.num_moe_layers(), 24);
 
     // No model_type: the architecture comes from `architectures`.
-    const ModelConfig m = kvasir::parse_model_config(R"({"architectures": ["MixtralForCausalLM"]})", "a/config.json");
+    const ModelConfig m = kvasir::parse_model_config(sized(R"({"architectures": ["MixtralForCausalLM"]})"), "a/config.json");
     EXPECT_EQ(m.architecture, Architecture::mixtral);
     EXPECT_EQ(m.rope_theta, 1e6);  // MixtralConfig.default_theta
     EXPECT_EQ(m.rms_norm_eps, 1e-5);
@@ -325,19 +389,19 @@ TEST(ConfigParse, MissingKeysTakeTheTransformersDefaults) {
 TEST(ConfigParse, SparseStepAndMlpOnlyLayersCombine) {
     // (l+1) % 3 == 0 → layers 2, 5; mlp_only_layers removes 5.
     const ModelConfig c = kvasir::parse_model_config(
-        R"({"model_type": "qwen2_moe", "num_hidden_layers": 7, "decoder_sparse_step": 3, "mlp_only_layers": [5, 0]})",
+        sized(R"({"model_type": "qwen2_moe", "num_hidden_layers": 7, "decoder_sparse_step": 3, "mlp_only_layers": [5, 0]})"),
         "s/config.json");
     EXPECT_EQ(c.moe_layers, (std::vector<bool>{false, false, true, false, false, false, false}));
 }
 
 TEST(ConfigParse, RopeParametersWinOverTopLevelRopeTheta) {
     const ModelConfig c = kvasir::parse_model_config(
-        R"({"model_type": "qwen3_moe", "rope_theta": 5.0, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 7.0}})",
+        sized(R"({"model_type": "qwen3_moe", "rope_theta": 5.0, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 7.0}})"),
         "r/config.json");
     EXPECT_EQ(c.rope_theta, 7.0);
     EXPECT_EQ(c.rope_type, "dynamic");
     const ModelConfig d = kvasir::parse_model_config(
-        R"({"model_type": "qwen3_moe", "rope_theta": 5.0, "rope_scaling": {"type": "linear", "factor": 2.0}})",
+        sized(R"({"model_type": "qwen3_moe", "rope_theta": 5.0, "rope_scaling": {"type": "linear", "factor": 2.0}})"),
         "r/config.json");
     EXPECT_EQ(d.rope_theta, 5.0);
     EXPECT_EQ(d.rope_type, "linear");
@@ -484,16 +548,16 @@ TEST(ConfigErrors, BadValuesNameTheKey) {
 TEST(ConfigErrors, DeepSeekGroupsMustFit) {
     const std::string base = R"({"model_type": "deepseek_v3", "n_routed_experts": 64, "num_experts_per_tok": 6,
                                  "num_hidden_layers": 4, )";
-    expect_error(base + R"("n_group": 5, "topk_group": 2})", {"n_group (5) must divide n_routed_experts (64)"});
-    expect_error(base + R"("n_group": 8, "topk_group": 9})", {"topk_group (9)"});
-    expect_error(base + R"("n_group": 16, "topk_group": 1})",
+    expect_error(sized(base + R"("n_group": 5, "topk_group": 2})"), {"n_group (5) must divide n_routed_experts (64)"});
+    expect_error(sized(base + R"("n_group": 8, "topk_group": 9})"), {"topk_group (9)"});
+    expect_error(sized(base + R"("n_group": 16, "topk_group": 1})"),
                  {"num_experts_per_tok (6) exceeds", "topk_group (1) groups of 4"});
-    expect_error(base + R"("n_group": 64, "topk_group": 1})", {"fewer than 2 experts per group"});
-    expect_error(base + R"("n_group": 8, "topk_group": 4, "scoring_func": "softmax"})", {"scoring_func", "softmax"});
-    expect_error(base + R"("n_group": 8, "topk_group": 4, "routed_scaling_factor": 0})", {"routed_scaling_factor"});
-    expect_error(base + R"("n_group": 8, "topk_group": 4, "first_k_dense_replace": 5})",
+    expect_error(sized(base + R"("n_group": 64, "topk_group": 1})"), {"fewer than 2 experts per group"});
+    expect_error(sized(base + R"("n_group": 8, "topk_group": 4, "scoring_func": "softmax"})"), {"scoring_func", "softmax"});
+    expect_error(sized(base + R"("n_group": 8, "topk_group": 4, "routed_scaling_factor": 0})"), {"routed_scaling_factor"});
+    expect_error(sized(base + R"("n_group": 8, "topk_group": 4, "first_k_dense_replace": 5})"),
                  {"first_k_dense_replace = 5", "out of range [0, 4]"});
-    const ModelConfig ok = kvasir::parse_model_config(base + R"("n_group": 8, "topk_group": 4, "first_k_dense_replace": 1})",
+    const ModelConfig ok = kvasir::parse_model_config(sized(base + R"("n_group": 8, "topk_group": 4, "first_k_dense_replace": 1})"),
                                                       "ok/config.json");
     EXPECT_EQ(ok.moe_layers, (std::vector<bool>{false, true, true, true}));
 }
@@ -645,7 +709,7 @@ TEST(ConfigHybrid, Qwen35MoeWrapperReadsTheTextConfigAndEveryHybridKey) {
 
 TEST(ConfigHybrid, TextOnlyQwen35AndQwen3NextAndTheirDefaults) {
     const ModelConfig t = kvasir::parse_model_config(
-        R"({"model_type": "qwen3_5_moe_text", "num_hidden_layers": 8, "full_attention_interval": 4})", "t/config.json");
+        sized(R"({"model_type": "qwen3_5_moe_text", "num_hidden_layers": 8, "full_attention_interval": 4})"), "t/config.json");
     EXPECT_EQ(t.architecture, Architecture::qwen3_5_moe);
     EXPECT_FALSE(t.multimodal_wrapper);
     EXPECT_EQ(t.tensor_prefix, "model.");
@@ -660,7 +724,7 @@ TEST(ConfigHybrid, TextOnlyQwen35AndQwen3NextAndTheirDefaults) {
     EXPECT_EQ(t.linear_attention_layers, (std::vector<bool>{true, true, true, false, true, true, true, false}));
 
     const ModelConfig n = kvasir::parse_model_config(
-        R"({"model_type": "qwen3_next", "num_hidden_layers": 4, "mlp_only_layers": [1], "norm_topk_prob": false})",
+        sized(R"({"model_type": "qwen3_next", "num_hidden_layers": 4, "mlp_only_layers": [1], "norm_topk_prob": false})"),
         "n/config.json");
     EXPECT_EQ(n.architecture, Architecture::qwen3_next);
     EXPECT_EQ(n.moe_layers, (std::vector<bool>{true, false, true, true}));
@@ -674,7 +738,7 @@ TEST(ConfigHybrid, TextOnlyQwen35AndQwen3NextAndTheirDefaults) {
 TEST(ConfigHybrid, BadHybridConfigsAreRefusedNamingTheKey) {
     const auto refused = [](const std::string& text, const std::string& part) {
         try {
-            (void)kvasir::parse_model_config(text, "bad/config.json");
+            (void)kvasir::parse_model_config(text.find("text_config\": 7") != std::string::npos ? text : sized(text), "bad/config.json");
             ADD_FAILURE() << "accepted: " << text;
         } catch (const kvasir::Error& e) {
             EXPECT_EQ(e.code(), ErrorCode::bad_input) << e.what();
@@ -749,17 +813,17 @@ TEST(ConfigErrors, Llama3RopeScalingNeedsItsKeysAndMlpBiasIsRefused) {
 
 TEST(ConfigParse, MistralSlidesOnEveryLayerQwen2OnTheLayersItsConfigNames) {
     // mistralai/Mistral-7B-v0.1: sliding_window 4096, no layer_types → every layer.
-    const kvasir::ModelConfig m = kvasir::parse_model_config(R"({
+    const kvasir::ModelConfig m = kvasir::parse_model_config(sized(R"({
       "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
       "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
-      "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": false})",
+      "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": false})"),
                                                               "mistral/config.json");
     EXPECT_EQ(m.architecture, Architecture::mistral);
     EXPECT_FALSE(m.attention_bias);
     for (std::int64_t l = 0; l < m.num_layers; ++l) EXPECT_EQ(m.attention_window(l), 4096) << l;
     // Mistral-7B-v0.3 and later: sliding_window null → full attention.
     const kvasir::ModelConfig m3 = kvasir::parse_model_config(
-        R"({"model_type": "mistral", "num_hidden_layers": 2, "sliding_window": null})", "m3/config.json");
+        sized(R"({"model_type": "mistral", "num_hidden_layers": 2, "sliding_window": null})"), "m3/config.json");
     EXPECT_EQ(m3.attention_window(0), 0);
 
     // Qwen2.5-7B: use_sliding_window false → full attention everywhere, whatever sliding_window says.
@@ -799,11 +863,11 @@ TEST(ConfigParse, MistralSlidesOnEveryLayerQwen2OnTheLayersItsConfigNames) {
 
 TEST(ConfigParse, Qwen3DenseHasQkNormAndItsOwnHeadDim) {
     // Qwen/Qwen3-8B (abridged): head_dim 128 given explicitly, q/k norm always.
-    const kvasir::ModelConfig c = kvasir::parse_model_config(R"({
+    const kvasir::ModelConfig c = kvasir::parse_model_config(sized(R"({
       "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
       "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
       "vocab_size": 151936, "rope_theta": 1000000, "attention_bias": false, "use_sliding_window": false,
-      "sliding_window": null, "max_window_layers": 36, "tie_word_embeddings": false})",
+      "sliding_window": null, "max_window_layers": 36, "tie_word_embeddings": false})"),
                                                               "qwen3/config.json");
     EXPECT_EQ(c.architecture, Architecture::qwen3);
     EXPECT_TRUE(c.qk_norm);
@@ -811,7 +875,7 @@ TEST(ConfigParse, Qwen3DenseHasQkNormAndItsOwnHeadDim) {
     EXPECT_EQ(c.head_dim, 128);
     EXPECT_FALSE(c.has_moe());
     EXPECT_EQ(c.sliding_window, 0);
-    const kvasir::ModelConfig b = kvasir::parse_model_config(R"({"model_type": "qwen3", "attention_bias": true})", "b/config.json");
+    const kvasir::ModelConfig b = kvasir::parse_model_config(sized(R"({"model_type": "qwen3", "attention_bias": true})"), "b/config.json");
     EXPECT_TRUE(b.attention_bias);
     EXPECT_TRUE(b.attention_out_bias);  // Qwen3Attention: o_proj bias = attention_bias too
 }
@@ -849,9 +913,9 @@ TEST(RopeFrequencies, YarnAsGptOssUsesIt) {
     // original context 4096; head_dim 64. Correction range by hand: low = 64·ln(4096/(32·2π)) / (2 ln 1.5e5)
     // = 8.093, high = 64·ln(4096/2π) / (2 ln 1.5e5) = 17.398: pairs ≤ 8 keep theta^(−2i/64), pairs ≥ 18 are
     // divided by 32, the ones between blend with ramp (i − low)/(high − low).
-    const kvasir::ModelConfig c = kvasir::parse_model_config(R"({"model_type": "qwen3_moe", "head_dim": 64,
+    const kvasir::ModelConfig c = kvasir::parse_model_config(sized(R"({"model_type": "qwen3_moe", "head_dim": 64,
       "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
-                          "beta_slow": 1.0, "truncate": false, "original_max_position_embeddings": 4096}})",
+                          "beta_slow": 1.0, "truncate": false, "original_max_position_embeddings": 4096}})"),
                                                              "yarn/config.json");
     ASSERT_EQ(c.rope_type, "yarn");
     const std::vector<double> f = kvasir::rope_inverse_frequencies(c);
@@ -886,15 +950,15 @@ TEST(RopeFrequencies, YarnAsGptOssUsesIt) {
     d.rope_scaling.mscale = 1.0;
     d.rope_scaling.mscale_all_dim = 0.5;
     EXPECT_NEAR(kvasir::rope_attention_factor(d), (0.1 * std::log(32.0) + 1) / (0.05 * std::log(32.0) + 1), 1e-15);
-    EXPECT_EQ(kvasir::rope_attention_factor(kvasir::parse_model_config(R"({"model_type": "qwen3_moe"})", "x")), 1.0);
+    EXPECT_EQ(kvasir::rope_attention_factor(kvasir::parse_model_config(sized(R"({"model_type": "qwen3_moe"})"), "x")), 1.0);
 }
 
 TEST(ConfigErrors, YarnNeedsItsKeys) {
-    expect_error(std::string(R"({"model_type": "qwen3_moe", "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})"),
+    expect_error(sized(R"({"model_type": "qwen3_moe", "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})"),
                  {"original_max_position_embeddings is required for rope_type yarn"});
-    expect_error(std::string(R"({"model_type": "qwen3_moe", "rope_parameters": {"rope_type": "yarn",
+    expect_error(sized(R"({"model_type": "qwen3_moe", "rope_parameters": {"rope_type": "yarn",
                     "original_max_position_embeddings": 4096}})"), {"factor is required for rope_type yarn"});
-    expect_error(std::string(R"({"model_type": "qwen3_moe", "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+    expect_error(sized(R"({"model_type": "qwen3_moe", "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
                     "original_max_position_embeddings": 4096, "truncate": 1}})"), {"truncate must be true or false"});
 }
 
@@ -960,7 +1024,7 @@ TEST(ConfigParse, GptOssDefaultsAndLayout) {
     EXPECT_EQ(c.attention_window(1), 0);
     EXPECT_EQ(c.attention_window(22), 128);
     // Without layer_types, rope or head_dim: GptOssConfig's defaults (even layers slide, yarn 32, head_dim 64).
-    const kvasir::ModelConfig d = kvasir::parse_model_config(R"({"model_type": "gpt_oss", "num_hidden_layers": 3})", "d");
+    const kvasir::ModelConfig d = kvasir::parse_model_config(sized(R"({"model_type": "gpt_oss", "num_hidden_layers": 3})"), "d");
     EXPECT_EQ(d.head_dim, 64);
     EXPECT_EQ(d.rope_type, "yarn");
     EXPECT_EQ(d.rope_scaling.factor, 32.0);

@@ -102,6 +102,21 @@ std::string one_line(std::string s) {
     return s;
 }
 
+// The sizes of a model: never guessed. transformers' config classes give each
+// a default (hidden_size 2048, vocab_size 151936, ...), and save_pretrained
+// always writes them, so a config.json without one is a hand-edited or
+// truncated file: refused naming the key, not computed with another model's
+// size.
+bool is_required_size(std::string_view key) {
+    static constexpr std::string_view kSizes[] = {
+        "hidden_size",          "num_hidden_layers",      "num_attention_heads",   "vocab_size",
+        "intermediate_size",    "moe_intermediate_size",  "num_experts_per_tok",   "num_experts",
+        "num_local_experts",    "n_routed_experts",       "shared_expert_intermediate_size",
+        "linear_key_head_dim",  "linear_value_head_dim",  "linear_num_key_heads",  "linear_num_value_heads",
+        "qk_nope_head_dim",     "qk_rope_head_dim",       "v_head_dim",            "kv_lora_rank"};
+    return std::find(std::begin(kSizes), std::end(kSizes), key) != std::end(kSizes);
+}
+
 // Typed access to the keys of a config.json object; every failure names the
 // file and the key.
 class Keys {
@@ -122,6 +137,8 @@ public:
     std::int64_t integer(std::string_view key, std::int64_t def, std::int64_t lo, std::int64_t hi,
                          bool null_is_absent = false) const {
         const json* v = find(key, null_is_absent);
+        if (!v && is_required_size(key))
+            fail(ErrorCode::bad_input, "{}: required key \"{}\" is missing (a model's sizes are never guessed)", src_, key);
         return v ? integer_value(*v, key, lo, hi) : def;
     }
 
@@ -182,6 +199,9 @@ public:
         }
         if (a) return integer_value(*a, key, lo, hi);
         if (b) return integer_value(*b, alias, lo, hi);
+        if (is_required_size(key))
+            fail(ErrorCode::bad_input, "{}: required key \"{}\" (or \"{}\") is missing (a model's sizes are never guessed)", src_,
+                 key, alias);
         return def;
     }
 
