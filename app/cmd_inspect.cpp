@@ -116,6 +116,7 @@ Ignored ignored_tensors(const ModelConfig& c, const std::vector<ModelTensorEntry
 
 void run_inspect(const InspectOptions& opt) {
     const Model model = Model::open(opt.model);
+    model.check_tensor_shapes();  // a config that disagrees with its tensors is an error, not a description
     const ModelConfig& c = model.config();
     const std::vector<ModelTensorEntry> table = model.tensor_table();
     const Ignored ignored = model.format() == "safetensors" ? ignored_tensors(c, table) : Ignored{};

@@ -95,6 +95,8 @@ void run_matrix(MatrixOptions& opt) {
         std::cout << json.dump(2) << '\n';
     else
         std::cout << render_ops_text(report, style_for(stdout));
+    std::cout.flush();
+    judge_non_finite(json, "matrix", &model);
 }
 
 }  // namespace

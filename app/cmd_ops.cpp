@@ -50,6 +50,8 @@ void run_ops(OpsOptions& opt) {
         std::cout << json.dump(2) << '\n';
     else
         std::cout << render_ops_text(report, style_for(stdout));
+    std::cout.flush();
+    judge_non_finite(json, "ops", model ? &*model : nullptr);
 }
 
 }  // namespace

@@ -56,13 +56,16 @@ void fill_common(StepCommon& c, const Model& model, const StepOptions& o) {
 }
 
 template <typename Report>
-void emit(const Report& report, const OutputOptions& out, std::string (*render)(const Report&, const Style&)) {
+void emit(const char* step, const Model* model, const Report& report, const OutputOptions& out,
+          std::string (*render)(const Report&, const Style&)) {
     const auto json = to_json(report);
     if (!out.output_file.empty()) write_file_atomic(out.output_file, json.dump(2) + "\n");
     if (out.json)
         std::cout << json.dump(2) << '\n';
     else
         std::cout << render(report, style_for(stdout));
+    std::cout.flush();
+    judge_non_finite(json, step, model);
 }
 
 // Validates the config before any node is created, so a bad option costs no
@@ -73,10 +76,11 @@ void run_step(const char* step, const StepOptions& o, Config& config, Run run,
     config.validate();
     if (!o.output.output_file.empty()) check_output_paths({{"--output", o.output.output_file}});
     Nodes nodes = create_nodes(o.nodes);
+    check_step_memory(config, nodes.nodes.size() * (o.repeat ? 2 : 1), step);
     const Report report = run_timed(step, nodes, o.timings, [&](std::vector<std::unique_ptr<Backend>>& timed) {
         return run(config, timed, nodes.reference);
     });
-    emit(report, o.output, render);
+    emit(step, config.model, report, o.output, render);
 }
 
 constexpr const char* kPromptTokens = "Use N seeded token ids (default: the model's reference prompt, else 24 seeded ids)";

@@ -5,12 +5,14 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <functional>
 #include <string>
 #include <vector>
 
 namespace kvasir {
+class Model;          // kvasir/model/model.hpp
 struct AuditProgress;  // kvasir/audit/audit.hpp
 struct HtmlStamp;      // kvasir/report/writers.hpp
 }
@@ -47,6 +49,14 @@ void add_timings_flag(CLI::App& cmd, bool& timings, const std::string& what);
 // never empty: `-o ""` is an error, not "no output". Applied once in main(), so an option added
 // later is covered too.
 void strict_options(CLI::App& app);
+
+// After a step command (ops, matrix, drift, logits, ...) built its report:
+// the same rules as audit for values that are NaN/Inf. A candidate whose
+// figures are non-finite is named on stderr ("NODE: non-finite results in
+// STEP, first at /json/path") and the command exits 1; the reference's own
+// non-finite values (a pair's nan_ref/inf_ref), or a model holding a
+// non-finite weight, are exit 2 naming the node, or the layer and tensor.
+void judge_non_finite(const nlohmann::ordered_json& report, const std::string& step, const Model* model);
 
 // Exit code a command sets for main() to return (0 unless it decided otherwise).
 int& command_exit_code();

@@ -1,12 +1,16 @@
 #include "commands.hpp"
 
 #include "kvasir/audit/audit.hpp"
+#include "kvasir/audit/audit_plan.hpp"
+#include "kvasir/core/error.hpp"
+#include "kvasir/model/model.hpp"
 #include "kvasir/report/writers.hpp"
 
 #include <fmt/format.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -14,6 +18,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <limits>
+#include <map>
 #include <system_error>
 
 namespace kvasir::app {
@@ -104,6 +109,70 @@ void strict_options(CLI::App& app) {
         o->check(CLI::Validator([kind](std::string& text) { return number_error(kind, text); }, "", "strict number"));
     }
     for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) strict_options(*sub);
+}
+
+namespace {
+
+bool non_finite_value(const nlohmann::ordered_json& v) {
+    if (v.is_number_float()) return !std::isfinite(v.get<double>());
+    if (!v.is_string()) return false;
+    const std::string& s = v.get_ref<const std::string&>();
+    return s == "nan" || s == "-nan" || s == "inf" || s == "-inf" || s == "Infinity" || s == "-Infinity" || s == "NaN";
+}
+
+// Walks `v`, attributing each value to the nearest enclosing "node" or
+// "candidate"; a pair whose "reference" is not the report's reference
+// (candidate against candidate) is not judged.
+void scan_non_finite(const nlohmann::ordered_json& v, const std::string& path, std::string node, const std::string& reference,
+                     std::map<std::string, std::string>& first, std::string& reference_bad, bool in_pair = false) {
+    if (v.is_object()) {
+        const auto r = v.find("reference");
+        const bool pair = r != v.end() && r->is_string();
+        if (pair && *r != reference) return;
+        if (const auto c = v.find("candidate"); c != v.end() && c->is_string()) node = c->get<std::string>();
+        else if (const auto n = v.find("node"); n != v.end() && n->is_string()) node = n->get<std::string>();
+        // A node whose step failed (generate: "only NaN logits") is that node's error.
+        if (const auto e = v.find("error"); e != v.end() && e->is_string() && !e->get_ref<const std::string&>().empty() &&
+                                            !node.empty() && node != reference && first.count(node) == 0)
+            first[node] = path + "/error: " + e->get<std::string>();
+        for (auto it = v.begin(); it != v.end(); ++it) {
+            // NaN written for "there is none" (no divergence: no margin at it).
+            if (it.key() == "ref_margin_at_divergence" || it.key() == "cand_margin_at_divergence") continue;
+            scan_non_finite(*it, path + "/" + it.key(), node, reference, first, reference_bad, pair || in_pair);
+        }
+    } else if (v.is_array()) {
+        for (std::size_t i = 0; i < v.size(); ++i)
+            scan_non_finite(v[i], fmt::format("{}/{}", path, i), node, reference, first, reference_bad, in_pair);
+    } else if (in_pair && (path.ends_with("/nan_ref") || path.ends_with("/inf_ref")) && v.is_number() && v.get<double>() > 0) {
+        // A pair's count of NaN/Inf on the reference's side: the yardstick itself.
+        if (reference_bad.empty()) reference_bad = path;
+    } else if (non_finite_value(v) && !node.empty() && node != reference && first.count(node) == 0) {
+        first[node] = path;
+    }
+}
+
+}  // namespace
+
+void judge_non_finite(const nlohmann::ordered_json& report, const std::string& step, const Model* model) {
+    const std::string reference = report.value("reference", "");
+    std::map<std::string, std::string> first;
+    std::string reference_bad;
+    for (auto it = report.begin(); it != report.end(); ++it) {
+        if (it.key() == "config" || it.key() == "tool" || it.key() == "nodes" || it.key() == "schema") continue;
+        scan_non_finite(*it, "/" + it.key(), "", reference, first, reference_bad);
+    }
+    if (first.empty() && reference_bad.empty()) return;
+    if (model != nullptr)
+        if (const auto w = detail::first_non_finite_weight(*model))
+            fail(ErrorCode::bad_input, "{}: the model is not finite: {}; no node is judged against a broken model — fix the checkpoint",
+                 model->path(), *w);
+    KVASIR_CHECK(reference_bad.empty(), ErrorCode::bad_input,
+                 "the reference {} computed non-finite values from finite inputs in {} ({}); it cannot be the yardstick "
+                 "(name another node with --reference)", reference, step, reference_bad);
+    for (const auto& [node, path] : first)
+        std::fprintf(stderr, "kvasir-equiv: %s: non-finite results in %s (first at %s): not comparable, unfit\n", node.c_str(),
+                     step.c_str(), path.c_str());  // path may carry the node's error text
+    command_exit_code() = std::max(command_exit_code(), 1);
 }
 
 int& command_exit_code() {

@@ -269,6 +269,48 @@ TEST(CaptureCompare, StepsTheProtocolDoesNotRunAreRefused) {
     }
 }
 
+TEST(CaptureCompare, AReshapedOrRetypedTensorIsRefusedEvenRehashed) {
+    // A capture whose tensor bytes are intact but whose shape (or kind) was changed, then rehashed: the content
+    // hash is valid, the layout is not what the reference (and the protocol) has.
+    TempDir dir;
+    const Capture ref = Capture::open(capture(dir, "cpu-ref"));
+    const std::string path = capture(dir, "cpu", {"ops"});
+    const SafetensorsFile f = SafetensorsFile::open(path);
+    std::string victim;
+    for (const auto& n : f.names())
+        if (victim.empty() && dtype_is_float(f.view(n).dtype) && f.view(n).shape.size() == 2 && f.view(n).shape[0] > 1) victim = n;
+    ASSERT_FALSE(victim.empty());
+    for (const bool retype : {false, true}) {
+        CaptureData forged;
+        forged.metadata = f.metadata();
+        forged.metadata.erase("content_hash");
+        for (const auto& n : f.names()) {
+            TensorView v = f.view(n);
+            Tensor t = Tensor::convert(v, v.dtype);
+            if (n == victim && !retype) {
+                const Shape s = v.shape;
+                t = Tensor::convert(TensorView{v.dtype, v.data, {s[0] * s[1]}}, v.dtype);  // [a, b] → [a·b], same bytes
+            }
+            if (n == victim && retype) t = Tensor::convert(v, DType::i32);
+            forged.tensors.emplace(n, std::move(t));
+        }
+        const std::string out = dir / (retype ? "retyped.safetensors" : "reshaped.safetensors");
+        write_capture(out, forged);
+        const Capture c = Capture::open(out);  // the hash verifies
+        CompareConfig cc;
+        cc.protocol = &ci();
+        cc.only_steps = {"ops"};
+        expect_bad_input([&] { (void)compare_captures(cc, {&ref, &c}, 0); },
+                         retype ? "ids and values cannot be compared" : "a reshaped tensor, even with a valid content hash");
+        try {
+            (void)compare_captures(cc, {&ref, &c}, 0);
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(out), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find(victim), std::string::npos) << e.what();
+        }
+    }
+}
+
 TEST(CaptureCompare, OpsOnlyCapturesAreJudgedOnStepOne) {
     TempDir dir;
     const Capture ref = Capture::open(capture(dir, "cpu-ref"));

@@ -729,3 +729,42 @@ TEST(StepOps, GptOssOpsOnEveryNode) {
     }
     EXPECT_NE(r.ops[1].inputs.find("sliding window 8, sinks[8]"), std::string::npos) << r.ops[1].inputs;
 }
+
+// The memory a step needs, by hand for a small config, and a token count the
+// run cannot hold refused before anything is allocated.
+TEST(StepMemory, EstimateByHandAndRefusal) {
+    kvasir::ModelConfig c;
+    c.vocab_size = 100;
+    c.hidden_size = 16;
+    c.num_layers = 3;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 4;
+    c.intermediate_size = 40;
+    c.moe_intermediate_size = 8;
+    c.router.top_k = 2;
+    // Per token: 8 bytes × (2·100 logits+probs + 3·16 residuals + 3·2·(2·4) KV + 8·max(16, 16, 40, 8·2) = 320) = 8 × 616.
+    EXPECT_EQ(kvasir::step_memory_estimate(c, 10, 3), 3u * 10u * 8u * 616u);
+    EXPECT_EQ(kvasir::step_memory_estimate(c, 0, 1), 0u);
+    // A hostile count saturates instead of wrapping round to a small number.
+    EXPECT_EQ(kvasir::step_memory_estimate(c, std::int64_t{1} << 62, 1000), std::numeric_limits<std::uint64_t>::max());
+
+    const kvasir::Model model = kvasir::Model::open("fixtures/models/qwen3_moe_tiny");
+    kvasir::StepCommon s;
+    s.model = &model;
+    s.tokens.ids.assign(1 << 20, 1);
+    s.tokens.source = "test";
+    if (kvasir::available_memory_bytes() == 0) GTEST_SKIP() << "no MemAvailable in /proc/meminfo: the refusal is not decided";
+    const std::size_t nodes = 1 + kvasir::available_memory_bytes() / kvasir::step_memory_estimate(model.config(), 1 << 20, 1);
+    try {
+        kvasir::check_step_memory(s, nodes, "logits");
+        ADD_FAILURE() << "not refused";
+    } catch (const kvasir::Error& e) {
+        EXPECT_EQ(e.code(), kvasir::ErrorCode::bad_input);
+        EXPECT_NE(std::string(e.what()).find("logits: 1048576 tokens on " + std::to_string(nodes) + " nodes need at least"),
+                  std::string::npos)
+            << e.what();
+    }
+    s.tokens.ids.assign(24, 1);
+    kvasir::check_step_memory(s, 2, "logits");  // the usual prompt fits anywhere
+}

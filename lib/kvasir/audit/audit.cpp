@@ -7,7 +7,9 @@
 #include "kvasir/audit/capture.hpp"
 #include "kvasir/audit/step.hpp"
 
+#include "kvasir/core/dtype.hpp"
 #include "kvasir/core/error.hpp"
+#include "kvasir/core/tensor.hpp"
 #include "kvasir/steps/node_clock.hpp"
 
 #include <fmt/format.h>
@@ -121,16 +123,6 @@ void compare_step(const Protocol& p, const std::string& name, const std::vector<
 
 namespace {
 
-// Bytes of memory the kernel could hand out now (MemAvailable), 0 when unknown.
-std::uint64_t available_memory() {
-    std::ifstream in("/proc/meminfo");
-    std::string key, unit;
-    std::uint64_t kib = 0;
-    while (in >> key >> kib >> unit)
-        if (key == "MemAvailable:") return kib * 1024;
-    return 0;
-}
-
 // The load phase: read what the steps will use — the whole model when a step
 // runs the forward pass, the ops layer when only step 1 uses real weights.
 void load_weights(const detail::AuditPlan& plan, const Model& model, RunTimings& t) {
@@ -148,7 +140,7 @@ void load_weights(const detail::AuditPlan& plan, const Model& model, RunTimings&
     }
     std::uint64_t want = 0;
     for (std::int64_t l : layers) want += model.layer_bytes(l);
-    const std::uint64_t avail = available_memory();
+    const std::uint64_t avail = available_memory_bytes();
     if (avail != 0 && want > avail / 2) {
         t.load_note = fmt::format("skipped: {:.2f} GB of weights, {:.2f} GB available — read lazily by the steps",
                                   static_cast<double>(want) * 1e-9, static_cast<double>(avail) * 1e-9);
@@ -308,6 +300,28 @@ AuditRun compare_captures(const CompareConfig& cc, const std::vector<const Captu
                          caps[k]->path(), c->path(), c->metadata().at("content_hash").substr(0, 19));
         const auto [it, fresh] = names.emplace(c->node(), c->path());
         KVASIR_CHECK(fresh, ErrorCode::bad_input, "{} and {} both capture node '{}'", it->second, c->path(), c->node());
+    }
+    // Every tensor a candidate shares with the reference has the reference's
+    // shape and kind (ids integer, values floating point; the width may
+    // differ: f32 against the f64 oracle). The content hash only says the
+    // file is as written — a tensor reshaped and rehashed is refused here,
+    // naming it, instead of being compared element by element with the wrong
+    // layout.
+    const Capture& ref_cap = *caps[reference];
+    for (std::size_t ci = 0; ci < caps.size(); ++ci) {
+        if (ci == reference) continue;
+        const Capture& c = *caps[ci];
+        for (const std::string& name : c.tensor_names()) {
+            if (!ref_cap.has(name)) continue;
+            const TensorView a = c.view(name), r = ref_cap.view(name);
+            KVASIR_CHECK(a.shape == r.shape, ErrorCode::bad_input,
+                         "{}: tensor {} has shape {}, but the reference capture {} has {}: refused (a reshaped tensor, even "
+                         "with a valid content hash)",
+                         c.path(), nlohmann::json(name).dump(), shape_str(a.shape), ref_cap.path(), shape_str(r.shape));
+            KVASIR_CHECK(dtype_is_float(a.dtype) == dtype_is_float(r.dtype), ErrorCode::bad_input,
+                         "{}: tensor {} is {}, but the reference capture {} has {}: refused (ids and values cannot be compared)",
+                         c.path(), nlohmann::json(name).dump(), dtype_name(a.dtype), ref_cap.path(), dtype_name(r.dtype));
+        }
     }
 
     AuditRun run;

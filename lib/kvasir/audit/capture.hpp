@@ -62,6 +62,7 @@ public:
     // Did this capture run `step` (listed in steps, not failed)?
     bool has_step(const std::string& step) const;
     bool has(const std::string& tensor) const override { return file_->contains(tensor); }
+    const std::vector<std::string>& tensor_names() const { return file_->names(); }
     // Error(bad_input) "<path>: capture has no tensor '<name>'" when absent.
     TensorView view(const std::string& tensor) const override;
     // A metadata entry (ops_inputs, ops_errors, ...).

@@ -890,6 +890,17 @@ std::uint64_t Model::layer_bytes(std::int64_t l) const {
     return total;
 }
 
+void Model::check_tensor_shapes() const {
+    const Impl& m = *impl_;
+    if (!m.st) return;  // GGUF: the config is read from the same file, each tensor checked as it is loaded
+    const auto check = [&](const TensorSpec& s) {
+        check_shape(m.st->shard_of(s.name), s.name, m.st->info(s.name).shape, s.shape);
+    };
+    for (const TensorSpec& s : model_tensor_specs(m.cfg)) check(s);
+    for (std::int64_t l = 0; l < m.cfg.num_layers; ++l)
+        for (const TensorSpec& s : layer_tensor_specs(m.cfg, l)) check(s);
+}
+
 std::vector<ModelTensorEntry> Model::tensor_table() const {
     const Impl& m = *impl_;
     std::vector<ModelTensorEntry> out;

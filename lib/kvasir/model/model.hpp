@@ -151,6 +151,11 @@ public:
     // Every tensor of the file(s), sorted by name, for `inspect`. Maps every
     // shard's header (reads no tensor data).
     std::vector<ModelTensorEntry> tensor_table() const;
+    // Every tensor the config implies has the shape it implies, read from the
+    // headers (every shard's is mapped, no data read): Error(bad_input) naming
+    // the file, the tensor and both shapes. open() checks only that the names
+    // exist (it maps no shard); a step checks each tensor as it loads it.
+    void check_tensor_shapes() const;
 
     // Identity of the model, for captures: 32 lowercase hex digits of the
     // 128-bit FNV-1a hash of a canonical text made of

@@ -113,6 +113,22 @@ struct StepCommon {
     void validate() const;
 };
 
+// Bytes of memory the kernel could hand out now (MemAvailable of
+// /proc/meminfo); 0 when unknown.
+std::uint64_t available_memory_bytes();
+
+// What a forward-pass step over `tokens` positions holds at once on `nodes`
+// nodes, at least (a lower bound, every term f64, the widest a node keeps):
+// per node the final logits and their probabilities (2·T·V), the per-layer
+// residual stream the drift step keeps (L·T·H), the KV cache (L·T·2·kv_dim)
+// and a layer's working activations (≈ 8·T·max(H, q_dim, FFN width)).
+std::uint64_t step_memory_estimate(const ModelConfig& c, std::int64_t tokens, std::size_t nodes);
+
+// Refuses, before anything is allocated, a token count the run cannot hold:
+// Error(bad_input) "WHAT: N tokens on K nodes need at least X GiB (...),
+// Y GiB is available". Nothing is refused when the available memory is unknown.
+void check_step_memory(const StepCommon& c, std::size_t nodes, const std::string& what);
+
 // { model, model_fingerprint, architecture, layers, tokens_source,
 //   token_count, seed, repeat }. Shared first keys of every step's "config".
 nlohmann::ordered_json common_json(const StepCommon& c);

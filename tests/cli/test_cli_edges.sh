@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Every edge answers correctly (issue #22), one block per class: bad option
+# values, special files where a file is read, output misuse, a config that
+# lacks a size or disagrees with its tensors, non-finite step results. Each
+# case asserts the exit code and that the one-line message names the object.
+# (Tampered-but-rehashed captures: tests/steps/test_capture.cpp; SIGINT and
+# the atomic write's temporaries: tests/core/test_io.cpp.)
+# Usage: test_cli_edges.sh PATH/TO/kvasir-equiv   (run from the repo root)
+set -u
+bin="$1"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+M=fixtures/models/qwen3_moe_tiny
+ci=protocols/ci.json
+
+# expect_rc RC WANT ARGS...: exit RC, and stderr's error line contains WANT.
+expect_rc() {
+  local want_rc="$1" want="$2"; shift 2
+  local err rc
+  err=$(timeout 60 "$bin" "$@" 2>&1 >/dev/null); rc=$?
+  if [ "$rc" -ne "$want_rc" ] || { [ -n "$want" ] && ! printf '%s' "$err" | grep -qF -- "$want"; }; then
+    echo "FAIL: kvasir-equiv $* → rc=$rc: $err (wanted rc $want_rc, a line containing '$want')"
+    failures=$((failures + 1))
+  else
+    echo "ok: $* → rc $rc: $(printf '%s' "$err" | head -1)"
+  fi
+}
+
+# --- 1. options are validated, never coerced --------------------------------
+expect_usage_error "--seed: '-1' is not an unsigned decimal integer" ops --seed -1 --ops matmul
+expect_usage_error "--seed: '18446744073709551616' is outside 0..18446744073709551615" ops --seed 18446744073709551616
+expect_usage_error "--seed: ' 7' is not" ops --seed " 7"
+expect_usage_error "--seed: '-5' is not" audit --seed -5
+expect_usage_error "--seed: '1e3' is not" capture --backend cpu -o "$tmp/c.st" --seed 1e3
+expect_usage_error "--seed: '-1' is not" logits --seed -1
+expect_usage_error "--tokens: '99999999999999999999' is outside" ops --tokens 99999999999999999999
+expect_usage_error "--tokens: '0x10' is not a decimal integer" ops --tokens 0x10
+expect_usage_error "--rms-eps: '1e999' is outside the range of a double" ops --rms-eps 1e999
+expect_usage_error "--threshold: 'nan' is not a finite decimal number" drift --threshold nan
+expect_usage_error "--border: 'inf' is not a finite" decide --border inf
+expect_usage_error "--layer -1 is outside 0..3" ops --model $M --layer -1
+expect_usage_error "--layer -1 is outside 0..3" matrix --layer -1
+expect_usage_error "--output: an empty value" audit -o ""
+expect_usage_error "--reference: an empty value" logits --reference ""
+# A token count the run cannot hold: refused with the estimate, before anything is allocated
+# (8 nodes run twice, ~25 GiB each on the fixture: more than any machine of this kind has).
+expect_usage_error "logits: 1048576 tokens on 16 nodes need at least" logits --tokens 1048576 --repeat \
+  -b cpu-ref,cpu,cpu:acc=f16,cpu:storage=bf16,cpu:storage=f16,cpu:threads=1,cpu:split_k=shape,cpu:acc=f16,storage=bf16
+expect_usage_error "unknown command 'frobnicate' (commands: audit, capture, compare" frobnicate
+# A multi-value option takes one value per use: it never swallows the captures after it.
+"$bin" capture --backend cpu-ref -p $ci --steps ops -o "$tmp/ref.st" >/dev/null 2>&1
+"$bin" capture --backend cpu -p $ci --steps ops -o "$tmp/cpu.st" >/dev/null 2>&1
+check "compare --only-steps ops A B: both captures compared" \
+  bash -c "'$bin' compare -p $ci --only-steps ops '$tmp/ref.st' '$tmp/cpu.st' | grep -qE '^cpu +fit'"
+expect_usage_error "--only-steps: protocol 'ci' does not run step \"warmup\"" compare -p $ci --only-steps warmup "$tmp/ref.st" "$tmp/cpu.st"
+expect_usage_error "not expected: cpu" ops --backends cpu-ref cpu
+
+# --- 2. special files are refused by name before they are read -------------
+mkfifo "$tmp/fifo"
+python3 -c "import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])" "$tmp/sock"
+mkdir "$tmp/dir"
+ln -s loop2 "$tmp/loop1"; ln -s loop1 "$tmp/loop2"
+ln -s nowhere "$tmp/dangling"
+for what in "--model:inspect" "--protocol:audit -p" "--tokens-file:logits --tokens-file" "capture:compare"; do
+  label=${what%%:*}; args=${what#*:}
+  # shellcheck disable=SC2086  # $args is the command and its option, split on purpose
+  {
+    expect_usage_error "$tmp/fifo: is a FIFO (named pipe), not a regular file" $args "$tmp/fifo"
+    expect_usage_error "$tmp/sock: is a socket, not a regular file" $args "$tmp/sock"
+    expect_usage_error "/dev/zero: is a character device, not a regular file" $args /dev/zero
+    expect_usage_error "$tmp/loop1: a symlink loop" $args "$tmp/loop1"
+    expect_usage_error "$tmp/dangling: a symlink to nothing" $args "$tmp/dangling"
+    expect_usage_error "$tmp/missing: no such file or directory" $args "$tmp/missing"
+  }
+  [ "$label" = "--model" ] || expect_usage_error "$tmp/dir: is a directory, not a regular file" $args "$tmp/dir"
+done
+expect_usage_error "$tmp/dir/config.json: no such file or directory" inspect "$tmp/dir"
+# Permission denied says so (root reads anything: run as nobody).
+cp $ci "$tmp/secret.json" && chmod 000 "$tmp/secret.json" && chmod 755 "$tmp"
+if [ "$(id -u)" -eq 0 ]; then
+  err=$(setpriv --reuid=65534 --regid=65534 --clear-groups "$bin" audit -p "$tmp/secret.json" 2>&1 >/dev/null); rc=$?
+else
+  err=$("$bin" audit -p "$tmp/secret.json" 2>&1 >/dev/null); rc=$?
+fi
+check "an unreadable protocol: exit 2, 'permission denied' ($err)" \
+  bash -c "[ $rc -eq 2 ] && grep -qF '$tmp/secret.json: permission denied' <<<\"\$1\"" _ "$err"
+
+# --- 3. outputs ---------------------------------------------------------------
+expect_usage_error "--output and --junit name the same file" audit -p $ci -b cpu-ref -o "$tmp/r.json" --junit "$tmp/r.json"
+expect_usage_error "--output and --html name the same file" audit -p $ci -b cpu-ref -o "$tmp/r.json" --html "$tmp/./r.json"
+ln -s r.json "$tmp/alias.json"
+expect_usage_error "--markdown and --csv name the same file" compare -p $ci "$tmp/ref.st" --markdown "$tmp/r.json" --csv "$tmp/alias.json"
+expect_usage_error "--output and --markdown name the same file" matrix -o "$tmp/m" --markdown "$tmp/m"
+expect_usage_error "--output $tmp/fifo: is a FIFO (named pipe); an output is never written over one" audit -p $ci -b cpu-ref -o "$tmp/fifo"
+expect_usage_error "--html $tmp/dir: is a directory; an output is never written over one" compare -p $ci "$tmp/ref.st" --html "$tmp/dir"
+expect_usage_error "--output $tmp/sock: is a socket" capture --backend cpu -p $ci --steps ops -o "$tmp/sock"
+expect_usage_error "--output $tmp/fifo: is a FIFO" logits -o "$tmp/fifo"
+expect_usage_error "--output $tmp/fifo: is a FIFO" ops --ops matmul -o "$tmp/fifo"
+check "the FIFO, socket and folder are still what they were" test -p "$tmp/fifo" -a -S "$tmp/sock" -a -d "$tmp/dir"
+check "nothing was written over them, no temporary left" test -z "$(find "$tmp" -name '*.tmp-*')"
+
+# --- 4. a config that lacks a size, or disagrees with its tensors -----------
+mkdir "$tmp/nosize" "$tmp/wrong"
+cp $M/model.safetensors "$tmp/nosize/" && cp $M/model.safetensors "$tmp/wrong/"
+python3 - "$M/config.json" "$tmp" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+d = dict(c); d.pop("hidden_size"); json.dump(d, open(sys.argv[2] + "/nosize/config.json", "w"))
+w = dict(c); w["moe_intermediate_size"] += 8; json.dump(w, open(sys.argv[2] + "/wrong/config.json", "w"))
+EOF
+expect_usage_error "nosize/config.json: required key \"hidden_size\" is missing" inspect "$tmp/nosize"
+expect_usage_error "model.layers.0.mlp.experts.0.gate_proj.weight has shape .64, 96., expected .72, 96. from the config" inspect "$tmp/wrong"
+expect_usage_error "expected .72, 96. from the config" logits --model "$tmp/wrong"
+
+# --- 5. non-finite step results end in a non-zero exit ----------------------
+for c in drift logits perplexity generate matrix; do
+  expect_rc 1 "cpu:fault=nan: non-finite results in $c" $c --backends cpu-ref,cpu:fault=nan,cpu
+done
+expect_rc 1 "cpu:fault=nan: non-finite results in ops" ops --backends cpu-ref,cpu:fault=nan --ops matmul --hidden 32 --intermediate 16
+expect_rc 2 "the reference cpu:fault=nan computed non-finite values" ops --reference cpu:fault=nan --backends cpu --ops matmul \
+  --hidden 32 --intermediate 16
+expect_rc 0 "" logits --backends cpu-ref,cpu
+expect_rc 0 "" ops --backends cpu-ref,cpu --ops matmul --hidden 32 --intermediate 16
+
+echo "$failures failed"
+[ "$failures" -eq 0 ]
