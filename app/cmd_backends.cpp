@@ -49,9 +49,31 @@ void run_backends(const BackendsOptions& opt) {
     }
     const Style st = style_for(stdout);
     TextTable t({"node", "status", "storage", "acc", "fma", "threads", "device"});
+    // An absent backend's reason can be a paragraph (a driver's own words):
+    // it goes below the table, wrapped, so the columns stay readable.
+    std::string absent;
     for (const BackendStatus& s : statuses) {
         if (!s.available) {
-            t.add_row({s.name, st.dim("absent"), "", "", "", "", st.dim(s.reason)});
+            t.add_row({s.name, st.dim("absent"), "", "", "", "", st.dim("(why: below)")});
+            absent += "  " + s.name + ": ";
+            std::size_t col = 4 + s.name.size();
+            std::string word;
+            for (std::size_t i = 0; i <= s.reason.size(); ++i) {
+                if (i < s.reason.size() && s.reason[i] != ' ') {
+                    word += s.reason[i];
+                    continue;
+                }
+                if (word.empty()) continue;
+                if (col + word.size() > 100 && col > 4 + s.name.size()) {
+                    absent.back() = '\n';  // the space after the last word
+                    absent += "      ";
+                    col = 6;
+                }
+                absent += word + " ";
+                col += word.size() + 1;
+                word.clear();
+            }
+            absent.back() = '\n';
             continue;
         }
         for (const BackendDevice& d : s.devices) {
@@ -62,6 +84,7 @@ void run_backends(const BackendsOptions& opt) {
         }
     }
     std::cout << t.render();
+    if (!absent.empty()) std::cout << "\nAbsent (not a failure: nothing of it is used):\n" << absent;
     std::cout << "\nVariants: NAME[:DEVICE][:key=value,...] — e.g. cpu:acc=f16, cpu:storage=bf16, "
                  "cpu:storage=f16,acc=f16, cpu:threads=1;\n"
                  "contrasts: cpu:split_k=shape (a batch-variant matmul: split-K below 64 rows, for the invariance step);\n"

@@ -56,6 +56,16 @@ check "compare --only-steps ops A B: both captures compared" \
 expect_usage_error "--only-steps: protocol 'ci' does not run step \"warmup\"" compare -p $ci --only-steps warmup "$tmp/ref.st" "$tmp/cpu.st"
 expect_usage_error "not expected: cpu" ops --backends cpu-ref cpu
 
+# A protocol value that overflows a double, a protocol field the model does not fit: exit 2 naming the
+# JSON path, before any step runs.
+sed 's/"rope_theta": 1000000.0/"rope_theta": 1e999/' $ci >"$tmp/overflow.json"
+expect_usage_error "overflow.json: /steps/ops/rope_theta: a number outside the range of a double" audit -p "$tmp/overflow.json"
+python3 tests/cli/protocol_variant.py $ci "$tmp/layer9.json" ci-layer9 --set 'ops.weights="model"' --set ops.layer=9 >/dev/null
+expect_usage_error "layer9.json: /steps/ops/layer: 9 is outside 0..3" audit -p "$tmp/layer9.json" -b cpu-ref,cpu
+python3 tests/cli/protocol_variant.py $ci "$tmp/dense.json" ci-dense --set 'ops.weights="model"' --set ops.layer=2 \
+  --set 'ops.ops=["moe"]' >/dev/null
+expect_usage_error "dense.json: /steps/ops: op 'moe' needs a MoE layer, but layer 2" audit -p "$tmp/dense.json" -b cpu-ref,cpu
+
 # --- 2. special files are refused by name before they are read -------------
 mkfifo "$tmp/fifo"
 python3 -c "import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])" "$tmp/sock"
@@ -113,6 +123,21 @@ expect_usage_error "nosize/config.json: required key \"hidden_size\" is missing"
 expect_usage_error "model.layers.0.mlp.experts.0.gate_proj.weight has shape .64, 96., expected .72, 96. from the config" inspect "$tmp/wrong"
 expect_usage_error "expected .72, 96. from the config" logits --model "$tmp/wrong"
 
+# Integer weights: refused naming the tensor and the file (the header says I32 for a norm; same bytes).
+mkdir "$tmp/intw" && cp $M/config.json "$tmp/intw/"
+python3 - $M/model.safetensors "$tmp/intw/model.safetensors" <<'EOF'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack("<Q", raw[:8])
+h = json.loads(raw[8:8 + n])
+h["model.norm.weight"]["dtype"] = "I32"
+text = json.dumps(h, separators=(",", ":")).encode()
+text += b" " * ((8 - (8 + len(text)) % 8) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+EOF
+expect_usage_error "intw/model.safetensors: tensor model.norm.weight is I32: a model weight must be floating point" inspect "$tmp/intw"
+expect_usage_error "intw/model.safetensors: tensor model.norm.weight is i32: a model weight must be floating point" logits -m "$tmp/intw"
+
 # --- 5. non-finite step results end in a non-zero exit ----------------------
 for c in drift logits perplexity generate matrix; do
   expect_rc 1 "cpu:fault=nan: non-finite results in $c" $c --backends cpu-ref,cpu:fault=nan,cpu
@@ -122,6 +147,13 @@ expect_rc 2 "the reference cpu:fault=nan computed non-finite values" ops --refer
   --hidden 32 --intermediate 16
 expect_rc 0 "" logits --backends cpu-ref,cpu
 expect_rc 0 "" ops --backends cpu-ref,cpu --ops matmul --hidden 32 --intermediate 16
+
+# --- 6. the backends table stays readable: an absent backend's long reason goes below it, wrapped.
+"$bin" backends >"$tmp/backends.txt"
+check "backends: the table and the reasons fit in 110 columns" \
+  bash -c "sed '/^Variants/,\$d' '$tmp/backends.txt' | awk 'length > 110 { bad = 1 } END { exit bad }'"
+check "backends: an absent backend says why below the table" \
+  bash -c "! grep -q absent '$tmp/backends.txt' || grep -qE '^  (cuda|hip|opencl): ' '$tmp/backends.txt'"
 
 echo "$failures failed"
 [ "$failures" -eq 0 ]

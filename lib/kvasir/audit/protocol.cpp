@@ -532,6 +532,11 @@ nlohmann::json parse_json_strict(const std::string& text, const std::string& sou
         return nlohmann::json::parse(text, cb);
     } catch (const nlohmann::json::parse_error& e) {
         fail(ErrorCode::bad_input, "{}: invalid JSON: {}", source, e.what());
+    } catch (const nlohmann::json::out_of_range& e) {
+        // A number too large for a double (1e999): the value being read is
+        // the current key of the innermost object, or the next array slot.
+        fail(ErrorCode::bad_input, "{}: {}: a number outside the range of a double", source,
+             stack.empty() ? std::string("/") : pointer(stack.size()));
     }
 }
 

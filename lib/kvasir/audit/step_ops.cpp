@@ -44,6 +44,18 @@ public:
         if (p.ops.weights == "model") {
             oc.model = ac.model;
             oc.layer = p.ops.layer;
+            // The protocol must fit the model — refused here, naming the JSON
+            // path, before any step runs (not as the reference's error later).
+            const ModelConfig& m = ac.model->config();
+            KVASIR_CHECK(oc.layer >= 0 && oc.layer < m.num_layers, ErrorCode::bad_input,
+                         "{}: /steps/ops/layer: {} is outside 0..{} of {} (the model has {} layers)", p.source, oc.layer,
+                         m.num_layers - 1, ac.model->path(), m.num_layers);
+            try {
+                (void)oc.resolved();
+            } catch (const Error& e) {
+                if (e.code() != ErrorCode::bad_input) throw;
+                fail(ErrorCode::bad_input, "{}: /steps/ops: {}", p.source, e.what());
+            }
         }
         oc.validate();
         plan.ops = oc;

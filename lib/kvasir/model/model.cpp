@@ -439,6 +439,8 @@ TensorView Model::Impl::resolve(const std::string& name, const Shape& expected) 
     Shape found = v.shape;
     if (expected.size() == 2 && expected[0] == 1 && found.size() == 1) found = {1, found[0]};
     check_shape(file, name, found, expected);
+    KVASIR_CHECK(dtype_is_float(v.dtype), ErrorCode::bad_input, "{}: tensor {} is {}: a model weight must be floating point",
+                 file, name, dtype_name(v.dtype));
     v.shape = found;
     resolved.emplace(name, v);
     return v;
@@ -894,7 +896,11 @@ void Model::check_tensor_shapes() const {
     const Impl& m = *impl_;
     if (!m.st) return;  // GGUF: the config is read from the same file, each tensor checked as it is loaded
     const auto check = [&](const TensorSpec& s) {
-        check_shape(m.st->shard_of(s.name), s.name, m.st->info(s.name).shape, s.shape);
+        const SafetensorsTensorInfo& info = m.st->info(s.name);
+        check_shape(m.st->shard_of(s.name), s.name, info.shape, s.shape);
+        const auto d = info.kvasir_dtype();
+        KVASIR_CHECK(!d || dtype_is_float(*d), ErrorCode::bad_input, "{}: tensor {} is {}: a model weight must be floating point",
+                     m.st->shard_of(s.name), s.name, safetensors_dtype_name(info.dtype));
     };
     for (const TensorSpec& s : model_tensor_specs(m.cfg)) check(s);
     for (std::int64_t l = 0; l < m.cfg.num_layers; ++l)
