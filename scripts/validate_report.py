@@ -53,6 +53,12 @@ def validate_files(schema_path, files):
     validator_cls = load_validator()
     schema = load_json(schema_path)
     validator_cls.check_schema(schema)
+    # The schemas' $id is relative ("kvasir-equiv/audit/1"): jsonschema's
+    # resolver joins "#/$defs/..." onto it as a path (…/audit/kvasir-equiv/
+    # audit/1) and fails. Resolved here against an absolute base that names
+    # nothing on any network; the schema itself is unchanged.
+    if isinstance(schema.get("$id"), str) and ":" not in schema["$id"]:
+        schema = dict(schema, **{"$id": "urn:kvasir-equiv:" + schema["$id"].replace("/", ":")})
     validator = validator_cls(schema)
     bad = 0
     for path in files:

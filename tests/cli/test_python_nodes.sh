@@ -119,27 +119,7 @@ check "compare names numpy:f32 fit" grep -qE "^numpy:f32 +fit( |$)" "$tmp/cmp.ou
 # The float64 numpy node against the oracle's own capture: same inputs, same
 # routing, only the summation order and libm differ.
 if [ -s "$tmp/ref.safetensors" ]; then
-  "$py" - "$tmp/ref.safetensors" "$tmp/numpy64.safetensors" >"$tmp/f64.out" 2>&1 <<'EOF'
-import sys
-sys.path.insert(0, "scripts")
-import numpy as np
-import capture_format as c
-_, ref = c.read_capture(sys.argv[1])
-_, got = c.read_capture(sys.argv[2])
-bad = 0
-for name in sorted(got):
-    a, r = np.asarray(got[name]), np.asarray(ref.get(name))
-    if name.endswith(".ids"):
-        ok = all(set(x) == set(y) for x, y in zip(a.tolist(), r.tolist()))
-        print(f"{name}: ids {'equal as sets' if ok else 'DIFFER'}")
-    else:
-        a, r = a.astype(np.float64), r.astype(np.float64)
-        rel = float(np.max(np.abs(a - r)) / np.max(np.abs(r)))
-        ok = a.shape == r.shape and rel <= 1e-11
-        print(f"{name}: max|d|/max|ref| {rel:.2e}")
-    bad += not ok
-sys.exit(1 if bad else 0)
-EOF
+  "$py" tests/cli/capture_agree.py "$tmp/ref.safetensors" "$tmp/numpy64.safetensors" --rel 1e-11 >"$tmp/f64.out" 2>&1
   check "numpy float64 matches the cpu-ref capture (<= 1e-11 relative, ids as sets)" test $? -eq 0
   cat "$tmp/f64.out"
 fi

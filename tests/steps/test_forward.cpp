@@ -29,6 +29,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "../common/ci_skip.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -468,7 +470,7 @@ class ForwardOpencl : public ::testing::TestWithParam<Fixture> {
 protected:
     void SetUp() override {
 #if !defined(KVASIR_HAVE_OPENCL)
-        GTEST_SKIP() << "this build has no OpenCL (KVASIR_OPENCL off)";
+        KVASIR_SKIP_OR_FAIL_IN_CI("this build has no OpenCL (KVASIR_OPENCL off)");
 #else
         for (const BackendStatus& st : list_backends())
             if (st.name == "opencl") {

@@ -4,7 +4,7 @@
 //  * JSON report: validates against protocols/report.schema.json with the C++
 //    validator (and the validator is shown not to be vacuous), and with the
 //    Python `jsonschema` package via scripts/validate_report.py — skipped
-//    VISIBLY (GTEST_SKIP) when python3 or jsonschema is missing;
+//    VISIBLY (a skip; under CI=true a failure) when python3 or jsonschema is missing;
 //  * JUnit XML: well-formed by this file's own minimal XML checker (tags
 //    balanced, attributes quoted and unique, entities valid, one root), its
 //    counters equal to the testcases it holds, and failures+errors > 0
@@ -40,6 +40,8 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include "../common/ci_skip.hpp"
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -271,7 +273,10 @@ std::pair<int, std::string> run(const std::string& cmd) {
     return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
 
-bool have_python() { return run("python3 -c 'import xml.etree.ElementTree'").first == 0; }
+// Debian's interpreter: setup installs python3-jsonschema for it; a python3
+// first on PATH (a toolchain's) may lack it.
+std::string python() { return std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3"; }
+bool have_python() { return run(python() + " -c 'import xml.etree.ElementTree'").first == 0; }
 
 // RFC 4180 record splitter (quoted fields may hold commas and doubled quotes).
 std::vector<std::vector<std::string>> parse_csv(const std::string& s) {
@@ -359,20 +364,20 @@ TEST(ReportJson, ModelFingerprintRequired) {
 }
 
 TEST(ReportJson, PythonJsonschemaAgrees) {
-    if (!have_python()) GTEST_SKIP() << "python3 not available: the independent jsonschema check did NOT run";
+    if (!have_python()) KVASIR_SKIP_OR_FAIL_IN_CI("python3 not available: the independent jsonschema check did NOT run");
     TempDir dir;
     const std::string file = dir / "report.json";
     write_outputs(report(), OutputPaths{file, "", "", "", "", "", ""});
-    const auto [rc, out] = run(fmt::format("python3 {} {}", (kRoot / "scripts" / "validate_report.py").string(), file));
-    if (rc == 77) GTEST_SKIP() << "Python jsonschema not installed: the independent check did NOT run (" << out << ")";
+    const auto [rc, out] = run(fmt::format("{} {} {}", python(), (kRoot / "scripts" / "validate_report.py").string(), file));
+    if (rc == 77) KVASIR_SKIP_OR_FAIL_IN_CI("Python jsonschema not installed: the independent check did NOT run (" << out << ")");
     EXPECT_EQ(rc, 0) << out;
-    const auto [rc2, out2] = run(fmt::format("python3 {} --check-schemas", (kRoot / "scripts" / "validate_report.py").string()));
+    const auto [rc2, out2] = run(fmt::format("{} {} --check-schemas", python(), (kRoot / "scripts" / "validate_report.py").string()));
     EXPECT_EQ(rc2, 0) << out2;
     // And it is not vacuous either: a broken report is refused.
     json bad = json::parse(read_text_file(file));
     bad["nodes"][0]["verdict"] = "maybe";
     write_file_atomic(file, bad.dump());
-    EXPECT_EQ(run(fmt::format("python3 {} {}", (kRoot / "scripts" / "validate_report.py").string(), file)).first, 1);
+    EXPECT_EQ(run(fmt::format("{} {} {}", python(), (kRoot / "scripts" / "validate_report.py").string(), file)).first, 1);
 }
 
 // --- JUnit ----------------------------------------------------------------------------
@@ -419,12 +424,12 @@ TEST(JUnit, FailuresMatchTheExitCodeForEveryGate) {
 }
 
 TEST(JUnit, PythonXmlParserAccepts) {
-    if (!have_python()) GTEST_SKIP() << "python3 not available: the xml.etree check did NOT run";
+    if (!have_python()) KVASIR_SKIP_OR_FAIL_IN_CI("python3 not available: the xml.etree check did NOT run");
     TempDir dir;
     for (const Gate g : {Gate::sensitive, Gate::none}) {
         const std::string file = dir / "junit.xml";
         write_outputs(report(g), OutputPaths{"", file, "", "", "", "", ""});
-        const auto [rc, out] = run(fmt::format("python3 {} --junit {}", (kRoot / "scripts" / "validate_report.py").string(), file));
+        const auto [rc, out] = run(fmt::format("{} {} --junit {}", python(), (kRoot / "scripts" / "validate_report.py").string(), file));
         EXPECT_EQ(rc, 0) << out;
         const std::string x = read_text_file(file);
         EXPECT_NE(out.find(fmt::format("tests={} failures={} errors={} skipped={}", attr(x, "testsuites", "tests"),

@@ -34,6 +34,14 @@ AuditPlan make_audit_plan(const AuditConfig& ac) {
     plan.seed = ac.seed.value_or(ac.protocol->seed);
     for (const Step* s : audit_steps())
         if (s->plan(ac, plan)) plan.steps.push_back(s->name());
+    // What each node's process holds at once: its own outputs and the
+    // authority's beside it (two nodes), for the longest token stream.
+    const std::pair<const char*, const StepCommon*> forward[] = {
+        {"drift", plan.drift ? &*plan.drift : nullptr},       {"logits", plan.logits ? &*plan.logits : nullptr},
+        {"decide", plan.decide ? &*plan.decide : nullptr},    {"generate", plan.generate ? &*plan.generate : nullptr},
+        {"perplexity", plan.perplexity ? &*plan.perplexity : nullptr}};
+    for (const auto& [name, common] : forward)
+        if (common != nullptr) check_step_memory(*common, 2, fmt::format("{}: /steps/{}", ac.protocol->source, name));
     return plan;
 }
 
