@@ -17,7 +17,9 @@
 #include "kvasir/steps/perplexity.hpp"
 
 #include <iostream>
+#include <algorithm>
 #include <memory>
+#include <type_traits>
 
 namespace kvasir::app {
 
@@ -76,7 +78,12 @@ void run_step(const char* step, const StepOptions& o, Config& config, Run run,
     config.validate();
     if (!o.output.output_file.empty()) check_output_paths({{"--output", o.output.output_file}});
     Nodes nodes = create_nodes(o.nodes);
-    check_step_memory(config, nodes.nodes.size() * (o.repeat ? 2 : 1), step);
+    // The reference and one candidate at a time, plus --repeat's second run.
+    const std::size_t held = std::min<std::size_t>(nodes.nodes.size(), 2) + (o.repeat ? 1 : 0);
+    if constexpr (std::is_same_v<Config, PerplexityConfig>)
+        check_step_memory(config, held, step, config.context);
+    else
+        check_step_memory(config, held, step);
     const Report report = run_timed(step, nodes, o.timings, [&](std::vector<std::unique_ptr<Backend>>& timed) {
         return run(config, timed, nodes.reference);
     });

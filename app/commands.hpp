@@ -53,7 +53,8 @@ void strict_options(CLI::App& app);
 // After a step command (ops, matrix, drift, logits, ...) built its report:
 // the same rules as audit for values that are NaN/Inf. A candidate whose
 // figures are non-finite is named on stderr ("NODE: non-finite results in
-// STEP, first at /json/path") and the command exits 1; the reference's own
+// STEP, first at /json/path"), as is a candidate whose step failed ("NODE:
+// error in STEP: why"), and the command exits 1; the reference's own
 // non-finite values (a pair's nan_ref/inf_ref), or a model holding a
 // non-finite weight, are exit 2 naming the node, or the layer and tensor.
 void judge_non_finite(const nlohmann::ordered_json& report, const std::string& step, const Model* model);

@@ -124,25 +124,28 @@ bool non_finite_value(const nlohmann::ordered_json& v) {
 // "candidate"; a pair whose "reference" is not the report's reference
 // (candidate against candidate) is not judged.
 void scan_non_finite(const nlohmann::ordered_json& v, const std::string& path, std::string node, const std::string& reference,
-                     std::map<std::string, std::string>& first, std::string& reference_bad, bool in_pair = false) {
+                     std::map<std::string, std::string>& first, std::map<std::string, std::string>& errors,
+                     std::string& reference_bad, bool in_pair = false) {
     if (v.is_object()) {
         const auto r = v.find("reference");
         const bool pair = r != v.end() && r->is_string();
         if (pair && *r != reference) return;
         if (const auto c = v.find("candidate"); c != v.end() && c->is_string()) node = c->get<std::string>();
         else if (const auto n = v.find("node"); n != v.end() && n->is_string()) node = n->get<std::string>();
-        // A node whose step failed (generate: "only NaN logits") is that node's error.
+        // A node whose step failed (generate: "only NaN logits", a fault) is that node's error.
         if (const auto e = v.find("error"); e != v.end() && e->is_string() && !e->get_ref<const std::string&>().empty() &&
-                                            !node.empty() && node != reference && first.count(node) == 0)
-            first[node] = path + "/error: " + e->get<std::string>();
+                                            !node.empty() && node != reference && errors.count(node) == 0)
+            errors[node] = e->get<std::string>();
         for (auto it = v.begin(); it != v.end(); ++it) {
-            // NaN written for "there is none" (no divergence: no margin at it).
-            if (it.key() == "ref_margin_at_divergence" || it.key() == "cand_margin_at_divergence") continue;
-            scan_non_finite(*it, path + "/" + it.key(), node, reference, first, reference_bad, pair || in_pair);
+            // NaN written for "there is none": no divergence (no margin at it), no
+            // power-law fit (fewer than 2 layers with a drift above 0 — a node
+            // bit-identical to the reference).
+            if (it.key() == "ref_margin_at_divergence" || it.key() == "cand_margin_at_divergence" || it.key() == "fit") continue;
+            scan_non_finite(*it, path + "/" + it.key(), node, reference, first, errors, reference_bad, pair || in_pair);
         }
     } else if (v.is_array()) {
         for (std::size_t i = 0; i < v.size(); ++i)
-            scan_non_finite(v[i], fmt::format("{}/{}", path, i), node, reference, first, reference_bad, in_pair);
+            scan_non_finite(v[i], fmt::format("{}/{}", path, i), node, reference, first, errors, reference_bad, in_pair);
     } else if (in_pair && (path.ends_with("/nan_ref") || path.ends_with("/inf_ref")) && v.is_number() && v.get<double>() > 0) {
         // A pair's count of NaN/Inf on the reference's side: the yardstick itself.
         if (reference_bad.empty()) reference_bad = path;
@@ -155,12 +158,17 @@ void scan_non_finite(const nlohmann::ordered_json& v, const std::string& path, s
 
 void judge_non_finite(const nlohmann::ordered_json& report, const std::string& step, const Model* model) {
     const std::string reference = report.value("reference", "");
-    std::map<std::string, std::string> first;
+    std::map<std::string, std::string> first, errors;
     std::string reference_bad;
     for (auto it = report.begin(); it != report.end(); ++it) {
         if (it.key() == "config" || it.key() == "tool" || it.key() == "nodes" || it.key() == "schema") continue;
-        scan_non_finite(*it, "/" + it.key(), "", reference, first, reference_bad);
+        scan_non_finite(*it, "/" + it.key(), "", reference, first, errors, reference_bad);
     }
+    for (const auto& [node, why] : errors) {
+        std::fprintf(stderr, "kvasir-equiv: %s: error in %s: %s\n", node.c_str(), step.c_str(), why.c_str());
+        command_exit_code() = std::max(command_exit_code(), 1);
+    }
+    for (const auto& [node, why] : errors) first.erase(node);  // its figures are absent, not non-finite
     if (first.empty() && reference_bad.empty()) return;
     if (model != nullptr)
         if (const auto w = detail::first_non_finite_weight(*model))

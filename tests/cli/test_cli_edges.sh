@@ -43,10 +43,20 @@ expect_usage_error "--layer -1 is outside 0..3" ops --model $M --layer -1
 expect_usage_error "--layer -1 is outside 0..3" matrix --layer -1
 expect_usage_error "--output: an empty value" audit -o ""
 expect_usage_error "--reference: an empty value" logits --reference ""
-# A token count the run cannot hold: refused with the estimate, before anything is allocated
-# (8 nodes run twice, ~25 GiB each on the fixture: more than any machine of this kind has).
-expect_usage_error "logits: 1048576 tokens on 16 nodes need at least" logits --tokens 1048576 --repeat \
-  -b cpu-ref,cpu,cpu:acc=f16,cpu:storage=bf16,cpu:storage=f16,cpu:threads=1,cpu:split_k=shape,cpu:acc=f16,storage=bf16
+# A token count the run cannot hold: refused with the estimate, before anything is allocated. The model
+# claims a 2²⁰-token vocabulary (its tensors are never read: the refusal comes first), so 2²⁰ tokens'
+# logits alone are ~16 TiB per node run — more than any machine has.
+mkdir "$tmp/bigvocab" && ln -s "$PWD/$M/model.safetensors" "$tmp/bigvocab/model.safetensors"
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["vocab_size"] = 1 << 20; json.dump(c, open(sys.argv[2], "w"))' \
+  $M/config.json "$tmp/bigvocab/config.json"
+expect_usage_error "logits: 1048576 tokens (2 node runs held at once) need at least" logits -m "$tmp/bigvocab" --tokens 1048576
+expect_usage_error "logits: 1048576 tokens (3 node runs held at once) need at least" logits -m "$tmp/bigvocab" --tokens 1048576 \
+  --repeat -b cpu-ref,cpu,cpu:acc=f16
+# A healthy node whose drift has no power-law fit (bit-identical to the reference: every delta 0) is not "non-finite".
+expect_rc 0 "" drift -b cpu,cpu:threads=1 -r cpu
+# A candidate whose step fails is named as an error, exit 1 (not as non-finite results).
+expect_rc 1 "cpu:fault=bitflip,fault_bit=60: error in logits: fault=bitflip: bit 60 does not exist" logits \
+  -b cpu-ref,cpu:fault=bitflip,fault_bit=60
 expect_usage_error "unknown command 'frobnicate' (commands: audit, capture, compare" frobnicate
 # A multi-value option takes one value per use: it never swallows the captures after it.
 "$bin" capture --backend cpu-ref -p $ci --steps ops -o "$tmp/ref.st" >/dev/null 2>&1
@@ -110,6 +120,17 @@ expect_usage_error "--output $tmp/fifo: is a FIFO" ops --ops matmul -o "$tmp/fif
 check "the FIFO, socket and folder are still what they were" test -p "$tmp/fifo" -a -S "$tmp/sock" -a -d "$tmp/dir"
 check "nothing was written over them, no temporary left" test -z "$(find "$tmp" -name '*.tmp-*')"
 
+# Interrupted: SIGTERM to an isolated audit (one node hangs) removes the node processes' temporary folder.
+mkdir "$tmp/tmpdir"
+TMPDIR="$tmp/tmpdir" "$bin" audit -p $ci -b cpu-ref,cpu:fault=hang -o "$tmp/interrupted.json" >/dev/null 2>&1 &
+audit_pid=$!
+for _ in $(seq 600); do [ -n "$(ls -A "$tmp/tmpdir")" ] && break; sleep 0.1; done
+check "the isolated audit made its temporary folder" test -n "$(ls -A "$tmp/tmpdir")"
+kill -TERM $audit_pid; wait $audit_pid; rc=$?
+check "SIGTERM ends the audit by the signal (exit 143, got $rc)" test $rc -eq 143
+check "SIGTERM removed the temporary folder and everything in it" test -z "$(ls -A "$tmp/tmpdir")"
+check "no report was half-written" test ! -e "$tmp/interrupted.json"
+
 # --- 4. a config that lacks a size, or disagrees with its tensors -----------
 mkdir "$tmp/nosize" "$tmp/wrong"
 cp $M/model.safetensors "$tmp/nosize/" && cp $M/model.safetensors "$tmp/wrong/"
@@ -139,7 +160,9 @@ expect_usage_error "intw/model.safetensors: tensor model.norm.weight is I32: a m
 expect_usage_error "intw/model.safetensors: tensor model.norm.weight is i32: a model weight must be floating point" logits -m "$tmp/intw"
 
 # --- 5. non-finite step results end in a non-zero exit ----------------------
-for c in drift logits perplexity generate matrix; do
+expect_rc 1 "cpu:fault=nan: error in generate: generate: step 0 produced only NaN logits" generate \
+  --backends cpu-ref,cpu:fault=nan,cpu
+for c in drift logits perplexity matrix; do
   expect_rc 1 "cpu:fault=nan: non-finite results in $c" $c --backends cpu-ref,cpu:fault=nan,cpu
 done
 expect_rc 1 "cpu:fault=nan: non-finite results in ops" ops --backends cpu-ref,cpu:fault=nan --ops matmul --hidden 32 --intermediate 16

@@ -745,6 +745,8 @@ TEST(StepMemory, EstimateByHandAndRefusal) {
     c.router.top_k = 2;
     // Per token: 8 bytes × (2·100 logits+probs + 3·16 residuals + 3·2·(2·4) KV + 8·max(16, 16, 40, 8·2) = 320) = 8 × 616.
     EXPECT_EQ(kvasir::step_memory_estimate(c, 10, 3), 3u * 10u * 8u * 616u);
+    // A window of 4 (perplexity's context): the logits of all 10 tokens, the rest (416 per token) for 4.
+    EXPECT_EQ(kvasir::step_memory_estimate(c, 10, 1, 4), 8u * (10u * 200u + 4u * 416u));
     EXPECT_EQ(kvasir::step_memory_estimate(c, 0, 1), 0u);
     // A hostile count saturates instead of wrapping round to a small number.
     EXPECT_EQ(kvasir::step_memory_estimate(c, std::int64_t{1} << 62, 1000), std::numeric_limits<std::uint64_t>::max());
@@ -761,7 +763,7 @@ TEST(StepMemory, EstimateByHandAndRefusal) {
         ADD_FAILURE() << "not refused";
     } catch (const kvasir::Error& e) {
         EXPECT_EQ(e.code(), kvasir::ErrorCode::bad_input);
-        EXPECT_NE(std::string(e.what()).find("logits: 1048576 tokens on " + std::to_string(nodes) + " nodes need at least"),
+        EXPECT_NE(std::string(e.what()).find("logits: 1048576 tokens (" + std::to_string(nodes) + " node runs held at once) need at least"),
                   std::string::npos)
             << e.what();
     }

@@ -3,6 +3,7 @@
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/capture.hpp"
 #include "kvasir/core/error.hpp"
+#include "kvasir/core/io.hpp"
 
 #include <fmt/format.h>
 
@@ -60,17 +61,21 @@ std::string signal_text(int sig) {
     return fmt::format("SIG{} ({})", abbrev ? abbrev : std::to_string(sig).c_str(), desc ? desc : "unknown signal");
 }
 
-// A temporary folder, removed with everything in it.
+// A temporary folder, removed with everything in it — also when the audit is
+// interrupted (SIGINT/SIGTERM/SIGHUP: core/io TemporaryFolderGuard).
 struct TempFolder {
     fs::path path;
+    std::unique_ptr<TemporaryFolderGuard> guard;
     TempFolder() {
         const char* tmp = std::getenv("TMPDIR");
         std::string templ = (fs::path(tmp && *tmp ? tmp : "/tmp") / "kvasir-audit-XXXXXX").string();
         KVASIR_CHECK(::mkdtemp(templ.data()) != nullptr, ErrorCode::backend_failure, "cannot create a temporary folder {}: {}",
                      templ, std::strerror(errno));
         path = templ;
+        guard = std::make_unique<TemporaryFolderGuard>(templ);
     }
     ~TempFolder() {
+        guard.reset();
         std::error_code ec;
         fs::remove_all(path, ec);
     }

@@ -8,10 +8,12 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/syscall.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -82,7 +84,13 @@ std::string read_text_file(const std::string& path, std::size_t max_bytes) {
         ::close(fd);
         fail(ErrorCode::bad_input, "{}: file is {} bytes, more than the {} allowed", path, size, max_bytes);
     }
-    std::string text(static_cast<std::size_t>(size), '\0');
+    std::string text;
+    try {
+        text.resize(static_cast<std::size_t>(size));
+    } catch (...) {
+        ::close(fd);
+        throw;
+    }
     std::size_t done = 0;
     while (done < text.size()) {
         const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
@@ -111,9 +119,49 @@ std::atomic<char*> g_temp_slots[kTempSlots];
 std::atomic<bool> g_handlers_installed{false};
 constexpr int kCleanupSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
+// Registered temporary folders: an open descriptor (for getdents64) and the path.
+constexpr int kFolderSlots = 8;
+struct FolderSlot {
+    std::atomic<char*> path{nullptr};
+    std::atomic<int> fd{-1};
+};
+FolderSlot g_folder_slots[kFolderSlots];
+
+// The Linux getdents64 record (man 2 getdents).
+struct LinuxDirent64 {
+    std::uint64_t d_ino;
+    std::int64_t d_off;
+    unsigned short d_reclen;
+    unsigned char d_type;
+    char d_name[1];
+};
+
+// Unlinks every entry directly in the folder `fd`, then the folder: raw
+// syscalls only, safe in a signal handler.
+void empty_and_remove(int fd, const char* path) {
+    alignas(8) char buf[4096];
+    ::lseek(fd, 0, SEEK_SET);
+    for (;;) {
+        const long n = ::syscall(SYS_getdents64, fd, buf, sizeof buf);
+        if (n <= 0) break;
+        for (long off = 0; off < n;) {
+            const auto* d = reinterpret_cast<const LinuxDirent64*>(buf + off);
+            const char* name = d->d_name;
+            if (!(name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0')))) ::unlinkat(fd, name, 0);
+            off += d->d_reclen;
+        }
+    }
+    ::rmdir(path);
+}
+
 extern "C" void remove_temporaries_and_reraise(int sig) {
     for (auto& slot : g_temp_slots)
         if (char* p = slot.exchange(nullptr)) ::unlink(p);  // the heap copy leaks: the process is ending
+    for (auto& f : g_folder_slots) {
+        char* p = f.path.exchange(nullptr);
+        const int fd = f.fd.exchange(-1);
+        if (p != nullptr && fd >= 0) empty_and_remove(fd, p);
+    }
     ::signal(sig, SIG_DFL);
     ::raise(sig);
 }
@@ -236,6 +284,30 @@ void AtomicFile::commit() {
         ::fsync(dfd);
         ::close(dfd);
     }
+}
+
+TemporaryFolderGuard::TemporaryFolderGuard(const std::string& path) {
+    install_cleanup_handlers();
+    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return;  // not removable on a signal; its owner still removes it normally
+    char* copy = ::strdup(path.c_str());
+    for (int i = 0; i < kFolderSlots && copy != nullptr; ++i) {
+        char* expected = nullptr;
+        if (g_folder_slots[i].path.compare_exchange_strong(expected, copy)) {
+            g_folder_slots[i].fd.store(fd);
+            slot_ = i;
+            return;
+        }
+    }
+    std::free(copy);
+    ::close(fd);
+}
+
+TemporaryFolderGuard::~TemporaryFolderGuard() {
+    if (slot_ < 0) return;
+    const int fd = g_folder_slots[slot_].fd.exchange(-1);
+    std::free(g_folder_slots[slot_].path.exchange(nullptr));
+    if (fd >= 0) ::close(fd);
 }
 
 void write_file_atomic(const std::string& path, std::string_view content) {

@@ -41,6 +41,23 @@ private:
     [[noreturn]] void abandon(const char* what, int err);
 };
 
+// A folder of temporary files (the isolated audit's captures and logs),
+// registered with the same SIGINT/SIGTERM/SIGHUP handler: on such a signal
+// the files directly in it are unlinked and the folder removed, with
+// async-signal-safe calls only (getdents64 on a descriptor opened here,
+// unlinkat, rmdir). The guard does not remove the folder itself on
+// destruction — its owner does, normally; it only unregisters it.
+class TemporaryFolderGuard {
+public:
+    explicit TemporaryFolderGuard(const std::string& path);
+    ~TemporaryFolderGuard();
+    TemporaryFolderGuard(const TemporaryFolderGuard&) = delete;
+    TemporaryFolderGuard& operator=(const TemporaryFolderGuard&) = delete;
+
+private:
+    int slot_ = -1;
+};
+
 // AtomicFile in one call: `content` written atomically to `path`.
 void write_file_atomic(const std::string& path, std::string_view content);
 

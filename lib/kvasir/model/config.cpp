@@ -113,7 +113,7 @@ bool is_required_size(std::string_view key) {
         "intermediate_size",    "moe_intermediate_size",  "num_experts_per_tok",   "num_experts",
         "num_local_experts",    "n_routed_experts",       "shared_expert_intermediate_size",
         "linear_key_head_dim",  "linear_value_head_dim",  "linear_num_key_heads",  "linear_num_value_heads",
-        "qk_nope_head_dim",     "qk_rope_head_dim",       "v_head_dim",            "kv_lora_rank"};
+        "qk_nope_head_dim",     "qk_rope_head_dim"};
     return std::find(std::begin(kSizes), std::end(kSizes), key) != std::end(kSizes);
 }
 

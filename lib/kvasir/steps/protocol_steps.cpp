@@ -167,28 +167,29 @@ std::uint64_t available_memory_bytes() {
     return 0;
 }
 
-std::uint64_t step_memory_estimate(const ModelConfig& c, std::int64_t tokens, std::size_t nodes) {
+std::uint64_t step_memory_estimate(const ModelConfig& c, std::int64_t tokens, std::size_t nodes, std::int64_t window) {
     // In long double: a hostile token count must not overflow the estimate itself.
     const long double t = static_cast<long double>(std::max<std::int64_t>(tokens, 0));
+    const long double w = window > 0 ? std::min(t, static_cast<long double>(window)) : t;
     const long double v = static_cast<long double>(c.vocab_size), h = static_cast<long double>(c.hidden_size);
     const long double layers = static_cast<long double>(c.num_layers);
     const long double kv = static_cast<long double>(c.num_kv_heads) * static_cast<long double>(c.head_dim);
     const long double width = std::max({h, static_cast<long double>(c.q_dim()), static_cast<long double>(c.intermediate_size),
                                         static_cast<long double>(c.moe_intermediate_size) * std::max<std::int64_t>(c.router.top_k, 1)});
-    const long double per_node = 8.0L * t * (2.0L * v + layers * h + layers * 2.0L * kv + 8.0L * width);
+    const long double per_node = 8.0L * (t * 2.0L * v + w * (layers * h + layers * 2.0L * kv + 8.0L * width));
     const long double all = per_node * static_cast<long double>(std::max<std::size_t>(nodes, 1));
     return all >= 1.8e19L ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(all);
 }
 
-void check_step_memory(const StepCommon& c, std::size_t nodes, const std::string& what) {
+void check_step_memory(const StepCommon& c, std::size_t nodes, const std::string& what, std::int64_t window) {
     KVASIR_CHECK(c.model != nullptr, ErrorCode::bad_input, "no model given");
     const std::uint64_t avail = available_memory_bytes();
     if (avail == 0) return;
     const auto tokens = static_cast<std::int64_t>(c.tokens.ids.size());
-    const std::uint64_t need = step_memory_estimate(c.model->config(), tokens, nodes);
+    const std::uint64_t need = step_memory_estimate(c.model->config(), tokens, nodes, window);
     const double gib = 1024.0 * 1024.0 * 1024.0;
     KVASIR_CHECK(need <= avail, ErrorCode::bad_input,
-                 "{}: {} tokens on {} nodes need at least {:.3g} GiB (logits, residuals and KV cache of {}, in f64), but {:.3g} "
+                 "{}: {} tokens ({} node runs held at once) need at least {:.3g} GiB (logits, residuals and KV cache of {}, in f64), but {:.3g} "
                  "GiB is available: use fewer tokens or nodes",
                  what, tokens, nodes, static_cast<double>(need) / gib, c.model->path(), static_cast<double>(avail) / gib);
 }

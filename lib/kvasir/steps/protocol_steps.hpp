@@ -118,16 +118,21 @@ struct StepCommon {
 std::uint64_t available_memory_bytes();
 
 // What a forward-pass step over `tokens` positions holds at once on `nodes`
-// nodes, at least (a lower bound, every term f64, the widest a node keeps):
-// per node the final logits and their probabilities (2·T·V), the per-layer
-// residual stream the drift step keeps (L·T·H), the KV cache (L·T·2·kv_dim)
-// and a layer's working activations (≈ 8·T·max(H, q_dim, FFN width)).
-std::uint64_t step_memory_estimate(const ModelConfig& c, std::int64_t tokens, std::size_t nodes);
+// node runs held together (a lower bound, every term f64, the widest a node
+// keeps): per run the final logits and their probabilities (2·T·V) over all
+// T tokens, and over one forward pass of W = min(window, T) tokens (window 0:
+// all T; perplexity: its context) the per-layer residual stream the drift
+// step keeps (L·W·H), the KV cache (L·W·2·kv_dim) and a layer's working
+// activations (≈ 8·W·max(H, q_dim, FFN width)).
+std::uint64_t step_memory_estimate(const ModelConfig& c, std::int64_t tokens, std::size_t nodes, std::int64_t window = 0);
 
 // Refuses, before anything is allocated, a token count the run cannot hold:
-// Error(bad_input) "WHAT: N tokens on K nodes need at least X GiB (...),
-// Y GiB is available". Nothing is refused when the available memory is unknown.
-void check_step_memory(const StepCommon& c, std::size_t nodes, const std::string& what);
+// Error(bad_input) "WHAT: N tokens need at least X GiB (...), Y GiB is
+// available". `nodes_held`: the node runs a step keeps at once — the steps
+// compare the reference with one candidate at a time, so min(nodes, 2), plus
+// one for --repeat's second run. Nothing is refused when the available
+// memory is unknown.
+void check_step_memory(const StepCommon& c, std::size_t nodes_held, const std::string& what, std::int64_t window = 0);
 
 // { model, model_fingerprint, architecture, layers, tokens_source,
 //   token_count, seed, repeat }. Shared first keys of every step's "config".
