@@ -6,7 +6,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
 
@@ -17,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 namespace kvasir {
 
@@ -217,20 +217,27 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
     install_cleanup_handlers();
     const fs::path target(path_);
     const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-    std::string name = ".";
-    name += target.filename().string();
-    name += ".tmp-XXXXXX";
-    temp_ = (dir / name).string();
-    // Blocked while the temporary is created and registered: an interrupt
-    // in between would leave it behind.
-    sigset_t block, old;
-    sigemptyset(&block);
-    for (int s : kCleanupSignals) sigaddset(&block, s);
-    ::pthread_sigmask(SIG_BLOCK, &block, &old);
-    fd_ = ::mkostemp(temp_.data(), O_CLOEXEC);
-    const int err = errno;
-    if (fd_ >= 0) slot_ = register_temporary(temp_);
-    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    // The temporary is registered for the signal handler BEFORE it is
+    // created (O_EXCL), so no signal, on any thread, can fall between the
+    // two and leave it behind; a name already taken is unregistered again
+    // and another one drawn.
+    static constexpr char kChars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    thread_local std::mt19937_64 gen{std::random_device{}() ^ (static_cast<std::uint64_t>(::getpid()) << 32)};
+    int err = EEXIST;
+    for (int attempt = 0; attempt < 100 && fd_ < 0 && err == EEXIST; ++attempt) {
+        std::string name = ".";
+        name += target.filename().string();
+        name += ".tmp-";
+        for (int i = 0; i < 6; ++i) name += kChars[gen() % (sizeof kChars - 1)];
+        temp_ = (dir / name).string();
+        slot_ = register_temporary(temp_);
+        fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd_ < 0) {
+            err = errno;
+            unregister_temporary(slot_);
+            slot_ = -1;
+        }
+    }
     if (fd_ < 0) fail(ErrorCode::bad_input, "{}: cannot create a temporary file beside it: {}", path_, std::strerror(err));
 }
 
@@ -334,9 +341,9 @@ void check_output_paths(const std::vector<std::pair<std::string, std::string>>& 
         }
         fs::path canonical = fs::weakly_canonical(p, ec);
         if (ec) canonical = p.lexically_normal();
-        for (const auto& [other, p] : seen) {
+        for (const auto& [other, earlier] : seen) {
             std::error_code eq;
-            if (p == canonical || fs::equivalent(p, canonical, eq))
+            if (earlier == canonical || fs::equivalent(earlier, canonical, eq))
                 fail(ErrorCode::bad_input, "{} and {} name the same file {}: each report needs its own", other, option, path);
         }
         seen.emplace_back(option, std::move(canonical));

@@ -11,7 +11,7 @@ namespace kvasir {
 
 // A file written atomically, the one mechanism behind every report and
 // capture: the bytes go to a temporary file beside `path`
-// (".NAME.tmp-XXXXXX", created exclusively by mkstemp); commit() fsyncs it,
+// (".NAME.tmp-XXXXXX", six random characters, created with O_EXCL); commit() fsyncs it,
 // renames it over `path` and fsyncs the folder. Until then `path` keeps its
 // previous content. The temporary is removed when the AtomicFile is destroyed
 // uncommitted (an exception), and when the process is interrupted by SIGINT,
