@@ -49,42 +49,42 @@ constexpr ArchInfo kArchs[] = {
 
 // Defaults of the transformers 5.24 config classes (Qwen2MoeConfig,
 // Qwen3MoeConfig, MixtralConfig, DeepseekV3Config): a key absent from
-// config.json means this value to transformers.
+// config.json means this value to transformers. Sizes have none here: they
+// are required (Keys::size).
 struct Defaults {
-    std::int64_t vocab, hidden, intermediate, layers, heads, kv_heads, max_positions;
+    std::int64_t kv_heads, max_positions;  // kv_heads 0: None, i.e. num_attention_heads
     double rms_eps, rope_theta;
-    std::int64_t experts, top_k, moe_intermediate;
     bool norm_topk_prob;
 };
 Defaults defaults_of(Architecture a) {
     switch (a) {
         case Architecture::qwen2_moe:
-            return {151936, 2048, 5632, 24, 16, 16, 32768, 1e-6, 10000.0, 60, 4, 1408, false};
+            return {16, 32768, 1e-6, 10000.0, false};
         case Architecture::qwen3_moe:
-            return {151936, 2048, 6144, 24, 32, 4, 32768, 1e-6, 10000.0, 128, 8, 768, false};
+            return {4, 32768, 1e-6, 10000.0, false};
         case Architecture::mixtral:  // MixtralConfig.default_theta = 1e6
-            return {32000, 4096, 14336, 32, 32, 8, 4096 * 32, 1e-5, 1000000.0, 8, 2, 0, true};
+            return {8, 4096 * 32, 1e-5, 1000000.0, true};
         case Architecture::deepseek_v3:
-            return {129280, 7168, 18432, 61, 128, 128, 4096, 1e-6, 10000.0, 256, 8, 2048, true};
+            return {128, 4096, 1e-6, 10000.0, true};
         case Architecture::qwen3_5_moe:  // Qwen3_5MoeTextConfig (the released 35B-A3B's shape)
-            return {248320, 2048, 0, 40, 16, 2, 32768, 1e-6, 10000.0, 256, 8, 512, true};
+            return {2, 32768, 1e-6, 10000.0, true};
         case Architecture::qwen3_next:  // Qwen3NextConfig
-            return {151936, 2048, 5632, 48, 16, 2, 32768, 1e-6, 10000.0, 512, 10, 512, true};
+            return {2, 32768, 1e-6, 10000.0, true};
         case Architecture::gpt_oss:  // GptOssConfig (gpt-oss-120b's shape; default_theta 150000)
-            return {201088, 2880, 2880, 36, 64, 8, 131072, 1e-5, 150000.0, 128, 4, 0, true};
+            return {8, 131072, 1e-5, 150000.0, true};
         case Architecture::olmoe:  // OlmoeConfig (OLMoE-1B-7B: 64 experts of 1024, top-8; intermediate = expert width)
-            return {50304, 2048, 2048, 16, 16, 16, 4096, 1e-5, 10000.0, 64, 8, 0, false};
+            return {16, 4096, 1e-5, 10000.0, false};
         // The dense families: no experts.
-        case Architecture::llama:  // LlamaConfig (num_key_value_heads None → num_attention_heads)
-            return {32000, 4096, 11008, 32, 32, 32, 2048, 1e-6, 10000.0, 0, 0, 0, false};
+        case Architecture::llama:  // LlamaConfig (num_key_value_heads None → num_attention_heads: 0 here)
+            return {0, 2048, 1e-6, 10000.0, false};
         case Architecture::mistral:  // MistralConfig
-            return {32000, 4096, 14336, 32, 32, 8, 4096 * 32, 1e-6, 10000.0, 0, 0, 0, false};
+            return {8, 4096 * 32, 1e-6, 10000.0, false};
         case Architecture::qwen2:  // Qwen2Config
-            return {151936, 4096, 22016, 32, 32, 32, 32768, 1e-6, 10000.0, 0, 0, 0, false};
+            return {32, 32768, 1e-6, 10000.0, false};
         case Architecture::qwen3:  // Qwen3Config
-            return {151936, 4096, 22016, 32, 32, 32, 32768, 1e-6, 10000.0, 0, 0, 0, false};
+            return {32, 32768, 1e-6, 10000.0, false};
         case Architecture::qwen3_5:  // Qwen3_5TextConfig
-            return {248320, 4096, 12288, 32, 16, 4, 32768, 1e-6, 10000.0, 0, 0, 0, false};
+            return {4, 32768, 1e-6, 10000.0, false};
     }
     return {};
 }
@@ -100,21 +100,6 @@ std::string one_line(std::string s) {
     std::replace(s.begin(), s.end(), '\n', ' ');
     std::replace(s.begin(), s.end(), '\r', ' ');
     return s;
-}
-
-// The sizes of a model: never guessed. transformers' config classes give each
-// a default (hidden_size 2048, vocab_size 151936, ...), and save_pretrained
-// always writes them, so a config.json without one is a hand-edited or
-// truncated file: refused naming the key, not computed with another model's
-// size.
-bool is_required_size(std::string_view key) {
-    static constexpr std::string_view kSizes[] = {
-        "hidden_size",          "num_hidden_layers",      "num_attention_heads",   "vocab_size",
-        "intermediate_size",    "moe_intermediate_size",  "num_experts_per_tok",   "num_experts",
-        "num_local_experts",    "n_routed_experts",       "shared_expert_intermediate_size",
-        "linear_key_head_dim",  "linear_value_head_dim",  "linear_num_key_heads",  "linear_num_value_heads",
-        "qk_nope_head_dim",     "qk_rope_head_dim"};
-    return std::find(std::begin(kSizes), std::end(kSizes), key) != std::end(kSizes);
 }
 
 // Typed access to the keys of a config.json object; every failure names the
@@ -137,9 +122,19 @@ public:
     std::int64_t integer(std::string_view key, std::int64_t def, std::int64_t lo, std::int64_t hi,
                          bool null_is_absent = false) const {
         const json* v = find(key, null_is_absent);
-        if (!v && is_required_size(key))
-            fail(ErrorCode::bad_input, "{}: required key \"{}\" is missing (a model's sizes are never guessed)", src_, key);
         return v ? integer_value(*v, key, lo, hi) : def;
+    }
+
+    // A size of the model (hidden_size, layers, heads, vocab, FFN and expert
+    // widths, expert counts, linear-attention and MLA dims): never guessed.
+    // transformers' config classes give each a default (hidden_size 2048,
+    // ...) and save_pretrained always writes them, so a config.json without
+    // one is a hand-edited or truncated file: refused naming the key, not
+    // computed with another model's size.
+    std::int64_t size(std::string_view key, std::int64_t lo, std::int64_t hi) const {
+        const json* v = find(key);
+        if (!v) fail(ErrorCode::bad_input, "{}: required key \"{}\" is missing (a model's sizes are never guessed)", src_, key);
+        return integer_value(*v, key, lo, hi);
     }
 
     std::int64_t integer_value(const json& v, std::string_view key, std::int64_t lo, std::int64_t hi) const {
@@ -199,10 +194,15 @@ public:
         }
         if (a) return integer_value(*a, key, lo, hi);
         if (b) return integer_value(*b, alias, lo, hi);
-        if (is_required_size(key))
+        return def;
+    }
+
+    // size() of a key transformers also reads under an alias (attribute_map).
+    std::int64_t size_aliased(std::string_view key, std::string_view alias, std::int64_t lo, std::int64_t hi) const {
+        if (!find(key) && !find(alias))
             fail(ErrorCode::bad_input, "{}: required key \"{}\" (or \"{}\") is missing (a model's sizes are never guessed)", src_,
                  key, alias);
-        return def;
+        return integer_aliased(key, alias, 0, lo, hi);
     }
 
 private:
@@ -415,7 +415,7 @@ void read_qwen_sliding_window(const Keys& k, ModelConfig& c) {
 // default 0.25), Gated DeltaNet linear attention on the layers layer_types
 // names "linear_attention" (default: all but every full_attention_interval-th,
 // 4), and the MoE block's shared expert with its sigmoid gate.
-void read_hybrid(const Keys& k, const Defaults& d, ModelConfig& c, bool moe) {
+void read_hybrid(const Keys& k, ModelConfig& c, bool moe) {
     c.qk_norm = true;
     c.attention_output_gate = true;
     c.norm_weight_offset = true;
@@ -426,10 +426,10 @@ void read_hybrid(const Keys& k, const Defaults& d, ModelConfig& c, bool moe) {
     KVASIR_CHECK(c.partial_rotary_factor > 0.0, ErrorCode::bad_input, "{}: partial_rotary_factor must be > 0", k.source());
     auto& la = c.linear;
     la.conv_kernel = k.integer("linear_conv_kernel_dim", 4, 1, 64);
-    la.key_head_dim = k.integer("linear_key_head_dim", 128, 1, kMaxDim);
-    la.value_head_dim = k.integer("linear_value_head_dim", 128, 1, kMaxDim);
-    la.key_heads = k.integer("linear_num_key_heads", 16, 1, kMaxDim);
-    la.value_heads = k.integer("linear_num_value_heads", 32, 1, kMaxDim);
+    la.key_head_dim = k.size("linear_key_head_dim", 1, kMaxDim);
+    la.value_head_dim = k.size("linear_value_head_dim", 1, kMaxDim);
+    la.key_heads = k.size("linear_num_key_heads", 1, kMaxDim);
+    la.value_heads = k.size("linear_num_value_heads", 1, kMaxDim);
     KVASIR_CHECK(la.value_heads % la.key_heads == 0, ErrorCode::bad_input,
                  "{}: linear_num_key_heads ({}) must divide linear_num_value_heads ({})", k.source(), la.key_heads,
                  la.value_heads);
@@ -450,10 +450,10 @@ void read_hybrid(const Keys& k, const Defaults& d, ModelConfig& c, bool moe) {
     }
     if (!moe) return;
     RouterConfig& r = c.router;
-    r.num_experts = k.integer("num_experts", d.experts, 1, kMaxExperts);
-    r.top_k = k.integer("num_experts_per_tok", d.top_k, 1, kMaxExperts);
-    c.moe_intermediate_size = k.integer("moe_intermediate_size", d.moe_intermediate, 1, kMaxDim);
-    c.shared_expert_intermediate_size = k.integer("shared_expert_intermediate_size", 512, 1, kMaxDim);
+    r.num_experts = k.size("num_experts", 1, kMaxExperts);
+    r.top_k = k.size("num_experts_per_tok", 1, kMaxExperts);
+    c.moe_intermediate_size = k.size("moe_intermediate_size", 1, kMaxDim);
+    c.shared_expert_intermediate_size = k.size("shared_expert_intermediate_size", 1, kMaxDim);
     c.shared_expert_gate = true;
 }
 
@@ -528,18 +528,18 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
     const bool deepseek = c.architecture == Architecture::deepseek_v3;
 
     // --- common ------------------------------------------------------------------
-    c.hidden_size = k.integer("hidden_size", d.hidden, 1, kMaxDim);
-    c.num_layers = k.integer("num_hidden_layers", d.layers, 1, kMaxLayers);
-    c.num_heads = k.integer("num_attention_heads", d.heads, 1, kMaxDim);
+    c.hidden_size = k.size("hidden_size", 1, kMaxDim);
+    c.num_layers = k.size("num_hidden_layers", 1, kMaxLayers);
+    c.num_heads = k.size("num_attention_heads", 1, kMaxDim);
     // None → num_attention_heads (MixtralConfig / DeepseekV3Config.__post_init__).
     {
         const json* v = k.find("num_key_value_heads");
-        c.num_kv_heads = !v ? d.kv_heads : v->is_null() ? c.num_heads
+        c.num_kv_heads = !v ? (d.kv_heads == 0 ? c.num_heads : d.kv_heads) : v->is_null() ? c.num_heads
                                                          : k.integer_value(*v, "num_key_value_heads", 1, kMaxDim);
     }
     if (deepseek) {
         // MLA: q·k runs over qk_nope_head_dim + qk_rope_head_dim (DeepseekV3Config.qk_head_dim).
-        c.head_dim = k.integer("qk_nope_head_dim", 128, 0, kMaxDim) + k.integer("qk_rope_head_dim", 64, 1, kMaxDim);
+        c.head_dim = k.size("qk_nope_head_dim", 0, kMaxDim) + k.size("qk_rope_head_dim", 1, kMaxDim);
     } else if (const json* v = k.find("head_dim", true)) {
         c.head_dim = k.integer_value(*v, "head_dim", 1, kMaxDim);
     } else if (c.architecture == Architecture::qwen3_5_moe || c.architecture == Architecture::qwen3_next ||
@@ -569,7 +569,7 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
     KVASIR_CHECK(c.hidden_act == "silu", ErrorCode::unsupported,
                  "{}: hidden_act \"{}\" is not supported (the experts are SwiGLU: silu only)", source,
                  one_line(c.hidden_act.substr(0, 32)));
-    c.vocab_size = k.integer("vocab_size", d.vocab, 1, kMaxDim);
+    c.vocab_size = k.size("vocab_size", 1, kMaxDim);
     c.tie_word_embeddings = k.boolean("tie_word_embeddings", false);
     c.max_position_embeddings = k.integer("max_position_embeddings", d.max_positions, 1, kMaxPositions);
 
@@ -584,39 +584,39 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
                 c.qk_norm = true;
                 c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
                 // attribute_map {"num_experts": "num_local_experts"}: save_pretrained writes num_local_experts.
-                r.num_experts = k.integer_aliased("num_experts", "num_local_experts", d.experts, 1, kMaxExperts);
+                r.num_experts = k.size_aliased("num_experts", "num_local_experts", 1, kMaxExperts);
             } else {
                 // Qwen2MoeAttention: q/k/v bias=config.qkv_bias (default True), o_proj none.
                 c.attention_bias = k.boolean("qkv_bias", true);
-                r.num_experts = k.integer("num_experts", d.experts, 1, kMaxExperts);
+                r.num_experts = k.size("num_experts", 1, kMaxExperts);
                 // Qwen2MoeSparseMoeBlock: shared_expert (SwiGLU) × sigmoid(shared_expert_gate(x)).
                 c.shared_expert_intermediate_size =
-                    k.integer("shared_expert_intermediate_size", 5632, 1, kMaxDim);
+                    k.size("shared_expert_intermediate_size", 1, kMaxDim);
                 c.shared_expert_gate = true;
             }
             read_qwen_sliding_window(k, c);
-            r.top_k = k.integer("num_experts_per_tok", d.top_k, 1, kMaxExperts);
+            r.top_k = k.size("num_experts_per_tok", 1, kMaxExperts);
             r.norm_topk_prob = k.boolean("norm_topk_prob", d.norm_topk_prob);
-            c.intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
-            c.moe_intermediate_size = k.integer("moe_intermediate_size", d.moe_intermediate, 1, kMaxDim);
+            c.intermediate_size = k.size("intermediate_size", 1, kMaxDim);
+            c.moe_intermediate_size = k.size("moe_intermediate_size", 1, kMaxDim);
             read_qwen_sparse_layers(k, c);
             break;
         }
         case Architecture::mixtral: {
             // attribute_map {"num_experts": "num_local_experts"}.
-            r.num_experts = k.integer_aliased("num_local_experts", "num_experts", d.experts, 1, kMaxExperts);
-            r.top_k = k.integer("num_experts_per_tok", d.top_k, 1, kMaxExperts);
+            r.num_experts = k.size_aliased("num_local_experts", "num_experts", 1, kMaxExperts);
+            r.top_k = k.size("num_experts_per_tok", 1, kMaxExperts);
             // MixtralTopKRouter.forward: router_top_value /= router_top_value.sum(...) unconditionally.
             r.norm_topk_prob = true;
             // MixtralExperts: intermediate_dim = config.intermediate_size; no dense layers.
-            c.moe_intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
+            c.moe_intermediate_size = k.size("intermediate_size", 1, kMaxDim);
             c.intermediate_size = 0;
             c.sliding_window = read_sliding_window(k, 0);  // MixtralConfig default None = full attention
             c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);        // MixtralDecoderLayer
             break;
         }
         case Architecture::qwen3_5_moe: {
-            read_hybrid(k, d, c, true);
+            read_hybrid(k, c, true);
             // Qwen3_5MoeTopKRouter renormalises the top-k unconditionally; every
             // layer's MLP is the sparse MoE block (Qwen3_5MoeDecoderLayer).
             r.norm_topk_prob = true;
@@ -625,9 +625,9 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
             break;
         }
         case Architecture::qwen3_next: {
-            read_hybrid(k, d, c, true);
+            read_hybrid(k, c, true);
             r.norm_topk_prob = k.boolean("norm_topk_prob", true);
-            c.intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
+            c.intermediate_size = k.size("intermediate_size", 1, kMaxDim);
             read_qwen_sparse_layers(k, c);  // Qwen3NextDecoderLayer: the qwen3_moe rule
             break;
         }
@@ -655,7 +655,7 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
                 c.sliding_window = read_sliding_window(k, 4096);  // MistralConfig default 4096; null = full attention
             else if (a != Architecture::llama)
                 read_qwen_sliding_window(k, c);
-            c.intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
+            c.intermediate_size = k.size("intermediate_size", 1, kMaxDim);
             c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
             break;
         }
@@ -674,10 +674,10 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
             c.sliding_window = read_sliding_window(k, 128);
             if (!read_sliding_layer_types(k, c))  // GptOssConfig.__post_init__: layer i slides iff (i + 1) % 2
                 for (std::int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers[static_cast<std::size_t>(l)] = (l + 1) % 2 != 0;
-            r.num_experts = k.integer_aliased("num_local_experts", "num_experts", d.experts, 1, kMaxExperts);
-            r.top_k = k.integer("num_experts_per_tok", d.top_k, 1, kMaxExperts);
+            r.num_experts = k.size_aliased("num_local_experts", "num_experts", 1, kMaxExperts);
+            r.top_k = k.size("num_experts_per_tok", 1, kMaxExperts);
             r.norm_topk_prob = true;
-            c.moe_intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
+            c.moe_intermediate_size = k.size("intermediate_size", 1, kMaxDim);
             c.intermediate_size = 0;
             c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);  // GptOssDecoderLayer: every layer
             break;
@@ -694,17 +694,17 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
             KVASIR_CHECK(c.head_dim * c.num_heads == c.hidden_size, ErrorCode::unsupported,
                          "{}: head_dim {} × num_attention_heads {} != hidden_size {} (OlmoeAttention's q_norm is "
                          "hidden_size wide)", source, c.head_dim, c.num_heads, c.hidden_size);
-            r.num_experts = k.integer_aliased("num_experts", "num_local_experts", d.experts, 1, kMaxExperts);
-            r.top_k = k.integer("num_experts_per_tok", d.top_k, 1, kMaxExperts);
+            r.num_experts = k.size_aliased("num_experts", "num_local_experts", 1, kMaxExperts);
+            r.top_k = k.size("num_experts_per_tok", 1, kMaxExperts);
             r.norm_topk_prob = k.boolean("norm_topk_prob", d.norm_topk_prob);
-            c.moe_intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
+            c.moe_intermediate_size = k.size("intermediate_size", 1, kMaxDim);
             c.intermediate_size = 0;
             c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);  // OlmoeDecoderLayer: every layer
             break;
         }
         case Architecture::qwen3_5: {
-            read_hybrid(k, d, c, false);  // Qwen3_5DecoderLayer: the hybrid mixers, a dense MLP on every layer
-            c.intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
+            read_hybrid(k, c, false);  // Qwen3_5DecoderLayer: the hybrid mixers, a dense MLP on every layer
+            c.intermediate_size = k.size("intermediate_size", 1, kMaxDim);
             c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
             break;
         }
@@ -716,15 +716,15 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
             r.scoring = RouterScoring::sigmoid;
             r.score_correction_bias = true;  // DeepseekV3TopkRouter always has e_score_correction_bias
             // attribute_map {"num_local_experts": "n_routed_experts"}.
-            r.num_experts = k.integer_aliased("n_routed_experts", "num_local_experts", d.experts, 1, kMaxExperts);
-            r.top_k = k.integer("num_experts_per_tok", d.top_k, 1, kMaxExperts);
+            r.num_experts = k.size_aliased("n_routed_experts", "num_local_experts", 1, kMaxExperts);
+            r.top_k = k.size("num_experts_per_tok", 1, kMaxExperts);
             r.norm_topk_prob = k.boolean("norm_topk_prob", true);
             r.n_group = k.integer("n_group", 8, 1, kMaxExperts);
             r.topk_group = k.integer("topk_group", 4, 1, kMaxExperts);
             r.routed_scaling_factor = k.real("routed_scaling_factor", 2.5, 0.0, 1e6);
             c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
-            c.intermediate_size = k.integer("intermediate_size", d.intermediate, 1, kMaxDim);
-            c.moe_intermediate_size = k.integer("moe_intermediate_size", d.moe_intermediate, 1, kMaxDim);
+            c.intermediate_size = k.size("intermediate_size", 1, kMaxDim);
+            c.moe_intermediate_size = k.size("moe_intermediate_size", 1, kMaxDim);
             // DeepseekV3MoE: shared_experts = MLP(intermediate_size = moe_intermediate_size * n_shared_experts), no gate.
             c.shared_expert_intermediate_size =
                 k.integer("n_shared_experts", 1, 0, 1024) * c.moe_intermediate_size;
