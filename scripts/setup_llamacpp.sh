@@ -4,7 +4,8 @@
 # CMake into $KVASIR_BUILD_DIR/llamacpp/build (the shared libraries and the
 # llama-perplexity and llama-quantize tools), and the llama-cpp-python package installed into the
 # venv $KVASIR_BUILD_DIR/llamacpp/venv against those libraries
-# (LLAMA_CPP_LIB_PATH). One build serves both the Python node
+# (LLAMA_CPP_LIB_PATH), and libkvasir_log_flush.so beside them (scripts/llamacpp_log_flush.cpp:
+# LD_PRELOAD it into llama-perplexity, whose log tail is otherwise lost at exit). One build serves both the Python node
 # (scripts/llamacpp_node.py), llama-perplexity and llama-quantize; a user on a phone or a GPU
 # box just runs `pip install llama-cpp-python`, which builds the same sources.
 # Reused between runs: a stamp names the version and build it was made from.
@@ -20,7 +21,24 @@ KVASIR_LLAMACPP_BUILD=2  # bump when the build changes (targets, options): the s
 kvasir_setup_llamacpp() {
   local dir="$KVASIR_BUILD_DIR/llamacpp"
   local stamp="$dir/ready-$KVASIR_LLAMACPP_PYTHON_VERSION-$KVASIR_LLAMACPP_BUILD"
-  [ -f "$stamp" ] && return 0
+  [ -f "$stamp" ] || kvasir_build_llamacpp "$dir" "$stamp"
+  kvasir_build_llamacpp_log_flush "$dir"
+}
+
+# The LD_PRELOAD library that flushes llama.cpp's log at exit: rebuilt when its source is newer.
+kvasir_build_llamacpp_log_flush() {
+  local dir="$1" src="$KVASIR_ROOT/scripts/llamacpp_log_flush.cpp"
+  local so="$dir/build/bin/libkvasir_log_flush.so"
+  [ -f "$so" ] && [ "$so" -nt "$src" ] && return 0
+  g++ -std=c++17 -O2 -shared -fPIC -o "$so.tmp" "$src" -L"$dir/build/bin" -lllama-common \
+    -Wl,-rpath,"$dir/build/bin" && mv "$so.tmp" "$so" || {
+    echo "kvasir: building $so failed" >&2
+    exit 3
+  }
+}
+
+kvasir_build_llamacpp() {
+  local dir="$1" stamp="$2"
   local log="$dir/setup.log"
   mkdir -p "$dir"
   echo "kvasir: building llama.cpp (llama-cpp-python $KVASIR_LLAMACPP_PYTHON_VERSION from PyPI) into $dir, once" >&2
