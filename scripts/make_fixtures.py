@@ -29,6 +29,13 @@ Outputs (under --out, default: the repository's fixtures/):
   models/qwen2_tiny/           Qwen2ForCausalLM      (dense; q/k/v bias, sliding window 8 on layers 1, 2 via
                                                       use_sliding_window + max_window_layers 1, untied)
   models/mistral_tiny/         MistralForCausalLM    (dense; sliding window 8 on every layer, untied)
+  models/deepseek_v3_tiny/     DeepseekV3ForCausalLM (MLA with q LoRA, interleaved rope, yarn with mscale !=
+                                                      mscale_all_dim, sigmoid router + correction bias, 4 groups /
+                                                      top-2 groups, shared expert, layer 0 dense)
+  models/kimi_k2_tiny/         DeepseekV3ForCausalLM, Kimi-K2 style (MLA without q LoRA, 16 experts top-4, one
+                                                      group, yarn with beta_fast = beta_slow)
+  models/glm4_moe_tiny/        Glm4MoeForCausalLM    (GQA, q/k/v bias, q/k norm, partial rotary 0.5, sigmoid
+                                                      router + correction bias, 2 groups / top-1 group, shared expert)
       each: config.json, generation_config.json, model.safetensors (save_pretrained),
             reference.safetensors (below), REFERENCE.md (what every reference tensor is)
   models/qwen3_moe_tiny.gguf            qwen3_moe_tiny converted with gguf.GGUFWriter, all F32
@@ -37,6 +44,9 @@ Outputs (under --out, default: the repository's fixtures/):
                                         reference data of the Q8_0 file: transformers run on its
                                         dequantised weights (the F32 .gguf holds the very same values
                                         as qwen3_moe_tiny, so qwen3_moe_tiny/reference.safetensors is its reference)
+  models/deepseek_v3_tiny.gguf          deepseek_v3_tiny by llama.cpp's own converter (--llama-cpp DIR), arch
+                                        deepseek2, with deepseek_v3_tiny.gguf.reference.safetensors (like llama_tiny.gguf,
+                                        gpt_oss_tiny*.gguf: see llama_cpp_gguf)
   models/README.md                      index of the above
   tokens/default.txt                    default perplexity stream: STREAM_LEN token ids, whitespace
                                         separated, uniform from numpy PCG64(TOKEN_SEED + 1) in
@@ -66,7 +76,9 @@ effective scale; the Gated DeltaNet's A_log is N(A_LOG_MEAN, A_LOG_STD^2) and it
 dt_bias N(0, 0.2^2), so the recurrent state decays over a few tokens, not at once.
 
 Border tokens: for the audit of "router authority" some tokens must have a
-router gap (k-th minus (k+1)-th softmax probability) below 1e-3, so that
+router gap (k-th minus (k+1)-th softmax probability; for the sigmoid routers the
+k-th minus (k+1)-th selection score sigmoid(logit) + bias after the group mask)
+below 1e-3, so that
 backends which run their own router flip them. Random routers rarely produce
 one in 24 tokens, so a few are *planted*: on a given layer the router row of
 the (k+1)-th expert of the token with the smallest natural gap is nudged along
@@ -79,13 +91,16 @@ naturally.
 
 The float64 reference: ``model.double()`` alone is NOT a float64 computation in
 transformers 5.24 -- RMSNorm casts to float32, eager attention and the MoE
-routers take their softmax in float32 and the rotary embedding computes cos/sin
+routers take their softmax in float32 (the DeepSeek-V3 / GLM-4.5 sigmoid routers
+compute their logits and sigmoid in float32) and the rotary embedding computes cos/sin
 in float32. The f64 references here are computed with those four functions
 replaced by float64 versions of the same formula (``pure_float64`` below);
 the difference to plain ``model.double()`` is printed and written to
 REFERENCE.md. The float64 rotary embedding recomputes inv_freq in float64 too,
 for rope_type "llama3" with the branch structure of transformers'
-_compute_llama3_parameters (llama3_inv_freq_f64). The attention masks are
+_compute_llama3_parameters (llama3_inv_freq_f64), for "yarn" as _compute_yarn_parameters
+(yarn_inv_freq_f64). The sigmoid routers' float64 forward is transformers' own
+forward with its float32 casts made float64 (float64_copy). The attention masks are
 transformers' own (create_causal_mask / create_sliding_window_causal_mask, built
 in the model's dtype: 0 or finfo(dtype).min); every prompt forward records the
 mask each attention layer received and checks it against the layer's window
@@ -188,6 +203,10 @@ from safetensors.numpy import load_file as np_load_file  # noqa: E402
 from safetensors.numpy import save_file as np_save_file  # noqa: E402
 from safetensors.torch import load_file as st_load_file  # noqa: E402
 from transformers import (  # noqa: E402
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
     GptOssConfig,
     GptOssForCausalLM,
     LlamaConfig,
@@ -215,6 +234,8 @@ from transformers import (  # noqa: E402
 )
 from transformers import Mxfp4Config  # noqa: E402
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors  # noqa: E402
+from transformers.models.deepseek_v3 import modeling_deepseek_v3  # noqa: E402
+from transformers.models.glm4_moe import modeling_glm4_moe  # noqa: E402
 from transformers.models.gpt_oss import modeling_gpt_oss  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 from transformers.models.mistral import modeling_mistral  # noqa: E402
@@ -243,6 +264,7 @@ LM_HEAD_STD = 0.4
 NORM_WEIGHT_STD = 0.2
 BIAS_STD = 0.2
 A_LOG_MEAN, A_LOG_STD = -1.0, 0.5  # Gated DeltaNet: exp(A_log) ~ 0.2..0.7, so the state decays over a few tokens
+CORRECTION_BIAS_STD = 0.1  # DeepSeek-V3 / GLM-4.5 sigmoid routers: e_score_correction_bias (a buffer, zero at init)
 
 # Every fixture. "config" goes verbatim into the transformers config class; the
 # C++ test (tests/model/test_config.cpp) hand-checks the same values (the hybrids'
@@ -540,6 +562,117 @@ FIXTURES = [
               "most recent positions including the query's own). The prompt is 24 tokens, so from position 8 on "
               "the window cuts. rope default, theta 1e6.",
     ),
+    # --- DeepSeek-V3 family: MLA attention, sigmoid router with correction bias and expert groups ---
+    dict(
+        name="deepseek_v3_tiny",
+        arch="deepseek_v3",
+        seed=1201,
+        llama_cpp_gguf=[""],
+        config=dict(
+            vocab_size=320, hidden_size=64, intermediate_size=128, moe_intermediate_size=16,
+            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+            q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+            n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, norm_topk_prob=True,
+            routed_scaling_factor=2.5, first_k_dense_replace=1, n_shared_experts=1,
+            # not DeepseekV3Config fields: kept in config.json as the released checkpoints have them
+            # (llama.cpp's converter writes expert_gating_func from scoring_func)
+            scoring_func="sigmoid", topk_method="noaux_tc",
+            rms_norm_eps=1e-6, rope_interleave=True,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+                             "original_max_position_embeddings": 512, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "mscale": 0.707, "mscale_all_dim": 1.0},
+            max_position_embeddings=20480, tie_word_embeddings=False, attention_bias=False, num_mtp_layers=0,
+        ),
+        plant=[(2, 1e-4)],
+        notes="DeepSeek-V3 layout (DeepseekV3ForCausalLM, model_type deepseek_v3). MLA (multi-head latent attention) "
+              "WITH q LoRA: q = q_b_proj(q_a_layernorm(q_a_proj(x))), per head [q_nope (qk_nope_head_dim 16) | q_rot "
+              "(qk_rope_head_dim 8)]; kv_a_proj_with_mqa(x) = [c_kv (kv_lora_rank 32) | k_rot (8)]; c_kv -> "
+              "kv_a_layernorm -> kv_b_proj, per head [k_nope (16) | v (v_head_dim 16)]; k_rot is ONE rope key shared "
+              "by all 4 heads; key = [k_nope | rope(k_rot)], query = [q_nope | rope(q_rot)]: qk head dim 24, v head "
+              "dim 16 (o_proj [64, 4*16]). q_a_layernorm and kv_a_layernorm are DeepseekV3RMSNorm with its default "
+              "eps 1e-6, NOT config.rms_norm_eps (the same value here, 1e-6; a reader must not take rms_norm_eps for "
+              "them). num_key_value_heads 4 = heads (no GQA grouping in MLA). ROPE, rope_interleave true: the 8 rope "
+              "dims are pairs (x0, x1), (x2, x3), ... each rotated by one frequency (GPT-J style); transformers' "
+              "apply_rotary_pos_emb_interleave returns them DE-INTERLEAVED, cat(x_even*cos - x_odd*sin, "
+              "x_odd*cos + x_even*sin) -- the same dot products. YaRN over the 8 rope dims: factor 40, theta 1e4, "
+              "original_max_position_embeddings 512, beta_fast 32, beta_slow 1, truncate (default) true: correction "
+              "range floor(0.41) = 0 .. ceil(1.91) = 2, so pair 0 unchanged, pair 1 blended half/half "
+              "(inv_freq*(0.5/40 + 0.5)), pairs 2-3 divided by 40. mscale 0.707 != mscale_all_dim 1.0: cos/sin scaled "
+              "by attention_factor = yarn_get_mscale(40, 0.707)/yarn_get_mscale(40, 1.0) = 0.92104, and the softmax "
+              "scale is 24^-0.5 * yarn_get_mscale(40, 1.0)^2 = 0.38250 (yarn_get_mscale(s, m) = 0.1*m*ln(s) + 1). "
+              "ROUTER (DeepseekV3TopkRouter): z = x.W_g^T, s = sigmoid(z); selection on s + e_score_correction_bias "
+              "(a NONZERO buffer, N(0, 0.1^2), saved as mlp.gate.e_score_correction_bias); 4 groups of 2 experts, "
+              "group score = sum of the group's two largest s + b, the best topk_group 2 groups kept, top-2 experts "
+              "among their 4; combine weights = s (WITHOUT bias) of the chosen / (sum + 1e-20) (norm_topk_prob) * "
+              "routed_scaling_factor 2.5. first_k_dense_replace 1: layer 0 a dense SwiGLU (intermediate_size 128), "
+              "layers 1-3 MoE: 8 routed experts 16 wide (one tensor per expert) + 1 shared expert (mlp.shared_experts, "
+              "moe_intermediate_size * n_shared_experts = 16 wide) added WITHOUT a gate. config.json also carries "
+              "scoring_func sigmoid and topk_method noaux_tc (not DeepseekV3Config fields; the released checkpoints "
+              "have them and llama.cpp's converter writes expert_gating_func from scoring_func) and "
+              "num_nextn_predict_layers 0 (no MTP layer). Untied lm_head, no attention biases, rms_norm_eps 1e-6.",
+    ),
+    dict(
+        name="kimi_k2_tiny",
+        arch="deepseek_v3",
+        seed=1202,
+        config=dict(
+            vocab_size=352, hidden_size=64, intermediate_size=64, moe_intermediate_size=16,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+            q_lora_rank=None, kv_lora_rank=48, qk_nope_head_dim=24, qk_rope_head_dim=8, v_head_dim=16,
+            n_routed_experts=16, num_experts_per_tok=4, n_group=1, topk_group=1, norm_topk_prob=True,
+            routed_scaling_factor=2.827, first_k_dense_replace=1, n_shared_experts=1,
+            scoring_func="sigmoid", topk_method="noaux_tc",
+            rms_norm_eps=1e-6, rope_interleave=True,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0,
+                             "original_max_position_embeddings": 256, "beta_fast": 1.0, "beta_slow": 1.0,
+                             "mscale": 1.0, "mscale_all_dim": 1.0},
+            max_position_embeddings=8192, tie_word_embeddings=False, attention_bias=False, num_mtp_layers=0,
+        ),
+        plant=[(1, 1e-4)],
+        notes="Kimi-K2 style on the same class (DeepseekV3ForCausalLM, model_type deepseek_v3). q_lora_rank null: a "
+              "plain self_attn.q_proj [4*(24 + 8), 64] (no q_a_proj / q_a_layernorm / q_b_proj). MLA with "
+              "kv_lora_rank 48, qk_nope_head_dim 24, qk_rope_head_dim 8 (qk head dim 32), v_head_dim 16 != "
+              "qk_nope_head_dim: kv_b_proj [4*(24 + 16), 48], per head [k_nope (24) | v (16)]; kv_a_layernorm eps "
+              "1e-6 (its default, = rms_norm_eps here). ROUTER: 16 experts, top-4, n_group 1 / topk_group 1 (the "
+              "group mask keeps every expert), sigmoid scores, selection on s + e_score_correction_bias (nonzero), "
+              "weights s of the chosen (no bias) / (sum + 1e-20) * routed_scaling_factor 2.827. ROPE interleaved as "
+              "in deepseek_v3_tiny; YaRN factor 32, theta 5e4, original_max_position_embeddings 256, beta_fast = "
+              "beta_slow = 1, so the correction range is a single step, floor(1.37) = 1 .. ceil(1.37) = 2: pairs 0-1 "
+              "unchanged, pairs 2-3 divided by 32; mscale = mscale_all_dim = 1: cos/sin factor 1 (their ratio), "
+              "softmax scale 32^-0.5 * (1 + 0.1 ln 32)^2 = 0.32054. first_k_dense_replace 1: layer 0 dense SwiGLU "
+              "(intermediate_size 64), layers 1-2 MoE (16 experts 16 wide + 1 shared expert 16 wide, no gate). "
+              "scoring_func / topk_method / num_nextn_predict_layers 0 in config.json as in deepseek_v3_tiny. "
+              "Untied lm_head, no attention biases.",
+    ),
+    dict(
+        name="glm4_moe_tiny",
+        arch="glm4_moe",
+        seed=1203,
+        config=dict(
+            vocab_size=320, hidden_size=64, intermediate_size=128, moe_intermediate_size=16,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+            attention_bias=True, use_qk_norm=True,
+            n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, norm_topk_prob=True,
+            routed_scaling_factor=2.5, first_k_dense_replace=1, n_shared_experts=1,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
+            max_position_embeddings=1024, tie_word_embeddings=False, num_mtp_layers=0,
+        ),
+        plant=[(2, 1e-4)],
+        notes="GLM-4.5 layout (Glm4MoeForCausalLM, model_type glm4_moe). Attention: GQA, 4 heads / 2 kv heads, "
+              "head_dim 32 explicit (!= hidden/heads = 16): q_proj [128, 64], k_proj / v_proj [64, 64], o_proj "
+              "[64, 128]. ATTENTION BIAS on q_proj, k_proj, v_proj (attention_bias true), none on o_proj. "
+              "use_qk_norm true: q_norm / k_norm, RMSNorm over head_dim per head (eps rms_norm_eps 1e-5), BEFORE "
+              "rope. partial_rotary_factor 0.5 (in rope_parameters): rope on the first 16 of the 32 dims of each "
+              "head, NEOX rotate_half within those 16 (not interleaved), dims 16..31 pass unrotated; rope default, "
+              "theta 1e6; attention scale 32^-0.5. ROUTER: Glm4MoeTopkRouter, the same code as DeepSeek-V3's: "
+              "sigmoid scores, selection on s + e_score_correction_bias (nonzero), n_group 2 (two groups of 4 "
+              "experts) / topk_group 1 (the released GLM-4.5 uses 1 / 1; 2 / 1 here so that the grouped path runs), "
+              "top-2 of the kept group's 4, weights s of the chosen (no bias) / (sum + 1e-20) (norm_topk_prob) * "
+              "routed_scaling_factor 2.5. first_k_dense_replace 1: layer 0 dense SwiGLU (intermediate_size 128), "
+              "layers 1-2 MoE: 8 experts 16 wide + 1 shared expert (mlp.shared_experts, 16 wide, added without a "
+              "gate). num_nextn_predict_layers 0 (no MTP layer). Untied lm_head, rms_norm_eps 1e-5.",
+    ),
 ]
 
 ARCH = {
@@ -555,11 +688,17 @@ ARCH = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, modeling_qwen3),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, modeling_qwen2),
     "mistral": (MistralConfig, MistralForCausalLM, modeling_mistral),
+    "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM, modeling_deepseek_v3),
+    "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM, modeling_glm4_moe),
 }
 # RMSNorms of the (1 + w) convention: weight stored zero-centred, y = x / rms(x) * (1 + w) (see their forward).
 ZERO_CENTRED_NORMS = (modeling_qwen3_5_moe.Qwen3_5MoeRMSNorm, modeling_qwen3_5.Qwen3_5RMSNorm,
                       modeling_qwen3_next.Qwen3NextRMSNorm)
 IMPL = dict(attn_implementation="eager", experts_implementation="eager")
+# DeepSeek-V3-style routers (DeepSeek-V3, Kimi-K2, GLM-4.5): sigmoid scores, e_score_correction_bias for the
+# selection only, expert groups (n_group / topk_group), top-k renormalised and scaled by routed_scaling_factor.
+SIGMOID_ROUTERS = (modeling_deepseek_v3.DeepseekV3TopkRouter, modeling_glm4_moe.Glm4MoeTopkRouter)
+SIGMOID_ROUTED = ("deepseek_v3", "glm4_moe")  # their model_type
 
 
 def setup_torch() -> None:
@@ -664,6 +803,9 @@ def init_weights(model, seed: int) -> None:
                 p.copy_(ROUTER_STD * z)  # router [E, H] / shared-expert sigmoid gate [1, H]
             else:  # every other matrix: [.., out, in] -> variance preserving
                 p.copy_(z / np.sqrt(p.shape[-1]))
+        for name, b in model.named_buffers():  # sigmoid routers: a NONZERO correction bias (zero would hide bugs)
+            if name.endswith("mlp.gate.e_score_correction_bias"):
+                b.copy_(CORRECTION_BIAS_STD * torch.randn(b.shape, generator=gen, dtype=torch.float32))
     if model.config.tie_word_embeddings:
         assert model.lm_head.weight.data_ptr() == text_model(model).embed_tokens.weight.data_ptr()
 
@@ -915,6 +1057,8 @@ def pure_float64(module, delta_rule: str = "recurrent"):
             patch(cls, "forward", _rotary_f64)
         elif cname.endswith("TopKRouter") and cname != "GptOssTopKRouter":  # (gpt-oss's has no float32 step)
             patch(cls, "forward", _router_f64)
+        elif cname.endswith("TopkRouter"):  # DeepSeek-V3 / GLM-4.5 sigmoid router: logits and sigmoid in float32
+            patch(cls, "forward", float64_copy(cls.forward))
         elif cname.endswith("GatedDeltaNet"):
             patch(cls, "forward", deltanet_forward)
     patch(module, "eager_attention_forward", _eager_attention_f64)
@@ -923,6 +1067,7 @@ def pure_float64(module, delta_rule: str = "recurrent"):
     patched = sorted(obj.__name__ if isinstance(obj, type) else attr for obj, attr, _ in saved)
     want = ["RMSNorm", "RotaryEmbedding", "eager_attention_forward"]
     want += ["TopKRouter"] if any(n.endswith("TopKRouter") and n != "GptOssTopKRouter" for n in dir(module)) else []
+    want += ["TopkRouter"] if any(n.endswith("TopkRouter") for n in dir(module)) else []
     want += ["RMSNormGated", "GatedDeltaNet"] if rule is not None else []
     assert len(patched) == len(want) and all(sum(n.endswith(w) for n in patched) == 1 for w in want), patched
     try:
@@ -998,6 +1143,17 @@ def forward_capture(model, ids: torch.Tensor) -> dict:
     assert len(getattr(out, "router_logits", None) or ()) == len(moe)
     for j, i in enumerate(moe):
         assert torch.equal(out.router_logits[j].reshape(T, -1), res["router"][i][0]), f"router logits {i}"
+    # The sigmoid routers return their top-k in torch.topk(sorted=False) order (unspecified); the references
+    # hold ids and weights reordered together by descending selection score sigmoid(logit) + bias, computed as
+    # the router computed it (in its own precision).
+    res["router"] = dict(res["router"])
+    for i in moe:
+        g = router_of(moe_block(layers[i]))
+        if isinstance(g, SIGMOID_ROUTERS):
+            logits_, w_, ids_ = res["router"][i]
+            sel = (logits_.sigmoid() + g.e_score_correction_bias).gather(1, ids_)
+            o = torch.sort(sel, dim=-1, descending=True, stable=True).indices
+            res["router"][i] = (logits_, w_.gather(1, o), ids_.gather(1, o))
     return res
 
 
@@ -1105,11 +1261,43 @@ def check_rope(model) -> dict:
     return out
 
 
-def router_stats(router_logits: torch.Tensor, k: int):
-    """gap[t] = p_(k) - p_(k+1): k-th minus (k+1)-th largest softmax probability (f64)."""
+def router_spec(model, layer: int) -> dict | None:
+    """Selection parameters of layer's sigmoid router (DeepSeek-V3 / GLM-4.5), None for a softmax router."""
+    g = router_of(moe_block(text_model(model).layers[layer]))
+    if not isinstance(g, SIGMOID_ROUTERS):
+        return None
+    return dict(bias=g.e_score_correction_bias.detach().to(torch.float64).clone(), n_group=g.num_group,
+                topk_group=g.topk_group, norm=bool(g.norm_topk_prob), scale=float(g.routed_scaling_factor))
+
+
+def sigmoid_selection(router_logits: torch.Tensor, spec: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selection of a DeepSeek-V3 router, in float64 from its logits: s = sigmoid(logit) + bias; group score =
+    sum of the group's two largest s; the topk_group best groups are kept, every other expert's s is -inf.
+    Returns (masked s [T, E], group scores [T, G])."""
+    z = router_logits.to(torch.float64)
+    s = torch.sigmoid(z) + spec["bias"]
+    T, E = s.shape
+    G = spec["n_group"]
+    gs = s.view(T, G, E // G).topk(2, dim=-1).values.sum(-1)
+    keep = torch.zeros_like(gs, dtype=torch.bool).scatter_(1, torch.topk(gs, spec["topk_group"], dim=-1).indices, True)
+    return s.masked_fill(~keep.repeat_interleave(E // G, dim=1), float("-inf")), gs
+
+
+def router_stats(router_logits: torch.Tensor, k: int, spec: dict | None = None):
+    """gap[t] = p_(k) - p_(k+1): k-th minus (k+1)-th largest softmax probability (f64). Sigmoid routers (spec):
+    the same on the SELECTION score s = sigmoid(logit) + bias after the group mask (what top-k is taken on)."""
+    if spec is not None:
+        s = torch.sort(sigmoid_selection(router_logits, spec)[0], dim=-1, descending=True).values
+        return s[:, k - 1] - s[:, k]
     p = torch.softmax(router_logits.to(torch.float64), dim=-1)
     s = torch.sort(p, dim=-1, descending=True).values
     return s[:, k - 1] - s[:, k]
+
+
+def router_group_gap(router_logits: torch.Tensor, spec: dict) -> torch.Tensor:
+    """Sigmoid routers with groups: the topk_group-th minus the (topk_group+1)-th largest group score (f64)."""
+    gs = torch.sort(sigmoid_selection(router_logits, spec)[1], dim=-1, descending=True).values
+    return gs[:, spec["topk_group"] - 1] - gs[:, spec["topk_group"]]
 
 
 def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dict]:
@@ -1119,6 +1307,7 @@ def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dic
     linear = linear_attention_layer_ids(model)
     k = getattr(model.config.get_text_config(), "num_experts_per_tok", None)
     model = model.float().eval()
+    specs = {i: router_spec(model, i) for i in moe}  # sigmoid routers' selection parameters (None: softmax)
     windows = attention_windows(model.config.to_dict())
     rope = check_rope(model)
 
@@ -1165,7 +1354,9 @@ def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dic
             out[f"{prefix}layer.{i}.router_logits"] = cv(logits_)
             out[f"{prefix}layer.{i}.topk_ids"] = i32(ids_)
             out[f"{prefix}layer.{i}.topk_weights"] = cv(weights_)
-            out[f"{prefix}layer.{i}.router_gap"] = cv(router_stats(logits_, k))
+            out[f"{prefix}layer.{i}.router_gap"] = cv(router_stats(logits_, k, specs[i]))
+            if specs[i] is not None and specs[i]["topk_group"] < specs[i]["n_group"]:
+                out[f"{prefix}layer.{i}.router_group_gap"] = cv(router_group_gap(logits_, specs[i]))
     out["greedy.tokens"] = i32(g_tok)
     out["greedy.margin"] = f32(g_margin)
     out["greedy.logits"] = f32(g_logits)
@@ -1175,11 +1366,23 @@ def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dic
     # --- consistency checks ---------------------------------------------------------
     for i in moe:
         # topk ids/weights equal our own softmax/top-k of the router logits (tie-free).
-        for r in (r32, r64):
+        for r, tol in ((r32, 1e-6), (r64, 1e-13)):
             logits_, weights_, ids_ = r["router"][i]
-            p = torch.softmax(logits_.double(), -1)
-            v, ix = torch.topk(p, k, -1)
-            assert torch.equal(ix, ids_), f"layer {i}: top-k ids differ from softmax top-k"
+            if specs[i] is None:
+                p = torch.softmax(logits_.double(), -1)
+                v, ix = torch.topk(p, k, -1)
+                assert torch.equal(ix, ids_), f"layer {i}: top-k ids differ from softmax top-k"
+                continue
+            # sigmoid router: top-k of the group-masked selection score sigmoid(logit) + bias; weights from the
+            # sigmoid WITHOUT the bias, renormalised (+ 1e-20) and scaled by routed_scaling_factor
+            sp = specs[i]
+            v, ix = torch.topk(sigmoid_selection(logits_, sp)[0], k, -1)
+            assert torch.equal(ix, ids_), f"layer {i}: top-k ids differ from the DeepSeek selection"
+            w = torch.sigmoid(logits_.double()).gather(1, ix)
+            if sp["norm"]:
+                w = w / (w.sum(-1, keepdim=True) + 1e-20)
+            d = float((w * sp["scale"] - weights_.double()).abs().max())
+            assert d < tol * sp["scale"], f"layer {i}: top-k weights differ from the DeepSeek formula by {d}"
         # f32 and f64 references must route every token identically.
         assert torch.equal(r32["router"][i][2], r64["router"][i][2]), f"layer {i}: f32 and f64 routing differ"
     assert torch.equal(g_tok, g64_tok), "f32 and f64 greedy continuations differ"
@@ -1187,10 +1390,13 @@ def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dic
         if arr.dtype.kind == "f":
             assert np.isfinite(arr).all(), name
 
-    gaps = torch.cat([router_stats(r64["router"][i][0], k) for i in moe]) if moe else torch.full((1,), float("nan"))
+    gaps = (torch.cat([router_stats(r64["router"][i][0], k, specs[i]) for i in moe]) if moe
+            else torch.full((1,), float("nan")))
     stats = {}
     for i in moe:
-        stats[i] = router_stats(r64["router"][i][0], k)
+        stats[i] = router_stats(r64["router"][i][0], k, specs[i])
+    ggaps = [router_group_gap(r64["router"][i][0], specs[i]) for i in moe
+             if specs[i] is not None and specs[i]["topk_group"] < specs[i]["n_group"]]
     p_top = torch.softmax(r32["logits"].double(), -1).max(-1).values
     nums = dict(
         n_moe_layers=len(moe),
@@ -1206,6 +1412,14 @@ def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dic
         logits_absmax=float(r64["logits"].abs().max()),
         windows=windows, rope=rope,
     )
+    if ggaps:
+        gg = torch.cat(ggaps)
+        nums.update(group_gap_min=float(gg.min()), group_gap_median=float(gg.median()),
+                    n_group_border=int((gg < BORDER_THRESHOLD).sum()))
+    if any(sp is not None for sp in specs.values()):
+        nums["sigmoid_router"] = True
+        nums["cos_sin_scale"] = float(text_model(model).rotary_emb.attention_scaling)
+        nums["softmax_scale"] = float(text_model(model).layers[0].self_attn.scaling)
     if linear:
         rel = lambda a, b: float((a - b).abs().max() / b.abs().max())  # noqa: E731
         nums.update(
@@ -1231,6 +1445,10 @@ def plant_border_tokens(model, ids: torch.Tensor, module, targets) -> list[dict]
             r = forward_capture(m64, ids)
         x = r["mlp_in"][layer]  # router input [T, H] (f64)
         logits = r["router"][layer][0]  # [T, E] (f64)
+        spec = router_spec(model, layer)
+        if spec is not None:
+            planted.append(_plant_sigmoid(model, layer, want, x, logits, spec, k, used))
+            continue
         gap = router_stats(logits, k)
         order = [int(t) for t in torch.argsort(gap) if int(t) not in used and int(t) > 0]
         t = order[0]
@@ -1263,14 +1481,48 @@ def plant_border_tokens(model, ids: torch.Tensor, module, targets) -> list[dict]
     return planted
 
 
+def _plant_sigmoid(model, layer: int, want: float, x: torch.Tensor, logits: torch.Tensor, spec: dict, k: int,
+                   used: set) -> dict:
+    """plant_border_tokens for a sigmoid router (DeepSeek-V3 / GLM-4.5): the same nudge of expert e_(k+1)'s router
+    row along the token's router input, solved in closed form on the SELECTION score s = sigmoid(logit) + bias:
+    sigmoid(z_(k+1) + delta) + b_(k+1) = s_(k) - want. Raising e_(k+1)'s score only raises the score of its own
+    group, which is selected already, so the group selection and the selected experts stay as they were
+    (asserted); the combine weights of the token do not change (e_(k+1) is not selected)."""
+    gap = router_stats(logits, k, spec)
+    for t in [int(t) for t in torch.argsort(gap) if int(t) not in used and int(t) > 0]:
+        masked = sigmoid_selection(logits[t:t + 1], spec)[0][0]
+        srt = torch.argsort(masked, descending=True)
+        e_k, e_k1 = int(srt[k - 1]), int(srt[k])
+        assert math.isfinite(float(masked[e_k1])), "fewer candidate experts than k + 1"
+        target = float(masked[e_k]) - want - float(spec["bias"][e_k1])  # the wanted sigmoid(z') of e_(k+1)
+        if float(gap[t]) > want and 0.0 < target < 1.0:
+            break
+    else:
+        raise AssertionError(f"layer {layer}: no token can be planted with gap {want}")
+    delta = math.log(target / (1.0 - target)) - float(logits[t, e_k1])
+    z = logits[t:t + 1].clone()
+    z[0, e_k1] += delta
+    after = sigmoid_selection(z, spec)[0]
+    assert torch.equal(torch.topk(after, k).indices, torch.topk(masked[None], k).indices), "selection changed"
+    assert abs(float(after[0, e_k] - after[0, e_k1]) - want) < 1e-12 * max(1.0, want)
+    used.add(t)
+    xv = x[t]
+    router = text_model(model).layers[layer].mlp.gate
+    with torch.no_grad():
+        router.weight[e_k1] += (delta * xv / xv.dot(xv)).to(torch.float32)
+    return dict(layer=layer, token=t, expert_k=e_k, expert_k1=e_k1, natural_gap=float(gap[t]), wanted_gap=want,
+                logit_shift=delta)
+
+
 # ---------------------------------------------------------------------------
 # GGUF
 # ---------------------------------------------------------------------------
 def n_experts(cfg: dict) -> int:
     # Qwen3MoeConfig maps num_experts -> num_local_experts (attribute_map), so its config.json
     # says "num_local_experts"; Qwen2MoeConfig writes "num_experts". 0: a dense model.
+    # DeepSeek-V3 / GLM-4.5 write "n_routed_experts".
     cfg = text_config(cfg)
-    return int(cfg.get("num_experts", cfg.get("num_local_experts", 0)))
+    return int(cfg.get("num_experts", cfg.get("num_local_experts", cfg.get("n_routed_experts", 0))))
 
 
 def gguf_tensors(sd: dict, cfg: dict, moe: list[int]) -> list[tuple[str, np.ndarray]]:
@@ -1406,10 +1658,13 @@ def numpy_f64_forward(cfg: dict, W: dict, ids: np.ndarray) -> dict:
     hd = cfg.get("head_dim") or H // nh
     eps, theta = cfg["rms_norm_eps"], cfg["rope_parameters"]["rope_theta"]
     rd = int(hd * cfg["rope_parameters"].get("partial_rotary_factor", 1.0))  # rotary dims (the first rd of hd)
+    mla = mt == "deepseek_v3"  # multi-head latent attention: rope on a separate qk_rope_head_dim part
+    if mla:
+        rd = cfg["qk_rope_head_dim"]
     k = cfg.get("num_experts_per_tok")
     renorm = mt in ("mixtral", "qwen3_5_moe_text") or bool(cfg.get("norm_topk_prob"))
 
-    def rms(x, w):
+    def rms(x, w, eps=eps):
         if hybrid:  # zero-centred weight
             return (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)) * (1.0 + w)
         return w * (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps))
@@ -1457,9 +1712,17 @@ def numpy_f64_forward(cfg: dict, W: dict, ids: np.ndarray) -> dict:
         inv_freq = inv_freq * (ramp / f + (1 - ramp))
     else:
         assert rp.get("rope_type", "default") == "default", rp
+    def get_mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * np.log(scale) + 1.0
+
     mscale = 1.0
     if rp.get("rope_type") == "yarn":  # cos and sin scaled by the attention factor
-        mscale = rp.get("attention_factor") or (0.1 * np.log(rp["factor"]) + 1.0 if rp["factor"] > 1 else 1.0)
+        if rp.get("attention_factor"):
+            mscale = rp["attention_factor"]
+        elif rp.get("mscale") and rp.get("mscale_all_dim"):  # DeepSeek: the ratio of the two
+            mscale = get_mscale(rp["factor"], rp["mscale"]) / get_mscale(rp["factor"], rp["mscale_all_dim"])
+        else:
+            mscale = get_mscale(rp["factor"])
     ang = np.arange(T)[:, None] * inv_freq[None]
     cos = mscale * np.cos(np.concatenate([ang, ang], -1))[:, None]
     sin = mscale * np.sin(np.concatenate([ang, ang], -1))[:, None]
@@ -1469,7 +1732,42 @@ def numpy_f64_forward(cfg: dict, W: dict, ids: np.ndarray) -> dict:
             return np.concatenate([rope(x[..., :rd]), x[..., rd:]], -1)
         return x * cos + np.concatenate([-x[..., rd // 2:], x[..., :rd // 2]], -1) * sin
 
+    def rope_interleaved(x):  # [T, heads, rd]: pairs (x0, x1), (x2, x3), ...; output cat(even', odd') as transformers
+        c, s_ = cos[..., :rd // 2], sin[..., :rd // 2]
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return np.concatenate([x1 * c - x2 * s_, x2 * c + x1 * s_], -1)
+
+    def mla_attention(p, x, mask):
+        """DeepSeek-V2/V3 multi-head latent attention, the uncompressed (MHA) form."""
+        a = p + "self_attn."
+        dn, dr, dv, r = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+        if a + "q_proj.weight" in W:  # Kimi-K2 / DeepSeek-V2-Lite: no q LoRA
+            q = lin(a + "q_proj", x)
+        else:  # q_a_layernorm: DeepseekV3RMSNorm with its default eps 1e-6 (not rms_norm_eps)
+            q = lin(a + "q_b_proj", rms(lin(a + "q_a_proj", x), W[a + "q_a_layernorm.weight"], 1e-6))
+        q = q.reshape(T, nh, dn + dr)
+        ckv = lin(a + "kv_a_proj_with_mqa", x)  # [T, r + dr]: the latent, then ONE rope key shared by all heads
+        c_kv = rms(ckv[:, :r], W[a + "kv_a_layernorm.weight"], 1e-6)
+        k_rot = ckv[:, None, r:]
+        rot = rope_interleaved if cfg.get("rope_interleave", True) else rope
+        q_rot, k_rot = rot(q[..., dn:]), rot(k_rot)
+        kv = lin(a + "kv_b_proj", c_kv).reshape(T, nh, dn + dv)  # per head [k_nope (dn) | v (dv)]
+        qq = np.concatenate([q[..., :dn], q_rot], -1)
+        kk = np.concatenate([kv[..., :dn], np.broadcast_to(k_rot, (T, nh, dr))], -1)
+        v = kv[..., dn:]
+        scale = (dn + dr) ** -0.5
+        if rp.get("rope_type", "default") != "default" and rp.get("mscale_all_dim"):  # yarn_apply_mscale
+            scale *= get_mscale(rp["factor"], rp["mscale_all_dim"]) ** 2
+        att = np.zeros((T, nh, dv))
+        for h_ in range(nh):
+            sc = qq[:, h_] @ kk[:, h_].T * scale + mask
+            sc = np.exp(sc - sc.max(-1, keepdims=True))
+            att[:, h_] = (sc / sc.sum(-1, keepdims=True)) @ v[:, h_]
+        return lin(a + "o_proj", att.reshape(T, nh * dv))
+
     def attention(p, x, mask):
+        if mla:
+            return mla_attention(p, x, mask)
         if hybrid:  # q_proj gives [q | gate] per head; output gated by sigmoid(gate)
             qg = lin(p + "self_attn.q_proj", x).reshape(T, nh, 2 * hd)
             q, gate = qg[..., :hd], qg[..., hd:].reshape(T, nh * hd)
@@ -1567,6 +1865,26 @@ def numpy_f64_forward(cfg: dict, W: dict, ids: np.ndarray) -> dict:
                     o = ((u + 1) * g / (1 + np.exp(-g * alpha))) @ W[m + "experts.down_proj"][e]
                     y[t] += w[t, j] * (o + W[m + "experts.down_proj_bias"][e])
             topk[layer] = idx
+        elif m + "gate.e_score_correction_bias" in W:  # DeepSeek-V3 / GLM-4.5: sigmoid, bias, groups, shared experts
+            z = x @ W[m + "gate.weight"].T
+            sc = 1.0 / (1.0 + np.exp(-z))
+            sel = sc + W[m + "gate.e_score_correction_bias"]  # for the selection only
+            G, E = cfg["n_group"], sel.shape[-1]
+            grp = np.sort(sel.reshape(T, G, E // G), -1)[..., ::-1][..., :2].sum(-1)  # group score: its top-2 sum
+            keep = np.zeros((T, G), dtype=bool)
+            np.put_along_axis(keep, np.argsort(-grp, -1, kind="stable")[:, :cfg["topk_group"]], True, -1)
+            sel = np.where(np.repeat(keep, E // G, -1), sel, -np.inf)
+            idx = np.argsort(-sel, -1, kind="stable")[:, :k]
+            w = np.take_along_axis(sc, idx, -1)  # weights from the sigmoid WITHOUT the bias
+            if cfg.get("norm_topk_prob"):
+                w = w / (w.sum(-1, keepdims=True) + 1e-20)
+            w = w * cfg["routed_scaling_factor"]
+            y = np.zeros_like(x)
+            for t in range(T):
+                for j in range(k):
+                    y[t] += w[t, j] * expert(m, idx[t, j], names, x[t:t + 1])[0]
+            y += swiglu(m + "shared_experts.", names, x)  # shared experts: plain add, no gate
+            topk[layer] = idx
         elif m + "gate.weight" in W:
             z = x @ W[m + "gate.weight"].T
             pr = np.exp(z - z.max(-1, keepdims=True))
@@ -1630,12 +1948,38 @@ DESCRIPTIONS = [
                                "renormalised to sum 1 when the architecture does: norm_topk_prob / always for Mixtral)"),
     ("layer.{l}.router_gap", "MoE layers only: p_(k) - p_(k+1), the k-th minus (k+1)-th largest softmax probability "
                              "(computed in f64 from the stored router logits); < 1e-3 = border token"),
+    ("layer.{l}.router_group_gap", "MoE layers of a sigmoid router with expert groups only: g_(topk_group) - "
+                                   "g_(topk_group+1), the topk_group-th minus the next largest group score (group "
+                                   "score = sum of the group's two largest selection scores sigmoid(logit) + bias; "
+                                   "computed in f64 from the stored router logits); a near-tie here flips a whole "
+                                   "group"),
     ("greedy.tokens", "greedy continuation of the prompt: GREEDY_STEPS tokens, argmax of the last logits with the "
                       "KV cache, no sampling/penalties/EOS (checked equal to model.generate(do_sample=False) and to "
                       "a no-cache recompute)"),
     ("greedy.margin", "top1 - top2 of the logits that chose each greedy token"),
     ("greedy.logits", "the full logits that chose each greedy token (step i predicts greedy.tokens[i])"),
 ]
+
+
+# The router tensors of the sigmoid routers (DeepSeek-V3, Kimi-K2, GLM-4.5) mean something else.
+SIGMOID_DESCRIPTIONS = {
+    "layer.{l}.router_logits": "MoE layers only: router gate linear output z = x.W_g^T (output_router_logits), "
+                               "before the sigmoid; x = layer.{l}.mlp_input",
+    "layer.{l}.topk_ids": "MoE layers only: the k chosen experts per token: s = sigmoid(z) + "
+                          "mlp.gate.e_score_correction_bias; the topk_group groups with the largest group score (sum "
+                          "of the group's two largest s) are kept, top-k of s among their experts. ORDER: descending "
+                          "s (transformers' router returns them in torch.topk(sorted=False) order, which is "
+                          "unspecified; make_fixtures.py reorders ids and weights together)",
+    "layer.{l}.topk_weights": "MoE layers only: their combine weights as transformers used them: sigmoid(z) of the "
+                              "chosen experts WITHOUT the bias, divided by (their sum + 1e-20) when norm_topk_prob, "
+                              "times routed_scaling_factor (so they sum to routed_scaling_factor, not 1)",
+    "layer.{l}.mlp_output": "output of layer l's MLP / MoE block before the residual add; in a MoE layer the routed "
+                            "experts combined with topk_weights PLUS the shared experts' SwiGLU (mlp.shared_experts, "
+                            "width moe_intermediate_size * n_shared_experts, no gate)",
+    "layer.{l}.router_gap": "MoE layers only: s_(k) - s_(k+1), the k-th minus the (k+1)-th largest SELECTION score "
+                            "s = sigmoid(z) + bias after the group mask (computed in f64 from the stored router "
+                            "logits); < 1e-3 = border token",
+}
 
 
 def shape_str(a: np.ndarray) -> str:
@@ -1659,6 +2003,11 @@ def reference_md(fx: dict, cfg_json: dict, ref: dict, nums: dict, planted: list,
                     + ("with the llama3 scaling " if nums["rope"]["rope_type"] == "llama3" else "")
                     + "recomputed in float64) also computed in float64 — plain model.double() keeps those three in "
                     "float32; the attention masks are transformers' own, built in float64; see below).")
+    elif not hybrid and nums.get("sigmoid_router"):
+        f64_what = ("(model.double() with RMSNorm (also q_a_layernorm / kv_a_layernorm in MLA), eager-attention "
+                    "softmax, the router's logits and sigmoid (transformers' router forward with its float32 casts "
+                    "made float64) and rotary cos/sin (inv_freq, yarn included, recomputed in float64) also computed "
+                    "in float64 — plain model.double() keeps those four in float32; see below).")
     elif not hybrid:
         f64_what = ("(model.double() with RMSNorm, eager-attention softmax, router softmax and rotary cos/sin also "
                     "computed in float64 — plain model.double() keeps those four in float32; see below).")
@@ -1683,6 +2032,8 @@ def reference_md(fx: dict, cfg_json: dict, ref: dict, nums: dict, planted: list,
     tc = text_config(cfg_json)
     T, L = PROMPT_LEN, tc["num_hidden_layers"]
     for key, what in DESCRIPTIONS:
+        if nums.get("sigmoid_router"):
+            what = SIGMOID_DESCRIPTIONS.get(key, what)
         names = [n for n in ref if n == key or (("{l}" in key) and n.startswith("layer.")
                                                  and n.split(".", 2)[2] == key.split(".", 2)[2])]
         if not names:
@@ -1712,6 +2063,22 @@ def reference_md(fx: dict, cfg_json: dict, ref: dict, nums: dict, planted: list,
         hd = tc.get("head_dim") or tc["hidden_size"] // tc["num_attention_heads"]
         shapes += (f"; attention: {tc['num_attention_heads']} heads, {tc['num_key_value_heads']} kv heads, head_dim "
                    f"{hd}" + ("" if tc.get("head_dim") else " (hidden/heads, not in config.json)"))
+    if nums.get("sigmoid_router"):
+        if tc["model_type"] == "deepseek_v3":
+            shapes += (f"; MLA: {tc['num_attention_heads']} heads, q_lora_rank "
+                       + ("null (plain q_proj)" if tc["q_lora_rank"] is None else str(tc["q_lora_rank"]))
+                       + f", kv_lora_rank "
+                       f"{tc['kv_lora_rank']}, qk_nope_head_dim {tc['qk_nope_head_dim']}, qk_rope_head_dim "
+                       f"{tc['qk_rope_head_dim']}, v_head_dim {tc['v_head_dim']}")
+        else:
+            shapes += (f"; attention: {tc['num_attention_heads']} heads, {tc['num_key_value_heads']} kv heads, "
+                       f"head_dim {tc['head_dim']}, rotary dims "
+                       f"{int(tc['head_dim'] * tc['rope_parameters']['partial_rotary_factor'])}")
+        shapes += (f"; router: n_group {tc['n_group']}, topk_group {tc['topk_group']}, norm_topk_prob "
+                   f"{str(tc['norm_topk_prob']).lower()}, routed_scaling_factor {tc['routed_scaling_factor']:g}, "
+                   f"{tc['n_shared_experts']} shared expert(s) of width "
+                   f"{tc['moe_intermediate_size'] * tc['n_shared_experts']}; experts {tc['moe_intermediate_size']} "
+                   f"wide; dense layers {list(range(tc['first_k_dense_replace']))} ({tc['intermediate_size']} wide)")
     lines += [shapes + ".", ""]
     lines += ["## Measured", "",
               f"* max |logits f32 − f64| = {nums['d_f32_vs_f64_logits']:.3e} (max |logit| {nums['logits_absmax']:.2f}); "
@@ -1734,7 +2101,18 @@ def reference_md(fx: dict, cfg_json: dict, ref: dict, nums: dict, planted: list,
                   f"{nums['d_chunked_vs_recurrent_hidden']:.3e}, Gated DeltaNet outputs max relative difference "
                   f"{nums['d_chunked_vs_recurrent_mixer']:.3e} — the two forms are the same function to float64 "
                   f"rounding"]
-    if nums["n_moe_layers"]:
+    if nums["n_moe_layers"] and nums.get("sigmoid_router"):
+        lines += [f"* router gap s_(k) − s_(k+1) on the selection score s = sigmoid(z) + bias after the group mask, "
+                  f"over {nums['n_router_tokens']} (token, MoE layer) pairs: min "
+                  f"{nums['gap_min']:.3e}, median {nums['gap_median']:.3e}, max {nums['gap_max']:.3e}; "
+                  f"border tokens (gap < {BORDER_THRESHOLD:g}): {nums['n_border']}"
+                  + ("" if not nums["border"] else " — (layer, token, gap): "
+                     + ", ".join(f"({i}, {t}, {g:.2e})" for i, t, g in nums["border"]))]
+        if "group_gap_min" in nums:
+            lines += [f"* group gap (`layer.{{l}}.router_group_gap`): min {nums['group_gap_min']:.3e}, median "
+                      f"{nums['group_gap_median']:.3e}; tokens with a group gap < {BORDER_THRESHOLD:g}: "
+                      f"{nums['n_group_border']}"]
+    elif nums["n_moe_layers"]:
         lines += [f"* router gap p_(k) − p_(k+1) over {nums['n_router_tokens']} (token, MoE layer) pairs: min "
                   f"{nums['gap_min']:.3e}, median {nums['gap_median']:.3e}, max {nums['gap_max']:.3e}; "
                   f"border tokens (gap < {BORDER_THRESHOLD:g}): {nums['n_border']}"
@@ -1754,6 +2132,13 @@ def reference_md(fx: dict, cfg_json: dict, ref: dict, nums: dict, planted: list,
                       "transformers' float32 buffer agrees to a relative " + f"{rp['rel_f32_vs_f64_inv_freq']:.1e}): "
                       + ", ".join(f"{i}: {v!r} ({names[b]}, wavelen {wl:.3f})"
                                   for i, (v, b, wl) in enumerate(zip(rp["inv_freq_f64"], rp["branch"], rp["wavelen"])))]
+    if nums.get("sigmoid_router"):
+        rp = nums["rope"]
+        lines += [f"* rope {rp['rope_type']}: inv_freq per rotary pair (float64, as the float64 forward uses it; "
+                  f"transformers' float32 buffer agrees to a relative {rp['rel_f32_vs_f64_inv_freq']:.1e}): "
+                  + ", ".join(f"{i}: {v!r}" for i, v in enumerate(rp["inv_freq_f64"]))
+                  + f"; cos/sin scaled by {nums['cos_sin_scale']!r}; attention softmax scale "
+                  f"{nums['softmax_scale']!r}"]
     lines += [f"* greedy margins: min {nums['greedy_margin_min']:.3f}, median {nums['greedy_margin_median']:.3f}; "
               f"mean top-1 probability of the prompt logits {nums['mean_top1_prob']:.3f}",
               f"* max |hidden state| {nums['hidden_absmax']:.2f}",
@@ -1762,9 +2147,13 @@ def reference_md(fx: dict, cfg_json: dict, ref: dict, nums: dict, planted: list,
               f"identical routing", ""]
     if planted and not planted_note:
         lines += ["## Planted border tokens", "",
-                  "The router row of expert e_(k+1) was nudged along the token's router input so that "
-                  "p(e_k) − p(e_(k+1)) = wanted gap (see make_fixtures.py, plant_border_tokens). Measured gaps "
-                  "are in `layer.{l}.router_gap`.", "",
+                  ("The router row of expert e_(k+1) was nudged along the token's router input so that the "
+                   "selection scores s = sigmoid(z) + bias satisfy s(e_k) − s(e_(k+1)) = wanted gap (see "
+                   "make_fixtures.py, _plant_sigmoid; the group selection and the chosen experts are unchanged). "
+                   if nums.get("sigmoid_router") else
+                   "The router row of expert e_(k+1) was nudged along the token's router input so that "
+                   "p(e_k) − p(e_(k+1)) = wanted gap (see make_fixtures.py, plant_border_tokens). ")
+                  + "Measured gaps are in `layer.{l}.router_gap`.", "",
                   "| layer | token | e_k | e_(k+1) | natural gap | wanted gap | measured gap (f64) |", "|---|---|---|---|---|---|---|"]
         for p in planted:
             lines.append(f"| {p['layer']} | {p['token']} | {p['expert_k']} | {p['expert_k1']} | {p['natural_gap']:.3e} "
@@ -1802,10 +2191,10 @@ def tokenizer_corpus() -> list[str]:
 
 def write_converter_tokenizer(src: Path, arch: str, vocab_size: int) -> None:
     """The tokenizer convert_hf_to_gguf.py needs beside the weights. llama: a SentencePiece BPE model (320 pieces,
-    byte fallback; LlamaModel's _set_vocab_sentencepiece). gpt_oss: a byte-level BPE tokenizer.json trained by HF
-    tokenizers (GptOssModel's _set_vocab_gpt2), as small as the corpus allows (the converter pads it to vocab_size
-    with [PAD] tokens)."""
-    if arch == "gpt_oss":
+    byte fallback; LlamaModel's _set_vocab_sentencepiece). gpt_oss and deepseek_v3: a byte-level BPE tokenizer.json
+    trained by HF tokenizers (GptOssModel's / DeepseekV2Model's _set_vocab_gpt2), as small as the corpus allows
+    (the converter pads it to vocab_size with [PAD] tokens)."""
+    if arch in ("gpt_oss", "deepseek_v3"):
         from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
         tok = Tokenizer(tok_models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -1828,7 +2217,9 @@ def write_converter_tokenizer(src: Path, arch: str, vocab_size: int) -> None:
 # convert_hf_to_gguf.py run in this process's interpreter. The converter names a byte-level BPE tokenizer's
 # pre-tokenizer by hashing how it splits a test text, and stops on a hash it does not list — every tokenizer
 # trained here is such a one. For gpt_oss the run sets the name to "gpt-4o" (what the converter writes for
-# gpt-oss's own o200k tokenizer); nothing else of the converter is touched.
+# gpt-oss's own o200k tokenizer), for deepseek_v3 "deepseek-v3" (DeepSeek-V3's own); nothing else of the
+# converter is touched.
+CONVERTER_PRE = {"gpt_oss": "gpt-4o", "deepseek_v3": "deepseek-v3"}
 CONVERTER_RUN = """
 import runpy, sys
 root = sys.argv[1]
@@ -1851,6 +2242,10 @@ def llama_cpp_gguf(fx: dict, fdir: Path, models_dir: Path, llama_cpp: Path, mode
     * llama: llama.cpp's converter turns llama3 scaling into rope_freqs factors (f32), inv_freq_i =
       theta^(-2i/d) / factor_i, which the float64 forward then uses exactly (the float32 one keeps transformers'
       own llama3 table: within float32 rounding of it).
+    * deepseek_v3 (arch deepseek2): the converter splits kv_b_proj into attn_k_b / attn_v_b, stacks the experts and
+      keeps everything F32 (check_deepseek2_gguf). A GGUF carries no yarn mscale (only yarn_log_multiplier =
+      0.1 * mscale_all_dim) and llama.cpp computes with mscale = mscale_all_dim (llama_context: "here we assume
+      mscale == 1.0f" unless mscale_all_dim != 1): the reference is transformers with that mscale.
     * gpt_oss: a GGUF carries neither swiglu_limit nor yarn's truncate flag; llama.cpp's openai-moe graph uses
       ggml_swiglu_oai with limit 7 and alpha 1.702 and ggml's yarn floors / ceils the correction range
       (ggml_rope_yarn_corr_dims: truncate true). The reference is transformers with those two settings (the
@@ -1865,7 +2260,7 @@ def llama_cpp_gguf(fx: dict, fdir: Path, models_dir: Path, llama_cpp: Path, mode
         for f in ("config.json", "generation_config.json", "model.safetensors"):
             shutil.copy(fdir / f, src / f)
         write_converter_tokenizer(src, arch, cfg["vocab_size"])
-        subprocess.run([sys.executable, "-c", CONVERTER_RUN, str(llama_cpp), "gpt-4o" if arch == "gpt_oss" else "",
+        subprocess.run([sys.executable, "-c", CONVERTER_RUN, str(llama_cpp), CONVERTER_PRE.get(arch, ""),
                         str(src), "--outtype", "f32", "--outfile", str(out)], check=True, capture_output=True)
     rd = gguf.GGUFReader(str(out))
     if arch == "gpt_oss":
@@ -1893,6 +2288,20 @@ def llama_cpp_gguf(fx: dict, fdir: Path, models_dir: Path, llama_cpp: Path, mode
         weights = {n: t for n, t in sd.items()}
         print(f"   {name}.gguf by llama.cpp's converter: experts {want} (equal to transformers' weights), "
               "swiglu_limit 7 and yarn truncate as llama.cpp runs it")
+    elif arch == "deepseek_v3":
+        check_deepseek2_gguf(rd, np_load_file(str(fdir / "model.safetensors")), cfg)
+        gcfg = json.loads(json.dumps(cfg))
+        gcfg["rope_parameters"]["mscale"] = gcfg["rope_parameters"]["mscale_all_dim"]
+        with tempfile.TemporaryDirectory() as tmp:
+            for f in ("generation_config.json", "model.safetensors"):
+                shutil.copy(fdir / f, Path(tmp) / f)
+            (Path(tmp) / "config.json").write_text(json.dumps(gcfg, indent=2))
+            m = reload(model_cls, Path(tmp))
+        ref, _, nums = compute_reference(m, ids, module)
+        weights = st_load_file(str(fdir / "model.safetensors"))
+        print(f"   {name}.gguf by llama.cpp's converter (arch deepseek2): every tensor equal to transformers' "
+              f"(kv_b_proj split into attn_k_b / attn_v_b); reference with mscale = mscale_all_dim "
+              f"{gcfg['rope_parameters']['mscale']} as llama.cpp runs it")
     else:
         factors = next(np.asarray(t.data, dtype=np.float64) for t in rd.tensors if t.name == "rope_freqs.weight")
         rp = cfg["rope_parameters"]
@@ -1914,6 +2323,56 @@ def llama_cpp_gguf(fx: dict, fdir: Path, models_dir: Path, llama_cpp: Path, mode
     nums["E"] = n_experts(cfg)
     save_reference(models_dir / f"{name}.gguf.reference.safetensors", ref, name + ".gguf")
     return (name + ".gguf", nums)
+
+
+def check_deepseek2_gguf(rd, sd: dict, cfg: dict) -> None:
+    """llama.cpp's converter output for a DeepseekV3ForCausalLM checkpoint (arch deepseek2): every tensor is the
+    HF one renamed, the experts stacked, kv_b_proj split per head into attn_k_b [n_head, kv_lora_rank,
+    qk_nope_head_dim] (the k part TRANSPOSED) and attn_v_b [n_head, v_head_dim, kv_lora_rank] (numpy shapes; GGML ne
+    reversed), bit for bit (asserted); and the keys llama.cpp's deepseek2 graph reads."""
+    got = {t.name: np.asarray(t.data) for t in rd.tensors}
+    assert all(t.tensor_type == gguf.GGMLQuantizationType.F32 for t in rd.tensors)
+    nh, dn, dv, r = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    want = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"],
+            "output.weight": sd["lm_head.weight"]}
+    for i in range(cfg["num_hidden_layers"]):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        names = [("input_layernorm.weight", "attn_norm.weight"), ("post_attention_layernorm.weight", "ffn_norm.weight"),
+                 ("self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight"),
+                 ("self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"),
+                 ("self_attn.o_proj.weight", "attn_output.weight")]
+        if cfg.get("q_lora_rank") is None:
+            names += [("self_attn.q_proj.weight", "attn_q.weight")]
+        else:
+            names += [("self_attn.q_a_proj.weight", "attn_q_a.weight"), ("self_attn.q_a_layernorm.weight",
+                      "attn_q_a_norm.weight"), ("self_attn.q_b_proj.weight", "attn_q_b.weight")]
+        kv_b = sd[p + "self_attn.kv_b_proj.weight"].reshape(nh, dn + dv, r)
+        want[b + "attn_k_b.weight"] = kv_b[:, :dn].transpose(0, 2, 1)
+        want[b + "attn_v_b.weight"] = kv_b[:, dn:]
+        if i < cfg["first_k_dense_replace"]:
+            names += [(f"mlp.{w}_proj.weight", f"ffn_{w}.weight") for w in ("gate", "up", "down")]
+        else:
+            names += [("mlp.gate.weight", "ffn_gate_inp.weight"), ("mlp.gate.e_score_correction_bias", "exp_probs_b.bias")]
+            names += [(f"mlp.shared_experts.{w}_proj.weight", f"ffn_{w}_shexp.weight") for w in ("gate", "up", "down")]
+            for w in ("gate", "up", "down"):
+                want[b + f"ffn_{w}_exps.weight"] = np.stack(
+                    [sd[p + f"mlp.experts.{e}.{w}_proj.weight"] for e in range(cfg["n_routed_experts"])])
+        want.update({b + g: sd[p + h] for h, g in names})
+    assert set(got) == set(want), (sorted(set(got) ^ set(want)))
+    for n, a in want.items():
+        assert got[n].shape == a.shape and np.array_equal(got[n], a), n
+    kv = {f.name: f.contents() for f in rd.fields.values() if f.name.startswith("deepseek2.")}
+    rp = cfg["rope_parameters"]
+    expect = {"deepseek2.expert_gating_func": 2, "deepseek2.expert_group_count": cfg["n_group"],
+              "deepseek2.expert_group_used_count": cfg["topk_group"],
+              "deepseek2.leading_dense_block_count": cfg["first_k_dense_replace"],
+              "deepseek2.attention.kv_lora_rank": r, "deepseek2.attention.key_length_mla": dn + cfg["qk_rope_head_dim"],
+              "deepseek2.attention.value_length_mla": dv, "deepseek2.rope.dimension_count": cfg["qk_rope_head_dim"],
+              "deepseek2.attention.head_count_kv": 1}
+    for key, v in expect.items():
+        assert kv.get(key) == v, (key, kv.get(key), v)
+    assert math.isclose(kv["deepseek2.rope.scaling.yarn_log_multiplier"], 0.1 * rp["mscale_all_dim"], rel_tol=1e-6)
+    assert "deepseek2.rope.scaling.yarn_attn_factor" not in kv  # llama.cpp derives the factors itself
 
 
 def reload(model_cls, path: Path, dtype=torch.float32):
@@ -2071,8 +2530,23 @@ def index_lines(fx: dict, models_dir: Path) -> list[str]:
             lines.append(line + f", hidden {tc['hidden_size']}, vocab {tc['vocab_size']}" + weights)
             continue
         if "linear_attention_layers" not in ref:
+            extra = ""
+            if tc.get("model_type") in SIGMOID_ROUTED:  # DeepSeek-V3 / Kimi-K2 / GLM-4.5
+                rp = tc["rope_parameters"]
+                extra = (f", sigmoid router with e_score_correction_bias, n_group {tc['n_group']} / topk_group "
+                         f"{tc['topk_group']}, routed_scaling_factor {tc['routed_scaling_factor']:g}, "
+                         f"{tc['n_shared_experts']} shared expert, ")
+                if tc["model_type"] == "deepseek_v3":
+                    extra += ("MLA (" + ("no q LoRA" if tc["q_lora_rank"] is None else f"q_lora_rank {tc['q_lora_rank']}")
+                              + f", kv_lora_rank {tc['kv_lora_rank']}, qk_nope/qk_rope/v head dims "
+                              f"{tc['qk_nope_head_dim']}/{tc['qk_rope_head_dim']}/{tc['v_head_dim']}, interleaved rope), "
+                              f"rope yarn (factor {rp['factor']:g}, mscale {rp['mscale']:g}, mscale_all_dim "
+                              f"{rp['mscale_all_dim']:g})")
+                else:
+                    extra += (f"{tc['num_attention_heads']} heads / {tc['num_key_value_heads']} kv heads, head_dim "
+                              f"{tc['head_dim']}, partial rotary {rp['partial_rotary_factor']:g}, q/k norm, q/k/v bias")
             lines.append(f"* `{vname}/` — {cfg_json['architectures'][0]}, {tc['num_hidden_layers']} layers "
-                         f"(MoE: {moe}), {E} experts, top-{tc['num_experts_per_tok']}, "
+                         f"(MoE: {moe}), {E} experts, top-{tc['num_experts_per_tok']}{extra}, "
                          f"hidden {tc['hidden_size']}, vocab {tc['vocab_size']}" + weights)
             continue
         lin = [int(x) for x in ref["linear_attention_layers"]]
@@ -2270,7 +2744,27 @@ def main() -> None:
               "GGUF carries no swiglu_limit and no yarn truncate flag; llama.cpp computes gpt-oss with limit 7 "
               "(ggml_swiglu_oai) and a floored/ceiled yarn correction range (ggml_rope_yarn_corr_dims), so their "
               "references (`gpt_oss_tiny*.gguf.reference.safetensors`) are transformers with swiglu_limit 7 "
-              "and truncate true — not the folder's own settings (1 and false).", "",
+              "and truncate true — not the folder's own settings (1 and false). `deepseek_v3_tiny.gguf`: the same "
+              "converter's output for deepseek_v3_tiny (arch `deepseek2`, a byte-level BPE tokenizer trained for it, "
+              "pre-tokenizer named `deepseek-v3`; every tensor F32 and equal to the checkpoint's, asserted): MLA as "
+              "llama.cpp holds it, kv_b_proj split per head into `attn_k_b` (numpy [n_head, kv_lora_rank, "
+              "qk_nope_head_dim], the k part transposed) and `attn_v_b` ([n_head, v_head_dim, kv_lora_rank]), "
+              "`attention.head_count_kv` 1, `attention.key_length` / `value_length` the latent sizes (kv_lora_rank + "
+              "qk_rope_head_dim / kv_lora_rank), `key_length_mla` / `value_length_mla` the per-head sizes; the "
+              "correction bias as `exp_probs_b.bias`, the shared expert as `ffn_*_shexp`. A GGUF carries no yarn "
+              "mscale, only `rope.scaling.yarn_log_multiplier` = 0.1 · mscale_all_dim; llama.cpp then computes as if "
+              "mscale = mscale_all_dim (cos/sin factor 1, softmax scale still yarn_get_mscale(factor, "
+              "mscale_all_dim)² / sqrt(qk head dim)), so `deepseek_v3_tiny.gguf.reference.safetensors` is "
+              "transformers with mscale 1.0 — not the folder's 0.707.", "",
+              "DeepSeek-V3 family notes (deepseek_v3_tiny, kimi_k2_tiny, glm4_moe_tiny): sigmoid routers with a "
+              "nonzero `mlp.gate.e_score_correction_bias` used for the expert SELECTION only (groups: n_group / "
+              "topk_group, group score = sum of a group's two largest sigmoid(z) + b), combine weights = sigmoid(z) of "
+              "the chosen renormalised (+ 1e-20) and multiplied by routed_scaling_factor; `topk_ids` / "
+              "`topk_weights` sorted by descending selection score; `router_gap` measured on the selection score, "
+              "`router_group_gap` on the group scores (groups > 1); a shared expert added without a gate; "
+              "first_k_dense_replace 1 (layer 0 dense). deepseek_v3_tiny / kimi_k2_tiny: MLA (with / without q "
+              "LoRA), interleaved rope on qk_rope_head_dim, yarn with the DeepSeek softmax-scale correction. "
+              "glm4_moe_tiny: GQA with q/k/v biases, per-head q/k norm, partial rotary 0.5.", "",
               "Hybrid notes (qwen3_5_moe_tiny, qwen3_next_tiny, qwen3_5_tiny): Gated DeltaNet (linear attention) "
               "and gated full attention in one stack (`layer_types`); RMSNorm weights zero-centred, y = x/rms(x) · "
               "(1 + w), except the DeltaNet's gated norm (w · x/rms(x) · silu(z)); partial rotary (the first "
