@@ -1,5 +1,7 @@
 #include "commands.hpp"
 
+#include "kvasir/arch/architecture.hpp"
+#include "kvasir/core/error.hpp"
 #include "kvasir/model/gguf.hpp"
 #include "kvasir/model/model.hpp"
 #include "kvasir/model/quant.hpp"
@@ -61,13 +63,51 @@ std::string rope_rule(const ModelConfig& c) {
                          c.rope_scaling.factor, c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor,
                          c.rope_scaling.original_max_position_embeddings);
     if (c.rope_type == "yarn")
-        s += fmt::format(" with yarn scaling (factor {:g}, beta fast/slow {:g}/{:g}, original context {:g}, attention factor {:.6g})",
+        s += fmt::format(" with yarn scaling (factor {:g}, beta fast/slow {:g}/{:g}, original context {:g}, mscale {:g}, "
+                         "mscale_all_dim {:g}, cos/sin attention factor {:.6g})",
                          c.rope_scaling.factor, c.rope_scaling.beta_fast, c.rope_scaling.beta_slow,
-                         c.rope_scaling.original_max_position_embeddings, rope_attention_factor(c));
+                         c.rope_scaling.original_max_position_embeddings, c.rope_scaling.mscale,
+                         c.rope_scaling.mscale_all_dim, rope_attention_factor(c));
     if (!c.rope_freq_factors.empty())
         s += fmt::format(" with GGUF frequency factors [{:g}]", fmt::join(c.rope_freq_factors, ", "));
     if (c.partial_rotary_factor != 1.0) s += fmt::format(" on {:g} of head dim", c.partial_rotary_factor);
+    if (c.has_mla()) s += fmt::format(" on the last {} dims of each head (MLA's rope part)", c.rotary_dims());
     return s;
+}
+
+// MLA in one line ("" without it): the projections, the ranks, the per-head widths, the softmax scale.
+std::string mla_rule(const ModelConfig& c) {
+    if (!c.has_mla()) return "";
+    const auto& m = c.mla;
+    return fmt::format(
+        "MLA attention: {}; kv latent rank {} + one shared rope key {} wide (kv_a_proj_with_mqa → kv_a_layernorm → "
+        "kv_b_proj); per head q·k over {} nope + {} rope dims, values {} wide; rope pairs {}; softmax scale {:.9g}",
+        m.q_lora_rank > 0 ? fmt::format("q-LoRA rank {} (q_a_proj → q_a_layernorm → q_b_proj)", m.q_lora_rank)
+                          : std::string("plain q_proj (no q-LoRA)"),
+        m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim,
+        m.rope_interleave ? "interleaved (x0, x1), (x2, x3), …" : "in halves (rotate_half)", attention_scale(c));
+}
+
+// Which layers are dense and which MoE, as ranges: "dense 0, MoE 1-3".
+std::string layer_kinds(const ModelConfig& c) {
+    std::vector<std::string> parts;
+    for (std::int64_t l = 0; l < c.num_layers;) {
+        std::int64_t e = l;
+        while (e + 1 < c.num_layers && c.is_moe(e + 1) == c.is_moe(l)) ++e;
+        parts.push_back(fmt::format("{} {}", c.is_moe(l) ? "MoE" : "dense", e == l ? fmt::format("{}", l) : fmt::format("{}-{}", l, e)));
+        l = e + 1;
+    }
+    return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+// Whether this build runs the full forward pass of the model (its family is registered and accepts the config).
+bool full_forward(const ModelConfig& c) {
+    try {
+        (void)arch::architecture_for(c);
+        return true;
+    } catch (const Error&) {
+        return false;
+    }
 }
 
 // Which layers use a sliding window ("" when none does).
@@ -155,7 +195,15 @@ void run_inspect(const InspectOptions& opt) {
                               {"beta_slow", c.rope_scaling.beta_slow},
                               {"truncate", c.rope_scaling.truncate},
                               {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings},
+                              {"mscale", c.rope_scaling.mscale},
+                              {"mscale_all_dim", c.rope_scaling.mscale_all_dim},
                               {"attention_factor", rope_attention_factor(c)}};
+        a["attention_scale"] = attention_scale(c);
+        a["rotary_dims"] = c.rotary_dims();
+        if (c.has_mla())
+            a["mla"] = {{"q_lora_rank", c.mla.q_lora_rank},           {"kv_lora_rank", c.mla.kv_lora_rank},
+                        {"qk_nope_head_dim", c.mla.qk_nope_head_dim}, {"qk_rope_head_dim", c.mla.qk_rope_head_dim},
+                        {"v_head_dim", c.mla.v_head_dim},             {"rope_interleave", c.mla.rope_interleave}};
         a["sliding_window"] = c.sliding_window;
         a["attention_output_bias"] = c.attention_out_bias;
         a["rms_norm_eps"] = c.rms_norm_eps;
@@ -171,6 +219,14 @@ void run_inspect(const InspectOptions& opt) {
         a["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
         a["shared_expert_gate"] = c.shared_expert_gate;
         a["router_rule"] = router_rule(c);
+        a["router"] = {{"scoring", router_scoring_name(c.router.scoring)},
+                       {"score_correction_bias", c.router.score_correction_bias},
+                       {"n_group", c.router.n_group},
+                       {"topk_group", c.router.topk_group},
+                       {"routed_scaling_factor", c.router.routed_scaling_factor},
+                       {"renormalise", c.norm_topk_prob()},
+                       {"first_k_dense_replace", c.first_k_dense_replace}};
+        a["layer_kinds"] = layer_kinds(c);
         if (!c.linear_attention_layers.empty()) {
             a["layer_types"] = nlohmann::ordered_json::array();
             for (std::int64_t l = 0; l < c.num_layers; ++l)
@@ -190,7 +246,7 @@ void run_inspect(const InspectOptions& opt) {
             a["swiglu_limit"] = c.swiglu_limit;
         }
         a["multimodal_wrapper"] = c.multimodal_wrapper;
-        a["full_forward"] = c.full_forward_supported();
+        a["full_forward"] = full_forward(c);
         j["config"] = a;
         j["ignored"] = {{"tensors", ignored.count}, {"bytes", ignored.bytes}, {"examples", ignored.examples}};
         j["layers"] = nlohmann::ordered_json::array();
@@ -235,6 +291,8 @@ void run_inspect(const InspectOptions& opt) {
                                                    c.shared_expert_gate ? " with sigmoid gate" : "")
                                      : "");
     std::cout << "router: " << router_rule(c) << "\n";
+    std::cout << "layers: " << layer_kinds(c) << "\n";
+    if (const std::string m = mla_rule(c); !m.empty()) std::cout << m << "\n";
     if (!c.linear_attention_layers.empty())
         std::cout << fmt::format(
             "hybrid: {} Gated DeltaNet layers (conv kernel {}, {} key heads × {}, {} value heads × {}) and {} gated "
@@ -242,7 +300,7 @@ void run_inspect(const InspectOptions& opt) {
             std::count(c.linear_attention_layers.begin(), c.linear_attention_layers.end(), true), c.linear.conv_kernel,
             c.linear.key_heads, c.linear.key_head_dim, c.linear.value_heads, c.linear.value_head_dim,
             std::count(c.linear_attention_layers.begin(), c.linear_attention_layers.end(), false),
-            c.partial_rotary_factor, c.full_forward_supported() ? "" : "; full forward pass not implemented yet: layer-level steps");
+            c.partial_rotary_factor, full_forward(c) ? "" : "; full forward pass not implemented yet: layer-level steps");
     if (c.fused_experts) std::cout << "experts stored fused ([E, 2I, H] gate_up_proj, [E, H, I] down_proj), read per expert\n";
     if (c.architecture == Architecture::gpt_oss)
         std::cout << fmt::format(

@@ -496,7 +496,8 @@ TEST_P(EmulatedForward, WithinTheCpuNodesF32Tolerance) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EmulatedForward,
                          ::testing::Values("qwen3_5_moe_tiny", "llama_tiny", "mistral_tiny", "qwen2_tiny", "qwen3_tiny",
-                                           "olmoe_tiny", "gpt_oss_tiny"),
+                                           "olmoe_tiny", "gpt_oss_tiny", "deepseek_v3_tiny", "kimi_k2_tiny",
+                                           "glm4_moe_tiny"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
 // ---- 2. specs and absence, per vendor ----------------------------------------------------

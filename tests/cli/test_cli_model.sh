@@ -36,7 +36,7 @@ expect_usage_error "--layer 9 is outside" matrix --layer 9
 expect_usage_error "--layer needs --model" ops --layer 1
 # The contract's own family: the hybrid fixtures (Gated DeltaNet + gated
 # attention, made by transformers) audited end to end, each node in its process.
-for m in qwen3_5_moe_tiny qwen3_next_tiny olmoe_tiny gpt_oss_tiny; do
+for m in qwen3_5_moe_tiny qwen3_next_tiny olmoe_tiny gpt_oss_tiny deepseek_v3_tiny kimi_k2_tiny glm4_moe_tiny; do
   "$bin" audit -p protocols/ci.json --model fixtures/models/$m -b cpu-ref,cpu,opencl:0 -o "$tmp/$m.json" >"$tmp/$m.out" 2>&1
   rc=$?
   check "audit of $m: cpu and opencl:0 fit → exit 0" test $rc -eq 0
@@ -76,6 +76,22 @@ check "inspect llama_tiny.gguf (llama.cpp's converter): a dense llama GGUF" grep
 check "inspect --json llama_tiny.gguf: the GGUF's rope frequency factors" python3 -c "
 import json,sys; a=json.load(open(sys.argv[1]))['config']
 assert a['architecture']=='llama' and len(a['rope_freq_factors'])==8 and a['rope_freq_factors'][0]==1.0 and a['rope_freq_factors'][2]==8.0, a" "$tmp/lg.json"
+# The sigmoid-routed families: inspect states MLA's ranks and widths, the router's rule, dense and MoE layers.
+out=$("$bin" inspect fixtures/models/deepseek_v3_tiny 2>&1)
+check "inspect deepseek_v3_tiny: MLA with q-LoRA, the grouped sigmoid router, dense layer 0" \
+  grep -q "MLA attention: q-LoRA rank 32 (q_a_proj → q_a_layernorm → q_b_proj); kv latent rank 32 + one shared rope key 8 wide" <<<"$out"
+check "inspect deepseek_v3_tiny: router rule" grep -q "sigmoid over 8 experts, top-2 selected on score + e_score_correction_bias within the best 2 of 4 groups, weights renormalised to sum 1, × 2.5; plus a shared expert 16 wide" <<<"$out"
+check "inspect deepseek_v3_tiny: layers" grep -q "^layers: dense 0, MoE 1-3$" <<<"$out"
+"$bin" inspect fixtures/models/kimi_k2_tiny --json >"$tmp/kimi.json"
+check "inspect --json kimi_k2_tiny: MLA without q-LoRA, one group, yarn scale" python3 -c "
+import json,math,sys; a=json.load(open(sys.argv[1]))['config']
+m=a['mla']; assert m=={'q_lora_rank':0,'kv_lora_rank':48,'qk_nope_head_dim':24,'qk_rope_head_dim':8,'v_head_dim':16,'rope_interleave':True}, m
+r=a['router']; assert r['n_group']==1 and r['routed_scaling_factor']==2.827 and r['score_correction_bias'] and r['first_k_dense_replace']==1, r
+ms=0.1*math.log(32)+1; assert abs(a['attention_scale']-ms*ms/math.sqrt(32))<1e-12, a['attention_scale']
+assert a['full_forward'] is True and a['rotary_dims']==8" "$tmp/kimi.json"
+out=$("$bin" inspect fixtures/models/deepseek_v3_tiny.gguf 2>&1)
+check "inspect deepseek_v3_tiny.gguf (llama.cpp's converter): MLA read back from the MQA form" \
+  grep -q "MLA attention: q-LoRA rank 32 .* per head q·k over 16 nope + 8 rope dims, values 16 wide" <<<"$out"
 "$bin" inspect fixtures/models/gpt_oss_tiny --json >"$tmp/go.json"
 check "inspect --json gpt_oss_tiny: yarn, sinks, plain experts" python3 -c "
 import json,sys; a=json.load(open(sys.argv[1]))['config']

@@ -60,7 +60,7 @@ std::string sized(const std::string& text) {
         s = {{"vocab_size", 129280}, {"hidden_size", 7168}, {"intermediate_size", 18432}, {"num_hidden_layers", 61},
              {"num_attention_heads", 128}, {"n_routed_experts", 256}, {"num_experts_per_tok", 8},
              {"moe_intermediate_size", 2048}, {"qk_nope_head_dim", 128}, {"qk_rope_head_dim", 64}, {"v_head_dim", 128},
-             {"kv_lora_rank", 512}};
+             {"kv_lora_rank", 512}, {"q_lora_rank", 1536}};
     else if (type == "qwen3_5_moe_text" || type == "qwen3_5_moe")
         s = {{"vocab_size", 248320}, {"hidden_size", 2048}, {"num_hidden_layers", 40}, {"num_attention_heads", 16},
              {"num_experts", 256}, {"num_experts_per_tok", 8}, {"moe_intermediate_size", 512},
@@ -207,7 +207,6 @@ TEST_P(FixtureConfig, EveryFieldMatchesTheScript) {
     EXPECT_EQ(c.decoder_sparse_step, x.sparse_step);
     EXPECT_EQ(c.mlp_only_layers, x.mlp_only);
     EXPECT_EQ(c.moe_layers, x.moe);
-    EXPECT_TRUE(c.full_forward_supported());
     // Router: plain softmax top-k.
     EXPECT_EQ(c.router.scoring, RouterScoring::softmax);
     EXPECT_FALSE(c.router.score_correction_bias);
@@ -407,7 +406,7 @@ TEST(ConfigParse, RopeParametersWinOverTopLevelRopeTheta) {
     EXPECT_EQ(d.rope_type, "linear");
 }
 
-TEST(ConfigParse, DeepSeekV3RouterAtLayerLevel) {
+TEST(ConfigParse, DeepSeekV3MlaRouterAndLayers) {
     // deepseek-ai/DeepSeek-V3 config.json (abridged to the keys that matter here).
     const char* text = R"({
       "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
@@ -422,7 +421,6 @@ TEST(ConfigParse, DeepSeekV3RouterAtLayerLevel) {
       "rope_theta": 10000, "tie_word_embeddings": false, "vocab_size": 129280})";
     const ModelConfig c = kvasir::parse_model_config(text, "dsv3/config.json");
     EXPECT_EQ(c.architecture, Architecture::deepseek_v3);
-    EXPECT_FALSE(c.full_forward_supported());
     EXPECT_EQ(c.router.scoring, RouterScoring::sigmoid);
     EXPECT_TRUE(c.router.score_correction_bias);
     EXPECT_EQ(c.router.num_experts, 256);
@@ -437,17 +435,122 @@ TEST(ConfigParse, DeepSeekV3RouterAtLayerLevel) {
     EXPECT_FALSE(c.is_moe(2));
     EXPECT_TRUE(c.is_moe(3));
     EXPECT_EQ(c.num_moe_layers(), 58);
+    // MLA: q·k over 128 + 64, values 128, rope on the last 64 dims; the softmax scale 192^-1/2 · m², m =
+    // 0.1·1·ln 40 + 1 (yarn_get_mscale(40, mscale_all_dim 1)); the cos/sin factor m(40,1)/m(40,1) = 1.
+    ASSERT_TRUE(c.has_mla());
+    EXPECT_EQ(c.mla.q_lora_rank, 1536);
+    EXPECT_EQ(c.mla.kv_lora_rank, 512);
+    EXPECT_EQ(c.head_dim, 192);
+    EXPECT_EQ(c.rotary_dims(), 64);
+    EXPECT_EQ(c.value_head_dim(), 128);
+    EXPECT_EQ(c.attention_width(), 192);
+    EXPECT_TRUE(c.mla.rope_interleave);
+    const double m = 0.1 * std::log(40.0) + 1.0;
+    EXPECT_DOUBLE_EQ(kvasir::attention_scale(c), m * m / std::sqrt(192.0));
+    EXPECT_DOUBLE_EQ(kvasir::rope_attention_factor(c), 1.0);
+    EXPECT_EQ(kvasir::rope_inverse_frequencies(c).size(), 32u);
     const kvasir::LayerTensorNames n = kvasir::layer_tensor_names(c, 3);
     EXPECT_EQ(n.router, "model.layers.3.mlp.gate.weight");
     EXPECT_EQ(n.router_bias, "model.layers.3.mlp.gate.e_score_correction_bias");
     EXPECT_EQ(n.experts[255].down, "model.layers.3.mlp.experts.255.down_proj.weight");
     EXPECT_EQ(n.shared_up, "model.layers.3.mlp.shared_experts.up_proj.weight");
     EXPECT_EQ(n.shared_expert_gate, "");
-    EXPECT_EQ(n.q_proj, "");  // MLA attention is not described
+    EXPECT_EQ(n.q_proj, "");  // q-LoRA instead
+    EXPECT_EQ(n.k_proj, "");
+    EXPECT_EQ(n.q_a_proj, "model.layers.3.self_attn.q_a_proj.weight");
+    EXPECT_EQ(n.q_a_norm, "model.layers.3.self_attn.q_a_layernorm.weight");
+    EXPECT_EQ(n.kv_a_proj, "model.layers.3.self_attn.kv_a_proj_with_mqa.weight");
+    EXPECT_EQ(n.kv_b_proj, "model.layers.3.self_attn.kv_b_proj.weight");
     const kvasir::LayerTensorNames d = kvasir::layer_tensor_names(c, 0);
     EXPECT_EQ(d.mlp_up, "model.layers.0.mlp.up_proj.weight");
     const auto specs = kvasir::layer_tensor_specs(c, 3);
-    EXPECT_EQ(specs.size(), 2u + 2u + 3u * 256u + 3u);  // norms, router + bias, experts, shared
+    EXPECT_EQ(specs.size(), 2u + 7u + 2u + 3u * 256u + 3u);  // norms, MLA (3 + 3 + o), router + bias, experts, shared
+    const auto shape_of = [&](const std::string& name) {
+        for (const auto& t : specs)
+            if (t.name == name) return t.shape;
+        return kvasir::Shape{};
+    };
+    EXPECT_EQ(shape_of(n.q_b_proj), (kvasir::Shape{128 * 192, 1536}));
+    EXPECT_EQ(shape_of(n.kv_a_proj), (kvasir::Shape{512 + 64, 7168}));
+    EXPECT_EQ(shape_of(n.kv_b_proj), (kvasir::Shape{128 * (128 + 128), 512}));
+    EXPECT_EQ(shape_of(n.o_proj), (kvasir::Shape{7168, 128 * 128}));
+}
+
+TEST(ConfigParse, KimiK2IsDeepSeekV3WithoutQLoraOrGroups) {
+    // moonshotai/Kimi-K2-Instruct config.json (abridged).
+    const char* text = R"({
+      "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "hidden_size": 7168,
+      "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+      "num_attention_heads": 64, "num_key_value_heads": 64, "n_shared_experts": 1, "n_routed_experts": 384,
+      "routed_scaling_factor": 2.827, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+      "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1,
+      "num_experts_per_tok": 8, "first_k_dense_replace": 1, "norm_topk_prob": true, "scoring_func": "sigmoid",
+      "max_position_embeddings": 131072, "rms_norm_eps": 1e-06,
+      "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                       "original_max_position_embeddings": 4096, "type": "yarn"},
+      "rope_theta": 50000.0, "vocab_size": 163840})";
+    // Kimi's own model_type (remote code over DeepseekV3ForCausalLM): read as deepseek_v3.
+    const ModelConfig c = kvasir::parse_model_config(text, "kimi/config.json");
+    EXPECT_EQ(c.architecture, Architecture::deepseek_v3);
+    EXPECT_EQ(c.router.n_group, 1);
+    EXPECT_EQ(c.router.num_experts, 384);
+    EXPECT_EQ(c.router.routed_scaling_factor, 2.827);
+    EXPECT_EQ(c.mla.q_lora_rank, 1536);
+    EXPECT_EQ(c.first_k_dense_replace, 1);
+    // Without q-LoRA (Kimi-K2-style tiny fixtures, DeepSeek-V2-Lite): a plain q_proj.
+    json j = json::parse(text);
+    j["q_lora_rank"] = nullptr;
+    const ModelConfig p = kvasir::parse_model_config(j.dump(), "kimi/config.json");
+    EXPECT_EQ(p.mla.q_lora_rank, 0);
+    const kvasir::LayerTensorNames n = kvasir::layer_tensor_names(p, 1);
+    EXPECT_EQ(n.q_proj, "model.layers.1.self_attn.q_proj.weight");
+    EXPECT_EQ(n.q_a_proj, "");
+}
+
+TEST(ConfigParse, Glm45GqaPartialRotarySigmoidRouter) {
+    // zai-org/GLM-4.5 config.json (abridged).
+    const char* text = R"({
+      "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "attention_bias": true,
+      "first_k_dense_replace": 3, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+      "intermediate_size": 12288, "max_position_embeddings": 131072, "moe_intermediate_size": 1536,
+      "n_group": 1, "n_routed_experts": 160, "n_shared_experts": 1, "norm_topk_prob": true,
+      "num_attention_heads": 96, "num_experts_per_tok": 8, "num_hidden_layers": 92, "num_key_value_heads": 8,
+      "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05, "rope_theta": 1000000,
+      "routed_scaling_factor": 2.5, "tie_word_embeddings": false, "topk_group": 1, "use_qk_norm": true,
+      "vocab_size": 151552})";
+    const ModelConfig c = kvasir::parse_model_config(text, "glm/config.json");
+    EXPECT_EQ(c.architecture, Architecture::glm4_moe);
+    EXPECT_FALSE(c.has_mla());
+    EXPECT_EQ(c.head_dim, 128);
+    EXPECT_EQ(c.rotary_dims(), 64);
+    EXPECT_TRUE(c.qk_norm);
+    EXPECT_TRUE(c.attention_bias);
+    EXPECT_FALSE(c.attention_out_bias);  // Glm4MoeAttention.o_proj has no bias
+    EXPECT_EQ(c.router.scoring, RouterScoring::sigmoid);
+    EXPECT_TRUE(c.router.score_correction_bias);
+    EXPECT_EQ(c.router.num_experts, 160);
+    EXPECT_EQ(c.router.routed_scaling_factor, 2.5);
+    EXPECT_EQ(c.shared_expert_intermediate_size, 1536);
+    EXPECT_EQ(c.num_moe_layers(), 89);
+    EXPECT_FALSE(c.is_moe(2));
+    const kvasir::LayerTensorNames n = kvasir::layer_tensor_names(c, 3);
+    EXPECT_EQ(n.q_bias, "model.layers.3.self_attn.q_proj.bias");
+    EXPECT_EQ(n.o_bias, "");
+    EXPECT_EQ(n.q_norm, "model.layers.3.self_attn.q_norm.weight");
+    EXPECT_EQ(n.router_bias, "model.layers.3.mlp.gate.e_score_correction_bias");
+    EXPECT_EQ(n.shared_down, "model.layers.3.mlp.shared_experts.down_proj.weight");
+    // The defaults of Glm4MoeConfig: partial rotary 0.5, groups 1/1, scaling 1, one dense layer, no q/k norm.
+    json j = json::parse(text);
+    for (const char* key : {"partial_rotary_factor", "n_group", "topk_group", "routed_scaling_factor",
+                            "first_k_dense_replace", "use_qk_norm", "attention_bias"})
+        j.erase(key);
+    const ModelConfig d = kvasir::parse_model_config(j.dump(), "glm/config.json");
+    EXPECT_EQ(d.partial_rotary_factor, 0.5);
+    EXPECT_EQ(d.router.n_group, 1);
+    EXPECT_EQ(d.router.routed_scaling_factor, 1.0);
+    EXPECT_EQ(d.first_k_dense_replace, 1);
+    EXPECT_FALSE(d.qk_norm);
+    EXPECT_FALSE(d.attention_bias);
 }
 
 // ---------------------------------------------------------------------------
@@ -557,6 +660,16 @@ TEST(ConfigErrors, DeepSeekGroupsMustFit) {
     expect_error(sized(base + R"("n_group": 8, "topk_group": 4, "routed_scaling_factor": 0})"), {"routed_scaling_factor"});
     expect_error(sized(base + R"("n_group": 8, "topk_group": 4, "first_k_dense_replace": 5})"),
                  {"first_k_dense_replace = 5", "out of range [0, 4]"});
+    // MLA: q_lora_rank must be given (null = a plain q_proj); one kv head per head.
+    json no_q = json::parse(sized(base + R"("n_group": 8, "topk_group": 4})"));
+    no_q.erase("q_lora_rank");
+    expect_error(no_q.dump(), {"q_lora_rank is required"});
+    expect_error(sized(base + R"("n_group": 8, "topk_group": 4, "num_key_value_heads": 16})"),
+                 {"num_key_value_heads 16 != num_attention_heads 128", "MLA"}, ErrorCode::unsupported);
+    expect_error(sized(base + R"("n_group": 8, "topk_group": 4, "qk_rope_head_dim": 7, "qk_nope_head_dim": 127})"),
+                 {"even qk_rope_head_dim (7)"});
+    expect_error(sized(base + R"("n_group": 8, "topk_group": 4, "topk_method": "group_limited_greedy"})"),
+                 {"topk_method \"group_limited_greedy\""}, ErrorCode::unsupported);
     const ModelConfig ok = kvasir::parse_model_config(sized(base + R"("n_group": 8, "topk_group": 4, "first_k_dense_replace": 1})"),
                                                       "ok/config.json");
     EXPECT_EQ(ok.moe_layers, (std::vector<bool>{false, true, true, true}));
@@ -678,7 +791,6 @@ TEST(ConfigHybrid, Qwen35MoeWrapperReadsTheTextConfigAndEveryHybridKey) {
     EXPECT_TRUE(c.norm_topk_prob());  // Qwen3_5MoeTopKRouter renormalises unconditionally
     EXPECT_EQ(c.shared_expert_intermediate_size, 32);
     EXPECT_TRUE(c.shared_expert_gate);
-    EXPECT_TRUE(c.full_forward_supported());  // the hybrid forward pass (arch/qwen3_5_moe.cpp)
     // Tensor names under the wrapper's prefix; a linear layer has no self_attn.
     const LayerTensorNames lin = layer_tensor_names(c, 0);
     EXPECT_EQ(lin.in_proj_qkv, "model.language_model.layers.0.linear_attn.in_proj_qkv.weight");

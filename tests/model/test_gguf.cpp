@@ -901,7 +901,7 @@ TEST(GgufModel, UnsupportedArchitectureListsSupported) {
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ErrorCode::unsupported);
         EXPECT_NE(std::string(e.what()).find(
-                      "architecture 'test' is not supported (supported: qwen2moe, qwen3moe, llama, gpt-oss)"),
+                      "architecture 'test' is not supported (supported: qwen2moe, qwen3moe, llama, gpt-oss, deepseek2)"),
                   std::string::npos)
             << e.what();
     }
@@ -909,6 +909,71 @@ TEST(GgufModel, UnsupportedArchitectureListsSupported) {
 
 // gpt_oss_tiny_mxfp4.gguf is written by llama.cpp's own convert_hf_to_gguf.py (scripts/make_fixtures.py
 // --llama-cpp): what the tool reads of it is what llama.cpp's openai-moe graph computes.
+TEST(GgufModel, DeepSeek2ConvertedByLlamaCppIsTheHuggingFaceModel) {
+    // deepseek_v3_tiny converted by llama.cpp's own convert_hf_to_gguf.py: MLA in llama.cpp's MQA form
+    // (head_count_kv 1, key_length = kv_lora + rope, value_length = kv_lora), the per-head widths in the
+    // *_mla keys, kv_b_proj split into attn_k_b (transposed) and attn_v_b, yarn's mscale_all_dim as
+    // yarn_log_multiplier / 0.1, the sigmoid router's groups and scale.
+    const std::string path = std::string(KVASIR_SOURCE_DIR) + "/fixtures/models/deepseek_v3_tiny.gguf";
+    const GgufFile f = GgufFile::open(path);
+    const GgufModelParams p = read_gguf_model_params(f);
+    EXPECT_EQ(p.architecture, "deepseek2");
+    EXPECT_EQ(p.head_count_kv, 1);
+    EXPECT_EQ(p.key_length, 40);
+    EXPECT_EQ(p.value_length, 32);
+    EXPECT_EQ(p.key_length_mla, 24);
+    EXPECT_EQ(p.value_length_mla, 16);
+    EXPECT_EQ(p.expert_gating_func, 2);
+    EXPECT_EQ(p.leading_dense_block_count, 1);
+    const ModelConfig c = model_config_from_gguf(f, path);
+    EXPECT_EQ(c.architecture, Architecture::deepseek_v3);
+    EXPECT_EQ(c.num_kv_heads, 4);  // one expanded key and value per head, as DeepseekV3Attention
+    EXPECT_EQ(c.head_dim, 24);
+    EXPECT_EQ(c.mla.q_lora_rank, 32);
+    EXPECT_EQ(c.mla.kv_lora_rank, 32);
+    EXPECT_EQ(c.mla.qk_nope_head_dim, 16);
+    EXPECT_EQ(c.mla.qk_rope_head_dim, 8);
+    EXPECT_EQ(c.mla.v_head_dim, 16);
+    EXPECT_TRUE(c.mla.rope_interleave);
+    EXPECT_EQ(c.router.scoring, RouterScoring::sigmoid);
+    EXPECT_TRUE(c.router.score_correction_bias);
+    EXPECT_EQ(c.router.n_group, 4);
+    EXPECT_EQ(c.router.topk_group, 2);
+    EXPECT_EQ(c.router.routed_scaling_factor, 2.5);
+    EXPECT_TRUE(c.router.norm_topk_prob);
+    EXPECT_EQ(c.first_k_dense_replace, 1);
+    EXPECT_EQ(c.shared_expert_intermediate_size, 16);
+    EXPECT_EQ(c.rope_type, "yarn");
+    EXPECT_EQ(c.rope_scaling.factor, 40.0);
+    EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 512.0);
+    EXPECT_EQ(c.rope_scaling.mscale, 1.0);
+    EXPECT_EQ(c.rope_scaling.mscale_all_dim, 1.0);
+    // Every weight is the checkpoint's, bit for bit — kv_b_proj reassembled from attn_k_b / attn_v_b.
+    const Model g = Model::open(path);
+    const Model hf = Model::open(std::string(KVASIR_SOURCE_DIR) + "/fixtures/models/deepseek_v3_tiny");
+    for (std::int64_t l = 0; l < c.num_layers; ++l) {
+        const LayerWeights& a = g.layer(l);
+        const LayerWeights& b = hf.layer(l);
+        const auto va = a.named_views(), vb = b.named_views();
+        ASSERT_EQ(va.size(), vb.size());
+        for (std::size_t i = 0; i < va.size(); ++i) {
+            const TensorView& x = *va[i].first;
+            const TensorView& y = *vb[i].first;
+            ASSERT_EQ(x.data == nullptr, y.data == nullptr) << "layer " << l << " " << va[i].second;
+            if (x.data == nullptr) continue;
+            ASSERT_EQ(x.shape, y.shape) << "layer " << l << " " << va[i].second;
+            ASSERT_EQ(x.dtype, y.dtype) << "layer " << l << " " << va[i].second;
+            EXPECT_EQ(std::memcmp(x.data, y.data, static_cast<std::size_t>(x.numel()) * dtype_size(x.dtype)), 0)
+                << "layer " << l << " " << va[i].second;
+        }
+        ASSERT_EQ(a.experts.size(), b.experts.size());
+        for (std::size_t e = 0; e < a.experts.size(); ++e)
+            EXPECT_EQ(std::memcmp(a.experts[e].down.data, b.experts[e].down.data,
+                                  static_cast<std::size_t>(a.experts[e].down.numel()) * 4), 0)
+                << "layer " << l << " expert " << e;
+    }
+}
+
 TEST(GgufModel, GptOssConvertedByLlamaCpp) {
     const std::string path = std::string(KVASIR_SOURCE_DIR) + "/fixtures/models/gpt_oss_tiny_mxfp4.gguf";
     const GgufFile f = GgufFile::open(path);

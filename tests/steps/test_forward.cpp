@@ -108,6 +108,19 @@ const std::vector<Fixture>& fixtures() {
         {"qwen3_tiny", (kModels / "qwen3_tiny").string(), (kModels / "qwen3_tiny" / "reference.safetensors").string()},
         {"qwen2_tiny", (kModels / "qwen2_tiny").string(), (kModels / "qwen2_tiny" / "reference.safetensors").string()},
         {"mistral_tiny", (kModels / "mistral_tiny").string(), (kModels / "mistral_tiny" / "reference.safetensors").string()},
+        // The sigmoid-routed families: DeepSeek-V3 (MLA with q-LoRA, interleaved rope, yarn with mscale ≠
+        // mscale_all_dim, 4 groups keep 2, correction bias, dense first layer, shared expert), Kimi-K2-style
+        // (MLA without q-LoRA, v ≠ nope width, one group of 16), GLM-4.5 (GQA with q/k/v bias and q/k norm,
+        // partial rotary 0.5, 2 groups keep 1).
+        {"deepseek_v3_tiny", (kModels / "deepseek_v3_tiny").string(),
+         (kModels / "deepseek_v3_tiny" / "reference.safetensors").string()},
+        {"kimi_k2_tiny", (kModels / "kimi_k2_tiny").string(), (kModels / "kimi_k2_tiny" / "reference.safetensors").string()},
+        {"glm4_moe_tiny", (kModels / "glm4_moe_tiny").string(), (kModels / "glm4_moe_tiny" / "reference.safetensors").string()},
+        // deepseek_v3_tiny converted by llama.cpp's converter (arch deepseek2: kv_b_proj split into attn_k_b /
+        // attn_v_b, MQA-form metadata, yarn as yarn_log_multiplier — no mscale, so transformers' reference is
+        // the same weights with mscale = mscale_all_dim, the model the file describes).
+        {"deepseek_v3_tiny.gguf", (kModels / "deepseek_v3_tiny.gguf").string(),
+         (kModels / "deepseek_v3_tiny.gguf.reference.safetensors").string()},
     };
     return all;
 }
@@ -488,7 +501,8 @@ std::vector<Fixture> hybrid_fixtures() {
         // The hybrids, and the dense fixtures whose attention the OpenCL node computes through windows
         // (qwen2: some layers slide, mistral: every layer) and a scaled rope (llama).
         if (f.name == "qwen3_5_moe_tiny" || f.name == "qwen3_next_tiny" || f.name == "qwen3_5_tiny" ||
-            f.name == "llama_tiny" || f.name == "olmoe_tiny" || f.name == "gpt_oss_tiny" || f.name == "qwen2_tiny" || f.name == "mistral_tiny" || f.name == "qwen3_tiny")
+            f.name == "llama_tiny" || f.name == "olmoe_tiny" || f.name == "gpt_oss_tiny" || f.name == "qwen2_tiny" || f.name == "mistral_tiny" || f.name == "qwen3_tiny" ||
+            f.name == "deepseek_v3_tiny" || f.name == "kimi_k2_tiny" || f.name == "glm4_moe_tiny")
             out.push_back(f);
     return out;
 }

@@ -69,7 +69,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen2_moe_tiny", "cpu"}, Case{"mixtral_tiny", "cpu"}, Case{"qwen3_5_moe_tiny", "cpu-ref"},
                       Case{"qwen3_5_moe_tiny", "cpu"}, Case{"qwen3_next_tiny", "cpu"},
                       // Sliding windows (per-row views of the cache) inside a batch, and the dense hybrid.
-                      Case{"mistral_tiny", "cpu"}, Case{"qwen2_tiny", "opencl:0"}, Case{"qwen3_5_tiny", "cpu"}),
+                      Case{"mistral_tiny", "cpu"}, Case{"qwen2_tiny", "opencl:0"}, Case{"qwen3_5_tiny", "cpu"},
+                      // MLA (its expanded per-head cache, zero-padded values) and the grouped sigmoid router.
+                      Case{"deepseek_v3_tiny", "cpu"}, Case{"kimi_k2_tiny", "opencl:0"}, Case{"glm4_moe_tiny", "cpu"}),
     [](const ::testing::TestParamInfo<Case>& info) {
         std::string n = info.param.fixture + "_" + info.param.node;
         for (char& c : n)

@@ -192,6 +192,61 @@ TEST(StepStats, RouterGapsByHand) {
     EXPECT_NEAR(router_gaps(z, rc, &bv)[0], 0.25, 1e-15);
 }
 
+TEST(StepStats, GroupedRouterGapIsTheSmallerOfTheGroupAndTheExpertMargins) {
+    // 8 experts in 4 groups of 2, keep 2 groups, top-2 — DeepseekV3TopkRouter's rule, on selection scores
+    // c = sigmoid(logit) + bias; logits 0 give 0.5, so c = 0.5 + bias.
+    RouterConfig rc;
+    rc.scoring = RouterScoring::sigmoid;
+    rc.num_experts = 8;
+    rc.top_k = 2;
+    rc.n_group = 4;
+    rc.topk_group = 2;
+    const Tensor z = logits_from({{0, 0, 0, 0, 0, 0, 0, 0}});
+    // c = 0.5 + (0.40, 0.30 | 0.35, 0.33 | 0.10, 0.00 | 0.34, 0.00): group scores 1.70, 1.68, 1.10, 1.34;
+    // kept groups 0 and 1 (group margin 1.68 − 1.34 = 0.34); their experts 0.90, 0.80, 0.85, 0.83: top-2
+    // margin 0.85 − 0.83 = 0.02. Expert 6 (0.84) sits in a dropped group: ungrouped the margin is 0.01.
+    Tensor bias = Tensor::from_f64(std::vector<double>{0.40, 0.30, 0.35, 0.33, 0.10, 0.00, 0.34, 0.00}, {8});
+    TensorView bv = bias.view();
+    EXPECT_NEAR(router_gaps(z, rc, &bv)[0], 0.02, 1e-12);
+    // A near-tie between the second and third groups (1.68 vs 1.67) is the border (0.01), although the
+    // experts' margin within the kept groups is still 0.02.
+    bias = Tensor::from_f64(std::vector<double>{0.40, 0.30, 0.35, 0.33, 0.10, 0.00, 0.34, 0.33}, {8});
+    bv = bias.view();
+    EXPECT_NEAR(router_gaps(z, rc, &bv)[0], 0.01, 1e-12);
+    bias = Tensor::from_f64(std::vector<double>{0.40, 0.30, 0.35, 0.33, 0.10, 0.00, 0.34, 0.00}, {8});
+    bv = bias.view();
+    rc.n_group = rc.topk_group = 1;
+    EXPECT_NEAR(router_gaps(z, rc, &bv)[0], 0.01, 1e-12);
+}
+
+TEST(StepStats, RouterGapsOfTheSigmoidFixturesEqualTransformersSideFigures) {
+    // make_fixtures.py measures, on transformers' f64 router logits, the expert margin among the kept groups
+    // (router_gap) and the group margin (router_group_gap, where topk_group < n_group): the decide step's
+    // border measure is the smaller of the two, computed here independently from the same logits.
+    for (const char* name : {"deepseek_v3_tiny", "kimi_k2_tiny", "glm4_moe_tiny"}) {
+        const Model m = Model::open((kModels / name).string());
+        const SafetensorsFile ref = SafetensorsFile::open((kModels / name / "reference.safetensors").string());
+        const ModelConfig& c = m.config();
+        int checked = 0;
+        for (std::int64_t l = 0; l < c.num_layers; ++l) {
+            if (!c.is_moe(l)) continue;
+            const TensorView bias = m.layer(l).router_bias;
+            const std::vector<double> gaps =
+                router_gaps(ref.view(fmt::format("f64.layer.{}.router_logits", l)), c.router, &bias);
+            const TensorView expert = ref.view(fmt::format("f64.layer.{}.router_gap", l));
+            const std::string group_name = fmt::format("f64.layer.{}.router_group_gap", l);
+            ASSERT_EQ(ref.contains(group_name), c.router.topk_group < c.router.n_group) << name;
+            for (std::size_t t = 0; t < gaps.size(); ++t) {
+                double want = expert.at(static_cast<std::int64_t>(t));
+                if (ref.contains(group_name)) want = std::min(want, ref.view(group_name).at(static_cast<std::int64_t>(t)));
+                EXPECT_NEAR(gaps[t], want, 1e-12) << name << " layer " << l << " token " << t;
+                ++checked;
+            }
+        }
+        EXPECT_GT(checked, 0) << name;
+    }
+}
+
 TEST(StepStats, RelativeL2) {
     const Tensor ref = Tensor::from_f64(std::vector<double>{3.0, 4.0}, {2});
     const Tensor cand = Tensor::from_f64(std::vector<double>{3.0, 4.5}, {2});

@@ -17,11 +17,14 @@ const DecoderArchitecture& qwen3();
 const DecoderArchitecture& qwen3_5();
 const DecoderArchitecture& olmoe();
 const DecoderArchitecture& gpt_oss();
+const DecoderArchitecture& deepseek_v3();
+const DecoderArchitecture& glm4_moe();
 
 const std::vector<const DecoderArchitecture*>& architectures() {
     static const std::vector<const DecoderArchitecture*> all{&qwen2_moe(), &qwen3_moe(), &mixtral(), &qwen3_5_moe(),
                                                              &qwen3_next(), &llama(), &mistral(), &qwen2(),
-                                                             &qwen3(), &qwen3_5(), &olmoe(), &gpt_oss()};
+                                                             &qwen3(), &qwen3_5(), &olmoe(), &gpt_oss(),
+                                                             &deepseek_v3(), &glm4_moe()};
     return all;
 }
 
@@ -31,11 +34,10 @@ const DecoderArchitecture& architecture_for(const ModelConfig& c) {
             a->check(c);
             return *a;
         }
-    const char* why = c.architecture == Architecture::deepseek_v3 ? "its MLA attention is not modelled"
-                                                                  : "no decoder graph is registered for it";
     fail(ErrorCode::unsupported,
-         "{}: the full forward pass of {} is not implemented ({}); the layer-level steps (ops, matrix) run on it",
-         c.source, architecture_name(c.architecture), why);
+         "{}: the full forward pass of {} is not implemented (no decoder graph is registered for it); the layer-level "
+         "steps (ops, matrix) run on it",
+         c.source, architecture_name(c.architecture));
 }
 
 void check_standard_attention(const ModelConfig& c) {

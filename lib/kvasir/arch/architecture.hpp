@@ -31,10 +31,10 @@ public:
 
 // A family: its id and which layer of LayerGraph it is made of —
 // standard_layer (qwen2_moe, qwen3_moe, mixtral, llama, mistral, qwen2,
-// qwen3: they differ only in which weights a layer has — biases, q/k norms,
-// a dense MLP or the MoE block with or without a shared expert — which the
-// blocks read from the layer) or hybrid_layer (qwen3_5_moe, qwen3_next,
-// qwen3_5). Both use
+// qwen3, olmoe, gpt_oss, glm4_moe: they differ only in which weights a layer
+// has — biases, q/k norms, a dense MLP or the MoE block with or without a
+// shared expert — which the blocks read from the layer), mla_layer
+// (deepseek_v3) or hybrid_layer (qwen3_5_moe, qwen3_next, qwen3_5). All use
 // the standard attention checks (check_standard_attention).
 class FamilyDecoder final : public DecoderArchitecture {
 public:
@@ -58,9 +58,8 @@ private:
 const std::vector<const DecoderArchitecture*>& architectures();
 
 // The architecture of `config`, checked: Error(unsupported) naming the
-// config's source when the family has no full forward pass (deepseek_v3:
-// its MLA attention is not modelled; the layer-level steps still run) or
-// when check() refuses it.
+// config's source when no family is registered for it or when check()
+// refuses it.
 const DecoderArchitecture& architecture_for(const ModelConfig& config);
 
 // The checks every family built on the standard attention shares: rope

@@ -111,6 +111,7 @@ LayerGraph::LayerGraph(Backend& b, const Model& m) : be(b), model(m), c(m.config
     if (std::vector<double> f = rope_inverse_frequencies(c); !f.empty())
         rope.inv_freq = std::make_shared<const std::vector<double>>(std::move(f));
     attention_factor = rope_attention_factor(c);
+    attention_scale = kvasir::attention_scale(c);
     router.top_k = static_cast<int>(c.top_k());
     router.scoring = c.router.scoring;
     router.renormalize = c.norm_topk_prob();
@@ -144,10 +145,90 @@ Tensor LayerGraph::attention(const LayerWeights& w, const TensorView& x, std::sp
     k = std::move(k).reshaped({t_count, nkv, d});
     if (!c.qk_norm_full && present(w.q_norm)) q = be.rmsnorm(q, w.q_norm, c.rms_norm_eps);
     if (!c.qk_norm_full && present(w.k_norm)) k = be.rmsnorm(k, w.k_norm, c.rms_norm_eps);
-    q = be.rope(q, pos, rope);
-    k = be.rope(k, pos, rope);
+    q = rope_partial(q, pos);
+    k = rope_partial(k, pos);
     return linear(attend_each(q, k, v, segs, c.attention_window(w.index), present(w.sinks) ? &w.sinks : nullptr), w.o_proj,
                   w.o_bias);
+}
+
+namespace {
+
+// [rows, ca] ‖ [rows / rep, cb] → [rows, ca + cb]: row r of b extends rows r·rep … r·rep + rep − 1 of a
+// (MLA's one rope key shared by every head); b null: cb zero columns. Exact host data movement.
+Tensor concat_columns(const TensorView& a, const TensorView* b, std::int64_t cb, std::int64_t rep = 1) {
+    const std::int64_t rows = rows_of(a), ca = a.shape.back();
+    KVASIR_CHECK(b == nullptr || (b->dtype == a.dtype && b->shape.back() == cb && rows_of(*b) * rep == rows),
+                 ErrorCode::backend_failure, "attention: cannot join {} and {} column blocks", shape_str(a.shape),
+                 b ? shape_str(b->shape) : std::string("zero"));
+    Tensor out(a.dtype, {rows, ca + cb});
+    const std::size_t es = dtype_size(a.dtype);
+    const auto* pa = static_cast<const std::byte*>(a.data);
+    const auto* pb = b ? static_cast<const std::byte*>(b->data) : nullptr;
+    for (std::int64_t r = 0; r < rows; ++r) {
+        std::byte* o = bytes_of(out) + static_cast<std::size_t>(r * (ca + cb)) * es;
+        std::memcpy(o, pa + static_cast<std::size_t>(r * ca) * es, static_cast<std::size_t>(ca) * es);
+        if (pb) std::memcpy(o + static_cast<std::size_t>(ca) * es, pb + static_cast<std::size_t>((r / rep) * cb) * es,
+                            static_cast<std::size_t>(cb) * es);
+    }
+    return out;
+}
+
+// The rope dims of every row of x [rows, d] from interleaved pairs (x0, x1), (x2, x3), … to the halves
+// layout [x0, x2, … | x1, x3, …] that a NEOX (rotate_half) rope turns pair by pair: transformers'
+// apply_rotary_pos_emb_interleave returns cat(even′, odd′), exactly this layout after the rotation.
+Tensor deinterleave(const TensorView& x) {
+    const std::int64_t rows = rows_of(x), d = x.shape.back();
+    Tensor out(x.dtype, x.shape);
+    const std::size_t es = dtype_size(x.dtype);
+    const auto* in = static_cast<const std::byte*>(x.data);
+    for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t i = 0; i < d; ++i)
+            std::memcpy(bytes_of(out) + static_cast<std::size_t>(r * d + (i % 2) * (d / 2) + i / 2) * es,
+                        in + static_cast<std::size_t>(r * d + i) * es, es);
+    return out;
+}
+
+}  // namespace
+
+Tensor LayerGraph::mla_attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos,
+                                 std::span<const Segment> segs) {
+    const auto& m = c.mla;
+    const std::int64_t t = x.shape[0], nh = c.num_heads, dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim,
+                       dv = m.v_head_dim, d = c.head_dim, width = c.attention_width(), r = m.kv_lora_rank;
+    const TensorView none;
+    // Queries: q_b(rmsnorm(q_a(x))) or q_proj(x), per head [nope | rope].
+    const Tensor q = std::move(present(w.q_a_proj)
+                                   ? linear(be.rmsnorm(linear(x, w.q_a_proj, w.q_a_bias), w.q_a_norm, m.latent_norm_eps),
+                                            w.q_b_proj, none)
+                                   : linear(x, w.q_proj, none))
+                         .reshaped({t * nh, d});
+    // The latent and the one shared rope key: kv_a_proj_with_mqa(x) = [latent (r) | k_rot (dr)].
+    const Tensor kv_a = linear(x, w.kv_a_proj, w.kv_a_bias);
+    const Tensor latent = be.rmsnorm(columns(kv_a, 0, r), w.kv_a_norm, m.latent_norm_eps);
+    Tensor q_rot = columns(q, d - dr, dr), k_rot = columns(kv_a, r, dr);
+    if (m.rope_interleave) {
+        q_rot = deinterleave(q_rot);
+        k_rot = deinterleave(k_rot);
+    }
+    q_rot = be.rope(std::move(q_rot).reshaped({t, nh, dr}), pos, rope);
+    k_rot = be.rope(std::move(k_rot).reshaped({t, 1, dr}), pos, rope);
+    if (attention_factor != 1.0) {  // yarn's cos/sin scale, on the rope part only
+        q_rot = be.scale(q_rot, attention_factor);
+        k_rot = be.scale(k_rot, attention_factor);
+    }
+    // Per head keys [k_nope | k_rot] and values from kv_b_proj(latent) = [k_nope (dn) | v (dv)].
+    const Tensor kv = std::move(linear(latent, w.kv_b_proj, none)).reshaped({t * nh, dn + dv});
+    const Tensor k_nope = columns(kv, 0, dn), v = columns(kv, dn, dv);
+    const TensorView q_rot_rows{q_rot.dtype(), q_rot.raw(), {t * nh, dr}}, k_rot_rows{k_rot.dtype(), k_rot.raw(), {t, dr}};
+    // The narrower of q·k (d) and v (dv) is zero-padded to `width`: zeros add nothing to a dot product and
+    // give zero output columns, exactly, in any order of summation — every backend's own kernel runs it.
+    Tensor qq = concat_columns(concat_columns(columns(q, 0, dn), &q_rot_rows, dr), nullptr, width - d);
+    Tensor kk = concat_columns(concat_columns(k_nope, &k_rot_rows, dr, nh), nullptr, width - d);
+    Tensor vv = concat_columns(v, nullptr, width - dv);
+    const Tensor o = attend_each(std::move(qq).reshaped({t, nh, width}), std::move(kk).reshaped({t, nh, width}),
+                                 std::move(vv).reshaped({t, nh * width}), segs);
+    const Tensor heads = std::move(columns(TensorView{o.dtype(), o.raw(), {t * nh, width}}, 0, dv)).reshaped({t, nh * dv});
+    return linear(heads, w.o_proj, w.o_bias);
 }
 
 Tensor LayerGraph::attend_each(const Tensor& q, const Tensor& k, const Tensor& v, std::span<const Segment> segs,
@@ -168,8 +249,7 @@ Tensor LayerGraph::attend(const Tensor& q, const Tensor& k, const Tensor& v, KvL
                  "attention: the backend returned q/k/v in different dtypes ({}, {}, {})", dtype_name(q.dtype()),
                  dtype_name(k.dtype()), dtype_name(v.dtype()));
     kv.append(k, v);
-    // yarn scales cos and sin (so q and k) by attention_factor: the scores by its square.
-    const double scale = std::pow(static_cast<double>(c.head_dim), -0.5) * attention_factor * attention_factor;
+    const double scale = attention_scale;
     std::vector<TensorView> keys, values;
     for (std::int64_t g = 0; g < kv.heads; ++g) {
         keys.push_back(kv.keys(g));
@@ -281,7 +361,7 @@ Tensor stack_rows(const std::vector<Tensor>& parts) {
 }
 
 Tensor LayerGraph::rope_partial(const Tensor& x, std::span<const std::int64_t> pos) {
-    const std::int64_t d = x.dim(2), rd = static_cast<std::int64_t>(static_cast<double>(d) * c.partial_rotary_factor);
+    const std::int64_t d = x.dim(2), rd = c.rotary_dims();
     if (rd == d) return be.rope(x, pos, rope);
     // Rotate the first rd dimensions of every head (transformers'
     // apply_rotary_pos_emb with rotary_dim < head_dim); the rest pass through.
@@ -446,9 +526,17 @@ Tensor LayerGraph::hybrid_layer(std::int64_t l, const TensorView& h, LayerIO& io
 }
 
 Tensor LayerGraph::standard_layer(std::int64_t l, const TensorView& h, LayerIO& io) {
+    return pre_norm_layer(l, h, io, &LayerGraph::attention);
+}
+
+Tensor LayerGraph::mla_layer(std::int64_t l, const TensorView& h, LayerIO& io) {
+    return pre_norm_layer(l, h, io, &LayerGraph::mla_attention);
+}
+
+Tensor LayerGraph::pre_norm_layer(std::int64_t l, const TensorView& h, LayerIO& io, Mixer mixer) {
     const LayerWeights& w = model.layer(l);
     const Tensor x = be.rmsnorm(h, w.input_norm, c.rms_norm_eps);
-    const Tensor a = attention(w, x, io.positions, io.segments);
+    const Tensor a = (this->*mixer)(w, x, io.positions, io.segments);
     const Tensor h1 = be.add(h, a);
     const Tensor x2 = be.rmsnorm(h1, w.post_attention_norm, c.rms_norm_eps);
     const Tensor m = feed_forward(w, x2, io);

@@ -120,6 +120,7 @@ public:
     const ModelConfig& c;
     RopeParams rope;
     double attention_factor = 1.0;  // rope_attention_factor: yarn's cos/sin scale
+    double attention_scale = 1.0;   // the softmax scale (model/rope_frequencies.hpp attention_scale)
     RouterParams router;
 
     // x·wᵀ (+ bias broadcast over rows when present).
@@ -143,7 +144,14 @@ public:
     // back in row order (one sequence: attend() itself, no copy).
     Tensor attend_each(const Tensor& q, const Tensor& k, const Tensor& v, std::span<const Segment> segs,
                        std::int64_t window = 0, const TensorView* sinks = nullptr);
-    // Rope on the first head_dim·partial_rotary_factor dimensions of x [T, H, D].
+    // Multi-head latent attention (deepseek_v3; ModelConfig::Mla states it): q (q-LoRA or q_proj), the
+    // latent and the one shared rope key from kv_a_proj_with_mqa, kv_a_layernorm, per-head keys and values
+    // from kv_b_proj, rope (interleaved pairs de-interleaved first) on the rope parts — times yarn's cos/sin
+    // scale there —, attention over the cache at attention_width() (the narrower of q·k and v zero-padded),
+    // o_proj.
+    Tensor mla_attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos,
+                         std::span<const Segment> segs);
+    // Rope on the first rotary_dims() dimensions of x [T, H, D].
     Tensor rope_partial(const Tensor& x, std::span<const std::int64_t> pos);
     // Gated full attention (qwen3_5_moe, qwen3_next): q_proj yields query and
     // a per-head gate; q/k RMSNorm (1 + w), partial rope, attention, output ·
@@ -168,8 +176,14 @@ public:
     // The standard pre-norm decoder layer (qwen2_moe, qwen3_moe, mixtral):
     //   h1 = h + attention(rmsnorm(h));  out = h1 + feed_forward(rmsnorm(h1)).
     Tensor standard_layer(std::int64_t l, const TensorView& h, LayerIO& io);
+    // The same pre-norm layer with multi-head latent attention (deepseek_v3).
+    Tensor mla_layer(std::int64_t l, const TensorView& h, LayerIO& io);
 
 private:
+    using Mixer = Tensor (LayerGraph::*)(const LayerWeights&, const TensorView&, std::span<const std::int64_t>,
+                                         std::span<const Segment>);
+    // h1 = h + mixer(rmsnorm(h));  out = h1 + feed_forward(rmsnorm(h1)).
+    Tensor pre_norm_layer(std::int64_t l, const TensorView& h, LayerIO& io, Mixer mixer);
     // Gated DeltaNet's per-sequence part: causal conv + SiLU continuing
     // `state`'s history, then the gated delta rule with its recurrent state
     // → [T, nv, dv] for one sequence's rows of qkv, a, b.

@@ -45,6 +45,7 @@ constexpr ArchInfo kArchs[] = {
     {Architecture::qwen3_5, "qwen3_5", "Qwen3_5"},
     {Architecture::olmoe, "olmoe", "Olmoe"},
     {Architecture::gpt_oss, "gpt_oss", "GptOss"},
+    {Architecture::glm4_moe, "glm4_moe", "Glm4Moe"},
 };
 
 // Defaults of the transformers 5.24 config classes (Qwen2MoeConfig,
@@ -85,6 +86,8 @@ Defaults defaults_of(Architecture a) {
             return {32, 32768, 1e-6, 10000.0, false};
         case Architecture::qwen3_5:  // Qwen3_5TextConfig
             return {4, 32768, 1e-6, 10000.0, false};
+        case Architecture::glm4_moe:  // Glm4MoeConfig (GLM-4.5's shape)
+            return {8, 131072, 1e-5, 10000.0, true};
     }
     return {};
 }
@@ -215,6 +218,9 @@ std::optional<Architecture> arch_from_model_type(std::string_view t) {
         if (t == a.model_type) return a.arch;
     if (t == "qwen3_5_moe_text") return Architecture::qwen3_5_moe;  // Qwen3_5MoeForCausalLM's text-only config
     if (t == "qwen3_5_text") return Architecture::qwen3_5;          // Qwen3_5ForCausalLM's
+    // Kimi-K2's checkpoints name their own model_type (remote code) over DeepseekV3ForCausalLM: the same
+    // config keys and model (the class name must then say DeepseekV3, checked by the caller).
+    if (t == "kimi_k2") return Architecture::deepseek_v3;
     return std::nullopt;
 }
 
@@ -343,6 +349,45 @@ void read_rope(const Keys& k, double default_theta, ModelConfig& c) {
     }
 }
 
+// The sigmoid router family (DeepseekV3TopkRouter; Glm4MoeTopkRouter is the same code) with its MoE
+// block and layer rule, transformers 5.24: s = sigmoid(logits), selection on s + e_score_correction_bias
+// within the topk_group best of n_group groups, weights s renormalised (norm_topk_prob) ×
+// routed_scaling_factor; shared_experts = MLP(moe_intermediate_size × n_shared_experts), no gate;
+// MoE iff layer >= first_k_dense_replace (DeepseekV3DecoderLayer / Glm4MoeDecoderLayer.__init__).
+struct SigmoidRouterDefaults {
+    std::int64_t n_group, topk_group;
+    double routed_scaling_factor;
+    std::int64_t first_k_dense_replace;
+};
+void read_sigmoid_router(const Keys& k, ModelConfig& c, const SigmoidRouterDefaults& d) {
+    RouterConfig& r = c.router;
+    const char* arch = architecture_name(c.architecture);
+    if (const json* v = k.find("scoring_func", true)) {  // hub configs carry it; transformers hard-codes sigmoid
+        KVASIR_CHECK(v->is_string() && v->get<std::string>() == "sigmoid", ErrorCode::bad_input,
+                     "{}: scoring_func {} is not supported for {} (sigmoid only)", k.source(), show(*v), arch);
+    }
+    if (const json* v = k.find("topk_method", true)) {  // DeepSeek-V3 hub configs: "noaux_tc", the rule above
+        KVASIR_CHECK(v->is_string() && v->get<std::string>() == "noaux_tc", ErrorCode::unsupported,
+                     "{}: topk_method {} is not implemented for {} (transformers runs noaux_tc)", k.source(), show(*v),
+                     arch);
+    }
+    r.scoring = RouterScoring::sigmoid;
+    r.score_correction_bias = true;  // the router always has e_score_correction_bias
+    // attribute_map {"num_local_experts": "n_routed_experts"}.
+    r.num_experts = k.size_aliased("n_routed_experts", "num_local_experts", 1, kMaxExperts);
+    r.top_k = k.size("num_experts_per_tok", 1, kMaxExperts);
+    r.norm_topk_prob = k.boolean("norm_topk_prob", true);
+    r.n_group = k.integer("n_group", d.n_group, 1, kMaxExperts);
+    r.topk_group = k.integer("topk_group", d.topk_group, 1, kMaxExperts);
+    r.routed_scaling_factor = k.real("routed_scaling_factor", d.routed_scaling_factor, 0.0, 1e6);
+    c.intermediate_size = k.size("intermediate_size", 1, kMaxDim);
+    c.moe_intermediate_size = k.size("moe_intermediate_size", 1, kMaxDim);
+    c.shared_expert_intermediate_size = k.integer("n_shared_experts", 1, 0, 1024) * c.moe_intermediate_size;
+    c.first_k_dense_replace = k.integer("first_k_dense_replace", d.first_k_dense_replace, 0, c.num_layers);
+    c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
+    for (std::int64_t l = c.first_k_dense_replace; l < c.num_layers; ++l) c.moe_layers[static_cast<std::size_t>(l)] = true;
+}
+
 void read_mlp_only_layers(const Keys& k, ModelConfig& c) {
     const json* v = k.find("mlp_only_layers", true);  // None → [] (Qwen*MoeConfig.__post_init__)
     if (!v) return;
@@ -468,8 +513,8 @@ const char* architecture_name(Architecture a) noexcept {
 }
 
 std::string_view supported_architectures() noexcept {
-    return "qwen2_moe, qwen3_moe, mixtral, qwen3_5_moe, qwen3_next, olmoe, gpt_oss, llama, mistral, qwen2, qwen3, qwen3_5, "
-           "deepseek_v3 (router/MoE layer only)";
+    return "qwen2_moe, qwen3_moe, mixtral, qwen3_5_moe, qwen3_next, olmoe, gpt_oss, deepseek_v3, glm4_moe, llama, mistral, "
+           "qwen2, qwen3, qwen3_5";
 }
 
 bool ModelConfig::is_linear_attention(std::int64_t layer) const {
@@ -538,8 +583,21 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
                                                          : k.integer_value(*v, "num_key_value_heads", 1, kMaxDim);
     }
     if (deepseek) {
-        // MLA: q·k runs over qk_nope_head_dim + qk_rope_head_dim (DeepseekV3Config.qk_head_dim).
-        c.head_dim = k.size("qk_nope_head_dim", 0, kMaxDim) + k.size("qk_rope_head_dim", 1, kMaxDim);
+        // MLA (DeepseekV3Attention): q·k runs over qk_nope_head_dim + qk_rope_head_dim (DeepseekV3Config.qk_head_dim);
+        // keys and values are expanded per head from the latent, so there are num_attention_heads of each.
+        auto& m = c.mla;
+        m.qk_nope_head_dim = k.size("qk_nope_head_dim", 0, kMaxDim);
+        m.qk_rope_head_dim = k.size("qk_rope_head_dim", 1, kMaxDim);
+        m.v_head_dim = k.size("v_head_dim", 1, kMaxDim);
+        m.kv_lora_rank = k.size("kv_lora_rank", 1, kMaxDim);
+        const json* q = k.find("q_lora_rank");  // null: plain q_proj (DeepseekV3Attention.q_proj)
+        KVASIR_CHECK(q != nullptr, ErrorCode::bad_input, "{}: q_lora_rank is required (null for a plain q_proj)", source);
+        m.q_lora_rank = q->is_null() ? 0 : k.integer_value(*q, "q_lora_rank", 1, kMaxDim);
+        m.rope_interleave = k.boolean("rope_interleave", true);
+        c.head_dim = m.qk_nope_head_dim + m.qk_rope_head_dim;
+        KVASIR_CHECK(c.num_kv_heads == c.num_heads, ErrorCode::unsupported,
+                     "{}: num_key_value_heads {} != num_attention_heads {} is not implemented for MLA (transformers "
+                     "expands the latent to every head)", source, c.num_kv_heads, c.num_heads);
     } else if (const json* v = k.find("head_dim", true)) {
         c.head_dim = k.integer_value(*v, "head_dim", 1, kMaxDim);
     } else if (c.architecture == Architecture::qwen3_5_moe || c.architecture == Architecture::qwen3_next ||
@@ -709,30 +767,23 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
             break;
         }
         case Architecture::deepseek_v3: {
-            if (const json* v = k.find("scoring_func", true)) {  // hub configs carry it; transformers hard-codes sigmoid
-                KVASIR_CHECK(v->is_string() && v->get<std::string>() == "sigmoid", ErrorCode::bad_input,
-                             "{}: scoring_func {} is not supported for deepseek_v3 (sigmoid only)", source, show(*v));
-            }
-            r.scoring = RouterScoring::sigmoid;
-            r.score_correction_bias = true;  // DeepseekV3TopkRouter always has e_score_correction_bias
-            // attribute_map {"num_local_experts": "n_routed_experts"}.
-            r.num_experts = k.size_aliased("n_routed_experts", "num_local_experts", 1, kMaxExperts);
-            r.top_k = k.size("num_experts_per_tok", 1, kMaxExperts);
-            r.norm_topk_prob = k.boolean("norm_topk_prob", true);
-            r.n_group = k.integer("n_group", 8, 1, kMaxExperts);
-            r.topk_group = k.integer("topk_group", 4, 1, kMaxExperts);
-            r.routed_scaling_factor = k.real("routed_scaling_factor", 2.5, 0.0, 1e6);
+            // DeepseekV3Attention: q_a_proj, kv_a_proj_with_mqa and o_proj take bias=attention_bias
+            // (q_b_proj, kv_b_proj, q_proj never).
             c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
-            c.intermediate_size = k.size("intermediate_size", 1, kMaxDim);
-            c.moe_intermediate_size = k.size("moe_intermediate_size", 1, kMaxDim);
-            // DeepseekV3MoE: shared_experts = MLP(intermediate_size = moe_intermediate_size * n_shared_experts), no gate.
-            c.shared_expert_intermediate_size =
-                k.integer("n_shared_experts", 1, 0, 1024) * c.moe_intermediate_size;
-            c.first_k_dense_replace = k.integer("first_k_dense_replace", 3, 0, c.num_layers);
-            // DeepseekV3DecoderLayer.__init__: if layer_idx >= config.first_k_dense_replace: DeepseekV3MoE
-            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
-            for (std::int64_t l = c.first_k_dense_replace; l < c.num_layers; ++l)
-                c.moe_layers[static_cast<std::size_t>(l)] = true;
+            read_sigmoid_router(k, c, {8, 4, 2.5, 3});
+            break;
+        }
+        case Architecture::glm4_moe: {
+            // Glm4MoeAttention (transformers 5.24): q/k/v bias = attention_bias, o_proj none; per-head q/k
+            // RMSNorm iff use_qk_norm; rope on the first head_dim·partial_rotary_factor dims (default 0.5,
+            // Glm4MoeConfig.__post_init__), rotate_half within them. Glm4MoeTopkRouter = DeepseekV3TopkRouter.
+            c.attention_bias = k.boolean("attention_bias", false);
+            c.qk_norm = k.boolean("use_qk_norm", false);
+            c.partial_rotary_factor = k.real("partial_rotary_factor", 0.5, 0.0, 1.0);
+            if (const json* rp = k.find("rope_parameters", true); rp && rp->is_object() && rp->contains("partial_rotary_factor"))
+                c.partial_rotary_factor =
+                    k.real_value((*rp)["partial_rotary_factor"], "rope_parameters.partial_rotary_factor", 0.0, 1.0);
+            read_sigmoid_router(k, c, {1, 1, 1.0, 1});
             break;
         }
     }
@@ -765,6 +816,19 @@ void validate_model_config(const ModelConfig& c) {
                  "{}: num_key_value_heads ({}) must divide num_attention_heads ({})", s, c.num_kv_heads, c.num_heads);
     KVASIR_CHECK(c.head_dim % 2 == 0, ErrorCode::bad_input, "{}: head_dim ({}) must be even for rotary embeddings", s,
                  c.head_dim);
+    if (c.has_mla()) {
+        const auto& m = c.mla;
+        dim(m.kv_lora_rank, "kv_lora_rank", 1, kMaxDim);
+        dim(m.q_lora_rank, "q_lora_rank", 0, kMaxDim);
+        dim(m.v_head_dim, "v_head_dim", 1, kMaxDim);
+        KVASIR_CHECK(m.qk_rope_head_dim >= 2 && m.qk_rope_head_dim % 2 == 0 &&
+                         c.head_dim == m.qk_nope_head_dim + m.qk_rope_head_dim && c.num_kv_heads == c.num_heads,
+                     ErrorCode::bad_input,
+                     "{}: MLA needs an even qk_rope_head_dim ({}), head_dim = qk_nope_head_dim + qk_rope_head_dim ({} + "
+                     "{}) and one kv head per head", s, m.qk_rope_head_dim, m.qk_nope_head_dim, m.qk_rope_head_dim);
+        KVASIR_CHECK(c.partial_rotary_factor == 1.0, ErrorCode::bad_input,
+                     "{}: partial_rotary_factor with MLA (its rope part is qk_rope_head_dim)", s);
+    }
     KVASIR_CHECK(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps > 0.0 && c.rms_norm_eps <= 0.5,
                  ErrorCode::bad_input, "{}: rms_norm_eps = {} is out of range (0, 0.5]", s, c.rms_norm_eps);
     KVASIR_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0.0 && c.rope_theta <= kMaxRopeTheta,
@@ -802,9 +866,9 @@ void validate_model_config(const ModelConfig& c) {
                  c.num_layers);
     const RouterConfig& r = c.router;
     if (!any_moe) return;  // a dense model (or every layer dense): no router is used
-    const char* experts_key = c.architecture == Architecture::mixtral       ? "num_local_experts"
-                              : c.architecture == Architecture::deepseek_v3 ? "n_routed_experts"
-                                                                            : "num_experts";
+    const char* experts_key = c.architecture == Architecture::mixtral ? "num_local_experts"
+                              : r.scoring == RouterScoring::sigmoid    ? "n_routed_experts"
+                                                                       : "num_experts";
     dim(r.num_experts, experts_key, 1, kMaxExperts);
     KVASIR_CHECK(r.top_k >= 1 && r.top_k <= r.num_experts, ErrorCode::bad_input,
                  "{}: num_experts_per_tok ({}) must be in [1, {} = {}]", s, r.top_k, experts_key, r.num_experts);
@@ -866,7 +930,25 @@ LayerTensorNames layer_tensor_names(const ModelConfig& c, std::int64_t layer) {
         n.a_log = a + "A_log";
         n.linear_norm = a + "norm.weight";
         n.out_proj = a + "out_proj.weight";
-    } else if (c.architecture != Architecture::deepseek_v3) {
+    } else if (c.has_mla()) {
+        const std::string a = p + "self_attn.";
+        if (c.mla.q_lora_rank > 0) {
+            n.q_a_proj = a + "q_a_proj.weight";
+            n.q_a_norm = a + "q_a_layernorm.weight";
+            n.q_b_proj = a + "q_b_proj.weight";
+        } else {
+            n.q_proj = a + "q_proj.weight";
+        }
+        n.kv_a_proj = a + "kv_a_proj_with_mqa.weight";
+        n.kv_a_norm = a + "kv_a_layernorm.weight";
+        n.kv_b_proj = a + "kv_b_proj.weight";
+        n.o_proj = a + "o_proj.weight";
+        if (c.attention_bias) {  // on the two down-projections and o_proj (DeepseekV3Attention)
+            if (c.mla.q_lora_rank > 0) n.q_a_bias = a + "q_a_proj.bias";
+            n.kv_a_bias = a + "kv_a_proj_with_mqa.bias";
+            n.o_bias = a + "o_proj.bias";
+        }
+    } else {
         const std::string a = p + "self_attn.";
         n.q_proj = a + "q_proj.weight";
         n.k_proj = a + "k_proj.weight";
@@ -929,7 +1011,7 @@ LayerTensorNames layer_tensor_names(const ModelConfig& c, std::int64_t layer) {
         n.experts[e].up = fmt::format("{}experts.{}.up_proj.weight", m, e);
         n.experts[e].down = fmt::format("{}experts.{}.down_proj.weight", m, e);
     }
-    if (c.architecture == Architecture::deepseek_v3) {
+    if (c.router.score_correction_bias) {  // deepseek_v3, glm4_moe
         n.router_bias = m + "gate.e_score_correction_bias";
         if (c.has_shared_expert()) {
             n.shared_gate = m + "shared_experts.gate_proj.weight";
@@ -964,7 +1046,17 @@ std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& c, std::int64_t la
     add(n.q_proj, {c.attention_output_gate ? 2 * c.q_dim() : c.q_dim(), H});
     add(n.k_proj, {c.kv_dim(), H});
     add(n.v_proj, {c.kv_dim(), H});
-    add(n.o_proj, {H, c.q_dim()});
+    add(n.o_proj, {H, c.num_heads * c.value_head_dim()});
+    const auto& mla = c.mla;
+    const std::int64_t kv_a = mla.kv_lora_rank + mla.qk_rope_head_dim;
+    add(n.q_a_proj, {mla.q_lora_rank, H});
+    add(n.q_a_norm, {mla.q_lora_rank});
+    add(n.q_b_proj, {c.q_dim(), mla.q_lora_rank});
+    add(n.kv_a_proj, {kv_a, H});
+    add(n.kv_a_norm, {mla.kv_lora_rank});
+    add(n.kv_b_proj, {c.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank});
+    add(n.q_a_bias, {mla.q_lora_rank});
+    add(n.kv_a_bias, {kv_a});
     add(n.q_bias, {c.q_dim()});
     add(n.k_bias, {c.kv_dim()});
     add(n.v_bias, {c.kv_dim()});

@@ -7,15 +7,15 @@
 // class, and which layers are MoE is decided by the same rule as the
 // architecture's decoder layer (see ModelConfig::moe_layers).
 //
-// Supported: qwen2_moe, qwen3_moe, mixtral (full model), and deepseek_v3 at
-// layer level only: its router (sigmoid scores + e_score_correction_bias,
-// grouped top-k, routed_scaling_factor), routed and shared experts are
-// described; its MLA attention is not (full_forward_supported() == false).
+// Every architecture has a full forward pass (arch/architecture.hpp lists
+// the families); deepseek_v3's attention is MLA (ModelConfig::Mla), its and
+// glm4_moe's router sigmoid + e_score_correction_bias + grouped top-k.
 #pragma once
 
 #include "kvasir/core/model_types.hpp"  // RouterScoring
 #include "kvasir/core/tensor.hpp"  // Shape
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -28,7 +28,7 @@ enum class Architecture : std::uint8_t {
     qwen2_moe, qwen3_moe, mixtral, deepseek_v3, qwen3_5_moe, qwen3_next,
     // Dense decoders (no MoE layer): the standard layer, or the hybrid one (qwen3_5).
     llama, mistral, qwen2, qwen3, qwen3_5,
-    olmoe, gpt_oss
+    olmoe, gpt_oss, glm4_moe
 };
 
 // The config.json `model_type`: "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3".
@@ -68,7 +68,24 @@ struct ModelConfig {
     std::int64_t num_heads = 0;      // num_attention_heads
     std::int64_t num_kv_heads = 0;   // num_key_value_heads (null/absent: num_heads)
     std::int64_t head_dim = 0;       // explicit head_dim, else hidden_size / num_heads
-                                     // (deepseek_v3: qk_nope_head_dim + qk_rope_head_dim)
+                                     // (deepseek_v3: qk_nope_head_dim + qk_rope_head_dim, the q·k width)
+    // Multi-head latent attention (deepseek_v3, DeepseekV3Attention in
+    // transformers 5.24); kv_lora_rank 0 = not MLA. Per token:
+    //   q = q_b_proj(rmsnorm(q_a_proj(x), q_a_layernorm))  (q_lora_rank > 0) | q_proj(x),
+    //       split per head into [q_nope (qk_nope_head_dim) | q_rot (qk_rope_head_dim)];
+    //   [kv (kv_lora_rank) | k_rot (qk_rope_head_dim)] = kv_a_proj_with_mqa(x); k_rot is ONE head shared by all;
+    //   [k_nope | v (v_head_dim)] per head = kv_b_proj(rmsnorm(kv, kv_a_layernorm));
+    //   q_rot, k_rot roped (rope_interleave: the pairs are (x0, x1), (x2, x3), …, and the result is laid out
+    //   [even′ | odd′]); q = [q_nope | q_rot], k = [k_nope | k_rot]; softmax scale
+    //   head_dim^−½ · yarn's mscale(factor, mscale_all_dim)² (attention_scale()).
+    // The two latent RMSNorms use eps 1e-6 whatever rms_norm_eps says (DeepseekV3RMSNorm's default).
+    struct Mla {
+        std::int64_t q_lora_rank = 0;  // 0: plain q_proj (Kimi-K2, DeepSeek-V2-Lite)
+        std::int64_t kv_lora_rank = 0;
+        std::int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+        bool rope_interleave = true;
+        static constexpr double latent_norm_eps = 1e-6;
+    } mla;
     double rope_theta = 10000.0;     // rope_parameters.rope_theta | rope_scaling.rope_theta | rope_theta
                                      // | the class default (mixtral 1e6, others 1e4)
     std::string rope_type = "default";  // "default" or "llama3"; anything else (yarn, ...) is refused by the forward pass
@@ -170,6 +187,18 @@ struct ModelConfig {
     std::int64_t top_k() const { return router.top_k; }
     bool norm_topk_prob() const { return router.norm_topk_prob; }
     bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
+    bool has_mla() const { return mla.kv_lora_rank > 0; }
+    // The dimensions of a head that rope turns: qk_rope_head_dim (the LAST ones) under MLA,
+    // else the first head_dim·partial_rotary_factor.
+    std::int64_t rotary_dims() const {
+        return has_mla() ? mla.qk_rope_head_dim
+                         : static_cast<std::int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
+    }
+    // The width attention's output has per head: v_head_dim under MLA, else head_dim.
+    std::int64_t value_head_dim() const { return has_mla() ? mla.v_head_dim : head_dim; }
+    // The width of one head in the KV cache and the attention kernel: head_dim, or under MLA the wider of
+    // the q·k and value widths (the narrower is zero-padded: exact, see LayerGraph::mla_attention).
+    std::int64_t attention_width() const { return has_mla() ? std::max(head_dim, mla.v_head_dim) : head_dim; }
     std::int64_t q_dim() const { return num_heads * head_dim; }
     std::int64_t kv_dim() const { return num_kv_heads * head_dim; }
     // Throws Error(bad_input) for a layer outside [0, num_layers).
@@ -182,8 +211,6 @@ struct ModelConfig {
     // The widths of the q_norm / k_norm weights: head_dim, or the whole projection (qk_norm_full).
     std::int64_t q_norm_dim() const { return qk_norm_full ? q_dim() : head_dim; }
     std::int64_t k_norm_dim() const { return qk_norm_full ? kv_dim() : head_dim; }
-    // False for deepseek_v3 (MLA attention is not described): layer-level audits only.
-    bool full_forward_supported() const { return architecture != Architecture::deepseek_v3; }
 };
 
 // Read <dir>/config.json (or the file itself). Throws Error(bad_input) with one
@@ -221,8 +248,13 @@ struct ExpertTensorNames {
 struct LayerTensorNames {
     std::string input_norm;           // input_layernorm.weight [H]
     std::string post_attention_norm;  // post_attention_layernorm.weight [H]
-    // attention (empty for deepseek_v3: MLA is not described)
+    // attention (MLA: q_proj only without q-LoRA, k_proj / v_proj empty)
     std::string q_proj, k_proj, v_proj, o_proj;
+    // MLA (deepseek_v3): q_a_proj [q_lora_rank, H], q_a_layernorm [q_lora_rank], q_b_proj
+    // [nh·(nope + rope), q_lora_rank]; kv_a_proj_with_mqa [kv_lora_rank + rope, H], kv_a_layernorm
+    // [kv_lora_rank], kv_b_proj [nh·(nope + v), kv_lora_rank]; o_proj is then [H, nh·v].
+    std::string q_a_proj, q_a_norm, q_b_proj, kv_a_proj, kv_a_norm, kv_b_proj;
+    std::string q_a_bias, kv_a_bias;  // attention_bias: [q_lora_rank], [kv_lora_rank + rope]
     std::string q_bias, k_bias, v_bias, o_bias;
     std::string q_norm, k_norm;  // [head_dim]
     // dense MLP (is_moe(layer) == false)
@@ -261,7 +293,7 @@ struct ModelTensorNames {
 
 LayerTensorNames layer_tensor_names(const ModelConfig& cfg, std::int64_t layer);
 ModelTensorNames model_tensor_names(const ModelConfig& cfg);
-// Every tensor of layer `layer` with its expected shape (deepseek_v3: without the attention).
+// Every tensor of layer `layer` with its expected shape.
 std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& cfg, std::int64_t layer);
 // The non-layer tensors (embed, final norm, lm_head unless tied).
 std::vector<TensorSpec> model_tensor_specs(const ModelConfig& cfg);

@@ -28,7 +28,7 @@ struct RoleName {
     bool expert_stacked;
 };
 // llama.cpp's names (src/llama-arch.cpp LLM_TENSOR_NAMES), base part only.
-constexpr std::array<RoleName, 25> kRoleNames = {{
+constexpr std::array<RoleName, 32> kRoleNames = {{
     {"token_embd", GgufRole::token_embd, false, false},
     {"output_norm", GgufRole::output_norm, false, false},
     {"output", GgufRole::output, false, false},
@@ -54,6 +54,13 @@ constexpr std::array<RoleName, 25> kRoleNames = {{
     {"exp_probs_b", GgufRole::exp_probs_b, true, false},
     {"attn_sinks", GgufRole::attn_sinks, true, false},
     {"post_attention_norm", GgufRole::post_attention_norm, true, false},
+    {"attn_q_a", GgufRole::attn_q_a, true, false},
+    {"attn_q_a_norm", GgufRole::attn_q_a_norm, true, false},
+    {"attn_q_b", GgufRole::attn_q_b, true, false},
+    {"attn_kv_a_mqa", GgufRole::attn_kv_a_mqa, true, false},
+    {"attn_kv_a_norm", GgufRole::attn_kv_a_norm, true, false},
+    {"attn_k_b", GgufRole::attn_k_b, true, false},
+    {"attn_v_b", GgufRole::attn_v_b, true, false},
 }};
 
 // A plain non-negative decimal below 2^31 (no sign, no leading zeros except "0").
@@ -125,14 +132,14 @@ std::optional<GgufTensorRole> gguf_tensor_role(std::string_view name) {
 // Hyperparameters
 // ---------------------------------------------------------------------------
 
-std::string_view gguf_supported_architectures() noexcept { return "qwen2moe, qwen3moe, llama, gpt-oss"; }
+std::string_view gguf_supported_architectures() noexcept { return "qwen2moe, qwen3moe, llama, gpt-oss, deepseek2"; }
 
 GgufModelParams read_gguf_model_params(const GgufFile& file) {
     GgufModelParams p;
     const std::string& fname = file.name();
     p.architecture = file.get_string("general.architecture");
     const std::string& arch = p.architecture;
-    if (arch != "qwen2moe" && arch != "qwen3moe" && arch != "llama" && arch != "gpt-oss")
+    if (arch != "qwen2moe" && arch != "qwen3moe" && arch != "llama" && arch != "gpt-oss" && arch != "deepseek2")
         fail(ErrorCode::unsupported, "{}: architecture '{}' is not supported (supported: {})", fname, printable(arch),
              gguf_supported_architectures());
     const auto key = [&](std::string_view suffix) { return fmt::format("{}.{}", arch, suffix); };
@@ -204,7 +211,31 @@ GgufModelParams read_gguf_model_params(const GgufFile& file) {
             positive("expert_feed_forward_length", opt_int("expert_feed_forward_length", p.feed_forward_length));
     }
     p.expert_shared_feed_forward_length = opt_int("expert_shared_feed_forward_length", 0);
-    p.norm_topk_prob = arch != "qwen2moe";
+    if (arch == "deepseek2") {
+        // llama.cpp's deepseek2 hparams (llama_model::load_hparams / src/models/deepseek2.cpp).
+        const auto in = [&](std::string_view suffix, std::int64_t v, std::int64_t lo) {
+            if (v < lo || v > (std::int64_t{1} << 31))
+                fail(ErrorCode::bad_input, "{}: {} is {}, not in [{}, 2^31]", fname, key(suffix), v, lo);
+            return v;
+        };
+        p.q_lora_rank = in("attention.q_lora_rank", opt_int("attention.q_lora_rank", 0), 0);
+        p.kv_lora_rank = in("attention.kv_lora_rank", file.get_int(key("attention.kv_lora_rank")), 1);
+        p.key_length_mla = in("attention.key_length_mla", file.get_int(key("attention.key_length_mla")), 2);
+        p.value_length_mla = in("attention.value_length_mla", file.get_int(key("attention.value_length_mla")), 1);
+        p.rope_dimension_count = in("rope.dimension_count", file.get_int(key("rope.dimension_count")), 2);
+        p.expert_group_count = in("expert_group_count", opt_int("expert_group_count", 1), 1);
+        p.expert_group_used_count = in("expert_group_used_count", opt_int("expert_group_used_count", 1), 1);
+        p.expert_gating_func = opt_int("expert_gating_func", 0);
+        p.leading_dense_block_count = in("leading_dense_block_count", opt_int("leading_dense_block_count", 0), 0);
+        p.expert_shared_count = in("expert_shared_count", opt_int("expert_shared_count", 0), 0);
+        if (const std::string k = key("expert_weights_scale"); file.has(k)) p.expert_weights_scale = file.get_float(k);
+        if (p.key_length != p.kv_lora_rank + p.rope_dimension_count || p.value_length != p.kv_lora_rank ||
+            p.rope_dimension_count >= p.key_length_mla)
+            fail(ErrorCode::bad_input, "{}: MLA widths disagree: key_length {} / value_length {} for kv_lora_rank {} + "
+                 "rope {}, key_length_mla {}", fname, p.key_length, p.value_length, p.kv_lora_rank,
+                 p.rope_dimension_count, p.key_length_mla);
+    }
+    p.norm_topk_prob = arch != "qwen2moe" && arch != "deepseek2";  // deepseek2: only with expert_weights_norm
     if (const std::string k = key("expert_weights_norm"); file.has(k)) p.norm_topk_prob = file.get_bool(k);
 
     if (file.has("tokenizer.ggml.tokens")) {

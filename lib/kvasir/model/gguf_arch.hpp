@@ -45,6 +45,10 @@ enum class GgufRole {
     exp_probs_b,       // blk.N.exp_probs_b     DeepSeek-style router score-correction bias [n_expert]
     attn_sinks,        // blk.N.attn_sinks      gpt-oss: a learned sink logit per head [n_head]
     post_attention_norm,  // blk.N.post_attention_norm  gpt-oss: its post-attention RMSNorm (others: ffn_norm)
+    // deepseek2 (MLA, as llama.cpp's converter writes it): q-LoRA down/norm/up (or attn_q), the latent with
+    // the shared rope key and its norm, and kv_b_proj split per head into attn_k_b [nh, kv_lora, nope]
+    // (transposed) and attn_v_b [nh, v, kv_lora].
+    attn_q_a, attn_q_a_norm, attn_q_b, attn_kv_a_mqa, attn_kv_a_norm, attn_k_b, attn_v_b,
 };
 std::string_view gguf_role_name(GgufRole role) noexcept;  // the llama.cpp base name, e.g. "ffn_up_exps"
 
@@ -99,6 +103,14 @@ struct GgufModelParams {
     // default for the architecture (gpt-oss: period 2, the even layers).
     std::int64_t sliding_window = 0;
     std::vector<bool> sliding_layers;
+    // deepseek2 (0 / neutral elsewhere): MLA ranks and per-head widths (attention.key_length_mla = nope +
+    // rope, value_length_mla = v; the plain key/value_length describe llama.cpp's MQA form of the latent),
+    // rope.dimension_count (the rope part), the sigmoid router's groups, scaling and gating function
+    // (expert_gating_func 2 = sigmoid), leading dense layers and the shared experts' count.
+    std::int64_t q_lora_rank = 0, kv_lora_rank = 0, key_length_mla = 0, value_length_mla = 0, rope_dimension_count = 0;
+    std::int64_t expert_group_count = 1, expert_group_used_count = 1, expert_gating_func = 0;
+    std::int64_t leading_dense_block_count = 0, expert_shared_count = 0;
+    double expert_weights_scale = 1.0;
 };
 
 // Supported architectures, for messages: "qwen2moe, qwen3moe, llama, gpt-oss".

@@ -228,6 +228,42 @@ void read_gguf_yarn(const GgufFile& file, const std::string& a, const std::strin
     r.attention_factor = mscale * real("attn_factor", 1.0);
 }
 
+// deepseek2's yarn as llama.cpp computes it (src/models/deepseek2.cpp, llama_context's cparams): the table
+// from factor, original_context_length and yarn_beta_fast / _slow (floored / ceiled range, as transformers'
+// truncate), the cos/sin scale cancelled back to 1, and the q·k scale mscale(factor, yarn_log_multiplier)²
+// — the converter writes 0.1·mscale_all_dim and the loader divides by 0.1. transformers' model with
+// mscale = mscale_all_dim = that value computes the same (cos/sin factor m/m = 1); a checkpoint whose
+// mscale differs is converted into that model, which is what a GGUF audit then measures.
+void read_gguf_deepseek2_yarn(const GgufFile& file, const std::string& a, const std::string& path, ModelConfig& c) {
+    const auto key = [&](std::string_view suffix) { return fmt::format("{}.rope.scaling.{}", a, suffix); };
+    const auto real = [&](std::string_view suffix, double fallback) {
+        const std::string k = key(suffix);
+        const double v = file.has(k) ? file.get_float(k) : fallback;
+        KVASIR_CHECK(std::isfinite(v), ErrorCode::bad_input, "{}: {} is {}, not a finite number", path, k, v);
+        return decimal_of_f32(v);
+    };
+    auto& r = c.rope_scaling;
+    r.factor = real("factor", 0.0);
+    KVASIR_CHECK(r.factor >= 1.0 && r.factor <= 1e6, ErrorCode::bad_input,
+                 "{}: {} is {} (yarn needs a factor in [1, 1e6])", path, key("factor"), r.factor);
+    const std::string orig_key = file.has(key("original_context_length")) ? key("original_context_length")
+                                                                           : a + ".context_length";
+    const std::int64_t orig = file.get_int(orig_key);
+    KVASIR_CHECK(orig > 0 && orig <= (std::int64_t{1} << 31), ErrorCode::bad_input, "{}: {} is {}, not a positive length",
+                 path, orig_key, orig);
+    r.original_max_position_embeddings = static_cast<double>(orig);
+    r.beta_fast = real("yarn_beta_fast", 32.0);
+    r.beta_slow = real("yarn_beta_slow", 1.0);
+    r.truncate = true;
+    const double log_mul = real("yarn_log_multiplier", 0.0) / 0.1;
+    KVASIR_CHECK(log_mul > 0.0, ErrorCode::unsupported,
+                 "{}: {} is absent or 0 (DeepSeek's mscale_all_dim: every DeepSeek-V3/Kimi-K2 conversion has it; "
+                 "llama.cpp's scale without it is not modelled)", path, key("yarn_log_multiplier"));
+    KVASIR_CHECK(real("attn_factor", 1.0) == 1.0, ErrorCode::unsupported, "{}: {} other than 1 is not modelled", path,
+                 key("attn_factor"));
+    r.mscale = r.mscale_all_dim = log_mul;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -248,6 +284,8 @@ ModelConfig model_config_from_gguf(const GgufFile& file, const std::string& path
         c.architecture = Architecture::llama;  // dense (llama.cpp's converter: q/k permuted for its rope layout)
     } else if (p.architecture == "gpt-oss" && p.expert_count > 0) {
         c.architecture = Architecture::gpt_oss;
+    } else if (p.architecture == "deepseek2" && p.expert_count > 0) {
+        c.architecture = Architecture::deepseek_v3;
     } else {
         fail(ErrorCode::unsupported, "{}: GGUF architecture '{}' without experts is not supported (supported: qwen2moe, "
              "qwen3moe, llama dense or with experts = mixtral)", path, p.architecture);
@@ -258,7 +296,20 @@ ModelConfig model_config_from_gguf(const GgufFile& file, const std::string& path
     c.num_heads = p.head_count;
     c.num_kv_heads = p.head_count_kv;
     c.head_dim = p.key_length;
-    KVASIR_CHECK(p.value_length == p.key_length, ErrorCode::unsupported,
+    if (c.architecture == Architecture::deepseek_v3) {
+        // llama.cpp's MQA form of MLA (head_count_kv 1, key/value_length over the latent) is a storage
+        // choice: the model is DeepseekV3Attention's, one expanded key and value per head.
+        auto& m = c.mla;
+        m.q_lora_rank = p.q_lora_rank;
+        m.kv_lora_rank = p.kv_lora_rank;
+        m.qk_rope_head_dim = p.rope_dimension_count;
+        m.qk_nope_head_dim = p.key_length_mla - p.rope_dimension_count;
+        m.v_head_dim = p.value_length_mla;
+        m.rope_interleave = true;  // the converter keeps HF's interleaved rope pairs (llama.cpp: LLAMA_ROPE_TYPE_NORM)
+        c.num_kv_heads = c.num_heads;
+        c.head_dim = p.key_length_mla;
+    }
+    KVASIR_CHECK(c.has_mla() || p.value_length == p.key_length, ErrorCode::unsupported,
                  "{}: {}.attention.value_length {} differs from key_length {} (not modelled)", path, a, p.value_length,
                  p.key_length);
     c.rope_theta = decimal_of_f32(p.rope_freq_base);
@@ -269,7 +320,10 @@ ModelConfig model_config_from_gguf(const GgufFile& file, const std::string& path
         const std::string& t = file.get_string(k);
         if (t != "none" && !t.empty()) c.rope_type = t;
     }
-    if (c.rope_type == "yarn") read_gguf_yarn(file, a, path, c);
+    if (c.rope_type == "yarn" && c.has_mla())
+        read_gguf_deepseek2_yarn(file, a, path, c);
+    else if (c.rope_type == "yarn")
+        read_gguf_yarn(file, a, path, c);
     c.max_position_embeddings = file.has(a + ".context_length") ? file.get_int(a + ".context_length") : 32768;
     if (const GgufTensor* rf = file.find_tensor("rope_freqs.weight")) {  // llama3 scaling as frequency factors
         KVASIR_CHECK(rf->shape.size() == 1 && rf->shape[0] == p.key_length / 2, ErrorCode::bad_input,
@@ -321,6 +375,32 @@ ModelConfig model_config_from_gguf(const GgufFile& file, const std::string& path
         c.router.num_experts = p.expert_count;
         c.router.top_k = p.expert_used_count;
         c.router.norm_topk_prob = true;
+        validate_model_config(c);
+        return c;
+    }
+    if (c.architecture == Architecture::deepseek_v3) {
+        // llama.cpp's deepseek2 graph: expert_gating_func 2 = sigmoid (DeepSeek-V3, Kimi-K2) with exp_probs_b for
+        // the selection, expert_group_count / _used_count, expert_weights_norm and _scale; leading dense layers;
+        // expert_shared_count shared experts of expert_feed_forward_length, ungated. DeepSeek-V2's softmax
+        // router (gating func 1) is another model, not modelled.
+        KVASIR_CHECK(p.expert_gating_func == 2, ErrorCode::unsupported,
+                     "{}: {}.expert_gating_func is {} (only 2, sigmoid — DeepSeek-V3's router — is implemented)", path, a,
+                     p.expert_gating_func);
+        for (std::int64_t l = 0; l < c.num_layers; ++l)
+            KVASIR_CHECK(c.moe_layers[static_cast<std::size_t>(l)] == (l >= p.leading_dense_block_count),
+                         ErrorCode::bad_input, "{}: layer {} {} a router but {}.leading_dense_block_count is {}", path, l,
+                         c.moe_layers[static_cast<std::size_t>(l)] ? "has" : "lacks", a, p.leading_dense_block_count);
+        c.first_k_dense_replace = p.leading_dense_block_count;
+        c.intermediate_size = p.feed_forward_length;
+        c.shared_expert_intermediate_size = p.expert_shared_count * p.expert_feed_forward_length;
+        c.router.scoring = RouterScoring::sigmoid;
+        c.router.score_correction_bias = true;
+        c.router.num_experts = p.expert_count;
+        c.router.top_k = p.expert_used_count;
+        c.router.norm_topk_prob = p.norm_topk_prob;
+        c.router.n_group = p.expert_group_count;
+        c.router.topk_group = p.expert_group_used_count;
+        c.router.routed_scaling_factor = p.expert_weights_scale;
         validate_model_config(c);
         return c;
     }
@@ -397,6 +477,7 @@ struct Model::Impl {
     // was expanded from (cpu:qdot=llamacpp reads it).
     TensorView keep(Tensor t, WeightOrigin origin = WeightOrigin::none) const;
     LayerWeights load_gguf(std::int64_t l) const;
+    void load_gguf_mla(std::int64_t l, LayerWeights& w) const;
     void check_present() const;
 };
 
@@ -451,9 +532,17 @@ std::vector<std::string> Model::Impl::gguf_layer_names(std::int64_t l) const {
     auto w = [&](std::string_view base) { return fmt::format("blk.{}.{}.weight", l, base); };
     auto b = [&](std::string_view base) { return fmt::format("blk.{}.{}.bias", l, base); };
     const bool oss = c.architecture == Architecture::gpt_oss;
-    std::vector<std::string> n{w("attn_norm"), w(oss ? "post_attention_norm" : "ffn_norm"), w("attn_q"), w("attn_k"),
-                               w("attn_v"), w("attn_output")};
-    if (c.attention_bias) n.insert(n.end(), {b("attn_q"), b("attn_k"), b("attn_v")});
+    std::vector<std::string> n{w("attn_norm"), w(oss ? "post_attention_norm" : "ffn_norm"), w("attn_output")};
+    if (c.has_mla()) {
+        n.insert(n.end(), {w("attn_kv_a_mqa"), w("attn_kv_a_norm"), w("attn_k_b"), w("attn_v_b")});
+        if (c.mla.q_lora_rank > 0)
+            n.insert(n.end(), {w("attn_q_a"), w("attn_q_a_norm"), w("attn_q_b")});
+        else
+            n.push_back(w("attn_q"));
+    } else {
+        n.insert(n.end(), {w("attn_q"), w("attn_k"), w("attn_v")});
+    }
+    if (c.attention_bias && !c.has_mla()) n.insert(n.end(), {b("attn_q"), b("attn_k"), b("attn_v")});
     if (c.attention_out_bias) n.push_back(b("attn_output"));
     if (c.qk_norm) n.insert(n.end(), {w("attn_q_norm"), w("attn_k_norm")});
     if (c.attention_sinks) n.push_back(w("attn_sinks"));
@@ -462,6 +551,7 @@ std::vector<std::string> Model::Impl::gguf_layer_names(std::int64_t l) const {
         return n;
     }
     n.push_back(w("ffn_gate_inp"));
+    if (c.router.score_correction_bias) n.push_back(b("exp_probs_b"));
     if (oss) n.insert(n.end(), {b("ffn_gate_inp"), b("ffn_gate_exps"), b("ffn_up_exps"), b("ffn_down_exps")});
     if (gguf_stacked(l)) {
         n.insert(n.end(), {w("ffn_gate_exps"), w("ffn_up_exps"), w("ffn_down_exps")});
@@ -571,7 +661,16 @@ LayerWeights Model::Impl::load_st(std::int64_t l) const {
     w.q_proj = resolve(n.q_proj, {c.attention_output_gate ? 2 * c.q_dim() : c.q_dim(), H});
     w.k_proj = resolve(n.k_proj, {c.kv_dim(), H});
     w.v_proj = resolve(n.v_proj, {c.kv_dim(), H});
-    w.o_proj = resolve(n.o_proj, {H, c.q_dim()});
+    w.o_proj = resolve(n.o_proj, {H, c.num_heads * c.value_head_dim()});
+    const auto& mla = c.mla;
+    w.q_a_proj = resolve(n.q_a_proj, {mla.q_lora_rank, H});
+    w.q_a_norm = resolve(n.q_a_norm, {mla.q_lora_rank});
+    w.q_b_proj = resolve(n.q_b_proj, {c.q_dim(), mla.q_lora_rank});
+    w.kv_a_proj = resolve(n.kv_a_proj, {mla.kv_lora_rank + mla.qk_rope_head_dim, H});
+    w.kv_a_norm = resolve(n.kv_a_norm, {mla.kv_lora_rank});
+    w.kv_b_proj = resolve(n.kv_b_proj, {c.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank});
+    w.q_a_bias = resolve(n.q_a_bias, {mla.q_lora_rank});
+    w.kv_a_bias = resolve(n.kv_a_bias, {mla.kv_lora_rank + mla.qk_rope_head_dim});
     w.q_bias = resolve(n.q_bias, {c.attention_output_gate ? 2 * c.q_dim() : c.q_dim()});
     w.k_bias = resolve(n.k_bias, {c.kv_dim()});
     w.v_bias = resolve(n.v_bias, {c.kv_dim()});
@@ -616,6 +715,46 @@ LayerWeights Model::Impl::load_st(std::int64_t l) const {
     return w;
 }
 
+// deepseek2's attention as llama.cpp's converter stores it: attn_q_a / attn_q_a_norm / attn_q_b (or attn_q),
+// attn_kv_a_mqa, attn_kv_a_norm, and kv_b_proj split per head into attn_k_b (numpy [nh, kv_lora, nope]:
+// each head's k rows transposed) and attn_v_b ([nh, v, kv_lora]). kv_b_proj [nh·(nope + v), kv_lora] is put
+// back together — per head its nope k rows (k_b[h]ᵀ) then its v rows —, an exact copy in the file's dtype
+// (dequantised first when the file quantises it).
+void Model::Impl::load_gguf_mla(std::int64_t l, LayerWeights& w) const {
+    const ModelConfig& c = cfg;
+    const auto& m = c.mla;
+    const std::int64_t H = c.hidden_size, nh = c.num_heads, r = m.kv_lora_rank, dn = m.qk_nope_head_dim,
+                       dv = m.v_head_dim;
+    auto w_ = [&](std::string_view base) { return fmt::format("blk.{}.{}.weight", l, base); };
+    if (m.q_lora_rank > 0) {
+        w.q_a_proj = resolve(w_("attn_q_a"), {m.q_lora_rank, H});
+        w.q_a_norm = resolve(w_("attn_q_a_norm"), {m.q_lora_rank});
+        w.q_b_proj = resolve(w_("attn_q_b"), {c.q_dim(), m.q_lora_rank});
+    } else {
+        w.q_proj = resolve(w_("attn_q"), {c.q_dim(), H});
+    }
+    w.kv_a_proj = resolve(w_("attn_kv_a_mqa"), {r + m.qk_rope_head_dim, H});
+    w.kv_a_norm = resolve(w_("attn_kv_a_norm"), {r});
+    const TensorView kb = resolve(w_("attn_k_b"), {nh, r, dn});
+    const TensorView vb = resolve(w_("attn_v_b"), {nh, dv, r});
+    KVASIR_CHECK(kb.dtype == vb.dtype, ErrorCode::bad_input, "{}: blk.{}.attn_k_b is {} but attn_v_b is {}", label, l,
+                 dtype_name(kb.dtype), dtype_name(vb.dtype));
+    Tensor kv(kb.dtype, {nh * (dn + dv), r});
+    const std::size_t es = dtype_size(kb.dtype);
+    const auto* pk = static_cast<const std::byte*>(kb.data);
+    const auto* pv = static_cast<const std::byte*>(vb.data);
+    auto* out = static_cast<std::byte*>(kv.raw());
+    for (std::int64_t h = 0; h < nh; ++h) {
+        for (std::int64_t i = 0; i < dn; ++i)      // row h·(dn + dv) + i, column j = k_b[h][j][i]
+            for (std::int64_t j = 0; j < r; ++j)
+                std::memcpy(out + static_cast<std::size_t>((h * (dn + dv) + i) * r + j) * es,
+                            pk + static_cast<std::size_t>((h * r + j) * dn + i) * es, es);
+        std::memcpy(out + static_cast<std::size_t>((h * (dn + dv) + dn) * r) * es,
+                    pv + static_cast<std::size_t>(h * dv * r) * es, static_cast<std::size_t>(dv * r) * es);
+    }
+    w.kv_b_proj = keep(std::move(kv));
+}
+
 LayerWeights Model::Impl::load_gguf(std::int64_t l) const {
     const ModelConfig& c = cfg;
     const std::int64_t H = c.hidden_size, D = c.head_dim, I = c.moe_intermediate_size,
@@ -628,11 +767,15 @@ LayerWeights Model::Impl::load_gguf(std::int64_t l) const {
     const bool oss = c.architecture == Architecture::gpt_oss;
     w.input_norm = resolve(w_("attn_norm"), {H});
     w.post_attention_norm = resolve(w_(oss ? "post_attention_norm" : "ffn_norm"), {H});
-    w.q_proj = resolve(w_("attn_q"), {c.q_dim(), H});
-    w.k_proj = resolve(w_("attn_k"), {c.kv_dim(), H});
-    w.v_proj = resolve(w_("attn_v"), {c.kv_dim(), H});
-    w.o_proj = resolve(w_("attn_output"), {H, c.q_dim()});
-    if (c.attention_bias) {
+    w.o_proj = resolve(w_("attn_output"), {H, c.num_heads * c.value_head_dim()});
+    if (c.has_mla()) {
+        load_gguf_mla(l, w);
+    } else {
+        w.q_proj = resolve(w_("attn_q"), {c.q_dim(), H});
+        w.k_proj = resolve(w_("attn_k"), {c.kv_dim(), H});
+        w.v_proj = resolve(w_("attn_v"), {c.kv_dim(), H});
+    }
+    if (c.attention_bias && !c.has_mla()) {
         w.q_bias = resolve(b_("attn_q"), {c.q_dim()});
         w.k_bias = resolve(b_("attn_k"), {c.kv_dim()});
         w.v_bias = resolve(b_("attn_v"), {c.kv_dim()});
@@ -650,6 +793,7 @@ LayerWeights Model::Impl::load_gguf(std::int64_t l) const {
         return w;
     }
     w.router = resolve(w_("ffn_gate_inp"), {E, H});
+    if (c.router.score_correction_bias) w.router_bias = resolve(b_("exp_probs_b"), {E});
     if (gguf_stacked(l)) {
         // One contiguous [E, rows, cols] block per matrix: expert e is the e-th slice.
         const TensorView g = resolve(w_("ffn_gate_exps"), {E, I, H});
@@ -847,6 +991,10 @@ std::vector<std::pair<const TensorView*, const char*>> LayerWeights::named_views
             {&q_bias, "q_proj bias"},            {&k_bias, "k_proj bias"},
             {&v_bias, "v_proj bias"},            {&o_bias, "o_proj bias"},
             {&q_norm, "q_norm"},                 {&k_norm, "k_norm"},
+            {&q_a_proj, "q_a_proj"},             {&q_a_norm, "q_a_layernorm"},
+            {&q_b_proj, "q_b_proj"},             {&kv_a_proj, "kv_a_proj_with_mqa"},
+            {&kv_a_norm, "kv_a_layernorm"},      {&kv_b_proj, "kv_b_proj"},
+            {&q_a_bias, "q_a_proj bias"},        {&kv_a_bias, "kv_a_proj_with_mqa bias"},
             {&mlp_gate, "mlp gate_proj"},        {&mlp_up, "mlp up_proj"},
             {&mlp_down, "mlp down_proj"},        {&router, "router (gate)"},
             {&router_bias, "router bias"},       {&router_logit_bias, "router logit bias"},

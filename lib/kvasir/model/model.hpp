@@ -78,6 +78,10 @@ struct LayerWeights {
     TensorView q_bias, k_bias, v_bias;          // [nh·D], [nkv·D], [nkv·D] (qwen2_moe) or absent
     TensorView o_bias;                          // [H] (qwen3_moe attention_bias) or absent
     TensorView q_norm, k_norm;                  // [D] per-head RMSNorm (qwen3_moe) or absent
+    // MLA (deepseek_v3; config.hpp ModelConfig::Mla): q_a/q_b (or q_proj alone), kv_a (with the shared
+    // rope key), the two latent RMSNorms and kv_b; o_proj [H, nh·v_head_dim]. Absent otherwise.
+    TensorView q_a_proj, q_a_norm, q_b_proj, kv_a_proj, kv_a_norm, kv_b_proj;
+    TensorView q_a_bias, kv_a_bias;  // attention_bias only
     // Dense MLP (moe == false): down(silu(gate x) · up x)
     TensorView mlp_gate, mlp_up;                // [F, H]
     TensorView mlp_down;                        // [H, F]

@@ -10,17 +10,13 @@ namespace kvasir {
 
 namespace {
 
-std::int64_t rotary_dims(const ModelConfig& c) {
-    return static_cast<std::int64_t>(static_cast<double>(c.head_dim) * c.partial_rotary_factor);
-}
-
 // theta^(2i/d): the unscaled rope's wavelength factor of pair i (its inverse frequency's reciprocal).
 double pos_freq(const ModelConfig& c, std::int64_t i, std::int64_t d) {
     return std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(d));
 }
 
 std::vector<double> llama3_inverse_frequencies(const ModelConfig& c) {
-    const std::int64_t d = rotary_dims(c);
+    const std::int64_t d = c.rotary_dims();
     const auto& r = c.rope_scaling;
     const double low_wavelen = r.original_max_position_embeddings / r.low_freq_factor;
     const double high_wavelen = r.original_max_position_embeddings / r.high_freq_factor;
@@ -47,7 +43,7 @@ double yarn_correction_dim(double rotations, std::int64_t d, double base, double
 }
 
 std::vector<double> yarn_inverse_frequencies(const ModelConfig& c) {
-    const std::int64_t d = rotary_dims(c);
+    const std::int64_t d = c.rotary_dims();
     const auto& r = c.rope_scaling;
     double low = yarn_correction_dim(r.beta_fast, d, c.rope_theta, r.original_max_position_embeddings);
     double high = yarn_correction_dim(r.beta_slow, d, c.rope_theta, r.original_max_position_embeddings);
@@ -75,7 +71,7 @@ double yarn_mscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.
 
 std::vector<double> rope_inverse_frequencies(const ModelConfig& c) {
     if (!c.rope_freq_factors.empty()) {  // GGUF rope_freqs: theta^(−2i/d) / factor_i (llama.cpp's ggml_rope_ext)
-        const std::int64_t d = rotary_dims(c);
+        const std::int64_t d = c.rotary_dims();
         KVASIR_CHECK(c.rope_type == "default" && static_cast<std::int64_t>(c.rope_freq_factors.size()) == d / 2,
                      ErrorCode::bad_input, "{}: {} rope frequency factors for {} rotary dimensions (rope type {})", c.source,
                      c.rope_freq_factors.size(), d, c.rope_type);
@@ -97,6 +93,21 @@ double rope_attention_factor(const ModelConfig& c) {
     if (r.mscale != 0.0 && r.mscale_all_dim != 0.0)
         return yarn_mscale(r.factor, r.mscale) / yarn_mscale(r.factor, r.mscale_all_dim);
     return yarn_mscale(r.factor, 1.0);
+}
+
+double attention_scale(const ModelConfig& c) {
+    double s = std::pow(static_cast<double>(c.head_dim), -0.5);
+    if (!c.has_mla()) {
+        const double af = rope_attention_factor(c);  // a full-rotary head: q and k both carry it
+        return s * af * af;
+    }
+    // DeepseekV3Attention.scaling = yarn_apply_mscale(rope_parameters, qk_head_dim^−½): for a scaled rope with
+    // mscale_all_dim set, × mscale(factor, mscale_all_dim)² (transformers computes it in Python floats).
+    if (c.rope_type != "default" && c.rope_scaling.mscale_all_dim != 0.0) {
+        const double m = yarn_mscale(c.rope_scaling.factor, c.rope_scaling.mscale_all_dim);
+        s = s * m * m;
+    }
+    return s;
 }
 
 }  // namespace kvasir

@@ -9,7 +9,7 @@
 
 namespace kvasir {
 
-// The head_dim·partial_rotary_factor / 2 inverse frequencies the config's rope
+// The rotary_dims() / 2 (head_dim·partial_rotary_factor, or MLA's qk_rope_head_dim) inverse frequencies the config's rope
 // uses, or an empty vector for rope_type "default" (theta^(−2i/d): every node
 // computes those itself). rope_type "llama3" (transformers 5.24
 // _compute_llama3_parameters, evaluated in f64):
@@ -35,5 +35,13 @@ std::vector<double> rope_inverse_frequencies(const ModelConfig& config);
 // carry it, so the attention scores carry its square: the forward pass
 // multiplies the softmax scale by attention_factor² (LayerGraph).
 double rope_attention_factor(const ModelConfig& config);
+
+// The softmax scale of attention, in f64: head_dim^−½, times rope_attention_factor² where rope turns the
+// whole head (q and k both carry yarn's cos/sin scale) — under MLA the cos/sin scale touches only the rope
+// part, so the graph applies it there (LayerGraph::mla_attention), and the scale is × mscale(factor,
+// mscale_all_dim)² for a scaled rope with mscale_all_dim ≠ 0: DeepSeek's correction (transformers'
+// yarn_apply_mscale; DeepSeek-V3's own config has mscale = mscale_all_dim = 1: its cos/sin scale is 1 and
+// this factor is the whole of yarn's effect on the scores).
+double attention_scale(const ModelConfig& config);
 
 }  // namespace kvasir

@@ -113,7 +113,7 @@ void run(Runner& r, std::vector<KvLayer>& cache, std::span<const std::int32_t> t
 
 std::vector<KvLayer> fresh_cache(const ModelConfig& c) {
     std::vector<KvLayer> cache(static_cast<std::size_t>(c.num_layers));
-    for (auto& k : cache) k.init(c.num_kv_heads, c.head_dim);
+    for (auto& k : cache) k.init(c.num_kv_heads, c.attention_width());
     return cache;
 }
 

@@ -173,7 +173,7 @@ std::uint64_t step_memory_estimate(const ModelConfig& c, std::int64_t tokens, st
     const long double w = window > 0 ? std::min(t, static_cast<long double>(window)) : t;
     const long double v = static_cast<long double>(c.vocab_size), h = static_cast<long double>(c.hidden_size);
     const long double layers = static_cast<long double>(c.num_layers);
-    const long double kv = static_cast<long double>(c.num_kv_heads) * static_cast<long double>(c.head_dim);
+    const long double kv = static_cast<long double>(c.num_kv_heads) * static_cast<long double>(c.attention_width());
     const long double width = std::max({h, static_cast<long double>(c.q_dim()), static_cast<long double>(c.intermediate_size),
                                         static_cast<long double>(c.moe_intermediate_size) * std::max<std::int64_t>(c.router.top_k, 1)});
     const long double per_node = 8.0L * (t * 2.0L * v + w * (layers * h + layers * 2.0L * kv + 8.0L * width));
@@ -404,6 +404,44 @@ double relative_l2(const TensorView& ref, const TensorView& cand) {
     return std::sqrt(s.nmse);
 }
 
+namespace {
+
+// The k-th minus the (k+1)-th of `v` (+inf when it has no (k+1)-th).
+double kth_gap(std::vector<double> v, std::int64_t k) {
+    if (static_cast<std::int64_t>(v.size()) <= k) return std::numeric_limits<double>::infinity();
+    std::sort(v.begin(), v.end(), std::greater<>());
+    return v[static_cast<std::size_t>(k - 1)] - v[static_cast<std::size_t>(k)];
+}
+
+// How far one token's selection scores are from another choice. Grouped top-k (DeepseekV3TopkRouter): a
+// group is scored by the sum of its two best scores and the topk_group best groups are kept — a decision
+// that flips when the topk_group-th and the next group swap — then the top-k among the kept groups'
+// experts; the gap is the smaller of the two margins.
+double selection_gap(const std::vector<double>& score, const RouterConfig& router) {
+    const std::int64_t e = static_cast<std::int64_t>(score.size()), k = router.top_k, ng = router.n_group;
+    if (ng <= 1) return kth_gap(score, k);
+    const std::int64_t per = e / ng;
+    std::vector<double> group(static_cast<std::size_t>(ng));
+    for (std::int64_t g = 0; g < ng; ++g) {
+        std::vector<double> in(score.begin() + g * per, score.begin() + (g + 1) * per);
+        std::partial_sort(in.begin(), in.begin() + 2, in.end(), std::greater<>());
+        group[static_cast<std::size_t>(g)] = in[0] + in[1];
+    }
+    std::vector<std::int64_t> order(static_cast<std::size_t>(ng));
+    for (std::int64_t g = 0; g < ng; ++g) order[static_cast<std::size_t>(g)] = g;
+    std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+        return group[static_cast<std::size_t>(a)] > group[static_cast<std::size_t>(b)];
+    });
+    std::vector<double> kept;
+    for (std::int64_t i = 0; i < router.topk_group; ++i) {
+        const std::int64_t g = order[static_cast<std::size_t>(i)];
+        kept.insert(kept.end(), score.begin() + g * per, score.begin() + (g + 1) * per);
+    }
+    return std::min(kth_gap(group, router.topk_group), kth_gap(kept, k));
+}
+
+}  // namespace
+
 std::vector<double> router_gaps(const TensorView& router_logits, const RouterConfig& router, const TensorView* bias) {
     KVASIR_CHECK(router_logits.rank() == 2, ErrorCode::bad_input, "router gaps: logits must be [T, E], got {}",
                  shape_str(router_logits.shape));
@@ -427,12 +465,7 @@ std::vector<double> router_gaps(const TensorView& router_logits, const RouterCon
             for (std::size_t j = 0; j < row.size(); ++j)
                 score[j] = 1.0 / (1.0 + std::exp(-row[j])) + (bias != nullptr ? bias->at(static_cast<std::int64_t>(j)) : 0.0);
         }
-        if (k == e) {
-            gaps.push_back(std::numeric_limits<double>::infinity());
-            continue;
-        }
-        std::sort(score.begin(), score.end(), std::greater<>());
-        gaps.push_back(score[static_cast<std::size_t>(k - 1)] - score[static_cast<std::size_t>(k)]);
+        gaps.push_back(selection_gap(score, router));
     }
     return gaps;
 }

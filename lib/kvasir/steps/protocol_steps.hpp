@@ -209,8 +209,10 @@ double relative_l2(const TensorView& ref, const TensorView& cand);
 // score, from router logits [T, E] in f64, where the score is what the
 // router ranks: softmax probability over all E experts (softmax routers —
 // the fixtures' layer.{l}.router_gap), or sigmoid(logit) + bias (sigmoid
-// routers; `bias` may be null). Grouped top-k (n_group > 1) is ignored: the
-// gap is between the k-th and (k+1)-th score overall. A token whose gap is
+// routers; `bias` may be null). Grouped top-k (n_group > 1): the smaller of
+// the group margin (the topk_group-th minus the next group score, a group
+// scored by the sum of its two best selection scores) and the k-th minus
+// (k+1)-th score among the kept groups' experts. A token whose gap is
 // below the observed error (the CLI's --border) is a BORDER token: a
 // backend's error can swap its k-th and (k+1)-th expert. E == k (nothing to
 // swap) → +inf. A NaN logit in a row → NaN gap.
