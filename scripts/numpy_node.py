@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE))
 import capture_format  # noqa: E402
 import kvasir_rng  # noqa: E402
 
-ALL_OPS = ["matmul", "swiglu", "softmax", "rmsnorm", "rope_neox", "rope_normal", "router_softmax", "router_sigmoid",
+ALL_OPS = ["matmul", "swiglu", "softmax", "rmsnorm", "rope_neox", "rope_normal", "rope_yarn", "router_softmax", "router_sigmoid",
            "moe", "causal_conv1d", "gated_delta", "attention", "attention_sinks", "clamped_swiglu"]
 
 
@@ -105,6 +105,23 @@ class OpsSpec:
 def seeded_input(spec, op, name, shape, mean, sd):
     """op_delta.cpp input(): seeded_normal(seed, "ops/<op>/<name>", ...) in f32."""
     return kvasir_rng.seeded_normal(spec.seed, f"ops/{op}/{name}", shape, mean, sd, np.float32)
+
+
+def yarn_inv_freq(d, theta=10000.0, factor=40.0, original=4096.0, beta_fast=32.0, beta_slow=1.0, truncate=True):
+    """DeepSeek-V3's yarn table (transformers' _compute_yarn_parameters, here in float64), for rope_yarn."""
+    def correction_dim(rot):
+        return d * math.log(original / (rot * 2 * math.pi)) / (2 * math.log(theta))
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    i = np.arange(d // 2, dtype=np.float64)
+    ramp = np.clip((i - low) / (high - low), 0.0, 1.0)
+    pos_freq = theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    extrapolation = 1.0 - ramp
+    return (1.0 / (factor * pos_freq)) * (1.0 - extrapolation) + (1.0 / pos_freq) * extrapolation
 
 
 def moe_inputs(spec):
@@ -249,11 +266,14 @@ class NumpyOps:
         ms = np.mean(x * x, axis=-1, keepdims=True)
         return x / np.sqrt(ms + self.dt.type(eps)) * w
 
-    def rope(self, x, positions, theta, layout):
+    def rope(self, x, positions, theta, layout, inv_freq=None):
         T, nh, d = x.shape
         half = d // 2
-        # The Hugging Face recipe, in the working dtype throughout.
-        inv_freq = self.dt.type(1) / (self.dt.type(theta) ** (np.arange(0, d, 2).astype(self.dt) / self.dt.type(d)))
+        # The Hugging Face recipe, in the working dtype throughout (a given table: rounded to it).
+        if inv_freq is None:
+            inv_freq = self.dt.type(1) / (self.dt.type(theta) ** (np.arange(0, d, 2).astype(self.dt) / self.dt.type(d)))
+        else:
+            inv_freq = np.asarray(inv_freq, dtype=np.float64).astype(self.dt)
         angle = positions.astype(self.dt)[:, None] * inv_freq[None, :]  # [T, half]
         c = np.cos(angle)[:, None, :]
         s = np.sin(angle)[:, None, :]
@@ -387,6 +407,9 @@ def run_ops(spec, be, log=lambda *_: None):
             x = be.tensor(seeded_input(spec, op, "x", (T, spec.heads, spec.head_dim), 0.0, 1.0))
             layout = "neox" if op == "rope_neox" else "normal"
             out[f"ops.{op}.out"] = be.numpy(be.rope(x, pos, spec.theta, layout))
+        elif op == "rope_yarn":
+            x = be.tensor(seeded_input(spec, op, "x", (T, spec.heads, spec.head_dim), 0.0, 1.0))
+            out["ops.rope_yarn.out"] = be.numpy(be.rope(x, pos, 10000.0, "neox", yarn_inv_freq(spec.head_dim)))
         elif op == "router_softmax":
             logits = be.tensor(seeded_input(spec, op, "logits", (T, E), 0.0, 1.0))
             scores, ids = be.router(logits, k, "softmax")

@@ -84,10 +84,12 @@ class TorchOps:
         variance = x.pow(2).mean(-1, keepdim=True)
         return w * (x * torch.rsqrt(variance + eps))
 
-    def rope(self, x, positions, theta, layout):
+    def rope(self, x, positions, theta, layout, inv_freq=None):
         T, nh, d = x.shape
-        # transformers' default rope init: inv_freq in f32 from int64 arange
-        inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).to(self.dt) / d))
+        if inv_freq is None:  # transformers' default rope init: inv_freq in f32 from int64 arange
+            inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).to(self.dt) / d))
+        else:  # a frequency table (rope_yarn: computed in f64), rounded to the working dtype
+            inv_freq = torch.from_numpy(np.asarray(inv_freq, dtype=np.float64)).to(self.dt)
         freqs = torch.from_numpy(positions).to(self.dt)[:, None] * inv_freq[None, :]  # [T, d/2]
         if layout == "neox":
             emb = torch.cat((freqs, freqs), dim=-1)

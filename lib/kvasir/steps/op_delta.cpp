@@ -5,6 +5,7 @@
 #include "kvasir/core/rng.hpp"
 #include "kvasir/backend/capabilities_json.hpp"
 #include "kvasir/core/tool_info.hpp"
+#include "kvasir/model/rope_frequencies.hpp"
 
 #include <fmt/format.h>
 
@@ -16,7 +17,7 @@ namespace kvasir {
 
 const std::vector<std::string>& all_op_names() {
     static const std::vector<std::string> names = {"matmul",         "swiglu",         "softmax",       "rmsnorm",
-                                                   "rope_neox",      "rope_normal",    "router_softmax", "router_sigmoid",
+                                                   "rope_neox",      "rope_normal",    "rope_yarn",    "router_softmax", "router_sigmoid",
                                                    "moe",            "causal_conv1d",  "gated_delta",    "attention",
                                                    "attention_sinks", "clamped_swiglu"};
     return names;
@@ -33,7 +34,8 @@ OpsConfig OpsConfig::resolved() const {
     // Partial rotary (qwen3_5_moe, qwen3_next): rope turns the first
     // head_dim·partial_rotary_factor dimensions of a head, the rest pass
     // through untouched — the rope op is tested on the part it turns.
-    c.head_dim = static_cast<std::int64_t>(static_cast<double>(m.head_dim) * m.partial_rotary_factor);
+    // MLA (deepseek_v3): the qk_rope_head_dim rope part of a head.
+    c.head_dim = m.rotary_dims();
     c.rope_theta = m.rope_theta;
     c.rms_eps = m.rms_norm_eps;
     c.vocab = m.vocab_size;
@@ -74,7 +76,9 @@ void OpsConfig::validate() const {
     for (const std::string& op : ops)
         KVASIR_CHECK(std::find(all_op_names().begin(), all_op_names().end(), op) != all_op_names().end(),
                      ErrorCode::bad_input, "unknown op '{}' (known: {})", op, fmt::join(all_op_names(), ", "));
-    // The moe op holds 3 matrices per expert in f32: refuse what would not fit comfortably.
+    // The moe op's seeded experts are 3 f32 matrices each: refuse what would not fit comfortably. A model's
+    // experts are views of its file (the op touches only the pages of the experts its tokens are routed to).
+    if (model != nullptr) return;
     const double moe_bytes = 3.0 * 4.0 * static_cast<double>(experts) * static_cast<double>(hidden) *
                              static_cast<double>(intermediate);
     KVASIR_CHECK(moe_bytes <= 8e9, ErrorCode::bad_input, "--experts × --hidden × --intermediate needs {:.1f} GB of weights (limit 8 GB)",
@@ -275,6 +279,33 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
             RopeParams rp{c.rope_theta, op == "rope_neox" ? RopeLayout::neox : RopeLayout::normal, nullptr};
             plan.inputs = fmt::format("x[{},{},{}]~N(0,1), positions {}..{}, theta {}", T, c.heads, c.head_dim,
                                       c.position_offset, c.position_offset + T - 1, c.rope_theta);
+            plan.run = [in, rp, positions](Backend& b) { return NodeOutput{b.rope(*in, positions, rp), {}}; };
+        } else if (op == "rope_yarn") {
+            // A frequency table computed once in f64 (model/rope_frequencies.hpp) that every node's rope
+            // consumes in its own precision: the model's own yarn when it has one, else DeepSeek-V3's
+            // (factor 40, original context 4096, beta 32/1, theta 1e4) on this head width.
+            ModelConfig y;
+            const bool own = c.model != nullptr && c.model->config().rope_type == "yarn";
+            if (own) {
+                y = c.model->config();
+            } else {
+                y.source = "rope_yarn";
+                y.head_dim = c.head_dim;
+                y.rope_theta = 10000.0;
+                y.rope_type = "yarn";
+                y.rope_scaling.factor = 40.0;
+                y.rope_scaling.original_max_position_embeddings = 4096.0;
+            }
+            auto in = std::make_shared<Tensor>(input(c, op, "x", {T, c.heads, c.head_dim}, 0, 1));
+            keep = in;
+            RopeParams rp{y.rope_theta, RopeLayout::neox,
+                          std::make_shared<const std::vector<double>>(rope_inverse_frequencies(y))};
+            plan.inputs = fmt::format("x[{},{},{}]~N(0,1), positions {}..{}, yarn {} (theta {:g}, factor {:g}, original "
+                                      "context {:g}, beta {:g}/{:g})",
+                                      T, c.heads, c.head_dim, c.position_offset, c.position_offset + T - 1,
+                                      own ? "of the model" : "of DeepSeek-V3", y.rope_theta, y.rope_scaling.factor,
+                                      y.rope_scaling.original_max_position_embeddings, y.rope_scaling.beta_fast,
+                                      y.rope_scaling.beta_slow);
             plan.run = [in, rp, positions](Backend& b) { return NodeOutput{b.rope(*in, positions, rp), {}}; };
         } else if ((op == "router_softmax" || op == "router_sigmoid") && lw != nullptr) {
             const Tensor x = model_moe_input(c, *lw, *nodes[reference], op);
