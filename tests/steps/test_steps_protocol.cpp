@@ -705,6 +705,30 @@ TEST(StepPhysics, SeededRouterPerturbationFlipsBorderTokensOnlyWithoutAuthority)
     }
 }
 
+TEST(StepPhysics, DeepSeekGroupMarginsAreBorderTokensAndFlipUnderF16WithoutAuthority) {
+    // deepseek_v3_tiny (8 experts in 4 groups, keep 2): two of its three border tokens are near-ties between
+    // GROUPS (L1/t17, L2/t12: group margins 4.8e-4, 3.2e-4; their expert margins 0.11 and 0.31) — invisible
+    // to a gap taken over all experts — and one is the planted expert near-tie (L2/t18, 1e-4). f16
+    // accumulation flips routing exactly there (and downstream of a flipped token) on its own router;
+    // with the reference's routing imposed every decision agrees.
+    auto nodes = make_nodes({"cpu-ref", "cpu", "cpu:acc=f16"});
+    DecideConfig c = config_for<DecideConfig>("deepseek_v3_tiny");
+    const DecideReport de = run_decide(c, nodes, 0);
+    std::vector<std::pair<std::int64_t, std::int64_t>> border;
+    for (const RouterGapsLayer& g : de.reference_gaps)
+        for (std::int64_t t : g.border_tokens) border.emplace_back(g.layer, t);
+    EXPECT_EQ(border, (std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 17}, {2, 12}, {2, 18}}));
+    const NodeDecide& f32 = de.results[0];
+    EXPECT_EQ(f32.border_flipped + f32.other_flipped, 0);
+    const NodeDecide& f16 = de.results[1];
+    EXPECT_GE(f16.border_flipped, 1);
+    EXPECT_EQ(f16.pinned_flipped, 0);
+    EXPECT_EQ(f16.routing_pinned.exact_match_rate, 1.0);
+    measured(fmt::format("deepseek_v3_tiny decide cpu:acc=f16: border flipped {}/{}, other flips {}, routing exact without "
+                         "authority {:.1f}%, with 100%", f16.border_flipped, f16.border_tokens, f16.other_flipped,
+                         100 * f16.routing_free.exact_match_rate));
+}
+
 TEST(StepPhysics, RouterPerturbedBackendIsSeededAndResettable) {
     auto inner = create_backend("cpu");
     RouterPerturbedBackend p(*inner, 0.5, 9);

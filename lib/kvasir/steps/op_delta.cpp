@@ -313,9 +313,14 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
                 Tensor::convert(nodes[reference]->matmul(x, lw->router), DType::f32), lw->router_bias);
             keep = in;
             const RouterParams base = model_router_params(c.model->config(), nullptr);
-            plan.inputs = fmt::format("real router logits [{},{}] of {}, {} top-{}{}", T, E, where,
+            plan.inputs = fmt::format("real router logits [{},{}] of {}, {} top-{}{}{}{}{}", T, E, where,
                                       op == "router_softmax" ? "softmax" : "sigmoid", c.top_k,
-                                      base.renormalize ? ", renormalised" : "");
+                                      present(lw->router_bias) ? " on score + e_score_correction_bias" : "",
+                                      base.n_group > 1 ? fmt::format(" within the best {} of {} groups", base.topk_group,
+                                                                     base.n_group)
+                                                       : std::string(),
+                                      base.renormalize ? ", renormalised" : "",
+                                      base.scaling != 1.0 ? fmt::format(" × {:g}", base.scaling) : std::string());
             plan.run = [in, base](Backend& b) {
                 RouterParams rp = base;
                 if (present(in->second)) rp.bias = &in->second;
