@@ -181,6 +181,35 @@ double decimal_of_f32(double x) {
     return ec == std::errc() && p == s.data() + s.size() && static_cast<float>(d) == f ? d : x;
 }
 
+// A GGUF's `<arch>.rope.scaling.*` keys: each float read as the decimal the converter wrote, and the
+// two every yarn reader needs — factor (in [1, 1e6]) and original_context_length (default
+// context_length) — stored into c.rope_scaling.
+struct GgufScaling {
+    const GgufFile& file;
+    const std::string& a;
+    const std::string& path;
+    std::string key(std::string_view suffix) const { return fmt::format("{}.rope.scaling.{}", a, suffix); }
+    double real(std::string_view suffix, double fallback) const {
+        const std::string k = key(suffix);
+        if (!file.has(k)) return fallback;
+        const double v = file.get_float(k);
+        KVASIR_CHECK(std::isfinite(v), ErrorCode::bad_input, "{}: {} is {}, not a finite number", path, k, v);
+        return decimal_of_f32(v);
+    }
+    void read_range(ModelConfig& c) const {
+        auto& r = c.rope_scaling;
+        r.factor = real("factor", 0.0);
+        KVASIR_CHECK(r.factor >= 1.0 && r.factor <= 1e6, ErrorCode::bad_input,
+                     "{}: {} is {} (yarn needs a factor in [1, 1e6])", path, key("factor"), r.factor);
+        const std::string orig_key = file.has(key("original_context_length")) ? key("original_context_length")
+                                                                               : a + ".context_length";
+        const std::int64_t orig = file.get_int(orig_key);
+        KVASIR_CHECK(orig > 0 && orig <= (std::int64_t{1} << 31), ErrorCode::bad_input,
+                     "{}: {} is {}, not a positive length", path, orig_key, orig);
+        r.original_max_position_embeddings = static_cast<double>(orig);
+    }
+};
+
 // A GGUF's yarn rope as llama.cpp computes it for the architectures read
 // here (llama_model::load_hparams, llama_context's cparams, ggml's rope):
 // rope.scaling.factor and original_context_length (default: context_length)
@@ -192,24 +221,11 @@ double decimal_of_f32(double x) {
 // say otherwise than what llama.cpp computes is refused: which of the two is
 // meant is not knowable.
 void read_gguf_yarn(const GgufFile& file, const std::string& a, const std::string& path, ModelConfig& c) {
-    const auto key = [&](std::string_view suffix) { return fmt::format("{}.rope.scaling.{}", a, suffix); };
-    const auto real = [&](std::string_view suffix, double fallback) {
-        const std::string k = key(suffix);
-        if (!file.has(k)) return fallback;
-        const double v = file.get_float(k);
-        KVASIR_CHECK(std::isfinite(v), ErrorCode::bad_input, "{}: {} is {}, not a finite number", path, k, v);
-        return decimal_of_f32(v);
-    };
+    const GgufScaling g{file, a, path};
+    const auto key = [&](std::string_view suffix) { return g.key(suffix); };
+    const auto real = [&](std::string_view suffix, double fallback) { return g.real(suffix, fallback); };
+    g.read_range(c);
     auto& r = c.rope_scaling;
-    r.factor = real("factor", 0.0);
-    KVASIR_CHECK(r.factor >= 1.0 && r.factor <= 1e6, ErrorCode::bad_input,
-                 "{}: {} is {} (yarn needs a factor in [1, 1e6])", path, key("factor"), r.factor);
-    const std::string orig_key = file.has(key("original_context_length")) ? key("original_context_length")
-                                                                           : a + ".context_length";
-    const std::int64_t orig = file.get_int(orig_key);
-    KVASIR_CHECK(orig > 0 && orig <= (std::int64_t{1} << 31), ErrorCode::bad_input, "{}: {} is {}, not a positive length",
-                 path, orig_key, orig);
-    r.original_max_position_embeddings = static_cast<double>(orig);
     r.beta_fast = 32.0;
     r.beta_slow = 1.0;
     r.truncate = true;
@@ -235,23 +251,11 @@ void read_gguf_yarn(const GgufFile& file, const std::string& a, const std::strin
 // mscale = mscale_all_dim = that value computes the same (cos/sin factor m/m = 1); a checkpoint whose
 // mscale differs is converted into that model, which is what a GGUF audit then measures.
 void read_gguf_deepseek2_yarn(const GgufFile& file, const std::string& a, const std::string& path, ModelConfig& c) {
-    const auto key = [&](std::string_view suffix) { return fmt::format("{}.rope.scaling.{}", a, suffix); };
-    const auto real = [&](std::string_view suffix, double fallback) {
-        const std::string k = key(suffix);
-        const double v = file.has(k) ? file.get_float(k) : fallback;
-        KVASIR_CHECK(std::isfinite(v), ErrorCode::bad_input, "{}: {} is {}, not a finite number", path, k, v);
-        return decimal_of_f32(v);
-    };
+    const GgufScaling g{file, a, path};
+    const auto key = [&](std::string_view suffix) { return g.key(suffix); };
+    const auto real = [&](std::string_view suffix, double fallback) { return g.real(suffix, fallback); };
+    g.read_range(c);
     auto& r = c.rope_scaling;
-    r.factor = real("factor", 0.0);
-    KVASIR_CHECK(r.factor >= 1.0 && r.factor <= 1e6, ErrorCode::bad_input,
-                 "{}: {} is {} (yarn needs a factor in [1, 1e6])", path, key("factor"), r.factor);
-    const std::string orig_key = file.has(key("original_context_length")) ? key("original_context_length")
-                                                                           : a + ".context_length";
-    const std::int64_t orig = file.get_int(orig_key);
-    KVASIR_CHECK(orig > 0 && orig <= (std::int64_t{1} << 31), ErrorCode::bad_input, "{}: {} is {}, not a positive length",
-                 path, orig_key, orig);
-    r.original_max_position_embeddings = static_cast<double>(orig);
     r.beta_fast = real("yarn_beta_fast", 32.0);
     r.beta_slow = real("yarn_beta_slow", 1.0);
     r.truncate = true;
