@@ -47,6 +47,10 @@ Outputs (under --out, default: the repository's fixtures/):
   models/deepseek_v3_tiny.gguf          deepseek_v3_tiny by llama.cpp's own converter (--llama-cpp DIR), arch
                                         deepseek2, with deepseek_v3_tiny.gguf.reference.safetensors (like llama_tiny.gguf,
                                         gpt_oss_tiny*.gguf: see llama_cpp_gguf)
+  models/qwen3_next_tiny.gguf           qwen3_next_tiny by llama.cpp's converter (--no-mtp), arch qwen3next
+  models/qwen3_5_moe_tiny.gguf          qwen3_5_moe_tiny by llama.cpp's converter (--no-mtp), arch qwen35moe; both
+                                        with NAME.gguf.reference.safetensors (float64 part on the GGUF's rounded
+                                        f32(1 + w) norms and f32(-exp(A_log)))
   models/README.md                      index of the above
   tokens/default.txt                    default perplexity stream: STREAM_LEN token ids, whitespace
                                         separated, uniform from numpy PCG64(TOKEN_SEED + 1) in
@@ -137,7 +141,12 @@ is written as blk.N.ffn_gate / ffn_up / ffn_down (llama.cpp's dense FFN names);
 stock llama.cpp's qwen3moe graph expects every layer to be MoE, so this file
 is for kvasir's reader, not for llama.cpp itself. No tokenizer metadata.
 
-Usage:  python3 scripts/make_fixtures.py [--out DIR] [--only NAME...]
+Usage:  python3 scripts/make_fixtures.py [--out DIR] [--only NAME...] [--llama-cpp DIR [--gguf-only]]
+
+--gguf-only (with --llama-cpp): the fixture folders are NOT rebuilt; only the GGUFs llama.cpp's converter makes
+of the folders on disk are written, with their references. For a folder built on another CPU whose float32
+references a rebuild here would change (~1e-6 .. 7e-5 for the hybrids) or refuse (qwen3_5_moe_tiny's float32
+cached-vs-uncached greedy check), e.g. --llama-cpp DIR --gguf-only --only qwen3_next_tiny qwen3_5_moe_tiny.
 """
 
 from __future__ import annotations
@@ -355,6 +364,7 @@ FIXTURES = [
             tie_word_embeddings=False,
         ),
         plant=[],  # 16 experts top-4: border tokens occur naturally (REFERENCE.md lists them)
+        llama_cpp_gguf=[""],
         # save_pretrained(save_original_format=False): experts as transformers holds them, fused 3D
         # tensors (the official Qwen3.5-MoE checkpoints' layout); the default would write experts.N.*
         fused_experts=True,
@@ -388,6 +398,7 @@ FIXTURES = [
             max_position_embeddings=1024, tie_word_embeddings=False,
         ),
         plant=[(2, 3e-5)],
+        llama_cpp_gguf=[""],
         notes="Text-only layout (`model.*`, Qwen3NextForCausalLM), experts one tensor per expert "
               "(`mlp.experts.N.{gate,up,down}_proj.weight`, what save_pretrained writes and the released "
               "Qwen3-Next checkpoints use). layer_types (full_attention_interval 4): linear_attention at 0, 1, 2, "
@@ -1300,8 +1311,12 @@ def router_group_gap(router_logits: torch.Tensor, spec: dict) -> torch.Tensor:
     return gs[:, spec["topk_group"] - 1] - gs[:, spec["topk_group"]]
 
 
-def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dict]:
-    """Returns (tensors to save, per-token stats, numbers for the report)."""
+def compute_reference(model, ids: torch.Tensor, module, greedy_tol: float = 1e-4,
+                      f64_state: dict | None = None) -> tuple[dict, dict, dict]:
+    """Returns (tensors to save, per-token stats, numbers for the report). greedy_tol: the float32 cached vs
+    uncached greedy logits tolerance (check_greedy). f64_state: parameters of the float64 model that are not the
+    float32 model's upcast (a GGUF that stores f32(1 + w) / f32(-exp(A_log)) describes, in float64, w and A_log
+    that no float32 weight holds)."""
     L = len(text_model(model).layers)
     moe = moe_layer_ids(model)
     linear = linear_attention_layer_ids(model)
@@ -1316,9 +1331,16 @@ def compute_reference(model, ids: torch.Tensor, module) -> tuple[dict, dict, dic
         r32 = forward_capture(model, ids)
     check_attention_masks(rec, windows, linear, len(ids), torch.float32)
     g_tok, g_margin, g_logits = greedy(model, ids, GREEDY_STEPS)
-    check_greedy(model, ids, g_tok, g_logits, tol=1e-4)
+    check_greedy(model, ids, g_tok, g_logits, tol=greedy_tol)
 
     m64 = copy.deepcopy(model).double().eval()
+    if f64_state:
+        sd64 = m64.state_dict()
+        assert set(f64_state) <= set(sd64), sorted(set(f64_state) - set(sd64))
+        with torch.no_grad():
+            for n, t in f64_state.items():
+                assert t.dtype == torch.float64 and t.shape == sd64[n].shape, n
+                sd64[n].copy_(t)
     r64_plain = forward_capture(m64, ids)  # plain model.double(): partly float32 inside
     with pure_float64(module):
         rec = []
@@ -2194,7 +2216,7 @@ def write_converter_tokenizer(src: Path, arch: str, vocab_size: int) -> None:
     byte fallback; LlamaModel's _set_vocab_sentencepiece). gpt_oss and deepseek_v3: a byte-level BPE tokenizer.json
     trained by HF tokenizers (GptOssModel's / DeepseekV2Model's _set_vocab_gpt2), as small as the corpus allows
     (the converter pads it to vocab_size with [PAD] tokens)."""
-    if arch in ("gpt_oss", "deepseek_v3"):
+    if arch in ("gpt_oss", "deepseek_v3", "qwen3_next", "qwen3_5_moe"):
         from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
         tok = Tokenizer(tok_models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -2219,7 +2241,10 @@ def write_converter_tokenizer(src: Path, arch: str, vocab_size: int) -> None:
 # trained here is such a one. For gpt_oss the run sets the name to "gpt-4o" (what the converter writes for
 # gpt-oss's own o200k tokenizer), for deepseek_v3 "deepseek-v3" (DeepSeek-V3's own); nothing else of the
 # converter is touched.
-CONVERTER_PRE = {"gpt_oss": "gpt-4o", "deepseek_v3": "deepseek-v3"}
+CONVERTER_PRE = {"gpt_oss": "gpt-4o", "deepseek_v3": "deepseek-v3", "qwen3_next": "qwen2", "qwen3_5_moe": "qwen35"}
+# The Qwen3-Next / Qwen3.5 converter classes count multi-token-prediction layers: a checkpoint without `mtp.*`
+# tensors and without mtp_num_hidden_layers (ours) stops on an assertion unless --no-mtp is given.
+CONVERTER_ARGS = {"qwen3_next": ["--no-mtp"], "qwen3_5_moe": ["--no-mtp"]}
 CONVERTER_RUN = """
 import runpy, sys
 root = sys.argv[1]
@@ -2231,6 +2256,13 @@ if pre:
 sys.argv = [root + "/convert_hf_to_gguf.py"] + sys.argv[3:]
 runpy.run_path(root + "/convert_hf_to_gguf.py", run_name="__main__")
 """
+
+
+# The hybrids' float32 cached-vs-uncached greedy check (check_greedy) compares transformers' chunked delta rule
+# (prompt) with its recurrent one (cached steps): float32 rounding that depends on the CPU's kernels — 6.6e-5
+# (qwen3_next_tiny) and 1.84e-4 (qwen3_5_moe_tiny, over the folders' 1e-4) on a machine where the folders were
+# not built, logits |max| ~14. Their GGUF references use 5e-4; the float64 check (1e-10) is unchanged.
+HYBRID_GGUF_GREEDY_TOL = 5e-4
 
 
 def llama_cpp_gguf(fx: dict, fdir: Path, models_dir: Path, llama_cpp: Path, model_cls, ids, module):
@@ -2249,7 +2281,16 @@ def llama_cpp_gguf(fx: dict, fdir: Path, models_dir: Path, llama_cpp: Path, mode
     * gpt_oss: a GGUF carries neither swiglu_limit nor yarn's truncate flag; llama.cpp's openai-moe graph uses
       ggml_swiglu_oai with limit 7 and alpha 1.702 and ggml's yarn floors / ceils the correction range
       (ggml_rope_yarn_corr_dims: truncate true). The reference is transformers with those two settings (the
-      fixture's own config has swiglu_limit 1.0 and truncate false)."""
+      fixture's own config has swiglu_limit 1.0 and truncate false).
+    * qwen3_next (arch qwen3next) and qwen3_5_moe (arch qwen35moe, text model only): converted with --no-mtp (the
+      checkpoints have no multi-token-prediction layers); every tensor is the checkpoint's as the converter
+      transforms it (qwen_hybrid_gguf_expected, asserted bit for bit). The zero-centred norm weights are stored
+      as f32(1 + w) and A_log as ssm_a = f32(-exp(A_log)): exactly what transformers computes from them in
+      float32, so the float32 reference is transformers on the folder; the float64 one is transformers with
+      w = GGUF - 1 and A_log = log(-ssm_a) in float64 (qwen_hybrid_gguf_f64_state), i.e. on the GGUF's values.
+      llama.cpp's graphs compute what transformers does (softmax router, top-k renormalised, sigmoid-gated shared
+      expert, NEOX rope on the first rope.dimension_count dims — qwen35moe's interleaved M-RoPE with equal text
+      positions is that rope), so no setting differs."""
     name = fdir.name
     arch = fx["arch"]
     out = models_dir / f"{name}.gguf"
@@ -2259,9 +2300,10 @@ def llama_cpp_gguf(fx: dict, fdir: Path, models_dir: Path, llama_cpp: Path, mode
         src.mkdir()
         for f in ("config.json", "generation_config.json", "model.safetensors"):
             shutil.copy(fdir / f, src / f)
-        write_converter_tokenizer(src, arch, cfg["vocab_size"])
+        write_converter_tokenizer(src, arch, text_config(cfg)["vocab_size"])
         subprocess.run([sys.executable, "-c", CONVERTER_RUN, str(llama_cpp), CONVERTER_PRE.get(arch, ""),
-                        str(src), "--outtype", "f32", "--outfile", str(out)], check=True, capture_output=True)
+                        str(src), "--outtype", "f32", "--outfile", str(out), *CONVERTER_ARGS.get(arch, [])],
+                       check=True, capture_output=True)
     rd = gguf.GGUFReader(str(out))
     if arch == "gpt_oss":
         types = {t.name: t.tensor_type.name for t in rd.tensors}
@@ -2288,6 +2330,19 @@ def llama_cpp_gguf(fx: dict, fdir: Path, models_dir: Path, llama_cpp: Path, mode
         weights = {n: t for n, t in sd.items()}
         print(f"   {name}.gguf by llama.cpp's converter: experts {want} (equal to transformers' weights), "
               "swiglu_limit 7 and yarn truncate as llama.cpp runs it")
+    elif arch in ("qwen3_next", "qwen3_5_moe"):
+        sd = np_load_file(str(fdir / "model.safetensors"))
+        check_qwen_hybrid_gguf(rd, sd, cfg, arch)
+        st64 = qwen_hybrid_gguf_f64_state(rd, sd, cfg, arch)
+        m = reload(model_cls, fdir)
+        ref, _, nums = compute_reference(m, ids, module, greedy_tol=HYBRID_GGUF_GREEDY_TOL, f64_state=st64)
+        weights = st_load_file(str(fdir / "model.safetensors"))
+        weights.update(st64)
+        gcfg = cfg
+        print(f"   {name}.gguf by llama.cpp's converter (arch {rd.fields['general.architecture'].contents()}): every "
+              "tensor equal to the checkpoint's as the converter transforms it (norms + 1, ssm_a = -exp(A_log), "
+              + ("in_proj_qkvz split into attn_qkv / attn_gate" if arch == "qwen3_next" else "v heads tiled")
+              + "); float64 reference on the GGUF's f32(1 + w) and f32(-exp(A_log))")
     elif arch == "deepseek_v3":
         check_deepseek2_gguf(rd, np_load_file(str(fdir / "model.safetensors")), cfg)
         gcfg = json.loads(json.dumps(cfg))
@@ -2373,6 +2428,161 @@ def check_deepseek2_gguf(rd, sd: dict, cfg: dict) -> None:
         assert kv.get(key) == v, (key, kv.get(key), v)
     assert math.isclose(kv["deepseek2.rope.scaling.yarn_log_multiplier"], 0.1 * rp["mscale_all_dim"], rel_tol=1e-6)
     assert "deepseek2.rope.scaling.yarn_attn_factor" not in kv  # llama.cpp derives the factors itself
+
+
+def qwen_hybrid_gguf_expected(sd: dict, cfg: dict, arch: str) -> dict[str, np.ndarray]:
+    """Every tensor llama.cpp's converter (Qwen3NextModel; Qwen3_5MoeTextModel = its _LinearAttentionVReorderBase
+    subclass) writes for a Qwen3-Next / Qwen3.5-MoE checkpoint, rebuilt here from the HF tensors in numpy (shapes
+    numpy's, GGML ne reversed), independently of the converter's torch code:
+    * every RMSNorm weight ending in `norm.weight` except the DeltaNet's gated `linear_attn.norm.weight` gets +1
+      (the zero-centred (1 + w) norms become plain ones: attn_norm, post_attention_norm, attn_q_norm,
+      attn_k_norm, output_norm); ssm_norm is the gated norm's weight as it is;
+    * A_log -> ssm_a = -exp(A_log) (float32, torch.exp as the converter computes it); dt_bias -> ssm_dt.bias;
+      conv1d.weight [C, 1, K] -> ssm_conv1d.weight [C, K] (squeezed);
+    * qwen3next: in_proj_qkvz [nk * (2 dk + 2 r dv), H] (per key head [q | k | v (r heads) | z (r heads)], r =
+      nv / nk) is split into attn_qkv [2 nk dk + nv dv, H] = [q of all key heads | k of all | v of all] (v heads
+      stay grouped by key head: v head h belongs to key head h // r) and attn_gate [nv dv, H] = z of all;
+      in_proj_ba is ssm_ba as it is (per key head [b (r) | a (r)]);
+    * qwen35moe: the v heads are reordered from grouped (h = g r + j) to tiled (h' = j nk + g, key head h' % nk)
+      in the v rows of in_proj_qkv (-> attn_qkv; q and k rows unchanged), the rows of in_proj_z (-> attn_gate),
+      in_proj_b (-> ssm_beta), in_proj_a (-> ssm_alpha), A_log (before -exp), dt_bias, the v channels of conv1d
+      and the columns of out_proj (-> ssm_out);
+    * q_proj (query and output gate per head: [nh, 2 hd] rows, q first) is attn_q unchanged; k/v/o_proj ->
+      attn_k / attn_v / attn_output;
+    * experts stacked (qwen3next: per-expert tensors, torch.stack over e) or split (qwen35moe: gate_up_proj
+      [E, 2I, H] -> ffn_gate_exps = [:, :I], ffn_up_exps = [:, I:]); down_proj -> ffn_down_exps [E, H, I];
+      mlp.gate -> ffn_gate_inp; shared_expert.{gate,up,down}_proj -> ffn_{gate,up,down}_shexp;
+      shared_expert_gate [1, H] -> ffn_gate_inp_shexp (numpy [1, H], ne {H, 1});
+    * the vision tower (model.visual.*) is dropped."""
+    tc = text_config(cfg)
+    pre = "model.language_model." if arch == "qwen3_5_moe" else "model."
+    nk, nv = tc["linear_num_key_heads"], tc["linear_num_value_heads"]
+    dk, dv, r = tc["linear_key_head_dim"], tc["linear_value_head_dim"], nv // nk
+    E = tc["num_experts"]
+    one = np.float32(1)
+
+    def tiled(a: np.ndarray, axis: int, hd: int) -> np.ndarray:  # grouped v heads [nk, r, hd] -> tiled [r, nk, hd]
+        a = np.moveaxis(a, axis, 0)
+        b = a.reshape(nk, r, hd, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
+        return np.ascontiguousarray(np.moveaxis(b, 0, axis))
+
+    reorder = arch == "qwen3_5_moe"
+    want = {"token_embd.weight": sd[pre + "embed_tokens.weight"], "output_norm.weight": sd[pre + "norm.weight"] + one,
+            "output.weight": sd["lm_head.weight"]}
+    for i, lt in enumerate(tc["layer_types"]):
+        p, b = f"{pre}layers.{i}.", f"blk.{i}."
+        want[b + "attn_norm.weight"] = sd[p + "input_layernorm.weight"] + one
+        want[b + "post_attention_norm.weight"] = sd[p + "post_attention_layernorm.weight"] + one
+        if lt == "full_attention":
+            for h, g in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+                want[b + g + ".weight"] = sd[p + f"self_attn.{h}.weight"]
+            want[b + "attn_q_norm.weight"] = sd[p + "self_attn.q_norm.weight"] + one
+            want[b + "attn_k_norm.weight"] = sd[p + "self_attn.k_norm.weight"] + one
+        else:
+            la = p + "linear_attn."
+            a_log, dt_bias = sd[la + "A_log"], sd[la + "dt_bias"]
+            conv = sd[la + "conv1d.weight"][:, 0, :]
+            out_proj = sd[la + "out_proj.weight"]
+            if reorder:
+                qkv = sd[la + "in_proj_qkv.weight"]
+                want[b + "attn_qkv.weight"] = np.concatenate([qkv[:2 * nk * dk], tiled(qkv[2 * nk * dk:], 0, dv)])
+                want[b + "attn_gate.weight"] = tiled(sd[la + "in_proj_z.weight"], 0, dv)
+                want[b + "ssm_beta.weight"] = tiled(sd[la + "in_proj_b.weight"], 0, 1)
+                want[b + "ssm_alpha.weight"] = tiled(sd[la + "in_proj_a.weight"], 0, 1)
+                a_log, dt_bias = tiled(a_log, 0, 1), tiled(dt_bias, 0, 1)
+                conv = np.concatenate([conv[:2 * nk * dk], tiled(conv[2 * nk * dk:], 0, dv)])
+                out_proj = tiled(out_proj, 1, dv)
+            else:
+                qkvz = sd[la + "in_proj_qkvz.weight"].reshape(nk, 2 * dk + 2 * r * dv, -1)
+                q, k, v, z = np.split(qkvz, [dk, 2 * dk, 2 * dk + r * dv], axis=1)
+                H = qkvz.shape[-1]
+                want[b + "attn_qkv.weight"] = np.concatenate([q.reshape(-1, H), k.reshape(-1, H), v.reshape(-1, H)])
+                want[b + "attn_gate.weight"] = np.ascontiguousarray(z.reshape(-1, H))
+                want[b + "ssm_ba.weight"] = sd[la + "in_proj_ba.weight"]
+            want[b + "ssm_a"] = (-torch.exp(torch.from_numpy(a_log))).numpy()
+            want[b + "ssm_dt.bias"] = dt_bias
+            want[b + "ssm_conv1d.weight"] = np.ascontiguousarray(conv)
+            want[b + "ssm_norm.weight"] = sd[la + "norm.weight"]
+            want[b + "ssm_out.weight"] = out_proj
+        want[b + "ffn_gate_inp.weight"] = sd[p + "mlp.gate.weight"]
+        if p + "mlp.experts.gate_up_proj" in sd:
+            gu = sd[p + "mlp.experts.gate_up_proj"]
+            I = gu.shape[1] // 2
+            want[b + "ffn_gate_exps.weight"], want[b + "ffn_up_exps.weight"] = gu[:, :I], gu[:, I:]
+            want[b + "ffn_down_exps.weight"] = sd[p + "mlp.experts.down_proj"]
+        else:
+            for w in ("gate", "up", "down"):
+                want[b + f"ffn_{w}_exps.weight"] = np.stack([sd[p + f"mlp.experts.{e}.{w}_proj.weight"] for e in range(E)])
+        for w in ("gate", "up", "down"):
+            want[b + f"ffn_{w}_shexp.weight"] = sd[p + f"mlp.shared_expert.{w}_proj.weight"]
+        want[b + "ffn_gate_inp_shexp.weight"] = sd[p + "mlp.shared_expert_gate.weight"]
+    return want
+
+
+def check_qwen_hybrid_gguf(rd, sd: dict, cfg: dict, arch: str) -> dict:
+    """llama.cpp's converter output for qwen3_next_tiny (arch qwen3next) / qwen3_5_moe_tiny (arch qwen35moe): the
+    tensor set is exactly qwen_hybrid_gguf_expected's, every tensor F32 and bit for bit equal to it, and the keys
+    llama.cpp's loader reads have the checkpoint's values. Returns the arch-prefixed keys."""
+    tc = text_config(cfg)
+    got = {t.name: np.asarray(t.data) for t in rd.tensors}
+    assert all(t.tensor_type == gguf.GGMLQuantizationType.F32 for t in rd.tensors)
+    want = qwen_hybrid_gguf_expected(sd, cfg, arch)
+    assert set(got) == set(want), sorted(set(got) ^ set(want))
+    for n, a in want.items():
+        assert got[n].shape == a.shape and np.array_equal(got[n], a), n
+    ga = "qwen35moe" if arch == "qwen3_5_moe" else "qwen3next"
+    kv = {f.name: f.contents() for f in rd.fields.values() if f.name.startswith(ga + ".")}
+    assert rd.fields["general.architecture"].contents() == ga
+    rp = tc["rope_parameters"]
+    expect = {"block_count": tc["num_hidden_layers"], "embedding_length": tc["hidden_size"],
+              "attention.head_count": tc["num_attention_heads"], "attention.head_count_kv": tc["num_key_value_heads"],
+              "attention.key_length": tc["head_dim"], "attention.value_length": tc["head_dim"],
+              "expert_count": tc["num_experts"], "expert_used_count": tc["num_experts_per_tok"],
+              "expert_feed_forward_length": tc["moe_intermediate_size"],
+              "expert_shared_feed_forward_length": tc["shared_expert_intermediate_size"],
+              "ssm.conv_kernel": tc["linear_conv_kernel_dim"], "ssm.state_size": tc["linear_key_head_dim"],
+              "ssm.group_count": tc["linear_num_key_heads"], "ssm.time_step_rank": tc["linear_num_value_heads"],
+              "ssm.inner_size": tc["linear_num_value_heads"] * tc["linear_value_head_dim"],
+              "attention.recurrent_layers": [t == "linear_attention" for t in tc["layer_types"]],
+              "rope.dimension_count": int(tc["head_dim"] * rp["partial_rotary_factor"])}
+    if "mrope_section" in rp:
+        expect["rope.dimension_sections"] = list(rp["mrope_section"]) + [0] * (4 - len(rp["mrope_section"]))
+    for key, v in expect.items():
+        assert kv.get(f"{ga}.{key}") == v, (key, kv.get(f"{ga}.{key}"), v)
+    assert kv[f"{ga}.rope.freq_base"] == np.float32(rp["rope_theta"])
+    assert kv[f"{ga}.attention.layer_norm_rms_epsilon"] == np.float32(tc["rms_norm_eps"])
+    # llama.cpp's head_v_dim is ssm.state_size (= linear_key_head_dim): the fixtures have dk = dv
+    assert tc["linear_key_head_dim"] == tc["linear_value_head_dim"]
+    return kv
+
+
+def qwen_hybrid_gguf_f64_state(rd, sd: dict, cfg: dict, arch: str) -> dict[str, torch.Tensor]:
+    """The float64 HF parameters that the hybrid GGUF describes where its values are not the checkpoint's: the
+    zero-centred norm weights w = (GGUF weight) - 1 and A_log = log(-ssm_a), in float64 (ssm_a back in the
+    grouped v-head order for qwen35moe). In float32 transformers computes f32(1 + w) and f32(-exp(A_log)) from
+    the checkpoint's w and A_log — the GGUF's values bit for bit (check_qwen_hybrid_gguf) — but in float64 it
+    would use 1 + w and -exp(A_log) unrounded, which differ from the GGUF's values by up to half a float32 ulp."""
+    tc = text_config(cfg)
+    pre = "model.language_model." if arch == "qwen3_5_moe" else "model."
+    nk, nv = tc["linear_num_key_heads"], tc["linear_num_value_heads"]
+    got = {t.name: np.asarray(t.data).astype(np.float64) for t in rd.tensors}
+    st = {pre + "norm.weight": got["output_norm.weight"] - 1.0}
+    for i, lt in enumerate(tc["layer_types"]):
+        p, b = f"{pre}layers.{i}.", f"blk.{i}."
+        st[p + "input_layernorm.weight"] = got[b + "attn_norm.weight"] - 1.0
+        st[p + "post_attention_layernorm.weight"] = got[b + "post_attention_norm.weight"] - 1.0
+        if lt == "full_attention":
+            st[p + "self_attn.q_norm.weight"] = got[b + "attn_q_norm.weight"] - 1.0
+            st[p + "self_attn.k_norm.weight"] = got[b + "attn_k_norm.weight"] - 1.0
+        else:
+            ssm_a = got[b + "ssm_a"]
+            if arch == "qwen3_5_moe":  # tiled h' = j nk + g back to grouped h = g r + j
+                ssm_a = ssm_a.reshape(nv // nk, nk).T.reshape(-1)
+            st[p + "linear_attn.A_log"] = np.log(-ssm_a)
+    for n, a in st.items():  # the float32 checkpoint value is these rounded (norms) / within a float32 ulp (A_log)
+        w = sd[n].astype(np.float64)
+        assert np.abs(a - w).max() <= (2.0 ** -23 if n.endswith("A_log") else 2.0 ** -24) * np.maximum(1, np.abs(w)).max(), n
+    return {n: torch.from_numpy(np.ascontiguousarray(a)) for n, a in st.items()}
 
 
 def reload(model_cls, path: Path, dtype=torch.float32):
@@ -2590,10 +2800,16 @@ def main() -> None:
                     help="llama.cpp's source tree (vendored in the llama-cpp-python sdist: pip download --no-deps "
                          "--no-binary :all: llama-cpp-python) to also write the GGUF that its converter makes of the "
                          "fixtures marked llama_cpp_gguf, with its reference")
+    ap.add_argument("--gguf-only", action="store_true",
+                    help="with --llama-cpp: do not rebuild the fixture folders; write only the GGUFs llama.cpp's "
+                         "converter makes of the folders as they are on disk (fixtures marked llama_cpp_gguf), with "
+                         "their references (a folder rebuilt on another CPU may differ by float32 rounding)")
     ap.add_argument("--only", nargs="+", metavar="NAME", choices=[fx["name"] for fx in FIXTURES],
                     help="build only these fixtures (with their _bf16 / .gguf variants) and leave every other "
                          "fixture's files as they are; models/README.md is rebuilt from the files on disk")
     args = ap.parse_args()
+    if args.gguf_only and not args.llama_cpp:
+        ap.error("--gguf-only needs --llama-cpp DIR")
     setup_torch()
     out_root = Path(args.out)
     models_dir = out_root / "models"
@@ -2614,6 +2830,12 @@ def main() -> None:
     for fx in built:
         name = fx["name"]
         print(f"== {name}", flush=True)
+        if args.gguf_only:
+            _, model_cls, module = ARCH[fx["arch"]]
+            for variant in fx.get("llama_cpp_gguf", []):
+                summary.append(llama_cpp_gguf(fx, models_dir / (name + variant), models_dir, Path(args.llama_cpp),
+                                              model_cls, ids, module))
+            continue
         model, module = build_model(fx)
         model_cls = ARCH[fx["arch"]][1]
         planted = plant_border_tokens(model, ids, module, fx.get("plant", []))
@@ -2755,7 +2977,24 @@ def main() -> None:
               "mscale, only `rope.scaling.yarn_log_multiplier` = 0.1 · mscale_all_dim; llama.cpp then computes as if "
               "mscale = mscale_all_dim (cos/sin factor 1, softmax scale still yarn_get_mscale(factor, "
               "mscale_all_dim)² / sqrt(qk head dim)), so `deepseek_v3_tiny.gguf.reference.safetensors` is "
-              "transformers with mscale 1.0 — not the folder's 0.707.", "",
+              "transformers with mscale 1.0 — not the folder's 0.707. `qwen3_next_tiny.gguf` (arch `qwen3next`) and "
+              "`qwen3_5_moe_tiny.gguf` (arch `qwen35moe`, the text model of the wrapper; vision tower dropped): the "
+              "same converter's output (`--no-mtp`, byte-level BPE tokenizers trained for them, pre-tokenizers "
+              "named `qwen2` / `qwen35`), every tensor F32 and equal to the checkpoint's as the converter transforms "
+              "it (asserted): zero-centred norm weights stored as f32(1 + w) (attn_norm, post_attention_norm, "
+              "attn_q_norm, attn_k_norm, output_norm; the gated `ssm_norm` as it is), `ssm_a` = f32(-exp(A_log)), "
+              "`ssm_dt.bias` = dt_bias, `ssm_conv1d` squeezed to [channels, K], `attn_q` = q_proj with its "
+              "per-head output gate, experts stacked / split into `ffn_{gate,up,down}_exps`, the shared expert "
+              "`ffn_*_shexp` with `ffn_gate_inp_shexp`. qwen3next: in_proj_qkvz split into `attn_qkv` ([q of all "
+              "key heads | k | v], v heads grouped by key head) and `attn_gate` (z), `ssm_ba` = in_proj_ba as it is "
+              "(per key head [b | a]). qwen35moe: v heads reordered from grouped (h = g·r + j) to tiled (j·n_k + g) "
+              "in attn_qkv's v rows, attn_gate, `ssm_beta`, `ssm_alpha`, ssm_a, ssm_dt, conv1d's v channels and "
+              "ssm_out's columns. Layer kinds: `attention.recurrent_layers` (qwen35moe's `full_attention_interval` "
+              "is the converter's default 4, wrong for this fixture; llama.cpp reads recurrent_layers first). "
+              "Their references (`*.gguf.reference.safetensors`): float32 = transformers on the folder (which "
+              "computes exactly the GGUF's f32(1 + w) and f32(-exp(A_log))); float64 = transformers with w = GGUF − 1 "
+              "and A_log = log(−ssm_a) in float64 — the folders' f64 references use the unrounded 1 + w and "
+              "differ from these by up to 1.8e-5 in the logits.", "",
               "DeepSeek-V3 family notes (deepseek_v3_tiny, kimi_k2_tiny, glm4_moe_tiny): sigmoid routers with a "
               "nonzero `mlp.gate.e_score_correction_bias` used for the expert SELECTION only (groups: n_group / "
               "topk_group, group score = sum of a group's two largest sigmoid(z) + b), combine weights = sigmoid(z) of "
