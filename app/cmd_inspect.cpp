@@ -296,11 +296,13 @@ void run_inspect(const InspectOptions& opt) {
     if (!c.linear_attention_layers.empty())
         std::cout << fmt::format(
             "hybrid: {} Gated DeltaNet layers (conv kernel {}, {} key heads × {}, {} value heads × {}) and {} gated "
-            "full-attention layers (output gate, rope on {:g} of head dim, RMSNorm weights 1 + w){}\n",
+            "full-attention layers (output gate, rope on {:g} of head dim, {}){}\n",
             std::count(c.linear_attention_layers.begin(), c.linear_attention_layers.end(), true), c.linear.conv_kernel,
             c.linear.key_heads, c.linear.key_head_dim, c.linear.value_heads, c.linear.value_head_dim,
             std::count(c.linear_attention_layers.begin(), c.linear_attention_layers.end(), false),
-            c.partial_rotary_factor, full_forward(c) ? "" : "; full forward pass not implemented yet: layer-level steps");
+            c.partial_rotary_factor,
+            c.norm_weight_offset ? "RMSNorm weights w, scaling by 1 + w" : "RMSNorm scales 1 + w stored as such (llama.cpp's converter)",
+            full_forward(c) ? "" : "; full forward pass not implemented yet: layer-level steps");
     if (c.fused_experts) std::cout << "experts stored fused ([E, 2I, H] gate_up_proj, [E, H, I] down_proj), read per expert\n";
     if (c.architecture == Architecture::gpt_oss)
         std::cout << fmt::format(

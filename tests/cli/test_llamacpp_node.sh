@@ -12,6 +12,9 @@
 #    check of those semantics. gpt_oss_tiny_mxfp4.gguf: llama.cpp's logits are
 #    far outside the oracle's f32 tolerances there (unfit), which the report
 #    shows (README: Q8_0 activations explain part of it).
+#  * deepseek_v3_tiny.gguf (MLA, arch deepseek2), qwen3_next_tiny.gguf and
+#    qwen3_5_moe_tiny.gguf (Gated DeltaNet hybrids): llama.cpp's graphs agree
+#    with kvasir's reading of the converter's files to ~2e-5 on the logits.
 #  * llama-perplexity --kl-divergence's statistics: every figure it prints
 #    equals kvasir's perplexity step on the same token stream (its own base
 #    file's), llama.cpp's uint16 base rounding applied (tests/cli/llamacpp_kld_check.py).
@@ -130,6 +133,26 @@ check "gpt_oss_tiny_mxfp4.gguf: llama.cpp's MXFP4 arithmetic moves the logits fa
 import json,sys; d=json.load(open(sys.argv[1])); r=d['steps']['logits']['results'][0]['linf']['max']
 v=[x['verdict'] for x in d['nodes'] if x['verdict']!='reference'][0]
 print('linf', r, v); assert r > 1e-2 and v in ('unfit', 'unfit-sensitive'), (r, v)" "$tmp/gpt_oss_tiny_mxfp4.json"
+
+# --- DeepSeek-V3 (MLA) and the Qwen hybrids: llama.cpp's graphs vs kvasir's reading of the converter's GGUFs --
+# deepseek2: attn_k_b / attn_v_b reassembled into kv_b_proj, yarn's mscale correction from yarn_log_multiplier,
+# the grouped sigmoid router with exp_probs_b; qwen3next / qwen35moe: Gated DeltaNet from attn_qkv / attn_gate /
+# ssm_* (qwen35moe's tiled v heads put back in HF order), norms stored as 1 + w, ssm_a = −exp(A_log).
+# llama.cpp computes the same models (teacher-forced, F32 KV, no flash attention).
+for g in deepseek_v3_tiny qwen3_next_tiny qwen3_5_moe_tiny; do
+  m=fixtures/models/$g.gguf
+  "$bin" capture -p "$tf" -m $m -b cpu-ref -o "$tmp/$g.ref.safetensors" >/dev/null 2>&1
+  "$py" scripts/llamacpp_node.py -p "$tf" --kvasir "$bin" -q -m $m -o "$tmp/$g.f32.safetensors" --flash-attn off \
+    --kv-type f32 --reference-capture "$tmp/$g.ref.safetensors"
+  "$bin" compare -p "$tf" "$tmp/$g.ref.safetensors" "$tmp/$g.f32.safetensors" -o "$tmp/$g.json" >/dev/null 2>&1
+  check "$g.gguf: llama.cpp agrees with kvasir's reading to < 1e-4 on the logits; all but batch invariance pass" \
+    python3 -c "
+import json,sys; d=json.load(open(sys.argv[1])); r=d['steps']['logits']['results'][0]['linf']['max']
+n=[x for x in d['nodes'] if x['verdict']!='reference'][0]
+bad=[c['criterion'] for t in ('sensitive','tolerant') for c in n['criteria'][t] if not c['pass']]
+print('linf', r); assert r < 1e-4 and bad in ([], ['invariance.batch_max_rel']), (r, bad)
+assert d['steps']['generate']['results'][0]['teacher_forced_divergences'] == 0, d['steps']['generate']" "$tmp/$g.json"
+done
 
 # --- llama-perplexity's statistics, same definitions -------------------------------------------
 # llama-perplexity scores llama_tiny.gguf on a text (F32 KV, no flash attention) and keeps its base file;

@@ -901,7 +901,7 @@ TEST(GgufModel, UnsupportedArchitectureListsSupported) {
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ErrorCode::unsupported);
         EXPECT_NE(std::string(e.what()).find(
-                      "architecture 'test' is not supported (supported: qwen2moe, qwen3moe, llama, gpt-oss, deepseek2)"),
+                      "architecture 'test' is not supported (supported: qwen2moe, qwen3moe, llama, gpt-oss, deepseek2, qwen3next, qwen35moe)"),
                   std::string::npos)
             << e.what();
     }
@@ -971,6 +971,54 @@ TEST(GgufModel, DeepSeek2ConvertedByLlamaCppIsTheHuggingFaceModel) {
             EXPECT_EQ(std::memcmp(a.experts[e].down.data, b.experts[e].down.data,
                                   static_cast<std::size_t>(a.experts[e].down.numel()) * 4), 0)
                 << "layer " << l << " expert " << e;
+    }
+}
+
+TEST(GgufModel, HybridsConvertedByLlamaCppAreTheHuggingFaceModels) {
+    // qwen3_5_moe_tiny.gguf (qwen35moe): the converter tiles the v heads (file head j·nk + g is HF head g·r + j)
+    // and stores norms as f32(1 + w), ssm_a = −exp(A_log); read back, every DeltaNet tensor is the checkpoint's
+    // bit for bit, the norms are f32(1 + w) and exp(A_log) is −ssm_a.
+    const std::string dir = std::string(KVASIR_SOURCE_DIR) + "/fixtures/models/";
+    for (const char* name : {"qwen3_5_moe_tiny", "qwen3_next_tiny"}) {
+        const std::string path = dir + name + ".gguf";
+        const GgufFile f = GgufFile::open(path);
+        const GgufModelParams p = read_gguf_model_params(f);
+        EXPECT_EQ(p.ssm_conv_kernel, 4) << name;
+        EXPECT_EQ(p.ssm_state_size, 16) << name;
+        EXPECT_EQ(p.ssm_group_count, 2) << name;
+        EXPECT_EQ(p.ssm_time_step_rank, 4) << name;
+        const Model g = Model::open(path);
+        const Model hf = Model::open(dir + name);
+        const ModelConfig& c = g.config();
+        EXPECT_EQ(c.linear_attention_layers, hf.config().linear_attention_layers) << name;
+        EXPECT_EQ(c.partial_rotary_factor, 0.25) << name;
+        EXPECT_FALSE(c.norm_weight_offset) << name;  // the file holds the scales 1 + w
+        EXPECT_TRUE(c.attention_output_gate) << name;
+        for (std::int64_t l = 0; l < c.num_layers; ++l) {
+            const LayerWeights& a = g.layer(l);
+            const LayerWeights& b = hf.layer(l);
+            const auto same = [&](const TensorView& x, const TensorView& y, const char* what) {
+                ASSERT_EQ(x.numel(), y.numel()) << name << " layer " << l << " " << what;
+                EXPECT_EQ(std::memcmp(x.data, y.data, static_cast<std::size_t>(x.numel()) * dtype_size(x.dtype)), 0)
+                    << name << " layer " << l << " " << what;
+            };
+            for (std::int64_t i = 0; i < b.input_norm.numel(); ++i)
+                EXPECT_EQ(a.input_norm.at(i), static_cast<double>(static_cast<float>(1.0f + static_cast<float>(b.input_norm.at(i)))))
+                    << name << " layer " << l;
+            if (!a.linear_attention) continue;
+            for (std::int64_t h = 0; h < b.a_log.numel(); ++h)
+                EXPECT_NEAR(std::exp(a.a_log.at(h)), std::exp(b.a_log.at(h)), 1e-7 * std::exp(b.a_log.at(h))) << name;
+            same(a.dt_bias, b.dt_bias, "dt_bias");
+            same(a.linear_norm, b.linear_norm, "norm");
+            same(a.out_proj, b.out_proj, "out_proj");
+            same(a.conv1d, b.conv1d, "conv1d");
+            if (std::string(name) == "qwen3_5_moe_tiny") {  // the checkpoint's own layout: in_proj_qkv / z / b / a
+                same(a.in_proj_qkv, b.in_proj_qkv, "in_proj_qkv");
+                same(a.in_proj_z, b.in_proj_z, "in_proj_z");
+                same(a.in_proj_b, b.in_proj_b, "in_proj_b");
+                same(a.in_proj_a, b.in_proj_a, "in_proj_a");
+            }
+        }
     }
 }
 

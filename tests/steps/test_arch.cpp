@@ -125,7 +125,8 @@ TEST(Architectures, EachFixtureHasItsFamily) {
              {"olmoe_tiny", Architecture::olmoe}, {"gpt_oss_tiny", Architecture::gpt_oss},
              {"llama_tiny.gguf", Architecture::llama}, {"deepseek_v3_tiny", Architecture::deepseek_v3},
              {"kimi_k2_tiny", Architecture::deepseek_v3}, {"glm4_moe_tiny", Architecture::glm4_moe},
-             {"deepseek_v3_tiny.gguf", Architecture::deepseek_v3}}) {
+             {"deepseek_v3_tiny.gguf", Architecture::deepseek_v3}, {"qwen3_next_tiny.gguf", Architecture::qwen3_next},
+             {"qwen3_5_moe_tiny.gguf", Architecture::qwen3_5_moe}}) {
         const Model m = Model::open((kModels / name).string());
         EXPECT_EQ(arch::architecture_for(m.config()).id(), expect) << name;
     }

@@ -121,6 +121,12 @@ const std::vector<Fixture>& fixtures() {
         // the same weights with mscale = mscale_all_dim, the model the file describes).
         {"deepseek_v3_tiny.gguf", (kModels / "deepseek_v3_tiny.gguf").string(),
          (kModels / "deepseek_v3_tiny.gguf.reference.safetensors").string()},
+        // The hybrids converted by llama.cpp's converter (qwen3next; qwen35moe with its v heads tiled): norms
+        // stored as f32(1 + w), ssm_a = −exp(A_log) — the f64 reference is transformers on those values.
+        {"qwen3_next_tiny.gguf", (kModels / "qwen3_next_tiny.gguf").string(),
+         (kModels / "qwen3_next_tiny.gguf.reference.safetensors").string(), 3e-5, 1.5},
+        {"qwen3_5_moe_tiny.gguf", (kModels / "qwen3_5_moe_tiny.gguf").string(),
+         (kModels / "qwen3_5_moe_tiny.gguf.reference.safetensors").string(), 3e-5, 1.5},
     };
     return all;
 }

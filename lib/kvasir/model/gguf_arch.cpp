@@ -28,7 +28,7 @@ struct RoleName {
     bool expert_stacked;
 };
 // llama.cpp's names (src/llama-arch.cpp LLM_TENSOR_NAMES), base part only.
-constexpr std::array<RoleName, 32> kRoleNames = {{
+constexpr std::array<RoleName, 42> kRoleNames = {{
     {"token_embd", GgufRole::token_embd, false, false},
     {"output_norm", GgufRole::output_norm, false, false},
     {"output", GgufRole::output, false, false},
@@ -61,6 +61,16 @@ constexpr std::array<RoleName, 32> kRoleNames = {{
     {"attn_kv_a_norm", GgufRole::attn_kv_a_norm, true, false},
     {"attn_k_b", GgufRole::attn_k_b, true, false},
     {"attn_v_b", GgufRole::attn_v_b, true, false},
+    {"attn_qkv", GgufRole::attn_qkv, true, false},
+    {"attn_gate", GgufRole::attn_gate, true, false},
+    {"ssm_ba", GgufRole::ssm_ba, true, false},
+    {"ssm_beta", GgufRole::ssm_beta, true, false},
+    {"ssm_alpha", GgufRole::ssm_alpha, true, false},
+    {"ssm_conv1d", GgufRole::ssm_conv1d, true, false},
+    {"ssm_a", GgufRole::ssm_a, true, false},
+    {"ssm_dt", GgufRole::ssm_dt, true, false},
+    {"ssm_norm", GgufRole::ssm_norm, true, false},
+    {"ssm_out", GgufRole::ssm_out, true, false},
 }};
 
 // A plain non-negative decimal below 2^31 (no sign, no leading zeros except "0").
@@ -97,7 +107,7 @@ std::optional<GgufTensorRole> gguf_tensor_role(std::string_view name) {
     } else if (name.ends_with(".bias")) {
         name.remove_suffix(5);
         out.bias = true;
-    } else {
+    } else if (!(name.starts_with("blk.") && name.ends_with(".ssm_a"))) {  // llama.cpp stores ssm_a bare
         return std::nullopt;
     }
     if (!name.starts_with("blk.")) {
@@ -132,14 +142,17 @@ std::optional<GgufTensorRole> gguf_tensor_role(std::string_view name) {
 // Hyperparameters
 // ---------------------------------------------------------------------------
 
-std::string_view gguf_supported_architectures() noexcept { return "qwen2moe, qwen3moe, llama, gpt-oss, deepseek2"; }
+std::string_view gguf_supported_architectures() noexcept {
+    return "qwen2moe, qwen3moe, llama, gpt-oss, deepseek2, qwen3next, qwen35moe";
+}
 
 GgufModelParams read_gguf_model_params(const GgufFile& file) {
     GgufModelParams p;
     const std::string& fname = file.name();
     p.architecture = file.get_string("general.architecture");
     const std::string& arch = p.architecture;
-    if (arch != "qwen2moe" && arch != "qwen3moe" && arch != "llama" && arch != "gpt-oss" && arch != "deepseek2")
+    if (arch != "qwen2moe" && arch != "qwen3moe" && arch != "llama" && arch != "gpt-oss" && arch != "deepseek2" &&
+        arch != "qwen3next" && arch != "qwen35moe")
         fail(ErrorCode::unsupported, "{}: architecture '{}' is not supported (supported: {})", fname, printable(arch),
              gguf_supported_architectures());
     const auto key = [&](std::string_view suffix) { return fmt::format("{}.{}", arch, suffix); };
@@ -211,6 +224,26 @@ GgufModelParams read_gguf_model_params(const GgufFile& file) {
             positive("expert_feed_forward_length", opt_int("expert_feed_forward_length", p.feed_forward_length));
     }
     p.expert_shared_feed_forward_length = opt_int("expert_shared_feed_forward_length", 0);
+    if (arch == "qwen3next" || arch == "qwen35moe") {
+        // llama.cpp's hybrid hparams (llama_model::load_hparams): the DeltaNet's widths and the layer pattern.
+        const auto width = [&](std::string_view suffix) { return positive(suffix, file.get_int(key(suffix))); };
+        p.ssm_conv_kernel = width("ssm.conv_kernel");
+        p.ssm_state_size = width("ssm.state_size");
+        p.ssm_group_count = width("ssm.group_count");
+        p.ssm_time_step_rank = width("ssm.time_step_rank");
+        p.ssm_inner_size = width("ssm.inner_size");
+        p.rope_dimension_count = positive("rope.dimension_count", file.get_int(key("rope.dimension_count")));
+        const std::string k = key("attention.recurrent_layers");
+        const GgufValue& v = file.get(k);
+        if (!v.is_array() || v.array_type() != GgufType::boolean ||
+            v.array_size() != static_cast<std::size_t>(p.block_count))
+            fail(ErrorCode::bad_input, "{}: {} is {}, not {} booleans (one per layer)", fname, k, v.summary(0),
+                 p.block_count);
+        p.recurrent_layers = file.get_array_bool(k);
+        if (p.ssm_inner_size != p.ssm_time_step_rank * p.ssm_state_size || p.ssm_time_step_rank % p.ssm_group_count != 0)
+            fail(ErrorCode::bad_input, "{}: ssm widths disagree: inner_size {} for {} value heads of {}, {} key heads",
+                 fname, p.ssm_inner_size, p.ssm_time_step_rank, p.ssm_state_size, p.ssm_group_count);
+    }
     if (arch == "deepseek2") {
         // llama.cpp's deepseek2 hparams (llama_model::load_hparams / src/models/deepseek2.cpp).
         const auto in = [&](std::string_view suffix, std::int64_t v, std::int64_t lo) {

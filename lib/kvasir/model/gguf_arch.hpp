@@ -49,6 +49,10 @@ enum class GgufRole {
     // the shared rope key and its norm, and kv_b_proj split per head into attn_k_b [nh, kv_lora, nope]
     // (transposed) and attn_v_b [nh, v, kv_lora].
     attn_q_a, attn_q_a_norm, attn_q_b, attn_kv_a_mqa, attn_kv_a_norm, attn_k_b, attn_v_b,
+    // qwen3next / qwen35moe Gated DeltaNet layers (llama.cpp's converter): attn_qkv [q | k | v], attn_gate
+    // (z), ssm_ba (qwen3next: per key head [b | a]) or ssm_beta + ssm_alpha (qwen35moe), ssm_conv1d [C, K],
+    // ssm_a = −exp(A_log) (stored without a .weight suffix), ssm_dt (.bias: dt_bias), ssm_norm, ssm_out.
+    attn_qkv, attn_gate, ssm_ba, ssm_beta, ssm_alpha, ssm_conv1d, ssm_a, ssm_dt, ssm_norm, ssm_out,
 };
 std::string_view gguf_role_name(GgufRole role) noexcept;  // the llama.cpp base name, e.g. "ffn_up_exps"
 
@@ -111,6 +115,12 @@ struct GgufModelParams {
     std::int64_t expert_group_count = 1, expert_group_used_count = 1, expert_gating_func = 0;
     std::int64_t leading_dense_block_count = 0, expert_shared_count = 0;
     double expert_weights_scale = 1.0;
+    // qwen3next / qwen35moe: the Gated DeltaNet's widths (ssm.conv_kernel; state_size = the key and value
+    // head dim; group_count = key heads; time_step_rank = value heads; inner_size = value heads × dim) and
+    // which layers are linear attention (attention.recurrent_layers, one bool per layer).
+    std::int64_t ssm_conv_kernel = 0, ssm_state_size = 0, ssm_group_count = 0, ssm_time_step_rank = 0,
+                 ssm_inner_size = 0;
+    std::vector<bool> recurrent_layers;
 };
 
 // Supported architectures, for messages: "qwen2moe, qwen3moe, llama, gpt-oss".

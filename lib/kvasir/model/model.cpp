@@ -290,9 +290,13 @@ ModelConfig model_config_from_gguf(const GgufFile& file, const std::string& path
         c.architecture = Architecture::gpt_oss;
     } else if (p.architecture == "deepseek2" && p.expert_count > 0) {
         c.architecture = Architecture::deepseek_v3;
+    } else if (p.architecture == "qwen3next" && p.expert_count > 0) {
+        c.architecture = Architecture::qwen3_next;
+    } else if (p.architecture == "qwen35moe" && p.expert_count > 0) {
+        c.architecture = Architecture::qwen3_5_moe;
     } else {
-        fail(ErrorCode::unsupported, "{}: GGUF architecture '{}' without experts is not supported (supported: qwen2moe, "
-             "qwen3moe, llama dense or with experts = mixtral)", path, p.architecture);
+        fail(ErrorCode::unsupported, "{}: GGUF architecture '{}' without experts is not supported (supported: {}; only llama "
+             "may be dense)", path, p.architecture, gguf_supported_architectures());
     }
     const std::string& a = p.architecture;
     c.hidden_size = p.embedding_length;
@@ -342,6 +346,21 @@ ModelConfig model_config_from_gguf(const GgufFile& file, const std::string& path
         }
     }
     c.qk_norm = p.qk_norm;
+    if (!p.recurrent_layers.empty()) {
+        // qwen3next / qwen35moe as llama.cpp's converter writes them: gated full attention (q_proj's per-head
+        // gate, q/k norm, rope on rope.dimension_count dims), Gated DeltaNet on the recurrent layers. The
+        // converter stores every zero-centred RMSNorm weight as f32(1 + w): the file's weights are the scales
+        // (norm_weight_offset off) — the DeltaNet's gated norm was never offset and is stored as it is.
+        c.attention_output_gate = true;
+        c.qk_norm = true;
+        c.norm_weight_offset = false;
+        c.partial_rotary_factor = static_cast<double>(p.rope_dimension_count) / static_cast<double>(p.key_length);
+        c.linear_attention_layers = p.recurrent_layers;
+        c.linear.conv_kernel = p.ssm_conv_kernel;
+        c.linear.key_head_dim = c.linear.value_head_dim = p.ssm_state_size;
+        c.linear.key_heads = p.ssm_group_count;
+        c.linear.value_heads = p.ssm_time_step_rank;
+    }
     for (const GgufTensor& t : file.tensors()) {
         const auto r = gguf_tensor_role(t.name);
         if (!r || !r->bias) continue;
@@ -467,6 +486,12 @@ struct Model::Impl {
 
     // --- name lists ---------------------------------------------------------
     std::vector<std::string> gguf_layer_names(std::int64_t l) const;
+    // The RMSNorm before the MLP: llama.cpp names it ffn_norm, or post_attention_norm in the architectures
+    // whose converter says so (gpt-oss, qwen3next, qwen35moe).
+    std::string gguf_post_attention_norm(std::int64_t l) const {
+        const std::string p = fmt::format("blk.{}.post_attention_norm.weight", l);
+        return gg->find_tensor(p) != nullptr ? p : fmt::format("blk.{}.ffn_norm.weight", l);
+    }
     bool gguf_stacked(std::int64_t l) const {
         return gg->find_tensor(fmt::format("blk.{}.ffn_gate_exps.weight", l)) != nullptr;
     }
@@ -482,6 +507,7 @@ struct Model::Impl {
     TensorView keep(Tensor t, WeightOrigin origin = WeightOrigin::none) const;
     LayerWeights load_gguf(std::int64_t l) const;
     void load_gguf_mla(std::int64_t l, LayerWeights& w) const;
+    void load_gguf_deltanet(std::int64_t l, LayerWeights& w) const;
     void check_present() const;
 };
 
@@ -536,19 +562,26 @@ std::vector<std::string> Model::Impl::gguf_layer_names(std::int64_t l) const {
     auto w = [&](std::string_view base) { return fmt::format("blk.{}.{}.weight", l, base); };
     auto b = [&](std::string_view base) { return fmt::format("blk.{}.{}.bias", l, base); };
     const bool oss = c.architecture == Architecture::gpt_oss;
-    std::vector<std::string> n{w("attn_norm"), w(oss ? "post_attention_norm" : "ffn_norm"), w("attn_output")};
-    if (c.has_mla()) {
-        n.insert(n.end(), {w("attn_kv_a_mqa"), w("attn_kv_a_norm"), w("attn_k_b"), w("attn_v_b")});
+    std::vector<std::string> n{w("attn_norm"), gguf_post_attention_norm(l)};
+    if (c.is_linear_attention(l)) {
+        n.insert(n.end(), {w("attn_qkv"), w("attn_gate"), w("ssm_conv1d"), fmt::format("blk.{}.ssm_a", l), b("ssm_dt"),
+                           w("ssm_norm"), w("ssm_out")});
+        if (c.architecture == Architecture::qwen3_5_moe)
+            n.insert(n.end(), {w("ssm_beta"), w("ssm_alpha")});
+        else
+            n.push_back(w("ssm_ba"));
+    } else if (c.has_mla()) {
+        n.insert(n.end(), {w("attn_output"), w("attn_kv_a_mqa"), w("attn_kv_a_norm"), w("attn_k_b"), w("attn_v_b")});
         if (c.mla.q_lora_rank > 0)
             n.insert(n.end(), {w("attn_q_a"), w("attn_q_a_norm"), w("attn_q_b")});
         else
             n.push_back(w("attn_q"));
     } else {
-        n.insert(n.end(), {w("attn_q"), w("attn_k"), w("attn_v")});
+        n.insert(n.end(), {w("attn_output"), w("attn_q"), w("attn_k"), w("attn_v")});
     }
     if (c.attention_bias && !c.has_mla()) n.insert(n.end(), {b("attn_q"), b("attn_k"), b("attn_v")});
     if (c.attention_out_bias) n.push_back(b("attn_output"));
-    if (c.qk_norm) n.insert(n.end(), {w("attn_q_norm"), w("attn_k_norm")});
+    if (c.qk_norm && !c.is_linear_attention(l)) n.insert(n.end(), {w("attn_q_norm"), w("attn_k_norm")});
     if (c.attention_sinks) n.push_back(w("attn_sinks"));
     if (!c.is_moe(l)) {
         n.insert(n.end(), {w("ffn_gate"), w("ffn_up"), w("ffn_down")});
@@ -759,6 +792,103 @@ void Model::Impl::load_gguf_mla(std::int64_t l, LayerWeights& w) const {
     w.kv_b_proj = keep(std::move(kv));
 }
 
+namespace {
+
+// t [rows, cols] (a vector: [rows, 1]) with the `heads` blocks of `block` rows starting at row `first`
+// (axis 0) or of `block` columns from column `first` (axis 1) put in HF order: HF block h is the file's
+// block src[h]. Exact data movement in the file's dtype.
+Tensor reorder_heads(const TensorView& t, int axis, std::int64_t first, std::int64_t block,
+                     const std::vector<std::int64_t>& src) {
+    const std::int64_t rows = t.shape[0], cols = t.rank() > 1 ? t.shape[1] : 1;
+    Tensor out(t.dtype, t.shape);
+    const std::size_t es = dtype_size(t.dtype);
+    std::memcpy(out.raw(), t.data, static_cast<std::size_t>(rows * cols) * es);
+    auto* o = static_cast<std::byte*>(out.raw());
+    const auto* in = static_cast<const std::byte*>(t.data);
+    for (std::size_t h = 0; h < src.size(); ++h)
+        for (std::int64_t i = 0; i < block; ++i) {
+            if (axis == 0) {
+                const std::int64_t to = first + static_cast<std::int64_t>(h) * block + i, from = first + src[h] * block + i;
+                std::memcpy(o + static_cast<std::size_t>(to * cols) * es, in + static_cast<std::size_t>(from * cols) * es,
+                            static_cast<std::size_t>(cols) * es);
+            } else {
+                const std::int64_t to = first + static_cast<std::int64_t>(h) * block + i, from = first + src[h] * block + i;
+                for (std::int64_t r = 0; r < rows; ++r)
+                    std::memcpy(o + static_cast<std::size_t>(r * cols + to) * es,
+                                in + static_cast<std::size_t>(r * cols + from) * es, es);
+            }
+        }
+    return out;
+}
+
+}  // namespace
+
+// A Gated DeltaNet layer as llama.cpp's converter writes it (qwen3next, qwen35moe), back in the form
+// transformers' Qwen3_5MoeGatedDeltaNet computes with (the in_proj_qkv / z / b / a path of the graph):
+//   attn_qkv [q (nk·dk) | k | v (nv·dv)], attn_gate = z, ssm_conv1d [C, K] (= conv1d [C, 1, K]), ssm_dt = dt_bias,
+//   ssm_norm, ssm_out = out_proj — as they are for qwen3next, whose v heads stay grouped (v head h on key head
+//   h / r); qwen35moe's converter TILES them (file head j·nk + g is HF head g·r + j), which every per-v-head
+//   tensor is reordered back from (the v rows of attn_qkv and conv1d, z, beta, alpha, ssm_a, dt, out_proj's
+//   columns); qwen3next's ssm_ba holds per key head [b (r) | a (r)], split into b and a. ssm_a = −exp(A_log)
+//   in f32: A_log = log(−ssm_a) in f64, kept as an f64 vector (each node rounds it to its precision; the
+//   f64 oracle's exp(A_log) then is the file's decay rate to an f64 ulp).
+void Model::Impl::load_gguf_deltanet(std::int64_t l, LayerWeights& w) const {
+    const ModelConfig& c = cfg;
+    const auto& la = c.linear;
+    const std::int64_t H = c.hidden_size, nk = la.key_heads, nv = la.value_heads, dv = la.value_head_dim,
+                       r = nv / nk, C = la.conv_dim(), kd2 = 2 * la.key_dim();
+    auto w_ = [&](std::string_view base) { return fmt::format("blk.{}.{}.weight", l, base); };
+    const bool tiled = c.architecture == Architecture::qwen3_5_moe;
+    std::vector<std::int64_t> src(static_cast<std::size_t>(nv));
+    for (std::int64_t h = 0; h < nv; ++h) src[static_cast<std::size_t>(h)] = tiled ? (h % r) * nk + h / r : h;
+    const auto hf = [&](const TensorView& t, int axis, std::int64_t first, std::int64_t block) {
+        return tiled ? keep(reorder_heads(t, axis, first, block, src)) : t;
+    };
+    w.in_proj_qkv = hf(resolve(w_("attn_qkv"), {C, H}), 0, kd2, dv);
+    w.in_proj_z = hf(resolve(w_("attn_gate"), {la.value_dim(), H}), 0, 0, dv);
+    TensorView conv = hf(resolve(w_("ssm_conv1d"), {C, la.conv_kernel}), 0, kd2, dv);
+    conv.shape = {C, 1, la.conv_kernel};
+    w.conv1d = conv;
+    const TensorView dt = resolve(fmt::format("blk.{}.ssm_dt.bias", l), {nv});
+    w.dt_bias = hf(TensorView{dt.dtype, dt.data, {nv, 1}}, 0, 0, 1);
+    w.dt_bias.shape = {nv};
+    w.linear_norm = resolve(w_("ssm_norm"), {dv});
+    w.out_proj = hf(resolve(w_("ssm_out"), {H, la.value_dim()}), 1, 0, dv);
+    if (tiled) {
+        w.in_proj_b = hf(resolve(w_("ssm_beta"), {nv, H}), 0, 0, 1);
+        w.in_proj_a = hf(resolve(w_("ssm_alpha"), {nv, H}), 0, 0, 1);
+    } else {
+        const TensorView ba = resolve(w_("ssm_ba"), {2 * nv, H});
+        std::vector<std::int64_t> b_rows, a_rows;  // per key head g: rows g·2r + [0, r) are b, + [r, 2r) are a
+        for (std::int64_t g = 0; g < nk; ++g)
+            for (std::int64_t j = 0; j < r; ++j) {
+                b_rows.push_back(g * 2 * r + j);
+                a_rows.push_back(g * 2 * r + r + j);
+            }
+        const auto pick = [&](const std::vector<std::int64_t>& rows) {
+            Tensor out(ba.dtype, {nv, H});
+            const std::size_t row = static_cast<std::size_t>(H) * dtype_size(ba.dtype);
+            for (std::size_t i = 0; i < rows.size(); ++i)
+                std::memcpy(static_cast<std::byte*>(out.raw()) + i * row,
+                            static_cast<const std::byte*>(ba.data) + static_cast<std::size_t>(rows[i]) * row, row);
+            return keep(std::move(out));
+        };
+        w.in_proj_b = pick(b_rows);
+        w.in_proj_a = pick(a_rows);
+    }
+    const std::string a_name = fmt::format("blk.{}.ssm_a", l);
+    const TensorView a = resolve(a_name, {nv});
+    Tensor a_log(DType::f64, {nv});
+    for (std::int64_t h = 0; h < nv; ++h) {
+        const double v = a.at(src[static_cast<std::size_t>(h)]);
+        KVASIR_CHECK(std::isfinite(v) && v < 0.0, ErrorCode::bad_input,
+                     "{}: {}[{}] = {} (a DeltaNet decay rate −exp(A_log) must be finite and < 0)", label, a_name,
+                     src[static_cast<std::size_t>(h)], v);
+        static_cast<double*>(a_log.raw())[h] = std::log(-v);
+    }
+    w.a_log = keep(std::move(a_log));
+}
+
 LayerWeights Model::Impl::load_gguf(std::int64_t l) const {
     const ModelConfig& c = cfg;
     const std::int64_t H = c.hidden_size, D = c.head_dim, I = c.moe_intermediate_size,
@@ -770,24 +900,29 @@ LayerWeights Model::Impl::load_gguf(std::int64_t l) const {
     w.moe = c.is_moe(l);
     const bool oss = c.architecture == Architecture::gpt_oss;
     w.input_norm = resolve(w_("attn_norm"), {H});
-    w.post_attention_norm = resolve(w_(oss ? "post_attention_norm" : "ffn_norm"), {H});
-    w.o_proj = resolve(w_("attn_output"), {H, c.num_heads * c.value_head_dim()});
-    if (c.has_mla()) {
-        load_gguf_mla(l, w);
+    w.post_attention_norm = resolve(gguf_post_attention_norm(l), {H});
+    w.linear_attention = c.is_linear_attention(l);
+    if (w.linear_attention) {
+        load_gguf_deltanet(l, w);
     } else {
-        w.q_proj = resolve(w_("attn_q"), {c.q_dim(), H});
-        w.k_proj = resolve(w_("attn_k"), {c.kv_dim(), H});
-        w.v_proj = resolve(w_("attn_v"), {c.kv_dim(), H});
-    }
-    if (c.attention_bias && !c.has_mla()) {
-        w.q_bias = resolve(b_("attn_q"), {c.q_dim()});
-        w.k_bias = resolve(b_("attn_k"), {c.kv_dim()});
-        w.v_bias = resolve(b_("attn_v"), {c.kv_dim()});
-    }
-    if (c.attention_out_bias) w.o_bias = resolve(b_("attn_output"), {H});
-    if (c.qk_norm) {
-        w.q_norm = resolve(w_("attn_q_norm"), {D});
-        w.k_norm = resolve(w_("attn_k_norm"), {D});
+        w.o_proj = resolve(w_("attn_output"), {H, c.num_heads * c.value_head_dim()});
+        if (c.has_mla()) {
+            load_gguf_mla(l, w);
+        } else {
+            w.q_proj = resolve(w_("attn_q"), {c.attention_output_gate ? 2 * c.q_dim() : c.q_dim(), H});
+            w.k_proj = resolve(w_("attn_k"), {c.kv_dim(), H});
+            w.v_proj = resolve(w_("attn_v"), {c.kv_dim(), H});
+        }
+        if (c.attention_bias && !c.has_mla()) {
+            w.q_bias = resolve(b_("attn_q"), {c.q_dim()});
+            w.k_bias = resolve(b_("attn_k"), {c.kv_dim()});
+            w.v_bias = resolve(b_("attn_v"), {c.kv_dim()});
+        }
+        if (c.attention_out_bias) w.o_bias = resolve(b_("attn_output"), {H});
+        if (c.qk_norm) {
+            w.q_norm = resolve(w_("attn_q_norm"), {D});
+            w.k_norm = resolve(w_("attn_k_norm"), {D});
+        }
     }
     if (c.attention_sinks) w.sinks = resolve(w_("attn_sinks"), {c.num_heads});
     if (!w.moe) {
