@@ -143,7 +143,7 @@ void set_decide_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand(
         "decide", "Step 4: top-1 agreement and top-k routing agreement with and without router authority, border tokens");
     add_step_options(*cmd, opt->step, kPromptTokens);
-    cmd->add_option("--border", opt->border, "Router gap (k-th − (k+1)-th score) below which a token is a border token")
+    cmd->add_option("--border", opt->border, "Router gap below which a token is a border token: the k-th − (k+1)-th selection score (softmax probability, or sigmoid + correction bias), for grouped top-k the smaller of that and the margin between the last kept and the first dropped group")
         ->capture_default_str();
     cmd->add_option("--perturb-router", opt->perturb,
                     "Add seeded noise uniform in ±EPS to the candidates' router logits before their own top-k (0: off)")

@@ -118,7 +118,7 @@ std::string render_decide_text(const DecideReport& r, const Style& st) {
         }
         return out + s.render("  ") + render_self_checks_text(r.repeat, st);
     }
-    out += st.dim(fmt::format("border token: reference router gap (k-th − (k+1)-th score) < {}{}", fmt_sci(r.config.border),
+    out += st.dim(fmt::format("border token: reference router gap (k-th − (k+1)-th selection score; grouped top-k: or the group margin) < {}{}", fmt_sci(r.config.border),
                               r.config.perturb_router > 0
                                   ? fmt::format("; candidates' router logits perturbed by seeded noise ±{}",
                                                 fmt_sci(r.config.perturb_router))
