@@ -5,8 +5,11 @@
 #include "kvasir/metrics/stats.hpp"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <fstream>
+#include <string>
 #include <limits>
 #include <vector>
 
@@ -274,3 +277,68 @@ TEST(Perplexity, ExpOfMeanNll) {
 
 }  // namespace
 }  // namespace kvasir
+
+// ---------------------------------------------------------------------------
+// Binomial confidence bounds against statsmodels / scipy (fixtures/stats/binomial_bounds.json, written by
+// scripts/make_binomial_reference.py with proportion_confint, norm.ppf and betainc).
+// ---------------------------------------------------------------------------
+namespace {
+nlohmann::json binomial_reference() {
+    std::ifstream in(std::string(KVASIR_SOURCE_DIR) + "/fixtures/stats/binomial_bounds.json");
+    return nlohmann::json::parse(in);
+}
+kvasir::BinomialBound method_of(const std::string& m) {
+    return m == "wilson" ? kvasir::BinomialBound::wilson : kvasir::BinomialBound::clopper_pearson;
+}
+}  // namespace
+
+TEST(BinomialBounds, EqualStatsmodelsWilsonAndClopperPearson) {
+    const nlohmann::json d = binomial_reference();
+    ASSERT_GT(d["bounds"].size(), 200u);
+    for (const auto& c : d["bounds"]) {
+        const auto k = c["k"].get<std::int64_t>(), n = c["n"].get<std::int64_t>();
+        const double conf = c["confidence"].get<double>();
+        const auto m = method_of(c["method"].get<std::string>());
+        const double lo = kvasir::binomial_lower_bound(k, n, conf, m), hi = kvasir::binomial_upper_bound(k, n, conf, m);
+        EXPECT_NEAR(lo, c["lower"].get<double>(), 1e-12) << c.dump();
+        EXPECT_NEAR(hi, c["upper"].get<double>(), 1e-12) << c.dump();
+        EXPECT_LE(lo, static_cast<double>(k) / static_cast<double>(n));
+        EXPECT_GE(hi, static_cast<double>(k) / static_cast<double>(n));
+    }
+}
+
+TEST(BinomialBounds, TrialsNeededToShowARateEqualStatsmodelsSearch) {
+    for (const auto& t : binomial_reference()["trials"])
+        EXPECT_EQ(kvasir::binomial_trials_to_show(t["rate"].get<double>(), t["confidence"].get<double>(),
+                                                  method_of(t["method"].get<std::string>())),
+                  t["n"].get<std::int64_t>())
+            << t.dump();
+    // By hand: Wilson's lower bound of n of n is n / (n + z²); at 95 %, z = 1.6449, 0.99 needs n ≥ 99 z² = 267.9.
+    EXPECT_EQ(kvasir::binomial_trials_to_show(0.99, 0.95, kvasir::BinomialBound::wilson), 268);
+    // 24 positions, all agreeing, show only 90.1 % at 95 % (Wilson): a 99 % criterion cannot be decided there.
+    EXPECT_NEAR(kvasir::binomial_lower_bound(24, 24, 0.95, kvasir::BinomialBound::wilson), 24.0 / (24.0 + 2.705543454095), 1e-9);
+}
+
+TEST(BinomialBounds, NormalQuantileAndIncompleteBetaEqualScipy) {
+    const nlohmann::json d = binomial_reference();
+    for (const auto& c : d["normal"]) {
+        const double want = c["x"].get<double>();
+        EXPECT_NEAR(kvasir::normal_quantile(c["p"].get<double>()), want, 1e-13 * std::max(1.0, std::fabs(want))) << c.dump();
+    }
+    for (const auto& c : d["betainc"]) {
+        const double want = c["value"].get<double>();
+        EXPECT_NEAR(kvasir::regularized_incomplete_beta(c["x"].get<double>(), c["a"].get<double>(), c["b"].get<double>()),
+                    want, 1e-12 * std::max(want, 1e-300) + 1e-300)
+            << c.dump();
+    }
+}
+
+TEST(BinomialBounds, BadArgumentsAreBadInput) {
+    using kvasir::BinomialBound;
+    for (double conf : {0.5, 1.0, 0.2, std::nan("")})
+        EXPECT_THROW((void)kvasir::binomial_lower_bound(1, 2, conf, BinomialBound::wilson), kvasir::Error) << conf;
+    EXPECT_THROW((void)kvasir::binomial_upper_bound(3, 2, 0.95, BinomialBound::wilson), kvasir::Error);
+    EXPECT_THROW((void)kvasir::binomial_lower_bound(0, 0, 0.95, BinomialBound::clopper_pearson), kvasir::Error);
+    EXPECT_THROW((void)kvasir::binomial_trials_to_show(1.0, 0.95, BinomialBound::wilson), kvasir::Error);
+    EXPECT_THROW((void)kvasir::normal_quantile(0.0), kvasir::Error);
+}

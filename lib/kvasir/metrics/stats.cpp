@@ -3,6 +3,7 @@
 #include "kvasir/core/error.hpp"
 #include "kvasir/metrics/metrics.hpp"
 
+#include <numbers>
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -129,6 +130,131 @@ double kl_divergence_from_logits(std::span<const double> ref_logits, std::span<c
     }
     const double v = kl.value();
     return v < 0.0 ? 0.0 : v;  // guard only (terms are >= 0); NaN compares false and survives
+}
+
+namespace {
+
+void check_trials(std::int64_t successes, std::int64_t n, double confidence) {
+    (void)binomial(successes, n);
+    KVASIR_CHECK(std::isfinite(confidence) && confidence > 0.5 && confidence < 1.0, ErrorCode::bad_input,
+                 "confidence level {} is outside (0.5, 1)", confidence);
+}
+
+// log B(a, b) through lgamma (a, b > 0).
+double log_beta(double a, double b) { return std::lgamma(a) + std::lgamma(b) - std::lgamma(a + b); }
+
+// The continued fraction of I_x(a, b) (modified Lentz), valid for x < (a + 1)/(a + b + 2).
+double beta_fraction(double x, double a, double b) {
+    constexpr double tiny = 1e-300;
+    const double qab = a + b, qap = a + 1.0, qam = a - 1.0;
+    double c = 1.0, d = 1.0 - qab * x / qap;
+    if (std::fabs(d) < tiny) d = tiny;
+    d = 1.0 / d;
+    double h = d;
+    for (int m = 1; m <= 10000; ++m) {
+        const double m2 = 2.0 * m;
+        double aa = m * (b - m) * x / ((qam + m2) * (a + m2));
+        d = 1.0 + aa * d;
+        if (std::fabs(d) < tiny) d = tiny;
+        c = 1.0 + aa / c;
+        if (std::fabs(c) < tiny) c = tiny;
+        d = 1.0 / d;
+        h *= d * c;
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2));
+        d = 1.0 + aa * d;
+        if (std::fabs(d) < tiny) d = tiny;
+        c = 1.0 + aa / c;
+        if (std::fabs(c) < tiny) c = tiny;
+        d = 1.0 / d;
+        const double del = d * c;
+        h *= del;
+        if (std::fabs(del - 1.0) < 1e-16) break;
+    }
+    return h;
+}
+
+// x with I_x(a, b) = p, by bisection on [0, 1] to the last bit (I is increasing in x).
+double beta_quantile(double p, double a, double b) {
+    double lo = 0.0, hi = 1.0;
+    for (int i = 0; i < 200 && hi - lo > 0.0; ++i) {
+        const double mid = 0.5 * (lo + hi);
+        if (mid == lo || mid == hi) break;
+        (regularized_incomplete_beta(mid, a, b) < p ? lo : hi) = mid;
+    }
+    return 0.5 * (lo + hi);
+}
+
+double wilson_bound(std::int64_t k, std::int64_t n, double confidence, double sign) {
+    if (k == n && sign > 0) return 1.0;  // exactly, not 1 − an ulp
+    if (k == 0 && sign < 0) return 0.0;
+    const double z = normal_quantile(confidence), nd = static_cast<double>(n), p = static_cast<double>(k) / nd;
+    const double z2 = z * z;
+    const double centre = p + z2 / (2.0 * nd);
+    const double spread = z * std::sqrt(p * (1.0 - p) / nd + z2 / (4.0 * nd * nd));
+    return std::clamp((centre + sign * spread) / (1.0 + z2 / nd), 0.0, 1.0);
+}
+
+}  // namespace
+
+double normal_quantile(double p) {
+    KVASIR_CHECK(std::isfinite(p) && p > 0.0 && p < 1.0, ErrorCode::bad_input, "normal quantile of {}", p);
+    // First guess: the Abramowitz & Stegun 26.2.23 rational approximation (|error| < 4.5e-4) on the
+    // smaller tail, then Newton steps on Φ(x) − p with Φ(x) = erfc(−x/√2)/2, which converge quadratically.
+    // Solved in the smaller tail q (x ≤ 0, Φ(x) = erfc(−x/√2)/2 free of cancellation), then mirrored.
+    const double q = std::min(p, 1.0 - p);
+    const double t = std::sqrt(-2.0 * std::log(q));
+    double x = -(t - (2.515517 + 0.802853 * t + 0.010328 * t * t) /
+                         (1.0 + 1.432788 * t + 0.189269 * t * t + 0.001308 * t * t * t));
+    for (int i = 0; i < 8; ++i) {
+        const double cdf = 0.5 * std::erfc(-x / std::numbers::sqrt2);
+        const double pdf = std::exp(-0.5 * x * x) / std::sqrt(2.0 * std::numbers::pi);
+        const double step = (cdf - q) / pdf;
+        x -= step;
+        if (std::fabs(step) <= 1e-16 * std::max(1.0, std::fabs(x))) break;
+    }
+    if (p > 0.5) x = -x;
+    return x;
+}
+
+double regularized_incomplete_beta(double x, double a, double b) {
+    KVASIR_CHECK(a > 0.0 && b > 0.0 && x >= 0.0 && x <= 1.0, ErrorCode::bad_input, "I_{}({}, {}) is undefined", x, a, b);
+    if (x == 0.0 || x == 1.0) return x;
+    const double front = std::exp(a * std::log(x) + b * std::log1p(-x) - log_beta(a, b));
+    if (x < (a + 1.0) / (a + b + 2.0)) return front * beta_fraction(x, a, b) / a;
+    return 1.0 - front * beta_fraction(1.0 - x, b, a) / b;  // the symmetry I_x(a, b) = 1 − I_{1−x}(b, a)
+}
+
+double binomial_lower_bound(std::int64_t k, std::int64_t n, double confidence, BinomialBound method) {
+    check_trials(k, n, confidence);
+    if (method == BinomialBound::wilson) return wilson_bound(k, n, confidence, -1.0);
+    if (k == 0) return 0.0;
+    return beta_quantile(1.0 - confidence, static_cast<double>(k), static_cast<double>(n - k + 1));
+}
+
+double binomial_upper_bound(std::int64_t k, std::int64_t n, double confidence, BinomialBound method) {
+    check_trials(k, n, confidence);
+    if (method == BinomialBound::wilson) return wilson_bound(k, n, confidence, +1.0);
+    if (k == n) return 1.0;
+    return beta_quantile(confidence, static_cast<double>(k + 1), static_cast<double>(n - k));
+}
+
+std::int64_t binomial_trials_to_show(double rate, double confidence, BinomialBound method) {
+    KVASIR_CHECK(std::isfinite(rate) && rate > 0.0 && rate < 1.0, ErrorCode::bad_input,
+                 "a rate to show must be in (0, 1), got {}", rate);
+    // The lower bound of n successes of n grows with n: double up to a bracket, then bisect.
+    const auto shows = [&](std::int64_t n) { return binomial_lower_bound(n, n, confidence, method) >= rate; };
+    std::int64_t hi = 1;
+    while (!shows(hi)) {
+        KVASIR_CHECK(hi < (std::int64_t{1} << 40), ErrorCode::bad_input, "rate {} cannot be shown at confidence {}",
+                     rate, confidence);
+        hi *= 2;
+    }
+    std::int64_t lo = hi / 2;  // !shows(lo) or lo == 0
+    while (hi - lo > 1) {
+        const std::int64_t mid = lo + (hi - lo) / 2;
+        (shows(mid) ? hi : lo) = mid;
+    }
+    return hi;
 }
 
 Fraction binomial(std::int64_t successes, std::int64_t n) {

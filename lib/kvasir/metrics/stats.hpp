@@ -101,6 +101,29 @@ struct Fraction {
 // trials is not 100% agreement.
 Fraction binomial(std::int64_t successes, std::int64_t n);
 
+// One-sided confidence bounds of a binomial proportion from `successes` of `n` trials, at `confidence`
+// in (0.5, 1) (0.95: the true rate is ≥ the lower bound with 95 % confidence):
+//   wilson           the Wilson score bound with z = Φ⁻¹(confidence):
+//                    (p̂ + z²/2n ∓ z·sqrt(p̂(1−p̂)/n + z²/4n²)) / (1 + z²/n)
+//   clopper_pearson  the exact bound from the beta distribution: lower = B⁻¹(1 − c; k, n − k + 1)
+//                    (0 at k = 0), upper = B⁻¹(c; k + 1, n − k) (1 at k = n)
+// — each equals the bound of the two-sided interval at level 2c − 1 (statsmodels' proportion_confint with
+// alpha = 2(1 − c), method "wilson" / "beta"; tests/metrics/test_stats.cpp checks them against its values).
+// The arguments of binomial(); a confidence outside (0.5, 1) → Error(bad_input).
+enum class BinomialBound { wilson, clopper_pearson };
+double binomial_lower_bound(std::int64_t successes, std::int64_t n, double confidence, BinomialBound method);
+double binomial_upper_bound(std::int64_t successes, std::int64_t n, double confidence, BinomialBound method);
+// The fewest trials, all successes, whose lower bound reaches `rate` in (0, 1) at `confidence`: how many
+// tokens a criterion "agreement ≥ rate" needs before a perfect node can pass it (e.g. Wilson, 95 %:
+// 0.99 needs 268). Error(bad_input) for a rate outside (0, 1); at most 2^40.
+std::int64_t binomial_trials_to_show(double rate, double confidence, BinomialBound method);
+
+// Φ⁻¹(p), the standard normal quantile, p in (0, 1), to ~1e-15 relative (a rational first guess refined by
+// Newton steps on erfc); Error(bad_input) outside (0, 1).
+double normal_quantile(double p);
+// I_x(a, b), the regularised incomplete beta function (a, b > 0, x in [0, 1]), by its continued fraction.
+double regularized_incomplete_beta(double x, double a, double b);
+
 struct PowerFit {
     double alpha = 0;             // exponent α of y ≈ c·x^α
     double c = 0;                 // prefactor
