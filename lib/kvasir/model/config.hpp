@@ -31,9 +31,9 @@ enum class Architecture : std::uint8_t {
     olmoe, gpt_oss, glm4_moe
 };
 
-// The config.json `model_type`: "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3".
+// The config.json `model_type`: "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", ….
 const char* architecture_name(Architecture a) noexcept;
-// For messages: "qwen2_moe, qwen3_moe, mixtral, deepseek_v3 (router/MoE layer only)".
+// For messages: every model_type read, comma separated.
 std::string_view supported_architectures() noexcept;
 
 
