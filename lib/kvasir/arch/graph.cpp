@@ -218,13 +218,19 @@ Tensor LayerGraph::mla_attention(const LayerWeights& w, const TensorView& x, std
     }
     // Per head keys [k_nope | k_rot] and values from kv_b_proj(latent) = [k_nope (dn) | v (dv)].
     const Tensor kv = std::move(linear(latent, w.kv_b_proj, none)).reshaped({t * nh, dn + dv});
-    const Tensor k_nope = columns(kv, 0, dn), v = columns(kv, dn, dv);
+    const Tensor k_nope = columns(kv, 0, dn);
+    Tensor v = columns(kv, dn, dv);
     const TensorView q_rot_rows{q_rot.dtype(), q_rot.raw(), {t * nh, dr}}, k_rot_rows{k_rot.dtype(), k_rot.raw(), {t, dr}};
     // The narrower of q·k (d) and v (dv) is zero-padded to `width`: zeros add nothing to a dot product and
     // give zero output columns, exactly, in any order of summation — every backend's own kernel runs it.
-    Tensor qq = concat_columns(concat_columns(columns(q, 0, dn), &q_rot_rows, dr), nullptr, width - d);
-    Tensor kk = concat_columns(concat_columns(k_nope, &k_rot_rows, dr, nh), nullptr, width - d);
-    Tensor vv = concat_columns(v, nullptr, width - dv);
+    Tensor qq = concat_columns(columns(q, 0, dn), &q_rot_rows, dr);
+    Tensor kk = concat_columns(k_nope, &k_rot_rows, dr, nh);
+    Tensor vv = width > dv ? concat_columns(v, nullptr, width - dv) : std::move(v);
+    if (width > d) {
+        qq = concat_columns(qq, nullptr, width - d);
+        kk = concat_columns(kk, nullptr, width - d);
+    }
+
     const Tensor o = attend_each(std::move(qq).reshaped({t, nh, width}), std::move(kk).reshaped({t, nh, width}),
                                  std::move(vv).reshaped({t, nh * width}), segs);
     const Tensor heads = std::move(columns(TensorView{o.dtype(), o.raw(), {t * nh, width}}, 0, dv)).reshaped({t, nh * dv});

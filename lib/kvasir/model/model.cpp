@@ -5,6 +5,7 @@
 #include "kvasir/core/io.hpp"
 #include "kvasir/model/gguf.hpp"
 #include "kvasir/model/gguf_arch.hpp"
+#include "kvasir/model/gguf_text.hpp"
 #include "kvasir/model/quant.hpp"
 #include "kvasir/model/safetensors.hpp"
 #include "kvasir/model/safetensors_checkpoint.hpp"
@@ -165,6 +166,32 @@ private:
 };
 
 bool aligned_for(const void* p, std::size_t n) { return reinterpret_cast<std::uintptr_t>(p) % n == 0; }
+
+// Rows rows[0], rows[1], … of t viewed as [rows, last dim] (a vector: one element per row), in that order: a
+// new tensor of rows.size() rows in t's dtype. Exact data movement.
+Tensor gather_rows(const TensorView& t, const std::vector<std::int64_t>& rows) {
+    const std::int64_t cols = t.rank() > 1 ? t.shape.back() : 1;
+    Shape shape = t.shape;
+    shape[0] = static_cast<std::int64_t>(rows.size());
+    Tensor out(t.dtype, shape);
+    const std::size_t row = static_cast<std::size_t>(cols) * dtype_size(t.dtype);
+    for (std::size_t i = 0; i < rows.size(); ++i)
+        std::memcpy(static_cast<std::byte*>(out.raw()) + i * row,
+                    static_cast<const std::byte*>(t.data) + static_cast<std::size_t>(rows[i]) * row, row);
+    return out;
+}
+
+// The row (or element) order that puts `heads` blocks of `block` rows from row `first` in HF order — HF
+// block h is the file's block src[h] — and leaves the other rows where they are.
+std::vector<std::int64_t> head_rows(std::int64_t rows, std::int64_t first, std::int64_t block,
+                                    const std::vector<std::int64_t>& src) {
+    std::vector<std::int64_t> order(static_cast<std::size_t>(rows));
+    for (std::int64_t r = 0; r < rows; ++r) order[static_cast<std::size_t>(r)] = r;
+    for (std::size_t h = 0; h < src.size(); ++h)
+        for (std::int64_t i = 0; i < block; ++i)
+            order[static_cast<std::size_t>(first + static_cast<std::int64_t>(h) * block + i)] = first + src[h] * block + i;
+    return order;
+}
 
 // GGUF stores rms epsilon (and usually rope base) as f32: 1e-6 arrives as
 // 9.99999997e-07. The converter wrote float32(decimal literal of config.json),
@@ -367,6 +394,13 @@ ModelConfig model_config_from_gguf(const GgufFile& file, const std::string& path
         if (r->role == GgufRole::attn_q || r->role == GgufRole::attn_k || r->role == GgufRole::attn_v)
             c.attention_bias = true;
         if (r->role == GgufRole::attn_output) c.attention_out_bias = true;
+        // Projections whose biases this reader does not carry: refused, never silently dropped.
+        KVASIR_CHECK(r->role != GgufRole::attn_q_a && r->role != GgufRole::attn_q_b && r->role != GgufRole::attn_kv_a_mqa &&
+                         r->role != GgufRole::attn_k_b && r->role != GgufRole::attn_v_b && r->role != GgufRole::attn_qkv &&
+                         r->role != GgufRole::attn_gate && r->role != GgufRole::ssm_out && r->role != GgufRole::ssm_ba &&
+                         r->role != GgufRole::ssm_beta && r->role != GgufRole::ssm_alpha,
+                     ErrorCode::unsupported, "{}: tensor '{}' is a bias this GGUF reader does not model", path,
+                     gguf_detail::printable(t.name));
     }
     // V is what the computation uses: the embedding's rows (a tokenizer list
     // may be shorter or padded differently).
@@ -671,17 +705,16 @@ void Model::Impl::load_gpt_oss_experts(const LayerTensorNames& n, LayerWeights& 
     }
     const TensorView gu = resolve(n.oss_gate_up, {E, H, 2 * I});
     const TensorView dn = resolve(n.oss_down, {E, I, H});
-    const std::size_t row = static_cast<std::size_t>(H) * dtype_size(gu.dtype);
+    std::vector<std::int64_t> even, odd;
+    for (std::int64_t i = 0; i < I; ++i) {
+        even.push_back(2 * i);
+        odd.push_back(2 * i + 1);
+    }
     for (std::int64_t e = 0; e < E; ++e) {
         // gate_up[e]ᵀ [2I, H]: its even rows are gate's, its odd rows up's.
         const Tensor t = transposed(slice0(gu, e));
-        Tensor gate(gu.dtype, {I, H}), up(gu.dtype, {I, H});
-        for (std::int64_t i = 0; i < I; ++i) {
-            std::memcpy(static_cast<std::byte*>(gate.raw()) + i * row, static_cast<const std::byte*>(t.raw()) + 2 * i * row, row);
-            std::memcpy(static_cast<std::byte*>(up.raw()) + i * row, static_cast<const std::byte*>(t.raw()) + (2 * i + 1) * row, row);
-        }
-        w.experts.push_back({keep(std::move(gate)), keep(std::move(up)), keep(transposed(slice0(dn, e))), bias_half(e, 0),
-                             bias_half(e, 1), slice0(dnb, e), act});
+        w.experts.push_back({keep(gather_rows(t, even)), keep(gather_rows(t, odd)), keep(transposed(slice0(dn, e))),
+                             bias_half(e, 0), bias_half(e, 1), slice0(dnb, e), act});
     }
 }
 
@@ -792,37 +825,6 @@ void Model::Impl::load_gguf_mla(std::int64_t l, LayerWeights& w) const {
     w.kv_b_proj = keep(std::move(kv));
 }
 
-namespace {
-
-// t [rows, cols] (a vector: [rows, 1]) with the `heads` blocks of `block` rows starting at row `first`
-// (axis 0) or of `block` columns from column `first` (axis 1) put in HF order: HF block h is the file's
-// block src[h]. Exact data movement in the file's dtype.
-Tensor reorder_heads(const TensorView& t, int axis, std::int64_t first, std::int64_t block,
-                     const std::vector<std::int64_t>& src) {
-    const std::int64_t rows = t.shape[0], cols = t.rank() > 1 ? t.shape[1] : 1;
-    Tensor out(t.dtype, t.shape);
-    const std::size_t es = dtype_size(t.dtype);
-    std::memcpy(out.raw(), t.data, static_cast<std::size_t>(rows * cols) * es);
-    auto* o = static_cast<std::byte*>(out.raw());
-    const auto* in = static_cast<const std::byte*>(t.data);
-    for (std::size_t h = 0; h < src.size(); ++h)
-        for (std::int64_t i = 0; i < block; ++i) {
-            if (axis == 0) {
-                const std::int64_t to = first + static_cast<std::int64_t>(h) * block + i, from = first + src[h] * block + i;
-                std::memcpy(o + static_cast<std::size_t>(to * cols) * es, in + static_cast<std::size_t>(from * cols) * es,
-                            static_cast<std::size_t>(cols) * es);
-            } else {
-                const std::int64_t to = first + static_cast<std::int64_t>(h) * block + i, from = first + src[h] * block + i;
-                for (std::int64_t r = 0; r < rows; ++r)
-                    std::memcpy(o + static_cast<std::size_t>(r * cols + to) * es,
-                                in + static_cast<std::size_t>(r * cols + from) * es, es);
-            }
-        }
-    return out;
-}
-
-}  // namespace
-
 // A Gated DeltaNet layer as llama.cpp's converter writes it (qwen3next, qwen35moe), back in the form
 // transformers' Qwen3_5MoeGatedDeltaNet computes with (the in_proj_qkv / z / b / a path of the graph):
 //   attn_qkv [q (nk·dk) | k | v (nv·dv)], attn_gate = z, ssm_conv1d [C, K] (= conv1d [C, 1, K]), ssm_dt = dt_bias,
@@ -841,22 +843,23 @@ void Model::Impl::load_gguf_deltanet(std::int64_t l, LayerWeights& w) const {
     const bool tiled = c.architecture == Architecture::qwen3_5_moe;
     std::vector<std::int64_t> src(static_cast<std::size_t>(nv));
     for (std::int64_t h = 0; h < nv; ++h) src[static_cast<std::size_t>(h)] = tiled ? (h % r) * nk + h / r : h;
-    const auto hf = [&](const TensorView& t, int axis, std::int64_t first, std::int64_t block) {
-        return tiled ? keep(reorder_heads(t, axis, first, block, src)) : t;
+    // Per-v-head rows (from row `first`, `block` rows each) in HF order: a reordered copy when tiled, else the view.
+    const auto hf = [&](const TensorView& t, std::int64_t first, std::int64_t block) {
+        return tiled ? keep(gather_rows(t, head_rows(t.shape[0], first, block, src))) : t;
     };
-    w.in_proj_qkv = hf(resolve(w_("attn_qkv"), {C, H}), 0, kd2, dv);
-    w.in_proj_z = hf(resolve(w_("attn_gate"), {la.value_dim(), H}), 0, 0, dv);
-    TensorView conv = hf(resolve(w_("ssm_conv1d"), {C, la.conv_kernel}), 0, kd2, dv);
+    w.in_proj_qkv = hf(resolve(w_("attn_qkv"), {C, H}), kd2, dv);
+    w.in_proj_z = hf(resolve(w_("attn_gate"), {la.value_dim(), H}), 0, dv);
+    TensorView conv = hf(resolve(w_("ssm_conv1d"), {C, la.conv_kernel}), kd2, dv);
     conv.shape = {C, 1, la.conv_kernel};
     w.conv1d = conv;
-    const TensorView dt = resolve(fmt::format("blk.{}.ssm_dt.bias", l), {nv});
-    w.dt_bias = hf(TensorView{dt.dtype, dt.data, {nv, 1}}, 0, 0, 1);
-    w.dt_bias.shape = {nv};
+    w.dt_bias = hf(resolve(fmt::format("blk.{}.ssm_dt.bias", l), {nv}), 0, 1);
     w.linear_norm = resolve(w_("ssm_norm"), {dv});
-    w.out_proj = hf(resolve(w_("ssm_out"), {H, la.value_dim()}), 1, 0, dv);
+    // out_proj [H, vd]: its columns are per v head — reordered as the rows of its transpose.
+    const TensorView out = resolve(w_("ssm_out"), {H, la.value_dim()});
+    w.out_proj = tiled ? keep(transposed(gather_rows(transposed(out), head_rows(la.value_dim(), 0, dv, src)))) : out;
     if (tiled) {
-        w.in_proj_b = hf(resolve(w_("ssm_beta"), {nv, H}), 0, 0, 1);
-        w.in_proj_a = hf(resolve(w_("ssm_alpha"), {nv, H}), 0, 0, 1);
+        w.in_proj_b = hf(resolve(w_("ssm_beta"), {nv, H}), 0, 1);
+        w.in_proj_a = hf(resolve(w_("ssm_alpha"), {nv, H}), 0, 1);
     } else {
         const TensorView ba = resolve(w_("ssm_ba"), {2 * nv, H});
         std::vector<std::int64_t> b_rows, a_rows;  // per key head g: rows g·2r + [0, r) are b, + [r, 2r) are a
@@ -865,16 +868,8 @@ void Model::Impl::load_gguf_deltanet(std::int64_t l, LayerWeights& w) const {
                 b_rows.push_back(g * 2 * r + j);
                 a_rows.push_back(g * 2 * r + r + j);
             }
-        const auto pick = [&](const std::vector<std::int64_t>& rows) {
-            Tensor out(ba.dtype, {nv, H});
-            const std::size_t row = static_cast<std::size_t>(H) * dtype_size(ba.dtype);
-            for (std::size_t i = 0; i < rows.size(); ++i)
-                std::memcpy(static_cast<std::byte*>(out.raw()) + i * row,
-                            static_cast<const std::byte*>(ba.data) + static_cast<std::size_t>(rows[i]) * row, row);
-            return keep(std::move(out));
-        };
-        w.in_proj_b = pick(b_rows);
-        w.in_proj_a = pick(a_rows);
+        w.in_proj_b = keep(gather_rows(ba, b_rows));
+        w.in_proj_a = keep(gather_rows(ba, a_rows));
     }
     const std::string a_name = fmt::format("blk.{}.ssm_a", l);
     const TensorView a = resolve(a_name, {nv});
