@@ -56,8 +56,9 @@ for m in llama_tiny qwen2_tiny mistral_tiny qwen3_tiny qwen3_5_tiny; do
 import json,sys; d=json.load(open(sys.argv[1]))
 assert [n['verdict'] for n in d['nodes']] == ['reference','fit','fit'], [n['verdict'] for n in d['nodes']]
 for n in d['nodes'][1:]:
-    assert n['not_applicable'] == {'decide.routing_agreement_min': 'no MoE layers: the model has no router'}, n['not_applicable']
-    assert all(c['criterion'] != 'decide.routing_agreement_min' for t in n['criteria'].values() for c in t)
+    why = 'no MoE layers: the model has no router'
+    assert n['not_applicable'] == {'decide.routing_agreement_min': why, 'decide.routing_clear_flips_max': why}, n['not_applicable']
+    assert all(not c['criterion'].startswith('decide.routing_') for t in n['criteria'].values() for c in t)
 for r in d['steps']['decide']['results']: assert r['routing_free'] == 'no MoE layers', r
 for s in ('ops','drift','logits','decide','generate','perplexity','determinism'): assert s in d['steps'], s" "$tmp/$m.json"
   check "audit of dense $m: the text report says routing agreement does not apply" \

@@ -319,6 +319,38 @@ TEST(BinomialBounds, TrialsNeededToShowARateEqualStatsmodelsSearch) {
     EXPECT_NEAR(kvasir::binomial_lower_bound(24, 24, 0.95, kvasir::BinomialBound::wilson), 24.0 / (24.0 + 2.705543454095), 1e-9);
 }
 
+TEST(BinomialBounds, TrialsToDecideEqualTheSameSearchOnStatsmodelsBounds) {
+    const nlohmann::json d = binomial_reference();
+    ASSERT_GE(d["decide"].size(), 100u);
+    for (const auto& t : d["decide"]) {
+        const auto n = kvasir::binomial_trials_to_decide(t["observed"].get<double>(), t["threshold"].get<double>(),
+                                                         t["confidence"].get<double>(), method_of(t["method"].get<std::string>()));
+        ASSERT_TRUE(n.has_value()) << t.dump();
+        EXPECT_EQ(*n, t["n"].get<std::int64_t>()) << t.dump();
+    }
+    using kvasir::BinomialBound;
+    // A perfect node: the same figure as binomial_trials_to_show.
+    EXPECT_EQ(kvasir::binomial_trials_to_decide(1.0, 0.99, 0.95, BinomialBound::wilson), 268);
+    // Clopper–Pearson's lower bound of n of n is (1 − c)^(1/n): 0.05^(1/n) >= 0.99 first at n = 299.
+    EXPECT_EQ(kvasir::binomial_trials_to_decide(1.0, 0.99, 0.95, BinomialBound::clopper_pearson), 299);
+    EXPECT_GE(std::pow(0.05, 1.0 / 299.0), 0.99);
+    EXPECT_LT(std::pow(0.05, 1.0 / 298.0), 0.99);
+    // A rate equal to the threshold is never decided.
+    EXPECT_FALSE(kvasir::binomial_trials_to_decide(0.99, 0.99, 0.95, BinomialBound::wilson).has_value());
+    // Below the threshold, decided once the upper bound drops under it — and at that N it does.
+    const auto below = kvasir::binomial_trials_to_decide(0.95, 0.99, 0.95, BinomialBound::wilson);
+    ASSERT_TRUE(below.has_value());
+    const std::int64_t nb = *below;
+    EXPECT_LT(kvasir::binomial_upper_bound(static_cast<std::int64_t>(std::ceil(0.95 * static_cast<double>(nb))), nb, 0.95,
+                                           BinomialBound::wilson),
+              0.99);
+    EXPECT_THROW((void)kvasir::binomial_trials_to_decide(1.5, 0.99, 0.95, BinomialBound::wilson), kvasir::Error);
+    EXPECT_THROW((void)kvasir::binomial_trials_to_decide(0.9, 1.0, 0.95, BinomialBound::wilson), kvasir::Error);
+    EXPECT_EQ(kvasir::parse_binomial_bound("clopper-pearson"), BinomialBound::clopper_pearson);
+    EXPECT_STREQ(kvasir::to_string(BinomialBound::wilson), "wilson");
+    EXPECT_THROW((void)kvasir::parse_binomial_bound("agresti"), kvasir::Error);
+}
+
 TEST(BinomialBounds, NormalQuantileAndIncompleteBetaEqualScipy) {
     const nlohmann::json d = binomial_reference();
     for (const auto& c : d["normal"]) {

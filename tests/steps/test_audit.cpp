@@ -570,3 +570,101 @@ TEST(AuditSteps, AReferenceThatComputesNaNFromFiniteWeightsIsBadInputNamingItsTe
             << e.what();
     }
 }
+
+// Issue #18: every fault variant caught, or said why not; bound violations
+// zero for every correct node. Step 1 only (the ci protocol's op shapes,
+// K = 512), over three seeds.
+namespace {
+
+Protocol ops_only_protocol() {
+    nlohmann::json doc = ci_protocol().document;
+    for (auto it = doc["steps"].begin(); it != doc["steps"].end();)
+        it = it.key() == "ops" ? std::next(it) : doc["steps"].erase(it);
+    for (const char* tier : {"sensitive", "tolerant"})
+        for (auto it = doc["tiers"][tier].begin(); it != doc["tiers"][tier].end();) {
+            const auto info = find_criterion(it.key());
+            it = info && info->step == "ops" ? std::next(it) : doc["tiers"][tier].erase(it);
+        }
+    return parse_protocol(doc, "ci.json (ops only)", (kRoot / "protocols").string());
+}
+
+const CriterionResult* criterion_of(const NodeVerdict& v, Tier t, const std::string& name) {
+    for (const CriterionResult& c : v.tier(t))
+        if (c.criterion == name) return &c;
+    return nullptr;
+}
+
+}  // namespace
+
+TEST(FaultVariants, BoundViolationsAreZeroForCorrectNodesAndCatchTheBitflip) {
+    const Protocol p = ops_only_protocol();
+    for (const std::uint64_t seed : {1u, 2u, 3u}) {
+        std::vector<std::unique_ptr<Backend>> nodes;
+        std::vector<std::string> names{"cpu-ref", "cpu", "cpu:storage=bf16", "cpu:storage=f16", "cpu:threads=1",
+                                       "cpu:fault=bitflip", "cpu:fault=bitflip,fault_index=77", "cpu:acc=f16"};
+        const auto backends = list_backends();
+        if (std::any_of(backends.begin(), backends.end(), [](const BackendStatus& b) { return b.name == "opencl" && b.available; }))
+            names.push_back("opencl:0");
+        for (const std::string& s : names) nodes.push_back(create_backend(s));
+        AuditConfig cfg;
+        cfg.protocol = &p;
+        cfg.model = &fixture();
+        cfg.seed = seed;
+        const AuditRun run = run_audit(cfg, nodes, 0);
+        for (const char* ok : {"cpu", "cpu:storage=bf16", "cpu:storage=f16", "cpu:threads=1", "opencl:0"}) {
+            if (std::find(names.begin(), names.end(), ok) == names.end()) continue;
+            const NodeVerdict& v = verdict_of(run, ok);
+            // The worst-case bound in both tiers, the probabilistic one in the sensitive tier.
+            for (const auto& [tier, c] : {std::pair{Tier::tolerant, "bound.violations_max"}, std::pair{Tier::sensitive, "bound.violations_max"},
+                                          std::pair{Tier::sensitive, "bound.probable_violations_max"}}) {
+                const CriterionResult* r = criterion_of(v, tier, c);
+                ASSERT_NE(r, nullptr) << ok << " " << c;
+                EXPECT_TRUE(r->measured) << ok << " " << c;
+                EXPECT_EQ(r->value, 0.0) << ok << " seed " << seed << ": " << describe(*r);
+            }
+            EXPECT_EQ(v.verdict, std::string(ok).find("storage") == std::string::npos ? Verdict::fit : v.verdict) << ok;
+        }
+        // A flipped top mantissa bit of one weight: inside the worst-case γ_K bound (the bound is
+        // ~√K loose), outside the probabilistic one — caught for the authority ranks.
+        for (const char* flip : {"cpu:fault=bitflip", "cpu:fault=bitflip,fault_index=77"}) {
+            const NodeVerdict& v = verdict_of(run, flip);
+            const CriterionResult* prob = criterion_of(v, Tier::sensitive, "bound.probable_violations_max");
+            ASSERT_NE(prob, nullptr);
+            EXPECT_GT(prob->value, 0.0) << flip << " seed " << seed;
+            // At K = 512 the flip often leaves the worst-case bound too: then unfit in every tier.
+            EXPECT_TRUE(v.verdict == Verdict::unfit_sensitive || v.verdict == Verdict::unfit) << flip << " seed " << seed;
+            EXPECT_GE(v.capabilities["faults_fired"]["ops"].get<int>(), 1) << v.capabilities.dump();
+        }
+        // An f16 running sum of K = 512 terms has no a-priori bound (K·u = 0.25 < 1 has one: it is judged).
+        const NodeVerdict& f16 = verdict_of(run, "cpu:acc=f16");
+        const CriterionResult* b = criterion_of(f16, Tier::tolerant, "bound.violations_max");
+        ASSERT_NE(b, nullptr);
+        EXPECT_EQ(b->value, 0.0) << describe(*b);
+    }
+}
+
+TEST(FaultVariants, TheRouteFaultFailsRouterAuthoritiesAndAFaultThatNeverFiredIsNoFit) {
+    const Protocol p = ops_only_protocol();
+    std::vector<std::unique_ptr<Backend>> nodes;
+    for (const char* s : {"cpu-ref", "cpu", "cpu:fault=route", "cpu:fault=nan,fault_call=100000"}) nodes.push_back(create_backend(s));
+    AuditConfig cfg;
+    cfg.protocol = &p;
+    cfg.model = &fixture();
+    const AuditRun run = run_audit(cfg, nodes, 0);
+    EXPECT_EQ(verdict_of(run, "cpu").verdict, Verdict::fit);
+    const CriterionResult* cpu_flips = criterion_of(verdict_of(run, "cpu"), Tier::sensitive, "router.flips_max");
+    ASSERT_NE(cpu_flips, nullptr);
+    EXPECT_EQ(cpu_flips->value, 0.0);
+    // One token's k-th expert swapped in the first route() call (step 1's router op): one flip.
+    const NodeVerdict& route = verdict_of(run, "cpu:fault=route");
+    EXPECT_EQ(route.verdict, Verdict::unfit_sensitive);
+    ASSERT_TRUE(route.worst.has_value());
+    EXPECT_EQ(route.worst->criterion, "router.flips_max");
+    EXPECT_EQ(route.worst->value, 1.0);
+    // fault_call beyond the run: never fired, so it is not a clean fit but an error that says so.
+    const NodeVerdict& never = verdict_of(run, "cpu:fault=nan,fault_call=100000");
+    EXPECT_EQ(never.verdict, Verdict::error);
+    ASSERT_TRUE(never.errors.count("fault"));
+    EXPECT_NE(never.errors.at("fault").find("never fired"), std::string::npos) << never.errors.at("fault");
+    EXPECT_EQ(never.capabilities["faults_fired"]["ops"], 0);
+}

@@ -121,7 +121,7 @@ TEST_P(ShippedProtocol, ParsesValidatesAndPinsItsTokens) {
     EXPECT_EQ(ops.seed, p.seed);
 }
 
-INSTANTIATE_TEST_SUITE_P(Protocols, ShippedProtocol, ::testing::Values("default", "ci", "strict"));
+INSTANTIATE_TEST_SUITE_P(Protocols, ShippedProtocol, ::testing::Values("default", "ci", "strict", "relative"));
 
 TEST(Protocol, ReadmeDocumentsEveryCriterion) {
     const std::string readme = read_text_file((kProtocols / "README.md").string());
@@ -233,6 +233,26 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"kl_divergence_unknown_key",
                 [](json& d) { d["steps"]["perplexity"]["kl_divergence"] = {{"base_rounding", "exact"}, {"cut", 16}}; },
                 "/steps/perplexity/kl_divergence/cut", "unknown key", true},
+        BadCase{"x_floor_on_a_rate", [](json& d) { d["tiers"]["sensitive"]["decide.top1_agreement_min"]["x_floor"] = 10; },
+                "/tiers/sensitive/decide.top1_agreement_min/x_floor", "error magnitudes and cosines only", true},
+        BadCase{"x_floor_below_one", [](json& d) { d["tiers"]["sensitive"]["logits.kl_p99"]["x_floor"] = 0.5; },
+                "/tiers/sensitive/logits.kl_p99/x_floor", "must be in [1, 1e12]", true},
+        BadCase{"x_floor_sensitive_looser",
+                [](json& d) {
+                    d["tiers"]["sensitive"]["logits.kl_p99"]["x_floor"] = 100;
+                    d["tiers"]["tolerant"]["logits.kl_p99"]["x_floor"] = 10;
+                },
+                "/tiers/sensitive/logits.kl_p99/x_floor", "looser than the tolerant tier's 10", false},
+        BadCase{"floor_is_the_reference",
+                [](json& d) {
+                    d["floor"] = "cpu-ref";
+                    d["tiers"]["sensitive"]["logits.kl_p99"]["x_floor"] = 100;
+                },
+                "/floor", "the floor node 'cpu-ref' is the reference", false},
+        BadCase{"statistics_confidence_half", [](json& d) { d["statistics"]["confidence"] = 0.5; }, "/statistics/confidence",
+                "must be in (0.5, 0.999999]", true},
+        BadCase{"statistics_interval_unknown", [](json& d) { d["statistics"]["interval"] = "agresti-coull"; }, "/statistics/interval",
+                "expected \"wilson\" or \"clopper-pearson\"", true},
         BadCase{"second_half_tiny_window",
                 [](json& d) {
                     d["steps"]["perplexity"]["score"] = "second_half";
@@ -280,7 +300,7 @@ NodeInput good_node(const std::string& name = "cpu") {
     n.node = name;
     n.capabilities = {{"node", name}, {"accumulation", "f32"}};
     n.measurements = {{"logits.kl_p99", "logits", 1e-9},
-                      {"decide.top1_agreement_min", "decide", 1.0},
+                      {"decide.top1_agreement_min", "decide", 1.0, RateCount{1000, 1000}},
                       {"ops.matmul.max_rel", "ops", 1e-3},
                       {"ops.moe.max_rel", "ops", 9e-4},
                       {"ops.softmax.max_rel", "ops", 5e-2},
@@ -289,9 +309,14 @@ NodeInput good_node(const std::string& name = "cpu") {
     return n;
 }
 
+// A rate keeps its trials: its successes follow the value.
 void set(NodeInput& n, const std::string& criterion, double value) {
     for (auto& m : n.measurements)
-        if (m.criterion == criterion) m.value = value;
+        if (m.criterion == criterion) {
+            m.value = value;
+            if (m.count && std::isfinite(value))
+                m.count->successes = std::llround(value * static_cast<double>(m.count->trials));
+        }
 }
 
 const CriterionResult* find(const std::vector<CriterionResult>& rs, const std::string& name) {
@@ -349,8 +374,10 @@ TEST(Verdict, UnfitWhenATolerantCriterionFails) {
     ASSERT_TRUE(v.worst.has_value());
     EXPECT_EQ(v.worst->criterion, "decide.top1_agreement_min");
     EXPECT_EQ(v.worst->tier, Tier::tolerant);
-    // complement_log margin: log10((1 − 0.9) / (1 − 0.5)) = log10(0.2).
-    EXPECT_NEAR(v.worst->margin, std::log10(0.2), 1e-12);
+    // complement_log margin of the rate's lower bound (500 of 1000, Wilson 95 %): log10((1 − 0.9) / (1 − lower)).
+    const double lower = binomial_lower_bound(500, 1000, 0.95, BinomialBound::wilson);
+    EXPECT_NEAR(lower, 0.474, 1e-3);
+    EXPECT_NEAR(v.worst->margin, std::log10(0.1 / (1.0 - lower)), 1e-12);
 }
 
 TEST(Verdict, StepErrorIsError) {
@@ -419,7 +446,7 @@ TEST(Verdict, RepeatedMeasurementsAreJudgedOnTheWorst) {
     NodeVerdict v = judge_node(n, sensitive_tols(), tolerant_tols());
     EXPECT_DOUBLE_EQ(find(v.sensitive, "logits.kl_p99")->value, 5e-6);
     EXPECT_EQ(v.verdict, Verdict::unfit_sensitive);
-    n.measurements.push_back({"decide.top1_agreement_min", "decide", 0.95});  // min direction: smaller is worse
+    n.measurements.push_back({"decide.top1_agreement_min", "decide", 0.95, RateCount{950, 1000}});  // min direction: smaller is worse
     v = judge_node(n, sensitive_tols(), tolerant_tols());
     EXPECT_DOUBLE_EQ(find(v.sensitive, "decide.top1_agreement_min")->value, 0.95);
 }
@@ -530,12 +557,14 @@ TEST(Verdict, JudgedAgainstAShippedProtocol) {
     f32.measurements = {{"ops.max_rel", "ops", 9.8e-4},           {"ops.cosine_min", "ops", 1 - 1.1e-13},
                         {"shard.max_rel", "ops", 9.1e-5},         {"drift.final_rel", "drift", 2e-6},
                         {"drift.alpha_max", "drift", 0.6},        {"logits.kl_p99", "logits", 1e-10},
-                        {"logits.linf_max", "logits", 1e-5},      {"decide.top1_agreement_min", "decide", 1.0},
-                        {"decide.routing_agreement_min", "decide", 1.0}, {"generate.first_divergence_min", "generate", 32},
+                        {"logits.linf_max", "logits", 1e-5},      {"decide.top1_agreement_min", "decide", 1.0, RateCount{320, 320}},
+                        {"decide.routing_agreement_min", "decide", 1.0, RateCount{960, 960}}, {"generate.first_divergence_min", "generate", 32},
                         {"perplexity.ratio_max", "perplexity", 1e-7}, {"determinism", "determinism", 0},
                         {"invariance.ops_max_rel", "invariance", 0}, {"invariance.batch_max_rel", "invariance", 0},
                         {"invariance.prefill_decode_max_rel", "invariance", 6.5e-4},
-                        {"invariance.repeat_unique_max", "invariance", 1}};
+                        {"invariance.repeat_unique_max", "invariance", 1},
+                        {"bound.violations_max", "ops", 0},       {"bound.probable_violations_max", "ops", 0},
+                        {"router.flips_max", "ops", 0},           {"decide.routing_clear_flips_max", "decide", 0}};
     EXPECT_EQ(judge_node(f32, p).verdict, Verdict::fit);
     NodeInput f16 = f32;
     f16.node = "cpu:acc=f16";
@@ -550,6 +579,149 @@ TEST(Verdict, JudgedAgainstAShippedProtocol) {
     ASSERT_TRUE(v.worst.has_value());
     // Furthest outside: 1−cos 6.1e-5 against 1e-8 is 3.8 decades, max_rel 25.7 against 0.03 is 2.9.
     EXPECT_EQ(v.worst->criterion, "ops.cosine_min");
+}
+
+// Rates are judged on a one-sided confidence bound, not on the point value (verdict.hpp).
+TEST(Verdict, RatesAreJudgedOnTheirConfidenceBound) {
+    const Tolerance t99{0.99, "s"};
+    const auto judge = [&](std::int64_t k, std::int64_t n, const Protocol::Statistics& st = {}, const Tolerance& tol = {0.99, "s"}) {
+        return judge_criterion("decide.top1_agreement_min", "decide", static_cast<double>(k) / static_cast<double>(n), tol,
+                               "decide.top1_agreement_min", Tier::sensitive, RateCount{k, n}, st);
+    };
+    using D = RateJudgement::Decision;
+    // 64 of 64 agree: the point value 1 would pass, but 64 trials show only n/(n+z²) = 0.9594 (Wilson, 95 %).
+    CriterionResult r = judge(64, 64);
+    ASSERT_TRUE(r.rate.has_value());
+    EXPECT_FALSE(r.pass);
+    EXPECT_EQ(r.rate->decision, D::undecided);
+    const double z2 = 1.6448536269514722 * 1.6448536269514722;
+    EXPECT_NEAR(r.rate->lower, 64.0 / (64.0 + z2), 1e-12);
+    EXPECT_EQ(r.rate->upper, 1.0);
+    EXPECT_EQ(r.rate->trials_to_show, 268);
+    EXPECT_EQ(r.rate->trials_to_decide, 268);
+    EXPECT_LT(r.margin, 0);  // of the lower bound: margin > 0 iff shown
+    EXPECT_NE(describe(r).find("64/64"), std::string::npos) << describe(r);
+    EXPECT_NE(describe(r).find("undecided, 268 trials"), std::string::npos) << describe(r);
+    // 320 of 320: shown.
+    r = judge(320, 320);
+    EXPECT_TRUE(r.pass);
+    EXPECT_EQ(r.rate->decision, D::shown);
+    EXPECT_NEAR(r.tightest_passing, 320.0 / (320.0 + z2), 1e-12);
+    EXPECT_NEAR(r.margin, std::log10(0.01 / (1.0 - 320.0 / (320.0 + z2))), 1e-9);
+    // 319 of 320 (99.7 %): neither shown nor refuted; 300 of 320 (93.75 %): shown to miss.
+    EXPECT_EQ(judge(319, 320).rate->decision, D::undecided);
+    EXPECT_FALSE(judge(319, 320).pass);
+    r = judge(300, 320);
+    EXPECT_EQ(r.rate->decision, D::refuted);
+    EXPECT_LT(r.rate->upper, 0.99);
+    EXPECT_NE(describe(r).find("shown to miss"), std::string::npos) << describe(r);
+    // Few trials do not fail a node on noise: 61 of 64 (95.3 %) shows >= 0.85 (the tolerant tier's figure).
+    r = judge(61, 64, {}, Tolerance{0.85, "t"});
+    EXPECT_TRUE(r.pass);
+    EXPECT_EQ(r.rate->decision, D::shown);
+    // Clopper–Pearson: the lower bound of n of n is (1 − c)^(1/n): 299 of 299 shows 0.99, 298 of 298 does not.
+    const Protocol::Statistics cp{0.95, BinomialBound::clopper_pearson};
+    EXPECT_NEAR(judge(299, 299, cp).rate->lower, std::pow(0.05, 1.0 / 299.0), 1e-10);
+    EXPECT_TRUE(judge(299, 299, cp).pass);
+    EXPECT_FALSE(judge(298, 298, cp).pass);
+    // A higher confidence needs more trials: 320 of 320 at 99 % (z = 2.326) shows only 0.9834.
+    EXPECT_FALSE(judge(320, 320, Protocol::Statistics{0.99, BinomialBound::wilson}).pass);
+    // A tolerance of 1 is a count: every trial must agree, whatever n.
+    r = judge(5, 5, {}, Tolerance{1.0, "every one"});
+    EXPECT_TRUE(r.pass);
+    EXPECT_EQ(r.rate->decision, D::exact);
+    EXPECT_FALSE(judge(319, 320, {}, Tolerance{1.0, "every one"}).pass);
+    // The JSON carries the evidence.
+    const nlohmann::ordered_json j = to_json(judge(64, 64));
+    EXPECT_EQ(j["rate"]["successes"], 64);
+    EXPECT_EQ(j["rate"]["trials"], 64);
+    EXPECT_EQ(j["rate"]["decision"], "undecided");
+    EXPECT_EQ(j["rate"]["interval"], "wilson");
+    EXPECT_EQ(j["rate"]["trials_to_show"], 268);
+    // A rate without its trials cannot be bounded: a bug of the producer, loud.
+    EXPECT_THROW((void)judge_criterion("decide.top1_agreement_min", "decide", 1.0, t99, "decide.top1_agreement_min", Tier::sensitive),
+                 Error);
+    NodeInput bare = good_node();
+    for (auto& m : bare.measurements) m.count.reset();
+    EXPECT_THROW((void)judge_node(bare, sensitive_tols(), tolerant_tols()), Error);
+}
+
+// x_floor tolerances: a multiple of the floor node's own value, measured in
+// the same run; the absolute value where there is nothing to scale.
+TEST(Verdict, FloorRelativeTolerances) {
+    Protocol p = load_protocol((kProtocols / "relative.json").string());
+    ASSERT_TRUE(p.uses_floor());
+    EXPECT_EQ(p.floor, "cpu");
+    EXPECT_EQ(*p.sensitive.at("logits.linf_max").x_floor, 30.0);
+    EXPECT_EQ(*p.sensitive.at("logits.kl_p99").x_floor, 1000.0);
+    const Tolerance lin = p.sensitive.at("logits.linf_max");
+    const auto judge = [&](double value, const FloorValues* floor) {
+        return judge_criterion("logits.linf_max", "logits", value, lin, "logits.linf_max", Tier::sensitive, std::nullopt, {}, floor,
+                               "cpu");
+    };
+    // The floor measured 2e-4 (a deep model's honest f32 logits): tolerance 30 × 2e-4 = 6e-3.
+    const FloorValues f{"cpu", {{"logits.linf_max", 2e-4}, {"ops.cosine_min", 1 - 1e-12}, {"logits.kl_p99", 0.0}}};
+    CriterionResult r = judge(5e-3, &f);
+    EXPECT_TRUE(r.pass);
+    EXPECT_DOUBLE_EQ(r.tolerance, 6e-3);
+    ASSERT_TRUE(r.floor.has_value());
+    EXPECT_TRUE(r.floor->relative);
+    EXPECT_EQ(r.floor->floor_value, 2e-4);
+    EXPECT_NE(describe(r).find("30 x floor cpu 2.00e-04"), std::string::npos) << describe(r);
+    EXPECT_FALSE(judge(7e-3, &f).pass);
+    // Cosines on 1 − x: 1000 × 1e-12 → 1 − 1e-9.
+    const CriterionResult c = judge_criterion("ops.cosine_min", "ops", 1 - 5e-10, p.sensitive.at("ops.cosine_min"), "ops.cosine_min",
+                                              Tier::sensitive, std::nullopt, {}, &f, "cpu");
+    EXPECT_TRUE(c.pass);
+    EXPECT_NEAR(1 - c.tolerance, 1e-9, 1e-13);  // 1 − (1 − 1e-12) is 1e-12 to ~1e-16 absolute, ×1000
+    // A floor of 0 (bit-identical to the reference) scales nothing: the absolute value, said so.
+    const CriterionResult z = judge_criterion("logits.kl_p99", "logits", 5e-7, p.sensitive.at("logits.kl_p99"), "logits.kl_p99",
+                                              Tier::sensitive, std::nullopt, {}, &f, "cpu");
+    EXPECT_EQ(z.tolerance, p.sensitive.at("logits.kl_p99").value);
+    EXPECT_FALSE(z.floor->relative);
+    EXPECT_NE(z.floor->why.find("bit-identical"), std::string::npos) << z.floor->why;
+    // No floor node in the run: the absolute value.
+    r = judge(5e-3, nullptr);
+    EXPECT_EQ(r.tolerance, lin.value);
+    EXPECT_FALSE(r.pass);
+    EXPECT_NE(r.floor->why.find("cpu"), std::string::npos);
+    // judge(): the floor node's worst values scale every other node; the floor itself is not judged by them.
+    NodeInput floor_node, other;
+    floor_node.node = "cpu";
+    other.node = "opencl:0";
+    for (NodeInput* n : {&floor_node, &other}) n->measurements = {{"logits.linf_max", "logits", 2e-4}, {"logits.kl_p99", "logits", 1e-9}};
+    other.measurements[0].value = 3e-3;  // 15 × the floor
+    Tolerances sens{{"logits.linf_max", lin}, {"logits.kl_p99", p.sensitive.at("logits.kl_p99")}};
+    Tolerances tol{{"logits.linf_max", p.tolerant.at("logits.linf_max")}, {"logits.kl_p99", p.tolerant.at("logits.kl_p99")}};
+    const std::vector<NodeVerdict> vs = kvasir::judge({floor_node, other}, p, &sens, &tol);
+    EXPECT_TRUE(vs[0].floor);
+    EXPECT_EQ(vs[0].verdict, Verdict::fit);
+    EXPECT_EQ(vs[0].not_measurable.count("logits.linf_max"), 1u);
+    EXPECT_EQ(std::count_if(vs[0].sensitive.begin(), vs[0].sensitive.end(), [](const CriterionResult& x) { return x.floor.has_value(); }), 0);
+    EXPECT_EQ(vs[1].verdict, Verdict::fit);
+    const CriterionResult* l = find(vs[1].sensitive, "logits.linf_max");
+    ASSERT_NE(l, nullptr);
+    EXPECT_DOUBLE_EQ(l->tolerance, 6e-3);
+    EXPECT_EQ(to_json(vs[1])["criteria"]["sensitive"][1]["floor"]["node"], "cpu");
+    EXPECT_EQ(to_json(vs[0])["floor"], true);
+}
+
+TEST(Verdict, TooFewTrialsAreWarnedAboutOncePerCriterion) {
+    NodeInput a = good_node("cpu"), b = good_node("opencl");
+    for (NodeInput* n : {&a, &b})
+        for (auto& m : n->measurements)
+            if (m.count) m.count = RateCount{64, 64};
+    const std::vector<NodeVerdict> vs = {judge_node(a, sensitive_tols(), tolerant_tols()),
+                                         judge_node(b, sensitive_tols(), tolerant_tols())};
+    EXPECT_EQ(vs[0].verdict, Verdict::unfit_sensitive);  // 64 of 64 cannot show 0.99
+    const std::vector<std::string> w = sample_size_warnings(vs);
+    ASSERT_EQ(w.size(), 1u);  // the tolerant tier's 0.9 needs 25: 64 suffice
+    EXPECT_NE(w[0].find("decide.top1_agreement_min (sensitive): 64 trials cannot show >= 0.99"), std::string::npos) << w[0];
+    EXPECT_NE(w[0].find("needs 268"), std::string::npos) << w[0];
+    // Enough trials: no warning, fit.
+    const std::vector<NodeVerdict> ok = {judge_node(good_node(), sensitive_tols(), tolerant_tols())};
+    EXPECT_EQ(ok[0].verdict, Verdict::fit);
+    EXPECT_TRUE(sample_size_warnings(ok).empty());
 }
 
 TEST(Verdict, Json) {
@@ -587,7 +759,7 @@ TEST(Verdict, ACriterionThatDoesNotApplyToTheModelIsNotJudgedUnlessMeasured) {
     EXPECT_EQ(to_json(v)["not_applicable"]["decide.routing_agreement_min"], "no MoE layers");
     EXPECT_EQ(not_applicable_criteria({v}).size(), 1u);
     // Measured anyway: judged as usual (inapplicability never hides a figure).
-    dense.measurements.push_back({"decide.routing_agreement_min", "decide", 0.5});
+    dense.measurements.push_back({"decide.routing_agreement_min", "decide", 0.5, RateCount{50, 100}});
     v = judge_node(dense, sens, tol);
     EXPECT_EQ(v.verdict, Verdict::unfit);
     ASSERT_NE(find(v.tolerant, "decide.routing_agreement_min"), nullptr);

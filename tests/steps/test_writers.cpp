@@ -319,7 +319,7 @@ TEST(ReportJson, ValidatesAgainstTheShippedSchema) {
     std::vector<std::string> keys;
     for (const auto& [k, val] : j.items()) keys.push_back(k);
     EXPECT_EQ(keys, (std::vector<std::string>{"schema", "tool", "protocol", "model", "reference", "seed", "gate", "exit_code",
-                                              "summary", "nodes", "pairs", "drift", "steps"}));
+                                              "summary", "warnings", "nodes", "pairs", "drift", "steps"}));
     EXPECT_EQ(j["schema"], "kvasir-equiv/audit/1");
     EXPECT_EQ(j["exit_code"], 1);
     EXPECT_EQ(j["summary"]["judged"], 4);
@@ -650,7 +650,7 @@ AuditReport large_report(std::size_t n, std::size_t layers) {
         }
         in.measurements.insert(in.measurements.end(), {{"logits.kl_p99", "logits", e}, {"logits.linf_max", "logits", e * 1e3},
                                                       {"drift.final_rel", "drift", e * 10}, {"drift.alpha_max", "drift", 0.5},
-                                                      {"decide.top1_agreement_min", "decide", 0.97}, {"perplexity.ratio_max", "perplexity", e},
+                                                      {"decide.top1_agreement_min", "decide", 0.97, RateCount{970, 1000}}, {"perplexity.ratio_max", "perplexity", e},
                                                       {"generate.first_divergence_min", "generate", 16}, {"determinism", "determinism", 0},
                                                       {"shard.max_rel", "ops", e}});
         r.nodes.push_back(judge_node(in, s, t));

@@ -105,6 +105,13 @@ void compare_step(const Protocol& p, const std::string& name, const std::vector<
         out.steps[name] = nlohmann::ordered_json{{"error", why}};
         return;
     }
+    // A fault-injecting node that ran the step: what its fault did there
+    // (the verdict tells a fault that never fired from one not caught).
+    for (std::size_t i = 0; i < n; ++i)
+        if (nodes[i].faults && present[i]) {
+            const auto f = nodes[i].faults->find(name);
+            led.faults_fired(i, name, f != nodes[i].faults->end() ? f->second : 0);
+        }
     std::vector<bool> free(n, false);
     for (std::size_t i = 0; i < n; ++i) {
         free[i] = nodes[i].free_running;
@@ -227,10 +234,13 @@ AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>&
                 if (i != reference) order.push_back(i);
             for (std::size_t i : order) {
                 StepOutput o;
+                const std::optional<std::int64_t> faults_before = nodes[i]->injected_faults();
                 if (auto failed = as_node_failure([&] { o = s.collect(env, *timed[i], decisions, i == reference); })) {
                     recs[i].errors[name] = *failed;
                     continue;
                 }
+                if (faults_before)
+                    recs[i].faults = std::map<std::string, std::int64_t>{{name, *nodes[i]->injected_faults() - *faults_before}};
                 if (i == reference) detail::check_reference_finite(o, timing.nodes[i], name, ac.model);
                 outs[i].add(std::move(o));
                 recs[i].steps.push_back(name);
@@ -349,7 +359,7 @@ AuditRun compare_captures(const CompareConfig& cc, const std::vector<const Captu
         n.node = c->node();
         n.capabilities = c->capabilities();
         inputs.push_back(std::move(n));
-        recs.push_back({c, c->steps(), c->errors(), c->not_captured(), c->free_running()});
+        recs.push_back({c, c->steps(), c->errors(), c->not_captured(), c->free_running(), c->faults_injected()});
     }
     Ledger led(std::move(inputs), reference);
     nlohmann::ordered_json sources = nlohmann::ordered_json::array();
@@ -375,7 +385,7 @@ AuditRun compare_captures(const CompareConfig& cc, const std::vector<const Captu
             const auto info = find_criterion(name);
             if (info && wants_step(cc, info->step)) tier_out->emplace(name, t);
         }
-    for (const NodeInput& in : run.inputs) out.nodes.push_back(judge_node(in, sens, tol));
+    out.nodes = judge(run.inputs, p, &sens, &tol);
     return run;
 }
 

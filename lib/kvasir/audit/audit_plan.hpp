@@ -70,6 +70,8 @@ struct NodeRecord {
     std::map<std::string, std::string> errors;
     std::map<std::string, std::string> not_captured;
     bool free_running = false;
+    // A fault-injecting node: step → op outputs its fault corrupted in it.
+    std::optional<std::map<std::string, std::int64_t>> faults;
 };
 
 // Step `name` compared over `nodes` into the ledger and the report: a node

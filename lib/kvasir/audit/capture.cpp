@@ -121,6 +121,19 @@ Capture Capture::open(const std::string& path) {
             c.not_captured_[k] = v.get<std::string>();
         }
     }
+    // Optional (kvasir's fault-injecting nodes): what the fault did per step.
+    if (const auto it = meta.find("faults_injected"); it != meta.end()) {
+        const nlohmann::json f = parse_meta_json(path, "faults_injected", it->second);
+        KVASIR_CHECK(f.is_object(), ErrorCode::bad_input, "{}: faults_injected must be a JSON object", path);
+        auto& out = c.faults_.emplace();
+        for (const auto& [k, v] : f.items()) {
+            KVASIR_CHECK(v.is_number_unsigned(), ErrorCode::bad_input,
+                         "{}: faults_injected/{} must be a non-negative integer", path, nlohmann::json(k).dump());
+            KVASIR_CHECK(std::find(c.steps_.begin(), c.steps_.end(), k) != c.steps_.end(), ErrorCode::bad_input,
+                         "{}: faults_injected names step {}, which the capture does not list", path, nlohmann::json(k).dump());
+            out[k] = static_cast<std::int64_t>(std::min<std::uint64_t>(v.get<std::uint64_t>(), std::uint64_t{1} << 62));
+        }
+    }
     // A node that runs its own router and decoding (an external runtime:
     // llama.cpp) declares "authority": "none"; kvasir's own captures are pinned.
     if (const auto a = caps.find("authority"); a != caps.end()) {
@@ -168,6 +181,7 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
     CaptureData cd;
     nlohmann::ordered_json errors = nlohmann::ordered_json::object();
     nlohmann::ordered_json seconds = nlohmann::ordered_json::object();
+    nlohmann::ordered_json faults = nlohmann::ordered_json::object();
     int index = 0;
     for (const std::string& name : selected) {
         ++index;
@@ -177,9 +191,11 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
         // The authority's failure is not the node's: it ends the capture.
         const std::any decisions = step.decide(env, authority);
         StepOutput out;
+        const std::optional<std::int64_t> faults_before = node.injected_faults();
         if (auto why = as_node_failure([&] { out = step.collect(env, node, decisions, self); })) {
             errors[name] = *why;
         } else {
+            if (faults_before) faults[name] = *node.injected_faults() - *faults_before;
             if (self) detail::check_reference_finite(out, node.capabilities().node, name, &model);
             for (auto& [k, t] : out.tensors) cd.tensors.insert_or_assign(k, std::move(t));
             for (auto& [k, v] : out.notes) cd.metadata.insert_or_assign(k, std::move(v));
@@ -205,6 +221,7 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
     m["authority"] = authority.capabilities().node;
     m["step_seconds"] = seconds.dump();
     if (const auto cache = node.weight_cache_stats()) m["weight_cache"] = to_json(*cache).dump();
+    if (node.injected_faults()) m["faults_injected"] = faults.dump();
     return cd;
 }
 

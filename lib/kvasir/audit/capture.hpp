@@ -58,6 +58,9 @@ public:
     // capabilities.authority == "none": the node ran its own router and its
     // own decoding (no decisions pinned by the authority).
     bool free_running() const { return free_running_; }
+    // A fault-injecting node (metadata "faults_injected", optional): step →
+    // op outputs its fault corrupted there (NodeInput::faults_fired).
+    const std::optional<std::map<std::string, std::int64_t>>& faults_injected() const { return faults_; }
     const std::map<std::string, std::string>& metadata() const { return file_->metadata(); }
     // Did this capture run `step` (listed in steps, not failed)?
     bool has_step(const std::string& step) const;
@@ -73,6 +76,7 @@ private:
     nlohmann::ordered_json capabilities_;
     std::uint64_t seed_ = 0;
     std::vector<std::string> steps_;
+    std::optional<std::map<std::string, std::int64_t>> faults_;
     std::map<std::string, std::string> errors_, not_captured_;
     bool free_running_ = false;
     std::shared_ptr<SafetensorsFile> file_;

@@ -36,6 +36,12 @@ const std::vector<CriterionInfo>& criterion_catalog() {
          "step 1: cosine of each op's output with the reference's (worst op unless a per-op tolerance names it)"},
         {"shard.max_rel", "ops", D::max, S::log, false, true,
          "step 1: MoE block split across simulated nodes and recombined vs monolithic, same node (accumulation order only)"},
+        {"router.flips_max", "ops", D::max, S::linear, true, false,
+         "step 1: rows of the router ops (router_softmax, router_sigmoid) whose top-k expert SET differs from the reference's: a router authority must pick the oracle's experts"},
+        {"bound.violations_max", "ops", D::max, S::linear, true, false,
+         "step 1: matmul outputs outside their rigorous a-priori error bound (Higham 3.1: storage rounding + gamma_K of the accumulator + output rounding, from the oracle's sum |x||w|): one is proof of a wrong result"},
+        {"bound.probable_violations_max", "ops", D::max, S::linear, true, false,
+         "step 1: matmul outputs outside the probabilistic bound (Higham & Mary 2019, lambda 8: an honest element lands outside with probability < 2.6e-14) in place of gamma_K: ~sqrt(K) tighter"},
         {"drift.final_rel", "drift", D::max, S::log, false, true,
          "step 2: normwise relative delta ||h_cand - h_ref|| / ||h_ref|| of the residual stream after the last layer"},
         {"drift.alpha_max", "drift", D::max, S::linear, false, true,
@@ -45,9 +51,11 @@ const std::vector<CriterionInfo>& criterion_catalog() {
         {"logits.linf_max", "logits", D::max, S::log, false, true,
          "step 3: max over positions of the L-infinity norm of the logit delta"},
         {"decide.top1_agreement_min", "decide", D::min, S::complement_log, false, true,
-         "step 4: fraction of positions whose argmax token equals the reference's"},
+         "step 4: fraction of positions whose argmax token equals the reference's (judged on its lower confidence bound)", true},
         {"decide.routing_agreement_min", "decide", D::min, S::complement_log, false, false,
-         "step 4: fraction of (token, layer) rows whose top-k expert SET equals the reference's, each node running its own router (no authority)"},
+         "step 4: fraction of (token, layer) rows whose top-k expert SET equals the reference's, each node running its own router (no authority; judged on its lower confidence bound)", true},
+        {"decide.routing_clear_flips_max", "decide", D::max, S::linear, true, false,
+         "step 4: (token, MoE layer) rows whose expert SET differs from the reference's, each node running its own router, among rows whose authority router gap is at least the border (1e-3): a flip there is no near-tie but a wrong router"},
         {"generate.first_divergence_min", "generate", D::min, S::linear, true, true,
          "step 5: index of the first generated token that differs from the reference's under independent greedy decoding; n when none differs"},
         {"generate.divergences_max", "generate", D::max, S::linear, true, false,
@@ -294,8 +302,16 @@ Tolerances read_tier(const Reader& r, const nlohmann::json& j, const std::string
             for (const auto& c : criterion_catalog()) known += (known.empty() ? "" : ", ") + c.name;
             r.bad(cp, fmt::format("unknown criterion (known: {}, and ops.<op>.max_rel / ops.<op>.cosine_min)", known));
         }
-        r.object(t, cp, {"value", "why"});
+        r.object(t, cp, {"value", "why"}, {"x_floor"});
         Tolerance tol;
+        if (t.contains("x_floor")) {
+            const std::string xp = json_pointer_child(cp, "x_floor");
+            if (info->rate || info->integer || info->scale == MarginScale::linear)
+                r.bad(xp, "a floor multiple applies to error magnitudes and cosines only (not to rates, counts or alpha)");
+            const double m = r.number(t.at("x_floor"), xp);
+            if (!(m >= 1.0 && m <= 1e12)) r.bad(xp, fmt::format("{} must be in [1, 1e12] (a multiple of the floor)", t.at("x_floor").dump()));
+            tol.x_floor = m;
+        }
         const std::string vp = json_pointer_child(cp, "value");
         if (info->integer)
             tol.value = static_cast<double>(r.integer(t.at("value"), vp, 0, kMaxTokens));
@@ -337,11 +353,19 @@ void check_tiers(const Reader& r, const Protocol& pr) {
     }
     // The sensitive tier is the stricter one: a node that is fit must also
     // meet the tolerant tier, or "unfit-sensitive" would not sit between fit
-    // and unfit.
+    // and unfit. A relative tolerance is compared with a relative one only
+    // (its multiple and its fallback each at least as strict).
     for (const auto& [name, s] : pr.sensitive) {
         const auto t = pr.tolerant.find(name);
         if (t == pr.tolerant.end()) continue;
         const auto info = find_criterion(name);
+        // A relative tolerance and an absolute one cannot be ordered before
+        // the run: the verdict still checks the tolerant tier first.
+        if (s.x_floor.has_value() != t->second.x_floor.has_value()) continue;
+        if (s.x_floor && *s.x_floor > *t->second.x_floor)
+            r.bad(json_pointer_child(json_pointer_child("/tiers/sensitive", name), "x_floor"),
+                  fmt::format("{} is looser than the tolerant tier's {} (the sensitive tier must be at least as strict)",
+                              *s.x_floor, *t->second.x_floor));
         const bool looser = info->direction == Direction::max ? s.value > t->second.value : s.value < t->second.value;
         if (looser)
             r.bad(json_pointer_child(json_pointer_child("/tiers/sensitive", name), "value"),
@@ -352,10 +376,17 @@ void check_tiers(const Reader& r, const Protocol& pr) {
 
 }  // namespace
 
+bool Protocol::uses_floor() const {
+    for (const Tolerances* t : {&sensitive, &tolerant})
+        for (const auto& [name, tol] : *t)
+            if (tol.x_floor) return true;
+    return false;
+}
+
 Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, const std::string& base_dir) {
     const Reader r(source);
     r.object(doc, "", {"format", "id", "version", "description", "reference", "seed", "steps", "tiers"},
-             {"$schema", "model", "limits"});
+             {"$schema", "model", "limits", "statistics", "floor"});
     Protocol pr;
     pr.source = source;
     pr.base_dir = base_dir;
@@ -394,6 +425,30 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
             const double v = r.number(l.at(key), path);
             if (!(v > 0) || !std::isfinite(v)) r.bad(path, fmt::format("must be a positive number, got {}", v));
             *field = v;
+        }
+    }
+
+    if (doc.contains("floor")) {
+        pr.floor = r.string(doc, "floor", "");
+        try {
+            pr.floor = BackendSpec::parse(pr.floor).canonical();
+        } catch (const Error& e) {
+            r.bad("/floor", e.what());
+        }
+    }
+    if (doc.contains("statistics")) {
+        const auto& st = r.object(doc.at("statistics"), "/statistics", {"confidence", "interval"});
+        const double c = r.number(st, "confidence", "/statistics");
+        // 0.5 is no confidence at all; beyond 1 − 1e-6 the bounds need more
+        // tokens than any protocol holds.
+        if (!(c > 0.5 && c <= 0.999999))
+            r.bad("/statistics/confidence", fmt::format("{} must be in (0.5, 0.999999]", st.at("confidence").dump()));
+        pr.statistics.confidence = c;
+        const std::string interval = r.string(st, "interval", "/statistics");
+        try {
+            pr.statistics.interval = parse_binomial_bound(interval);
+        } catch (const Error& e) {
+            r.bad("/statistics/interval", e.what());
         }
     }
 
@@ -478,6 +533,9 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
     pr.sensitive = read_tier(r, tiers.at("sensitive"), "/tiers/sensitive");
     pr.tolerant = read_tier(r, tiers.at("tolerant"), "/tiers/tolerant");
     check_tiers(r, pr);
+    if (pr.uses_floor() && pr.floor == BackendSpec::parse(pr.reference).canonical())
+        r.bad(doc.contains("floor") ? "/floor" : "/reference",
+              fmt::format("the floor node '{}' is the reference: x_floor tolerances need a floor measured against it", pr.floor));
 
     pr.document = doc;
     pr.content_hash = content_hash(doc);

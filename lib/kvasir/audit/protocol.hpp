@@ -21,6 +21,11 @@
 //     "seed": 20261129,                               seeded inputs (counter RNG)
 //     "limits": {"node_timeout_s", "node_memory_gib"}, optional: each node's
 //                                                     process limits (audit)
+//     "statistics": {"confidence": 0.95,              optional: how rate criteria
+//                    "interval": "wilson"},           are judged (default as shown;
+//                                                     or "clopper-pearson")
+//     "floor": "cpu",                                 optional: the floor node of
+//                                                     x_floor tolerances
 //     "steps": {                                      a step runs iff it is present
 //       "ops":        {"tokens", "shapes": {hidden, intermediate, experts, top_k,
 //                      vocab, heads, head_dim}, "rope_theta", "rms_eps", "shards",
@@ -34,7 +39,7 @@
 //       "invariance": {"tokens": STREAM, "batch_sizes": [B...], "op_rows", "repeats", "decode"}
 //     },
 //     "tiers": {
-//       "sensitive": {CRITERION: {"value": number, "why": "one line"}, ...},
+//       "sensitive": {CRITERION: {"value": number, "why": "one line"[, "x_floor": M]}, ...},
 //       "tolerant":  {CRITERION: {"value": number, "why": "one line"}, ...}
 //     }
 //   }
@@ -63,6 +68,7 @@
 #include "kvasir/core/canonical_json.hpp"
 #include "kvasir/core/json_schema.hpp"
 #include "kvasir/core/sha256.hpp"
+#include "kvasir/metrics/stats.hpp"  // BinomialBound
 #include "kvasir/steps/op_delta.hpp"  // OpsConfig, all_op_names()
 
 #include <nlohmann/json.hpp>
@@ -106,21 +112,28 @@ struct CriterionInfo {
     bool integer = false;  // counts: tolerance must be an integer
     bool required = true;  // a tier must have it whenever its step runs
     std::string meaning;   // one line: what is measured, and how
+    // A rate of successes over trials (agreement): judged on a one-sided
+    // confidence bound of the rate, not on the point value (verdict.hpp;
+    // Protocol::statistics says at which confidence, by which interval).
+    bool rate = false;
 };
 
 // The fixed catalogue — these names are the contract between the protocol
 // files, the steps that produce measurements, and the verdicts:
-//   ops.max_rel ops.cosine_min shard.max_rel drift.final_rel drift.alpha_max
-//   logits.kl_p99 logits.linf_max decide.top1_agreement_min
-//   decide.routing_agreement_min generate.first_divergence_min
+//   ops.max_rel ops.cosine_min router.flips_max shard.max_rel
+//   drift.final_rel drift.alpha_max logits.kl_p99 logits.linf_max
+//   decide.top1_agreement_min decide.routing_agreement_min
+//   decide.routing_clear_flips_max generate.first_divergence_min
 //   generate.divergences_max perplexity.ratio_max determinism
 //   invariance.ops_max_rel invariance.batch_max_rel
 //   invariance.prefill_decode_max_rel invariance.repeat_unique_max
 // plus per-op overrides "ops.<op>.max_rel" / "ops.<op>.cosine_min" for every
 // <op> of all_op_names(). Optional (required == false): the per-op overrides,
 // decide.routing_agreement_min (measured WITHOUT router authority: it shows
-// why authority is needed, see SPEC §1) and generate.divergences_max (needs
-// teacher forcing). Every other criterion is required in both tiers whenever
+// why authority is needed, see SPEC §1), the router flip counts
+// router.flips_max and decide.routing_clear_flips_max (they gate router
+// authorities: the shipped protocols give them in the sensitive tier only)
+// and generate.divergences_max (needs teacher forcing). Every other criterion is required in both tiers whenever
 // its step runs.
 const std::vector<CriterionInfo>& criterion_catalog();
 // The catalogue entry of `name`, per-op names included (they inherit their
@@ -136,6 +149,13 @@ std::string criterion_op(std::string_view name);
 struct Tolerance {
     double value = 0;
     std::string why;  // one-line justification, shown in reports
+    // Relative to the floor node (Protocol::floor) measured in the same run:
+    // the candidate may be at most x_floor × the floor's value of the same
+    // criterion (cosines: on 1 − x). `value` is then the absolute fallback,
+    // used when the floor's value is 0 (bit-identical to the reference),
+    // non-finite or not measured, or the run has no floor node; the floor
+    // node itself is not judged by it (verdict.hpp).
+    std::optional<double> x_floor;
 };
 // Criterion name → tolerance. std::map: reports list criteria in name order.
 using Tolerances = std::map<std::string, Tolerance>;
@@ -219,6 +239,19 @@ struct Protocol {
         double node_timeout_s = 0;
         double node_memory_gib = 0;
     } limits;
+    // Rate criteria (CriterionInfo::rate) are judged on a one-sided bound of
+    // the rate at this confidence (verdict.hpp). "statistics" in the file;
+    // absent: 0.95, Wilson.
+    struct Statistics {
+        double confidence = 0.95;  // in (0.5, 0.999999]
+        BinomialBound interval = BinomialBound::wilson;
+    } statistics;
+    // The floor node: correct f32 arithmetic on this model and these inputs,
+    // the yardstick of x_floor tolerances. "floor" in the file; default
+    // "cpu". An audit whose protocol has any x_floor tolerance runs it even
+    // when it is not listed (shown, not gated).
+    std::string floor = "cpu";
+    bool uses_floor() const;
 
     OpsStep ops;
     TokenStep drift, logits, decide;

@@ -82,6 +82,18 @@ void Ledger::measure(std::size_t i, const std::string& step, const std::string& 
     inputs_[i].measurements.push_back({criterion, step, value});
 }
 
+void Ledger::measure_rate(std::size_t i, const std::string& step, const std::string& criterion, const Fraction& rate) {
+    KVASIR_ASSERT(i < inputs_.size());
+    inputs_[i].measurements.push_back({criterion, step, rate.rate, RateCount{rate.successes, rate.n}});
+}
+
+void Ledger::faults_fired(std::size_t i, const std::string& step, std::int64_t count) {
+    KVASIR_ASSERT(i < inputs_.size());
+    auto& f = inputs_[i].faults_fired;
+    if (!f) f.emplace();
+    (*f)[step] += count;
+}
+
 void Ledger::error(std::size_t i, const std::string& step, const std::string& message) {
     KVASIR_ASSERT(i < inputs_.size());
     std::string& e = inputs_[i].errors[step];

@@ -99,6 +99,11 @@ public:
     // Error(internal) for a node the audit did not create.
     std::size_t index_of(const std::string& node) const;
     void measure(std::size_t i, const std::string& step, const std::string& criterion, double value);
+    // A fault-injecting node corrupted `count` op outputs in `step`
+    // (NodeInput::faults_fired).
+    void faults_fired(std::size_t i, const std::string& step, std::int64_t count);
+    // A rate criterion: its value and the counts it is judged on.
+    void measure_rate(std::size_t i, const std::string& step, const std::string& criterion, const Fraction& rate);
     void error(std::size_t i, const std::string& step, const std::string& message);
     // `criterion` does not apply to the audited model (why: "no MoE layers"):
     // for every node, unjudged unless measured (verdict.hpp). A step decides

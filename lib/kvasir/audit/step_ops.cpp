@@ -20,6 +20,7 @@
 #include "kvasir/steps/op_delta.hpp"
 
 #include <memory>
+#include <tuple>
 
 namespace kvasir {
 
@@ -30,6 +31,118 @@ nlohmann::json note_object(const NodeOutputs& n, const std::string& key) {
     if (!text) return nlohmann::json::object();
     nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
     return j.is_object() ? j : nlohmann::json::object();
+}
+
+// λ of the probabilistic bound (see bound_violations).
+constexpr double kProbLambda = 8.0;
+
+// Unit roundoff of a format a node names in its capabilities; nullopt for
+// one this tool has no bound for.
+std::optional<double> unit_roundoff(const nlohmann::ordered_json& name) {
+    if (!name.is_string()) return std::nullopt;
+    const std::string n = name.get<std::string>();
+    if (n == "f64") return std::ldexp(1.0, -53);
+    if (n == "f32") return std::ldexp(1.0, -24);
+    if (n == "tf32" || n == "f16") return std::ldexp(1.0, -11);
+    if (n == "bf16") return std::ldexp(1.0, -8);
+    return std::nullopt;
+}
+
+// γ_K(u) = K·u / (1 − K·u) (Higham, Accuracy and Stability of Numerical
+// Algorithms, §3.1); nullopt where K·u >= 1 (no bound exists).
+std::optional<double> gamma_k(std::int64_t k, double u) {
+    const double ku = static_cast<double>(k) * u;
+    if (!(ku < 1.0)) return std::nullopt;
+    return ku / (1.0 - ku);
+}
+
+// Rigorous a-priori bound of matmul, element by element (Higham §3.1): the
+// node's inputs are the f32 seeded/model operands rounded to its storage
+// format (|x̂ŵ − xw| <= r·|xw|, r = 2u_s + u_s², 0 for f32 or wider), summed
+// in ANY order by its accumulator (γ_K(u_acc)·Σ|x̂ŵ|, FMA or not) and
+// rounded to its output format (u_out); the f64 oracle adds γ_K(2⁻⁵³)·Σ|xw|:
+//   |ŷ − y_ref| <= [r + γ_K(u_acc)(1 + r)](1 + u_out)·S + u_out·|y_ref| + γ_K(2⁻⁵³)·S,
+// S = Σ_k |x_k w_k| (ops.matmul.abs_dot, from the reference). A correct node
+// never exceeds it whatever its reduction order; one element outside is a
+// wrong result (a flipped bit, a broken kernel), however small against the
+// statistical tolerances. Measured as "bound.violations_max". The
+// worst-case γ_K is loose by ~√K for real sums, so a second figure,
+// "bound.probable_violations_max", replaces γ_K(u_acc) by Higham & Mary's
+// probabilistic γ̃_K(λ) = exp(λ·√K·u + K·u²/(1 − u)) − 1 (SIAM J. Sci.
+// Comput. 41(5), 2019, Thm 3.1: it holds for each output with probability
+// >= 1 − 2·exp(−λ²(1 − u)²/2) when the rounding errors are independent and
+// mean zero, as round-to-nearest f32 sums of random-signed terms are). At
+// λ = 8 an element outside it has a chance below 2.6e-14 of being honest
+// rounding (below 3.2e-10 over a 12288-element product): still proof for an
+// audit, ~5× tighter at K = 2048. A node whose
+// formats give no bound (an f16 running sum of K >= 2048 terms, a format
+// this tool does not know) is listed as not measurable, with why.
+nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
+    const NodeOutputs& ref = *in.nodes[in.reference];
+    if (!ref.has("ops.matmul.abs_dot") || !ref.has("ops.matmul.out")) return nullptr;
+    const auto k_note = ref.note("ops_matmul_k");
+    std::int64_t K = 0;
+    if (k_note) K = std::strtoll(k_note->c_str(), nullptr, 10);
+    KVASIR_CHECK(K > 0 && K <= (std::int64_t{1} << 24), ErrorCode::bad_input, "{}: ops_matmul_k {} is not an inner dimension",
+                 ref.origin(), k_note.value_or("(absent)"));
+    const TensorView S = ref.view("ops.matmul.abs_dot"), yr = ref.view("ops.matmul.out");
+    KVASIR_CHECK(S.shape == yr.shape, ErrorCode::bad_input, "{}: ops.matmul.abs_dot has shape {}, ops.matmul.out {}",
+                 ref.origin(), shape_str(S.shape), shape_str(yr.shape));
+    const double g_ref = *gamma_k(K, std::ldexp(1.0, -53));
+    nlohmann::ordered_json j{{"op", "matmul"}, {"k", K}, {"lambda", kProbLambda}, {"results", nlohmann::ordered_json::array()}};
+    for (std::size_t i = 0; i < in.nodes.size(); ++i) {
+        if (i == in.reference || !in.present[i] || !in.nodes[i]->has("ops.matmul.out")) continue;
+        const nlohmann::ordered_json& caps = led.inputs()[i].capabilities;
+        const auto field = [&](const char* key) { return caps.is_object() && caps.contains(key) ? caps[key] : nlohmann::ordered_json(); };
+        // A node whose matmul rounds its inputs to another format than its
+        // storage (cuBLAS TF32) says so in extra.matmul_input_format.
+        nlohmann::ordered_json input_format = field("storage");
+        if (const auto extra = field("extra"); extra.is_object() && extra.contains("matmul_input_format"))
+            input_format = extra["matmul_input_format"];
+        const auto us = unit_roundoff(input_format), ua = unit_roundoff(field("accumulation")), uo = unit_roundoff(field("output"));
+        std::string why;
+        if (!us || !ua || !uo)
+            why = fmt::format("no a-priori matmul bound for formats storage {}, accumulation {}, output {}", input_format.dump(),
+                              field("accumulation").dump(), field("output").dump());
+        const std::optional<double> g = ua ? gamma_k(K, *ua) : std::nullopt;
+        if (why.empty() && !g)
+            why = fmt::format("no a-priori matmul bound: K·u = {} x {:.3g} >= 1 for a {} running sum", K, *ua,
+                              field("accumulation").get<std::string>());
+        if (!why.empty()) {
+            led.not_applicable_for(i, "bound.violations_max", why);
+            led.not_applicable_for(i, "bound.probable_violations_max", why);
+            j["results"].push_back({{"node", in.nodes[i]->node()}, {"not_measurable", why}});
+            continue;
+        }
+        const TensorView y = in.nodes[i]->view("ops.matmul.out");
+        KVASIR_CHECK(y.shape == yr.shape, ErrorCode::bad_input, "{}: ops.matmul.out has shape {}, the reference's {}",
+                     in.nodes[i]->origin(), shape_str(y.shape), shape_str(yr.shape));
+        const double r = *us <= std::ldexp(1.0, -24) ? 0.0 : 2.0 * *us + *us * *us;
+        const double kd = static_cast<double>(K);
+        const double g_prob = std::min(*g, std::expm1(kProbLambda * std::sqrt(kd) * *ua + kd * *ua * *ua / (1.0 - *ua)));
+        nlohmann::ordered_json e{{"node", in.nodes[i]->node()}, {"elements", y.numel()}};
+        for (const auto& [criterion, gk, key] : {std::tuple{"bound.violations_max", *g, "worst_case"},
+                                                 std::tuple{"bound.probable_violations_max", g_prob, "probabilistic"}}) {
+            const double scale = (r + gk * (1.0 + r)) * (1.0 + *uo) + g_ref;
+            std::int64_t violations = 0, first = -1;
+            double worst = 0;  // the largest |Δ| / bound
+            for (std::int64_t x = 0; x < y.numel(); ++x) {
+                const double bound = scale * S.at(x) + *uo * std::fabs(yr.at(x));
+                const double d = std::fabs(y.at(x) - yr.at(x));
+                if (!(d <= bound)) {  // NaN is a violation
+                    if (first < 0) first = x;
+                    ++violations;
+                }
+                if (bound > 0) worst = std::max(worst, d / bound);
+            }
+            led.measure(i, "ops", criterion, static_cast<double>(violations));
+            nlohmann::ordered_json b{{"gamma", json_double(gk)}, {"violations", violations}, {"worst_fraction_of_bound", json_double(worst)}};
+            if (first >= 0) b["first"] = first;
+            e[key] = std::move(b);
+        }
+        j["results"].push_back(std::move(e));
+    }
+    return j;
 }
 
 class OpsAudit final : public Step {
@@ -81,6 +194,8 @@ public:
         for (const ShardCheck& s : r.shard_checks)
             if (s.node == node.capabilities().node && !s.error.empty() && !errors.contains("moe")) errors["shard"] = s.error;
         if (me < keep.size()) out.tensors = std::move(keep[me]);
+        // The inner dimension of matmul, for its error bound (compare has no model).
+        if (out.tensors.count("ops.matmul.abs_dot") != 0) out.notes["ops_matmul_k"] = std::to_string(env.plan->ops->resolved().hidden);
         out.notes["ops_inputs"] = inputs.dump();
         if (!errors.empty()) out.notes["ops_errors"] = errors.dump();
         return out;
@@ -150,6 +265,17 @@ public:
                 led.measure(i, "ops", "ops." + op.op + ".cosine_min", op.matrix[ref][i]->cosine);
             }
         }
+        // Router ops: rows whose expert set differs, summed over them.
+        std::vector<std::optional<std::int64_t>> flips(n);
+        for (const OpResult& op : r.ops)
+            for (std::size_t i = 0; i < n; ++i)
+                if (i != ref && in.present[i] && ref < op.id_matrix.size() && i < op.id_matrix[ref].size() && op.id_matrix[ref][i]) {
+                    const IndexAgreement& a = *op.id_matrix[ref][i];
+                    flips[i] = flips[i].value_or(0) + (a.rows - a.exact_matches);
+                }
+        for (std::size_t i = 0; i < n; ++i)
+            if (flips[i]) led.measure(i, "ops", "router.flips_max", static_cast<double>(*flips[i]));
+        nlohmann::ordered_json bounds = bound_violations(in, led);
         for (const ShardCheck& s : r.shard_checks) {
             const std::size_t i = led.index_of(s.node);
             if (!s.error.empty()) led.error(i, "ops", "shard check: " + s.error);
@@ -164,6 +290,7 @@ public:
         nlohmann::ordered_json names = nlohmann::ordered_json::array();
         for (const NodeOutputs* o : in.nodes) names.push_back(o->node());
         j["nodes"] = names;  // capabilities are in each node's verdict
+        if (!bounds.is_null()) j["bound"] = std::move(bounds);
         return j;
     }
 };

@@ -105,8 +105,8 @@ public:
             const std::vector<double> cn = double_vector(c.view("perplexity.nll"));
             KVASIR_CHECK(cn.size() == rn.size(), ErrorCode::bad_input, "{}: {} predictions, the reference has {}", c.origin(),
                          cn.size(), rn.size());
-            const double ppl = perplexity_from_nll(cn), ratio = ppl / ref_ppl;
-            led.measure(i, "perplexity", "perplexity.ratio_max", std::abs(ratio - 1.0));
+            const double ppl = perplexity_from_nll(cn), ratio_m1 = perplexity_ratio_minus_one(cn, rn), ratio = 1.0 + ratio_m1;
+            led.measure(i, "perplexity", "perplexity.ratio_max", std::abs(ratio_m1));
             nlohmann::ordered_json e{{"node", c.node()}, {"perplexity", json_double(ppl)}, {"ratio", json_double(ratio)}};
             if (in.free_running[i]) e["free_running"] = true;  // its own router in every window
             if (kld) {

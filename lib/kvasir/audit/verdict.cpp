@@ -7,10 +7,12 @@
 #include "kvasir/core/number_format.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <ranges>
 #include <set>
 
 namespace kvasir {
@@ -120,18 +122,34 @@ const CriterionResult* least_margin(const std::vector<CriterionResult>& rs, bool
 struct Measured {
     double value;
     std::string step;
+    std::optional<RateCount> count;
+};
+
+struct TierContext {
+    const Protocol::Statistics& stats;
+    const FloorValues* floor;  // null: none (see no_floor_why)
+    const std::string& no_floor_why;
+    // The node IS the floor: its x_floor criteria are not judged (it is
+    // their yardstick); the tolerance keys skipped go here.
+    bool is_floor;
+    std::set<std::string>* skipped;
 };
 
 std::vector<CriterionResult> judge_tier(const std::map<std::string, Measured>& measured, const Tolerances& tols, Tier tier,
                                         const std::map<std::string, std::string>& not_applicable,
-                                        const std::map<std::string, std::string>& not_measurable) {
+                                        const std::map<std::string, std::string>& not_measurable, const TierContext& ctx) {
     std::vector<CriterionResult> out;
     const auto judge_one = [&](const std::string& name, const std::string& from) {
+        if (ctx.is_floor && tols.at(from).x_floor) {
+            ctx.skipped->insert(from);
+            return;
+        }
         const auto it = measured.find(name);
         const auto info = find_criterion(name);
-        const std::string step = it != measured.end() ? it->second.step : info->step;
-        out.push_back(judge_criterion(name, step, it != measured.end() ? std::optional<double>(it->second.value) : std::nullopt,
-                                      tols.at(from), from, tier));
+        const bool m = it != measured.end();
+        const std::string step = m ? it->second.step : info->step;
+        out.push_back(judge_criterion(name, step, m ? std::optional<double>(it->second.value) : std::nullopt, tols.at(from), from,
+                                      tier, m ? it->second.count : std::nullopt, ctx.stats, ctx.floor, ctx.no_floor_why));
     };
     // Not judged (see the header): a key that does not apply to the model;
     // on this node, a key not measurable — a family tolerance ("ops.max_rel")
@@ -176,8 +194,57 @@ std::vector<CriterionResult> judge_tier(const std::map<std::string, Measured>& m
 
 }  // namespace
 
+namespace {
+
+// A rate criterion judged on its bounds (RateJudgement); r was judged on its
+// point value, which stands only for a non-finite value (an error anyway).
+void judge_rate(CriterionResult& r, std::optional<RateCount> count, const Protocol::Statistics& stats) {
+    KVASIR_CHECK(count.has_value() && count->trials > 0, ErrorCode::internal,
+                 "rate criterion '{}' measured without its trials (Measurement::count)", r.criterion);
+    KVASIR_CHECK(r.direction == Direction::min, ErrorCode::internal, "rate criterion '{}' must be direction min", r.criterion);
+    RateJudgement j;
+    j.count = *count;
+    j.confidence = stats.confidence;
+    j.interval = stats.interval;
+    j.lower = binomial_lower_bound(count->successes, count->trials, stats.confidence, stats.interval);
+    j.upper = binomial_upper_bound(count->successes, count->trials, stats.confidence, stats.interval);
+    if (!std::isfinite(r.value)) {
+        r.rate = j;
+        return;
+    }
+    if (r.tolerance >= 1.0 || r.tolerance <= 0.0) {
+        // Every trial must agree (or any may): a count, not a rate claim.
+        j.decision = RateJudgement::Decision::exact;
+        r.pass = r.tolerance <= 0.0 || count->successes == count->trials;
+    } else {
+        const bool shown = j.lower >= r.tolerance;
+        j.decision = shown ? RateJudgement::Decision::shown
+                           : (j.upper < r.tolerance ? RateJudgement::Decision::refuted : RateJudgement::Decision::undecided);
+        r.pass = shown;
+        r.margin = margin_of(j.lower, r.tolerance, r.direction, r.scale);
+        r.tightest_passing = j.lower;
+        j.trials_to_decide = binomial_trials_to_decide(r.value, r.tolerance, stats.confidence, stats.interval);
+        j.trials_to_show = binomial_trials_to_show(r.tolerance, stats.confidence, stats.interval);
+    }
+    r.rate = j;
+}
+
+}  // namespace
+
+const char* to_string(RateJudgement::Decision d) noexcept {
+    switch (d) {
+        case RateJudgement::Decision::shown: return "shown";
+        case RateJudgement::Decision::refuted: return "refuted";
+        case RateJudgement::Decision::undecided: return "undecided";
+        case RateJudgement::Decision::exact: return "exact";
+    }
+    return "undecided";
+}
+
 CriterionResult judge_criterion(const std::string& criterion, const std::string& step, std::optional<double> value,
-                                const Tolerance& tol, const std::string& tolerance_from, Tier tier) {
+                                const Tolerance& tol, const std::string& tolerance_from, Tier tier,
+                                std::optional<RateCount> count, const Protocol::Statistics& stats, const FloorValues* floor,
+                                const std::string& floor_node) {
     const auto info = find_criterion(criterion);
     KVASIR_CHECK(info.has_value(), ErrorCode::internal, "criterion '{}' is not in the catalogue", criterion);
     CriterionResult r;
@@ -185,6 +252,40 @@ CriterionResult judge_criterion(const std::string& criterion, const std::string&
     r.step = step;
     r.tier = tier;
     r.tolerance = tol.value;
+    if (tol.x_floor) {
+        // The effective tolerance from the floor node's value of the same
+        // criterion; the absolute `value` when there is nothing to scale.
+        FloorUse f;
+        f.multiple = *tol.x_floor;
+        f.floor_value = kNaN;
+        if (floor == nullptr) {
+            f.node = floor_node;
+            f.why = floor_node.empty() ? "no floor node in this run" : floor_node;
+        } else {
+            f.node = floor->node;
+            const auto it = floor->values.find(criterion);
+            if (it == floor->values.end()) {
+                f.why = "the floor node did not measure it";
+            } else {
+                const double v = it->second;
+                f.floor_value = v;
+                f.floor_measured = true;
+                const bool similarity = info->scale == MarginScale::complement_log;
+                const double distance = similarity ? 1.0 - v : v;
+                if (!std::isfinite(v))
+                    f.why = "the floor's value is not finite";
+                else if (distance <= 0)
+                    f.why = similarity ? "the floor measured 1 - x = 0 (identical to the reference)"
+                                       : "the floor measured 0 (bit-identical to the reference)";
+                else {
+                    f.relative = true;
+                    r.tolerance = similarity ? std::max(-1.0, 1.0 - f.multiple * distance) : f.multiple * v;
+                }
+            }
+        }
+        if (!f.relative) f.why += ": the absolute fallback";
+        r.floor = std::move(f);
+    }
     r.tolerance_from = tolerance_from;
     r.why = tol.why;
     r.direction = info->direction;
@@ -197,10 +298,26 @@ CriterionResult judge_criterion(const std::string& criterion, const std::string&
              (r.direction == Direction::max ? within(r.value, r.tolerance) : at_least(r.value, r.tolerance));
     r.margin = margin_of(r.value, r.tolerance, r.direction, r.scale);
     r.tightest_passing = r.value;
+    if (info->rate && r.measured) judge_rate(r, count, stats);
     return r;
 }
 
-NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const Tolerances& tolerant) {
+std::map<std::string, double> worst_values(const NodeInput& in) {
+    std::map<std::string, double> out;
+    for (const Measurement& m : in.measurements) {
+        const auto info = find_criterion(m.criterion);
+        if (!info) continue;
+        const auto it = out.find(m.criterion);
+        if (it == out.end())
+            out.emplace(m.criterion, m.value);
+        else
+            it->second = worse(it->second, m.value, info->direction);
+    }
+    return out;
+}
+
+NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const Tolerances& tolerant,
+                       const Protocol::Statistics& stats, const FloorValues* floor, const std::string& floor_node) {
     NodeVerdict v;
     v.node = in.node;
     v.capabilities = in.capabilities.is_object() ? in.capabilities : nlohmann::ordered_json::object();
@@ -213,14 +330,16 @@ NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const T
         const auto info = find_criterion(m.criterion);
         KVASIR_CHECK(info.has_value(), ErrorCode::internal, "node {}: measurement '{}' (step '{}') is not a known criterion",
                      in.node, m.criterion, m.step);
+        KVASIR_CHECK(!info->rate || (m.count.has_value() && m.count->trials > 0), ErrorCode::internal,
+                     "node {}: rate '{}' (step '{}') measured without its trials", in.node, m.criterion, m.step);
         const auto it = measured.find(m.criterion);
         if (it == measured.end())
-            measured.emplace(m.criterion, Measured{m.value, m.step});
+            measured.emplace(m.criterion, Measured{m.value, m.step, m.count});
         else {
             const double old = it->second.value;
             const double w = worse(old, m.value, info->direction);
             const bool replaced = std::isnan(w) ? !std::isnan(old) : w != old;
-            if (replaced) it->second = Measured{w, m.step};  // the step that measured the worst value
+            if (replaced) it->second = Measured{w, m.step, m.count};  // the step that measured the worst value
         }
     }
 
@@ -231,6 +350,21 @@ NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const T
         v.capabilities["determinism_measured"] = det;
     } else {
         v.capabilities["determinism_measured"] = nullptr;
+    }
+
+    if (in.faults_fired) {
+        nlohmann::ordered_json fired = nlohmann::ordered_json::object();
+        std::int64_t total = 0;
+        for (const auto& [step, n] : *in.faults_fired) {
+            fired[step] = n;
+            total += n;
+        }
+        v.capabilities["faults_fired"] = fired;
+        if (total == 0 && !in.is_reference)
+            v.errors["fault"] = fmt::format(
+                "the injected fault never fired in the steps compared ({}): a verdict would say nothing about whether it "
+                "is caught (check fault_call / fault_op against what the steps run)",
+                in.faults_fired->empty() ? std::string("none") : fmt::format("{}", fmt::join(std::views::keys(*in.faults_fired), ", ")));
     }
 
     v.contrast = in.contrast && !in.is_reference;
@@ -249,8 +383,16 @@ NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const T
             if (e.find(msg) == std::string::npos) e += (e.empty() ? "" : "; ") + msg;
         }
 
-    v.sensitive = judge_tier(measured, sensitive, Tier::sensitive, in.not_applicable, in.not_measurable);
-    v.tolerant = judge_tier(measured, tolerant, Tier::tolerant, in.not_applicable, in.not_measurable);
+    // The floor node is no yardstick for itself: it is judged on the
+    // absolute fallbacks, as every node is when the run has no floor.
+    v.floor = !floor_node.empty() && in.node == floor_node;
+    const std::string no_floor_why = fmt::format("the floor node {} is not in this run", floor_node);
+    std::set<std::string> skipped;
+    const TierContext ctx{stats, v.floor ? nullptr : floor, no_floor_why, v.floor, &skipped};
+    v.sensitive = judge_tier(measured, sensitive, Tier::sensitive, in.not_applicable, in.not_measurable, ctx);
+    v.tolerant = judge_tier(measured, tolerant, Tier::tolerant, in.not_applicable, in.not_measurable, ctx);
+    for (const std::string& key : skipped)
+        v.not_measurable.emplace(key, "the floor node: the yardstick of this x_floor tolerance, not judged by it");
     // Nothing judged is never a pass: a node whose every criterion was
     // declared not applicable or not measurable has no verdict but error.
     if (v.sensitive.empty() && v.tolerant.empty() && v.errors.empty() &&
@@ -291,13 +433,38 @@ NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const T
 }
 
 NodeVerdict judge_node(const NodeInput& input, const Protocol& protocol) {
-    return judge_node(input, protocol.sensitive, protocol.tolerant);
+    return judge({input}, protocol).front();
 }
 
-std::vector<NodeVerdict> judge(const std::vector<NodeInput>& inputs, const Protocol& protocol) {
+std::vector<NodeVerdict> judge(const std::vector<NodeInput>& inputs, const Protocol& protocol, const Tolerances* sensitive,
+                               const Tolerances* tolerant) {
+    std::optional<FloorValues> floor;
+    for (const NodeInput& in : inputs)
+        if (!in.is_reference && in.node == protocol.floor) floor = FloorValues{in.node, worst_values(in)};
     std::vector<NodeVerdict> out;
     out.reserve(inputs.size());
-    for (const NodeInput& in : inputs) out.push_back(judge_node(in, protocol));
+    for (const NodeInput& in : inputs)
+        out.push_back(judge_node(in, sensitive != nullptr ? *sensitive : protocol.sensitive,
+                                 tolerant != nullptr ? *tolerant : protocol.tolerant, protocol.statistics,
+                                 floor ? &*floor : nullptr, protocol.uses_floor() ? protocol.floor : std::string()));
+    return out;
+}
+
+std::vector<std::string> sample_size_warnings(const std::vector<NodeVerdict>& verdicts) {
+    std::vector<std::string> out;
+    std::set<std::string> seen;
+    for (const NodeVerdict& v : verdicts) {
+        if (v.verdict == Verdict::reference) continue;
+        for (const Tier t : {Tier::sensitive, Tier::tolerant})
+            for (const CriterionResult& c : v.tier(t)) {
+                if (!c.rate || !c.rate->trials_to_show || c.rate->count.trials >= *c.rate->trials_to_show) continue;
+                const std::string w = fmt::format(
+                    "{} ({}): {} trials cannot show >= {} at {:g} % confidence ({}); a node agreeing on every one needs {}",
+                    c.criterion, to_string(t), c.rate->count.trials, format_value(c, c.tolerance), 100.0 * c.rate->confidence,
+                    to_string(c.rate->interval), *c.rate->trials_to_show);
+                if (seen.insert(w).second) out.push_back(w);
+            }
+    }
     return out;
 }
 
@@ -353,6 +520,30 @@ nlohmann::ordered_json to_json(const CriterionResult& r) {
     j["margin_unit"] = margin_unit(r.scale);
     j["tightest_passing"] = r.measured ? json_double(r.tightest_passing) : nlohmann::ordered_json(nullptr);
     j["why"] = r.why;
+    if (r.floor) {
+        const FloorUse& f = *r.floor;
+        j["floor"] = nlohmann::ordered_json{{"node", f.node},
+                                            {"x_floor", json_double(f.multiple)},
+                                            {"floor_value", f.floor_measured ? nlohmann::ordered_json(json_double(f.floor_value))
+                                                                             : nlohmann::ordered_json(nullptr)},
+                                            {"relative", f.relative},
+                                            {"why", f.why}};
+    }
+    if (r.rate) {
+        const RateJudgement& q = *r.rate;
+        const auto opt = [](const std::optional<std::int64_t>& x) {
+            return x ? nlohmann::ordered_json(*x) : nlohmann::ordered_json(nullptr);
+        };
+        j["rate"] = nlohmann::ordered_json{{"successes", q.count.successes},
+                                           {"trials", q.count.trials},
+                                           {"confidence", q.confidence},
+                                           {"interval", to_string(q.interval)},
+                                           {"lower_bound", json_double(q.lower)},
+                                           {"upper_bound", json_double(q.upper)},
+                                           {"decision", to_string(q.decision)},
+                                           {"trials_to_decide", opt(q.trials_to_decide)},
+                                           {"trials_to_show", opt(q.trials_to_show)}};
+    }
     return j;
 }
 
@@ -361,6 +552,7 @@ nlohmann::ordered_json to_json(const NodeVerdict& v) {
     j["node"] = v.node;
     j["verdict"] = to_string(v.verdict);
     if (v.contrast) j["contrast"] = true;
+    if (v.floor) j["floor"] = true;
     j["capabilities"] = v.capabilities;
     j["worst"] = v.worst ? to_json(*v.worst) : nlohmann::ordered_json(nullptr);
     nlohmann::ordered_json errors = nlohmann::ordered_json::object();
@@ -398,8 +590,41 @@ std::string format_margin(const CriterionResult& r) {
     return fmt::format("{:+.2g} {}", r.margin, margin_unit(r.scale));
 }
 
+std::string format_rate(const CriterionResult& r) {
+    if (!r.rate) return "";
+    const RateJudgement& q = *r.rate;
+    const std::string counts = fmt::format("{}/{}", q.count.successes, q.count.trials);
+    const std::string at = fmt::format("{:g} % {}", 100.0 * q.confidence, to_string(q.interval));
+    switch (q.decision) {
+        case RateJudgement::Decision::exact: return fmt::format("{} (every trial must agree)", counts);
+        case RateJudgement::Decision::shown:
+            return fmt::format("{}, lower bound {} ({}): shown", counts, format_value(r, q.lower), at);
+        case RateJudgement::Decision::refuted:
+            return fmt::format("{}, upper bound {} ({}): shown to miss", counts, format_value(r, q.upper), at);
+        case RateJudgement::Decision::undecided:
+            return fmt::format("{}, bounds {}..{} ({}): undecided, {}", counts, format_value(r, q.lower), format_value(r, q.upper),
+                               at,
+                               q.trials_to_decide ? fmt::format("{} trials at this rate would decide", *q.trials_to_decide)
+                                                  : std::string("no number of trials decides a rate equal to the tolerance"));
+    }
+    return counts;
+}
+
+std::string format_floor(const CriterionResult& r) {
+    if (!r.floor) return "";
+    const FloorUse& f = *r.floor;
+    if (f.relative) return fmt::format("{:g} x floor {} {}", f.multiple, f.node, format_value(r, f.floor_value));
+    return fmt::format("x_floor {:g}: {}", f.multiple, f.why);
+}
+
 std::string describe(const CriterionResult& r) {
     const char* rel = r.direction == Direction::max ? (r.pass ? "<=" : ">") : (r.pass ? ">=" : "<");
+    if (r.measured && r.rate && std::isfinite(r.value))
+        return fmt::format("{} {} [{}] {} {} ({})", r.criterion, format_value(r, r.value), format_rate(r), rel,
+                           format_value(r, r.tolerance), format_margin(r));
+    if (r.measured && r.floor)
+        return fmt::format("{} {} {} {} [{}] ({})", r.criterion, format_value(r, r.value), rel, format_value(r, r.tolerance),
+                           format_floor(r), format_margin(r));
     if (!r.measured)
         return fmt::format("{} not measured (tolerance {} {})", r.criterion, r.direction == Direction::max ? "<=" : ">=",
                            format_value(r, r.tolerance));

@@ -129,6 +129,10 @@ public:
     // The node's weight cache, if it has one (device backends). Optional:
     // the default has none.
     virtual std::optional<WeightCacheStats> weight_cache_stats() const { return std::nullopt; }
+    // A fault-injecting node (fault.hpp): how many op outputs its fault has
+    // corrupted so far, so that an audit can tell a fault that never fired
+    // from one that was not caught. nullopt for every real node.
+    virtual std::optional<std::int64_t> injected_faults() const { return std::nullopt; }
 
     // y[T, N] = x[T, K] · w[N, K]ᵀ  (the nn.Linear convention).
     virtual Tensor matmul(const TensorView& x, const TensorView& w) = 0;

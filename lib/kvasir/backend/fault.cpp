@@ -230,11 +230,13 @@ Tensor FaultBackend::after(const char* op, Tensor out) {
             out.set(i, out.at(i) * (1.0 + sign * fault_.size));
         }
         if (call == 0) log_.push_back(fmt::format("perturb: {} outputs x(1 +/- {:g}) from call 0 on", op, fault_.size));
+        if (n > 0) ++injected_;
         return out;
     }
     if (call == fault_.call && n > 0) {
         const std::int64_t i = fault_.index % n;
         out.set(i, std::numeric_limits<double>::quiet_NaN());
+        ++injected_;
         log_.push_back(fmt::format("nan: {} call {} element {} of {}", op, call, i, shape_str(out.shape())));
     }
     return out;
@@ -289,8 +291,10 @@ Tensor FaultBackend::matmul(const TensorView& x, const TensorView& w) {
         flipped_dtype_ = w.dtype;
         flipped_copy_ = std::move(copy);
     }
-    if (flipped_source_ != nullptr && w.data == flipped_source_ && w.shape == flipped_shape_ && w.dtype == flipped_dtype_)
+    if (flipped_source_ != nullptr && w.data == flipped_source_ && w.shape == flipped_shape_ && w.dtype == flipped_dtype_) {
+        ++injected_;
         return inner_->matmul(x, flipped_copy_.view());
+    }
     return inner_->matmul(x, w);
 }
 
@@ -373,6 +377,7 @@ void FaultBackend::swap_kth(RouterOutput& out, const RouterParams& params, std::
         v *= params.scaling;
         out.weights.set(t * k + j, v);
     }
+    ++injected_;
     if (log_.size() < kMaxLog) log_.push_back(fmt::format("route: call {} token {} expert {} -> {}", call, t, replaced, best));
 }
 

@@ -139,6 +139,9 @@ public:
     // One line per injected fault, in order ("nan: matmul call 0 element 5"),
     // for tests and for debugging an audit.
     const std::vector<std::string>& injections() const { return log_; }
+    // Op outputs corrupted so far: a perturbed or NaN'd output, a matmul that
+    // read the flipped weight, a routed row whose choice was swapped.
+    std::optional<std::int64_t> injected_faults() const override { return injected_; }
 
 private:
     Tensor after(const char* op, Tensor out);  // applies perturb / nan to op's output
@@ -151,6 +154,7 @@ private:
     FaultSpec fault_;
     Capabilities caps_;
     std::vector<std::string> log_;
+    std::int64_t injected_ = 0;
     std::int64_t op_calls_ = 0;      // calls of fault_.op so far
     std::int64_t route_calls_ = 0;
     std::int64_t matmul_calls_ = 0;  // bitflip

@@ -238,23 +238,51 @@ double binomial_upper_bound(std::int64_t k, std::int64_t n, double confidence, B
     return beta_quantile(confidence, static_cast<double>(k + 1), static_cast<double>(n - k));
 }
 
+std::optional<std::int64_t> binomial_trials_to_decide(double observed, double threshold, double confidence,
+                                                      BinomialBound method) {
+    KVASIR_CHECK(std::isfinite(observed) && observed >= 0.0 && observed <= 1.0, ErrorCode::bad_input,
+                 "an observed rate must be in [0, 1], got {}", observed);
+    KVASIR_CHECK(std::isfinite(threshold) && threshold > 0.0 && threshold < 1.0, ErrorCode::bad_input,
+                 "a rate threshold must be in (0, 1), got {}", threshold);
+    if (observed == threshold) return std::nullopt;
+    const bool above = observed > threshold;
+    const auto decided = [&](std::int64_t n) {
+        const double expected = observed * static_cast<double>(n);
+        if (above) {
+            const auto k = std::min(n, static_cast<std::int64_t>(std::floor(expected)));
+            return binomial_lower_bound(k, n, confidence, method) >= threshold;
+        }
+        const auto k = std::min(n, static_cast<std::int64_t>(std::ceil(expected)));
+        return binomial_upper_bound(k, n, confidence, method) < threshold;
+    };
+    constexpr std::int64_t kMax = std::int64_t{1} << 40;
+    std::int64_t hi = 1;
+    while (!decided(hi)) {
+        if (hi >= kMax) return std::nullopt;
+        hi *= 2;
+    }
+    std::int64_t lo = hi / 2;  // !decided(lo) or lo == 0
+    while (hi - lo > 1) {
+        const std::int64_t mid = lo + (hi - lo) / 2;
+        (decided(mid) ? hi : lo) = mid;
+    }
+    return hi;
+}
+
 std::int64_t binomial_trials_to_show(double rate, double confidence, BinomialBound method) {
     KVASIR_CHECK(std::isfinite(rate) && rate > 0.0 && rate < 1.0, ErrorCode::bad_input,
                  "a rate to show must be in (0, 1), got {}", rate);
-    // The lower bound of n successes of n grows with n: double up to a bracket, then bisect.
-    const auto shows = [&](std::int64_t n) { return binomial_lower_bound(n, n, confidence, method) >= rate; };
-    std::int64_t hi = 1;
-    while (!shows(hi)) {
-        KVASIR_CHECK(hi < (std::int64_t{1} << 40), ErrorCode::bad_input, "rate {} cannot be shown at confidence {}",
-                     rate, confidence);
-        hi *= 2;
-    }
-    std::int64_t lo = hi / 2;  // !shows(lo) or lo == 0
-    while (hi - lo > 1) {
-        const std::int64_t mid = lo + (hi - lo) / 2;
-        (shows(mid) ? hi : lo) = mid;
-    }
-    return hi;
+    const auto n = binomial_trials_to_decide(1.0, rate, confidence, method);
+    KVASIR_CHECK(n.has_value(), ErrorCode::bad_input, "rate {} cannot be shown at confidence {}", rate, confidence);
+    return *n;
+}
+
+const char* to_string(BinomialBound b) noexcept { return b == BinomialBound::wilson ? "wilson" : "clopper-pearson"; }
+
+BinomialBound parse_binomial_bound(std::string_view text) {
+    if (text == "wilson") return BinomialBound::wilson;
+    if (text == "clopper-pearson") return BinomialBound::clopper_pearson;
+    fail(ErrorCode::bad_input, "interval '{}': expected \"wilson\" or \"clopper-pearson\"", text);
 }
 
 Fraction binomial(std::int64_t successes, std::int64_t n) {
@@ -321,9 +349,15 @@ PowerFit fit_power_law(std::span<const double> x, std::span<const double> y) {
     return fit;
 }
 
-double perplexity_from_nll(std::span<const double> nll) {
+double mean_nll(std::span<const double> nll) {
     KVASIR_CHECK(!nll.empty(), ErrorCode::bad_input, "perplexity over zero tokens");
-    return std::exp(compensated_sum(nll) / static_cast<double>(nll.size()));
+    return compensated_sum(nll) / static_cast<double>(nll.size());
+}
+
+double perplexity_from_nll(std::span<const double> nll) { return std::exp(mean_nll(nll)); }
+
+double perplexity_ratio_minus_one(std::span<const double> candidate, std::span<const double> reference) {
+    return std::expm1(mean_nll(candidate) - mean_nll(reference));
 }
 
 nlohmann::ordered_json to_json(const Summary& s) {

@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 #include <span>
 #include <vector>
 
@@ -117,6 +119,18 @@ double binomial_upper_bound(std::int64_t successes, std::int64_t n, double confi
 // tokens a criterion "agreement ≥ rate" needs before a perfect node can pass it (e.g. Wilson, 95 %:
 // 0.99 needs 268). Error(bad_input) for a rate outside (0, 1); at most 2^40.
 std::int64_t binomial_trials_to_show(double rate, double confidence, BinomialBound method);
+// The fewest trials N at which a node that keeps agreeing at rate `observed` (in [0, 1]) is DECIDED
+// against `threshold` (in (0, 1)) at `confidence`: observed > threshold → the lower bound of
+// ⌊observed·N⌋ of N reaches threshold (shown to meet it); observed < threshold → the upper bound of
+// ⌈observed·N⌉ of N falls below threshold (shown to miss it). nullopt when it never is: observed ==
+// threshold, or more than 2^40 trials. Found by doubling then bisection; ⌊·⌋/⌈·⌉ make the bound a
+// little non-monotone in N, so the figure is exact to within a few trials (a sizing figure, not a
+// verdict). binomial_trials_to_show(rate) == *binomial_trials_to_decide(1, rate).
+std::optional<std::int64_t> binomial_trials_to_decide(double observed, double threshold, double confidence,
+                                                      BinomialBound method);
+// "wilson", "clopper-pearson"; parse: Error(bad_input) naming the accepted names.
+const char* to_string(BinomialBound b) noexcept;
+BinomialBound parse_binomial_bound(std::string_view text);
 
 // Φ⁻¹(p), the standard normal quantile, p in (0, 1), to ~1e-15 relative (a rational first guess refined by
 // Newton steps on erfc); Error(bad_input) outside (0, 1).
@@ -145,6 +159,13 @@ PowerFit fit_power_law(std::span<const double> x, std::span<const double> y);
 // exp(mean NLL) over per-token negative log-likelihoods (nats); values used as
 // given (NaN → NaN). Empty → Error(bad_input).
 double perplexity_from_nll(std::span<const double> nll);
+// The mean of the per-token NLLs (compensated sum), its log-perplexity.
+double mean_nll(std::span<const double> nll);
+// ppl(candidate) / ppl(reference) − 1 = expm1(mean_nll(c) − mean_nll(r)):
+// finite where the perplexities themselves overflow (a mean NLL above ~709
+// nats), and exact to rounding for ratios near 1, where ppl_c/ppl_r − 1
+// would cancel.
+double perplexity_ratio_minus_one(std::span<const double> candidate, std::span<const double> reference);
 
 // JSON views (doubles via json_double: non-finite as "nan"/"inf"/"-inf").
 // Keys in declaration order.

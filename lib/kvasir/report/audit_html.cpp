@@ -82,6 +82,16 @@ std::string num_td(double v, const std::string& shown) {
                        : fmt::format("<td class=\"num\" data-v=\"{}\">{}</td>", key, h(shown));
 }
 
+// A criterion's value cell; a rate adds the evidence it was judged on (its
+// counts and confidence bound, format_rate()) on a second line.
+std::string value_td(const CriterionResult& c) {
+    if (!c.measured) return num_td(c.value, "not measured");
+    std::string td = num_td(c.value, format_value(c, c.value));
+    const std::string rate = format_rate(c);
+    if (!rate.empty()) td.insert(td.size() - 5, "<br/><span class=\"note\">" + h(rate) + "</span>");
+    return td;
+}
+
 // An SVG document embedded in the page: the namespace declaration dropped
 // (HTML needs none, and the page holds no URL), a class and a label added.
 std::string embed_svg(const std::string& svg, const std::string& cls, const std::string& label) {
@@ -297,6 +307,11 @@ std::string determinism_text(const Json& caps) {
 
 std::string verdict_section(const AuditReport& r) {
     std::string o = "<section id=\"verdicts\">\n<h2>Verdicts</h2>\n";
+    if (const std::vector<std::string> warnings = sample_size_warnings(r.nodes); !warnings.empty()) {
+        o += "<div class=\"warnings\"><p><b>Sample sizes too small to decide</b> (rates are judged on a one-sided confidence bound):</p><ul>\n";
+        for (const std::string& w : warnings) o += "<li>" + h(w) + "</li>\n";
+        o += "</ul></div>\n";
+    }
     o += "<p class=\"note\">Each node against the reference, judged on the protocol's two tiers: <b>fit</b> meets the sensitive tier, "
          "<b>unfit-sensitive</b> only the tolerant one (fine for expert workers, not for ranks that decide), <b>unfit</b> neither, "
          "<b>error</b> crashed or produced NaN/Inf. The worst criterion is the one that explains the verdict; the margin is its "
@@ -321,12 +336,13 @@ std::string verdict_section(const AuditReport& r) {
             gate = fmt::format("not gated <span class=\"note\">(contrast; would {})</span>", meets_gate(v, r.gate) ? "pass" : "fail");
         else
             gate = meets_gate(v, r.gate) ? "pass" : "<span class=\"fail\">FAIL</span>";
-        o += fmt::format("<tr class=\"{}\"><td><code>{}</code>{}</td><td>{}</td><td>{}</td>", look(v.verdict).cls, h(v.node),
-                         v.contrast ? "<span class=\"tag\">contrast: shown, not gated</span>" : "", badge(v.verdict), gate);
+        o += fmt::format("<tr class=\"{}\"><td><code>{}</code>{}{}</td><td>{}</td><td>{}</td>", look(v.verdict).cls, h(v.node),
+                         v.contrast ? "<span class=\"tag\">contrast: shown, not gated</span>" : "",
+                         v.floor ? "<span class=\"tag\">the floor of the x_floor tolerances</span>" : "", badge(v.verdict), gate);
         if (v.worst) {
             const CriterionResult& w = *v.worst;
             o += fmt::format("<td><code>{}</code> <span class=\"note\">{}</span></td>", h(w.criterion), to_string(w.tier));
-            o += num_td(w.value, w.measured ? format_value(w, w.value) : "not measured");
+            o += value_td(w);
             o += fmt::format("<td class=\"num\">{} {}</td>", w.direction == Direction::max ? "≤" : "≥", shortest(w.tolerance));
             o += num_td(w.margin, format_margin(w));
         } else {
@@ -805,8 +821,9 @@ std::string criteria_section(const AuditReport& r) {
             for (const CriterionResult& c : v.tier(t)) {
                 o += fmt::format("<tr class=\"crit{}\"><td>{}</td><td><code>{}</code></td><td>{}</td>", c.pass ? "" : " failrow", to_string(t),
                                  h(c.criterion), h(c.step));
-                o += num_td(c.value, c.measured ? format_value(c, c.value) : "not measured");
-                o += fmt::format("<td class=\"num\">{} {}</td>", c.direction == Direction::max ? "≤" : "≥", shortest(c.tolerance));
+                o += value_td(c);
+                o += fmt::format("<td class=\"num\">{} {}{}</td>", c.direction == Direction::max ? "≤" : "≥", shortest(c.tolerance),
+                                 c.floor ? "<br/><span class=\"note\">" + h(format_floor(c)) + "</span>" : std::string());
                 o += c.pass ? "<td>pass</td>" : "<td><span class=\"fail\">FAIL</span></td>";
                 o += num_td(c.margin, format_margin(c));
                 o += c.tolerance_from == c.criterion ? std::string("<td></td></tr>\n")

@@ -58,6 +58,8 @@ nlohmann::ordered_json audit_report_json(const AuditReport& r) {
     summary["unfit"] = counts[2];
     summary["error"] = counts[3];
     j["summary"] = summary;
+    // Sample sizes too small to decide a criterion (verdict.hpp).
+    j["warnings"] = sample_size_warnings(r.nodes);
 
     nlohmann::ordered_json nodes = nlohmann::ordered_json::array();
     for (const NodeVerdict& v : r.nodes) nodes.push_back(to_json(v));

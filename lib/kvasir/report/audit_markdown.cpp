@@ -61,6 +61,7 @@ std::string markdown_report(const AuditReport& r) {
 
     for (const auto& [criterion, why] : not_applicable_criteria(r.nodes))
         out += fmt::format("\nNot judged: `{}` does not apply to this model ({}).\n", criterion, md(why));
+    for (const std::string& w : sample_size_warnings(r.nodes)) out += fmt::format("\nWarning (sample size): {}.\n", md(w));
     for (const NodeVerdict& v : r.nodes)
         for (const auto& [why, criteria] : not_measurable_by_reason(v))
             out += fmt::format("\nNot judged for {}: `{}` ({}).\n", md(v.node), fmt::join(criteria, "`, `"), md(why));

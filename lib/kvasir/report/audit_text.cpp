@@ -116,10 +116,10 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
             why = describe(*v.worst);
         // A contrast node is shown, not gated: its verdict says what it is.
         const std::string gate = v.verdict == Verdict::reference ? ""
-                                 : v.contrast                    ? st.dim("contrast")
+                                 : v.contrast                    ? st.dim(v.floor ? "floor" : "contrast")
                                  : meets_gate(v, r.gate)          ? st.green("pass")
                                                                   : st.red("FAIL");
-        t.add_row({v.node, colour_verdict(v.verdict, st), gate, why});
+        t.add_row({v.floor ? v.node + " (floor)" : v.node, colour_verdict(v.verdict, st), gate, why});
     }
     out += t.render();
     for (const auto& [criterion, why] : not_applicable_criteria(r.nodes))
@@ -172,6 +172,11 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
     }
 
     out += render_invariance(r, st);
+
+    if (const std::vector<std::string> warnings = sample_size_warnings(r.nodes); !warnings.empty()) {
+        out += "\n" + st.bold("Warnings (sample sizes)") + "\n";
+        for (const std::string& w : warnings) out += "  " + st.yellow(w) + "\n";
+    }
 
     const int code = exit_code(r.nodes, r.gate);
     std::vector<std::string> contrast;

@@ -101,7 +101,29 @@ struct NodeOutput {
 struct OpPlan {
     std::string inputs;
     std::function<NodeOutput(Backend&)> run;
+    // matmul: Σ_k |x·w| per output in f64, the scale of its a-priori error
+    // bound (kept on the reference's outputs as ops.matmul.abs_dot).
+    std::function<Tensor()> abs_scale;
 };
+
+// Σ_k |x_tk · w_nk| for y = x·wᵀ, [T, N] f64, threads over t.
+Tensor abs_products(const TensorView& x, const TensorView& w) {
+    const std::int64_t T = x.shape[0], K = x.shape[1], N = w.shape[0];
+    Tensor out(DType::f64, {T, N});
+    double* o = out.as<double>();
+    std::vector<double> xs(static_cast<std::size_t>(K)), ws(static_cast<std::size_t>(N * K));
+    for (std::int64_t i = 0; i < N * K; ++i) ws[static_cast<std::size_t>(i)] = std::fabs(w.at(i));
+    for (std::int64_t t = 0; t < T; ++t) {
+        for (std::int64_t k = 0; k < K; ++k) xs[static_cast<std::size_t>(k)] = std::fabs(x.at(t * K + k));
+        for (std::int64_t n = 0; n < N; ++n) {
+            double acc = 0;
+            const double* wr = ws.data() + n * K;
+            for (std::int64_t k = 0; k < K; ++k) acc += xs[static_cast<std::size_t>(k)] * wr[k];
+            o[t * N + n] = acc;
+        }
+    }
+    return out;
+}
 
 struct MoeInputs {
     Tensor x;
@@ -238,12 +260,14 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
             plan.inputs = fmt::format("x[{},{}] real-statistics · {}ᵀ {} of {}", T, H, lw->moe ? "expert 0 gate" : "mlp gate",
                                       shape_str(w.shape), where);
             plan.run = [in, w](Backend& b) { return NodeOutput{b.matmul(in->first, w), {}}; };
+            plan.abs_scale = [in, w] { return abs_products(in->first.view(), w); };
         } else if (op == "matmul") {
             auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "x", {T, H}, 0, 1),
                                                                   input(c, op, "w", {I, H}, 0, sh));
             keep = in;
             plan.inputs = fmt::format("x[{},{}]~N(0,1) · w[{},{}]ᵀ~N(0,1/√{})", T, H, I, H, H);
             plan.run = [in](Backend& b) { return NodeOutput{b.matmul(in->first, in->second), {}}; };
+            plan.abs_scale = [in] { return abs_products(in->first.view(), in->second.view()); };
         } else if (op == "swiglu") {
             auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "gate", {T, I}, 0, 2),
                                                                   input(c, op, "up", {T, I}, 0, 1));
@@ -477,6 +501,7 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
                 (*outputs)[i]["ops." + op + ".out"] = outs[i]->value;
                 if (!outs[i]->ids.empty()) (*outputs)[i]["ops." + op + ".ids"] = outs[i]->ids;
             }
+            if (plan.abs_scale && outs[reference]) (*outputs)[reference]["ops." + op + ".abs_dot"] = plan.abs_scale();
         }
         std::vector<std::optional<TensorView>> values(n), ids(n);
         for (std::size_t i = 0; i < n; ++i) {

@@ -118,7 +118,7 @@ PerplexityReport run_perplexity(const PerplexityConfig& config, std::vector<std:
             np.mean_nll = mean_of(p.nll);
             np.perplexity = perplexity_from_nll(p.nll);
             np.delta = np.perplexity - ref_ppl;
-            np.ratio = np.perplexity / ref_ppl;
+            np.ratio = 1.0 + perplexity_ratio_minus_one(p.nll, ref.nll);  // finite where the perplexities overflow
             for (std::size_t k = 0; k < p.nll.size(); ++k) {
                 const double d = std::fabs(p.nll[k] - ref.nll[k]);
                 if (std::isnan(d) || std::isnan(np.nll_max_abs_delta))
