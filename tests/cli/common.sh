@@ -67,3 +67,17 @@ test_python() {
     if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "import $mods" 2>/dev/null; then echo "$cand"; return 0; fi
   done
 }
+
+# require_test_python WHAT MODULE...: sets $py to test_python MODULE... or,
+# when none imports them, skips WHAT (a FAILURE under CI) and ends the test
+# (exit 77 = skipped, or 1 under CI).
+require_test_python() {
+  local what="$1"
+  shift
+  py=$(test_python "$@")
+  [ -n "$py" ] && return 0
+  skip "$what" "no python3 with $* (KVASIR_TEST_PYTHON=${KVASIR_TEST_PYTHON:-unset}, PYTHON=${PYTHON:-unset}; ./scripts/test makes BUILD/pyvenv: scripts/setup_python.sh)"
+  echo "$failures failed, $skips skipped"
+  [ "$failures" -eq 0 ] || exit 1
+  exit 77
+}

@@ -12,13 +12,7 @@
 set -u
 bin="$1"
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-py=$(test_python numpy safetensors)
-if [ -z "$py" ]; then
-  skip "the deep model" "no python3 with numpy and safetensors (KVASIR_TEST_PYTHON=${KVASIR_TEST_PYTHON:-unset}; ./scripts/test makes BUILD/pyvenv)"
-  echo "$failures failed, $skips skipped"
-  [ "$failures" -eq 0 ] || exit 1
-  exit 77
-fi
+require_test_python "the deep model" numpy safetensors
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$py" tests/cli/make_deep_model.py fixtures/models/qwen3_moe_tiny "$tmp/deep" --layers 32 --logit-scale 200 >/dev/null

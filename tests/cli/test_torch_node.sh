@@ -9,13 +9,7 @@
 set -u
 bin="$1"
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-py=$(test_python numpy torch)
-if [ -z "$py" ]; then
-  skip "the torch node" "no python3 with numpy and torch (KVASIR_TEST_PYTHON=${KVASIR_TEST_PYTHON:-unset}, PYTHON=${PYTHON:-unset}; ./scripts/test makes BUILD/pyvenv: scripts/setup_python.sh)"
-  echo "$failures failed, $skips skipped"
-  [ "$failures" -eq 0 ] || exit 1
-  exit 77
-fi
+require_test_python "the torch node" numpy torch
 echo "using $py ($("$py" -c 'import numpy, torch; print(f"numpy {numpy.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads")'))"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -684,7 +684,8 @@ TEST(Verdict, FloorRelativeTolerances) {
     r = judge(5e-3, nullptr);
     EXPECT_EQ(r.tolerance, lin.value);
     EXPECT_FALSE(r.pass);
-    EXPECT_NE(r.floor->why.find("cpu"), std::string::npos);
+    EXPECT_EQ(r.floor->node, "cpu");
+    EXPECT_EQ(r.floor->why, "the floor node cpu is not in this run: the absolute fallback");
     // judge(): the floor node's worst values scale every other node; the floor itself is not judged by them.
     NodeInput floor_node, other;
     floor_node.node = "cpu";

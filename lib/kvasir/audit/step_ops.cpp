@@ -36,15 +36,20 @@ nlohmann::json note_object(const NodeOutputs& n, const std::string& key) {
 // λ of the probabilistic bound (see bound_violations).
 constexpr double kProbLambda = 8.0;
 
-// Unit roundoff of a format a node names in its capabilities; nullopt for
-// one this tool has no bound for.
-std::optional<double> unit_roundoff(const nlohmann::ordered_json& name) {
+// Unit roundoff u and subnormal-range absolute error η (half the smallest
+// subnormal) of a format a node names in its capabilities; nullopt for one
+// this tool has no bound for. TF32 keeps f32's exponent range.
+struct FormatUnits {
+    double u, eta;
+};
+std::optional<FormatUnits> format_units(const nlohmann::ordered_json& name) {
     if (!name.is_string()) return std::nullopt;
     const std::string n = name.get<std::string>();
-    if (n == "f64") return std::ldexp(1.0, -53);
-    if (n == "f32") return std::ldexp(1.0, -24);
-    if (n == "tf32" || n == "f16") return std::ldexp(1.0, -11);
-    if (n == "bf16") return std::ldexp(1.0, -8);
+    if (n == "f64") return FormatUnits{std::ldexp(1.0, -53), std::ldexp(1.0, -1075)};
+    if (n == "f32") return FormatUnits{std::ldexp(1.0, -24), std::ldexp(1.0, -150)};
+    if (n == "tf32") return FormatUnits{std::ldexp(1.0, -11), std::ldexp(1.0, -150)};
+    if (n == "f16") return FormatUnits{std::ldexp(1.0, -11), std::ldexp(1.0, -25)};
+    if (n == "bf16") return FormatUnits{std::ldexp(1.0, -8), std::ldexp(1.0, -134)};
     return std::nullopt;
 }
 
@@ -61,8 +66,13 @@ std::optional<double> gamma_k(std::int64_t k, double u) {
 // format (|x̂ŵ − xw| <= r·|xw|, r = 2u_s + u_s², 0 for f32 or wider), summed
 // in ANY order by its accumulator (γ_K(u_acc)·Σ|x̂ŵ|, FMA or not) and
 // rounded to its output format (u_out); the f64 oracle adds γ_K(2⁻⁵³)·Σ|xw|:
-//   |ŷ − y_ref| <= [r + γ_K(u_acc)(1 + r)](1 + u_out)·S + u_out·|y_ref| + γ_K(2⁻⁵³)·S,
-// S = Σ_k |x_k w_k| (ops.matmul.abs_dot, from the reference). A correct node
+//   |ŷ − y_ref| <= [r + γ_K(u_acc)(1 + r)](1 + u_out)·S + u_out·|y_ref| + γ_K(2⁻⁵³)·S + A,
+// S = Σ_k |x_k w_k| (ops.matmul.abs_dot, from the reference). A covers what
+// the relative model misses in the subnormal range (Higham §2.1: rounding
+// there errs by up to η = half the smallest subnormal, absolutely): inputs
+// η_s·(1 + r)(1 + γ)(Σ|x| + Σ|w|) + K·η_s², every product K·η_acc, the
+// output η_out (ops.matmul.abs_x / abs_w); ~1e-8 of the bound for f16
+// storage, ~1e-40 for f32. A correct node
 // never exceeds it whatever its reduction order; one element outside is a
 // wrong result (a flipped bit, a broken kernel), however small against the
 // statistical tolerances. Measured as "bound.violations_max". The
@@ -79,15 +89,18 @@ std::optional<double> gamma_k(std::int64_t k, double u) {
 // this tool does not know) is listed as not measurable, with why.
 nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
     const NodeOutputs& ref = *in.nodes[in.reference];
-    if (!ref.has("ops.matmul.abs_dot") || !ref.has("ops.matmul.out")) return nullptr;
+    if (!ref.has("ops.matmul.abs_dot") || !ref.has("ops.matmul.out")) return nullptr;  // a capture from before the bound
     const auto k_note = ref.note("ops_matmul_k");
     std::int64_t K = 0;
     if (k_note) K = std::strtoll(k_note->c_str(), nullptr, 10);
     KVASIR_CHECK(K > 0 && K <= (std::int64_t{1} << 24), ErrorCode::bad_input, "{}: ops_matmul_k {} is not an inner dimension",
                  ref.origin(), k_note.value_or("(absent)"));
     const TensorView S = ref.view("ops.matmul.abs_dot"), yr = ref.view("ops.matmul.out");
-    KVASIR_CHECK(S.shape == yr.shape, ErrorCode::bad_input, "{}: ops.matmul.abs_dot has shape {}, ops.matmul.out {}",
-                 ref.origin(), shape_str(S.shape), shape_str(yr.shape));
+    const TensorView AX = ref.view("ops.matmul.abs_x"), AW = ref.view("ops.matmul.abs_w");
+    KVASIR_CHECK(S.shape == yr.shape && S.shape.size() == 2 && AX.shape == Shape{S.shape[0]} && AW.shape == Shape{S.shape[1]},
+                 ErrorCode::bad_input, "{}: ops.matmul.abs_dot {}, abs_x {}, abs_w {} do not fit ops.matmul.out {}", ref.origin(),
+                 shape_str(S.shape), shape_str(AX.shape), shape_str(AW.shape), shape_str(yr.shape));
+    const std::int64_t N = S.shape[1];
     const double g_ref = *gamma_k(K, std::ldexp(1.0, -53));
     nlohmann::ordered_json j{{"op", "matmul"}, {"k", K}, {"lambda", kProbLambda}, {"results", nlohmann::ordered_json::array()}};
     for (std::size_t i = 0; i < in.nodes.size(); ++i) {
@@ -99,14 +112,14 @@ nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
         nlohmann::ordered_json input_format = field("storage");
         if (const auto extra = field("extra"); extra.is_object() && extra.contains("matmul_input_format"))
             input_format = extra["matmul_input_format"];
-        const auto us = unit_roundoff(input_format), ua = unit_roundoff(field("accumulation")), uo = unit_roundoff(field("output"));
+        const auto fs = format_units(input_format), fa = format_units(field("accumulation")), fo = format_units(field("output"));
         std::string why;
-        if (!us || !ua || !uo)
+        if (!fs || !fa || !fo)
             why = fmt::format("no a-priori matmul bound for formats storage {}, accumulation {}, output {}", input_format.dump(),
                               field("accumulation").dump(), field("output").dump());
-        const std::optional<double> g = ua ? gamma_k(K, *ua) : std::nullopt;
+        const std::optional<double> g = fa ? gamma_k(K, fa->u) : std::nullopt;
         if (why.empty() && !g)
-            why = fmt::format("no a-priori matmul bound: K·u = {} x {:.3g} >= 1 for a {} running sum", K, *ua,
+            why = fmt::format("no a-priori matmul bound: K·u = {} x {:.3g} >= 1 for a {} running sum", K, fa->u,
                               field("accumulation").get<std::string>());
         if (!why.empty()) {
             led.not_applicable_for(i, "bound.violations_max", why);
@@ -117,17 +130,22 @@ nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
         const TensorView y = in.nodes[i]->view("ops.matmul.out");
         KVASIR_CHECK(y.shape == yr.shape, ErrorCode::bad_input, "{}: ops.matmul.out has shape {}, the reference's {}",
                      in.nodes[i]->origin(), shape_str(y.shape), shape_str(yr.shape));
-        const double r = *us <= std::ldexp(1.0, -24) ? 0.0 : 2.0 * *us + *us * *us;
+        // The operands are f32: storage f32 or wider holds them exactly.
+        const bool rounded = fs->u > std::ldexp(1.0, -24);
+        const double us = fs->u, ua = fa->u, uo = fo->u;
+        const double r = rounded ? 2.0 * us + us * us : 0.0, eta_s = rounded ? fs->eta : 0.0;
         const double kd = static_cast<double>(K);
-        const double g_prob = std::min(*g, std::expm1(kProbLambda * std::sqrt(kd) * *ua + kd * *ua * *ua / (1.0 - *ua)));
+        const double g_prob = std::min(*g, std::expm1(kProbLambda * std::sqrt(kd) * ua + kd * ua * ua / (1.0 - ua)));
         nlohmann::ordered_json e{{"node", in.nodes[i]->node()}, {"elements", y.numel()}};
         for (const auto& [criterion, gk, key] : {std::tuple{"bound.violations_max", *g, "worst_case"},
                                                  std::tuple{"bound.probable_violations_max", g_prob, "probabilistic"}}) {
-            const double scale = (r + gk * (1.0 + r)) * (1.0 + *uo) + g_ref;
+            const double scale = (r + gk * (1.0 + r)) * (1.0 + uo) + g_ref;
+            const double subnormal = eta_s * (1.0 + r) * (1.0 + gk) * (1.0 + uo);
+            const double floor_abs = (kd * eta_s * eta_s * (1.0 + gk) + kd * fa->eta) * (1.0 + uo) + fo->eta;
             std::int64_t violations = 0, first = -1;
             double worst = 0;  // the largest |Δ| / bound
             for (std::int64_t x = 0; x < y.numel(); ++x) {
-                const double bound = scale * S.at(x) + *uo * std::fabs(yr.at(x));
+                const double bound = scale * S.at(x) + uo * std::fabs(yr.at(x)) + subnormal * (AX.at(x / N) + AW.at(x % N)) + floor_abs;
                 const double d = std::fabs(y.at(x) - yr.at(x));
                 if (!(d <= bound)) {  // NaN is a violation
                     if (first < 0) first = x;

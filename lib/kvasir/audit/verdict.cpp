@@ -127,8 +127,8 @@ struct Measured {
 
 struct TierContext {
     const Protocol::Statistics& stats;
-    const FloorValues* floor;  // null: none (see no_floor_why)
-    const std::string& no_floor_why;
+    const FloorValues* floor;  // null: no floor node in this run
+    const std::string& floor_node;
     // The node IS the floor: its x_floor criteria are not judged (it is
     // their yardstick); the tolerance keys skipped go here.
     bool is_floor;
@@ -149,7 +149,7 @@ std::vector<CriterionResult> judge_tier(const std::map<std::string, Measured>& m
         const bool m = it != measured.end();
         const std::string step = m ? it->second.step : info->step;
         out.push_back(judge_criterion(name, step, m ? std::optional<double>(it->second.value) : std::nullopt, tols.at(from), from,
-                                      tier, m ? it->second.count : std::nullopt, ctx.stats, ctx.floor, ctx.no_floor_why));
+                                      tier, m ? it->second.count : std::nullopt, ctx.stats, ctx.floor, ctx.floor_node));
     };
     // Not judged (see the header): a key that does not apply to the model;
     // on this node, a key not measurable — a family tolerance ("ops.max_rel")
@@ -260,7 +260,8 @@ CriterionResult judge_criterion(const std::string& criterion, const std::string&
         f.floor_value = kNaN;
         if (floor == nullptr) {
             f.node = floor_node;
-            f.why = floor_node.empty() ? "no floor node in this run" : floor_node;
+            f.why = floor_node.empty() ? std::string("no floor node in this run")
+                                       : fmt::format("the floor node {} is not in this run", floor_node);
         } else {
             f.node = floor->node;
             const auto it = floor->values.find(criterion);
@@ -386,9 +387,8 @@ NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const T
     // The floor node is no yardstick for itself: it is judged on the
     // absolute fallbacks, as every node is when the run has no floor.
     v.floor = !floor_node.empty() && in.node == floor_node;
-    const std::string no_floor_why = fmt::format("the floor node {} is not in this run", floor_node);
     std::set<std::string> skipped;
-    const TierContext ctx{stats, v.floor ? nullptr : floor, no_floor_why, v.floor, &skipped};
+    const TierContext ctx{stats, v.floor ? nullptr : floor, floor_node, v.floor, &skipped};
     v.sensitive = judge_tier(measured, sensitive, Tier::sensitive, in.not_applicable, in.not_measurable, ctx);
     v.tolerant = judge_tier(measured, tolerant, Tier::tolerant, in.not_applicable, in.not_measurable, ctx);
     for (const std::string& key : skipped)

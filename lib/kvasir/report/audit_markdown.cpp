@@ -55,7 +55,7 @@ std::string markdown_report(const AuditReport& r) {
         const std::string acc = v.capabilities.is_object() && v.capabilities.contains("accumulation")
                                     ? scalar_text(v.capabilities["accumulation"])
                                     : "";
-        out += fmt::format("| {} | {} | {} | {} | {} |\n", md(v.node), std::string(to_string(v.verdict)) + (v.contrast ? " (contrast, not gated)" : ""), md(v.worst ? describe(*v.worst) : "—"),
+        out += fmt::format("| {} | {} | {} | {} | {} |\n", md(v.floor ? v.node + " (floor)" : v.node), std::string(to_string(v.verdict)) + (v.contrast ? " (contrast, not gated)" : ""), md(v.worst ? describe(*v.worst) : "—"),
                            md(acc), md(errs.empty() ? "—" : errs));
     }
 

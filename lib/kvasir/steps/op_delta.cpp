@@ -101,20 +101,29 @@ struct NodeOutput {
 struct OpPlan {
     std::string inputs;
     std::function<NodeOutput(Backend&)> run;
-    // matmul: Σ_k |x·w| per output in f64, the scale of its a-priori error
-    // bound (kept on the reference's outputs as ops.matmul.abs_dot).
-    std::function<Tensor()> abs_scale;
+    // matmul: the scales of its a-priori error bound, in f64 (kept on the
+    // reference's outputs under these names: ops.matmul.abs_dot etc.).
+    std::function<std::map<std::string, Tensor>()> abs_scale;
 };
 
-// Σ_k |x_tk · w_nk| for y = x·wᵀ, [T, N] f64, threads over t.
-Tensor abs_products(const TensorView& x, const TensorView& w) {
+// For y = x·wᵀ: "abs_dot" Σ_k |x_tk·w_nk| [T, N], "abs_x" Σ_k |x_tk| [T] and
+// "abs_w" Σ_k |w_nk| [N] (the last two scale the absolute error a
+// subnormal-range rounding adds), all f64.
+std::map<std::string, Tensor> abs_products(const TensorView& x, const TensorView& w) {
     const std::int64_t T = x.shape[0], K = x.shape[1], N = w.shape[0];
-    Tensor out(DType::f64, {T, N});
-    double* o = out.as<double>();
+    Tensor dot(DType::f64, {T, N}), ax(DType::f64, {T}), aw(DType::f64, {N});
+    double* o = dot.as<double>();
     std::vector<double> xs(static_cast<std::size_t>(K)), ws(static_cast<std::size_t>(N * K));
     for (std::int64_t i = 0; i < N * K; ++i) ws[static_cast<std::size_t>(i)] = std::fabs(w.at(i));
+    for (std::int64_t n = 0; n < N; ++n) {
+        double acc = 0;
+        for (std::int64_t k = 0; k < K; ++k) acc += ws[static_cast<std::size_t>(n * K + k)];
+        aw.as<double>()[n] = acc;
+    }
     for (std::int64_t t = 0; t < T; ++t) {
-        for (std::int64_t k = 0; k < K; ++k) xs[static_cast<std::size_t>(k)] = std::fabs(x.at(t * K + k));
+        double sx = 0;
+        for (std::int64_t k = 0; k < K; ++k) sx += xs[static_cast<std::size_t>(k)] = std::fabs(x.at(t * K + k));
+        ax.as<double>()[t] = sx;
         for (std::int64_t n = 0; n < N; ++n) {
             double acc = 0;
             const double* wr = ws.data() + n * K;
@@ -122,7 +131,7 @@ Tensor abs_products(const TensorView& x, const TensorView& w) {
             o[t * N + n] = acc;
         }
     }
-    return out;
+    return {{"abs_dot", std::move(dot)}, {"abs_x", std::move(ax)}, {"abs_w", std::move(aw)}};
 }
 
 struct MoeInputs {
@@ -501,7 +510,8 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
                 (*outputs)[i]["ops." + op + ".out"] = outs[i]->value;
                 if (!outs[i]->ids.empty()) (*outputs)[i]["ops." + op + ".ids"] = outs[i]->ids;
             }
-            if (plan.abs_scale && outs[reference]) (*outputs)[reference]["ops." + op + ".abs_dot"] = plan.abs_scale();
+            if (plan.abs_scale && outs[reference])
+                for (auto& [name, t] : plan.abs_scale()) (*outputs)[reference]["ops." + op + "." + name] = std::move(t);
         }
         std::vector<std::optional<TensorView>> values(n), ids(n);
         for (std::size_t i = 0; i < n; ++i) {
