@@ -668,3 +668,46 @@ TEST(FaultVariants, TheRouteFaultFailsRouterAuthoritiesAndAFaultThatNeverFiredIs
     EXPECT_NE(never.errors.at("fault").find("never fired"), std::string::npos) << never.errors.at("fault");
     EXPECT_EQ(never.capabilities["faults_fired"]["ops"], 0);
 }
+
+// Issue #18 item 6: a failing drift names the first layer and block whose
+// local (re-anchored) delta crosses its yardstick — a fault in the MLP's
+// activation is found in the MLP / experts block, one in attention's softmax
+// in the attention block, both at layer 0 where they first act.
+TEST(FaultVariants, DriftNamesTheLayerAndBlockOfTheFault) {
+    nlohmann::json doc = ci_protocol().document;
+    for (auto it = doc["steps"].begin(); it != doc["steps"].end();)
+        it = it.key() == "drift" ? std::next(it) : doc["steps"].erase(it);
+    for (const char* tier : {"sensitive", "tolerant"})
+        for (auto it = doc["tiers"][tier].begin(); it != doc["tiers"][tier].end();) {
+            const auto info = find_criterion(it.key());
+            it = info && info->step == "drift" ? std::next(it) : doc["tiers"][tier].erase(it);
+        }
+    const Protocol p = parse_protocol(doc, "ci.json (drift only)", (kRoot / "protocols").string());
+    std::vector<std::unique_ptr<Backend>> nodes;
+    for (const char* s : {"cpu-ref", "cpu", "cpu:fault=perturb,fault_size=1e-2,fault_op=swiglu",
+                          "cpu:fault=perturb,fault_size=1e-2,fault_op=softmax"})
+        nodes.push_back(create_backend(s));
+    AuditConfig cfg;
+    cfg.protocol = &p;
+    cfg.model = &fixture();
+    const AuditRun run = run_audit(cfg, nodes, 0);
+    EXPECT_EQ(verdict_of(run, "cpu").verdict, Verdict::fit);
+    EXPECT_TRUE(verdict_of(run, "cpu").localisation.empty());  // nothing failed: nothing to locate
+    const NodeVerdict& mlp = verdict_of(run, "cpu:fault=perturb,fault_op=swiglu,fault_size=1e-2");
+    const NodeVerdict& att = verdict_of(run, "cpu:fault=perturb,fault_op=softmax,fault_size=1e-2");
+    for (const NodeVerdict* v : {&mlp, &att}) {
+        EXPECT_NE(v->verdict, Verdict::fit) << v->node;
+        ASSERT_EQ(v->localisation.count("drift"), 1u) << v->node;
+        EXPECT_NE(v->localisation.at("drift").find("at layer 0,"), std::string::npos) << v->localisation.at("drift");
+    }
+    EXPECT_NE(mlp.localisation.at("drift").find("MLP / experts block"), std::string::npos) << mlp.localisation.at("drift");
+    EXPECT_NE(att.localisation.at("drift").find("attention block"), std::string::npos) << att.localisation.at("drift");
+    // The per-layer block deltas are in the step's JSON for every node.
+    const json& res = run.report.steps.at("drift").at("results");
+    ASSERT_EQ(res.size(), 3u);
+    for (const json& e : res) {
+        ASSERT_FALSE(e["layers"].empty());
+        EXPECT_TRUE(e["layers"][0].contains("attention_block_rel")) << e.dump();
+        EXPECT_TRUE(e["layers"][0].contains("mlp_block_rel")) << e.dump();
+    }
+}

@@ -292,7 +292,8 @@ Tensor windowed_attention(Backend& be, const TensorView& q, std::span<const Tens
     return parts.size() == 1 ? std::move(parts.front()) : stack_rows(parts);
 }
 
-Tensor LayerGraph::feed_forward(const LayerWeights& w, const Tensor& x2, LayerIO& io) {
+Tensor LayerGraph::feed_forward(const LayerWeights& w, const Tensor& own_input, LayerIO& io) {
+    const Tensor& x2 = io.mlp_anchor != nullptr ? *io.mlp_anchor : own_input;
     Tensor m;
     if (!w.moe) {
         m = swiglu_mlp(x2, w.mlp_gate, w.mlp_up, w.mlp_down);
@@ -317,7 +318,7 @@ Tensor LayerGraph::feed_forward(const LayerWeights& w, const Tensor& x2, LayerIO
             m = be.add(m, s);
         }
     }
-    if (io.mlp_input != nullptr) *io.mlp_input = x2;
+    if (io.mlp_input != nullptr) *io.mlp_input = own_input;
     if (io.mlp_output != nullptr) *io.mlp_output = m;
     return m;
 }

@@ -109,6 +109,10 @@ struct LayerIO {
     Tensor* mlp_input = nullptr;        // out (optional): the MLP / MoE block input
     Tensor* mlp_output = nullptr;       // out (optional): its output
     Tensor* mixer_output = nullptr;     // out (optional): the attention / linear-attention output (hybrid layers)
+    // in (optional): the MLP / MoE block runs on this input instead of the
+    // layer's own (the drift step's localisation: the block's own error,
+    // free of the attention block's; ForwardOptions::anchor_mlp_inputs).
+    const Tensor* mlp_anchor = nullptr;
 };
 
 class LayerGraph {
@@ -171,8 +175,9 @@ public:
     // The feed-forward part of layer w: the dense SwiGLU MLP, or the MoE
     // block (router logits, the authority's plan or the backend's own router,
     // routed experts, plus the shared expert — sigmoid-gated when the layer
-    // has a shared_expert_gate).
-    Tensor feed_forward(const LayerWeights& w, const Tensor& x, LayerIO& io);
+    // has a shared_expert_gate) — on io.mlp_anchor instead of own_input when
+    // one is given.
+    Tensor feed_forward(const LayerWeights& w, const Tensor& own_input, LayerIO& io);
     // The standard pre-norm decoder layer (qwen2_moe, qwen3_moe, mixtral):
     //   h1 = h + attention(rmsnorm(h));  out = h1 + feed_forward(rmsnorm(h1)).
     Tensor standard_layer(std::int64_t l, const TensorView& h, LayerIO& io);

@@ -87,6 +87,11 @@ void Ledger::measure_rate(std::size_t i, const std::string& step, const std::str
     inputs_[i].measurements.push_back({criterion, step, rate.rate, RateCount{rate.successes, rate.n}});
 }
 
+void Ledger::localise(std::size_t i, const std::string& step, const std::string& where) {
+    KVASIR_ASSERT(i < inputs_.size());
+    inputs_[i].localisation[step] = where;
+}
+
 void Ledger::faults_fired(std::size_t i, const std::string& step, std::int64_t count) {
     KVASIR_ASSERT(i < inputs_.size());
     auto& f = inputs_[i].faults_fired;

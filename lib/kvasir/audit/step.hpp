@@ -102,6 +102,9 @@ public:
     // A fault-injecting node corrupted `count` op outputs in `step`
     // (NodeInput::faults_fired).
     void faults_fired(std::size_t i, const std::string& step, std::int64_t count);
+    // Where step `step` locates node i's error first (one line, for the
+    // verdict: NodeInput::localisation).
+    void localise(std::size_t i, const std::string& step, const std::string& where);
     // A rate criterion: its value and the counts it is judged on.
     void measure_rate(std::size_t i, const std::string& step, const std::string& criterion, const Fraction& rate);
     void error(std::size_t i, const std::string& step, const std::string& message);

@@ -5,7 +5,21 @@
 //
 // Tensors: drift.hidden.<k> (k = 0 … L: the residual stream, free-running,
 // routing pinned) and drift.anchored.<k> (k = 1 … L: the output of layer k−1
-// fed the authority's input of that layer — the layer's LOCAL error).
+// fed the authority's input of that layer — the layer's LOCAL error), and
+// for the localisation of that error inside the layer drift.mlp_input.<k>
+// (the MLP / MoE block input of layer k−1 in the anchored run: what the
+// attention block — input norm, attention, post-attention norm — made of the
+// authority's layer input) and drift.mlp_output.<k> (the block's output fed
+// the authority's block input: its own error alone, routing pinned); the
+// authority stores its own. Architectures without the shared feed-forward
+// (gpt-oss) store neither: their layers are localised as a whole.
+//
+// Localisation (issue #18): per layer, the attention block's and the MLP /
+// experts block's relative deltas; the first layer (and block) whose delta
+// crosses its yardstick is named in the node's verdict — the yardstick is
+// x_floor × the floor node's delta of the same block and layer when the
+// protocol writes drift.final_rel relative to a floor node and the floor
+// ran (its delta > 0), else DriftConfig::threshold.
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/step.hpp"
 
@@ -15,9 +29,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 
 namespace kvasir {
 
@@ -47,7 +63,18 @@ public:
     }
 
     std::any decide(const StepEnv& env, Backend& authority) const override {
-        return std::make_shared<const ForwardResult>(forward(authority, *env.model, env.plan->drift->tokens.ids));
+        ForwardOptions opt;
+        opt.keep_mlp_io = true;
+        return std::make_shared<const ForwardResult>(forward(authority, *env.model, env.plan->drift->tokens.ids, opt));
+    }
+
+    // The blocks' tensors of a run kept with keep_mlp_io: k = 1 … L.
+    static void add_blocks(StepOutput& out, const std::vector<Tensor>& mlp_input, const std::vector<Tensor>& mlp_output) {
+        for (std::size_t l = 0; l < mlp_input.size(); ++l) {
+            if (!mlp_input[l].empty()) out.tensors.emplace(fmt::format("drift.mlp_input.{}", l + 1), mlp_input[l]);
+            if (l < mlp_output.size() && !mlp_output[l].empty())
+                out.tensors.emplace(fmt::format("drift.mlp_output.{}", l + 1), mlp_output[l]);
+        }
     }
 
     StepOutput collect(const StepEnv& env, Backend& node, const std::any& decisions, bool self) const override {
@@ -55,6 +82,7 @@ public:
         StepOutput out;
         if (self) {
             for (std::size_t k = 0; k < ref.hidden.size(); ++k) out.tensors.emplace(fmt::format("drift.hidden.{}", k), ref.hidden[k]);
+            add_blocks(out, ref.mlp_input, ref.mlp_output);
             return out;
         }
         const auto& ids = env.plan->drift->tokens.ids;
@@ -64,29 +92,67 @@ public:
         for (std::size_t k = 0; k < free.hidden.size(); ++k)
             out.tensors.emplace(fmt::format("drift.hidden.{}", k), std::move(free.hidden[k]));
         opt.anchor_inputs = &ref.hidden;
+        opt.keep_mlp_io = true;
         ForwardResult anchored = forward(node, *env.model, ids, opt);
         for (std::size_t k = 1; k < anchored.hidden.size(); ++k)
             out.tensors.emplace(fmt::format("drift.anchored.{}", k), std::move(anchored.hidden[k]));
+        // The MLP / experts block alone: fed the authority's block inputs too.
+        const bool blocks = std::any_of(ref.mlp_input.begin(), ref.mlp_input.end(), [](const Tensor& t) { return !t.empty(); });
+        if (blocks) {
+            opt.anchor_mlp_inputs = &ref.mlp_input;
+            const ForwardResult own_block = forward(node, *env.model, ids, opt);
+            add_blocks(out, anchored.mlp_input, own_block.mlp_output);
+        }
         return out;
     }
 
-    nlohmann::ordered_json compare(const Protocol&, const StepNodes& in, Ledger& led, AuditReport& out) const override {
+    // A block of a layer whose local delta the localisation measures.
+    struct Block {
+        const char* key;     // its field in the layer's JSON entry
+        const char* name;    // as reports name it
+        const char* prefix;  // its tensors
+    };
+    static constexpr Block kBlocks[] = {
+        {"attention_block_rel", "attention block (input norm, attention, post-attention norm)", "drift.mlp_input."},
+        {"mlp_block_rel", "MLP / experts block (routing pinned)", "drift.mlp_output."}};
+
+    static std::optional<double> block_delta(const NodeOutputs& ref, const NodeOutputs& c, const Block& b, std::size_t k) {
+        const std::string name = b.prefix + std::to_string(k);
+        if (!ref.has(name) || !c.has(name)) return std::nullopt;
+        return relative_l2(ref.view(name), c.view(name));
+    }
+
+    nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport& out) const override {
         const NodeOutputs& ref = *in.nodes[in.reference];
         const std::vector<TensorView> rh = numbered(ref, "drift.hidden.");
         KVASIR_CHECK(rh.size() >= 2, ErrorCode::bad_input, "{}: drift step without hidden states", ref.origin());
         const double threshold = DriftConfig{}.threshold;
+        // The localisation's yardstick: x_floor × the floor node's delta of
+        // the same block, when drift.final_rel is written relative to a
+        // floor that ran; else the absolute threshold.
+        std::optional<std::size_t> floor;
+        std::optional<double> multiple;
+        if (const auto t = p.sensitive.find("drift.final_rel"); t != p.sensitive.end() && t->second.x_floor)
+            for (std::size_t i = 0; i < in.nodes.size(); ++i)
+                if (i != in.reference && in.present[i] && in.nodes[i]->node() == p.floor) {
+                    floor = i;
+                    multiple = *t->second.x_floor;
+                }
         nlohmann::ordered_json j;
         j["reference"] = ref.node();
         j["threshold"] = threshold;
-        j["compared"] = "‖Δ‖₂/‖ref‖₂ of the residual after each layer: free-running (accumulated) and re-anchored (local)";
+        j["compared"] = "‖Δ‖₂/‖ref‖₂ of the residual after each layer: free-running (accumulated) and re-anchored (local), "
+                        "and of each block of the re-anchored layer";
+        if (floor) j["localisation_floor"] = {{"node", p.floor}, {"x_floor", *multiple}};
         j["results"] = for_each_candidate(in, led, "drift", [&](std::size_t i) {
             const NodeOutputs& c = *in.nodes[i];
             const std::vector<TensorView> ch = numbered(c, "drift.hidden.");
             KVASIR_CHECK(ch.size() == rh.size(), ErrorCode::bad_input, "{}: {} hidden states, the reference has {}", c.origin(),
                          ch.size(), rh.size());
             std::vector<double> depth, rel;
-            nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+            nlohmann::ordered_json layers = nlohmann::ordered_json::array(), where = nullptr;
             std::int64_t first_over = -1, first_over_local = -1;
+            const bool relative = floor && *floor != i;  // the floor is no yardstick for itself
             for (std::size_t k = 1; k < rh.size(); ++k) {
                 const std::int64_t layer = static_cast<std::int64_t>(k) - 1;
                 const double free_rel = relative_l2(rh[k], ch[k]);
@@ -100,6 +166,26 @@ public:
                     lj["anchored_rel"] = json_double(local);
                     if (!(local <= threshold) && first_over_local < 0) first_over_local = layer;
                 }
+                for (const Block& b : kBlocks) {
+                    const std::optional<double> d = block_delta(ref, c, b, k);
+                    if (!d) continue;
+                    lj[b.key] = json_double(*d);
+                    if (!where.is_null()) continue;
+                    double yardstick = threshold;
+                    std::string rule = fmt::format("the absolute threshold {:g}", threshold);
+                    if (relative)
+                        if (const auto fd = block_delta(ref, *in.nodes[*floor], b, k); fd && std::isfinite(*fd) && *fd > 0) {
+                            yardstick = *multiple * *fd;
+                            rule = fmt::format("{:g} x the floor {}'s {:.2e}", *multiple, p.floor, *fd);
+                        }
+                    if (!(*d <= yardstick)) {
+                        where = {{"layer", layer}, {"block", b.name}, {"delta", json_double(*d)}, {"yardstick", json_double(yardstick)},
+                                 {"rule", rule}};
+                        led.localise(i, "drift",
+                                     fmt::format("drift first crosses its yardstick at layer {}, {}: local delta {:.2e} > {:.2e} ({})",
+                                                 layer, b.name, *d, yardstick, rule));
+                    }
+                }
                 layers.push_back(std::move(lj));
             }
             const PowerFit fit = fit_power_law(depth, rel);
@@ -109,7 +195,7 @@ public:
             out.drift.push_back(std::move(s));
             return nlohmann::ordered_json{{"node", c.node()},        {"layers", std::move(layers)},
                                           {"fit", to_json(fit)},      {"first_over", first_over},
-                                          {"first_over_local", first_over_local}};
+                                          {"first_over_local", first_over_local}, {"localisation", std::move(where)}};
         });
         return j;
     }

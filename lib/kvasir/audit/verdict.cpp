@@ -429,6 +429,12 @@ NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const T
         if (worst == nullptr) worst = least_margin(v.tolerant, false, true);
     }
     if (worst != nullptr) v.worst = *worst;
+    for (const auto& [step, where] : in.localisation) {
+        const auto failed = [&](const std::vector<CriterionResult>& rs) {
+            return std::any_of(rs.begin(), rs.end(), [&](const CriterionResult& r) { return r.step == step && !r.pass; });
+        };
+        if (failed(v.sensitive) || failed(v.tolerant)) v.localisation.emplace(step, where);
+    }
     return v;
 }
 
@@ -571,6 +577,11 @@ nlohmann::ordered_json to_json(const NodeVerdict& v) {
     nlohmann::ordered_json nm = nlohmann::ordered_json::object();
     for (const auto& [criterion, why] : v.not_measurable) nm[criterion] = why;
     j["not_measurable"] = nm;
+    if (!v.localisation.empty()) {
+        nlohmann::ordered_json loc = nlohmann::ordered_json::object();
+        for (const auto& [step, where] : v.localisation) loc[step] = where;
+        j["localisation"] = loc;
+    }
     return j;
 }
 

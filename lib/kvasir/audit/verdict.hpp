@@ -195,6 +195,9 @@ struct NodeInput {
     // injected fault never fired"): a clean verdict would claim the fault
     // was tolerated when it was never there. nullopt for real nodes.
     std::optional<std::map<std::string, std::int64_t>> faults_fired;
+    // Step → where it locates this node's error first (the drift step: the
+    // first layer and block whose local delta crosses its yardstick).
+    std::map<std::string, std::string> localisation;
 };
 // node + to_json(caps).
 NodeInput node_input(const Capabilities& caps, bool is_reference = false);
@@ -224,6 +227,9 @@ struct NodeVerdict {
     std::map<std::string, std::string> errors;  // step → message (incl. non-finite measurements)
     std::map<std::string, std::string> not_applicable;  // criterion → why, not judged (NodeInput::not_applicable)
     std::map<std::string, std::string> not_measurable;  // criterion → why, not judged on this node (NodeInput)
+    // Step → where it locates the error (NodeInput::localisation), kept when
+    // a criterion of that step failed: the engineer's first place to look.
+    std::map<std::string, std::string> localisation;
 
     const std::vector<CriterionResult>& tier(Tier t) const { return t == Tier::sensitive ? sensitive : tolerant; }
 };
@@ -257,7 +263,7 @@ CriterionResult judge_criterion(const std::string& criterion, const std::string&
 // the catalogue (a misspelt name must be loud, not silently unjudged).
 NodeVerdict judge_node(const NodeInput& input, const Tolerances& sensitive, const Tolerances& tolerant,
                        const Protocol::Statistics& stats = {}, const FloorValues* floor = nullptr,
-                       const std::string& floor_node = "cpu");
+                       const std::string& floor_node = "");
 NodeVerdict judge_node(const NodeInput& input, const Protocol& protocol);
 // Every node; x_floor tolerances relative to the input named
 // protocol.floor (whose own x_floor criteria are not judged: it is their

@@ -358,7 +358,12 @@ std::string verdict_section(const AuditReport& r) {
         if (any_errors) o += "<td class=\"caps\">" + (errs.empty() ? std::string("—") : errs) + "</td>";
         o += "</tr>\n";
     }
-    o += "</tbody></table></div>\n</section>\n";
+    o += "</tbody></table></div>\n";
+    std::string where;
+    for (const NodeVerdict& v : r.nodes)
+        for (const auto& [step, text] : v.localisation) where += "<li><code>" + h(v.node) + "</code>: " + h(text) + "</li>\n";
+    if (!where.empty()) o += "<p><b>Where to look</b> (the first layer and block whose local error crosses its yardstick):</p><ul>\n" + where + "</ul>\n";
+    o += "</section>\n";
     return o;
 }
 

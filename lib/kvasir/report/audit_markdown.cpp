@@ -63,6 +63,8 @@ std::string markdown_report(const AuditReport& r) {
         out += fmt::format("\nNot judged: `{}` does not apply to this model ({}).\n", criterion, md(why));
     for (const std::string& w : sample_size_warnings(r.nodes)) out += fmt::format("\nWarning (sample size): {}.\n", md(w));
     for (const NodeVerdict& v : r.nodes)
+        for (const auto& [step, where] : v.localisation) out += fmt::format("\nWhere to look for `{}`: {}.\n", md(v.node), md(where));
+    for (const NodeVerdict& v : r.nodes)
         for (const auto& [why, criteria] : not_measurable_by_reason(v))
             out += fmt::format("\nNot judged for {}: `{}` ({}).\n", md(v.node), fmt::join(criteria, "`, `"), md(why));
 

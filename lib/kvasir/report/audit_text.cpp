@@ -122,6 +122,8 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
         t.add_row({v.floor ? v.node + " (floor)" : v.node, colour_verdict(v.verdict, st), gate, why});
     }
     out += t.render();
+    for (const NodeVerdict& v : r.nodes)
+        for (const auto& [step, where] : v.localisation) out += "where to look for " + v.node + ": " + where + "\n";
     for (const auto& [criterion, why] : not_applicable_criteria(r.nodes))
         out += st.dim(fmt::format("not judged: {} does not apply to this model ({})", criterion, why)) + "\n";
     for (const NodeVerdict& v : r.nodes)

@@ -103,6 +103,13 @@ void run(Runner& r, std::vector<KvLayer>& cache, std::span<const std::int32_t> t
         arch::LayerIO io{pos, std::span<const arch::Segment>(&seg, 1), plan, out.router_logits[li], out.routing[li],
                          opt.keep_mlp_io ? &out.mlp_input[li] : nullptr, opt.keep_mlp_io ? &out.mlp_output[li] : nullptr,
                          opt.keep_mlp_io ? &out.mixer_output[li] : nullptr};
+        if (opt.anchor_mlp_inputs != nullptr && li < opt.anchor_mlp_inputs->size() && !(*opt.anchor_mlp_inputs)[li].empty()) {
+            const Tensor& a = (*opt.anchor_mlp_inputs)[li];
+            KVASIR_CHECK(a.shape() == Shape({t_count, c.hidden_size}) && dtype_is_float(a.dtype()), ErrorCode::bad_input,
+                         "MLP anchor of layer {}: {} {} is not [{}, {}] float", l, dtype_name(a.dtype()), shape_str(a.shape()),
+                         t_count, c.hidden_size);
+            io.mlp_anchor = &a;
+        }
         h = r.architecture.layer(r.graph, l, input, io);
         cache[li].seen += t_count;
         if (opt.keep_hidden) out.hidden.push_back(h);

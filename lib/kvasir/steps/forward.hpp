@@ -96,6 +96,12 @@ struct ForwardOptions {
     // [T, H] in any float dtype. A ForwardResult::hidden vector (L+1 entries,
     // entry l = input of layer l) can be passed as it is. Null: free running.
     const std::vector<Tensor>* anchor_inputs = nullptr;
+    // With anchor_inputs: entry l is the MLP / MoE block input of layer l
+    // (normally the reference's ForwardResult::mlp_input[l]) used instead of
+    // this backend's own, so mlp_output[l] holds the block's LOCAL error
+    // alone. Layers whose architecture does not run the shared feed-forward
+    // ignore it. Null: each block runs on its own input.
+    const std::vector<Tensor>* anchor_mlp_inputs = nullptr;
     // Keep hidden[0..L] (the residual stream after each layer). When false,
     // ForwardResult::hidden is empty (final_hidden and logits are kept).
     bool keep_hidden = true;
