@@ -576,17 +576,19 @@ TEST(AuditSteps, AReferenceThatComputesNaNFromFiniteWeightsIsBadInputNamingItsTe
 // K = 512), over three seeds.
 namespace {
 
-Protocol ops_only_protocol() {
+// The ci protocol with one step and its tolerances only.
+Protocol ci_protocol_with_only(const std::string& step) {
     nlohmann::json doc = ci_protocol().document;
     for (auto it = doc["steps"].begin(); it != doc["steps"].end();)
-        it = it.key() == "ops" ? std::next(it) : doc["steps"].erase(it);
+        it = it.key() == step ? std::next(it) : doc["steps"].erase(it);
     for (const char* tier : {"sensitive", "tolerant"})
         for (auto it = doc["tiers"][tier].begin(); it != doc["tiers"][tier].end();) {
             const auto info = find_criterion(it.key());
-            it = info && info->step == "ops" ? std::next(it) : doc["tiers"][tier].erase(it);
+            it = info && info->step == step ? std::next(it) : doc["tiers"][tier].erase(it);
         }
-    return parse_protocol(doc, "ci.json (ops only)", (kRoot / "protocols").string());
+    return parse_protocol(doc, "ci.json (" + step + " only)", (kRoot / "protocols").string());
 }
+Protocol ops_only_protocol() { return ci_protocol_with_only("ops"); }
 
 const CriterionResult* criterion_of(const NodeVerdict& v, Tier t, const std::string& name) {
     for (const CriterionResult& c : v.tier(t))
@@ -674,15 +676,7 @@ TEST(FaultVariants, TheRouteFaultFailsRouterAuthoritiesAndAFaultThatNeverFiredIs
 // activation is found in the MLP / experts block, one in attention's softmax
 // in the attention block, both at layer 0 where they first act.
 TEST(FaultVariants, DriftNamesTheLayerAndBlockOfTheFault) {
-    nlohmann::json doc = ci_protocol().document;
-    for (auto it = doc["steps"].begin(); it != doc["steps"].end();)
-        it = it.key() == "drift" ? std::next(it) : doc["steps"].erase(it);
-    for (const char* tier : {"sensitive", "tolerant"})
-        for (auto it = doc["tiers"][tier].begin(); it != doc["tiers"][tier].end();) {
-            const auto info = find_criterion(it.key());
-            it = info && info->step == "drift" ? std::next(it) : doc["tiers"][tier].erase(it);
-        }
-    const Protocol p = parse_protocol(doc, "ci.json (drift only)", (kRoot / "protocols").string());
+    const Protocol p = ci_protocol_with_only("drift");
     std::vector<std::unique_ptr<Backend>> nodes;
     for (const char* s : {"cpu-ref", "cpu", "cpu:fault=perturb,fault_size=1e-2,fault_op=swiglu",
                           "cpu:fault=perturb,fault_size=1e-2,fault_op=softmax"})
