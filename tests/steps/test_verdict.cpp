@@ -261,6 +261,69 @@ INSTANTIATE_TEST_SUITE_P(
                 "/steps/perplexity/context", "at least 4 tokens", false}),
     [](const ::testing::TestParamInfo<BadCase>& param_info) { return std::string(param_info.param.name); });
 
+// A fuzz-style pass over the parser in the normal build (the libFuzzer
+// build has no audit library): 4000 seeded mutations of the shipped
+// protocols — a value replaced by another type, a huge, negative, NaN-like
+// or fractional number, a key deleted or added, at every depth — each either
+// parses or is refused with Error(bad_input) whose one-line message starts
+// with the source; nothing else escapes.
+TEST(Protocol, SeededMutationsParseOrAreRefusedAsBadInput) {
+    std::vector<json> bases;
+    for (const char* name : {"default", "ci", "strict", "relative"}) bases.push_back(read_json(kProtocols / (std::string(name) + ".json")));
+    const SeededStream rng(20261202, "tests/protocol-mutations");
+    std::uint64_t draw = 0;
+    const auto next = [&](std::uint64_t n) { return rng.bits(draw++) % n; };
+    const std::vector<json> values = {nullptr, true, -1, 0, 1, 0.5, 1.5, -1e308, 1e308, 1e-320, 18446744073709551615u,
+                                      "", "x", "cpu-ref", "wilson", json::array(), json::array({1, 2}), json::object(),
+                                      json::object({{"value", 1}, {"why", "w"}, {"x_floor", 10}})};
+    int parsed = 0, refused = 0;
+    for (int iter = 0; iter < 4000; ++iter) {
+        json doc = bases[next(bases.size())];
+        const int edits = 1 + static_cast<int>(next(3));
+        for (int e = 0; e < edits; ++e) {
+            // Walk to a random node.
+            json* at = &doc;
+            for (int depth = 0; depth < 6 && (at->is_object() || at->is_array()) && !at->empty() && next(4) != 0; ++depth) {
+                const std::size_t k = next(at->size());
+                if (at->is_object()) {
+                    auto it = at->begin();
+                    std::advance(it, static_cast<std::ptrdiff_t>(k));
+                    at = &it.value();
+                } else {
+                    at = &(*at)[k];
+                }
+            }
+            switch (next(3)) {
+                case 0: *at = values[next(values.size())]; break;
+                case 1:
+                    if (at->is_object() && !at->empty()) {
+                        auto it = at->begin();
+                        std::advance(it, static_cast<std::ptrdiff_t>(next(at->size())));
+                        at->erase(it);
+                    }
+                    break;
+                default:
+                    if (at->is_object()) (*at)[fmt::format("k{}", next(4))] = values[next(values.size())];
+                    else if (at->is_number()) *at = at->get<double>() * (next(2) != 0 ? -1.0 : 1e300);
+                    break;
+            }
+        }
+        try {
+            (void)parse_protocol(doc, "mut.json", kProtocols.string());
+            ++parsed;
+        } catch (const Error& err) {
+            ASSERT_EQ(err.code(), ErrorCode::bad_input) << err.what() << "\n" << doc.dump();
+            ASSERT_EQ(std::string(err.what()).rfind("mut.json: ", 0), 0u) << err.what();
+            ASSERT_EQ(std::string(err.what()).find('\n'), std::string::npos) << err.what();
+            ++refused;
+        } catch (const std::exception& other) {
+            FAIL() << "not an Error: " << other.what() << "\n" << doc.dump();
+        }
+    }
+    EXPECT_GT(refused, 1000);
+    EXPECT_GT(parsed, 10);  // some mutations are harmless (a why string, a tolerance within range)
+}
+
 TEST(Protocol, FileLevelProblems) {
     const fs::path dir = fs::temp_directory_path() / ("kvasir_badproto_" + std::to_string(::getpid()));
     fs::create_directories(dir);
