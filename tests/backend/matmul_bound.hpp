@@ -8,6 +8,7 @@
 #pragma once
 
 #include "kvasir/core/tensor.hpp"
+#include "kvasir/metrics/error_bound.hpp"
 
 #include <gtest/gtest.h>
 
@@ -19,24 +20,13 @@ namespace kvasir::test {
 
 constexpr double kU32 = 1.0 / (1 << 24);
 
-inline double gamma(std::int64_t k, double u) { return static_cast<double>(k) * u / (1.0 - static_cast<double>(k) * u); }
+// γ_K(u) where it exists (callers keep K·u < 1): metrics/error_bound.hpp.
+inline double gamma(std::int64_t k, double u) { return gamma_bound(k, u).value(); }
 
 // Σ_k |x_k·w_k| for every output of x [T, K] · w [N, K]ᵀ, row-major [T, N]:
-// the scale of the bound below. Computed once per (x, w), it serves every
-// node given those operands.
-inline std::vector<double> abs_products(const Tensor& x, const Tensor& w) {
-    const std::int64_t T = x.shape()[0], K = x.shape()[1], N = w.shape()[0];
-    const std::vector<double> xs = x.to_f64(), ws = w.to_f64();
-    std::vector<double> out(static_cast<std::size_t>(T * N));
-    for (std::int64_t t = 0; t < T; ++t)
-        for (std::int64_t n = 0; n < N; ++n) {
-            double s = 0;
-            for (std::int64_t k = 0; k < K; ++k)
-                s += std::fabs(xs[static_cast<std::size_t>(t * K + k)] * ws[static_cast<std::size_t>(n * K + k)]);
-            out[static_cast<std::size_t>(t * N + n)] = s;
-        }
-    return out;
-}
+// the scale of the bound below (metrics/error_bound.hpp). Computed once per
+// (x, w), it serves every node given those operands.
+inline std::vector<double> abs_products(const Tensor& x, const Tensor& w) { return kvasir::abs_products(x.view(), w.view()).dot.to_f64(); }
 
 // For a product with inner dimension K, result y and oracle yr [T, N], and
 // abs_sum = abs_products(x, w), every element:

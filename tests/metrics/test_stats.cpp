@@ -2,6 +2,7 @@
 // numpy values were produced with numpy 2.4 (np.quantile, default 'linear').
 #include "kvasir/core/error.hpp"
 #include "kvasir/metrics/metrics.hpp"
+#include "kvasir/metrics/error_bound.hpp"
 #include "kvasir/metrics/stats.hpp"
 
 #include <gtest/gtest.h>
@@ -373,4 +374,25 @@ TEST(BinomialBounds, BadArgumentsAreBadInput) {
     EXPECT_THROW((void)kvasir::binomial_lower_bound(0, 0, 0.95, BinomialBound::clopper_pearson), kvasir::Error);
     EXPECT_THROW((void)kvasir::binomial_trials_to_show(1.0, 0.95, BinomialBound::wilson), kvasir::Error);
     EXPECT_THROW((void)kvasir::normal_quantile(0.0), kvasir::Error);
+}
+
+// metrics/error_bound.hpp by hand.
+TEST(ErrorBound, GammaProbabilisticGammaAndAbsProductsByHand) {
+    const double u = std::ldexp(1.0, -24);
+    EXPECT_DOUBLE_EQ(*kvasir::gamma_bound(2048, u), 2048.0 * u / (1.0 - 2048.0 * u));
+    EXPECT_FALSE(kvasir::gamma_bound(2048, std::ldexp(1.0, -11)).has_value());  // K·u = 1: no bound
+    // λ√K·u = 8·√2048·2⁻²⁴ = 2.157e-5 (+ K·u²/(1−u) = 7.3e-12): ~5.7× below γ_K.
+    const double p = kvasir::probabilistic_gamma(2048, u, 8.0);
+    EXPECT_NEAR(p, std::expm1(8.0 * std::sqrt(2048.0) * u + 2048.0 * u * u / (1.0 - u)), 1e-18);
+    EXPECT_NEAR(*kvasir::gamma_bound(2048, u) / p, 5.66, 0.01);
+    EXPECT_LE(kvasir::probabilistic_gamma(4, u, 8.0), *kvasir::gamma_bound(4, u));  // never above γ_K
+    kvasir::Tensor x(kvasir::DType::f64, {1, 2}), w(kvasir::DType::f64, {2, 2});
+    x.set(0, 1.0), x.set(1, -2.0);
+    w.set(0, 3.0), w.set(1, 4.0), w.set(2, -0.5), w.set(3, 0.25);
+    const kvasir::AbsProducts a = kvasir::abs_products(x.view(), w.view());
+    EXPECT_EQ(a.dot.at(0), 1.0 * 3.0 + 2.0 * 4.0);
+    EXPECT_EQ(a.dot.at(1), 1.0 * 0.5 + 2.0 * 0.25);
+    EXPECT_EQ(a.x.at(0), 3.0);
+    EXPECT_EQ(a.w.at(0), 7.0);
+    EXPECT_EQ(a.w.at(1), 0.75);
 }

@@ -120,14 +120,19 @@ public:
     // free-running (its own argmax vs the reference's, which for the
     // authority itself is its pinned one), and routing agreement needs its
     // expert choices, which such a node may not expose.
-    static nlohmann::ordered_json free_running_node(const NodeOutputs& ref, const NodeOutputs& c, const std::vector<TensorView>& rids,
-                                                    const std::vector<TensorView>& gaps, double border, std::size_t i, Ledger& led) {
+    // Top-1 of each node's own free-routing logits against the reference's.
+    static Fraction free_top1(const NodeOutputs& ref, const NodeOutputs& c) {
         const std::vector<std::int32_t> a = int_vector(ref.view("decide.free.top1")), b = int_vector(c.view("decide.free.top1"));
         KVASIR_CHECK(a.size() == b.size() && !a.empty(), ErrorCode::bad_input, "{}: {} free top-1 tokens, the reference has {}",
                      c.origin(), b.size(), a.size());
         std::int64_t same = 0;
         for (std::size_t t = 0; t < a.size(); ++t) same += a[t] == b[t];
-        const Fraction top1 = binomial(same, static_cast<std::int64_t>(a.size()));
+        return binomial(same, static_cast<std::int64_t>(a.size()));
+    }
+
+    static nlohmann::ordered_json free_running_node(const NodeOutputs& ref, const NodeOutputs& c, const std::vector<TensorView>& rids,
+                                                    const std::vector<TensorView>& gaps, double border, std::size_t i, Ledger& led) {
+        const Fraction top1 = free_top1(ref, c);
         led.measure_rate(i, "decide", "decide.top1_agreement_min", top1);
         nlohmann::ordered_json e{{"node", c.node()}, {"free_running", true}, {"top1_free", to_json(top1)}};
         if (rids.empty()) return e;
@@ -191,15 +196,7 @@ public:
             if (in.free_running[i]) return free_running_node(ref, c, rids, gaps, border, i, led);
             const Fraction top1 = top1_agreement(rl, c.view("decide.pinned.logits"));
             nlohmann::ordered_json e{{"node", c.node()}, {"top1_pinned", to_json(top1)}};
-            if (ref.has("decide.free.top1") && c.has("decide.free.top1")) {
-                const std::vector<std::int32_t> a = int_vector(ref.view("decide.free.top1")),
-                                                b = int_vector(c.view("decide.free.top1"));
-                KVASIR_CHECK(a.size() == b.size() && !a.empty(), ErrorCode::bad_input, "{}: {} free top-1 tokens, the reference has {}",
-                             c.origin(), b.size(), a.size());
-                std::int64_t same = 0;
-                for (std::size_t t = 0; t < a.size(); ++t) same += a[t] == b[t];
-                e["top1_free"] = to_json(binomial(same, static_cast<std::int64_t>(a.size())));
-            }
+            if (ref.has("decide.free.top1") && c.has("decide.free.top1")) e["top1_free"] = to_json(free_top1(ref, c));
             led.measure_rate(i, "decide", "decide.top1_agreement_min", top1);
             free_routing(rids, gaps, border, c, i, led, e);
             return e;

@@ -17,6 +17,7 @@
 
 #include "kvasir/backend/forwarding.hpp"
 #include "kvasir/core/error.hpp"
+#include "kvasir/metrics/error_bound.hpp"
 #include "kvasir/steps/op_delta.hpp"
 
 #include <memory>
@@ -51,14 +52,6 @@ std::optional<FormatUnits> format_units(const nlohmann::ordered_json& name) {
     if (n == "f16") return FormatUnits{std::ldexp(1.0, -11), std::ldexp(1.0, -25)};
     if (n == "bf16") return FormatUnits{std::ldexp(1.0, -8), std::ldexp(1.0, -134)};
     return std::nullopt;
-}
-
-// γ_K(u) = K·u / (1 − K·u) (Higham, Accuracy and Stability of Numerical
-// Algorithms, §3.1); nullopt where K·u >= 1 (no bound exists).
-std::optional<double> gamma_k(std::int64_t k, double u) {
-    const double ku = static_cast<double>(k) * u;
-    if (!(ku < 1.0)) return std::nullopt;
-    return ku / (1.0 - ku);
 }
 
 // Rigorous a-priori bound of matmul, element by element (Higham §3.1): the
@@ -101,7 +94,7 @@ nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
                  ErrorCode::bad_input, "{}: ops.matmul.abs_dot {}, abs_x {}, abs_w {} do not fit ops.matmul.out {}", ref.origin(),
                  shape_str(S.shape), shape_str(AX.shape), shape_str(AW.shape), shape_str(yr.shape));
     const std::int64_t N = S.shape[1];
-    const double g_ref = *gamma_k(K, std::ldexp(1.0, -53));
+    const double g_ref = *gamma_bound(K, std::ldexp(1.0, -53));
     nlohmann::ordered_json j{{"op", "matmul"}, {"k", K}, {"lambda", kProbLambda}, {"results", nlohmann::ordered_json::array()}};
     for (std::size_t i = 0; i < in.nodes.size(); ++i) {
         if (i == in.reference || !in.present[i] || !in.nodes[i]->has("ops.matmul.out")) continue;
@@ -117,7 +110,7 @@ nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
         if (!fs || !fa || !fo)
             why = fmt::format("no a-priori matmul bound for formats storage {}, accumulation {}, output {}", input_format.dump(),
                               field("accumulation").dump(), field("output").dump());
-        const std::optional<double> g = fa ? gamma_k(K, fa->u) : std::nullopt;
+        const std::optional<double> g = fa ? gamma_bound(K, fa->u) : std::nullopt;
         if (why.empty() && !g)
             why = fmt::format("no a-priori matmul bound: K·u = {} x {:.3g} >= 1 for a {} running sum", K, fa->u,
                               field("accumulation").get<std::string>());
@@ -135,7 +128,7 @@ nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
         const double us = fs->u, ua = fa->u, uo = fo->u;
         const double r = rounded ? 2.0 * us + us * us : 0.0, eta_s = rounded ? fs->eta : 0.0;
         const double kd = static_cast<double>(K);
-        const double g_prob = std::min(*g, std::expm1(kProbLambda * std::sqrt(kd) * ua + kd * ua * ua / (1.0 - ua)));
+        const double g_prob = probabilistic_gamma(K, ua, kProbLambda);
         nlohmann::ordered_json e{{"node", in.nodes[i]->node()}, {"elements", y.numel()}};
         for (const auto& [criterion, gk, key] : {std::tuple{"bound.violations_max", *g, "worst_case"},
                                                  std::tuple{"bound.probable_violations_max", g_prob, "probabilistic"}}) {

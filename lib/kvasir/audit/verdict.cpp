@@ -303,29 +303,13 @@ CriterionResult judge_criterion(const std::string& criterion, const std::string&
     return r;
 }
 
-std::map<std::string, double> worst_values(const NodeInput& in) {
-    std::map<std::string, double> out;
-    for (const Measurement& m : in.measurements) {
-        const auto info = find_criterion(m.criterion);
-        if (!info) continue;
-        const auto it = out.find(m.criterion);
-        if (it == out.end())
-            out.emplace(m.criterion, m.value);
-        else
-            it->second = worse(it->second, m.value, info->direction);
-    }
-    return out;
-}
+namespace {
 
-NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const Tolerances& tolerant,
-                       const Protocol::Statistics& stats, const FloorValues* floor, const std::string& floor_node) {
-    NodeVerdict v;
-    v.node = in.node;
-    v.capabilities = in.capabilities.is_object() ? in.capabilities : nlohmann::ordered_json::object();
-    v.errors = in.errors;
-    v.not_applicable = in.not_applicable;
-    v.not_measurable = in.not_measurable;
-
+// Each criterion the node measured, at its worst measurement (verdict.hpp:
+// the largest for max, the smallest for min, NaN over everything), with the
+// step and counts of that measurement. Error(internal) for an unknown
+// criterion or a rate without its trials.
+std::map<std::string, Measured> worst_measurements(const NodeInput& in) {
     std::map<std::string, Measured> measured;
     for (const Measurement& m : in.measurements) {
         const auto info = find_criterion(m.criterion);
@@ -343,6 +327,27 @@ NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const T
             if (replaced) it->second = Measured{w, m.step, m.count};  // the step that measured the worst value
         }
     }
+    return measured;
+}
+
+}  // namespace
+
+std::map<std::string, double> worst_values(const NodeInput& in) {
+    std::map<std::string, double> out;
+    for (const auto& [criterion, m] : worst_measurements(in)) out.emplace(criterion, m.value);
+    return out;
+}
+
+NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const Tolerances& tolerant,
+                       const Protocol::Statistics& stats, const FloorValues* floor, const std::string& floor_node) {
+    NodeVerdict v;
+    v.node = in.node;
+    v.capabilities = in.capabilities.is_object() ? in.capabilities : nlohmann::ordered_json::object();
+    v.errors = in.errors;
+    v.not_applicable = in.not_applicable;
+    v.not_measurable = in.not_measurable;
+
+    const std::map<std::string, Measured> measured = worst_measurements(in);
 
     if (const auto d = measured.find("determinism"); d != measured.end()) {
         nlohmann::ordered_json det;

@@ -3,6 +3,7 @@
 #include "kvasir/arch/graph.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/rng.hpp"
+#include "kvasir/metrics/error_bound.hpp"
 #include "kvasir/backend/capabilities_json.hpp"
 #include "kvasir/core/tool_info.hpp"
 #include "kvasir/model/rope_frequencies.hpp"
@@ -106,32 +107,10 @@ struct OpPlan {
     std::function<std::map<std::string, Tensor>()> abs_scale;
 };
 
-// For y = x·wᵀ: "abs_dot" Σ_k |x_tk·w_nk| [T, N], "abs_x" Σ_k |x_tk| [T] and
-// "abs_w" Σ_k |w_nk| [N] (the last two scale the absolute error a
-// subnormal-range rounding adds), all f64.
-std::map<std::string, Tensor> abs_products(const TensorView& x, const TensorView& w) {
-    const std::int64_t T = x.shape[0], K = x.shape[1], N = w.shape[0];
-    Tensor dot(DType::f64, {T, N}), ax(DType::f64, {T}), aw(DType::f64, {N});
-    double* o = dot.as<double>();
-    std::vector<double> xs(static_cast<std::size_t>(K)), ws(static_cast<std::size_t>(N * K));
-    for (std::int64_t i = 0; i < N * K; ++i) ws[static_cast<std::size_t>(i)] = std::fabs(w.at(i));
-    for (std::int64_t n = 0; n < N; ++n) {
-        double acc = 0;
-        for (std::int64_t k = 0; k < K; ++k) acc += ws[static_cast<std::size_t>(n * K + k)];
-        aw.as<double>()[n] = acc;
-    }
-    for (std::int64_t t = 0; t < T; ++t) {
-        double sx = 0;
-        for (std::int64_t k = 0; k < K; ++k) sx += xs[static_cast<std::size_t>(k)] = std::fabs(x.at(t * K + k));
-        ax.as<double>()[t] = sx;
-        for (std::int64_t n = 0; n < N; ++n) {
-            double acc = 0;
-            const double* wr = ws.data() + n * K;
-            for (std::int64_t k = 0; k < K; ++k) acc += xs[static_cast<std::size_t>(k)] * wr[k];
-            o[t * N + n] = acc;
-        }
-    }
-    return {{"abs_dot", std::move(dot)}, {"abs_x", std::move(ax)}, {"abs_w", std::move(aw)}};
+// The bound scales of y = x·wᵀ under their capture names (metrics/error_bound.hpp).
+std::map<std::string, Tensor> bound_scales(const TensorView& x, const TensorView& w) {
+    AbsProducts a = abs_products(x, w);
+    return {{"abs_dot", std::move(a.dot)}, {"abs_x", std::move(a.x)}, {"abs_w", std::move(a.w)}};
 }
 
 struct MoeInputs {
@@ -269,14 +248,14 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
             plan.inputs = fmt::format("x[{},{}] real-statistics · {}ᵀ {} of {}", T, H, lw->moe ? "expert 0 gate" : "mlp gate",
                                       shape_str(w.shape), where);
             plan.run = [in, w](Backend& b) { return NodeOutput{b.matmul(in->first, w), {}}; };
-            plan.abs_scale = [in, w] { return abs_products(in->first.view(), w); };
+            plan.abs_scale = [in, w] { return bound_scales(in->first.view(), w); };
         } else if (op == "matmul") {
             auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "x", {T, H}, 0, 1),
                                                                   input(c, op, "w", {I, H}, 0, sh));
             keep = in;
             plan.inputs = fmt::format("x[{},{}]~N(0,1) · w[{},{}]ᵀ~N(0,1/√{})", T, H, I, H, H);
             plan.run = [in](Backend& b) { return NodeOutput{b.matmul(in->first, in->second), {}}; };
-            plan.abs_scale = [in] { return abs_products(in->first.view(), in->second.view()); };
+            plan.abs_scale = [in] { return bound_scales(in->first.view(), in->second.view()); };
         } else if (op == "swiglu") {
             auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "gate", {T, I}, 0, 2),
                                                                   input(c, op, "up", {T, I}, 0, 1));
