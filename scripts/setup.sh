@@ -15,7 +15,8 @@ KVASIR_BUILD_TYPE="${KVASIR_BUILD_TYPE:-Release}"
 # a real OpenCL device on the CPU; OpenBLAS is only the benchmarks' yardstick.
 # libssl-dev (libcrypto) computes SHA-256, Random123 is the reference Philox,
 # json-schema-test-suite is the official suite the schema validator is tested
-# against. Chromium (headless) renders the HTML report in its browser test
+# against; PCRE2 and utf8proc give the tokenizer its Unicode regexes and
+# normalization forms. Chromium (headless) renders the HTML report in its browser test
 # (tests/cli/test_html_report.sh), in the DejaVu fonts the page asks for.
 KVASIR_PACKAGES=(
   cmake ninja-build g++ pkg-config git
@@ -25,6 +26,7 @@ KVASIR_PACKAGES=(
   hipcc libamdhip64-dev
   libopenblas-dev
   libssl-dev librandom123-dev json-schema-test-suite
+  libpcre2-dev libutf8proc-dev
   python3-jsonschema python3-numpy python3-venv
   chromium fonts-dejavu-core
 )

@@ -542,63 +542,6 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
     return pr;
 }
 
-namespace {
-
-// nlohmann keeps the LAST of duplicate keys without a word; in a protocol
-// that would silently drop one of two tolerances. Refuse duplicates while
-// parsing, naming their pointer.
-nlohmann::json parse_json_strict(const std::string& text, const std::string& source) {
-    struct Frame {
-        bool is_object = false;
-        std::set<std::string> keys;
-        std::string key;
-        std::size_t index = 0;
-    };
-    std::vector<Frame> stack;
-    const auto pointer = [&](std::size_t upto) {
-        std::string p;
-        for (std::size_t i = 0; i < upto; ++i)
-            p = stack[i].is_object ? json_pointer_child(p, stack[i].key) : json_pointer_child(p, stack[i].index);
-        return p;
-    };
-    const auto bump = [&]() {
-        if (!stack.empty() && !stack.back().is_object) ++stack.back().index;
-    };
-    const nlohmann::json::parser_callback_t cb = [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-        using E = nlohmann::json::parse_event_t;
-        switch (event) {
-            case E::object_start: stack.push_back(Frame{true, {}, {}, 0}); break;
-            case E::array_start: stack.push_back(Frame{false, {}, {}, 0}); break;
-            case E::key: {
-                const std::string key = parsed.get<std::string>();
-                if (!stack.back().keys.insert(key).second)
-                    fail(ErrorCode::bad_input, "{}: {}: duplicate key", source,
-                         json_pointer_child(pointer(stack.size() - 1), key));
-                stack.back().key = key;
-                break;
-            }
-            case E::object_end:
-            case E::array_end:
-                stack.pop_back();
-                bump();
-                break;
-            case E::value: bump(); break;
-        }
-        return true;
-    };
-    try {
-        return nlohmann::json::parse(text, cb);
-    } catch (const nlohmann::json::parse_error& e) {
-        fail(ErrorCode::bad_input, "{}: invalid JSON: {}", source, e.what());
-    } catch (const nlohmann::json::out_of_range& e) {
-        // A number too large for a double (1e999): the value being read is
-        // the current key of the innermost object, or the next array slot.
-        fail(ErrorCode::bad_input, "{}: {}: a number outside the range of a double", source,
-             stack.empty() ? std::string("/") : pointer(stack.size()));
-    }
-}
-
-}  // namespace
 
 Protocol load_protocol(const std::string& path) {
     const std::string text = read_text_file(path, 4u << 20);

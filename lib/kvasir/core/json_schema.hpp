@@ -45,6 +45,13 @@ std::vector<SchemaViolation> schema_violations(const nlohmann::json& schema, con
 // Throws Error(bad_input) "<source>: <path>: <message>" for the first violation.
 void validate_against_schema(const nlohmann::json& schema, const nlohmann::json& doc, const std::string& source);
 
+// Parses untrusted JSON text strictly: Error(bad_input) "<source>: invalid
+// JSON: …" for a syntax error, and — where nlohmann would silently keep the
+// LAST of duplicate keys (in a protocol: one of two tolerances dropped; in a
+// tokenizer: one of two ids) — "<source>: <pointer>: duplicate key"; a number
+// outside the range of a double is refused naming its pointer.
+nlohmann::json parse_json_strict(const std::string& text, const std::string& source);
+
 // JSON pointer (RFC 6901) of `token` below `parent`: "~" → "~0", "/" → "~1".
 std::string json_pointer_child(const std::string& parent, std::string_view token);
 std::string json_pointer_child(const std::string& parent, std::size_t index);
