@@ -9,6 +9,7 @@
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
 #include "kvasir/model/model.hpp"
+#include "kvasir/model/tokenizer.hpp"
 #include "kvasir/report/steps_text.hpp"
 #include "kvasir/steps/decide.hpp"
 #include "kvasir/steps/drift.hpp"
@@ -29,6 +30,8 @@ namespace {
 struct StepOptions {
     std::string model = default_model_path();
     std::string tokens_file;
+    std::string text_file;
+    std::string tokenizer;
     std::int64_t tokens = 0;
     std::uint64_t seed = 20261129;
     bool repeat = false;
@@ -43,6 +46,8 @@ void add_step_options(CLI::App& cmd, StepOptions& o, const char* tokens_help) {
     // 0 stands for "not given" in TokenOptions, so an explicit 0 is refused here.
     cmd.add_option("--tokens", o.tokens, tokens_help)->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
     cmd.add_option("--tokens-file", o.tokens_file, "Token ids from FILE (whitespace-separated decimal ids)");
+    cmd.add_option("--text", o.text_file, "UTF-8 text FILE, tokenized by the model's tokenizer.json (BOS included where it adds one)");
+    cmd.add_option("--tokenizer", o.tokenizer, "tokenizer.json for --text (default: the one beside the model)");
     cmd.add_option("--seed", o.seed, "Seed of generated token ids (and of --perturb-router)")->capture_default_str();
     cmd.add_flag("--repeat", o.repeat, "Run every node twice: bit-identical or not, and the run-to-run max|Δ|");
     add_output_options(cmd, o.output);
@@ -54,7 +59,7 @@ void fill_common(StepCommon& c, const Model& model, const StepOptions& o) {
     c.model = &model;
     c.seed = o.seed;
     c.repeat = o.repeat;
-    c.tokens = resolve_tokens(model, TokenOptions{o.tokens_file, o.tokens, o.seed, 24});
+    c.tokens = resolve_tokens(model, TokenOptions{o.tokens_file, o.text_file, o.tokenizer, o.tokens, o.seed, 24});
 }
 
 template <typename Report>
@@ -173,6 +178,9 @@ void set_generate_command(CLI::App& app) {
         GenerateConfig c;
         fill_common(c, model, opt->step);
         c.new_tokens = opt->new_tokens;
+        // The continuations as text where the model has a tokenizer (or --tokenizer names one).
+        if (!opt->step.tokenizer.empty() || !tokenizer_path_for(model.path()).empty())
+            c.tokenizer = load_tokenizer_for(model.path(), opt->step.tokenizer);
         run_step("generate", opt->step, c, run_generate, render_generate_text);
     });
 }
@@ -199,7 +207,7 @@ void set_perplexity_command(CLI::App& app) {
                      "--stream and --tokens-file name the same thing; give one");
         if (!opt->stream.empty()) s.tokens_file = opt->stream;
         // The default stream ships with the fixtures; --tokens N asks for a seeded one instead.
-        if (s.tokens_file.empty() && s.tokens == 0) s.tokens_file = std::string(KVASIR_SOURCE_DIR) + "/fixtures/tokens/default.txt";
+        if (s.tokens_file.empty() && s.text_file.empty() && s.tokens == 0) s.tokens_file = std::string(KVASIR_SOURCE_DIR) + "/fixtures/tokens/default.txt";
         PerplexityConfig c;
         fill_common(c, model, s);
         c.context = opt->context;

@@ -78,6 +78,7 @@ std::string default_model_path();
 HtmlStamp html_stamp();
 
 void set_backends_command(CLI::App& app);
+void set_tokenize_command(CLI::App& app);
 void set_ops_command(CLI::App& app);
 void set_inspect_command(CLI::App& app);
 void set_matrix_command(CLI::App& app);

@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
     kvasir::app::set_generate_command(app);
     kvasir::app::set_perplexity_command(app);
     kvasir::app::set_inspect_command(app);
+    kvasir::app::set_tokenize_command(app);
     kvasir::app::strict_options(app);
     // An unknown command is named, with the valid ones (CLI11 would only say
     // that a subcommand is required).

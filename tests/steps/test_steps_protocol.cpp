@@ -318,10 +318,10 @@ TEST(StepTokens, ResolvesTheReferencePromptAndTheOptions) {
     ASSERT_EQ(def.ids.size(), static_cast<std::size_t>(ids.numel()));
     for (std::int64_t i = 0; i < ids.numel(); ++i) EXPECT_EQ(def.ids[static_cast<std::size_t>(i)], ids.at(i));
     EXPECT_NE(def.source.find("reference data"), std::string::npos);
-    EXPECT_EQ(resolve_tokens(m, TokenOptions{"", 10, 5}).ids, seeded_tokens(5, 10, 384).ids);
+    EXPECT_EQ(resolve_tokens(m, TokenOptions{.count = 10, .seed = 5}).ids, seeded_tokens(5, 10, 384).ids);
     const TokenSequence f = resolve_tokens(m, TokenOptions{(fs::path(KVASIR_SOURCE_DIR) / "fixtures/tokens/default.txt").string()});
     EXPECT_EQ(f.ids.size(), 384u);
-    EXPECT_THROW(resolve_tokens(m, TokenOptions{"x.txt", 3}), Error);
+    EXPECT_THROW(resolve_tokens(m, TokenOptions{.file = "x.txt", .count = 3}), Error);
     // The q8_0 GGUF's reference sits next to it as <stem>.reference.safetensors.
     EXPECT_EQ(fs::path(reference_data_path((kModels / "qwen3_moe_tiny.q8_0.gguf").string())).filename(),
               "qwen3_moe_tiny.q8_0.reference.safetensors");

@@ -18,6 +18,8 @@
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
 #include "kvasir/core/rng.hpp"
+#include "kvasir/core/sha256.hpp"
+#include "kvasir/model/tokenizer.hpp"
 #include "kvasir/metrics/metrics.hpp"
 #include "kvasir/audit/protocol.hpp"
 #include "kvasir/audit/verdict.hpp"
@@ -142,6 +144,42 @@ TEST(Protocol, TokenStreamWithWrongHashIsRefused) {
     s.offset = 380;
     s.count = 10;
     expect_bad_input([&] { read_token_stream(s); }, s.resolved_path + ": holds 384 tokens", "from offset 380");
+}
+
+TEST(Protocol, TextTokenStreamsAreTheModelTokenizersIds) {
+    // A "model" folder holding only a tokenizer.json is enough for the stream
+    // (the ids meet the model's vocabulary when a step validates them).
+    const fs::path dir = fs::temp_directory_path() / fmt::format("kvasir-text-stream-{}", ::getpid());
+    fs::create_directories(dir);
+    fs::copy_file(fs::path(KVASIR_SOURCE_DIR) / "fixtures/tokenizers/llama3_style.json", dir / "tokenizer.json",
+                  fs::copy_options::overwrite_existing);
+    const std::string text = "The quick brown fox — Привет, мир! 日本語 1234";
+    write_file_atomic((dir / "t.txt").string(), text);
+    const std::vector<std::int32_t> all = Tokenizer::load((dir / "tokenizer.json").string()).encode(text);
+    ASSERT_GT(all.size(), 8u);
+    TokenStream s;
+    s.path = s.resolved_path = (dir / "t.txt").string();
+    s.sha256 = sha256_hex(text);
+    s.text = true;
+    s.offset = 0;  // BOS included: the template's <|begin_of_text|>
+    s.count = static_cast<std::int64_t>(all.size());
+    EXPECT_EQ(read_token_stream(s, dir.string()), all);
+    s.offset = 3;
+    s.count = 4;
+    EXPECT_EQ(read_token_stream(s, dir.string()), std::vector<std::int32_t>(all.begin() + 3, all.begin() + 7));
+    s.count = static_cast<std::int64_t>(all.size());
+    expect_bad_input([&] { read_token_stream(s, dir.string()); }, s.resolved_path + fmt::format(": holds {} tokens", all.size()),
+                     "from offset 3");
+    fs::remove(dir / "tokenizer.json");
+    expect_bad_input([&] { read_token_stream(s, dir.string()); }, "no tokenizer.json beside", "--tokenizer");
+    fs::remove_all(dir);
+    // "format" in a protocol: "ids" or "text", nothing else.
+    json doc = read_json(kProtocols / "ci.json");
+    doc["steps"]["logits"]["tokens"]["format"] = "text";
+    EXPECT_TRUE(parse_protocol(doc, "p.json", kProtocols.string()).logits.tokens.text);
+    doc["steps"]["logits"]["tokens"]["format"] = "words";
+    expect_bad_input([&] { (void)parse_protocol(doc, "p.json", kProtocols.string()); }, "p.json",
+                     "/steps/logits/tokens/format: expected \"ids\" or \"text\"");
 }
 
 // --- bad protocols ------------------------------------------------------------------

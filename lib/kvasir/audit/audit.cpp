@@ -24,8 +24,9 @@ namespace kvasir {
 
 namespace detail {
 
-TokenSequence stream_tokens(const TokenStream& s) {
-    return {read_token_stream(s), fmt::format("{} [{}, {})", s.path, s.offset, s.offset + s.count)};
+TokenSequence stream_tokens(const TokenStream& s, const Model& model) {
+    return {read_token_stream(s, model.path()),
+            fmt::format("{}{} [{}, {})", s.text ? "text " : "", s.path, s.offset, s.offset + s.count)};
 }
 
 AuditPlan make_audit_plan(const AuditConfig& ac) {

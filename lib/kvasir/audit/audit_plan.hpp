@@ -47,14 +47,14 @@ struct AuditPlan {
 AuditPlan make_audit_plan(const AuditConfig& config);
 
 // A token stream of the protocol, read and verified.
-TokenSequence stream_tokens(const TokenStream& s);
+TokenSequence stream_tokens(const TokenStream& s, const Model& model);
 
 // The common part of a forward step's configuration (steps 2–6).
 template <class C>
 C token_step(const AuditConfig& ac, std::uint64_t seed, const TokenStream& s) {
     C c;
     c.model = ac.model;
-    c.tokens = stream_tokens(s);
+    c.tokens = stream_tokens(s, *ac.model);
     c.seed = seed;
     c.repeat = false;  // self non-determinism is the determinism step's business
     return c;

@@ -2,6 +2,7 @@
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
+#include "kvasir/model/tokenizer.hpp"
 
 #include <fmt/format.h>
 
@@ -239,7 +240,7 @@ constexpr std::int64_t kMaxTokens = std::int64_t{1} << 24;  // 16 M tokens: far 
 TokenStream read_stream(const Reader& r, const nlohmann::json& parent, const std::string& key, const std::string& path,
                         const std::string& base_dir) {
     const std::string p = json_pointer_child(path, key);
-    const auto& j = r.object(parent.at(key), p, {"path", "sha256", "offset", "count"});
+    const auto& j = r.object(parent.at(key), p, {"path", "sha256", "offset", "count"}, {"format"});
     TokenStream s;
     s.path = r.string(j, "path", p);
     s.resolved_path = resolve_path(base_dir, s.path);
@@ -247,6 +248,11 @@ TokenStream read_stream(const Reader& r, const nlohmann::json& parent, const std
     if (!is_lower_hex(s.sha256, 64)) r.bad(json_pointer_child(p, "sha256"), "expected 64 lowercase hex digits (sha256 of the file)");
     s.offset = r.integer(j, "offset", p, 0, kMaxTokens);
     s.count = r.integer(j, "count", p, 1, kMaxTokens);
+    if (j.contains("format")) {
+        const std::string f = r.string(j, "format", p);
+        if (f != "ids" && f != "text") r.bad(json_pointer_child(p, "format"), "expected \"ids\" or \"text\"");
+        s.text = f == "text";
+    }
     return s;
 }
 
@@ -550,7 +556,7 @@ Protocol load_protocol(const std::string& path) {
     return parse_protocol(doc, path, p.has_parent_path() ? p.parent_path().string() : std::string("."));
 }
 
-std::vector<std::int32_t> read_token_stream(const TokenStream& s) {
+std::vector<std::int32_t> read_token_stream(const TokenStream& s, const std::string& model_path) {
     const std::string& file = s.resolved_path.empty() ? s.path : s.resolved_path;
     const std::string text = read_text_file(file, 64u << 20);
     const std::string actual = sha256_hex(text);
@@ -558,7 +564,11 @@ std::vector<std::int32_t> read_token_stream(const TokenStream& s) {
                  "{}: sha256 is {}, the protocol pins {} (the token stream changed: update the protocol)", file, actual,
                  s.sha256);
     std::vector<std::int32_t> ids;
-    std::size_t i = 0;
+    if (s.text) {
+        KVASIR_CHECK(!model_path.empty(), ErrorCode::internal, "a text token stream read without its model");
+        ids = load_tokenizer_for(model_path).encode(text);
+    }
+    std::size_t i = s.text ? text.size() : 0;
     while (i < text.size()) {
         if (std::isspace(static_cast<unsigned char>(text[i])) != 0) {
             ++i;

@@ -164,13 +164,17 @@ enum class Tier { sensitive, tolerant };
 const char* to_string(Tier t) noexcept;  // "sensitive", "tolerant"
 
 // A token stream: `count` ids starting at `offset` of a whitespace-separated
-// file of non-negative integers.
+// file of non-negative integers — or, with "format": "text", of the ids the
+// model's own tokenizer (tokenizer.json beside it: model/tokenizer.hpp) gives
+// a UTF-8 text file, its special tokens (BOS) included. The sha256 pins the
+// file's bytes either way.
 struct TokenStream {
     std::string path;           // as written in the protocol
     std::string resolved_path;  // relative to the protocol's folder
     std::string sha256;         // 64 hex digits of the file's bytes
     std::int64_t offset = 0;
     std::int64_t count = 0;
+    bool text = false;          // "format": "text" (default "ids")
 };
 
 // Step 1 (per-op delta). Field meanings as OpsConfig's.
@@ -288,7 +292,8 @@ Protocol load_protocol(const std::string& path);
 // The stream's ids. Error(bad_input) naming the file when it cannot be read,
 // its sha256 differs from the protocol's (the message gives the actual hash),
 // a field is not a non-negative integer below 2^31, or offset + count runs
-// past the end.
-std::vector<std::int32_t> read_token_stream(const TokenStream& stream);
+// past the end. A text stream needs `model_path` (whose tokenizer.json
+// tokenizes it): Error(bad_input) when it has none or the text is not UTF-8.
+std::vector<std::int32_t> read_token_stream(const TokenStream& stream, const std::string& model_path = {});
 
 }  // namespace kvasir

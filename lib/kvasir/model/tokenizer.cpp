@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <queue>
@@ -250,7 +251,8 @@ struct Node {
     // Keys other than `known` change behaviour this reader does not know.
     void only(std::initializer_list<const char*> known) const {
         object();
-        for (const auto& [k, v] : j.items()) {
+        for (const auto& item : j.items()) {
+            const std::string& k = item.key();
             if (std::none_of(known.begin(), known.end(), [&](const char* n) { return k == n; }))
                 unsupported(fmt::format("unknown key \"{}\" (this reader implements {})", k, fmt::join(known, ", ")));
         }
@@ -1092,6 +1094,28 @@ std::int64_t Tokenizer::vocab_size() const { return impl_->pieces.empty() ? 0 : 
 std::string Tokenizer::describe() const { return impl_->describe; }
 
 const std::string& Tokenizer::source() const { return impl_->source; }
+
+std::string tokenizer_path_for(const std::string& model_path) {
+    std::error_code ec;
+    const std::filesystem::path p(model_path);
+    std::filesystem::path cand;
+    if (std::filesystem::is_directory(p, ec))
+        cand = p / "tokenizer.json";
+    else if (p.extension() == ".safetensors")
+        cand = p.parent_path() / "tokenizer.json";
+    else if (p.extension() == ".gguf")
+        cand = std::filesystem::path(p).replace_extension(".tokenizer.json");
+    else
+        return {};
+    return std::filesystem::is_regular_file(cand, ec) ? cand.string() : std::string();
+}
+
+Tokenizer load_tokenizer_for(const std::string& model_path, const std::string& override_path) {
+    if (!override_path.empty()) return Tokenizer::load(override_path);
+    const std::string p = tokenizer_path_for(model_path);
+    KVASIR_CHECK(!p.empty(), ErrorCode::bad_input, "no tokenizer.json beside {} (give --tokenizer FILE)", model_path);
+    return Tokenizer::load(p);
+}
 
 std::optional<std::size_t> first_invalid_utf8(std::string_view text) {
     for (std::size_t i = 0; i < text.size();) {

@@ -92,6 +92,15 @@ private:
     std::shared_ptr<const Impl> impl_;
 };
 
+// Where a model's tokenizer.json is: folder F → F/tokenizer.json, F/x.safetensors
+// → F/tokenizer.json, P.gguf → P.tokenizer.json beside it (a GGUF's own
+// tokenizer metadata is not read). Empty when that file does not exist.
+std::string tokenizer_path_for(const std::string& model_path);
+
+// `override_path` when given, else tokenizer_path_for(model_path); Error(bad_input)
+// "no tokenizer.json beside MODEL (give --tokenizer FILE)" when neither exists.
+Tokenizer load_tokenizer_for(const std::string& model_path, const std::string& override_path = {});
+
 // The byte offset of the first byte of `text` that is not valid UTF-8, or
 // nullopt (overlong forms, surrogates and code points above U+10FFFF are
 // invalid, as in every strict decoder).

@@ -22,6 +22,22 @@ std::string routing_text(const StepCommon& c, const std::string& with_moe) {
     return c.model->config().has_moe() ? with_moe : "no MoE layers (nothing to route)";
 }
 
+// A decoded text on one line, in quotes: newlines, tabs and other control
+// characters as escapes, so a continuation cannot break the table around it.
+std::string one_line_text(const std::string& t) {
+    std::string out = "\"";
+    for (const char c : t) {
+        const auto u = static_cast<unsigned char>(c);
+        if (c == '\n') out += "\\n";
+        else if (c == '\t') out += "\\t";
+        else if (c == '\r') out += "\\r";
+        else if (c == '"' || c == '\\') (out += '\\') += c;
+        else if (u < 0x20 || u == 0x7F) out += fmt::format("\\x{:02x}", u);
+        else out += c;
+    }
+    return out + "\"";
+}
+
 std::string fmt_layer(std::int64_t l) { return l < 0 ? "none" : fmt::format("layer {}", l); }
 
 std::string fmt_fixed(double v, int digits) {
@@ -167,7 +183,9 @@ std::string render_generate_text(const GenerateReport& r, const Style& st) {
                               "(teacher forcing) and reference routing imposed",
                               r.config.new_tokens)) +
            "\n";
-    out += fmt::format("reference tokens: {}\n\n", fmt::join(r.reference_tokens, " "));
+    out += fmt::format("reference tokens: {}\n", fmt::join(r.reference_tokens, " "));
+    if (r.reference_text) out += fmt::format("reference text:   {}\n", one_line_text(*r.reference_text));
+    out += "\n";
     TextTable t({"node", "first divergence", "ref margin there", "own margin there", "teacher-forced divergences",
                  "pinned max|Δ| logits", "pinned sequence identical"});
     for (const NodeGenerate& ng : r.results) {
@@ -186,6 +204,8 @@ std::string render_generate_text(const GenerateReport& r, const Style& st) {
         if (!ng.error.empty() || ng.first_divergence < 0) continue;
         out += st.dim(fmt::format("  {} free tokens: {}", ng.node, fmt::join(ng.tokens, " "))) + "\n";
     }
+    for (const NodeGenerate& ng : r.results)
+        if (ng.error.empty() && ng.text) out += fmt::format("  {} text: {}\n", ng.node, one_line_text(*ng.text));
     return out + render_self_checks_text(r.repeat, st);
 }
 

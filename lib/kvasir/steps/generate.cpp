@@ -58,6 +58,7 @@ GenerateReport run_generate(const GenerateConfig& config, std::vector<std::uniqu
     Backend& refb = *nodes[reference];
     const GenerateResult ref = greedy_generate(refb, model, prompt, n);
     rep.reference_tokens = ref.tokens;
+    if (config.tokenizer) rep.reference_text = config.tokenizer->decode(ref.tokens);
     rep.reference_margins = ref.margins;
     if (config.repeat)
         rep.repeat.push_back(compare_generations(refb.capabilities().node, ref, greedy_generate(refb, model, prompt, n)));
@@ -70,6 +71,7 @@ GenerateReport run_generate(const GenerateConfig& config, std::vector<std::uniqu
         try {
             const GenerateResult fr = greedy_generate(be, model, prompt, n);
             ng.tokens = fr.tokens;
+            if (config.tokenizer) ng.text = config.tokenizer->decode(fr.tokens);
             ng.margins = fr.margins;
             ng.first_divergence = first_divergence(ref.tokens, fr.tokens);
             ng.ref_margin_at_divergence =
@@ -126,6 +128,7 @@ nlohmann::ordered_json to_json(const GenerateReport& r) {
     j["nodes"] = nlohmann::ordered_json::array();
     for (const Capabilities& cap : r.nodes) j["nodes"].push_back(to_json(cap));
     j["reference_tokens"] = r.reference_tokens;
+    if (r.reference_text) j["reference_text"] = *r.reference_text;
     j["reference_margins"] = doubles_json(r.reference_margins);
     j["results"] = nlohmann::ordered_json::array();
     for (const NodeGenerate& ng : r.results) {
@@ -138,6 +141,7 @@ nlohmann::ordered_json to_json(const GenerateReport& r) {
         }
         nlohmann::ordered_json f;
         f["tokens"] = ng.tokens;
+        if (ng.text) f["text"] = *ng.text;
         f["margins"] = doubles_json(ng.margins);
         f["first_divergence"] = ng.first_divergence;
         f["ref_margin_at_divergence"] = json_double(ng.ref_margin_at_divergence);

@@ -25,12 +25,14 @@
 //    logits of the same step is the error a pinned deployment carries.
 #pragma once
 
+#include "kvasir/model/tokenizer.hpp"
 #include "kvasir/steps/protocol_steps.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,9 @@ namespace kvasir {
 
 struct GenerateConfig : StepCommon {
     int new_tokens = 16;     // N, 1 … 4096
+    // When set, the report also gives every continuation as text (the
+    // tokenizer's decode, special tokens kept).
+    std::optional<Tokenizer> tokenizer;
     void validate() const;   // StepCommon::validate + the range of new_tokens
 };
 
@@ -46,6 +51,7 @@ struct NodeGenerate {
     std::string error;
     // Free run.
     std::vector<std::int32_t> tokens;         // the candidate's own greedy tokens
+    std::optional<std::string> text;          // their decoded text (GenerateConfig::tokenizer)
     std::vector<double> margins;              // its margins (top1 − top2) per step
     std::int64_t first_divergence = -1;       // first step whose token differs from the reference's (−1: none)
     double ref_margin_at_divergence = 0;      // reference margin at that step (NaN when no divergence)
@@ -65,6 +71,7 @@ struct GenerateReport {
     std::vector<Capabilities> nodes;
     std::size_t reference = 0;
     std::vector<std::int32_t> reference_tokens;  // the reference's greedy continuation
+    std::optional<std::string> reference_text;   // decoded (GenerateConfig::tokenizer)
     std::vector<double> reference_margins;
     std::vector<NodeGenerate> results;           // one per candidate, in node order
     std::vector<SelfCheck> repeat;               // per node: the free run twice (tokens and logits)

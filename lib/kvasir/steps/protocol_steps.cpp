@@ -6,7 +6,9 @@
 #include "kvasir/core/io.hpp"
 #include "kvasir/core/rng.hpp"
 #include "kvasir/metrics/metrics.hpp"
+#include "kvasir/core/sha256.hpp"
 #include "kvasir/model/safetensors.hpp"
+#include "kvasir/model/tokenizer.hpp"
 
 #include <fmt/format.h>
 
@@ -120,6 +122,17 @@ std::string reference_data_path(const std::string& model_path) {
 
 TokenSequence resolve_tokens(const Model& model, const TokenOptions& o) {
     const std::int64_t vocab = model.config().vocab_size;
+    if (!o.text_file.empty()) {
+        KVASIR_CHECK(o.file.empty() && o.count == 0, ErrorCode::bad_input, "--text excludes --tokens and --tokens-file");
+        const Tokenizer tok = load_tokenizer_for(model.path(), o.tokenizer);
+        const std::string text = read_text_file(o.text_file);
+        TokenSequence s;
+        s.ids = tok.encode(text);
+        KVASIR_CHECK(!s.ids.empty(), ErrorCode::bad_input, "{}: the text gives no tokens", o.text_file);
+        s.source = fmt::format("text {} (sha256 {}, {} bytes, {} tokens by {})", o.text_file, sha256_hex(text), text.size(),
+                               s.ids.size(), tok.source());
+        return s;
+    }
     if (!o.file.empty()) {
         KVASIR_CHECK(o.count == 0, ErrorCode::bad_input, "--tokens and --tokens-file exclude each other");
         return read_token_file(o.file, vocab);

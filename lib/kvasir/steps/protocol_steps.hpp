@@ -87,8 +87,13 @@ std::string reference_data_path(const std::string& model_path);
 // file that exists but cannot be read or has no usable input_ids is an error
 // (bad_input naming it): silently falling back would change the prompt
 // without anyone noticing.
+// --text FILE: the ids the model's tokenizer (--tokenizer FILE, else
+// tokenizer.json beside the model) gives the UTF-8 text, BOS included where
+// its post-processor adds one; exclusive with the other sources.
 struct TokenOptions {
     std::string file;
+    std::string text_file;
+    std::string tokenizer;
     std::int64_t count = 0;
     std::uint64_t seed = 20261129;
     std::int64_t default_count = 24;
