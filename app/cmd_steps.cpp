@@ -16,6 +16,7 @@
 #include "kvasir/steps/generate.hpp"
 #include "kvasir/steps/logits.hpp"
 #include "kvasir/steps/perplexity.hpp"
+#include "kvasir/steps/task.hpp"
 
 #include <iostream>
 #include <algorithm>
@@ -213,6 +214,31 @@ void set_perplexity_command(CLI::App& app) {
         c.context = opt->context;
         c.router_authority = !opt->no_authority;
         run_step("perplexity", s, c, run_perplexity, render_perplexity_text);
+    });
+}
+
+void set_task_command(CLI::App& app) {
+    struct Opt {
+        StepOptions step;
+        std::string items;
+        bool no_authority = false;
+    };
+    auto opt = std::make_shared<Opt>();
+    CLI::App* cmd = app.add_subcommand(
+        "task", "Step 6: multiple-choice task score per node (lm-eval acc / acc_norm), ratio and answer agreement with the reference");
+    cmd->add_option("-m,--model", opt->step.model, "Model: HF folder, .safetensors or .gguf")->capture_default_str();
+    add_node_options(*cmd, opt->step.nodes);
+    cmd->add_option("--items", opt->items, "Task items, JSONL: {\"context\", \"choices\": [...], \"gold\"} per line")->required();
+    cmd->add_option("--tokenizer", opt->step.tokenizer, "tokenizer.json (default: the one beside the model)");
+    cmd->add_flag("--no-authority", opt->no_authority, "Let every node run its own router (default: reference routing imposed)");
+    add_output_options(*cmd, opt->step.output);
+    add_timings_flag(*cmd, opt->step.timings, "the step's wall seconds, the seconds inside each backend and the rest (comparing)");
+    cmd->callback([opt] {
+        const Model model = Model::open(opt->step.model);
+        TaskConfig c = make_task_config(model, opt->items, load_tokenizer_for(model.path(), opt->step.tokenizer));
+        c.seed = opt->step.seed;
+        c.router_authority = !opt->no_authority;
+        run_step("task", opt->step, c, run_task, render_task_text);
     });
 }
 

@@ -79,6 +79,7 @@ HtmlStamp html_stamp();
 
 void set_backends_command(CLI::App& app);
 void set_tokenize_command(CLI::App& app);
+void set_task_command(CLI::App& app);
 void set_ops_command(CLI::App& app);
 void set_inspect_command(CLI::App& app);
 void set_matrix_command(CLI::App& app);

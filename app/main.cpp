@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
     kvasir::app::set_decide_command(app);
     kvasir::app::set_generate_command(app);
     kvasir::app::set_perplexity_command(app);
+    kvasir::app::set_task_command(app);
     kvasir::app::set_inspect_command(app);
     kvasir::app::set_tokenize_command(app);
     kvasir::app::strict_options(app);

@@ -230,4 +230,28 @@ std::string render_perplexity_text(const PerplexityReport& r, const Style& st) {
     return out + render_self_checks_text(r.repeat, st);
 }
 
+std::string render_task_text(const TaskReport& r, const Style& st) {
+    std::string out = header("Step 6 — task score", r.config, r.nodes[r.reference], st);
+    const std::size_t n = r.config.items.size();
+    out += st.dim(fmt::format("task {}: multiple choice by log-likelihood (lm-eval acc, acc_norm); {}", r.config.source,
+                              routing_text(r.config, r.config.router_authority
+                                                         ? "routing pinned by the reference (router authority)"
+                                                         : "each node runs its own router"))) +
+           "\n\n";
+    TextTable t({"node", "acc ± stderr", "acc_norm ± stderr", "acc ratio", "acc_norm ratio", "same answer", "max|Δ ll|"});
+    for (const NodeTask& nt : r.results) {
+        if (!nt.error.empty()) {
+            t.add_row({nt.node, st.red("error: " + nt.error), "", "", "", "", ""});
+            continue;
+        }
+        const auto pm = [](double v, double e) { return fmt::format("{:.4f} ± {:.4f}", v, e); };
+        t.add_row({nt.reference ? nt.node + " (ref)" : nt.node, pm(nt.scores.acc, nt.scores.acc_stderr),
+                   pm(nt.scores.acc_norm, nt.scores.acc_norm_stderr), nt.reference ? "·" : fmt_fixed(nt.acc_ratio, 6),
+                   nt.reference ? "·" : fmt_fixed(nt.acc_norm_ratio, 6),
+                   nt.reference ? "·" : fmt::format("{}/{} · {}/{}", nt.agree, n, nt.agree_norm, n),
+                   nt.reference ? "·" : fmt_sci(nt.ll_max_abs_delta)});
+    }
+    return out + t.render("  ");
+}
+
 }  // namespace kvasir

@@ -12,6 +12,7 @@
 #include "kvasir/steps/generate.hpp"
 #include "kvasir/steps/logits.hpp"
 #include "kvasir/steps/perplexity.hpp"
+#include "kvasir/steps/task.hpp"
 
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@ std::string render_logits_text(const LogitsReport& report, const Style& style);
 std::string render_decide_text(const DecideReport& report, const Style& style);
 std::string render_generate_text(const GenerateReport& report, const Style& style);
 std::string render_perplexity_text(const PerplexityReport& report, const Style& style);
+std::string render_task_text(const TaskReport& report, const Style& style);
 
 // The self non-determinism table ("" when `checks` is empty).
 std::string render_self_checks_text(const std::vector<SelfCheck>& checks, const Style& style);

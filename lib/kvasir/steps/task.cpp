@@ -1,0 +1,283 @@
+#include "kvasir/steps/task.hpp"
+
+#include "kvasir/backend/capabilities_json.hpp"
+#include "kvasir/core/error.hpp"
+#include "kvasir/core/io.hpp"
+#include "kvasir/core/sha256.hpp"
+#include "kvasir/core/tool_info.hpp"
+#include "kvasir/metrics/metrics.hpp"
+#include "kvasir/steps/forward.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace kvasir {
+
+namespace {
+
+constexpr std::size_t kMaxItems = 100000;
+constexpr std::size_t kMaxChoices = 64;
+constexpr std::size_t kMaxString = 64u << 10;
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+std::size_t argmax_first(const std::vector<double>& v) {
+    std::size_t best = 0;
+    for (std::size_t i = 1; i < v.size(); ++i)
+        if (v[i] > v[best] || (std::isnan(v[i]) && !std::isnan(v[best]))) best = i;  // numpy: NaN is the max
+    return best;
+}
+
+double stderr_of(double p, std::size_t n) { return n > 1 ? std::sqrt(p * (1 - p) / static_cast<double>(n - 1)) : 0.0; }
+
+}  // namespace
+
+std::vector<TaskItem> parse_task_items(std::string_view text, const std::string& source) {
+    std::vector<TaskItem> items;
+    std::size_t line_no = 0;
+    for (std::size_t pos = 0; pos <= text.size();) {
+        const std::size_t nl = std::min(text.find('\n', pos), text.size());
+        const std::string_view line = text.substr(pos, nl - pos);
+        pos = nl + 1;
+        ++line_no;
+        if (std::all_of(line.begin(), line.end(), is_space)) {
+            if (nl == text.size()) break;
+            continue;
+        }
+        const auto bad = [&](const std::string& what) { fail(ErrorCode::bad_input, "{}:{}: {}", source, line_no, what); };
+        KVASIR_CHECK(items.size() < kMaxItems, ErrorCode::bad_input, "{}:{}: more than {} items", source, line_no, kMaxItems);
+        nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.is_object()) bad("expected one JSON object per line");
+        for (const auto& item : j.items())
+            if (item.key() != "context" && item.key() != "choices" && item.key() != "gold")
+                bad(fmt::format("unknown key \"{}\" (an item has context, choices and gold)", item.key()));
+        const auto str = [&](const nlohmann::json& v, const std::string& what) {
+            if (!v.is_string()) bad(fmt::format("{} must be a string", what));
+            const std::string& s = v.get_ref<const std::string&>();
+            if (s.size() > kMaxString) bad(fmt::format("{} is {} bytes (at most {})", what, s.size(), kMaxString));
+            if (first_invalid_utf8(s)) bad(fmt::format("{} is not valid UTF-8", what));
+            return s;
+        };
+        TaskItem it;
+        if (!j.contains("context")) bad("no \"context\"");
+        it.context = str(j["context"], "context");
+        if (!j.contains("choices") || !j["choices"].is_array()) bad("\"choices\" must be an array of strings");
+        const auto& ch = j["choices"];
+        if (ch.size() < 2 || ch.size() > kMaxChoices) bad(fmt::format("{} choices (2 … {})", ch.size(), kMaxChoices));
+        for (std::size_t c = 0; c < ch.size(); ++c) {
+            it.choices.push_back(str(ch[c], fmt::format("choice {}", c)));
+            if (it.choices.back().empty()) bad(fmt::format("choice {} is empty", c));
+        }
+        if (!j.contains("gold") || !j["gold"].is_number_integer()) bad("\"gold\" must be an integer index into choices");
+        const auto g = j["gold"].get<std::int64_t>();
+        if (g < 0 || g >= static_cast<std::int64_t>(it.choices.size()))
+            bad(fmt::format("gold {} is outside the {} choices", g, it.choices.size()));
+        it.gold = g;
+        items.push_back(std::move(it));
+        if (nl == text.size()) break;
+    }
+    KVASIR_CHECK(!items.empty(), ErrorCode::bad_input, "{}: no items", source);
+    return items;
+}
+
+std::vector<std::vector<TaskRequest>> encode_task(const Tokenizer& tok, const std::vector<TaskItem>& items) {
+    std::vector<std::vector<TaskRequest>> out;
+    out.reserve(items.size());
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        const TaskItem& it = items[i];
+        std::vector<TaskRequest> reqs;
+        for (std::size_t c = 0; c < it.choices.size(); ++c) {
+            // lm-eval _encode_pair: the context's trailing whitespace goes with the continuation.
+            std::string context = it.context, cont = it.choices[c];
+            std::size_t k = context.size();
+            while (k > 0 && is_space(context[k - 1])) --k;
+            cont = context.substr(k) + cont;
+            context.resize(k);
+            const std::vector<std::int32_t> whole = tok.encode(context + cont, false);
+            const std::vector<std::int32_t> ctx = tok.encode(context, false);
+            KVASIR_CHECK(whole.size() > ctx.size() && !ctx.empty(), ErrorCode::bad_input,
+                         "task item {} choice {}: {} (lm-eval scores a continuation after a non-empty context)", i, c,
+                         ctx.empty() ? "the context gives no tokens" : "the choice gives no tokens of its own");
+            TaskRequest r;
+            r.continuation = whole.size() - ctx.size();
+            r.ids = whole;
+            r.chars = static_cast<std::size_t>(std::count_if(it.choices[c].begin(), it.choices[c].end(),
+                                                            [](char ch) { return (static_cast<unsigned char>(ch) & 0xC0) != 0x80; }));
+            reqs.push_back(std::move(r));
+        }
+        out.push_back(std::move(reqs));
+    }
+    return out;
+}
+
+void TaskConfig::validate() const {
+    StepCommon::validate();
+    KVASIR_CHECK(!items.empty() && items.size() == requests.size(), ErrorCode::bad_input, "task {}: items and requests disagree",
+                 source);
+    const std::int64_t vocab = model->config().vocab_size;
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        KVASIR_CHECK(requests[i].size() == items[i].choices.size(), ErrorCode::bad_input, "task {}: item {} choices disagree", source, i);
+        for (const TaskRequest& r : requests[i])
+            for (const std::int32_t id : r.ids)
+                KVASIR_CHECK(id >= 0 && id < vocab, ErrorCode::bad_input,
+                             "task {}: item {} gives token {}, outside the vocabulary [0, {}) of {} (is the tokenizer this model's?)",
+                             source, i, id, vocab, model->path());
+    }
+}
+
+TaskConfig make_task_config(const Model& model, const std::string& items_path, const Tokenizer& tokenizer) {
+    const std::string text = read_text_file(items_path);
+    TaskConfig c;
+    c.model = &model;
+    c.items = parse_task_items(text, items_path);
+    c.requests = encode_task(tokenizer, c.items);
+    c.source = fmt::format("{} (sha256 {}, {} items, tokenizer {})", items_path, sha256_hex(text), c.items.size(), tokenizer.source());
+    const TaskRequest* longest = nullptr;
+    for (const auto& rs : c.requests)
+        for (const TaskRequest& r : rs)
+            if (!longest || r.ids.size() > longest->ids.size()) longest = &r;
+    c.tokens.ids = longest->ids;
+    c.tokens.source = "the longest task request of " + c.source;
+    return c;
+}
+
+TaskScores score_task(const std::vector<std::vector<double>>& ll, const std::vector<TaskItem>& items,
+                      const std::vector<std::vector<TaskRequest>>& requests) {
+    KVASIR_ASSERT(ll.size() == items.size() && requests.size() == items.size());
+    TaskScores s;
+    s.ll = ll;
+    std::size_t hit = 0, hit_norm = 0;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        std::vector<double> norm(ll[i].size());
+        for (std::size_t c = 0; c < ll[i].size(); ++c) norm[c] = ll[i][c] / static_cast<double>(requests[i][c].chars);
+        const auto a = static_cast<std::int64_t>(argmax_first(ll[i])), b = static_cast<std::int64_t>(argmax_first(norm));
+        s.chosen.push_back(a);
+        s.chosen_norm.push_back(b);
+        hit += a == items[i].gold;
+        hit_norm += b == items[i].gold;
+    }
+    const auto n = items.size();
+    s.acc = static_cast<double>(hit) / static_cast<double>(n);
+    s.acc_norm = static_cast<double>(hit_norm) / static_cast<double>(n);
+    s.acc_stderr = stderr_of(s.acc, n);
+    s.acc_norm_stderr = stderr_of(s.acc_norm, n);
+    return s;
+}
+
+TaskPass run_task_passes(Backend& be, const TaskConfig& c, const TaskPass* authority) {
+    TaskPass p;
+    std::size_t k = 0;
+    for (const auto& rs : c.requests) {
+        std::vector<double> lls;
+        for (const TaskRequest& r : rs) {
+            const std::span<const std::int32_t> in(r.ids.data(), r.ids.size() - 1);
+            ForwardOptions opt;
+            opt.keep_hidden = false;
+            if (authority != nullptr) opt.routing = &authority->routing.at(k);
+            ForwardResult fr = forward(be, *c.model, in, opt);
+            const std::vector<double> nll = token_nll(fr.logits, std::span<const std::int32_t>(r.ids).subspan(1));
+            double sum = 0;
+            for (std::size_t t = nll.size() - r.continuation; t < nll.size(); ++t) sum -= nll[t];
+            lls.push_back(sum);
+            p.routing.push_back(std::move(fr.routing));
+            ++k;
+        }
+        p.ll.push_back(std::move(lls));
+    }
+    return p;
+}
+
+TaskReport run_task(const TaskConfig& config, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference) {
+    config.validate();
+    KVASIR_CHECK(reference < nodes.size(), ErrorCode::bad_input, "reference index {} of {} nodes", reference, nodes.size());
+    TaskReport rep;
+    rep.config = config;
+    rep.reference = reference;
+    for (const auto& n : nodes) rep.nodes.push_back(n->capabilities());
+    const TaskPass ref = run_task_passes(*nodes[reference], config, nullptr);
+    const TaskScores ref_scores = score_task(ref.ll, config.items, config.requests);
+    const auto ratio = [](double a, double r) {
+        return r > 0 ? a / r : a > 0 ? std::numeric_limits<double>::infinity() : 1.0;
+    };
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+        NodeTask nt;
+        nt.node = nodes[i]->capabilities().node;
+        nt.reference = i == reference;
+        if (i == reference) {
+            nt.scores = ref_scores;
+            nt.agree = nt.agree_norm = static_cast<std::int64_t>(config.items.size());
+            rep.results.push_back(std::move(nt));
+            continue;
+        }
+        try {
+            const TaskPass p = run_task_passes(*nodes[i], config, config.router_authority ? &ref : nullptr);
+            nt.scores = score_task(p.ll, config.items, config.requests);
+            nt.acc_ratio = ratio(nt.scores.acc, ref_scores.acc);
+            nt.acc_norm_ratio = ratio(nt.scores.acc_norm, ref_scores.acc_norm);
+            for (std::size_t k = 0; k < config.items.size(); ++k) {
+                nt.agree += nt.scores.chosen[k] == ref_scores.chosen[k];
+                nt.agree_norm += nt.scores.chosen_norm[k] == ref_scores.chosen_norm[k];
+                for (std::size_t c = 0; c < p.ll[k].size(); ++c) {
+                    const double d = std::fabs(p.ll[k][c] - ref.ll[k][c]);
+                    if (std::isnan(d) || std::isnan(nt.ll_max_abs_delta))
+                        nt.ll_max_abs_delta = std::numeric_limits<double>::quiet_NaN();
+                    else
+                        nt.ll_max_abs_delta = std::max(nt.ll_max_abs_delta, d);
+                }
+            }
+        } catch (const Error& e) {
+            const std::string node = nt.node;
+            nt = NodeTask{};
+            nt.node = node;
+            nt.error = e.what();
+        }
+        rep.results.push_back(std::move(nt));
+    }
+    return rep;
+}
+
+nlohmann::ordered_json to_json(const TaskReport& r) {
+    nlohmann::ordered_json j;
+    j["schema"] = "kvasir-equiv/task/1";
+    j["tool"] = tool_json();
+    nlohmann::ordered_json c = common_json(r.config);
+    c["items"] = r.config.items.size();
+    c["source"] = r.config.source;
+    c["scoring"] = "lm-eval multiple-choice log-likelihood: acc, acc_norm (per character of the choice)";
+    c["routing"] = r.config.router_authority ? "pinned by the reference per request (router authority)"
+                                             : "each node runs its own router (no authority)";
+    j["config"] = c;
+    j["reference"] = r.nodes[r.reference].node;
+    j["nodes"] = nlohmann::ordered_json::array();
+    for (const Capabilities& cap : r.nodes) j["nodes"].push_back(to_json(cap));
+    j["results"] = nlohmann::ordered_json::array();
+    const double n = static_cast<double>(r.config.items.size());
+    for (const NodeTask& nt : r.results) {
+        nlohmann::ordered_json o;
+        o["node"] = nt.node;
+        o["reference"] = nt.reference;
+        if (!nt.error.empty()) {
+            o["error"] = nt.error;
+            j["results"].push_back(std::move(o));
+            continue;
+        }
+        o["acc"] = json_double(nt.scores.acc);
+        o["acc_stderr"] = json_double(nt.scores.acc_stderr);
+        o["acc_norm"] = json_double(nt.scores.acc_norm);
+        o["acc_norm_stderr"] = json_double(nt.scores.acc_norm_stderr);
+        o["acc_ratio"] = json_double(nt.acc_ratio);
+        o["acc_norm_ratio"] = json_double(nt.acc_norm_ratio);
+        o["agreement"] = json_double(static_cast<double>(nt.agree) / n);
+        o["agreement_norm"] = json_double(static_cast<double>(nt.agree_norm) / n);
+        o["ll_max_abs_delta"] = json_double(nt.ll_max_abs_delta);
+        o["chosen"] = nt.scores.chosen;
+        o["chosen_norm"] = nt.scores.chosen_norm;
+        j["results"].push_back(std::move(o));
+    }
+    return j;
+}
+
+}  // namespace kvasir

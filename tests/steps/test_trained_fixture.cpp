@@ -1,0 +1,124 @@
+// The trained fixture (fixtures/models/qwen3_moe_trained, scripts/train_fixture.py):
+// its tokenizer, text perplexity and cloze task score as the tool computes
+// them, against what Hugging Face tokenizers and transformers computed
+// (text_reference.json): ids identical, cpu-ref's perplexity, every choice's
+// log-likelihood and the accuracies equal transformers' float64 to ≤ 1e-9
+// relative (the answers exactly), cpu's float32 close to transformers'
+// float32.
+#include "kvasir/backend/cpu_backends.hpp"
+#include "kvasir/core/io.hpp"
+#include "kvasir/model/model.hpp"
+#include "kvasir/model/tokenizer.hpp"
+#include "kvasir/steps/perplexity.hpp"
+#include "kvasir/steps/task.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace kvasir;
+namespace fs = std::filesystem;
+
+const fs::path kRoot = fs::path(KVASIR_SOURCE_DIR);
+const fs::path kDir = kRoot / "fixtures/models/qwen3_moe_trained";
+
+const nlohmann::json& reference() {
+    static const nlohmann::json j = nlohmann::json::parse(read_text_file((kDir / "text_reference.json").string()));
+    return j;
+}
+
+const Model& model() {
+    static const Model m = Model::open(kDir.string());
+    return m;
+}
+
+double rel(double a, double b) { return std::fabs(a - b) / std::fabs(b); }
+
+std::vector<std::unique_ptr<Backend>> nodes() {
+    std::vector<std::unique_ptr<Backend>> n;
+    n.push_back(make_cpu_ref_backend(BackendSpec::parse("cpu-ref")));
+    n.push_back(make_cpu_backend(BackendSpec::parse("cpu")));
+    return n;
+}
+
+TEST(TrainedFixture, TokenizerGivesTokenizersIdsForTheHeldOutText) {
+    const nlohmann::json& p = reference().at("perplexity");
+    const std::string text = read_text_file((kRoot / p.at("text_file").get<std::string>()).string());
+    const Tokenizer tok = load_tokenizer_for(kDir.string());
+    EXPECT_EQ(tok.encode(text), p.at("token_ids").get<std::vector<std::int32_t>>());
+    EXPECT_EQ(tok.vocab_size(), model().config().vocab_size);
+}
+
+TEST(TrainedFixture, PerplexityEqualsTransformersFloat64) {
+    const nlohmann::json& p = reference().at("perplexity");
+    for (const std::int64_t context : {64, 128}) {
+        SCOPED_TRACE(context);
+        const nlohmann::json& want = p.at("contexts").at(std::to_string(context));
+        PerplexityConfig c;
+        c.model = &model();
+        c.tokens.ids = p.at("token_ids").get<std::vector<std::int32_t>>();
+        c.tokens.source = "held-out text";
+        c.context = context;
+        auto n = nodes();
+        const PerplexityReport r = run_perplexity(c, n, 0);
+        EXPECT_EQ(r.predictions, want.at("n_predictions").get<std::int64_t>());
+        EXPECT_LE(rel(r.results[0].mean_nll, want.at("f64").at("mean_nll").get<double>()), 1e-9);
+        EXPECT_LE(rel(r.results[0].perplexity, want.at("f64").at("perplexity").get<double>()), 1e-9);
+        // cpu (f32) against transformers' float32: both f32 arithmetic, different reduction orders.
+        EXPECT_LE(rel(r.results[1].mean_nll, want.at("f32").at("mean_nll").get<double>()), 1e-5);
+        // A trained model: far below the vocabulary size (a uniform guess scores exactly V).
+        EXPECT_LT(r.results[0].perplexity, 0.1 * static_cast<double>(model().config().vocab_size));
+    }
+}
+
+TEST(TrainedFixture, ClozeTaskEqualsTransformersFloat64) {
+    const nlohmann::json& t = reference().at("cloze");
+    const Tokenizer tok = load_tokenizer_for(kDir.string());
+    TaskConfig c = make_task_config(model(), (kRoot / t.at("task_file").get<std::string>()).string(), tok);
+    const nlohmann::json& items = t.at("items");
+    ASSERT_EQ(c.items.size(), items.size());
+    // lm-eval's _encode_pair, request by request.
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        const auto ctx = items[i].at("ctx_ids").get<std::vector<std::int32_t>>();
+        for (std::size_t k = 0; k < c.requests[i].size(); ++k) {
+            auto whole = ctx;
+            const auto cont = items[i].at("choices").at(k).at("cont_ids").get<std::vector<std::int32_t>>();
+            whole.insert(whole.end(), cont.begin(), cont.end());
+            ASSERT_EQ(c.requests[i][k].ids, whole) << "item " << i << " choice " << k;
+            ASSERT_EQ(c.requests[i][k].continuation, cont.size());
+            ASSERT_EQ(c.requests[i][k].chars, items[i].at("choices").at(k).at("n_chars").get<std::size_t>());
+        }
+    }
+    auto n = nodes();
+    const TaskReport r = run_task(c, n, 0);
+    const TaskScores& s = r.results.at(0).scores;
+    double worst = 0, worst32 = 0;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        for (std::size_t k = 0; k < s.ll[i].size(); ++k) {
+            const nlohmann::json& ch = items[i].at("choices").at(k);
+            worst = std::max(worst, rel(s.ll[i][k], ch.at("ll_f64").get<double>()));
+            worst32 = std::max(worst32, rel(r.results.at(1).scores.ll[i][k], ch.at("ll_f32").get<double>()));
+        }
+        EXPECT_EQ(s.chosen[i], items[i].at("pred_f64").get<std::int64_t>()) << "item " << i;
+        EXPECT_EQ(s.chosen_norm[i], items[i].at("pred_norm_f64").get<std::int64_t>()) << "item " << i;
+    }
+    EXPECT_LE(worst, 1e-9) << "largest relative |Δ ll| of cpu-ref against transformers float64";
+    EXPECT_LE(worst32, 1e-5) << "largest relative |Δ ll| of cpu against transformers float32";
+    EXPECT_DOUBLE_EQ(s.acc, t.at("f64").at("acc").get<double>());
+    EXPECT_DOUBLE_EQ(s.acc_norm, t.at("f64").at("acc_norm").get<double>());
+    EXPECT_NEAR(s.acc_stderr, t.at("f64").at("acc_stderr").get<double>(), 1e-15);
+    // Clearly above chance (1 / choices), by more than 3 standard errors.
+    const double chance = 1.0 / static_cast<double>(c.items.front().choices.size());
+    EXPECT_GT(s.acc - chance, 3 * s.acc_stderr);
+    // The f32 node against the reference: same answers on (nearly) every item.
+    EXPECT_GE(r.results.at(1).agree, static_cast<std::int64_t>(items.size()) - 2);
+}
+
+}  // namespace
