@@ -15,6 +15,7 @@
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
+#include "kvasir/core/sha256.hpp"
 #include "kvasir/model/model.hpp"
 #include "kvasir/report/audit_json.hpp"
 #include "kvasir/report/audit_text.hpp"
@@ -704,4 +705,62 @@ TEST(FaultVariants, DriftNamesTheLayerAndBlockOfTheFault) {
         EXPECT_TRUE(e["layers"][0].contains("attention_block_rel")) << e.dump();
         EXPECT_TRUE(e["layers"][0].contains("mlp_block_rel")) << e.dump();
     }
+}
+
+// The task step inside an audit: trained.json's task alone, on a 24-item
+// slice of its cloze file (pinned by its own sha256). The f32 node fits, bf16
+// storage fails the sensitive tier on the choices' log-likelihoods alone (it
+// chooses the same answers), and the report carries the scores.
+TEST(TaskStep, JudgesTheTaskScoreAndItsLogLikelihoods) {
+    const fs::path tmp = fs::temp_directory_path() / fmt::format("kvasir-task-step-{}", ::getpid());
+    fs::create_directories(tmp);
+    const std::string all = read_text_file((kRoot / "fixtures/tasks/qwen3_moe_trained_cloze.jsonl").string());
+    std::string slice;
+    std::size_t pos = 0;
+    // 100 items: a perfect agreement of n/n shows the sensitive 0.97 on its 95 % Wilson bound from n = 88.
+    for (int i = 0; i < 100; ++i) {
+        const std::size_t nl = all.find('\n', pos);
+        slice += all.substr(pos, nl + 1 - pos);
+        pos = nl + 1;
+    }
+    write_file_atomic((tmp / "items.jsonl").string(), slice);
+    nlohmann::json doc = load_protocol((kRoot / "protocols/trained.json").string()).document;
+    for (auto it = doc["steps"].begin(); it != doc["steps"].end();) it = it.key() == "task" ? std::next(it) : doc["steps"].erase(it);
+    for (const char* tier : {"sensitive", "tolerant"})
+        for (auto it = doc["tiers"][tier].begin(); it != doc["tiers"][tier].end();) {
+            const auto info = find_criterion(it.key());
+            it = info && info->step == "task" ? std::next(it) : doc["tiers"][tier].erase(it);
+        }
+    doc["steps"]["task"]["items"] = {{"path", (tmp / "items.jsonl").string()}, {"sha256", sha256_hex(slice)}};
+    const Protocol p = parse_protocol(doc, "trained.json (task only)", (kRoot / "protocols").string());
+    const Model m = Model::open((kRoot / "fixtures/models/qwen3_moe_trained").string());
+    std::vector<std::unique_ptr<Backend>> nodes;
+    for (const char* s : {"cpu-ref", "cpu", "cpu:storage=bf16"}) nodes.push_back(create_backend(s));
+    AuditConfig cfg;
+    cfg.protocol = &p;
+    cfg.model = &m;
+    const AuditRun run = run_audit(cfg, nodes, 0);
+    EXPECT_EQ(verdict_of(run, "cpu").verdict, Verdict::fit);
+    const NodeVerdict& bf16 = verdict_of(run, "cpu:storage=bf16");
+    EXPECT_EQ(bf16.verdict, Verdict::unfit_sensitive);
+    const CriterionResult* ll = criterion_of(bf16, Tier::sensitive, "task.ll_max_abs_delta_max");
+    ASSERT_NE(ll, nullptr);
+    EXPECT_FALSE(ll->pass);
+    const CriterionResult* agree = criterion_of(bf16, Tier::sensitive, "task.agreement_min");
+    ASSERT_NE(agree, nullptr);
+    EXPECT_EQ(agree->value, 1.0);  // the same 100 answers
+    const nlohmann::ordered_json& task = run.report.steps.at("task");
+    EXPECT_EQ(task.at("items").get<int>(), 100);
+    EXPECT_GT(task.at("reference_acc").get<double>(), 0.0);
+    // A sha256 that is not the file's is refused before anything runs.
+    doc["steps"]["task"]["items"]["sha256"] = std::string(64, '0');
+    const Protocol bad = parse_protocol(doc, "trained.json (task only)", (kRoot / "protocols").string());
+    cfg.protocol = &bad;
+    try {
+        (void)run_audit(cfg, nodes, 0);
+        ADD_FAILURE() << "a wrong items sha256 was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("the task items changed"), std::string::npos) << e.what();
+    }
+    fs::remove_all(tmp);
 }

@@ -12,6 +12,7 @@
 #include "kvasir/steps/logits.hpp"
 #include "kvasir/steps/op_delta.hpp"
 #include "kvasir/steps/perplexity.hpp"
+#include "kvasir/steps/task.hpp"
 #include "kvasir/steps/protocol_steps.hpp"
 
 #include <map>
@@ -29,6 +30,7 @@ struct AuditPlan {
     std::optional<DecideConfig> decide;
     std::optional<GenerateConfig> generate;
     std::optional<PerplexityConfig> perplexity;
+    std::optional<TaskConfig> task;
     std::optional<TokenSequence> determinism_tokens;
     int repeats = 0;
     struct Invariance {

@@ -63,6 +63,12 @@ const std::vector<CriterionInfo>& criterion_catalog() {
          "step 5: positions whose argmax differs from the reference's when both are fed the reference's tokens (teacher forcing)"},
         {"perplexity.ratio_max", "perplexity", D::max, S::log, false, true,
          "step 6: |ppl_cand / ppl_ref - 1| on the perplexity stream"},
+        {"task.acc_ratio_min", "task", D::min, S::linear, false, true,
+         "step 6: the node's task accuracy (lm-eval acc) divided by the reference's (MLPerf's '>= 99 % of the reference accuracy')"},
+        {"task.agreement_min", "task", D::min, S::complement_log, false, true,
+         "step 6: fraction of task items whose chosen answer (acc) is the reference's (judged on its lower confidence bound)", true},
+        {"task.ll_max_abs_delta_max", "task", D::max, S::log, false, false,
+         "step 6: max over every task choice of |log-likelihood - the reference's| (nats)"},
         {"determinism", "determinism", D::max, S::log, false, true,
          "every step run twice on the same node: max over outputs of the run-to-run guarded max_rel; 0 = bit-identical"},
         {"invariance.ops_max_rel", "invariance", D::max, S::log, false, true,
@@ -118,7 +124,7 @@ std::optional<CriterionInfo> find_criterion(std::string_view name) {
 
 const std::vector<std::string>& protocol_step_names() {
     static const std::vector<std::string> names = {"ops",      "drift",      "logits",     "decide",
-                                                   "generate", "perplexity", "determinism", "invariance"};
+                                                   "generate", "perplexity", "determinism", "invariance", "task"};
     return names;
 }
 
@@ -131,6 +137,7 @@ bool Protocol::runs(std::string_view step) const {
     if (step == "perplexity") return perplexity.enabled;
     if (step == "determinism") return determinism.enabled;
     if (step == "invariance") return invariance.enabled;
+    if (step == "task") return task.enabled;
     fail(ErrorCode::internal, "unknown protocol step '{}'", step);
 }
 
@@ -526,6 +533,17 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
         inv.op_rows = r.integer(g, "op_rows", p, 2, 4096);
         inv.repeats = static_cast<int>(r.integer(g, "repeats", p, 2, 64));
         inv.decode = r.integer(g, "decode", p, 1, 1024);
+    }
+    if (steps.contains("task")) {
+        const std::string p = "/steps/task";
+        const auto& g = r.object(steps["task"], p, {"items"});
+        const auto& it = r.object(g.at("items"), p + "/items", {"path", "sha256"});
+        pr.task.enabled = true;
+        pr.task.path = r.string(it, "path", p + "/items");
+        pr.task.resolved_path = resolve_path(base_dir, pr.task.path);
+        pr.task.sha256 = r.string(it, "sha256", p + "/items");
+        if (!is_lower_hex(pr.task.sha256, 64))
+            r.bad(p + "/items/sha256", "expected 64 lowercase hex digits (sha256 of the file)");
     }
     if (pr.ops.enabled) {
         try {

@@ -36,7 +36,8 @@
 //       "generate":   {"prompt": STREAM, "n", "teacher_forcing"},
 //       "perplexity": {"tokens": STREAM, "context"},
 //       "determinism": {"repeats"},
-//       "invariance": {"tokens": STREAM, "batch_sizes": [B...], "op_rows", "repeats", "decode"}
+//       "invariance": {"tokens": STREAM, "batch_sizes": [B...], "op_rows", "repeats", "decode"},
+//       "task": {"items": {"path", "sha256"}}
 //     },
 //     "tiers": {
 //       "sensitive": {CRITERION: {"value": number, "why": "one line"[, "x_floor": M]}, ...},
@@ -127,6 +128,7 @@ struct CriterionInfo {
 //   generate.divergences_max perplexity.ratio_max determinism
 //   invariance.ops_max_rel invariance.batch_max_rel
 //   invariance.prefill_decode_max_rel invariance.repeat_unique_max
+//   task.acc_ratio_min task.agreement_min task.ll_max_abs_delta_max
 // plus per-op overrides "ops.<op>.max_rel" / "ops.<op>.cosine_min" for every
 // <op> of all_op_names(). Optional (required == false): the per-op overrides,
 // decide.routing_agreement_min (measured WITHOUT router authority: it shows
@@ -216,6 +218,13 @@ struct DeterminismStep {
     int repeats = 2;  // runs of the same node compared with each other (>= 2)
 };
 
+// The task score (steps/task.hpp): a JSONL item file, sha256-pinned, scored
+// with the model's own tokenizer.json (beside the model).
+struct TaskStep {
+    bool enabled = false;
+    std::string path, resolved_path, sha256;
+};
+
 // The invariance step: the same node, the same request, different company.
 struct InvarianceStep {
     bool enabled = false;
@@ -263,6 +272,7 @@ struct Protocol {
     PerplexityStep perplexity;
     DeterminismStep determinism;
     InvarianceStep invariance;
+    TaskStep task;
 
     Tolerances sensitive, tolerant;
     const Tolerances& tier(Tier t) const { return t == Tier::sensitive ? sensitive : tolerant; }

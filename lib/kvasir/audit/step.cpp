@@ -23,11 +23,12 @@ const Step& generate_step();
 const Step& perplexity_step();
 const Step& determinism_step();
 const Step& invariance_step();
+const Step& task_step();
 
 const std::vector<const Step*>& audit_steps() {
     static const std::vector<const Step*> steps{&ops_step(),      &drift_step(),      &logits_step(),
                                                 &decide_step(),   &generate_step(),   &perplexity_step(),
-                                                &determinism_step(), &invariance_step()};
+                                                &determinism_step(), &invariance_step(), &task_step()};
     return steps;
 }
 

@@ -701,17 +701,23 @@ void Tokenizer::Impl::bpe(std::string_view word, std::size_t prefix, std::size_t
 
 namespace {
 
+// A "Sequence" component (nested at most 4 deep): each entry of its list
+// `key` parsed by `each`. False when `n` is not one.
+template <class F>
+bool sequence_of(const Node& n, const std::string& type, const char* key, int depth, F&& each) {
+    if (type != "Sequence" || depth >= 4) return false;
+    n.only({"type", key});
+    const Node list = n.at(key);
+    list.array(kMaxSequence);
+    for (std::size_t i = 0; i < list.j.size(); ++i) each(list.at(i));
+    return true;
+}
+
 void parse_normalizer(const Node& n, std::vector<NormForm>& out, std::vector<std::string>& names, int depth) {
     if (n.j.is_null()) return;
     n.object();
     const std::string t = n.type();
-    if (t == "Sequence" && depth < 4) {
-        n.only({"type", "normalizers"});
-        const Node list = n.at("normalizers");
-        list.array(kMaxSequence);
-        for (std::size_t i = 0; i < list.j.size(); ++i) parse_normalizer(list.at(i), out, names, depth + 1);
-        return;
-    }
+    if (sequence_of(n, t, "normalizers", depth, [&](const Node& e) { parse_normalizer(e, out, names, depth + 1); })) return;
     n.only({"type"});
     if (t == "NFC") out.push_back(NormForm::nfc);
     else if (t == "NFD") out.push_back(NormForm::nfd);
@@ -725,13 +731,7 @@ void parse_pre(const Node& n, std::vector<PreStep>& out, std::vector<std::string
     if (n.j.is_null()) return;
     n.object();
     const std::string t = n.type();
-    if (t == "Sequence" && depth < 4) {
-        n.only({"type", "pretokenizers"});
-        const Node list = n.at("pretokenizers");
-        list.array(kMaxSequence);
-        for (std::size_t i = 0; i < list.j.size(); ++i) parse_pre(list.at(i), out, names, depth + 1);
-        return;
-    }
+    if (sequence_of(n, t, "pretokenizers", depth, [&](const Node& e) { parse_pre(e, out, names, depth + 1); })) return;
     if (!out.empty() && out.back().kind == PreStep::byte_level)
         n.unsupported(fmt::format("pre-tokenizer \"{}\" after ByteLevel (implemented: ByteLevel last)", t));
     if (t == "Split") {
@@ -771,13 +771,7 @@ void parse_post(const Node& n, std::vector<TemplateItem>& tmpl, std::vector<std:
     if (n.j.is_null()) return;
     n.object();
     const std::string t = n.type();
-    if (t == "Sequence" && depth < 4) {
-        n.only({"type", "processors"});
-        const Node list = n.at("processors");
-        list.array(kMaxSequence);
-        for (std::size_t i = 0; i < list.j.size(); ++i) parse_post(list.at(i), tmpl, names, depth + 1);
-        return;
-    }
+    if (sequence_of(n, t, "processors", depth, [&](const Node& e) { parse_post(e, tmpl, names, depth + 1); })) return;
     if (t == "ByteLevel") {
         // Ids unchanged; trim_offsets would only narrow offsets around spaces.
         n.only({"type", "add_prefix_space", "trim_offsets", "use_regex"});

@@ -279,7 +279,8 @@ std::string header(const AuditReport& r, const HtmlStamp& stamp) {
     stamp_rows(o, stamp);
     o += "</dl>\n</header>\n";
     o += "<nav><a href=\"#verdicts\">Verdicts</a><a href=\"#pairs\">Backend pairs</a><a href=\"#drift\">Drift</a><a href=\"#logits\">Logits</a>"
-         "<a href=\"#decide\">Decisions</a><a href=\"#generate\">Generation</a><a href=\"#perplexity\">Perplexity</a>"
+         "<a href=\"#decide\">Decisions</a><a href=\"#generate\">Generation</a><a href=\"#perplexity\">Perplexity</a>" +
+         std::string(field(r.steps, "task") ? "<a href=\"#task\">Task score</a>" : "") +
          "<a href=\"#determinism\">Determinism</a><a href=\"#invariance\">Invariance</a><a href=\"#criteria\">All criteria</a><a href=\"#tolerances\">Tolerances</a></nav>\n";
     return o;
 }
@@ -687,15 +688,41 @@ std::string generate_section(const AuditReport& r) {
     return o;
 }
 
+std::string task_section(const AuditReport& r) {
+    const Json& res = results(r, "task");
+    if (res.empty()) return {};
+    const Json& step = *field(r.steps, "task");
+    std::string o = "<section id=\"task\">\n<h2>Task score</h2>\n";
+    o += fmt::format("<p class=\"note\">{} multiple-choice items scored by log-likelihood (lm-evaluation-harness's acc and acc_norm, "
+                     "± the standard error); the reference scores acc {:.4f} ± {:.4f}, acc_norm {:.4f} ± {:.4f}.</p>\n",
+                     h(text(step, "items")), number(step, "reference_acc"), number(step, "reference_acc_stderr"),
+                     number(step, "reference_acc_norm"), number(step, "reference_acc_norm_stderr"));
+    o += "<table class=\"sortable\"><thead><tr><th>node</th><th>acc</th><th>acc_norm</th><th>acc ratio to the reference</th>"
+         "<th>same answer as the reference</th><th>max |Δ log-likelihood|</th></tr></thead><tbody>\n";
+    for (const Json& e : res) {
+        if (field(e, "error")) {
+            o += error_row(e, 6);
+            continue;
+        }
+        const double acc = number(e, "acc"), accn = number(e, "acc_norm"), ratio = number(e, "acc_ratio"),
+                     agree = number(e, "agreement"), dll = number(e, "ll_max_abs_delta");
+        o += fmt::format("<tr><td><code>{}</code></td>", h(text(e, "node"))) +
+             num_td(acc, fmt::format("{:.4f} ± {:.4f}", acc, number(e, "acc_stderr"))) +
+             num_td(accn, fmt::format("{:.4f} ± {:.4f}", accn, number(e, "acc_norm_stderr"))) + num_td(ratio, fmt::format("{:.6f}", ratio)) +
+             num_td(agree, fmt::format("{:.4f}", agree)) + num_td(dll, fmt_sci(dll)) + "</tr>\n";
+    }
+    return o + "</tbody></table>\n</section>\n";
+}
+
 std::string perplexity_section(const AuditReport& r) {
     const Json& res = results(r, "perplexity");
     if (res.empty()) return {};
     const Json& step = *field(r.steps, "perplexity");
     const double ref_ppl = number(step, "reference_perplexity");
     std::string o = "<section id=\"perplexity\">\n<h2>Perplexity</h2>\n";
-    o += fmt::format("<p class=\"note\">{} next-token predictions; the reference's perplexity is {}. No task score: the protocol has no "
-                     "task step.</p>\n",
-                     h(text(step, "predictions")), fmt::format("{:.9g}", ref_ppl));
+    o += fmt::format("<p class=\"note\">{} next-token predictions; the reference's perplexity is {}.{}</p>\n",
+                     h(text(step, "predictions")), fmt::format("{:.9g}", ref_ppl),
+                     field(r.steps, "task") ? "" : " No task score: the protocol has no task step.");
     o += "<table class=\"sortable\"><thead><tr><th>node</th><th>perplexity</th><th>ratio to the reference</th><th>|ratio − 1|</th></tr></thead><tbody>\n";
     for (const Json& e : res) {
         if (field(e, "error")) {
@@ -877,6 +904,7 @@ std::string audit_html(const AuditReport& r, const HtmlStamp& stamp) {
     body += decide_section(r);
     body += generate_section(r);
     body += perplexity_section(r);
+    body += task_section(r);
     body += determinism_section(r);
     body += invariance_section(r);
     body += criteria_section(r);

@@ -129,7 +129,11 @@ void TaskConfig::validate() const {
 }
 
 TaskConfig make_task_config(const Model& model, const std::string& items_path, const Tokenizer& tokenizer) {
-    const std::string text = read_text_file(items_path);
+    return make_task_config(model, read_text_file(items_path), items_path, tokenizer);
+}
+
+TaskConfig make_task_config(const Model& model, const std::string& text, const std::string& items_path,
+                            const Tokenizer& tokenizer) {
     TaskConfig c;
     c.model = &model;
     c.items = parse_task_items(text, items_path);

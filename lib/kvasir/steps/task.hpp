@@ -69,8 +69,11 @@ struct TaskConfig : StepCommon {
 };
 
 // Builds a config from an item file (read here) and a tokenizer; tokens (for
-// StepCommon and the memory estimate) is the longest request.
+// StepCommon and the memory estimate) is the longest request. The second
+// form takes the file's text already read (an audit checks its sha256 first).
 TaskConfig make_task_config(const Model& model, const std::string& items_path, const Tokenizer& tokenizer);
+TaskConfig make_task_config(const Model& model, const std::string& items_text, const std::string& items_path,
+                            const Tokenizer& tokenizer);
 
 // One node's scores.
 struct TaskScores {
