@@ -17,6 +17,7 @@
 #include "kvasir/core/io.hpp"
 #include "kvasir/core/sha256.hpp"
 #include "kvasir/model/model.hpp"
+#include "kvasir/model/tokenizer.hpp"
 #include "kvasir/report/audit_json.hpp"
 #include "kvasir/report/audit_text.hpp"
 #include "kvasir/audit/protocol.hpp"
@@ -707,10 +708,11 @@ TEST(FaultVariants, DriftNamesTheLayerAndBlockOfTheFault) {
     }
 }
 
-// The task step inside an audit: trained.json's task alone, on a 24-item
-// slice of its cloze file (pinned by its own sha256). The f32 node fits, bf16
-// storage fails the sensitive tier on the choices' log-likelihoods alone (it
-// chooses the same answers), and the report carries the scores.
+// The task step inside an audit: trained.json's task (and generate) alone, on
+// a 100-item slice of its cloze file (pinned by its own sha256). The f32 node
+// fits the task, bf16 storage fails the sensitive tier on the choices'
+// log-likelihoods (it chooses the same answers), the report carries the
+// scores, and generate's continuations decoded by the model's tokenizer.
 TEST(TaskStep, JudgesTheTaskScoreAndItsLogLikelihoods) {
     const fs::path tmp = fs::temp_directory_path() / fmt::format("kvasir-task-step-{}", ::getpid());
     fs::create_directories(tmp);
@@ -725,11 +727,12 @@ TEST(TaskStep, JudgesTheTaskScoreAndItsLogLikelihoods) {
     }
     write_file_atomic((tmp / "items.jsonl").string(), slice);
     nlohmann::json doc = load_protocol((kRoot / "protocols/trained.json").string()).document;
-    for (auto it = doc["steps"].begin(); it != doc["steps"].end();) it = it.key() == "task" ? std::next(it) : doc["steps"].erase(it);
+    const auto kept = [](const std::string& step) { return step == "task" || step == "generate"; };
+    for (auto it = doc["steps"].begin(); it != doc["steps"].end();) it = kept(it.key()) ? std::next(it) : doc["steps"].erase(it);
     for (const char* tier : {"sensitive", "tolerant"})
         for (auto it = doc["tiers"][tier].begin(); it != doc["tiers"][tier].end();) {
             const auto info = find_criterion(it.key());
-            it = info && info->step == "task" ? std::next(it) : doc["tiers"][tier].erase(it);
+            it = info && kept(info->step) ? std::next(it) : doc["tiers"][tier].erase(it);
         }
     doc["steps"]["task"]["items"] = {{"path", (tmp / "items.jsonl").string()}, {"sha256", sha256_hex(slice)}};
     const Protocol p = parse_protocol(doc, "trained.json (task only)", (kRoot / "protocols").string());
@@ -743,6 +746,12 @@ TEST(TaskStep, JudgesTheTaskScoreAndItsLogLikelihoods) {
     EXPECT_EQ(verdict_of(run, "cpu").verdict, Verdict::fit);
     const NodeVerdict& bf16 = verdict_of(run, "cpu:storage=bf16");
     EXPECT_EQ(bf16.verdict, Verdict::unfit_sensitive);
+    // generate: every continuation also as the tokenizer decodes it.
+    const Tokenizer tok = load_tokenizer_for(m.path());
+    const nlohmann::ordered_json& gen = run.report.steps.at("generate");
+    EXPECT_EQ(gen.at("reference_text").get<std::string>(), tok.decode(gen.at("reference_tokens").get<std::vector<std::int32_t>>()));
+    for (const auto& e : gen.at("results"))
+        EXPECT_EQ(e.at("text").get<std::string>(), tok.decode(e.at("tokens").get<std::vector<std::int32_t>>()));
     const CriterionResult* ll = criterion_of(bf16, Tier::sensitive, "task.ll_max_abs_delta_max");
     ASSERT_NE(ll, nullptr);
     EXPECT_FALSE(ll->pass);

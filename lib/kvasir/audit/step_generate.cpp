@@ -4,7 +4,8 @@
 //
 // Tensors: generate.tokens [n] (own greedy tokens), generate.pinned_own [n]
 // (own argmax when fed the authority's tokens), generate.margins [n] (top1 −
-// top2 of each free step).
+// top2 of each free step). Note generate.text: the free continuation decoded
+// by the model's tokenizer.json, when it has one (reported, not judged).
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/step.hpp"
 
@@ -26,6 +27,7 @@ public:
         if (!ac.protocol->generate.enabled) return false;
         plan.generate = detail::token_step<GenerateConfig>(ac, plan.seed, ac.protocol->generate.prompt);
         plan.generate->new_tokens = static_cast<int>(ac.protocol->generate.n);
+        if (!tokenizer_path_for(ac.model->path()).empty()) plan.generate->tokenizer = load_tokenizer_for(ac.model->path());
         plan.generate->validate();
         return true;
     }
@@ -38,7 +40,9 @@ public:
     StepOutput collect(const StepEnv& env, Backend& node, const std::any& decisions, bool self) const override {
         const GenerateResult& ref = *std::any_cast<std::shared_ptr<const GenerateResult>>(decisions);
         StepOutput out;
+        const auto& tok = env.plan->generate->tokenizer;
         if (self) {
+            if (tok) out.notes["generate.text"] = tok->decode(ref.tokens);
             out.tensors.emplace("generate.tokens", i32_tensor(ref.tokens));
             out.tensors.emplace("generate.pinned_own", i32_tensor(ref.tokens));
             out.tensors.emplace("generate.margins", f64_tensor(ref.margins));
@@ -48,6 +52,7 @@ public:
         const int n = env.plan->generate->new_tokens;
         const GenerateResult fr = greedy_generate(node, *env.model, prompt, n);
         const GenerateResult pn = greedy_generate(node, *env.model, prompt, n, &ref.tokens, &ref.routing);
+        if (tok) out.notes["generate.text"] = tok->decode(fr.tokens);
         out.tensors.emplace("generate.tokens", i32_tensor(fr.tokens));
         out.tensors.emplace("generate.pinned_own", i32_tensor(pn.tokens));
         out.tensors.emplace("generate.margins", f64_tensor(fr.margins));
@@ -61,6 +66,7 @@ public:
         j["reference"] = ref.node();
         j["new_tokens"] = p.generate.n;
         j["reference_tokens"] = rt;
+        if (const auto text = ref.note("generate.text")) j["reference_text"] = *text;
         j["results"] = for_each_candidate(in, led, "generate", [&](std::size_t i) {
             const NodeOutputs& c = *in.nodes[i];
             const std::vector<std::int32_t> ct = int_vector(c.view("generate.tokens"));
@@ -81,6 +87,7 @@ public:
                 led.not_applicable_for(i, "generate.divergences_max",
                                        "free-running node captured without the reference's tokens (no generate.pinned_own)");
             nlohmann::ordered_json e{{"node", c.node()}, {"first_divergence", first}, {"tokens", ct}};
+            if (const auto text = c.note("generate.text")) e["text"] = *text;
             if (forced) e["teacher_forced_divergences"] = divergences;
             if (in.free_running[i]) e["free_running"] = true;
             if (first >= 0 && c.has("generate.margins") && ref.has("generate.margins")) {

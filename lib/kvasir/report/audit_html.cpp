@@ -664,13 +664,17 @@ std::string generate_section(const AuditReport& r) {
     const Json* ref = field(step, "reference_tokens");
     const Json& ref_tokens = ref ? *ref : Json::array();
     std::string o = "<section id=\"generate\">\n<h2>Generation: first divergence</h2>\n";
+    const Json* ref_text = field(step, "reference_text");
     o += fmt::format("<p class=\"note\">Greedy continuation of {} new tokens on each node's own router, against the reference's. Shown as "
-                     "token ids: this tool has no tokenizer, so no decoded text. Tokens that differ from the reference's are boxed, "
-                     "underlined and bold.</p>\n",
-                     h(text(step, "new_tokens")));
+                     "token ids{}. Tokens that differ from the reference's are boxed, underlined and bold.</p>\n",
+                     h(text(step, "new_tokens")),
+                     ref_text ? " and as text (the model's tokenizer.json)" : " (the model has no tokenizer.json: no decoded text)");
+    const auto decoded = [](const Json* t) {
+        return t && t->is_string() ? fmt::format("<div class=\"note\">“{}”</div>", h(t->get<std::string>())) : std::string();
+    };
     o += "<table><thead><tr><th>node</th><th>first divergence</th><th>teacher-forced divergences</th><th>continuation</th></tr></thead><tbody>\n";
     o += fmt::format("<tr class=\"v-ref\"><td><code>{}</code> <span class=\"note\">reference</span></td><td>—</td><td>—</td><td>{}</td></tr>\n",
-                     h(text(step, "reference")), tokens_html(&ref_tokens, ref_tokens));
+                     h(text(step, "reference")), tokens_html(&ref_tokens, ref_tokens) + decoded(ref_text));
     for (const Json& e : res) {
         if (field(e, "error")) {
             o += error_row(e, 4);
@@ -682,7 +686,7 @@ std::string generate_section(const AuditReport& r) {
             where += fmt::format(" <span class=\"note\">(top-2 logit margin there: reference {}, node {})</span>", fmt_sci(number(e, "ref_margin_at_divergence")),
                                  fmt_sci(number(e, "cand_margin_at_divergence")));
         o += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td class=\"num\">{}</td><td>{}</td></tr>\n", h(text(e, "node")), where,
-                         h(text(e, "teacher_forced_divergences")), tokens_html(field(e, "tokens"), ref_tokens));
+                         h(text(e, "teacher_forced_divergences")), tokens_html(field(e, "tokens"), ref_tokens) + decoded(field(e, "text")));
     }
     o += "</tbody></table>\n</section>\n";
     return o;
