@@ -17,7 +17,8 @@
 // (log-log, √L and L guides) with α per node; the KL distribution per node
 // (percentiles min … max, log scale, with the kl_p99 tolerances); top-1 and
 // routing agreement; generation (first divergence, the continuation as token
-// ids with divergent tokens marked: the tool has no tokenizer); perplexity;
+// ids with divergent tokens marked, and decoded where the model has a
+// tokenizer.json); perplexity; the task score (a protocol with a task step);
 // determinism; every criterion of every node (collapsible); the tolerances
 // with their `why`. A section whose step the report lacks (a compare of
 // partial captures) is left out. Colours: verdicts in the Okabe–Ito palette,
