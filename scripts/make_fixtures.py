@@ -2946,6 +2946,10 @@ def main() -> None:
     if len(on_disk) < len(FIXTURES):
         print("NOTE: models/README.md lists only the fixtures on disk; missing: "
               + ", ".join(fx["name"] for fx in FIXTURES if fx not in on_disk))
+    # Bullets of fixtures scripts/train_fixture.py made (their folder holds TRAINING.md) stay as they are.
+    old = (models_dir / "README.md").read_text().split("\n") if (models_dir / "README.md").exists() else []
+    kept = [ln for ln in old if ln.startswith("* `") and "/`" in ln
+            and (models_dir / ln[3:ln.index("/`")] / "TRAINING.md").exists()]
     readme = ["# Fixture models", "",
               "Tiny random models built with Hugging Face transformers by `scripts/make_fixtures.py` "
               "(pinned versions in `scripts/requirements-fixtures.txt`; re-runnable, byte-identical output on "
@@ -2953,7 +2957,7 @@ def main() -> None:
               "Each folder holds `config.json`, `model.safetensors` (save_pretrained), `reference.safetensors` "
               "(what transformers computed on a fixed 24-token prompt, float32 and float64) and `REFERENCE.md` "
               "(every reference tensor explained). `--only NAME...` rebuilds some fixtures and leaves the others "
-              "untouched.", ""] + [line for fx in on_disk for line in index_lines(fx, models_dir)] + [
+              "untouched.", ""] + [line for fx in on_disk for line in index_lines(fx, models_dir)] + kept + [
               "", "GGUF notes: experts stacked as llama.cpp's converter does (numpy [n_expert, n_ff, n_embd] for "
               "ffn_gate_exps/ffn_up_exps, [n_expert, n_embd, n_ff] for ffn_down_exps); attn_q/attn_k NOT permuted "
               "(qwen3moe uses NEOX rope, llama.cpp permutes only for llama-style rope); the dense layer "

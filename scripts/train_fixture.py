@@ -613,7 +613,7 @@ def training_md(info: dict) -> str:
 
 def update_models_readme(models_dir: Path, fx: dict) -> None:
     """Insert (or replace) this fixture's bullet in models/README.md, after the last bullet of the index
-    list. make_fixtures.py rewrites that file from its own FIXTURES: re-run this script after it."""
+    list. make_fixtures.py keeps it when it rewrites that file (the folder holds TRAINING.md)."""
     path = models_dir / "README.md"
     lines = path.read_text().split("\n") if path.exists() else ["# Fixture models", ""]
     lines = [ln for ln in lines if not ln.startswith(f"* `{NAME}/`")]
