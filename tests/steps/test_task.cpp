@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -59,6 +60,25 @@ TEST(TaskScore, EncodePairMovesTheContextsTrailingSpaceToTheContinuation) {
     EXPECT_EQ(std::vector<std::int32_t>(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(ctx.size())), ctx);
     EXPECT_EQ(r[0][0].chars, 5u);   // "jumps" as written, without the moved space (lm-eval: len(choice))
     EXPECT_EQ(r[0][1].chars, 11u);  // characters, not the 12 UTF-8 bytes
+}
+
+TEST(TaskScore, ComparisonWithTheReferenceByHand) {
+    const std::vector<TaskItem> items = {{"c", {"x", "y"}, 0}, {"c", {"x", "y"}, 1}};
+    const std::vector<std::vector<TaskRequest>> r = {reqs({1, 1}), reqs({1, 1})};
+    const TaskScores ref = score_task({{-1, -2}, {-3, -1}}, items, r);   // chooses 0, 1: acc 1
+    const TaskScores cand = score_task({{-1.5, -2}, {-1, -3}}, items, r);  // chooses 0, 0: acc 0.5
+    const TaskComparison v = compare_task(ref, cand);
+    EXPECT_DOUBLE_EQ(v.acc_ratio, 0.5);
+    EXPECT_EQ(v.agree, 1);
+    EXPECT_DOUBLE_EQ(v.ll_max_abs_delta, 2.0);  // item 1: |−1 − (−3)|
+    // Ratios when the reference scores 0: 1 if the node does too, +inf otherwise.
+    const TaskScores zero = score_task({{-2, -1}, {-1, -2}}, items, r);
+    EXPECT_DOUBLE_EQ(compare_task(zero, zero).acc_ratio, 1.0);
+    EXPECT_TRUE(std::isinf(compare_task(zero, ref).acc_ratio));
+    // NaN never passes for a small delta: it sticks.
+    const TaskScores nan = score_task({{std::nan(""), -2}, {-3, -1}}, items, r);
+    EXPECT_TRUE(std::isnan(compare_task(ref, nan).ll_max_abs_delta));
+    EXPECT_THROW(compare_task(ref, score_task({{-1, -2}}, {items[0]}, {r[0]})), Error);
 }
 
 void expect_bad(const std::string& jsonl, const std::string& fragment) {

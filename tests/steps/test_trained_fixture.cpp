@@ -118,7 +118,7 @@ TEST(TrainedFixture, ClozeTaskEqualsTransformersFloat64) {
     const double chance = 1.0 / static_cast<double>(c.items.front().choices.size());
     EXPECT_GT(s.acc - chance, 3 * s.acc_stderr);
     // The f32 node against the reference: same answers on (nearly) every item.
-    EXPECT_GE(r.results.at(1).agree, static_cast<std::int64_t>(items.size()) - 2);
+    EXPECT_GE(r.results.at(1).vs_reference.agree, static_cast<std::int64_t>(items.size()) - 2);
 }
 
 }  // namespace

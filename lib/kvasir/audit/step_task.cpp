@@ -131,24 +131,18 @@ public:
                 KVASIR_CHECK(cv.items[k].gold == rv.items[k].gold && cv.ll[k].size() == rv.ll[k].size(), ErrorCode::bad_input,
                              "{}: task item {} differs from the reference's (choices or gold)", c.origin(), k);
             const TaskScores s = score_task(cv.ll, cv.items, cv.requests);
-            std::int64_t agree = 0;
-            double worst = 0;
-            for (std::size_t k = 0; k < n; ++k) {
-                agree += s.chosen[k] == rs.chosen[k];
-                for (std::size_t q = 0; q < cv.ll[k].size(); ++q) worst = worse_max(worst, std::fabs(cv.ll[k][q] - rv.ll[k][q]));
-            }
-            const double ratio = rs.acc > 0 ? s.acc / rs.acc : s.acc > 0 ? INFINITY : 1.0;
-            led.measure(i, "task", "task.acc_ratio_min", ratio);
-            led.measure_rate(i, "task", "task.agreement_min", binomial(agree, static_cast<std::int64_t>(n)));
-            led.measure(i, "task", "task.ll_max_abs_delta_max", worst);
+            const TaskComparison v = compare_task(rs, s);
+            led.measure(i, "task", "task.acc_ratio_min", v.acc_ratio);
+            led.measure_rate(i, "task", "task.agreement_min", binomial(v.agree, static_cast<std::int64_t>(n)));
+            led.measure(i, "task", "task.ll_max_abs_delta_max", v.ll_max_abs_delta);
             return nlohmann::ordered_json{{"node", c.node()},
                                           {"acc", json_double(s.acc)},
                                           {"acc_stderr", json_double(s.acc_stderr)},
                                           {"acc_norm", json_double(s.acc_norm)},
                                           {"acc_norm_stderr", json_double(s.acc_norm_stderr)},
-                                          {"acc_ratio", json_double(ratio)},
-                                          {"agreement", json_double(static_cast<double>(agree) / static_cast<double>(n))},
-                                          {"ll_max_abs_delta", json_double(worst)}};
+                                          {"acc_ratio", json_double(v.acc_ratio)},
+                                          {"agreement", json_double(static_cast<double>(v.agree) / static_cast<double>(n))},
+                                          {"ll_max_abs_delta", json_double(v.ll_max_abs_delta)}};
         });
         return j;
     }

@@ -244,12 +244,13 @@ std::string render_task_text(const TaskReport& r, const Style& st) {
             t.add_row({nt.node, st.red("error: " + nt.error), "", "", "", "", ""});
             continue;
         }
+        const TaskComparison& v = nt.vs_reference;
         const auto pm = [](double v, double e) { return fmt::format("{:.4f} ± {:.4f}", v, e); };
         t.add_row({nt.reference ? nt.node + " (ref)" : nt.node, pm(nt.scores.acc, nt.scores.acc_stderr),
-                   pm(nt.scores.acc_norm, nt.scores.acc_norm_stderr), nt.reference ? "·" : fmt_fixed(nt.acc_ratio, 6),
-                   nt.reference ? "·" : fmt_fixed(nt.acc_norm_ratio, 6),
-                   nt.reference ? "·" : fmt::format("{}/{} · {}/{}", nt.agree, n, nt.agree_norm, n),
-                   nt.reference ? "·" : fmt_sci(nt.ll_max_abs_delta)});
+                   pm(nt.scores.acc_norm, nt.scores.acc_norm_stderr), nt.reference ? "·" : fmt_fixed(v.acc_ratio, 6),
+                   nt.reference ? "·" : fmt_fixed(v.acc_norm_ratio, 6),
+                   nt.reference ? "·" : fmt::format("{}/{} · {}/{}", v.agree, n, v.agree_norm, n),
+                   nt.reference ? "·" : fmt_sci(v.ll_max_abs_delta)});
     }
     return out + t.render("  ");
 }

@@ -88,16 +88,14 @@ std::vector<std::vector<TaskRequest>> encode_task(const Tokenizer& tok, const st
     out.reserve(items.size());
     for (std::size_t i = 0; i < items.size(); ++i) {
         const TaskItem& it = items[i];
+        // lm-eval _encode_pair: the context's trailing whitespace goes with the continuation.
+        std::size_t k = it.context.size();
+        while (k > 0 && is_space(it.context[k - 1])) --k;
+        const std::string context = it.context.substr(0, k), moved = it.context.substr(k);
+        const std::vector<std::int32_t> ctx = tok.encode(context, false);  // the same for every choice
         std::vector<TaskRequest> reqs;
         for (std::size_t c = 0; c < it.choices.size(); ++c) {
-            // lm-eval _encode_pair: the context's trailing whitespace goes with the continuation.
-            std::string context = it.context, cont = it.choices[c];
-            std::size_t k = context.size();
-            while (k > 0 && is_space(context[k - 1])) --k;
-            cont = context.substr(k) + cont;
-            context.resize(k);
-            const std::vector<std::int32_t> whole = tok.encode(context + cont, false);
-            const std::vector<std::int32_t> ctx = tok.encode(context, false);
+            const std::vector<std::int32_t> whole = tok.encode(context + moved + it.choices[c], false);
             KVASIR_CHECK(whole.size() > ctx.size() && !ctx.empty(), ErrorCode::bad_input,
                          "task item {} choice {}: {} (lm-eval scores a continuation after a non-empty context)", i, c,
                          ctx.empty() ? "the context gives no tokens" : "the choice gives no tokens of its own");
@@ -194,6 +192,27 @@ TaskPass run_task_passes(Backend& be, const TaskConfig& c, const TaskPass* autho
     return p;
 }
 
+TaskComparison compare_task(const TaskScores& ref, const TaskScores& cand) {
+    KVASIR_CHECK(ref.ll.size() == cand.ll.size(), ErrorCode::bad_input, "task scores of {} and {} items", ref.ll.size(),
+                 cand.ll.size());
+    const auto ratio = [](double a, double r) { return r > 0 ? a / r : a > 0 ? std::numeric_limits<double>::infinity() : 1.0; };
+    TaskComparison t;
+    t.acc_ratio = ratio(cand.acc, ref.acc);
+    t.acc_norm_ratio = ratio(cand.acc_norm, ref.acc_norm);
+    for (std::size_t k = 0; k < ref.ll.size(); ++k) {
+        KVASIR_CHECK(ref.ll[k].size() == cand.ll[k].size(), ErrorCode::bad_input, "task item {}: {} and {} choices", k,
+                     ref.ll[k].size(), cand.ll[k].size());
+        t.agree += cand.chosen[k] == ref.chosen[k];
+        t.agree_norm += cand.chosen_norm[k] == ref.chosen_norm[k];
+        for (std::size_t c = 0; c < ref.ll[k].size(); ++c) {
+            const double d = std::fabs(cand.ll[k][c] - ref.ll[k][c]);
+            t.ll_max_abs_delta = std::isnan(d) || std::isnan(t.ll_max_abs_delta) ? std::numeric_limits<double>::quiet_NaN()
+                                                                                   : std::max(t.ll_max_abs_delta, d);
+        }
+    }
+    return t;
+}
+
 TaskReport run_task(const TaskConfig& config, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference) {
     config.validate();
     KVASIR_CHECK(reference < nodes.size(), ErrorCode::bad_input, "reference index {} of {} nodes", reference, nodes.size());
@@ -203,35 +222,15 @@ TaskReport run_task(const TaskConfig& config, std::vector<std::unique_ptr<Backen
     for (const auto& n : nodes) rep.nodes.push_back(n->capabilities());
     const TaskPass ref = run_task_passes(*nodes[reference], config, nullptr);
     const TaskScores ref_scores = score_task(ref.ll, config.items, config.requests);
-    const auto ratio = [](double a, double r) {
-        return r > 0 ? a / r : a > 0 ? std::numeric_limits<double>::infinity() : 1.0;
-    };
     for (std::size_t i = 0; i < nodes.size(); ++i) {
         NodeTask nt;
         nt.node = nodes[i]->capabilities().node;
         nt.reference = i == reference;
-        if (i == reference) {
-            nt.scores = ref_scores;
-            nt.agree = nt.agree_norm = static_cast<std::int64_t>(config.items.size());
-            rep.results.push_back(std::move(nt));
-            continue;
-        }
         try {
-            const TaskPass p = run_task_passes(*nodes[i], config, config.router_authority ? &ref : nullptr);
-            nt.scores = score_task(p.ll, config.items, config.requests);
-            nt.acc_ratio = ratio(nt.scores.acc, ref_scores.acc);
-            nt.acc_norm_ratio = ratio(nt.scores.acc_norm, ref_scores.acc_norm);
-            for (std::size_t k = 0; k < config.items.size(); ++k) {
-                nt.agree += nt.scores.chosen[k] == ref_scores.chosen[k];
-                nt.agree_norm += nt.scores.chosen_norm[k] == ref_scores.chosen_norm[k];
-                for (std::size_t c = 0; c < p.ll[k].size(); ++c) {
-                    const double d = std::fabs(p.ll[k][c] - ref.ll[k][c]);
-                    if (std::isnan(d) || std::isnan(nt.ll_max_abs_delta))
-                        nt.ll_max_abs_delta = std::numeric_limits<double>::quiet_NaN();
-                    else
-                        nt.ll_max_abs_delta = std::max(nt.ll_max_abs_delta, d);
-                }
-            }
+            nt.scores = i == reference ? ref_scores
+                                       : score_task(run_task_passes(*nodes[i], config, config.router_authority ? &ref : nullptr).ll,
+                                                    config.items, config.requests);
+            nt.vs_reference = compare_task(ref_scores, nt.scores);
         } catch (const Error& e) {
             const std::string node = nt.node;
             nt = NodeTask{};
@@ -272,11 +271,12 @@ nlohmann::ordered_json to_json(const TaskReport& r) {
         o["acc_stderr"] = json_double(nt.scores.acc_stderr);
         o["acc_norm"] = json_double(nt.scores.acc_norm);
         o["acc_norm_stderr"] = json_double(nt.scores.acc_norm_stderr);
-        o["acc_ratio"] = json_double(nt.acc_ratio);
-        o["acc_norm_ratio"] = json_double(nt.acc_norm_ratio);
-        o["agreement"] = json_double(static_cast<double>(nt.agree) / n);
-        o["agreement_norm"] = json_double(static_cast<double>(nt.agree_norm) / n);
-        o["ll_max_abs_delta"] = json_double(nt.ll_max_abs_delta);
+        const TaskComparison& v = nt.vs_reference;
+        o["acc_ratio"] = json_double(v.acc_ratio);
+        o["acc_norm_ratio"] = json_double(v.acc_norm_ratio);
+        o["agreement"] = json_double(static_cast<double>(v.agree) / n);
+        o["agreement_norm"] = json_double(static_cast<double>(v.agree_norm) / n);
+        o["ll_max_abs_delta"] = json_double(v.ll_max_abs_delta);
         o["chosen"] = nt.scores.chosen;
         o["chosen_norm"] = nt.scores.chosen_norm;
         j["results"].push_back(std::move(o));

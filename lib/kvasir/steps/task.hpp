@@ -85,6 +85,18 @@ struct TaskScores {
 TaskScores score_task(const std::vector<std::vector<double>>& ll, const std::vector<TaskItem>& items,
                       const std::vector<std::vector<TaskRequest>>& requests);
 
+// A node's scores against the reference's (pure; the task command and the
+// audit step both judge through it): accuracy ratios (1 when both are 0, +inf
+// when only the reference's is), the items whose chosen answer is the
+// reference's, and the largest |ll − ll_ref| over every choice (NaN-sticky).
+// Error(bad_input) when the two were scored on different tasks.
+struct TaskComparison {
+    double acc_ratio = 1, acc_norm_ratio = 1;
+    std::int64_t agree = 0, agree_norm = 0;
+    double ll_max_abs_delta = 0;
+};
+TaskComparison compare_task(const TaskScores& reference, const TaskScores& candidate);
+
 // The passes on one node; `authority` (the reference's routing per request,
 // items × choices flattened) pins its routing, or null.
 struct TaskPass {
@@ -98,9 +110,7 @@ struct NodeTask {
     std::string error;
     bool reference = false;
     TaskScores scores;
-    double acc_ratio = 1, acc_norm_ratio = 1;  // acc / reference acc (1 when both are 0)
-    std::int64_t agree = 0, agree_norm = 0;    // items whose chosen answer is the reference's
-    double ll_max_abs_delta = 0;               // max |ll − ll_ref| over every choice
+    TaskComparison vs_reference;  // the reference's own: ratios 1, every item agreeing, Δ 0
 };
 
 struct TaskReport {
