@@ -605,7 +605,9 @@ TEST(FaultVariants, BoundViolationsAreZeroForCorrectNodesAndCatchTheBitflip) {
     for (const std::uint64_t seed : {1u, 2u, 3u}) {
         std::vector<std::unique_ptr<Backend>> nodes;
         std::vector<std::string> names{"cpu-ref", "cpu", "cpu:storage=bf16", "cpu:storage=f16", "cpu:threads=1",
-                                       "cpu:fault=bitflip", "cpu:fault=bitflip,fault_index=77", "cpu:acc=f16"};
+                                       "cpu:fault=bitflip", "cpu:fault=bitflip,fault_index=77", "cpu:acc=f16",
+                                       "cpu:fault=perturb,fault_size=1e-4,fault_op=softmax",
+                                       "cpu:fault=perturb,fault_size=1e-4,fault_op=rmsnorm"};
         const auto backends = list_backends();
         if (std::any_of(backends.begin(), backends.end(), [](const BackendStatus& b) { return b.name == "opencl" && b.available; }))
             names.push_back("opencl:0");
@@ -639,11 +641,68 @@ TEST(FaultVariants, BoundViolationsAreZeroForCorrectNodesAndCatchTheBitflip) {
             EXPECT_TRUE(v.verdict == Verdict::unfit_sensitive || v.verdict == Verdict::unfit) << flip << " seed " << seed;
             EXPECT_GE(v.capabilities["faults_fired"]["ops"].get<int>(), 1) << v.capabilities.dump();
         }
+        // A broken softmax or rmsnorm kernel (every element off by 1e-4 relative, 1680 units of f32
+        // rounding) leaves their bounds (γ_K + ~26u at K = 1024 and 512): unfit in every tier.
+        for (const char* op : {"softmax", "rmsnorm"}) {
+            const NodeVerdict& v = verdict_of(run, fmt::format("cpu:fault=perturb,fault_op={},fault_size=1e-4", op));
+            const CriterionResult* r = criterion_of(v, Tier::tolerant, "bound.violations_max");
+            ASSERT_NE(r, nullptr) << op;
+            EXPECT_GT(r->value, 0.0) << op << " seed " << seed << ": " << describe(*r);
+            EXPECT_EQ(v.verdict, Verdict::unfit) << op << " seed " << seed;
+        }
         // An f16 running sum of K = 512 terms has no a-priori bound (K·u = 0.25 < 1 has one: it is judged).
         const NodeVerdict& f16 = verdict_of(run, "cpu:acc=f16");
         const CriterionResult* b = criterion_of(f16, Tier::tolerant, "bound.violations_max");
         ASSERT_NE(b, nullptr);
         EXPECT_EQ(b->value, 0.0) << describe(*b);
+    }
+}
+
+// The bounds with the models' own weights (step 1's "weights": "model"):
+// the real-statistics matmul input and expert weights, the layer's own
+// post-attention norm — Qwen3.5's scale formed as 1 + w by the node — on a
+// MoE and a dense first layer, two seeds: every correct node and variant 0
+// violations; a perturbed rmsnorm (every element 1e-4 off) caught.
+TEST(FaultVariants, BoundViolationsAreZeroWithTheModelsOwnWeights) {
+    nlohmann::json doc = ops_only_protocol().document;
+    doc["steps"]["ops"]["weights"] = "model";
+    doc["steps"]["ops"]["layer"] = 0;
+    for (const char* name : {"qwen3_5_moe_tiny", "llama_tiny"}) {
+        const Model m = Model::open((kRoot / "fixtures" / "models" / name).string());
+        nlohmann::json d = doc;
+        if (!m.config().is_moe(0)) {
+            auto& ops = d["steps"]["ops"]["ops"];
+            for (auto it = ops.begin(); it != ops.end();)
+                it = (*it == "router_softmax" || *it == "router_sigmoid" || *it == "moe") ? ops.erase(it) : std::next(it);
+        }
+        const Protocol p = parse_protocol(d, std::string("ci.json (ops, model weights) on ") + name, (kRoot / "protocols").string());
+        for (const std::uint64_t seed : {1u, 2u}) {
+            std::vector<std::unique_ptr<Backend>> nodes;
+            std::vector<std::string> names{"cpu-ref", "cpu", "cpu:storage=bf16", "cpu:storage=f16", "cpu:acc=f16",
+                                           "cpu:fault=perturb,fault_size=1e-4,fault_op=rmsnorm"};
+            const auto backends = list_backends();
+            if (std::any_of(backends.begin(), backends.end(), [](const BackendStatus& b) { return b.name == "opencl" && b.available; }))
+                names.push_back("opencl:0");
+            for (const std::string& s : names) nodes.push_back(create_backend(s));
+            AuditConfig cfg;
+            cfg.protocol = &p;
+            cfg.model = &m;
+            cfg.seed = seed;
+            const AuditRun run = run_audit(cfg, nodes, 0);
+            for (const char* ok : {"cpu", "cpu:storage=bf16", "cpu:storage=f16", "cpu:acc=f16", "opencl:0"}) {
+                if (std::find(names.begin(), names.end(), ok) == names.end()) continue;
+                for (const char* c : {"bound.violations_max", "bound.probable_violations_max"}) {
+                    const CriterionResult* r = criterion_of(verdict_of(run, ok), Tier::sensitive, c);
+                    ASSERT_NE(r, nullptr) << ok << " " << c;
+                    EXPECT_TRUE(r->measured) << name << " " << ok << " " << c;
+                    EXPECT_EQ(r->value, 0.0) << name << " " << ok << " seed " << seed << ": " << describe(*r);
+                }
+            }
+            const CriterionResult* r =
+                criterion_of(verdict_of(run, "cpu:fault=perturb,fault_op=rmsnorm,fault_size=1e-4"), Tier::tolerant, "bound.violations_max");
+            ASSERT_NE(r, nullptr);
+            EXPECT_GT(r->value, 0.0) << name << " seed " << seed;
+        }
     }
 }
 

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
+#include <string_view>
 
 namespace kvasir {
 
@@ -30,5 +32,56 @@ struct AbsProducts {
     Tensor dot, x, w;
 };
 AbsProducts abs_products(const TensorView& x, const TensorView& w);
+
+// Unit roundoff u and subnormal-range absolute error η (half the smallest
+// subnormal: gradual underflow, as IEEE 754 rounds) of a format named as
+// capabilities name them (f64, f32, tf32, f16, bf16); nullopt for one this
+// tool has no bound for. TF32 keeps f32's exponent range.
+struct FormatUnits {
+    double u = 0, eta = 0;
+};
+std::optional<FormatUnits> format_units(std::string_view name);
+
+// The formats a node computes a row-wise op in: its inputs are f32 values
+// rounded to `storage` (exact when storage is f32 or wider), reductions and
+// element-wise arithmetic run in `accumulation` or wider, intermediates a
+// kernel keeps in storage are rounded to it, the result to `output`.
+struct OpFormats {
+    FormatUnits storage, accumulation, output;
+};
+
+// Relative error allowed to one elementary function (exp, sqrt, rsqrt,
+// division) of the accumulation format: 4 ulp = 8u. Above what every
+// platform this tool runs on promises (OpenCL 1.2 full profile f32: exp and
+// sqrt <= 3 ulp, rsqrt <= 2, division <= 2.5; CUDA expf 2 ulp; glibc and
+// correctly rounded IEEE operations <= 1 ulp). A kernel built with native_
+// or fast-math intrinsics may leave it: that is a node promising less.
+constexpr double kElementaryUlps = 4.0;
+
+// RMSNorm y_j = x_j·s_j / sqrt(Σ_k x_k²/K + eps) over rows of K: the
+// relative bound ρ_j with |ŷ_j − y_j| <= ρ_j·|y_j| (+ the output's η) for
+// a node of formats f, whose sum of the K squares errs by at most
+// `sum_gamma` relatively (γ_K(u_acc), or its probabilistic form — the terms
+// are positive, so the sum's error is relative). scale_cond_j =
+// |w_j| / |1 + w_j| for a scale the node forms as 1 + w from the stored w
+// (the (1 + w) convention: the addition conditions it), else 0.
+// min_mean_square: the row's Σx²/K + eps (the subnormal terms are relative
+// to it). Derivation in metrics/error_bound.cpp.
+double rmsnorm_relative_bound(const OpFormats& f, double sum_gamma, double scale_cond, double min_mean_square);
+// The whole bound of one RMSNorm element: ρ·|y| (rho from
+// rmsnorm_relative_bound) plus what gradual underflow adds absolutely —
+// x_j or the scale rounded to a subnormal of storage (η_s·(|s_j| + √(K·msq))
+// / √msq, as |x_j| <= √(K·msq)), the last product's and the output's η.
+double rmsnorm_element_bound(const OpFormats& f, double rho, double y, double abs_scale, std::int64_t k, double mean_square);
+
+// Softmax of one row of K (max-subtracted): each element's absolute bound
+// |ŷ_j − y_j| for a node of formats f whose sum of the K exponentials errs
+// by at most `sum_gamma` relatively, from the exact row y (in practice the
+// f64 oracle's), its maximum x_max and log Σ_k exp(x_k − x_max) = log_sum:
+// every element's input is recovered as x_j = x_max + log(y_j) + log_sum.
+// Writes K bounds into `bound`; +inf where the formats bound nothing (the
+// sum's error reaches the sum).
+void softmax_row_bounds(const OpFormats& f, double sum_gamma, std::span<const double> y, double x_max, double log_sum,
+                        std::span<double> bound);
 
 }  // namespace kvasir

@@ -102,15 +102,49 @@ struct NodeOutput {
 struct OpPlan {
     std::string inputs;
     std::function<NodeOutput(Backend&)> run;
-    // matmul: the scales of its a-priori error bound, in f64 (kept on the
-    // reference's outputs under these names: ops.matmul.abs_dot etc.).
-    std::function<std::map<std::string, Tensor>()> abs_scale;
+    // matmul, softmax, rmsnorm: what their a-priori error bounds need of the
+    // exact inputs, in f64 (kept on the reference's outputs under these
+    // names: ops.matmul.abs_dot, ops.softmax.row_max, …; audit/step_ops.cpp).
+    std::function<std::map<std::string, Tensor>()> bound_data;
 };
 
 // The bound scales of y = x·wᵀ under their capture names (metrics/error_bound.hpp).
 std::map<std::string, Tensor> bound_scales(const TensorView& x, const TensorView& w) {
     AbsProducts a = abs_products(x, w);
     return {{"abs_dot", std::move(a.dot)}, {"abs_x", std::move(a.x)}, {"abs_w", std::move(a.w)}};
+}
+
+// Softmax's bound (metrics/error_bound.hpp softmax_row_bounds): each row's
+// maximum and log Σ exp(x − max), in f64.
+std::map<std::string, Tensor> softmax_bound_data(const TensorView& x) {
+    const std::int64_t cols = x.dim(-1), rows = x.numel() / cols;
+    Tensor mx(DType::f64, {rows}), ls(DType::f64, {rows});
+    for (std::int64_t r = 0; r < rows; ++r) {
+        double m = -INFINITY, z = 0;
+        for (std::int64_t c = 0; c < cols; ++c) m = std::max(m, x.at(r * cols + c));
+        for (std::int64_t c = 0; c < cols; ++c) z += std::exp(x.at(r * cols + c) - m);
+        mx.as<double>()[r] = m;
+        ls.as<double>()[r] = std::log(z);
+    }
+    return {{"row_max", std::move(mx)}, {"log_sum", std::move(ls)}};
+}
+
+// RMSNorm's bound (metrics/error_bound.hpp rmsnorm_relative_bound): each
+// row's Σx²/K + eps, each column's |w| / |1 + w| where the scale is formed
+// as 1 + w (0 otherwise) and the scale's magnitude, in f64.
+std::map<std::string, Tensor> rmsnorm_bound_data(const TensorView& x, const TensorView& w, double eps, bool offset) {
+    const std::int64_t cols = x.dim(-1), rows = x.numel() / cols;
+    Tensor ms(DType::f64, {rows}), cond(DType::f64, {cols}), scale(DType::f64, {cols});
+    for (std::int64_t r = 0; r < rows; ++r) {
+        double s = 0;
+        for (std::int64_t c = 0; c < cols; ++c) s += x.at(r * cols + c) * x.at(r * cols + c);
+        ms.as<double>()[r] = s / static_cast<double>(cols) + eps;
+    }
+    for (std::int64_t c = 0; c < cols; ++c) {
+        cond.as<double>()[c] = offset ? std::fabs(w.at(c)) / std::fabs(1.0 + w.at(c)) : 0.0;
+        scale.as<double>()[c] = std::fabs(offset ? 1.0 + w.at(c) : w.at(c));
+    }
+    return {{"mean_square", std::move(ms)}, {"scale_cond", std::move(cond)}, {"abs_scale", std::move(scale)}};
 }
 
 struct MoeInputs {
@@ -248,14 +282,14 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
             plan.inputs = fmt::format("x[{},{}] real-statistics · {}ᵀ {} of {}", T, H, lw->moe ? "expert 0 gate" : "mlp gate",
                                       shape_str(w.shape), where);
             plan.run = [in, w](Backend& b) { return NodeOutput{b.matmul(in->first, w), {}}; };
-            plan.abs_scale = [in, w] { return bound_scales(in->first.view(), w); };
+            plan.bound_data = [in, w] { return bound_scales(in->first.view(), w); };
         } else if (op == "matmul") {
             auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "x", {T, H}, 0, 1),
                                                                   input(c, op, "w", {I, H}, 0, sh));
             keep = in;
             plan.inputs = fmt::format("x[{},{}]~N(0,1) · w[{},{}]ᵀ~N(0,1/√{})", T, H, I, H, H);
             plan.run = [in](Backend& b) { return NodeOutput{b.matmul(in->first, in->second), {}}; };
-            plan.abs_scale = [in] { return bound_scales(in->first.view(), in->second.view()); };
+            plan.bound_data = [in] { return bound_scales(in->first.view(), in->second.view()); };
         } else if (op == "swiglu") {
             auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "gate", {T, I}, 0, 2),
                                                                   input(c, op, "up", {T, I}, 0, 1));
@@ -267,6 +301,7 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
             keep = in;
             plan.inputs = fmt::format("x[{},{}]~N(0,3), row-wise", T, c.vocab);
             plan.run = [in](Backend& b) { return NodeOutput{b.softmax(*in), {}}; };
+            plan.bound_data = [in] { return softmax_bound_data(in->view()); };
         } else if (op == "rmsnorm" && lw != nullptr) {
             auto in = std::make_shared<Tensor>(input(c, op, "x", {T, H}, 0, 1));
             keep = in;
@@ -278,6 +313,7 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
             plan.run = [in, w, eps, offset](Backend& b) {
                 return NodeOutput{b.rmsnorm(*in, arch::norm_scale(b, w, offset), eps), {}};
             };
+            plan.bound_data = [in, w, eps, offset] { return rmsnorm_bound_data(in->view(), w, eps, offset); };
         } else if (op == "rmsnorm") {
             auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "x", {T, H}, 0, 1),
                                                                   input(c, op, "weight", {H}, 1, 0.1));
@@ -285,6 +321,7 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
             const double eps = c.rms_eps;
             plan.inputs = fmt::format("x[{},{}]~N(0,1), weight~N(1,0.1), eps {}", T, H, eps);
             plan.run = [in, eps](Backend& b) { return NodeOutput{b.rmsnorm(in->first, in->second, eps), {}}; };
+            plan.bound_data = [in, eps] { return rmsnorm_bound_data(in->first.view(), in->second.view(), eps, false); };
         } else if (op == "rope_neox" || op == "rope_normal") {
             auto in = std::make_shared<Tensor>(input(c, op, "x", {T, c.heads, c.head_dim}, 0, 1));
             keep = in;
@@ -489,8 +526,8 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
                 (*outputs)[i]["ops." + op + ".out"] = outs[i]->value;
                 if (!outs[i]->ids.empty()) (*outputs)[i]["ops." + op + ".ids"] = outs[i]->ids;
             }
-            if (plan.abs_scale && outs[reference])
-                for (auto& [name, t] : plan.abs_scale()) (*outputs)[reference]["ops." + op + "." + name] = std::move(t);
+            if (plan.bound_data && outs[reference])
+                for (auto& [name, t] : plan.bound_data()) (*outputs)[reference]["ops." + op + "." + name] = std::move(t);
         }
         std::vector<std::optional<TensorView>> values(n), ids(n);
         for (std::size_t i = 0; i < n; ++i) {
