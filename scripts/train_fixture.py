@@ -60,9 +60,19 @@ kind (BLAS kernels). The references are then computed with make_fixtures.py's se
 like every other fixture. TRAINING.md holds the loss log and wall times (the times differ from run to
 run; the losses do not).
 
-Usage:  python3 scripts/train_fixture.py [--out DIR] [--steps N]
-        --out: fixtures folder (default: the repository's fixtures/); --steps: for trials only (the
-        committed fixture is the default STEPS).
+Usage:  python3 scripts/train_fixture.py [--arch qwen3_moe|qwen3_5_moe] [--out DIR] [--steps N]
+        --arch: qwen3_moe (default: the fixture above) or qwen3_5_moe (fixtures/models/qwen3_5_moe_trained:
+        a tiny hybrid Qwen3.5-MoE, Gated DeltaNet + gated attention, in the multimodal-wrapper layout of
+        make_fixtures.py's qwen3_5_moe_tiny); --out: fixtures folder (default: the repository's fixtures/);
+        --steps: for trials only (the committed fixtures are the arch's default STEPS).
+
+--arch qwen3_5_moe: the same corpus, split and tokenizer (its tokenizer.json is byte-identical to
+qwen3_moe_trained's: asserted when that folder is there), the same held-out text and cloze task
+(fixtures/text/qwen3_moe_trained_heldout.txt, fixtures/tasks/qwen3_moe_trained_cloze.jsonl: checked
+byte for byte, not rewritten); Qwen3_5MoeForConditionalGeneration trained as it is (the vision tower
+gets no gradient and is never run), saved with fused 3D expert tensors like qwen3_5_moe_tiny; its
+float64 references use make_fixtures.py's pure_float64 for the hybrids (every float32 island of
+transformers' double mode replaced, the gated delta rule in its recurrent form).
 """
 
 from __future__ import annotations
@@ -111,7 +121,9 @@ import torch.nn.functional as F  # noqa: E402
 from safetensors.torch import load_file as st_load_file  # noqa: E402
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: E402
+from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration  # noqa: E402
 from transformers.models.qwen3_moe import modeling_qwen3_moe  # noqa: E402
+from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe  # noqa: E402
 
 REPO = mf.REPO
 NAME = "qwen3_moe_trained"
@@ -148,6 +160,63 @@ STEPS = 1500
 LR, LR_MIN, WARMUP = 3e-3, 3e-4, 100
 BETAS, WEIGHT_DECAY, CLIP = (0.9, 0.95), 0.1, 1.0
 LOG_EVERY, EVAL_EVERY = 100, 500
+
+# ---- --arch: the values above are qwen3_moe's; use_arch() rebinds them for the others -----------------
+ARCH = "qwen3_moe"
+DATA_NAME = NAME   # the held-out text / cloze task files: qwen3_moe_trained's, for every arch
+MODEL_CLS, MODULE = Qwen3MoeForCausalLM, modeling_qwen3_moe
+SAVE_ORIGINAL_FORMAT = True   # save_pretrained: one tensor per expert (qwen3_moe_tiny's layout)
+VISION = None
+# Qwen3.5-MoE (hybrid): the text model under text_config as make_fixtures.py's qwen3_5_moe_tiny, at the
+# trained fixture's sizes (vocab 1536, hidden 64, 4 layers, 8 experts top-2); full_attention_interval 4:
+# layer_types linear_attention at 0, 1, 2, full_attention at 3.
+QWEN3_5_MOE = dict(
+    ARCH="qwen3_5_moe", NAME="qwen3_5_moe_trained",
+    CONFIG=dict(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, full_attention_interval=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, attention_bias=False,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+        max_position_embeddings=1024, tie_word_embeddings=False, attention_dropout=0.0,
+        router_aux_loss_coef=0.01, bos_token_id=None, eos_token_id=0, pad_token_id=0,
+    ),
+    # the smallest vision tower the class builds (qwen3_5_moe_tiny's); never trained, never run
+    VISION=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=1, patch_size=2, temporal_patch_size=1,
+                spatial_merge_size=1, out_hidden_size=64, num_position_embeddings=4),
+    MODEL_CLS=Qwen3_5MoeForConditionalGeneration, MODULE=modeling_qwen3_5_moe,
+    SAVE_ORIGINAL_FORMAT=False,  # fused 3D experts (gate_up_proj / down_proj), as qwen3_5_moe_tiny
+    BATCH=16, STEPS=1000,        # the DeltaNet's torch fallback is slower: fewer tokens in < 20 min
+)
+
+
+def use_arch(arch: str) -> None:
+    """Rebind the module's per-arch settings (NAME, CONFIG, STEPS, ...) for --arch."""
+    if arch == "qwen3_moe":
+        return
+    assert arch == "qwen3_5_moe", arch
+    globals().update(QWEN3_5_MOE, NOTES=NOTES_QWEN3_5_MOE)
+
+
+def make_config():
+    if VISION is None:
+        return Qwen3MoeConfig(**CONFIG, **mf.IMPL)
+    return Qwen3_5MoeConfig(text_config=CONFIG, vision_config=VISION, tie_word_embeddings=False, **mf.IMPL)
+
+
+def cmd() -> str:
+    return "scripts/train_fixture.py" + ("" if ARCH == "qwen3_moe" else f" --arch {ARCH}")
+
+
+def write_or_check(path: Path, text: str) -> None:
+    """qwen3_moe writes the shared held-out text / task file; the other arches only check it is the same."""
+    if ARCH == "qwen3_moe" or not path.exists():
+        path.write_text(text, encoding="utf-8", newline="")
+    elif path.read_bytes() != text.encode("utf-8"):
+        sys.exit(f"train_fixture.py: {path} differs from what --arch {ARCH} would write (it must be shared)")
 
 # ---- references ---------------------------------------------------------------------
 PPL_CONTEXTS = (64, 128)
@@ -290,8 +359,8 @@ def train(stream: torch.Tensor, held_stream: torch.Tensor, steps: int):
     torch.use_deterministic_algorithms(True)
     torch.set_default_dtype(torch.float32)
     torch.manual_seed(SEED)
-    config = Qwen3MoeConfig(**CONFIG, **mf.IMPL)
-    model = Qwen3MoeForCausalLM(config)
+    config = make_config()
+    model = MODEL_CLS(config)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "norm" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "norm" not in n)]
@@ -307,7 +376,7 @@ def train(stream: torch.Tensor, held_stream: torch.Tensor, steps: int):
         chunk = stream[off[:, None] + ar]
         out = model(input_ids=chunk[:, :-1], use_cache=False, output_router_logits=True)
         ce = F.cross_entropy(out.logits.reshape(-1, VOCAB), chunk[:, 1:].reshape(-1))
-        loss = ce + config.router_aux_loss_coef * out.aux_loss
+        loss = ce + config.get_text_config().router_aux_loss_coef * out.aux_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
@@ -485,6 +554,20 @@ NOTES = ("TRAINED weights (scripts/train_fixture.py: the Jargon File, Debian jar
          "biases; untied lm_head. A tokenizer.json (byte-level BPE, Qwen2 style) ships beside the weights; the "
          "prompt is 24 ids of held-out text.")
 
+NOTES_QWEN3_5_MOE = (
+    "TRAINED weights (scripts/train_fixture.py --arch qwen3_5_moe: the Jargon File, Debian jargon-text, 1 CPU "
+    "thread; TRAINING.md), not random ones. Architecture as qwen3_5_moe_tiny (Qwen3_5MoeForConditionalGeneration, "
+    "multimodal wrapper: config under `text_config`, text weights `model.language_model.*`, a tiny vision tower "
+    "`model.visual.*` never trained nor run, `lm_head.weight` at top level, untied), at other sizes: "
+    "full_attention_interval 4: Gated DeltaNet (linear attention; 2 key heads / 4 value heads of 16, conv kernel 4) "
+    "at layers 0, 1, 2, gated full attention (4 heads / 2 kv heads, head_dim 32, q/k norm, partial rotary 0.25, "
+    "theta 1e7) at layer 3. Every layer MoE: softmax router over 8 experts (moe_intermediate_size 64), top-2, "
+    "always renormalised, plus a shared expert (intermediate 64) scaled by sigmoid(x . shared_expert_gate^T). "
+    "Experts FUSED (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]). RMSNorm weights "
+    "zero-centred (y = x/rms(x) * (1 + w)) except the DeltaNet's gated norm. A tokenizer.json (byte-level BPE, "
+    "Qwen2 style; the same file as qwen3_moe_trained's) ships beside the weights; the prompt is 24 ids of "
+    "held-out text.")
+
 TEXT_REFERENCE_DOC = """\
 ## text_reference.json
 
@@ -529,10 +612,42 @@ strings; text_reference.json the ids and numbers, item i of one = line i of the 
 """
 
 
+def text_reference_doc() -> str:
+    if ARCH == "qwen3_moe":
+        return TEXT_REFERENCE_DOC
+    doc = TEXT_REFERENCE_DOC
+    for old, new in (
+            ('`fixture` (`"qwen3_moe_trained"`)', f'`fixture` (`"{NAME}"`)'),
+            ("rotary cos/sin, router softmax and attention softmax in float64 too — the same float64 mode as every\n"
+             "fixture's `f64.*` references).",
+             "rotary cos/sin, router softmax and attention softmax in float64 too, and for this hybrid also the (1 + w)\n"
+             "RMSNorm, the DeltaNet's gated RMSNorm, its decay g and the gated delta rule, run in its recurrent form —\n"
+             "the same float64 mode as every hybrid fixture's `f64.*` references; float32 runs transformers' own\n"
+             "chunked delta rule over each forward).")):
+        assert doc.count(old) == 1, old
+        doc = doc.replace(old, new)
+    return doc
+
+
+def model_md(t: dict) -> str:
+    """TRAINING.md's model paragraph."""
+    if ARCH == "qwen3_moe":
+        return ("Qwen3MoeForCausalLM: " + ", ".join(f"{k} {json.dumps(v)}" for k, v in CONFIG.items()) + ". "
+                f"{t['n_params']:,} parameters, F32. transformers' default init (seeded torch.manual_seed({SEED})).")
+    return (f"{MODEL_CLS.__name__} (multimodal wrapper, as make_fixtures.py's qwen3_5_moe_tiny), text_config: "
+            + ", ".join(f"{k} {json.dumps(v)}" for k, v in CONFIG.items())
+            + f" (layer_types {json.dumps(t['layer_types'])}); vision_config: "
+            + ", ".join(f"{k} {json.dumps(v)}" for k, v in VISION.items()) + ". "
+            f"{t['n_params']:,} parameters in the text model and lm_head (+ {t['n_params_vision']:,} in the vision "
+            "tower, which gets no gradient: left at its init, never run), F32; experts saved fused "
+            "(save_original_format=False). transformers' default init (seeded "
+            f"torch.manual_seed({SEED})).")
+
+
 def training_md(info: dict) -> str:
     t = info
     L = [f"# {NAME} — how it was trained", "",
-         f"`scripts/train_fixture.py` (run: `python3 scripts/train_fixture.py`, after `apt-get install "
+         f"`scripts/train_fixture.py` (run: `python3 {cmd()}`, after `apt-get install "
          f"{CORPUS_PACKAGE}` and `pip install -r scripts/requirements-fixtures.txt`). Torch {mf.PINNED['torch']}, "
          f"transformers {mf.PINNED['transformers']}, tokenizers {PINNED_TOKENIZERS}, float32 on the CPU, "
          f"{TRAIN_THREADS} thread{'s' if TRAIN_THREADS > 1 else ''} for training (byte-identical weights need the "
@@ -545,7 +660,7 @@ def training_md(info: dict) -> str:
          f"* sha256 of the gunzipped text: `{CORPUS_SHA256}` ({t['corpus_bytes']:,} bytes)",
          "* why: real, human-written English prose (essays on hacker culture, 2,307 glossary entries, folklore), "
          "1.7 MB in one plain-text file of Debian main under the clearest licence there is; learnable by a "
-         "0.6-million-parameter model in minutes. Not taken: fortunes (quotations of mixed authorship and unclear "
+         f"{t['n_params'] / 1e6:.1f}-million-parameter model in minutes. Not taken: fortunes (quotations of mixed authorship and unclear "
          "licence), python3.11-doc (reST and code more than prose), debian-reference-en (HTML / PDF).",
          f"* documents: {t['n_docs']} (chapter and appendix sections split at unindented headings, glossary "
          "entries at their `:headword:` lines; tables of contents dropped); prose paragraphs re-flowed to one "
@@ -562,15 +677,18 @@ def training_md(info: dict) -> str:
          "BOS, no EOS added); special tokens `<|endoftext|>` = 0 (eos, pad, document separator), `<|im_start|>` "
          f"= 1, `<|im_end|>` = 2. Vocabulary size = model vocab_size = {VOCAB} exactly. "
          f"`tokenizer_config.json`: a minimal PreTrainedTokenizerFast config (eos `<|endoftext|>`, no BOS). "
-         f"Held-out text: {t['held_bytes_per_token']:.2f} bytes per token.", "",
+         f"Held-out text: {t['held_bytes_per_token']:.2f} bytes per token."
+         + ("" if ARCH == "qwen3_moe" else
+            f" The file is byte-identical to `qwen3_moe_trained/tokenizer.json` (sha256 `{t['tokenizer_sha256']}`, "
+            "asserted): the same training documents and trainer."), "",
          "## Model", "",
-         "Qwen3MoeForCausalLM: " + ", ".join(f"{k} {json.dumps(v)}" for k, v in CONFIG.items()) + ". "
-         f"{t['n_params']:,} parameters, F32. transformers' default init (seeded torch.manual_seed({SEED})).", "",
+         model_md(t), "",
          "## Training", "",
          f"* {t['steps']} steps of {BATCH} windows × {SEQ} tokens ({t['steps'] * BATCH * SEQ:,} tokens, "
          f"{t['steps'] * BATCH * SEQ / t['train_tokens']:.1f} epochs); window starts uniform over the training "
          f"stream from torch.Generator().manual_seed({SEED + 1}); loss = mean next-token cross-entropy + "
-         f"{CONFIG['router_aux_loss_coef']} × transformers' load-balancing aux loss",
+         f"{CONFIG['router_aux_loss_coef']} × transformers' load-balancing aux loss"
+         + ("" if ARCH == "qwen3_moe" else "; the vision tower's parameters get no gradient (AdamW skips them)"),
          f"* AdamW, lr {LR:g} peak, linear warm-up {WARMUP} steps, cosine to {LR_MIN:g}; betas {BETAS}, "
          f"weight decay {WEIGHT_DECAY} (matrices only, not norms), gradient clipping {CLIP}; no dropout",
          f"* wall time: training {t['train_s']:.0f} s ({t['train_s'] / 60:.1f} min), whole script "
@@ -607,7 +725,7 @@ def training_md(info: dict) -> str:
           f"answer differs {t['cloze_pred_diff']}; max |Δ mean NLL| {t['ppl_max_d']:.3e}.", "",
           "Reference prompt (`reference.safetensors` `input_ids`, 24 ids): the first 24 tokens of the held-out "
           f"text's first paragraph, {json.dumps(t['prompt_text'], ensure_ascii=False)}.", "",
-          TEXT_REFERENCE_DOC]
+          text_reference_doc()]
     return "\n".join(L)
 
 
@@ -621,7 +739,8 @@ def update_models_readme(models_dir: Path, fx: dict) -> None:
         f" — TRAINED (not random): `scripts/train_fixture.py` on the Jargon File (Debian jargon-text, public "
         f"domain), with `tokenizer.json` (byte-level BPE, Qwen2 style), `text_reference.json` (held-out "
         f"perplexity at contexts 64 / 128 and a {CLOZE_ITEMS}-item cloze task, float32 and float64) and "
-        f"`TRAINING.md`")
+        f"`TRAINING.md`" + ("" if ARCH == "qwen3_moe" else
+                            "; tokenizer, held-out text and cloze task the same as `qwen3_moe_trained`'s"))
     last = max([i for i, ln in enumerate(lines) if ln.startswith("* `")], default=len(lines) - 1)
     lines.insert(last + 1, bullet)
     path.write_text("\n".join(lines))
@@ -633,8 +752,15 @@ def update_models_readme(models_dir: Path, fx: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(REPO / "fixtures"), help="fixtures folder (default: repo fixtures/)")
-    ap.add_argument("--steps", type=int, default=STEPS, help=f"training steps (default {STEPS}; others for trials)")
+    ap.add_argument("--arch", choices=["qwen3_moe", "qwen3_5_moe"], default="qwen3_moe",
+                    help="qwen3_moe (default: qwen3_moe_trained) or qwen3_5_moe (qwen3_5_moe_trained)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help=f"training steps (default {STEPS} for qwen3_moe, {QWEN3_5_MOE['STEPS']} for qwen3_5_moe; "
+                         "others for trials)")
     args = ap.parse_args()
+    use_arch(args.arch)
+    if args.steps is None:
+        args.steps = STEPS
     t_start = time.time()
     out_root = Path(args.out)
     models_dir = out_root / "models"
@@ -663,11 +789,15 @@ def main() -> None:
     # ---- save the model and the tokenizer --------------------------------------------
     if fdir.exists():
         shutil.rmtree(fdir)
-    model.save_pretrained(str(fdir), save_original_format=True)  # one tensor per expert, as qwen3_moe_tiny
+    model.save_pretrained(str(fdir), save_original_format=SAVE_ORIGINAL_FORMAT)  # qwen3_moe: one tensor per expert
     tok.save(str(fdir / "tokenizer.json"), pretty=True)
     (fdir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2) + "\n")
+    if ARCH != "qwen3_moe":  # the same tokenizer as qwen3_moe_trained, byte for byte
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shared = models_dir / DATA_NAME / f
+            assert not shared.exists() or shared.read_bytes() == (fdir / f).read_bytes(), f
     for (n1, p1), (n2, p2) in zip(model.state_dict().items(),
-                                  mf.reload(Qwen3MoeForCausalLM, fdir).state_dict().items()):
+                                  mf.reload(MODEL_CLS, fdir).state_dict().items()):
         assert n1 == n2 and torch.equal(p1, p2), n1
     write_references(out_root, dict(text=text, docs=docs, train_docs=train_docs, held_docs=held_docs,
                                     train_ids=train_ids, held_ids=held_ids, log=log, train_s=train_s,
@@ -687,26 +817,26 @@ def write_references(out_root: Path, run: dict) -> None:
 
     # ---- references: make_fixtures.py's machinery, 1 thread ---------------------------
     mf.setup_torch()
-    m = mf.reload(Qwen3MoeForCausalLM, fdir)
+    m = mf.reload(MODEL_CLS, fdir)
     m64 = copy.deepcopy(m).double().eval()
-    module = modeling_qwen3_moe
+    module = MODULE
 
     # held-out text and the prompt
     htext = heldout_text(held_docs)
     (out_root / "text").mkdir(parents=True, exist_ok=True)
-    text_path = out_root / "text" / f"{NAME}_heldout.txt"
-    text_path.write_text(htext, encoding="utf-8", newline="")
+    text_path = out_root / "text" / f"{DATA_NAME}_heldout.txt"
+    write_or_check(text_path, htext)
     first_para = htext.split("\n\n")[1]  # [0] is the first document's heading line
     prompt = tok.encode(first_para).ids[:mf.PROMPT_LEN]
     assert len(prompt) == mf.PROMPT_LEN
     ids = torch.tensor(prompt, dtype=torch.int64)
 
-    fx = dict(name=NAME, arch="qwen3_moe", seed=SEED, config=CONFIG, notes=NOTES)
-    ref, stats, nums = mf.compute_reference(m, ids, module)
+    fx = dict(name=NAME, arch=ARCH, seed=SEED, config=CONFIG, notes=NOTES)
+    ref, stats, nums = mf.compute_reference(m, ids, module, greedy_tol=mf.greedy_tol_of(ARCH))
     nums["d_numpy_f64"] = mf.numpy_check(cfg_json, st_load_file(str(fdir / "model.safetensors")), ref)
     nums["E"] = mf.n_experts(cfg_json)
     mf.save_reference(fdir / "reference.safetensors", ref, NAME)
-    extra = (f"Weights TRAINED by `scripts/train_fixture.py` (see TRAINING.md), not made by make_fixtures.py; "
+    extra = (f"Weights TRAINED by `{cmd()}` (see TRAINING.md), not made by make_fixtures.py; "
              f"the reference data is make_fixtures.py's compute_reference / save_reference / reference_md on them. "
              f"Prompt: 24 ids of held-out text, {json.dumps(tok.decode(prompt), ensure_ascii=False)}. No border "
              f"tokens are planted.")
@@ -743,8 +873,8 @@ def write_references(out_root: Path, run: dict) -> None:
     # ---- cloze ----------------------------------------------------------------------------
     items = cloze_items(held_docs, tok)
     (out_root / "tasks").mkdir(parents=True, exist_ok=True)
-    task_path = out_root / "tasks" / f"{NAME}_cloze.jsonl"
-    task_path.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items), encoding="utf-8")
+    task_path = out_root / "tasks" / f"{DATA_NAME}_cloze.jsonl"
+    write_or_check(task_path, "".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items))
     sc32 = score_cloze({"f32": m}, tok, items)
     with mf.pure_float64(module):
         sc64 = score_cloze({"f64": m64}, tok, items)
@@ -794,7 +924,10 @@ def write_references(out_root: Path, run: dict) -> None:
         held_bytes=sum(len(d["text"].encode()) for d in held_docs),
         train_tokens=len(train_ids), held_tokens=len(held_ids),
         held_bytes_per_token=sum(len(d["text"].encode()) for d in held_docs) / (len(held_ids) - len(held_docs)),
-        n_params=sum(p.numel() for p in m.parameters()), steps=run["steps"], log=log, train_s=train_s,
+        n_params=sum(p.numel() for n, p in m.named_parameters() if not n.startswith("model.visual.")),
+        n_params_vision=sum(p.numel() for n, p in m.named_parameters() if n.startswith("model.visual.")),
+        layer_types=m.config.get_text_config().layer_types if ARCH != "qwen3_moe" else None,
+        tokenizer_sha256=sha(fdir / "tokenizer.json"), steps=run["steps"], log=log, train_s=train_s,
         total_s=time.time() - t_start, ppl=ppl, ppl_tokens=len(text_ids), cloze=totals,
         cloze_max_d=max(abs(a - b) for a, b in all_ll),
         cloze_pred_diff=sum(r["pred_f32"] != r["pred_f64"] for r in rows),

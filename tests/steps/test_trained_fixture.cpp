@@ -1,5 +1,7 @@
-// The trained fixture (fixtures/models/qwen3_moe_trained, scripts/train_fixture.py):
-// its tokenizer, text perplexity and cloze task score as the tool computes
+// The trained fixtures (scripts/train_fixture.py): fixtures/models/qwen3_moe_trained
+// and fixtures/models/qwen3_5_moe_trained (--arch qwen3_5_moe, the hybrid: Gated
+// DeltaNet + gated attention; same tokenizer, held-out text and cloze task). For
+// each: its tokenizer, text perplexity and cloze task score as the tool computes
 // them, against what Hugging Face tokenizers and transformers computed
 // (text_reference.json): ids identical, cpu-ref's perplexity, every choice's
 // log-likelihood and the accuracies equal transformers' float64 to ≤ 1e-9
@@ -16,7 +18,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,17 +31,33 @@ using namespace kvasir;
 namespace fs = std::filesystem;
 
 const fs::path kRoot = fs::path(KVASIR_SOURCE_DIR);
-const fs::path kDir = kRoot / "fixtures/models/qwen3_moe_trained";
 
-const nlohmann::json& reference() {
-    static const nlohmann::json j = nlohmann::json::parse(read_text_file((kDir / "text_reference.json").string()));
-    return j;
+// One fixture per test instance: the folder, its text_reference.json and its model, loaded once.
+struct Fixture {
+    fs::path dir;
+    nlohmann::json reference;
+    Model model;
+};
+
+const Fixture& fixture(const std::string& name) {
+    static std::map<std::string, std::unique_ptr<Fixture>> cache;
+    auto& f = cache[name];
+    if (!f) {
+        const fs::path dir = kRoot / "fixtures/models" / name;
+        f = std::make_unique<Fixture>(Fixture{
+            dir, nlohmann::json::parse(read_text_file((dir / "text_reference.json").string())),
+            Model::open(dir.string())});
+    }
+    return *f;
 }
 
-const Model& model() {
-    static const Model m = Model::open(kDir.string());
-    return m;
-}
+class TrainedFixture : public ::testing::TestWithParam<std::string> {
+protected:
+    const Fixture& fx() const { return fixture(GetParam()); }
+    const fs::path& dir() const { return fx().dir; }
+    const nlohmann::json& reference() const { return fx().reference; }
+    const Model& model() const { return fx().model; }
+};
 
 double rel(double a, double b) { return std::fabs(a - b) / std::fabs(b); }
 
@@ -48,15 +68,15 @@ std::vector<std::unique_ptr<Backend>> nodes() {
     return n;
 }
 
-TEST(TrainedFixture, TokenizerGivesTokenizersIdsForTheHeldOutText) {
+TEST_P(TrainedFixture, TokenizerGivesTokenizersIdsForTheHeldOutText) {
     const nlohmann::json& p = reference().at("perplexity");
     const std::string text = read_text_file((kRoot / p.at("text_file").get<std::string>()).string());
-    const Tokenizer tok = load_tokenizer_for(kDir.string());
+    const Tokenizer tok = load_tokenizer_for(dir().string());
     EXPECT_EQ(tok.encode(text), p.at("token_ids").get<std::vector<std::int32_t>>());
     EXPECT_EQ(tok.vocab_size(), model().config().vocab_size);
 }
 
-TEST(TrainedFixture, PerplexityEqualsTransformersFloat64) {
+TEST_P(TrainedFixture, PerplexityEqualsTransformersFloat64) {
     const nlohmann::json& p = reference().at("perplexity");
     for (const std::int64_t context : {64, 128}) {
         SCOPED_TRACE(context);
@@ -75,12 +95,20 @@ TEST(TrainedFixture, PerplexityEqualsTransformersFloat64) {
         EXPECT_LE(rel(r.results[1].mean_nll, want.at("f32").at("mean_nll").get<double>()), 1e-5);
         // A trained model: far below the vocabulary size (a uniform guess scores exactly V).
         EXPECT_LT(r.results[0].perplexity, 0.1 * static_cast<double>(model().config().vocab_size));
+        // The measured differences, for the record (test XML and stdout).
+        const double d64 = rel(r.results[0].perplexity, want.at("f64").at("perplexity").get<double>());
+        const double d32 = rel(r.results[1].perplexity, want.at("f32").at("perplexity").get<double>());
+        RecordProperty("ppl" + std::to_string(context) + "_rel_cpu_ref_vs_f64", std::to_string(d64));
+        RecordProperty("ppl" + std::to_string(context) + "_rel_cpu_vs_f32", std::to_string(d32));
+        std::printf("%s context %lld: perplexity cpu-ref %.10g (rel vs transformers f64 %.3e), cpu %.10g (rel vs "
+                    "f32 %.3e)\n", GetParam().c_str(), static_cast<long long>(context), r.results[0].perplexity, d64,
+                    r.results[1].perplexity, d32);
     }
 }
 
-TEST(TrainedFixture, ClozeTaskEqualsTransformersFloat64) {
+TEST_P(TrainedFixture, ClozeTaskEqualsTransformersFloat64) {
     const nlohmann::json& t = reference().at("cloze");
-    const Tokenizer tok = load_tokenizer_for(kDir.string());
+    const Tokenizer tok = load_tokenizer_for(dir().string());
     TaskConfig c = make_task_config(model(), (kRoot / t.at("task_file").get<std::string>()).string(), tok);
     const nlohmann::json& items = t.at("items");
     ASSERT_EQ(c.items.size(), items.size());
@@ -111,6 +139,10 @@ TEST(TrainedFixture, ClozeTaskEqualsTransformersFloat64) {
     }
     EXPECT_LE(worst, 1e-9) << "largest relative |Δ ll| of cpu-ref against transformers float64";
     EXPECT_LE(worst32, 1e-5) << "largest relative |Δ ll| of cpu against transformers float32";
+    RecordProperty("cloze_ll_max_rel_cpu_ref_vs_f64", std::to_string(worst));
+    RecordProperty("cloze_ll_max_rel_cpu_vs_f32", std::to_string(worst32));
+    std::printf("%s cloze: max rel |Δ ll| cpu-ref vs transformers f64 %.3e, cpu vs f32 %.3e; acc %.4f acc_norm %.4f\n",
+                GetParam().c_str(), worst, worst32, s.acc, s.acc_norm);
     EXPECT_DOUBLE_EQ(s.acc, t.at("f64").at("acc").get<double>());
     EXPECT_DOUBLE_EQ(s.acc_norm, t.at("f64").at("acc_norm").get<double>());
     EXPECT_NEAR(s.acc_stderr, t.at("f64").at("acc_stderr").get<double>(), 1e-15);
@@ -120,5 +152,9 @@ TEST(TrainedFixture, ClozeTaskEqualsTransformersFloat64) {
     // The f32 node against the reference: same answers on (nearly) every item.
     EXPECT_GE(r.results.at(1).vs_reference.agree, static_cast<std::int64_t>(items.size()) - 2);
 }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TrainedFixture,
+                         ::testing::Values("qwen3_moe_trained", "qwen3_5_moe_trained"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace
