@@ -10,12 +10,20 @@
 
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 namespace kvasir::kernels {
 
 bool cpu_has_avx2_fma() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
+    // does not know "f16c"; AVX2's check already covers the OS's AVX state.
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #else
     return false;
 #endif

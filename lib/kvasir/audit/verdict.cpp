@@ -366,11 +366,14 @@ NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const T
             total += n;
         }
         v.capabilities["faults_fired"] = fired;
-        if (total == 0 && !in.is_reference)
+        if (total == 0 && !in.is_reference) {
+            std::vector<std::string> steps;
+            for (const auto& kv : *in.faults_fired) steps.push_back(kv.first);
             v.errors["fault"] = fmt::format(
                 "the injected fault never fired in the steps compared ({}): a verdict would say nothing about whether it "
                 "is caught (check fault_call / fault_op against what the steps run)",
-                in.faults_fired->empty() ? std::string("none") : fmt::format("{}", fmt::join(std::views::keys(*in.faults_fired), ", ")));
+                steps.empty() ? std::string("none") : fmt::format("{}", fmt::join(steps, ", ")));
+        }
     }
 
     v.contrast = in.contrast && !in.is_reference;
@@ -434,11 +437,12 @@ NodeVerdict judge_node(const NodeInput& in, const Tolerances& sensitive, const T
         if (worst == nullptr) worst = least_margin(v.tolerant, false, true);
     }
     if (worst != nullptr) v.worst = *worst;
-    for (const auto& [step, where] : in.localisation) {
+    for (const auto& loc : in.localisation) {
+        const std::string& step = loc.first;  // a plain reference: lambdas capture it (not a structured binding)
         const auto failed = [&](const std::vector<CriterionResult>& rs) {
             return std::any_of(rs.begin(), rs.end(), [&](const CriterionResult& r) { return r.step == step && !r.pass; });
         };
-        if (failed(v.sensitive) || failed(v.tolerant)) v.localisation.emplace(step, where);
+        if (failed(v.sensitive) || failed(v.tolerant)) v.localisation.emplace(step, loc.second);
     }
     return v;
 }
