@@ -16,13 +16,14 @@ KVASIR_BUILD_TYPE="${KVASIR_BUILD_TYPE:-Release}"
 # libssl-dev (libcrypto) computes SHA-256, Random123 is the reference Philox,
 # json-schema-test-suite is the official suite the schema validator is tested
 # against; PCRE2 and utf8proc give the tokenizer its Unicode regexes and
-# normalization forms. Chromium (headless) renders the HTML report in its browser test
+# normalization forms; libomp-dev is clang's OpenMP for the fuzz build (the
+# whole library, sanitized). Chromium (headless) renders the HTML report in its browser test
 # (tests/cli/test_html_report.sh), in the DejaVu fonts the page asks for.
 KVASIR_PACKAGES=(
   cmake ninja-build g++ pkg-config git
   libcli11-dev nlohmann-json3-dev libfmt-dev libgtest-dev libbenchmark-dev
   ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev libomp-dev
   hipcc libamdhip64-dev
   libopenblas-dev
   libssl-dev librandom123-dev json-schema-test-suite
