@@ -592,6 +592,13 @@ Protocol ci_protocol_with_only(const std::string& step) {
 }
 Protocol ops_only_protocol() { return ci_protocol_with_only("ops"); }
 
+// opencl:0 joins a node list where this machine has an OpenCL device.
+void add_opencl_if_present(std::vector<std::string>& names) {
+    const auto backends = list_backends();
+    if (std::any_of(backends.begin(), backends.end(), [](const BackendStatus& b) { return b.name == "opencl" && b.available; }))
+        names.push_back("opencl:0");
+}
+
 const CriterionResult* criterion_of(const NodeVerdict& v, Tier t, const std::string& name) {
     for (const CriterionResult& c : v.tier(t))
         if (c.criterion == name) return &c;
@@ -608,9 +615,7 @@ TEST(FaultVariants, BoundViolationsAreZeroForCorrectNodesAndCatchTheBitflip) {
                                        "cpu:fault=bitflip", "cpu:fault=bitflip,fault_index=77", "cpu:acc=f16",
                                        "cpu:fault=perturb,fault_size=1e-4,fault_op=softmax",
                                        "cpu:fault=perturb,fault_size=1e-4,fault_op=rmsnorm"};
-        const auto backends = list_backends();
-        if (std::any_of(backends.begin(), backends.end(), [](const BackendStatus& b) { return b.name == "opencl" && b.available; }))
-            names.push_back("opencl:0");
+        add_opencl_if_present(names);
         for (const std::string& s : names) nodes.push_back(create_backend(s));
         AuditConfig cfg;
         cfg.protocol = &p;
@@ -680,9 +685,7 @@ TEST(FaultVariants, BoundViolationsAreZeroWithTheModelsOwnWeights) {
             std::vector<std::unique_ptr<Backend>> nodes;
             std::vector<std::string> names{"cpu-ref", "cpu", "cpu:storage=bf16", "cpu:storage=f16", "cpu:acc=f16",
                                            "cpu:fault=perturb,fault_size=1e-4,fault_op=rmsnorm"};
-            const auto backends = list_backends();
-            if (std::any_of(backends.begin(), backends.end(), [](const BackendStatus& b) { return b.name == "opencl" && b.available; }))
-                names.push_back("opencl:0");
+            add_opencl_if_present(names);
             for (const std::string& s : names) nodes.push_back(create_backend(s));
             AuditConfig cfg;
             cfg.protocol = &p;
