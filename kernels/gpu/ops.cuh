@@ -17,7 +17,7 @@
 //   attention_kernel causal GQA attention, one block per (query row, head) over the keys
 //                    it sees: this node's matmul/scale/softmax/matmul composition bit for bit
 //   store_kernel     round a buffer to the storage format (after split-K atomics)
-//   causal_conv1d_silu_kernel   y[t,c] = silu(Σ_j w[c,j]·xx[t+j,c]), one fmaf chain in
+//   causal_conv1d_silu_kernel   y[t,c] = silu(Σ_j w[c,j]·xx[t+j,c]), one Accum chain in
 //                    ascending j (linear_attention.hpp; Gated DeltaNet)
 //   gated_delta_kernel          the gated delta rule, one block per value head, tokens
 //                    in order, the f32 state [dk, dv] in global memory
@@ -250,6 +250,8 @@ __device__ inline float kg_softplus(float x) { return x > 20.0f ? x : kg_log1pf(
 // x when t' ≥ 0, else the history row K-1+t' (null history: zeros). The zero
 // padding is multiplied like any input (w·0), exactly as the reference.
 // Weights [C, K] (a [C, 1, K] tensor has the same layout).
+// kF16Acc: the K-tap sum is an Accum<true> chain (acc=f16), else fmaf.
+template <bool kF16Acc>
 __global__ void causal_conv1d_silu_kernel(const float* x, const float* w, const float* history, float* y, int t_count,
                                           int channels, int k_count, int storage) {
     const std::size_t total = static_cast<std::size_t>(t_count) * channels;
@@ -264,18 +266,20 @@ __global__ void causal_conv1d_silu_kernel(const float* x, const float* w, const 
             const float xv = tp >= 0 ? x[static_cast<std::size_t>(tp) * channels + c]
                              : history != nullptr ? history[static_cast<std::size_t>(pad + tp) * channels + c]
                                                   : 0.0f;
-            s = fmaf(wc[j], xv, s);
+            s = Accum<kF16Acc>::step(s, wc[j], xv);
         }
         y[g] = kg_store(kg_silu(s), storage);
     }
 }
 
 // Σ x_i² over n values by every thread of the block: thread t sums i = t,
-// t + 256, ... with fmaf, then block_reduce's tree. Same order on every vendor.
+// t + 256, ... by Accum::step (fmaf in f32), then block_reduce's tree. Same
+// order on every vendor.
+template <bool kF16Acc>
 __device__ inline float block_sum_squares(const float* x, int n, float* red) {
     float s = 0.0f;
-    for (int i = static_cast<int>(threadIdx.x); i < n; i += kReduceThreads) s = fmaf(x[i], x[i], s);
-    return block_reduce(s, red, SumOp<false>{});
+    for (int i = static_cast<int>(threadIdx.x); i < n; i += kReduceThreads) s = Accum<kF16Acc>::step(s, x[i], x[i]);
+    return block_reduce(s, red, SumOp<kF16Acc>{});
 }
 
 // One block (kReduceThreads) per value head h, which reads key head
@@ -289,6 +293,10 @@ __device__ inline float block_sum_squares(const float* x, int n, float* red) {
 //     δ = (v_j - m)·β, S_ij ← fmaf(k_i, δ, S_ij), out_j = Σ_i S_ij q_i.
 // `state` holds the initial state (zeros when the op has none) and ends as
 // the state after the last token; out is rounded to storage, state is not.
+// kF16Acc (acc=f16): the sums of squares, m and out are Accum<true> chains
+// (rounded to half after every add); the decay, the rank-1 update and the
+// state stay f32 — they are not reductions.
+template <bool kF16Acc>
 __global__ void __launch_bounds__(kReduceThreads)
     gated_delta_kernel(const float* q, const float* k, const float* v, const float* a, const float* b,
                        const float* a_log, const float* dt_bias, float* state, float* out, float* work, int t_count,
@@ -308,8 +316,8 @@ __global__ void __launch_bounds__(kReduceThreads)
             kn[i] = k[qk_row + i];
         }
         __syncthreads();
-        const float q_inv = 1.0f / kg_sqrtf(block_sum_squares(qn, dk, red) + 1e-6f);
-        const float k_inv = 1.0f / kg_sqrtf(block_sum_squares(kn, dk, red) + 1e-6f);
+        const float q_inv = 1.0f / kg_sqrtf(block_sum_squares<kF16Acc>(qn, dk, red) + 1e-6f);
+        const float k_inv = 1.0f / kg_sqrtf(block_sum_squares<kF16Acc>(kn, dk, red) + 1e-6f);
         for (int i = tid; i < dk; i += kReduceThreads) {  // each thread rescales what it loaded
             qn[i] = qn[i] * q_inv * q_scale;
             kn[i] = kn[i] * k_inv;
@@ -326,14 +334,14 @@ __global__ void __launch_bounds__(kReduceThreads)
             for (int i = 0; i < dk; ++i) {
                 const float sij = s[static_cast<std::size_t>(i) * dv + j] * decay;
                 s[static_cast<std::size_t>(i) * dv + j] = sij;
-                m = fmaf(sij, kn[i], m);
+                m = Accum<kF16Acc>::step(m, sij, kn[i]);
             }
             const float delta = (vr[j] - m) * beta;
             float o = 0.0f;
             for (int i = 0; i < dk; ++i) {
                 const float sij = fmaf(kn[i], delta, s[static_cast<std::size_t>(i) * dv + j]);
                 s[static_cast<std::size_t>(i) * dv + j] = sij;
-                o = fmaf(sij, qn[i], o);
+                o = Accum<kF16Acc>::step(o, sij, qn[i]);
             }
             outr[j] = kg_store(o, storage);
         }

@@ -18,8 +18,10 @@
 // 2.5 ulp). The dot products (the conv's K taps, the delta rule's Σ_i over
 // dk, the sums of squares of the l2norm) and the rank-1 update S + k·δ are
 // explicit fma() chains, as matmul's and rmsnorm's are; FP_CONTRACT is off
-// (common.cl), so nothing else is fused. acc=f16 does not reach these two
-// ops (f32 sums, as on the cpu backend). Storage: activations and weights
+// (common.cl), so nothing else is fused. acc=f16: those sums (not the
+// rank-1 update, which is the state's, not a reduction) are kv_acc_t chains
+// of KV_ACC_FMA / KV_ACC_ADD, as matmul's and rmsnorm's, so they are rounded
+// to half after every add (as on the cpu and GPU backends). Storage: activations and weights
 // are read through KV_LOAD (inputs rounded to storage on upload) and results
 // written through KV_STORE (rounded to storage); the recurrent state is an
 // f32 buffer in every variant, read and written as plain floats.
@@ -38,7 +40,7 @@ __kernel void kv_causal_conv1d_silu(__global const kv_store_t* x, __global const
     const int t = (int)(i / (size_t)c_count);
     const int c = (int)(i % (size_t)c_count);
     const int pad = k_count - 1;
-    float s = 0.0f;
+    kv_acc_t s = KV_ACC_ZERO;
     for (int j = 0; j < k_count; ++j) {
         const int tp = t + j - pad;  // input row; < 0: the history (or zeros) before these tokens
         float xv = 0.0f;
@@ -46,9 +48,10 @@ __kernel void kv_causal_conv1d_silu(__global const kv_store_t* x, __global const
             xv = KV_LOAD(x, (size_t)tp * (size_t)c_count + (size_t)c);
         else if (has_history)
             xv = KV_LOAD(history, (size_t)(pad + tp) * (size_t)c_count + (size_t)c);
-        s = fma(KV_LOAD(w, (size_t)c * (size_t)k_count + (size_t)j), xv, s);
+        s = KV_ACC_FMA(KV_LOAD(w, (size_t)c * (size_t)k_count + (size_t)j), xv, s);
     }
-    KV_STORE(s / (1.0f + exp(-s)), y, i);
+    const float sum = KV_ACC_TO_FLOAT(s);
+    KV_STORE(sum / (1.0f + exp(-sum)), y, i);
 }
 
 // One work-group of KV_ROW_WG work-items per value head h, running the token
@@ -71,8 +74,8 @@ void kv_gated_delta_rule(__global const kv_store_t* q, __global const kv_store_t
                          __global const float* state_in, __global float* state, __global kv_store_t* out,
                          const int t_count, const int nk, const int dk, const int nv, const int dv,
                          const int has_state, __local float* qs, __local float* ks) {
-    __local float red_q[KV_ROW_WG];
-    __local float red_k[KV_ROW_WG];
+    __local kv_acc_t red_q[KV_ROW_WG];
+    __local kv_acc_t red_k[KV_ROW_WG];
     const int l = (int)get_local_id(0);
     const int h = (int)get_group_id(0);
     const int kh = h / (nv / nk);
@@ -88,27 +91,27 @@ void kv_gated_delta_rule(__global const kv_store_t* q, __global const kv_store_t
 
     for (int t = 0; t < t_count; ++t) {
         const size_t qk = ((size_t)t * (size_t)nk + (size_t)kh) * (size_t)dk;
-        float sq = 0.0f, sk = 0.0f;
+        kv_acc_t sq = KV_ACC_ZERO, sk = KV_ACC_ZERO;
         for (int i = l; i < dk; i += KV_ROW_WG) {
             const float qv = KV_LOAD(q, qk + i);
             const float kv = KV_LOAD(k, qk + i);
             qs[i] = qv;
             ks[i] = kv;
-            sq = fma(qv, qv, sq);
-            sk = fma(kv, kv, sk);
+            sq = KV_ACC_FMA(qv, qv, sq);
+            sk = KV_ACC_FMA(kv, kv, sk);
         }
         red_q[l] = sq;
         red_k[l] = sk;
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int w = KV_ROW_WG / 2; w > 0; w >>= 1) {
             if (l < w) {
-                red_q[l] += red_q[l + w];
-                red_k[l] += red_k[l + w];
+                red_q[l] = KV_ACC_ADD(red_q[l], red_q[l + w]);
+                red_k[l] = KV_ACC_ADD(red_k[l], red_k[l + w]);
             }
             barrier(CLK_LOCAL_MEM_FENCE);
         }
-        const float inv_q = 1.0f / sqrt(red_q[0] + 1e-6f);
-        const float inv_k = 1.0f / sqrt(red_k[0] + 1e-6f);
+        const float inv_q = 1.0f / sqrt(KV_ACC_TO_FLOAT(red_q[0]) + 1e-6f);
+        const float inv_k = 1.0f / sqrt(KV_ACC_TO_FLOAT(red_k[0]) + 1e-6f);
         // Each work-item scales the entries it loaded: (q · inv) · scale, two
         // roundings as in the reference.
         for (int i = l; i < dk; i += KV_ROW_WG) {
@@ -124,20 +127,20 @@ void kv_gated_delta_rule(__global const kv_store_t* q, __global const kv_store_t
         const float beta = 1.0f / (1.0f + exp(-KV_LOAD(b, hv)));
 
         for (int j = l; j < dv; j += KV_ROW_WG) {
-            float m = 0.0f;
+            kv_acc_t m = KV_ACC_ZERO;
             for (int i = 0; i < dk; ++i) {
                 const float sv = s[(size_t)i * dv + j] * decay;
                 s[(size_t)i * dv + j] = sv;
-                m = fma(sv, ks[i], m);
+                m = KV_ACC_FMA(sv, ks[i], m);
             }
-            const float delta = (KV_LOAD(v, hv * (size_t)dv + j) - m) * beta;
-            float o = 0.0f;
+            const float delta = (KV_LOAD(v, hv * (size_t)dv + j) - KV_ACC_TO_FLOAT(m)) * beta;
+            kv_acc_t o = KV_ACC_ZERO;
             for (int i = 0; i < dk; ++i) {
-                const float sv = fma(ks[i], delta, s[(size_t)i * dv + j]);
+                const float sv = fma(ks[i], delta, s[(size_t)i * dv + j]);  // the state's update: f32
                 s[(size_t)i * dv + j] = sv;
-                o = fma(sv, qs[i], o);
+                o = KV_ACC_FMA(sv, qs[i], o);
             }
-            KV_STORE(o, out, hv * (size_t)dv + j);
+            KV_STORE(KV_ACC_TO_FLOAT(o), out, hv * (size_t)dv + j);
         }
         // qs, ks and the trees are rewritten by the next token.
         barrier(CLK_LOCAL_MEM_FENCE);

@@ -363,7 +363,9 @@ public:
         const std::vector<float> xs = stage(x), ws = stage(w);
         const std::vector<float> hs = history != nullptr ? stage(*history) : std::vector<float>();
         std::vector<float> y(xs.size());
-        launch_elementwise(y.size(), gpu_host::causal_conv1d_silu_kernel, xs.data(), ws.data(),
+        const bool f16 = caps_.accumulation == DType::f16;
+        launch_elementwise(y.size(), f16 ? gpu_host::causal_conv1d_silu_kernel<true> : gpu_host::causal_conv1d_silu_kernel<false>,
+                           xs.data(), ws.data(),
                            history != nullptr ? hs.data() : static_cast<const float*>(nullptr), y.data(),
                            static_cast<int>(t_count), static_cast<int>(channels), static_cast<int>(k_count), storage_);
         return Tensor::from_f32(y, x.shape);
@@ -381,7 +383,9 @@ public:
             const std::vector<float> q = stage(in.q), k = stage(in.k), v = stage(in.v), a = stage(in.a), b = stage(in.b),
                                      al = stage(in.a_log), dt = stage(in.dt_bias);
             std::vector<float> work(static_cast<std::size_t>(nv * 2 * dk));
-            emu::launch({static_cast<unsigned>(nv), 1, 1}, gpu_host::kReduceThreads, gpu_host::gated_delta_kernel,
+            const bool f16 = caps_.accumulation == DType::f16;
+            emu::launch({static_cast<unsigned>(nv), 1, 1}, gpu_host::kReduceThreads,
+                        f16 ? gpu_host::gated_delta_kernel<true> : gpu_host::gated_delta_kernel<false>,
                         q.data(), k.data(), v.data(), a.data(), b.data(), al.data(), dt.data(), state.data(), out.data(),
                         work.data(), static_cast<int>(t_count), static_cast<int>(nk), static_cast<int>(nv),
                         static_cast<int>(dk), static_cast<int>(dv), storage_);

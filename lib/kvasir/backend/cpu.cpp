@@ -270,13 +270,14 @@ public:
     }
 
     // Gated DeltaNet in f32 on inputs rounded to storage, the output rounded
-    // to storage, the recurrent state kept f32. acc=f16 does not reach inside
-    // these two ops yet (f32 sums, as on OpenCL).
+    // to storage, the recurrent state kept f32. acc=f16: every running sum of
+    // both ops is an f16 accumulator (linear_attention.hpp).
     Tensor causal_conv1d_silu(const TensorView& x, const TensorView& w, const TensorView* history) override {
         const Tensor xs = stored(x), ws = stored(w);
         const Tensor hs = history != nullptr ? stored(*history) : Tensor();
         const TensorView hv = hs.view();
-        Tensor y = causal_conv1d_silu_ref<float>(xs, ws, history != nullptr ? &hv : nullptr);
+        Tensor y = causal_conv1d_silu_ref<float>(xs, ws, history != nullptr ? &hv : nullptr,
+                                                 caps_.accumulation == DType::f16);
         round_stored(y);
         return y;
     }
@@ -288,7 +289,7 @@ public:
         const Tensor st = in.state != nullptr ? Tensor::convert(*in.state, DType::f32) : Tensor();
         const TensorView sv = st.view();
         GatedDeltaInputs f{q, k, v, a, b, al, dt, in.state != nullptr ? &sv : nullptr};
-        GatedDeltaResult r = gated_delta_rule_ref<float>(f);
+        GatedDeltaResult r = gated_delta_rule_ref<float>(f, caps_.accumulation == DType::f16);
         round_stored(r.out);
         return r;
     }

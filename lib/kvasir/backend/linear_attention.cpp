@@ -1,5 +1,7 @@
 #include "kvasir/backend/linear_attention.hpp"
 
+#include "kernels/cpu/f16_round.hpp"
+
 #include "kvasir/core/error.hpp"
 
 #include <cmath>
@@ -20,11 +22,33 @@ R softplus(R x) {
     return x > R(20) ? x : std::log1p(std::exp(x));  // torch.nn.functional.softplus, beta 1, threshold 20
 }
 
+// One step of a running dot product, s + a·b: in R, or (f16) the exact
+// product added in double and the sum rounded to half after every add.
+template <class R>
+struct DotStep {
+    bool f16 = false;
+    R operator()(R s, R a, R b) const {
+        if constexpr (std::is_same_v<R, float>)
+            if (f16)
+                return static_cast<R>(
+                    kernels::round_f16_fast(static_cast<double>(s) + static_cast<double>(a) * static_cast<double>(b)));
+        return s + a * b;
+    }
+};
+
+template <class R>
+DotStep<R> dot_step(bool f16_acc, const char* op) {
+    constexpr bool is_f32 = std::is_same_v<R, float>;
+    KVASIR_CHECK(!f16_acc || is_f32, ErrorCode::internal, "{}: f16 accumulation is an f32 node's variant",
+                 op);
+    return DotStep<R>{f16_acc};
+}
+
 // x · rsqrt(Σ x² + eps) over `n` values in place.
 template <class R>
-void l2norm(R* x, std::int64_t n) {
+void l2norm(R* x, std::int64_t n, DotStep<R> step) {
     R ss = 0;
-    for (std::int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+    for (std::int64_t i = 0; i < n; ++i) ss = step(ss, x[i], x[i]);
     const R inv = R(1) / std::sqrt(ss + R(1e-6));
     for (std::int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
@@ -63,8 +87,9 @@ void check_gated_delta_args(const GatedDeltaInputs& in) {
 }
 
 template <class R>
-Tensor causal_conv1d_silu_ref(const TensorView& x, const TensorView& w, const TensorView* history) {
+Tensor causal_conv1d_silu_ref(const TensorView& x, const TensorView& w, const TensorView* history, bool f16_acc) {
     check_conv1d_args(x, w, history);
+    const DotStep<R> step = dot_step<R>(f16_acc, "causal_conv1d");
     const std::int64_t t_count = x.shape[0], c_count = x.shape[1], k_count = w.shape.back(), pad = k_count - 1;
     Tensor y(dtype_of<R>(), {t_count, c_count});
     R* yp = y.as<R>();
@@ -77,15 +102,16 @@ Tensor causal_conv1d_silu_ref(const TensorView& x, const TensorView& w, const Te
     for (std::int64_t t = 0; t < t_count; ++t)
         for (std::int64_t c = 0; c < c_count; ++c) {
             R s = 0;
-            for (std::int64_t j = 0; j < k_count; ++j) s += static_cast<R>(w.at(c * k_count + j)) * at(t + j - pad, c);
+            for (std::int64_t j = 0; j < k_count; ++j) s = step(s, static_cast<R>(w.at(c * k_count + j)), at(t + j - pad, c));
             yp[t * c_count + c] = silu(s);
         }
     return y;
 }
 
 template <class R>
-GatedDeltaResult gated_delta_rule_ref(const GatedDeltaInputs& in) {
+GatedDeltaResult gated_delta_rule_ref(const GatedDeltaInputs& in, bool f16_acc) {
     check_gated_delta_args(in);
+    const DotStep<R> step = dot_step<R>(f16_acc, "gated_delta_rule");
     const std::int64_t t_count = in.q.shape[0], nk = in.q.shape[1], dk = in.q.shape[2];
     const std::int64_t nv = in.v.shape[1], dv = in.v.shape[2], rep = nv / nk;
     GatedDeltaResult res{Tensor(dtype_of<R>(), {t_count, nv, dv}), Tensor(dtype_of<R>(), {nv, dk, dv})};
@@ -102,8 +128,8 @@ GatedDeltaResult gated_delta_rule_ref(const GatedDeltaInputs& in) {
                 q[static_cast<std::size_t>(i)] = static_cast<R>(in.q.at((t * nk + kh) * dk + i));
                 k[static_cast<std::size_t>(i)] = static_cast<R>(in.k.at((t * nk + kh) * dk + i));
             }
-            l2norm(q.data(), dk);
-            l2norm(k.data(), dk);
+            l2norm(q.data(), dk, step);
+            l2norm(k.data(), dk, step);
             for (R& x : q) x *= q_scale;
             const R a = static_cast<R>(in.a.at(t * nv + h)) + static_cast<R>(in.dt_bias.at(h));
             const R g = -std::exp(static_cast<R>(in.a_log.at(h))) * softplus(a);
@@ -113,14 +139,14 @@ GatedDeltaResult gated_delta_rule_ref(const GatedDeltaInputs& in) {
             for (std::int64_t i = 0; i < dk * dv; ++i) s[i] *= decay;
             for (std::int64_t j = 0; j < dv; ++j) {
                 R m = 0;
-                for (std::int64_t i = 0; i < dk; ++i) m += s[i * dv + j] * k[static_cast<std::size_t>(i)];
+                for (std::int64_t i = 0; i < dk; ++i) m = step(m, s[i * dv + j], k[static_cast<std::size_t>(i)]);
                 mem[static_cast<std::size_t>(j)] = (static_cast<R>(in.v.at((t * nv + h) * dv + j)) - m) * beta;
             }
             for (std::int64_t i = 0; i < dk; ++i)
                 for (std::int64_t j = 0; j < dv; ++j) s[i * dv + j] += k[static_cast<std::size_t>(i)] * mem[static_cast<std::size_t>(j)];
             for (std::int64_t j = 0; j < dv; ++j) {
                 R o = 0;
-                for (std::int64_t i = 0; i < dk; ++i) o += s[i * dv + j] * q[static_cast<std::size_t>(i)];
+                for (std::int64_t i = 0; i < dk; ++i) o = step(o, s[i * dv + j], q[static_cast<std::size_t>(i)]);
                 out[(t * nv + h) * dv + j] = o;
             }
         }
@@ -128,9 +154,9 @@ GatedDeltaResult gated_delta_rule_ref(const GatedDeltaInputs& in) {
     return res;
 }
 
-template Tensor causal_conv1d_silu_ref<double>(const TensorView&, const TensorView&, const TensorView*);
-template Tensor causal_conv1d_silu_ref<float>(const TensorView&, const TensorView&, const TensorView*);
-template GatedDeltaResult gated_delta_rule_ref<double>(const GatedDeltaInputs&);
-template GatedDeltaResult gated_delta_rule_ref<float>(const GatedDeltaInputs&);
+template Tensor causal_conv1d_silu_ref<double>(const TensorView&, const TensorView&, const TensorView*, bool);
+template Tensor causal_conv1d_silu_ref<float>(const TensorView&, const TensorView&, const TensorView*, bool);
+template GatedDeltaResult gated_delta_rule_ref<double>(const GatedDeltaInputs&, bool);
+template GatedDeltaResult gated_delta_rule_ref<float>(const GatedDeltaInputs&, bool);
 
 }  // namespace kvasir

@@ -9,7 +9,13 @@
 //
 // One textbook implementation, templated on the arithmetic type: cpu-ref
 // runs it in double, cpu in float (after rounding its inputs to its storage
-// dtype; outputs are rounded to storage by the caller). Backends without
+// dtype; outputs are rounded to storage by the caller). `f16_acc` (float
+// only) makes every running sum of both ops — the conv's K taps, the
+// l2norms' Σx², the delta rule's m_j and out_j — an f16 accumulator: each
+// step adds the exact product (in double) and rounds the sum to half, the
+// contract of backend.hpp and of cpu:acc=f16's matmul (matmul_f16acc). The
+// recurrent state S, the decay and the rank-1 update are not reductions and
+// stay in R (f32), as transformers and every kvasir kernel keep the state. Backends without
 // their own kernel refuse the ops (Error(unsupported)): the host never
 // computes on a device's behalf.
 #pragma once
@@ -44,7 +50,8 @@ void check_gated_delta_args(const GatedDeltaInputs& in);
 // rows) followed by x; x [T, C], weight [C, K] or [C, 1, K], history [K−1, C].
 // Sums in ascending j; the result in R, returned as f64 (R double) or f32.
 template <class R>
-Tensor causal_conv1d_silu_ref(const TensorView& x, const TensorView& weight, const TensorView* history);
+Tensor causal_conv1d_silu_ref(const TensorView& x, const TensorView& weight, const TensorView* history,
+                              bool f16_acc = false);
 
 // The gated delta rule, token by token, every value head on its own:
 //   q, k ← x · rsqrt(Σ x² + 1e-6) (l2norm, eps 1e-6);  q ← q / √dk
@@ -53,6 +60,6 @@ Tensor causal_conv1d_silu_ref(const TensorView& x, const TensorView& weight, con
 //   S ← S · exp(g);  m_j = Σ_i S_ij k_i;  δ_j = (v_j − m_j) · β;  S_ij += k_i δ_j
 //   out_j = Σ_i S_ij q_i                     (sums in ascending i)
 template <class R>
-GatedDeltaResult gated_delta_rule_ref(const GatedDeltaInputs& in);
+GatedDeltaResult gated_delta_rule_ref(const GatedDeltaInputs& in, bool f16_acc = false);
 
 }  // namespace kvasir

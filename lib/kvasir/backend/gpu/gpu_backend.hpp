@@ -40,8 +40,8 @@
 //   * Gated DeltaNet (causal_conv1d_silu, gated_delta_rule): kernels too —
 //     the conv one thread per (token, channel), the delta rule one block per
 //     value head with the tokens in order and the f32 state in global memory;
-//     f32 sums whatever acc= (as the cpu node), the state never rounded to
-//     storage. Checked on the CPU emulation only; never run on a GPU yet.
+//     their sums in the acc= dtype (as the cpu node), the state f32 and never
+//     rounded to storage. Checked on the CPU emulation only; never run on a GPU yet.
 //   * causal_attention: attention_kernel, one block per (query row, head)
 //     over the keys it sees, the bits of the node's own matmul/scale/softmax
 //     composition; checked on the CPU emulation only.
