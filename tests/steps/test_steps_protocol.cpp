@@ -750,8 +750,9 @@ TEST(StepPhysics, RouterPerturbedBackendIsSeededAndResettable) {
 // Step 1 on the two Gated DeltaNet ops (issue #23): seeded inputs that
 // continue a decode (a conv history and a recurrent state), every node
 // against every node. f32 nodes land at f32 rounding of the oracle; narrow
-// storage is visibly coarser; acc=f16 does not reach inside these two ops
-// (f32 sums, documented in backend.hpp), so it equals plain cpu bit for bit.
+// storage is visibly coarser; acc=f16 reaches inside both ops (the conv's
+// taps, the l2norms' sums of squares, the delta rule's m and out are f16
+// accumulators; the state stays f32), so it too is visibly coarser.
 TEST(StepOps, GatedDeltaNetOpsOnEveryNode) {
     OpsConfig oc;
     oc.tokens = 16;
@@ -772,7 +773,9 @@ TEST(StepOps, GatedDeltaNetOpsOnEveryNode) {
         const CompareStats& ocl = *op.matrix[0][4];
         EXPECT_LE(ocl.max_rel, 1e-3) << op.op;
         EXPECT_GE(ocl.cosine, 1 - 1e-10) << op.op;
-        EXPECT_EQ(op.matrix[1][2]->max_abs, 0.0) << op.op;                 // acc=f16 == cpu, bit for bit
+        EXPECT_GT(op.matrix[0][2]->max_abs, 100 * cpu.max_abs) << op.op;  // acc=f16: its sums in f16
+        EXPECT_GE(op.matrix[0][2]->cosine, 1 - 1e-4) << op.op;            // … by f16's rounding, no more
+        EXPECT_LT(op.matrix[0][2]->cosine, cpu.cosine) << op.op;
         EXPECT_GT(op.matrix[0][3]->max_abs, 100 * cpu.max_abs) << op.op;  // bf16 storage: coarser
         EXPECT_GE(op.matrix[0][3]->cosine, 1 - 1e-4) << op.op;            // … by bf16's rounding, no more
         EXPECT_LT(op.matrix[0][3]->cosine, cpu.cosine) << op.op;
