@@ -2,7 +2,7 @@
 """Write a synthetic Hugging Face checkpoint with Qwen3-30B-A3B (or Qwen3.5-MoE, DeepSeek-V3) dimensions.
 
     scripts/make_synthetic_checkpoint.py OUTDIR [--layers N] [--seed S] [--vocab V]
-                                         [--arch qwen3_moe|qwen3_5_moe|deepseek_v3]
+                                         [--arch qwen3_moe|qwen3_5_moe|qwen3_5_moe_122b|deepseek_v3]
 
 --arch qwen3_5_moe writes the contract's own family (SPEC.md: layer-0 experts of
 Qwen3.5-MoE) as the released checkpoints lay it out: the multimodal wrapper
@@ -14,12 +14,20 @@ stack (layer l is Gated DeltaNet unless (l + 1) % 4 == 0, full_attention_interva
 top-8, one shared expert of 512 with its sigmoid gate, hidden 2048, 16 query / 2
 KV heads of head_dim 256, Gated DeltaNet 16 key / 32 value heads of 128, conv
 kernel 4, vocab 248320. Where the figures come from: transformers 5.24's
-Qwen3_5MoeTextConfig defaults, which follow the released Qwen3.5-35B-A3B. The
-larger Qwen3.5-122B-A10B shares the layout (48 layers, 36 Gated DeltaNet + 12
-gated attention, 256 experts, 8 routed + 1 shared active, vocab 248320, ~250 GB
-BF16, per its model cards); its hidden and expert widths are not in any source
-this project can read, so they are not guessed here. Zero-centred RMSNorm
-weights (the model scales by 1 + w) are N(0, 0.2^2).
+Qwen3_5MoeTextConfig defaults, which follow the released Qwen3.5-35B-A3B.
+Zero-centred RMSNorm weights (the model scales by 1 + w) are N(0, 0.2^2).
+
+--arch qwen3_5_moe_122b writes the same layout with Qwen3.5-122B-A10B's text
+dimensions (48 layers in the real model, 36 Gated DeltaNet + 12 gated attention):
+hidden 3072, 256 fused experts of moe_intermediate 1024, top-8, one shared expert
+of 1024, 32 query / 2 KV heads of head_dim 256, Gated DeltaNet 16 key / 64 value
+heads of 128, conv kernel 4, vocab 248320, partial rotary 0.25, rope theta 1e7,
+rms_norm_eps 1e-6, untied lm_head. Where they come from: the text_config of the
+published re-uploads nvidia/Qwen3.5-122B-A10B-NVFP4 and Qwen/Qwen3.5-122B-A10B-FP8
+(which keep the base model's config), agreeing with the model cards of the
+GPTQ/MXFP4 re-uploads (48 layers, 3:1 pattern, 256 experts, 8 + 1 active, vocab
+248320, ~250 GB BF16). Check: these figures give 122,111,526,912 language-model
+parameters (122.1B, as the GGUF releases state) and 9.77B active per token.
 
 --arch deepseek_v3 writes a DeepseekV3ForCausalLM checkpoint (model_type
 deepseek_v3) with the layer dimensions of deepseek-ai/DeepSeek-V3's config.json:
@@ -155,11 +163,13 @@ def config(layers: int, vocab: int) -> dict:
 
 Q35 = dict(hidden=2048, experts=256, moe_ffn=512, shared_ffn=512, top_k=8, heads=16, kv_heads=2, head_dim=256,
            lin_k_heads=16, lin_v_heads=32, lin_k_dim=128, lin_v_dim=128, conv=4, vocab=248320, interval=4)
+# Qwen3.5-122B-A10B (sources in the module docstring): wider hidden and experts,
+# twice the query and Gated DeltaNet value heads; everything else as the 35B.
+Q35_122B = dict(Q35, hidden=3072, moe_ffn=1024, shared_ffn=1024, heads=32, lin_v_heads=64)
 
 
-def config_qwen35(layers: int, vocab: int) -> dict:
-    """A Qwen3_5MoeConfig (the multimodal wrapper) with Qwen3.5-35B-A3B's text dimensions."""
-    q = Q35
+def config_qwen35(layers: int, vocab: int, q: dict = Q35) -> dict:
+    """A Qwen3_5MoeConfig (the multimodal wrapper) with Qwen3.5-MoE text dimensions (35B-A3B's by default)."""
     types = ["full_attention" if (l + 1) % q["interval"] == 0 else "linear_attention" for l in range(layers)]
     return {
         "architectures": ["Qwen3_5MoeForConditionalGeneration"],
@@ -180,8 +190,7 @@ def config_qwen35(layers: int, vocab: int) -> dict:
     }
 
 
-def tensor_specs_qwen35(layers: int, vocab: int) -> list[tuple[str, tuple[int, ...], str]]:
-    q = Q35
+def tensor_specs_qwen35(layers: int, vocab: int, q: dict = Q35) -> list[tuple[str, tuple[int, ...], str]]:
     H, E, I = q["hidden"], q["experts"], q["moe_ffn"]
     key_dim, value_dim = q["lin_k_heads"] * q["lin_k_dim"], q["lin_v_heads"] * q["lin_v_dim"]
     conv_dim = 2 * key_dim + value_dim
@@ -364,6 +373,8 @@ def to_bf16_bits(a: np.ndarray) -> np.ndarray:
 ARCHS = {  # --arch: (config, tensor specs, real vocab)
     "qwen3_moe": (config, tensor_specs, VOCAB),
     "qwen3_5_moe": (config_qwen35, tensor_specs_qwen35, Q35["vocab"]),
+    "qwen3_5_moe_122b": (lambda l, v: config_qwen35(l, v, Q35_122B), lambda l, v: tensor_specs_qwen35(l, v, Q35_122B),
+                         Q35_122B["vocab"]),
     "deepseek_v3": (config_dsv3, tensor_specs_dsv3, DSV3["vocab"]),
 }
 DTYPE_BYTES = {"BF16": 2, "F32": 4}
@@ -414,7 +425,7 @@ def write(outdir: str, layers: int, seed: int, vocab: int, arch: str = "qwen3_mo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("outdir")
-    ap.add_argument("--layers", type=int, default=2, help="decoder layers (default 2; the real models have 48 qwen3_moe, 40 qwen3_5_moe, "
+    ap.add_argument("--layers", type=int, default=2, help="decoder layers (default 2; the real models have 48 qwen3_moe, 40 qwen3_5_moe, 48 qwen3_5_moe_122b, "
                          "61 deepseek_v3, whose first 3 are dense)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab", type=int, default=None,
@@ -422,13 +433,23 @@ def main() -> None:
                          f"{DSV3['vocab']} deepseek_v3; embed + lm_head are 2·vocab·hidden BF16)")
     ap.add_argument("--arch", choices=list(ARCHS), default="qwen3_moe",
                     help="qwen3_moe: Qwen3-30B-A3B (default); qwen3_5_moe: Qwen3.5-35B-A3B's hybrid layout, fused "
-                         "experts; deepseek_v3: DeepSeek-V3 (MLA, 3 dense layers then sigmoid-routed MoE)")
+                         "experts; qwen3_5_moe_122b: the same layout at Qwen3.5-122B-A10B's widths; deepseek_v3: DeepSeek-V3 (MLA, 3 dense layers then sigmoid-routed MoE)")
+    ap.add_argument("--count", action="store_true",
+                    help="print the parameter count of the tensors this would write (nothing is written; OUTDIR unused)")
     a = ap.parse_args()
     if a.vocab is None:
         a.vocab = ARCHS[a.arch][2]
     if a.layers < 1 or a.vocab < 1:
         ap.error("--layers and --vocab must be positive")
+    if a.count:
+        print(param_count(a.arch, a.layers, a.vocab))
+        return
     write(a.outdir, a.layers, a.seed, a.vocab, a.arch)
+
+
+def param_count(arch: str, layers: int, vocab: int) -> int:
+    """Values in every tensor the checkpoint holds (the language model: no vision tower, no MTP layer)."""
+    return sum(int(np.prod(s[1])) for s in ARCHS[arch][1](layers, vocab))
 
 
 if __name__ == "__main__":
