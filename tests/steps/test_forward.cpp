@@ -450,6 +450,31 @@ TEST_P(ForwardFixture, DecoderWithKvCacheEqualsTheFullForward) {
     EXPECT_LE(err(full.logits, again).abs, 0.0) << "one step over the prompt is the full forward";
 }
 
+// Decoder::mark / rewind (the task step scores several continuations of one
+// context): after rewinding, a continuation gives the bits it gave right
+// after the mark, whatever ran in between — the KV cache truncated and, on
+// the hybrids, the Gated DeltaNet conv history and recurrent state restored.
+TEST_P(ForwardFixture, DecoderRewindToAMarkGivesTheSameBits) {
+    const Loaded& fx = load(GetParam());
+    const std::vector<std::int32_t> prompt = prompt_of(fx.ref);
+    ASSERT_GE(prompt.size(), 12u);
+    for (const char* node : {"cpu-ref", "cpu"}) {
+        auto be = backend(node);
+        Decoder dec(*be, fx.model);
+        (void)dec.step(std::span(prompt).subspan(0, 6));
+        const Decoder::Mark m = dec.mark();
+        const Tensor a = dec.step(std::span(prompt).subspan(6, 3));
+        (void)dec.step(std::span(prompt).subspan(9, 3));  // a different continuation goes further
+        EXPECT_EQ(dec.position(), 12);
+        dec.rewind(m);
+        EXPECT_EQ(dec.position(), 6);
+        const Tensor again = dec.step(std::span(prompt).subspan(6, 3));
+        ASSERT_EQ(again.shape(), a.shape());
+        EXPECT_EQ(std::memcmp(a.raw(), again.raw(), a.nbytes()), 0) << node << ": rewound continuation differs";
+        EXPECT_THROW(dec.rewind(Decoder::Mark{100, m.linear}), Error) << "a mark beyond the position";
+    }
+}
+
 TEST_P(ForwardFixture, CpuRunTwiceIsBitIdentical) {
     const Loaded& fx = load(GetParam());
     const std::vector<std::int32_t> prompt = prompt_of(fx.ref);

@@ -11,6 +11,7 @@
 #include "kvasir/core/io.hpp"
 #include "kvasir/model/model.hpp"
 #include "kvasir/model/tokenizer.hpp"
+#include "kvasir/steps/forward.hpp"
 #include "kvasir/steps/perplexity.hpp"
 #include "kvasir/steps/task.hpp"
 
@@ -19,6 +20,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -151,6 +153,52 @@ TEST_P(TrainedFixture, ClozeTaskEqualsTransformersFloat64) {
     EXPECT_GT(s.acc - chance, 3 * s.acc_stderr);
     // The f32 node against the reference: same answers on (nearly) every item.
     EXPECT_GE(r.results.at(1).vs_reference.agree, static_cast<std::int64_t>(items.size()) - 2);
+}
+
+// The task step shares each item's context among its choices (the KV cache,
+// Decoder mark / rewind). Against scoring every request in one full forward
+// pass: cpu-ref within 1e-12 relative (its decode and prefill sum in the same
+// order up to the f64 rounding of the cache), cpu within f32's reordering;
+// the routing returned per request covers all its rows, and a node pinned to
+// the authority's routing replays it row for row.
+TEST_P(TrainedFixture, SharedContextScoringEqualsOnePassPerRequest) {
+    const Tokenizer tok = load_tokenizer_for(dir().string());
+    TaskConfig c = make_task_config(model(), (kRoot / reference().at("cloze").at("task_file").get<std::string>()).string(), tok);
+    c.items.resize(24);
+    c.requests.resize(24);
+    auto n = nodes();
+    const TaskPass ref = run_task_passes(*n[0], c, nullptr);
+    const TaskPass cpu = run_task_passes(*n[1], c, &ref);
+    double worst_ref = 0, worst_cpu = 0;
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < c.requests.size(); ++i)
+        for (std::size_t j = 0; j < c.requests[i].size(); ++j, ++k) {
+            const TaskRequest& r = c.requests[i][j];
+            const std::span<const std::int32_t> in(r.ids.data(), r.ids.size() - 1);
+            double one[2];
+            for (int b = 0; b < 2; ++b) {
+                ForwardOptions opt;
+                opt.keep_hidden = false;
+                if (b == 1) opt.routing = &ref.routing[k];
+                const ForwardResult fr = forward(*n[static_cast<std::size_t>(b)], model(), in, opt);
+                const std::vector<double> nll = token_nll(fr.logits, std::span<const std::int32_t>(r.ids).subspan(1));
+                one[b] = 0;
+                for (std::size_t t = nll.size() - r.continuation; t < nll.size(); ++t) one[b] -= nll[t];
+            }
+            worst_ref = std::max(worst_ref, rel(ref.ll[i][j], one[0]));
+            worst_cpu = std::max(worst_cpu, rel(cpu.ll[i][j], one[1]));
+            for (std::size_t l = 0; l < ref.routing[k].size(); ++l)
+                if (model().config().is_moe(static_cast<std::int64_t>(l))) {
+                    ASSERT_EQ(ref.routing[k][l].ids.dim(0), static_cast<std::int64_t>(in.size())) << "request " << k;
+                    ASSERT_EQ(cpu.routing[k][l].ids.nbytes(), ref.routing[k][l].ids.nbytes());
+                    EXPECT_EQ(std::memcmp(cpu.routing[k][l].ids.raw(), ref.routing[k][l].ids.raw(), ref.routing[k][l].ids.nbytes()), 0)
+                        << "the pinned node's routing is the authority's";
+                }
+        }
+    std::printf("%s shared-context scoring vs one pass per request: max rel |Δ ll| cpu-ref %.3e, cpu %.3e\n",
+                GetParam().c_str(), worst_ref, worst_cpu);
+    EXPECT_LE(worst_ref, 1e-12);
+    EXPECT_LE(worst_cpu, 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TrainedFixture,

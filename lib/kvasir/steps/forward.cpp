@@ -257,6 +257,23 @@ void Decoder::reset() {
     impl_->last_routing.clear();
 }
 
+Decoder::Mark Decoder::mark() const {
+    Mark m;
+    m.position = position();
+    for (const auto& k : impl_->cache) m.linear.emplace_back(k.conv_history, k.recurrent);
+    return m;
+}
+
+void Decoder::rewind(const Mark& m) {
+    KVASIR_CHECK(m.position <= position() && m.linear.size() == impl_->cache.size(), ErrorCode::bad_input,
+                 "decoder: a mark at position {} cannot be rewound to from position {}", m.position, position());
+    for (std::size_t i = 0; i < impl_->cache.size(); ++i) {
+        impl_->cache[i].truncate(m.position);
+        impl_->cache[i].conv_history = m.linear[i].first;
+        impl_->cache[i].recurrent = m.linear[i].second;
+    }
+}
+
 GenerateResult greedy_generate(Backend& backend, const Model& model, std::span<const std::int32_t> prompt, int n,
                                const std::vector<std::int32_t>* pinned_tokens,
                                const std::vector<std::vector<RoutingPlan>>* step_routing) {

@@ -174,6 +174,17 @@ public:
     const std::vector<RoutingPlan>& last_routing() const;
     void reset();  // empty the cache, back to position 0
 
+    // A point to come back to (several continuations of one prefix): the
+    // position and the linear-attention state at mark(); rewind() drops the
+    // KV cache after it and restores that state, so the next step() gives
+    // the bits it would have given right after mark().
+    struct Mark {
+        std::int64_t position = 0;
+        std::vector<std::pair<Tensor, Tensor>> linear;  // per layer: conv history, recurrent state
+    };
+    Mark mark() const;
+    void rewind(const Mark& m);  // Error(bad_input) for a mark beyond the position
+
 private:
     struct Impl;
     std::unique_ptr<Impl> impl_;

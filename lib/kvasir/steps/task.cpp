@@ -1,5 +1,6 @@
 #include "kvasir/steps/task.hpp"
 
+#include "kvasir/arch/graph.hpp"
 #include "kvasir/backend/capabilities_json.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
@@ -169,22 +170,71 @@ TaskScores score_task(const std::vector<std::vector<double>>& ll, const std::vec
     return s;
 }
 
+namespace {
+
+// Rows [r0, r0 + n) of every MoE layer's plan (dense layers stay empty).
+std::vector<RoutingPlan> plan_rows(const ModelConfig& mc, const std::vector<RoutingPlan>& plan, std::int64_t r0, std::int64_t n) {
+    std::vector<RoutingPlan> out(plan.size());
+    for (std::size_t l = 0; l < plan.size(); ++l)
+        if (mc.is_moe(static_cast<std::int64_t>(l)))
+            out[l] = RoutingPlan{arch::leading_rows(plan[l].ids, r0, n), arch::leading_rows(plan[l].weights, r0, n)};
+    return out;
+}
+
+// Each MoE layer's plan of `a` followed by the rows of `b`.
+std::vector<RoutingPlan> plan_concat(const ModelConfig& mc, const std::vector<RoutingPlan>& a, const std::vector<RoutingPlan>& b) {
+    std::vector<RoutingPlan> out(b.size());
+    for (std::size_t l = 0; l < b.size(); ++l)
+        if (mc.is_moe(static_cast<std::int64_t>(l)))
+            out[l] = a.empty() ? b[l]
+                               : RoutingPlan{arch::stack_rows({a[l].ids, b[l].ids}), arch::stack_rows({a[l].weights, b[l].weights})};
+    return out;
+}
+
+}  // namespace
+
 TaskPass run_task_passes(Backend& be, const TaskConfig& c, const TaskPass* authority) {
+    // The choices of an item share their context: its tokens run once into
+    // the KV cache, then each choice's own tokens run from there (Decoder
+    // mark / rewind), as a serving node with prefix caching scores them.
+    // Every scored position (the last context token's onwards) is in a
+    // choice's own step. A node that is prefill/decode-identical gives the
+    // bits of scoring each request in one pass.
+    const ModelConfig& mc = c.model->config();
     TaskPass p;
+    Decoder dec(be, *c.model);
     std::size_t k = 0;
     for (const auto& rs : c.requests) {
+        std::size_t common = rs.front().ids.size() - 1 - rs.front().continuation;
+        for (const TaskRequest& r : rs) {
+            common = std::min(common, r.ids.size() - 1 - r.continuation);
+            std::size_t same = 0;
+            while (same < common && r.ids[same] == rs.front().ids[same]) ++same;
+            common = same;
+        }
+        const auto prefix_rows = static_cast<std::int64_t>(common);
+        dec.reset();
+        std::vector<RoutingPlan> prefix_routing;
+        if (common > 0) {
+            std::vector<RoutingPlan> pin;
+            if (authority != nullptr) pin = plan_rows(mc, authority->routing.at(k), 0, prefix_rows);
+            (void)dec.step(std::span<const std::int32_t>(rs.front().ids.data(), common), authority != nullptr ? &pin : nullptr);
+            prefix_routing = dec.last_routing();
+        }
+        const Decoder::Mark at = dec.mark();
         std::vector<double> lls;
         for (const TaskRequest& r : rs) {
-            const std::span<const std::int32_t> in(r.ids.data(), r.ids.size() - 1);
-            ForwardOptions opt;
-            opt.keep_hidden = false;
-            if (authority != nullptr) opt.routing = &authority->routing.at(k);
-            ForwardResult fr = forward(be, *c.model, in, opt);
-            const std::vector<double> nll = token_nll(fr.logits, std::span<const std::int32_t>(r.ids).subspan(1));
+            dec.rewind(at);
+            const auto rows = static_cast<std::int64_t>(r.ids.size() - 1) - prefix_rows;
+            std::vector<RoutingPlan> pin;
+            if (authority != nullptr) pin = plan_rows(mc, authority->routing.at(k), prefix_rows, rows);
+            const Tensor logits = dec.step(std::span<const std::int32_t>(r.ids.data() + common, static_cast<std::size_t>(rows)),
+                                           authority != nullptr ? &pin : nullptr);
+            const std::vector<double> nll = token_nll(logits, std::span<const std::int32_t>(r.ids).subspan(common + 1));
             double sum = 0;
             for (std::size_t t = nll.size() - r.continuation; t < nll.size(); ++t) sum -= nll[t];
             lls.push_back(sum);
-            p.routing.push_back(std::move(fr.routing));
+            p.routing.push_back(plan_concat(mc, prefix_routing, dec.last_routing()));
             ++k;
         }
         p.ll.push_back(std::move(lls));
