@@ -617,7 +617,8 @@ TEST(FaultVariants, BoundViolationsAreZeroForCorrectNodesAndCatchTheBitflip) {
         std::vector<std::string> names{"cpu-ref", "cpu", "cpu:storage=bf16", "cpu:storage=f16", "cpu:threads=1",
                                        "cpu:fault=bitflip", "cpu:fault=bitflip,fault_index=77", "cpu:acc=f16",
                                        "cpu:fault=perturb,fault_size=1e-4,fault_op=softmax",
-                                       "cpu:fault=perturb,fault_size=1e-4,fault_op=rmsnorm"};
+                                       "cpu:fault=perturb,fault_size=1e-4,fault_op=rmsnorm",
+                                       "cpu:fault=perturb,fault_size=1e-4,fault_op=causal_conv1d"};
         add_opencl_if_present(names);
         for (const std::string& s : names) nodes.push_back(create_backend(s));
         AuditConfig cfg;
@@ -649,9 +650,27 @@ TEST(FaultVariants, BoundViolationsAreZeroForCorrectNodesAndCatchTheBitflip) {
             EXPECT_TRUE(v.verdict == Verdict::unfit_sensitive || v.verdict == Verdict::unfit) << flip << " seed " << seed;
             EXPECT_GE(v.capabilities["faults_fired"]["ops"].get<int>(), 1) << v.capabilities.dump();
         }
-        // A broken softmax or rmsnorm kernel (every element off by 1e-4 relative, 1680 units of f32
-        // rounding) leaves their bounds (γ_K + ~26u at K = 1024 and 512): unfit in every tier.
-        for (const char* op : {"softmax", "rmsnorm"}) {
+        // Every bounded op is in the report, each correct node at 0 violations of it (the conv's
+        // own bound included: f16 accumulation has one at K = 4 taps and is measured there).
+        std::set<std::string> bounded;
+        for (const auto& o : run.report.steps.at("ops").at("bounds")) {
+            bounded.insert(o.at("op").get<std::string>());
+            for (const auto& e : o.at("results")) {
+                const std::string node = e.at("node").get<std::string>();
+                if (node.find("fault") != std::string::npos) continue;
+                if (e.contains("not_measurable")) {
+                    EXPECT_TRUE(node == "cpu:acc=f16" && o.at("op") != "causal_conv1d") << node << " " << o.at("op") << " " << e.dump();
+                    continue;
+                }
+                EXPECT_EQ(e.at("worst_case").at("violations").get<int>(), 0) << node << " " << o.at("op");
+                EXPECT_EQ(e.at("probabilistic").at("violations").get<int>(), 0) << node << " " << o.at("op");
+                EXPECT_LT(e.at("worst_case").at("worst_fraction_of_bound").get<double>(), 1.0) << node << " " << o.at("op");
+            }
+        }
+        EXPECT_EQ(bounded, (std::set<std::string>{"matmul", "softmax", "rmsnorm", "causal_conv1d"}));
+        // A broken softmax, rmsnorm or conv kernel (every element off by 1e-4 relative, 1680 units of f32
+        // rounding) leaves their bounds (γ_K + ~26u at K = 1024 and 512; the conv's ~1.1·γ_4·Σ|wx| + 18u|y|): unfit in every tier.
+        for (const char* op : {"softmax", "rmsnorm", "causal_conv1d"}) {
             const NodeVerdict& v = verdict_of(run, fmt::format("cpu:fault=perturb,fault_op={},fault_size=1e-4", op));
             const CriterionResult* r = criterion_of(v, Tier::tolerant, "bound.violations_max");
             ASSERT_NE(r, nullptr) << op;

@@ -124,8 +124,40 @@ ElementBounds rmsnorm_bounds(const TensorView& yr, const TensorView& ms, const T
     };
 }
 
+// causal_conv1d with SiLU, y = silu(z), z = Σ_j w_j·x_j over the K taps.
+// The sum as a dot product (Higham §3.1, as matmul_bounds): the inputs
+// rounded to storage (r), summed in any order (γ_K(u_acc)), what gradual
+// underflow adds (η terms, from Σ(|w| + |x|)):
+//   Δz <= [r + γ(1 + r)]·S + η_s(1 + r)(1 + γ)·A + K·η_s²(1 + γ) + K·η_acc,
+// then, for a node that keeps z in a rounded storage format, its rounding
+// u_s(|z| + Δz) + η_s. SiLU is 1.0998-Lipschitz (its derivative lies in
+// [−0.0998, 1.0998]), so the exact silu of the node's ẑ is within 1.1·Δz of
+// y; evaluating it (exp, 1 +, division, the product with ẑ) errs by at most
+// ε = (1 + 8u)²(1 + u)² − 1 relatively (kElementaryUlps for exp and the
+// division, u = u_acc) plus 4·η_acc absolutely; the output rounds by u_out:
+//   |ŷ − y| <= (1 + u_out)·[(1 + ε)·1.1·Δz + ε·|y| + 4η_acc] + u_out·|y| + η_out.
+// S, z and A from the reference (ops.causal_conv1d.abs_dot, pre, abs_in).
+ElementBounds conv_bounds(const TensorView& S, const TensorView& z, const TensorView& A, const TensorView& yr, std::int64_t K) {
+    return [=](const OpFormats& f, double gk, std::vector<double>& out) {
+        const bool rounded = f.storage.u > std::ldexp(1.0, -24);
+        const double us = f.storage.u, ua = f.accumulation.u, uo = f.output.u, kd = static_cast<double>(K);
+        const double r = rounded ? 2.0 * us + us * us : 0.0, eta_s = rounded ? f.storage.eta : 0.0;
+        const double e1 = kElementaryUlps * 2.0 * ua;
+        const double eps = (1.0 + e1) * (1.0 + e1) * (1.0 + ua) * (1.0 + ua) - 1.0;
+        constexpr double lipschitz = 1.1;
+        for (std::int64_t x = 0; x < S.numel(); ++x) {
+            double dz = (r + gk * (1.0 + r)) * S.at(x) + eta_s * (1.0 + r) * (1.0 + gk) * A.at(x) +
+                        kd * eta_s * eta_s * (1.0 + gk) + kd * f.accumulation.eta;
+            if (rounded) dz += us * (std::fabs(z.at(x)) + dz) + eta_s;
+            const double y = std::fabs(yr.at(x));
+            out[static_cast<std::size_t>(x)] +=
+                (1.0 + uo) * ((1.0 + eps) * lipschitz * dz + eps * y + 4.0 * f.accumulation.eta) + uo * y + f.output.eta;
+        }
+    };
+}
+
 // Rigorous a-priori bounds, element by element, of the ops that have one:
-// matmul, softmax and rmsnorm (the derivations beside each bound above and in
+// matmul, softmax, rmsnorm and causal_conv1d (the derivations beside each bound above and in
 // metrics/error_bound.cpp). Each element of a node is checked against its
 // bound plus the oracle's own (the same formula at the reference's formats,
 // an f64 oracle's ~1e-13 of it): a correct node never exceeds the sum,
@@ -194,6 +226,18 @@ nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
         shapes_fit("rmsnorm", yr, {{"mean_square", Shape{rows}}, {"scale_cond", Shape{cols}}, {"abs_scale", Shape{cols}}});
         ops.push_back({"rmsnorm", cols,
                        rmsnorm_bounds(yr, data("rmsnorm", "mean_square"), data("rmsnorm", "scale_cond"), data("rmsnorm", "abs_scale"))});
+    }
+    if (has_all("causal_conv1d", {"out", "pre", "abs_dot", "abs_in", "kernel"})) {
+        const TensorView yr = data("causal_conv1d", "out");
+        KVASIR_CHECK(yr.rank() == 2 && yr.numel() > 0, ErrorCode::bad_input, "{}: ops.causal_conv1d.out {} is not [T, C]", ref.origin(),
+                     shape_str(yr.shape));
+        shapes_fit("causal_conv1d", yr, {{"pre", yr.shape}, {"abs_dot", yr.shape}, {"abs_in", yr.shape}, {"kernel", Shape{1}}});
+        const double kk = data("causal_conv1d", "kernel").at(0);
+        KVASIR_CHECK(kk >= 1 && kk <= 1024 && kk == std::floor(kk), ErrorCode::bad_input, "{}: ops.causal_conv1d.kernel {} is not a kernel size",
+                     ref.origin(), kk);
+        const auto K = static_cast<std::int64_t>(kk);
+        ops.push_back({"causal_conv1d", K,
+                       conv_bounds(data("causal_conv1d", "abs_dot"), data("causal_conv1d", "pre"), data("causal_conv1d", "abs_in"), yr, K)});
     }
     if (ops.empty()) return nullptr;
     std::string ref_why;

@@ -28,7 +28,7 @@ namespace {
 
 const std::vector<std::string>& fault_ops() {
     static const std::vector<std::string> ops = {"matmul", "swiglu", "clamped_swiglu", "softmax", "sigmoid", "rmsnorm",
-                                                 "rope",   "moe_block", "add", "mul", "scale", "causal_attention"};
+                                                 "rope",   "moe_block", "add", "mul", "scale", "causal_attention", "causal_conv1d"};
     return ops;
 }
 

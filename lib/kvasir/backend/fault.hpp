@@ -123,9 +123,11 @@ public:
     Tensor add(const TensorView& a, const TensorView& b) override;
     Tensor mul(const TensorView& a, const TensorView& b) override;
     Tensor scale(const TensorView& x, double s) override;
-    // Gated DeltaNet: forwarded untouched (no fault targets them yet).
+    // Gated DeltaNet: the conv is a fault target (fault_op=causal_conv1d:
+    // its bound in step 1 must catch a broken kernel); the delta rule is
+    // forwarded untouched.
     Tensor causal_conv1d_silu(const TensorView& x, const TensorView& w, const TensorView* h) override {
-        return inner_->causal_conv1d_silu(x, w, h);
+        return after("causal_conv1d", inner_->causal_conv1d_silu(x, w, h));
     }
     GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override { return inner_->gated_delta_rule(in); }
     // The inner backend's fused attention, or — when the fault targets one of

@@ -102,7 +102,7 @@ struct NodeOutput {
 struct OpPlan {
     std::string inputs;
     std::function<NodeOutput(Backend&)> run;
-    // matmul, softmax, rmsnorm: what their a-priori error bounds need of the
+    // matmul, softmax, rmsnorm, causal_conv1d: what their a-priori error bounds need of the
     // exact inputs, in f64 (kept on the reference's outputs under these
     // names: ops.matmul.abs_dot, ops.softmax.row_max, …; audit/step_ops.cpp).
     std::function<std::map<std::string, Tensor>()> bound_data;
@@ -145,6 +145,31 @@ std::map<std::string, Tensor> rmsnorm_bound_data(const TensorView& x, const Tens
         scale.as<double>()[c] = std::fabs(offset ? 1.0 + w.at(c) : w.at(c));
     }
     return {{"mean_square", std::move(ms)}, {"scale_cond", std::move(cond)}, {"abs_scale", std::move(scale)}};
+}
+
+// The causal conv's bound (audit/step_ops.cpp conv_bounds): per output
+// (t, c), over its K taps of the padded input (history rows, then x), in
+// f64: the exact pre-activation Σ w·x ("pre"), Σ|w·x| ("abs_dot"), Σ(|w| +
+// |x|) ("abs_in": what a subnormal rounding of an input adds) and K.
+std::map<std::string, Tensor> conv_bound_data(const TensorView& x, const TensorView& w, const TensorView& history) {
+    const std::int64_t T = x.shape[0], C = x.shape[1], K = w.shape.back(), pad = K - 1;
+    Tensor pre(DType::f64, {T, C}), dot(DType::f64, {T, C}), ain(DType::f64, {T, C}), kernel(DType::f64, {1});
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t ch = 0; ch < C; ++ch) {
+            double z = 0, a = 0, b = 0;
+            for (std::int64_t j = 0; j < K; ++j) {
+                const std::int64_t tp = t + j - pad;
+                const double xv = tp >= 0 ? x.at(tp * C + ch) : history.at((pad + tp) * C + ch), wv = w.at(ch * K + j);
+                z += wv * xv;
+                a += std::fabs(wv * xv);
+                b += std::fabs(wv) + std::fabs(xv);
+            }
+            pre.as<double>()[t * C + ch] = z;
+            dot.as<double>()[t * C + ch] = a;
+            ain.as<double>()[t * C + ch] = b;
+        }
+    kernel.as<double>()[0] = static_cast<double>(K);
+    return {{"pre", std::move(pre)}, {"abs_dot", std::move(dot)}, {"abs_in", std::move(ain)}, {"kernel", std::move(kernel)}};
 }
 
 struct MoeInputs {
@@ -435,6 +460,7 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
                     const TensorView h = (*in)[2];
                     return NodeOutput{b.causal_conv1d_silu((*in)[0], (*in)[1], &h), {}};
                 };
+                plan.bound_data = [in] { return conv_bound_data((*in)[0].view(), (*in)[1].view(), (*in)[2].view()); };
             } else {
                 auto in = std::make_shared<std::vector<Tensor>>();
                 in->push_back(input(c, op, "q", {T, nk, dk}, 0, 1));
