@@ -64,7 +64,10 @@ check "defaults (flash attention auto, F16 KV) unfit, F32 KV + no flash attentio
 # Why: llama.cpp is not batch-invariant (a request's logits change when other sequences share its batch:
 # the sensitive tier asks for the same bits) — at F32 KV without flash attention that is the ONLY failing
 # criterion; with its defaults the batch moves a request by ~1e-2 (past the tolerant tier too) and the
-# logits, KL and perplexity fail the sensitive tier.
+# logits, KL and perplexity fail the sensitive tier. Its prefill-vs-decode deviation at F16 KV depends on
+# the kernels llama.cpp picks for the CPU: guarded max_rel below the tolerant 0.1 on the CI machine,
+# 0.20 (max|Δ| 2.9e-3) on a 2-vCPU EPYC without AVX-512 — so the tolerant failures are invariance
+# criteria only (batch always), never the request's own logits.
 check "F32 KV, no flash attention: every criterion passes but batch invariance (bits differ by ~1e-6)" python3 -c "
 import json,sys; d=json.load(open(sys.argv[1])); n=[x for x in d['nodes'] if x['node']=='llama.cpp:fa=off,kv=f32'][0]
 bad=[c['criterion'] for t in ('sensitive','tolerant') for c in n['criteria'][t] if not c['pass']]
@@ -74,7 +77,8 @@ assert all(0 < e['max_abs'] < 1e-4 for e in b), b" "$tmp/cmp.json"
 check "defaults: the batch moves a request past the tolerant tier, logits fail the sensitive one" python3 -c "
 import json,sys; d=json.load(open(sys.argv[1])); n=[x for x in d['nodes'] if x['node']=='llama.cpp:fa=auto,kv=f16'][0]
 sens={c['criterion'] for c in n['criteria']['sensitive'] if not c['pass']}; tol={c['criterion'] for c in n['criteria']['tolerant'] if not c['pass']}
-assert {'logits.linf_max','invariance.batch_max_rel'} <= sens and tol == {'invariance.batch_max_rel'}, (sens, tol)" "$tmp/cmp.json"
+assert {'logits.linf_max','invariance.batch_max_rel'} <= sens, (sens, tol)
+assert 'invariance.batch_max_rel' in tol and tol <= {'invariance.batch_max_rel','invariance.prefill_decode_max_rel'}, (sens, tol)" "$tmp/cmp.json"
 check "the measured logit deltas: defaults ~1e-2, F32 KV < 1e-4" python3 -c "
 import json,sys; d=json.load(open(sys.argv[1])); r={e['node']:e for e in d['steps']['logits']['results']}
 a=r['llama.cpp:fa=auto,kv=f16']['linf']['max']; b=r['llama.cpp:fa=off,kv=f32']['linf']['max']
