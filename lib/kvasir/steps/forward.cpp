@@ -224,10 +224,8 @@ Decoder::Decoder(Decoder&&) noexcept = default;
 Decoder& Decoder::operator=(Decoder&&) noexcept = default;
 
 Tensor Decoder::step(std::span<const std::int32_t> new_tokens, const std::vector<RoutingPlan>* routing) {
-    const std::int64_t before = position();
-    // Linear-attention state cannot be truncated: keep it to restore.
-    std::vector<std::pair<Tensor, Tensor>> linear_before;
-    for (const auto& k : impl_->cache) linear_before.emplace_back(k.conv_history, k.recurrent);
+    // Linear-attention state cannot be truncated: a mark keeps it to restore.
+    const Mark before = mark();
     ForwardOptions opt;
     opt.routing = routing;
     opt.keep_hidden = false;
@@ -235,11 +233,7 @@ Tensor Decoder::step(std::span<const std::int32_t> new_tokens, const std::vector
     try {
         run(impl_->runner, impl_->cache, new_tokens, opt, out);
     } catch (...) {
-        for (std::size_t i = 0; i < impl_->cache.size(); ++i) {  // layers already run roll back
-            impl_->cache[i].truncate(before);
-            impl_->cache[i].conv_history = std::move(linear_before[i].first);
-            impl_->cache[i].recurrent = std::move(linear_before[i].second);
-        }
+        rewind(before);  // layers already run roll back
         throw;
     }
     impl_->last_routing = std::move(out.routing);

@@ -176,8 +176,13 @@ namespace {
 std::vector<RoutingPlan> plan_rows(const ModelConfig& mc, const std::vector<RoutingPlan>& plan, std::int64_t r0, std::int64_t n) {
     std::vector<RoutingPlan> out(plan.size());
     for (std::size_t l = 0; l < plan.size(); ++l)
-        if (mc.is_moe(static_cast<std::int64_t>(l)))
+        if (mc.is_moe(static_cast<std::int64_t>(l))) {
+            KVASIR_CHECK(plan[l].ids.view().rank() == 2 && plan[l].weights.shape() == plan[l].ids.shape() &&
+                             r0 + n <= plan[l].ids.dim(0),
+                         ErrorCode::bad_input, "task: the authority's routing of layer {} has {} rows, rows [{}, {}) asked", l,
+                         plan[l].ids.view().rank() == 2 ? plan[l].ids.dim(0) : 0, r0, r0 + n);
             out[l] = RoutingPlan{arch::leading_rows(plan[l].ids, r0, n), arch::leading_rows(plan[l].weights, r0, n)};
+        }
     return out;
 }
 
