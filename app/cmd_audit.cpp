@@ -35,7 +35,7 @@ namespace kvasir::app {
 namespace {
 
 struct AuditOptions {
-    std::string protocol = std::string(KVASIR_SOURCE_DIR) + "/protocols/default.json";
+    std::string protocol;  // empty: default_protocol_path(--model given)
     std::string model;  // empty: the protocol's model, else the embedded fixture
     NodeOptions nodes;
     bool reference_given = false;
@@ -102,7 +102,8 @@ Nodes create_audit_nodes(const NodeOptions& options, std::vector<NodeInput>& fai
 
 void run_audit_command(const AuditOptions& opt) {
     check_report_outputs(opt.report);  // before anything runs: a misused output costs no audit
-    const Protocol protocol = load_protocol(opt.protocol);
+    const Protocol protocol =
+        load_protocol(opt.protocol.empty() ? default_protocol_path(!opt.model.empty()) : opt.protocol);
     const Gate gate = parse_gate(opt.report.gate);
     std::string model_path = opt.model;
     if (model_path.empty()) model_path = protocol.model.empty() ? default_model_path() : protocol.model_resolved;
@@ -210,10 +211,13 @@ void set_audit_command(CLI::App& app) {
         "The main job: run the protocol's six steps on every node, judge each node fit / unfit-sensitive / unfit / "
         "error, write the reports. Exit 0: every node meets the gate; 1: some node does not; 2: bad usage or input; "
         "3: internal error");
-    cmd->add_option("-p,--protocol", opt->protocol, "Protocol file (steps, shapes, seed, tolerances)")
-        ->capture_default_str();
+    cmd->add_option("-p,--protocol", opt->protocol,
+                    "Protocol file (steps, shapes, seed, tolerances). Default: protocols/trained.json, the trained "
+                    "fixture audited from text with its task score; with --model: protocols/default.json (token-id "
+                    "streams, no tokenizer needed)");
     cmd->add_option("-m,--model", opt->model,
-                    "Model: HF folder, .safetensors or .gguf (default: the protocol's model, the embedded fixture)");
+                    "Model: HF folder, .safetensors or .gguf (default: the protocol's model; the default protocol's is "
+                    "the trained fixture fixtures/models/qwen3_moe_trained)");
     add_node_options(*cmd, opt->nodes);
     cmd->get_option("--reference")->description("Node every other node is compared with (default: the protocol's, cpu-ref)");
     cmd->get_option("--reference")->each([opt](const std::string&) { opt->reference_given = true; });

@@ -24,8 +24,6 @@ namespace kvasir::app {
 
 namespace {
 
-std::string default_protocol() { return std::string(KVASIR_SOURCE_DIR) + "/protocols/default.json"; }
-
 std::vector<std::string> split_commas(const std::vector<std::string>& args) {
     std::vector<std::string> out;
     for (const std::string& a : args) {
@@ -44,7 +42,7 @@ std::vector<std::string> split_commas(const std::vector<std::string>& args) {
 struct CaptureOptions {
     std::string backend;
     std::string authority = "cpu-ref";
-    std::string protocol = default_protocol();
+    std::string protocol;  // empty: default_protocol_path(--model given), as audit
     std::string model;
     std::vector<std::string> steps;
     std::optional<std::uint64_t> seed;
@@ -56,7 +54,7 @@ struct CaptureOptions {
 void run_capture(const CaptureOptions& o) {
     KVASIR_CHECK(!o.output.empty(), ErrorCode::bad_input, "capture needs -o FILE");
     check_output_paths({{"--output", o.output}});
-    const Protocol protocol = load_protocol(o.protocol);
+    const Protocol protocol = load_protocol(o.protocol.empty() ? default_protocol_path(!o.model.empty()) : o.protocol);
     const std::string model_path =
         !o.model.empty() ? o.model : (protocol.model.empty() ? default_model_path() : protocol.model_resolved);
     const Model model = Model::open(model_path);
@@ -89,7 +87,7 @@ void run_capture(const CaptureOptions& o) {
 
 struct CompareOptions {
     std::vector<std::string> captures;
-    std::string protocol = default_protocol();
+    std::string protocol;  // empty: the shipped protocol the captures were made with
     std::string reference;
     std::vector<std::string> only_steps;
     ReportOptions report;
@@ -98,10 +96,12 @@ struct CompareOptions {
 
 void run_compare(const CompareOptions& o) {
     check_report_outputs(o.report);
-    const Protocol protocol = load_protocol(o.protocol);
     std::vector<Capture> caps;
     caps.reserve(o.captures.size());
     for (const std::string& path : o.captures) caps.push_back(Capture::open(path));
+    // Every capture's hash is checked against the protocol by compare_captures.
+    const Protocol protocol = load_protocol(
+        o.protocol.empty() ? shipped_protocol_with_hash(caps.front().protocol_hash(), caps.front().path()) : o.protocol);
     std::vector<const Capture*> ptrs;
     for (const Capture& c : caps) ptrs.push_back(&c);
     // The reference: named, else the f64 oracle, else the first capture.
@@ -128,7 +128,8 @@ void set_capture_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand(
         "capture", "Run the protocol on ONE backend and write its outputs to a capture file for `compare` on another machine");
     cmd->add_option("-b,--backend", opt->backend, "The node: NAME[:DEVICE][:key=value,...], e.g. opencl:0")->required();
-    cmd->add_option("-p,--protocol", opt->protocol, "Protocol file")->capture_default_str();
+    cmd->add_option("-p,--protocol", opt->protocol,
+                    "Protocol file (default: as audit — protocols/trained.json, with --model protocols/default.json)");
     cmd->add_option("--authority", opt->authority,
                     "The node whose discrete decisions (routing, tokens, anchors) pin this one; it runs beside it. "
                     "Must be the reference of the later compare")
@@ -151,8 +152,9 @@ void set_compare_command(CLI::App& app) {
         "compare", "Judge captures from any machines or runtimes as `audit` judges live nodes (same verdicts, reports, exit codes)");
     cmd->add_option("captures", opt->captures, "Capture files (kvasir-equiv capture, scripts/numpy_node.py, ...)")
         ->required();  // each is checked when opened: a FIFO, device or directory is refused by name
-    cmd->add_option("-p,--protocol", opt->protocol, "Protocol file the captures were made with (its hash must match)")
-        ->capture_default_str();
+    cmd->add_option("-p,--protocol", opt->protocol,
+                    "Protocol file the captures were made with, its hash must match (default: the shipped "
+                    "protocols/*.json whose hash the captures carry)");
     cmd->add_option("-r,--reference", opt->reference, "Node every other node is compared with (default: cpu-ref if captured, else the first)");
     cmd->add_option("--only-steps", opt->only_steps, "Judge only these steps, comma separated (e.g. ops for numpy/torch nodes)");
     add_report_options(*cmd, opt->report);

@@ -72,6 +72,17 @@ void end_progress();
 // The embedded default model: the qwen3_moe fixture made by transformers.
 std::string default_model_path();
 
+// The protocol audit and capture use when --protocol is not given. The
+// default audit (no --model either) is the trained fixture audited from text:
+// protocols/trained.json on fixtures/models/qwen3_moe_trained (issue #19). A
+// model named with --model gets protocols/default.json: its token-id streams
+// need no tokenizer and its tolerances were calibrated on all the fixtures.
+std::string default_protocol_path(bool model_given);
+// compare without --protocol: the shipped protocol (protocols/*.json) whose
+// content hash the captures carry; Error(bad_input) naming `described_as`
+// when none has it.
+std::string shipped_protocol_with_hash(const std::string& hash, const std::string& described_as);
+
 // When and where an HTML report is written: the date (UTC, to the minute)
 // from SOURCE_DATE_EPOCH when set — so two runs can give the same bytes —
 // else from the clock; the machine as host name and uname.

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <system_error>
@@ -24,6 +25,25 @@
 namespace kvasir::app {
 
 std::string default_model_path() { return std::string(KVASIR_SOURCE_DIR) + "/fixtures/models/qwen3_moe_tiny"; }
+
+std::string default_protocol_path(bool model_given) {
+    return std::string(KVASIR_SOURCE_DIR) + (model_given ? "/protocols/default.json" : "/protocols/trained.json");
+}
+
+std::string shipped_protocol_with_hash(const std::string& hash, const std::string& described_as) {
+    const std::filesystem::path dir = std::filesystem::path(KVASIR_SOURCE_DIR) / "protocols";
+    std::vector<std::filesystem::path> files;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+        if (e.path().extension() == ".json" && e.path().filename().string().find("schema") == std::string::npos)
+            files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+        if (load_protocol(f.string()).content_hash == hash) return f.string();
+    }
+    ::kvasir::fail(ErrorCode::bad_input, "{} was made with protocol hash {}, which no protocol shipped in {} has: pass it with -p FILE",
+                described_as, hash, dir.string());
+}
 
 HtmlStamp html_stamp() {
     HtmlStamp s;

@@ -186,15 +186,18 @@ fi
 
 # --- 7. audit and matrix (real model layers: the fixture), when this build has them -----------
 # Both default to every available node (cuda:0 included when present) plus cpu:acc=f16.
+# The default audit is the trained fixture from text (protocols/trained.json,
+# with its 250-item task: 1000 scored requests per node); the invariance run
+# takes protocols/default.json, the id-stream protocol, to stay short.
 help="$("$BIN" --help 2>&1)"
 if grep -qE "^\s+audit\b" <<<"$help"; then
-  run_phase audit 90 "$OUT/audit.txt" "$BIN" audit --json -o "$OUT/audit.json"
+  run_phase audit 150 "$OUT/audit.txt" "$BIN" audit --json -o "$OUT/audit.json"
   # The invariance step on the GPU nodes (issue #21): cuBLAS picks its
   # algorithm by shape (TF32 off and on), the hand-written kernels do not;
   # the atomics variant shows in the repeated requests. The whole default
   # protocol runs (steps 1–6 too), so every figure has its context.
   if [ $cuda_ok -eq 1 ]; then
-    run_phase invariance 90 "$OUT/invariance.txt" "$BIN" audit --gate none \
+    run_phase invariance 90 "$OUT/invariance.txt" "$BIN" audit -p "$ROOT/protocols/default.json" --gate none \
       --backends "cpu-ref,cpu,cuda:0,cuda:0:blas=cublas:tf32=0,cuda:0:blas=cublas:tf32=1,cuda:0:nondeterministic=1" \
       -o "$OUT/invariance.json"
     sed -n '/^Invariance/,/^$/p' "$OUT/invariance.txt" | sed 's/^/  /' >>"$SUMMARY"

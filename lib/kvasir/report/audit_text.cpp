@@ -89,6 +89,74 @@ std::string render_invariance(const AuditReport& r, const Style& st) {
            t.render("  ");
 }
 
+// Step 6 in one table: each node's perplexity (ratio to the reference's) and,
+// where the protocol has a task, its accuracy and answer agreement.
+std::string render_step6(const AuditReport& r, const Style& st) {
+    const auto ppl = r.steps.find("perplexity");
+    const auto task = r.steps.find("task");
+    const bool has_ppl = ppl != r.steps.end() && ppl->contains("results");
+    const bool has_task = task != r.steps.end() && task->contains("results");
+    if (!has_ppl && !has_task) return "";
+    std::vector<std::string> header{"step 6"};
+    if (has_ppl) {
+        header.push_back("perplexity");
+        header.emplace_back("ratio");
+    }
+    if (has_task) {
+        header.emplace_back("acc ± stderr");
+        header.emplace_back("acc_norm ± stderr");
+        header.emplace_back("acc ratio");
+        header.emplace_back("same answer");
+    }
+    TextTable t(header);
+    const auto find = [](const nlohmann::ordered_json& results, const std::string& node) -> const nlohmann::ordered_json* {
+        for (const auto& e : results)
+            if (e.value("node", std::string()) == node) return &e;
+        return nullptr;
+    };
+    const auto num = [](const nlohmann::ordered_json* e, const char* key) {
+        return e != nullptr && e->contains(key) && (*e)[key].is_number() ? std::optional<double>((*e)[key].get<double>())
+                                                                         : std::nullopt;
+    };
+    const auto acc_cell = [](std::optional<double> v, std::optional<double> se) {
+        return v ? fmt::format("{:.4f} ± {:.4f}", *v, se.value_or(0.0)) : std::string("—");
+    };
+    for (const NodeVerdict& v : r.nodes) {
+        std::vector<std::string> row{v.verdict == Verdict::reference ? v.node + " (ref)" : v.node};
+        const bool ref = v.verdict == Verdict::reference;
+        if (has_ppl) {
+            const auto* e = ref ? nullptr : find((*ppl)["results"], v.node);
+            const std::optional<double> p = ref ? num(&*ppl, "reference_perplexity") : num(e, "perplexity");
+            row.push_back(p ? fmt::format("{:.6g}", *p) : "—");
+            const std::optional<double> ratio = num(e, "ratio");
+            row.push_back(ref ? "·" : ratio ? fmt::format("{:.9f}", *ratio) : "—");
+        }
+        if (has_task) {
+            const auto* e = ref ? nullptr : find((*task)["results"], v.node);
+            if (ref) {
+                row.push_back(acc_cell(num(&*task, "reference_acc"), num(&*task, "reference_acc_stderr")));
+                row.push_back(acc_cell(num(&*task, "reference_acc_norm"), num(&*task, "reference_acc_norm_stderr")));
+                row.emplace_back("·");
+                row.emplace_back("·");
+            } else {
+                row.push_back(acc_cell(num(e, "acc"), num(e, "acc_stderr")));
+                row.push_back(acc_cell(num(e, "acc_norm"), num(e, "acc_norm_stderr")));
+                const std::optional<double> ratio = num(e, "acc_ratio"), agree = num(e, "agreement");
+                row.push_back(ratio ? fmt::format("{:.6f}", *ratio) : "—");
+                row.push_back(agree ? fmt::format("{:.4f}", *agree) : "—");
+            }
+        }
+        t.add_row(row);
+    }
+    std::string title = "Step 6: ";
+    if (has_ppl)
+        title += fmt::format("perplexity over {} predictions", ppl->value("predictions", 0));
+    if (has_task)
+        title += fmt::format("{}task score, {} multiple-choice items (lm-eval acc, acc_norm)", has_ppl ? "; " : "",
+                             task->value("items", 0));
+    return "\n" + st.bold(title) + "\n" + t.render("  ");
+}
+
 }  // namespace
 
 std::string render_audit_text(const AuditReport& r, const Style& st) {
@@ -174,6 +242,7 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
     }
 
     out += render_invariance(r, st);
+    out += render_step6(r, st);
 
     if (const std::vector<std::string> warnings = sample_size_warnings(r.nodes); !warnings.empty()) {
         out += "\n" + st.bold("Warnings (sample sizes)") + "\n";
