@@ -496,6 +496,72 @@ TEST(ErrorBound, SoftmaxRowBoundsByHand) {
     EXPECT_EQ(b[1], kInf);
 }
 
+// Computed inputs (attention's scores): every x_j may be off by up to E_j.
+// The worst perturbation for element j (+E_j on it, −E_k on every other)
+// stays inside the bound for an f64 node, whose bound is
+// max(y_j e^{E_j}/L − y_j, y_j − y_j e^{−E_j}/U), L = Σ y_k e^{−E_k},
+// U = Σ y_k e^{E_k}, to within f64's roundings; an f32
+// implementation summing in three orders on randomly perturbed inputs stays
+// inside too, and a bound without the input error does not hold it.
+TEST(ErrorBound, SoftmaxRowBoundsTakeTheInputsErrors) {
+    using namespace bound_test;
+    std::mt19937_64 rng(11);
+    for (const std::int64_t K : {2, 33, 700}) {
+        std::normal_distribution<double> nd(0.0, 2.0);
+        std::vector<double> x(static_cast<std::size_t>(K)), y(x.size()), E(x.size()), b(x.size()), b0(x.size());
+        double m = -INFINITY, z = 0;
+        for (std::size_t j = 0; j < x.size(); ++j) {
+            x[j] = nd(rng);
+            E[j] = 1e-4 * std::fabs(x[j]);
+            m = std::max(m, x[j]);
+        }
+        for (double v : x) z += std::exp(v - m);
+        for (std::size_t j = 0; j < x.size(); ++j) y[j] = std::exp(x[j] - m) / z;
+        const kvasir::OpFormats f64 = formats("f64", "f64", "f64");
+        kvasir::softmax_row_bounds(f64, *kvasir::gamma_bound(K, f64.accumulation.u), y, m, std::log(z), b, E);
+        for (std::size_t j = 0; j < x.size(); ++j) {
+            // The extreme case: x_j up by E_j, every other down by its E_k.
+            double zz = 0;
+            for (std::size_t k = 0; k < x.size(); ++k) zz += std::exp(x[k] + (k == j ? E[k] : -E[k]) - m);
+            const double worst = std::exp(x[j] + E[j] - m) / zz;
+            ASSERT_LE(worst - y[j], b[j]) << "K " << K << " j " << j;
+            // The bound's form with f64's roundings negligible: the element up by e^{E_j}, the sum
+            // down to L = Σ_k y_k e^{−E_k} (or the reverse, with U = Σ_k y_k e^{E_k}).
+            double L = 0, U = 0;
+            for (std::size_t k = 0; k < x.size(); ++k) L += y[k] * std::exp(-E[k]), U += y[k] * std::exp(E[k]);
+            const double formula = std::max(y[j] * std::exp(E[j]) / L - y[j], y[j] - y[j] * std::exp(-E[j]) / U);
+            EXPECT_GE(b[j], formula * (1 - 1e-12)) << "K " << K << " j " << j;
+            EXPECT_LE(b[j], formula * (1 + 1e-9) + 1e-13 * y[j]) << "K " << K << " j " << j;
+        }
+        // f32 on perturbed inputs, three summation orders.
+        const kvasir::OpFormats f = formats("f32", "f32", "f32");
+        const double g = *kvasir::gamma_bound(K, f.accumulation.u);
+        kvasir::softmax_row_bounds(f, g, y, m, std::log(z), b, E);
+        kvasir::softmax_row_bounds(f, g, y, m, std::log(z), b0);
+        bool outside_plain = false;
+        for (int trial = 0; trial < 20; ++trial) {
+            std::vector<float> xf(x.size()), e(x.size());
+            float mf = -INFINITY;
+            for (std::size_t j = 0; j < x.size(); ++j) {
+                const double s = trial == 0 ? (y[j] == *std::max_element(y.begin(), y.end()) ? 1.0 : -1.0)
+                                            : std::uniform_real_distribution<double>(-1, 1)(rng);
+                xf[j] = static_cast<float>(x[j] + s * E[j]);
+                mf = std::fmax(mf, xf[j]);
+            }
+            for (std::size_t j = 0; j < x.size(); ++j) e[j] = std::exp(xf[j] - mf);
+            for (int order = 0; order < 3; ++order) {
+                const float s = sum_in_order(e, order);
+                for (std::size_t j = 0; j < x.size(); ++j) {
+                    const double d = std::fabs(static_cast<double>(e[j] / s) - y[j]);
+                    ASSERT_LE(d, b[j]) << "K " << K << " j " << j << " trial " << trial;
+                    outside_plain = outside_plain || d > b0[j];
+                }
+            }
+        }
+        EXPECT_TRUE(outside_plain) << "K " << K << ": the input errors never mattered";
+    }
+}
+
 // The bounds hold for f32, bf16- and f16-storage implementations summing in three
 // orders over rows of every scale (inputs N(0, σ), σ up to 30: a 180-wide
 // spread, exps down to 1e-78), and are not vacuous: the largest error lands

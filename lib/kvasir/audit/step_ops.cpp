@@ -22,7 +22,9 @@
 
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 
 namespace kvasir {
@@ -65,9 +67,10 @@ std::optional<OpFormats> op_formats(const nlohmann::ordered_json& caps, bool mat
 }
 
 // One op's a-priori bound, element by element, for a node of formats f whose
-// reduction of K terms errs by at most g relatively — the node's own
+// reduction of K terms errs by at most gamma(K) relatively — the node's own
 // rounding, or (with the reference's formats) the oracle's.
-using ElementBounds = std::function<void(const OpFormats& f, double g, std::vector<double>& out)>;
+using Gamma = std::function<double(std::int64_t)>;
+using ElementBounds = std::function<void(const OpFormats& f, const Gamma& gamma, std::vector<double>& out)>;
 
 // matmul (Higham §3.1): the node's inputs are the f32 seeded/model operands
 // rounded to its storage format (|x̂ŵ − xw| <= r·|xw|, r = 2u_s + u_s², 0 for
@@ -81,7 +84,8 @@ using ElementBounds = std::function<void(const OpFormats& f, double g, std::vect
 // output η_out (ops.matmul.abs_x / abs_w); ~1e-8 of the bound for f16
 // storage, ~1e-40 for f32.
 ElementBounds matmul_bounds(const TensorView& S, const TensorView& yr, const TensorView& AX, const TensorView& AW, std::int64_t K) {
-    return [=](const OpFormats& f, double gk, std::vector<double>& out) {
+    return [=](const OpFormats& f, const Gamma& gamma, std::vector<double>& out) {
+        const double gk = gamma(K);
         const bool rounded = f.storage.u > std::ldexp(1.0, -24);
         const double us = f.storage.u, uo = f.output.u, kd = static_cast<double>(K);
         const double r = rounded ? 2.0 * us + us * us : 0.0, eta_s = rounded ? f.storage.eta : 0.0;
@@ -99,8 +103,9 @@ ElementBounds matmul_bounds(const TensorView& S, const TensorView& yr, const Ten
 // the reference's output and each row's max and log Σ exp (ops.softmax.row_max,
 // log_sum).
 ElementBounds softmax_bounds(const TensorView& yr, const TensorView& mx, const TensorView& ls) {
-    return [=](const OpFormats& f, double g, std::vector<double>& out) {
+    return [=](const OpFormats& f, const Gamma& gamma, std::vector<double>& out) {
         const std::int64_t cols = yr.dim(-1), rows = mx.numel();
+        const double g = gamma(cols);
         std::vector<double> y(static_cast<std::size_t>(cols)), b(y.size());
         for (std::int64_t r = 0; r < rows; ++r) {
             for (std::int64_t c = 0; c < cols; ++c) y[static_cast<std::size_t>(c)] = yr.at(r * cols + c);
@@ -114,8 +119,9 @@ ElementBounds softmax_bounds(const TensorView& yr, const TensorView& mx, const T
 // rmsnorm_element_bound), from each row's mean square and each column's scale
 // condition and magnitude (ops.rmsnorm.mean_square, scale_cond, abs_scale).
 ElementBounds rmsnorm_bounds(const TensorView& yr, const TensorView& ms, const TensorView& cond, const TensorView& scale) {
-    return [=](const OpFormats& f, double g, std::vector<double>& out) {
+    return [=](const OpFormats& f, const Gamma& gamma, std::vector<double>& out) {
         const std::int64_t cols = yr.dim(-1), rows = ms.numel();
+        const double g = gamma(cols);
         for (std::int64_t r = 0; r < rows; ++r)
             for (std::int64_t c = 0; c < cols; ++c) {
                 const double rho = rmsnorm_relative_bound(f, g, cond.at(c), ms.at(r));
@@ -138,7 +144,8 @@ ElementBounds rmsnorm_bounds(const TensorView& yr, const TensorView& ms, const T
 //   |ŷ − y| <= (1 + u_out)·[(1 + ε)·1.1·Δz + ε·|y| + 4η_acc] + u_out·|y| + η_out.
 // S, z and A from the reference (ops.causal_conv1d.abs_dot, pre, abs_in).
 ElementBounds conv_bounds(const TensorView& S, const TensorView& z, const TensorView& A, const TensorView& yr, std::int64_t K) {
-    return [=](const OpFormats& f, double gk, std::vector<double>& out) {
+    return [=](const OpFormats& f, const Gamma& gamma, std::vector<double>& out) {
+        const double gk = gamma(K);
         const bool rounded = f.storage.u > std::ldexp(1.0, -24);
         const double us = f.storage.u, ua = f.accumulation.u, uo = f.output.u, kd = static_cast<double>(K);
         const double r = rounded ? 2.0 * us + us * us : 0.0, eta_s = rounded ? f.storage.eta : 0.0;
@@ -156,8 +163,260 @@ ElementBounds conv_bounds(const TensorView& S, const TensorView& z, const Tensor
     };
 }
 
+// The MoE block, routing and combine weights pinned by the authority:
+// per token and routed slot j (expert e_j, weight c_j), g = G·x and
+// u = U·x over H terms, h = silu(g)·u, d = D·h over I terms, y = Σ_j c_j·d_j
+// over k. Any composition that rounds no worse than the node's formats
+// (Backend::moe_block's, a fused kernel keeping intermediates wider) —
+// every rounding a factor (1 + δ), |δ| <= u, plus η in the subnormal range:
+// (a) g, u as matmul_bounds: |ĝ − g| <= a·Sg + z, a = r + γ_H(1 + r),
+//     z = η_s(1 + r)(1 + γ_H)·A + H·η_s²(1 + γ_H) + H·η_acc (A: the largest
+//     Σ|x| + Σ|G_i|); kept in the output format, G' = (1 + u_o)(a·Sg + z) +
+//     u_o|g| + η_o = a1·Sg + u_o|g| + z1, and G' <= a2·Sg + z1, a2 = a1 + u_o
+//     (|g| <= Sg); U' likewise.
+// (b) h: SiLU is 1.0998-Lipschitz and |silu(g)| <= |g|; evaluating it errs
+//     by ε_s = (1 + 8u)²(1 + u)² − 1 relatively (u = u_acc; exp and the
+//     division at kElementaryUlps) plus κ_s absolutely: 4η_acc, and where
+//     exp(−g) overflows the accumulation format (g < −L, L = ln max) the
+//     exact |silu(g)| <= (L + 1)·e^{−(L − 1)}; the product with û and the
+//     output rounding make ε' = (1 + ε_s)(1 + u_acc)(1 + u_o) − 1:
+//       |ĥ − h| <= 1.1G'(|u| + U') + |s|U' + ε'(|s| + 1.1G')(|u| + U')
+//                  + κ'(|u| + U') + η',  κ' = κ_s(1 + u_acc)(1 + u_o),
+//                  η' = η_acc(1 + u_o) + η_o,
+//     which expands into the six terms op_delta.cpp moe_bound_data keeps:
+//       Eh <= (1+ε')a1·V0 + (1+ε')u_o·V1 + ε'·V2 + 1.1(1+ε')a2²·V3
+//             + [1.1(1+ε')z1(1 + a2) + κ'(1 + u_o + a1)]·V4
+//             + [1.1(1+ε')z1² + κ'z1 + η']·V5
+//     (V0 = 1.1·Sg|u| + |s|Su, V1 = (1.1|g| + |s|)|u|, V2 = |h|, V3 = Sg·Su,
+//     V4 = Sg + Su, V5 = 1; 1.1|u| + |s| <= 1.1·V4 and |u| <= Su fold the
+//     rest into V4).
+// (c) d: I products of D̂ and ĥ in any order:
+//       |d̂ − d| <= (1 + r)(1 + γ_I)·|D|·Eh + [r + γ_I(1 + r)]·|D|·|h|
+//                  + η_s(1 + r)(1 + γ_I)(Σ|ĥ| + Σ_i|D_mi|) + I·η_s²(1 + γ_I) + I·η_acc,
+//     Σ|ĥ| <= Σ|h| + ΣEh; kept in the output format: E'd = (1 + u_o)·that + u_o|d| + η_o.
+// (d) the combine: each weight read in at worst r_c = max(u_c, u_o), the k
+//     products summed in the combine format u_c (the accumulation's, at
+//     least f32 below f64: Backend::moe_block sums in f32 or f64) in any
+//     order, the result rounded to the output:
+//       |ŷ − y| <= (1 + u_o)[(1 + r_c)(1 + γ_k)·Σ_j|c_j|E'd_j
+//                  + (r_c + γ_k(1 + r_c))·Σ_j|c_j||d_j|] + u_o|y| + η_o.
+// Every Σ_j |c_j|·(…) is linear in the terms moe_bound_data carried through
+// |D| and the combine (ops.moe.abs_terms, abs_sums, abs_combine, abs_weights,
+// dims). The combine's γ_k stays worst-case in the probabilistic figure.
+ElementBounds moe_bounds(const TensorView& P, const TensorView& Q, const TensorView& Cd, const TensorView& W, const TensorView& yr,
+                         std::int64_t H, std::int64_t I, std::int64_t k, double amax) {
+    return [=](const OpFormats& f, const Gamma& gamma, std::vector<double>& out) {
+        const bool rounded = f.storage.u > std::ldexp(1.0, -24);
+        const double us = f.storage.u, ua = f.accumulation.u, uo = f.output.u;
+        const double r = rounded ? 2.0 * us + us * us : 0.0, eta_s = rounded ? f.storage.eta : 0.0;
+        const double eta_a = f.accumulation.eta, eta_o = f.output.eta, hd = static_cast<double>(H), id = static_cast<double>(I);
+        const double gH = gamma(H), gI = gamma(I);
+        const double uc = ua <= std::ldexp(1.0, -53) ? ua : std::max(ua, std::ldexp(1.0, -24));
+        const double rc = std::max(uc, uo);
+        const double gk = gamma_bound(k, uc).value_or(INFINITY);
+        // (a)
+        const double a = r + gH * (1 + r);
+        const double z = eta_s * (1 + r) * (1 + gH) * amax + hd * eta_s * eta_s * (1 + gH) + hd * eta_a;
+        const double a1 = (1 + uo) * a, z1 = (1 + uo) * z + eta_o, a2 = a1 + uo;
+        // (b)
+        const double e1 = kElementaryUlps * 2.0 * ua;
+        const double eps_s = (1 + e1) * (1 + e1) * (1 + ua) * (1 + ua) - 1;
+        const double eps = (1 + eps_s) * (1 + ua) * (1 + uo) - 1;
+        const double L = std::log(f.accumulation.max > 0 ? f.accumulation.max : std::numeric_limits<float>::max());
+        const double kappa = ((L + 1) * std::exp(-(L - 1)) + 4 * eta_a) * (1 + ua) * (1 + uo);
+        const double eta_h = eta_a * (1 + uo) + eta_o;
+        const double coef[6] = {(1 + eps) * a1,
+                                (1 + eps) * uo,
+                                eps,
+                                1.1 * (1 + eps) * a2 * a2,
+                                1.1 * (1 + eps) * z1 * (1 + a2) + kappa * (1 + uo + a1),
+                                1.1 * (1 + eps) * z1 * z1 + kappa * z1 + eta_h};
+        const std::int64_t T = W.numel();
+        for (std::int64_t t = 0; t < T; ++t) {
+            double qe = 0;  // Σ_j |c_j| Σ_i Eh
+            for (int b = 0; b < 6; ++b) qe += coef[b] * Q.at(t * 6 + b);
+            const double q_h = Q.at(t * 6 + 2), wsum = W.at(t);
+            for (std::int64_t m = 0; m < H; ++m) {
+                const auto at = [&](int b) { return P.at((b * T + t) * H + m); };
+                double pe = 0;  // Σ_j |c_j| (|D|·Eh)_m
+                for (int b = 0; b < 6; ++b) pe += coef[b] * at(b);
+                const double cd = Cd.at(t * H + m);
+                // (c), weighted by |c_j| and summed over j
+                const double ed = (1 + r) * (1 + gI) * pe + (r + gI * (1 + r)) * at(2) +
+                                  eta_s * (1 + r) * (1 + gI) * (q_h + qe + at(5)) + (id * eta_s * eta_s * (1 + gI) + id * eta_a) * wsum;
+                const double ed_out = (1 + uo) * ed + uo * cd + eta_o * wsum;
+                // (d)
+                const double y = std::fabs(yr.at(t * H + m));
+                out[static_cast<std::size_t>(t * H + m)] +=
+                    (1 + uo) * ((1 + rc) * (1 + gk) * ed_out + (rc + gk * (1 + rc)) * cd) + uo * y + eta_o;
+            }
+        }
+    };
+}
+
+// Causal GQA attention over a cache (attention, and attention_sinks with a
+// window and a sink logit per head), any composition or fused kernel that
+// rounds no worse than the node's formats. Per row (t, h):
+// (a) the scores: x_j = scale·(q·k_j), a dot product of D terms of inputs
+//     rounded to storage (r, γ_D, subnormal terms as matmul_bounds), times
+//     the scale (itself rounded, at worst to f32 or storage), rounded in the
+//     accumulation and the output format: θ = (1 + max(u_o, u_f32))(1 + u_acc)(1 + u_o) − 1,
+//       |x̂_j − x_j| <= E_j = [(1 + θ)a + θ]·A_j + (1 + θ)(η_s(1 + r)(1 + γ_D)·A_in
+//                         + scale·D(η_s²(1 + γ_D) + η_acc)) + η_acc(1 + u_o) + η_o,
+//     a = r + γ_D(1 + r), A_j = scale·Σ|q·k_j| >= |x_j|; a masked key is
+//     −inf exactly and the sink logit an input (E = 0: the softmax bound
+//     rounds its inputs to storage itself).
+// (b) the probabilities: metrics/error_bound.hpp softmax_row_bounds over
+//     the S + 1 columns with the computed inputs' E_j: |p̂_j − p_j| <= P_j.
+// (c) the output: o_d = Σ_j p_j·v_jd, S products in any order:
+//       |ô_d − o_d| <= (1 + r)(1 + γ_S)·Σ_j P_j|v_jd| + [r + γ_S(1 + r)]·Σ_j p_j|v_jd|
+//                      + η_s(1 + r)(1 + γ_S)(Σ_j(p_j + P_j) + Σ_j|v_jd|) + S(η_s²(1 + γ_S) + η_acc),
+//     then the output rounding (1 + u_o)·that + u_o|o_d| + η_o.
+// From the reference's ops.<op>.probs, abs_dot, row_max, log_sum, abs_in,
+// abs_v and dims (op_delta.cpp attention_bound_data).
+ElementBounds attention_bounds(const TensorView& probs, const TensorView& dot, const TensorView& mx, const TensorView& ls, const TensorView& ain,
+                               const TensorView& av, const TensorView& yr, std::int64_t D, std::int64_t S, double scale) {
+    return [=](const OpFormats& f, const Gamma& gamma, std::vector<double>& out) {
+        const bool rounded = f.storage.u > std::ldexp(1.0, -24);
+        const double us = f.storage.u, ua = f.accumulation.u, uo = f.output.u;
+        const double r = rounded ? 2.0 * us + us * us : 0.0, eta_s = rounded ? f.storage.eta : 0.0;
+        const double eta_a = f.accumulation.eta, eta_o = f.output.eta, dd = static_cast<double>(D), sd = static_cast<double>(S);
+        const double gD = gamma(D), gS = gamma(S), gC = gamma(S + 1);
+        const double a = r + gD * (1 + r);
+        const double theta = (1 + std::max(uo, std::ldexp(1.0, -24))) * (1 + ua) * (1 + uo) - 1;
+        const std::int64_t C = S + 1, rows = mx.numel(), nh = probs.dim(1), rep = nh / av.dim(0);
+        std::vector<double> y(static_cast<std::size_t>(C)), e(y.size()), pb(y.size());
+        for (std::int64_t row = 0; row < rows; ++row) {
+            const std::int64_t h = row % nh, g = h / rep;
+            for (std::int64_t j = 0; j < C; ++j) {
+                const auto jj = static_cast<std::size_t>(j);
+                y[jj] = probs.at(row * C + j);
+                const double A = dot.at(row * C + j);
+                e[jj] = j < S && A > 0 ? ((1 + theta) * a + theta) * A +
+                                             (1 + theta) * (eta_s * (1 + r) * (1 + gD) * ain.at(row) + scale * dd * (eta_s * eta_s * (1 + gD) + eta_a)) +
+                                             eta_a * (1 + uo) + eta_o
+                                       : 0.0;
+            }
+            softmax_row_bounds(f, gC, y, mx.at(row), ls.at(row), pb, e);
+            double sp = 0;
+            for (std::int64_t j = 0; j < S; ++j) sp += y[static_cast<std::size_t>(j)] + pb[static_cast<std::size_t>(j)];
+            for (std::int64_t d = 0; d < D; ++d) {
+                double sev = 0, spv = 0, sv = 0;
+                for (std::int64_t j = 0; j < S; ++j) {
+                    const double v = av.at((g * S + j) * D + d);
+                    sev += pb[static_cast<std::size_t>(j)] * v;
+                    spv += y[static_cast<std::size_t>(j)] * v;
+                    sv += v;
+                }
+                const double eo = (1 + r) * (1 + gS) * sev + (r + gS * (1 + r)) * spv + eta_s * (1 + r) * (1 + gS) * (sp + sv) +
+                                  sd * (eta_s * eta_s * (1 + gS) + eta_a);
+                const std::int64_t x = row * D + d;  // [T, nh·D], head-major: row (t, h) is t·nh + h
+                out[static_cast<std::size_t>(x)] += (1 + uo) * eo + uo * std::fabs(yr.at(x)) + eta_o;
+            }
+        }
+    };
+}
+
+// The gated delta rule (linear_attention.hpp), per value head h and state
+// column j, token after token. With ‖k‖ <= 1 (l2-normalised) and 0 < β < 1
+// the update S ← decay·(I − β·k·kᵀ)·S + β·k·vᵀ is non-expansive in every
+// column (I − βkkᵀ has eigenvalues 1 and 1 − β‖k‖², so norm <= 1 while
+// β‖k‖² <= 2), so a column's error e = ‖Ŝ[:, j] − S[:, j]‖₂ grows by what each
+// step adds and never multiplies. Per (t, h), from the raw inputs (every
+// rounding (1 + δ), |δ| <= u, plus η; storage rounding of inputs u_s; the
+// arithmetic, the state and the rank-1 update at u_e = u_acc or finer;
+// elementary functions e_f = 8u_e):
+//   q̂, k̂: metrics rmsnorm_relative_bound on (Σx² + eps)/dk (ρ_k; q also
+//     × 1/√dk computed: ρ_q = (1 + ρ)(1 + e_f)(1 + u_e)² − 1), plus α = 4η_e
+//     + 2η_s absolutely per element; ‖k̂‖ <= ‖k‖(1 + ρ_k) + √dk·α;
+//   decay = exp(−exp(A_log)·softplus(a + dt_bias)): the sum's inputs and
+//     rounding Δz, softplus 1-Lipschitz (+ e^{−20} where the threshold
+//     switches, + its exp and log1p), exp(A_log) with A_log rounded, the
+//     product, then exp: Δdecay = decay·(e^{Δg}(1 + e_f) − 1);
+//   β = sigmoid(b): b rounded (σ' <= 1/4) and its exp, 1 + and division.
+// Column step (s: the column before the decay, exact; e its node error):
+//   e1 = (decay + Δdec)(1 + u_e)·e + ((decay + Δdec)(1 + u_e) − decay)·‖s‖
+//   the new column's error, from Ŝ' − S' = (I − β̂k̂k̂ᵀ)·e1 + k̂β̂(v̂ − v)
+//     − k̂β̂((k̂ − k)ᵀs1 + ρ_m) + (k̂β̂ − kβ)(v − m) + the roundings of δ and the update:
+//   e' <= e1 + ‖k̂‖β̂|Δv| + ‖k̂‖β̂(ρ_kΣ|s1·k| + α√dk‖s1‖ + ρ_m) + ‖k̂β̂ − kβ‖·|v − m| + r_δ + r_upd,
+//   ρ_m = γ_dk·Σ|ŝ1||k̂| (m's own sum); the output o_j = Σ_i S'_ij·q_i:
+//   |ô − o| <= e'‖q̂‖ + ρ_qΣ|S'q| + α√dk‖S'‖ + γ_dk·Σ|Ŝ'||q̂|, then rounded to the output.
+// From the reference's ops.gated_delta.cols, heads, params, dims
+// (op_delta.cpp gated_delta_bound_data: the oracle's own trace). The
+// recurrent state is taken as kept at the accumulation format or wider (f32
+// in transformers and every kvasir kernel): a node rounding it to a coarser
+// storage promises less than this bound.
+ElementBounds gated_delta_bounds(const TensorView& cols, const TensorView& heads, const TensorView& params, const TensorView& yr,
+                                 std::int64_t dk) {
+    return [=](const OpFormats& f, const Gamma& gamma, std::vector<double>& out) {
+        const bool rounded = f.storage.u > std::ldexp(1.0, -24);
+        const double us = rounded ? f.storage.u : 0.0, eta_s = rounded ? f.storage.eta : 0.0;
+        const double ue = f.accumulation.u, ef = kElementaryUlps * 2.0 * ue, uo = f.output.u;
+        const double eta_e = f.accumulation.eta, eta_o = f.output.eta;
+        const double g = gamma(dk), sdk = std::sqrt(static_cast<double>(dk)), kdk = static_cast<double>(dk);
+        constexpr double eps = 1e-6;
+        const double alpha = 4 * eta_e + 2 * eta_s;
+        const double ue2 = (1 + ue) * (1 + ue) - 1;
+        const double eps_sig = (1 + ef) * (1 + ef) * (1 + ue) / (1 - ef) - 1;
+        const std::int64_t T = heads.dim(0), nv = heads.dim(1), dv = cols.dim(2);
+        std::vector<double> err(static_cast<std::size_t>(dv));
+        for (std::int64_t h = 0; h < nv; ++h) {
+            const double a_log = params.at(h * 2), dt = params.at(h * 2 + 1), E = std::exp(a_log);
+            const double eps_E = std::exp(us * std::fabs(a_log) + eta_s) * (1 + ef) - 1;
+            for (std::int64_t j = 0; j < dv; ++j)
+                err[static_cast<std::size_t>(j)] = us * cols.at(((0 * nv + h) * dv + j) * 6) + sdk * eta_s;  // the state read in
+            for (std::int64_t t = 0; t < T; ++t) {
+                const std::int64_t th = t * nv + h;
+                const double nq2 = heads.at(th * 4), nk2 = heads.at(th * 4 + 1), a = heads.at(th * 4 + 2), b = heads.at(th * 4 + 3);
+                const double rho_k = rmsnorm_relative_bound(f, g, 0.0, (nk2 + eps) / kdk);
+                const double rho_q = (1 + rmsnorm_relative_bound(f, g, 0.0, (nq2 + eps) / kdk)) * (1 + ef) * (1 + ue) * (1 + ue) - 1;
+                const double nk = std::sqrt(nk2 / (nk2 + eps)), nq = std::sqrt(nq2 / (nq2 + eps)) / sdk;
+                const double nkh = nk * (1 + rho_k) + sdk * alpha, nqh = nq * (1 + rho_q) + sdk * alpha, dkn = rho_k * nk + sdk * alpha;
+                // decay
+                const double z = a + dt, sp = z > 20 ? z : std::log1p(std::exp(z)), gg = -E * sp, decay = std::exp(gg);
+                const double dz = (us * (std::fabs(a) + std::fabs(dt)) + 2 * eta_s) * (1 + ue) + ue * std::fabs(z) + eta_e;
+                const double dsp = dz + std::exp(-20.0) + ef + ef * (sp + dz);
+                const double dg = E * (1 + eps_E) * (1 + ue) * dsp + std::fabs(gg) * ((1 + eps_E) * (1 + ue) - 1) + eta_e;
+                const double ddec = decay * (std::exp(dg) * (1 + ef) - 1) + eta_e, dec_hi = decay + ddec;
+                // beta
+                const double beta = 1 / (1 + std::exp(-b)), db = us * std::fabs(b) + eta_s;
+                const double dbeta = db / 4 + (beta + db / 4) * eps_sig + eta_e, beta_hi = beta + dbeta;
+                const double dkb = dkn * beta_hi + nk * dbeta;  // ‖k̂β̂ − kβ‖
+                const bool contracts = std::isfinite(rho_k) && std::isfinite(rho_q) && std::isfinite(dg) && beta_hi * nkh * nkh <= 2;
+                for (std::int64_t j = 0; j < dv; ++j) {
+                    const std::int64_t c = (th * dv + j) * 6;
+                    const double s_prev = cols.at(c), s1k = cols.at(c + 1), v = cols.at(c + 2), m = cols.at(c + 3), snew = cols.at(c + 4),
+                                 snq = cols.at(c + 5);
+                    double& e = err[static_cast<std::size_t>(j)];
+                    const std::int64_t x = th * dv + j;
+                    if (!contracts || !std::isfinite(e)) {
+                        e = INFINITY;
+                        out[static_cast<std::size_t>(x)] = INFINITY;
+                        continue;
+                    }
+                    const double s1 = decay * s_prev;
+                    const double e1 = dec_hi * (1 + ue) * e + (dec_hi * (1 + ue) - decay) * s_prev;
+                    const double s1h = dec_hi * (1 + ue) * (s_prev + e);
+                    const double rho_m = g * ((1 + rho_k) * (s1k + e1 * nk) + alpha * sdk * (s1 + e1));
+                    const double kds = rho_k * s1k + alpha * sdk * s1;
+                    const double dvv = us * std::fabs(v) + eta_s;
+                    const double dm = e1 * nkh + kds + rho_m;
+                    const double vm = std::fabs(v - m), vmh = vm + dvv + dm;
+                    const double delta_hi = beta_hi * vmh * (1 + ue2);
+                    const double r_delta = nkh * beta_hi * vmh * ue2;
+                    const double r_upd = ue * (1 + ue) * nkh * delta_hi + ue * (1 + ue) * (s1h + nkh * delta_hi) + 2 * sdk * eta_e;
+                    e = e1 + nkh * beta_hi * dvv + nkh * beta_hi * (kds + rho_m) + dkb * vm + r_delta + r_upd;
+                    const double eo = e * nqh + rho_q * snq + alpha * sdk * snew + g * ((1 + rho_q) * (snq + e * nq) + alpha * sdk * (snew + e));
+                    out[static_cast<std::size_t>(x)] += (1 + uo) * eo + uo * std::fabs(yr.at(x)) + eta_o;
+                }
+            }
+        }
+    };
+}
+
 // Rigorous a-priori bounds, element by element, of the ops that have one:
-// matmul, softmax, rmsnorm and causal_conv1d (the derivations beside each bound above and in
+// matmul, softmax, rmsnorm, causal_conv1d, moe, gated_delta, attention and
+// attention_sinks (the derivations beside each bound above and in
 // metrics/error_bound.cpp). Each element of a node is checked against its
 // bound plus the oracle's own (the same formula at the reference's formats,
 // an f64 oracle's ~1e-13 of it): a correct node never exceeds the sum,
@@ -239,9 +498,59 @@ nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
         ops.push_back({"causal_conv1d", K,
                        conv_bounds(data("causal_conv1d", "abs_dot"), data("causal_conv1d", "pre"), data("causal_conv1d", "abs_in"), yr, K)});
     }
+    if (has_all("moe", {"out", "abs_terms", "abs_sums", "abs_combine", "abs_weights", "dims"})) {
+        const TensorView yr = data("moe", "out"), dims = data("moe", "dims");
+        KVASIR_CHECK(yr.rank() == 2 && yr.numel() > 0, ErrorCode::bad_input, "{}: ops.moe.out {} is not [T, H]", ref.origin(),
+                     shape_str(yr.shape));
+        const std::int64_t T = yr.shape[0], H = yr.shape[1];
+        shapes_fit("moe", yr, {{"abs_terms", Shape{6, T, H}}, {"abs_sums", Shape{T, 6}}, {"abs_combine", yr.shape}, {"abs_weights", Shape{T}},
+                               {"dims", Shape{4}}});
+        const auto dim = [&](std::int64_t i, double lo, double hi) {
+            const double v = dims.at(i);
+            KVASIR_CHECK(v >= lo && v <= hi && v == std::floor(v), ErrorCode::bad_input, "{}: ops.moe.dims[{}] = {} is outside {}..{}",
+                         ref.origin(), i, v, lo, hi);
+            return static_cast<std::int64_t>(v);
+        };
+        KVASIR_CHECK(dim(0, 1, 1 << 20) == H, ErrorCode::bad_input, "{}: ops.moe.dims[0] is not ops.moe.out's width {}", ref.origin(), H);
+        const std::int64_t I = dim(1, 1, 1 << 20), k = dim(2, 1, 1024);
+        const double amax = dims.at(3);
+        KVASIR_CHECK(std::isfinite(amax) && amax >= 0, ErrorCode::bad_input, "{}: ops.moe.dims[3] = {} is not a magnitude", ref.origin(), amax);
+        // The longest reduction decides whether a node's formats bound it at all.
+        ops.push_back({"moe", std::max(H, I),
+                       moe_bounds(data("moe", "abs_terms"), data("moe", "abs_sums"), data("moe", "abs_combine"), data("moe", "abs_weights"), yr,
+                                  H, I, k, amax)});
+    }
+    if (has_all("gated_delta", {"out", "cols", "heads", "params", "dims"})) {
+        const TensorView yr = data("gated_delta", "out"), cols = data("gated_delta", "cols"), dims = data("gated_delta", "dims");
+        KVASIR_CHECK(yr.rank() == 3 && yr.numel() > 0 && dims.numel() == 1, ErrorCode::bad_input,
+                     "{}: ops.gated_delta.out {} is not [T, nv, dv] (or dims is not [1])", ref.origin(), shape_str(yr.shape));
+        const std::int64_t T = yr.shape[0], nv = yr.shape[1], dv = yr.shape[2];
+        const double dkd = dims.at(0);
+        KVASIR_CHECK(dkd >= 1 && dkd <= (1 << 20) && dkd == std::floor(dkd), ErrorCode::bad_input, "{}: ops.gated_delta.dims[0] = {} is not a head dim",
+                     ref.origin(), dkd);
+        shapes_fit("gated_delta", yr, {{"cols", Shape{T, nv, dv, 6}}, {"heads", Shape{T, nv, 4}}, {"params", Shape{nv, 2}}});
+        const auto dk = static_cast<std::int64_t>(dkd);
+        ops.push_back({"gated_delta", dk, gated_delta_bounds(cols, data("gated_delta", "heads"), data("gated_delta", "params"), yr, dk)});
+    }
+    for (const char* op : {"attention", "attention_sinks"}) {
+        if (!has_all(op, {"out", "probs", "abs_dot", "row_max", "log_sum", "abs_in", "abs_v", "dims"})) continue;
+        const TensorView yr = data(op, "out"), pr = data(op, "probs"), dims = data(op, "dims"), av = data(op, "abs_v");
+        KVASIR_CHECK(pr.rank() == 3 && av.rank() == 3 && dims.numel() == 3, ErrorCode::bad_input,
+                     "{}: ops.{}.probs {}, abs_v {}, dims {} are not [T, nh, S+1], [nkv, S, D], [3]", ref.origin(), op, shape_str(pr.shape),
+                     shape_str(av.shape), shape_str(dims.shape));
+        const std::int64_t T = pr.shape[0], nh = pr.shape[1], S = pr.shape[2] - 1, nkv = av.shape[0], D = av.shape[2];
+        KVASIR_CHECK(S >= 1 && nkv >= 1 && nh % nkv == 0 && av.shape[1] == S && dims.at(0) == static_cast<double>(D) &&
+                         dims.at(1) == static_cast<double>(S) && std::isfinite(dims.at(2)) && dims.at(2) > 0,
+                     ErrorCode::bad_input, "{}: ops.{}'s bound data disagree: probs {}, abs_v {}, dims [{}, {}, {}]", ref.origin(), op,
+                     shape_str(pr.shape), shape_str(av.shape), dims.at(0), dims.at(1), dims.at(2));
+        shapes_fit(op, yr, {{"abs_dot", pr.shape}, {"row_max", Shape{T, nh}}, {"log_sum", Shape{T, nh}}, {"abs_in", Shape{T, nh}}});
+        KVASIR_CHECK(yr.shape == (Shape{T, nh * D}), ErrorCode::bad_input, "{}: ops.{}.out {} is not [{}, {}]", ref.origin(), op,
+                     shape_str(yr.shape), T, nh * D);
+        ops.push_back({op, std::max(D, S + 1),
+                       attention_bounds(pr, data(op, "abs_dot"), data(op, "row_max"), data(op, "log_sum"), data(op, "abs_in"), av, yr, D, S,
+                                        dims.at(2))});
+    }
     if (ops.empty()) return nullptr;
-    std::string ref_why;
-    const std::optional<OpFormats> fr = op_formats(led.inputs()[in.reference].capabilities, false, ref_why);
     nlohmann::ordered_json j = nlohmann::ordered_json::array();
     struct Count {
         std::int64_t worst = 0, probable = 0;
@@ -253,13 +562,16 @@ nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
         const TensorView yr = ref.view("ops." + op.op + ".out");
         nlohmann::ordered_json o{{"op", op.op}, {"k", op.K}, {"lambda", kProbLambda}, {"results", nlohmann::ordered_json::array()}};
         // The oracle's own share of every bound, at its formats and worst-case γ_K.
+        std::string ref_why;
+        const bool matmul = op.op == "matmul" || op.op == "moe";  // a matmul's input format (cuBLAS TF32) applies
+        const std::optional<OpFormats> fr = op_formats(led.inputs()[in.reference].capabilities, matmul, ref_why);
         std::vector<double> ref_bound(static_cast<std::size_t>(yr.numel()), 0.0);
         const std::optional<double> g_ref = fr ? gamma_bound(op.K, fr->accumulation.u) : std::nullopt;
-        if (fr && g_ref) op.bounds(*fr, *g_ref, ref_bound);
+        if (fr && g_ref) op.bounds(*fr, [&](std::int64_t K) { return gamma_bound(K, fr->accumulation.u).value_or(INFINITY); }, ref_bound);
         for (std::size_t i = 0; i < in.nodes.size(); ++i) {
             if (i == in.reference || !in.present[i] || !in.nodes[i]->has("ops." + op.op + ".out")) continue;
             std::string why;
-            const std::optional<OpFormats> f = op_formats(led.inputs()[i].capabilities, op.op == "matmul", why);
+            const std::optional<OpFormats> f = op_formats(led.inputs()[i].capabilities, matmul, why);
             const std::optional<double> g = f ? gamma_bound(op.K, f->accumulation.u) : std::nullopt;
             if (f && !g)
                 why = fmt::format("no a-priori {} bound: K·u = {} x {:.3g} >= 1 for a {} running sum", op.op, op.K, f->accumulation.u,
@@ -275,9 +587,13 @@ nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
                          in.nodes[i]->origin(), op.op, shape_str(y.shape), shape_str(yr.shape));
             nlohmann::ordered_json e{{"node", in.nodes[i]->node()}, {"elements", y.numel()}};
             for (const bool probable : {false, true}) {
-                const double gk = probable ? probabilistic_gamma(op.K, f->accumulation.u, kProbLambda) : *g;
+                const double ua = f->accumulation.u;
+                const Gamma gamma = [&](std::int64_t K) {
+                    return probable ? probabilistic_gamma(K, ua, kProbLambda) : gamma_bound(K, ua).value_or(INFINITY);
+                };
+                const double gk = gamma(op.K);
                 std::vector<double> bound = ref_bound;
-                op.bounds(*f, gk, bound);
+                op.bounds(*f, gamma, bound);
                 std::int64_t violations = 0, first = -1;
                 double worst = 0;  // the largest |Δ| / bound
                 for (std::int64_t x = 0; x < y.numel(); ++x) {
@@ -352,7 +668,7 @@ public:
         nodes.push_back(std::make_unique<ForwardingBackend>(node));
         const std::size_t me = nodes.size() - 1;
         OpsOutputs keep;
-        const OpsReport r = run_op_delta(*env.plan->ops, nodes, 0, &keep);
+        const OpsReport r = run_op_delta(*env.plan->ops, nodes, 0, &keep, self);  // the authority's bound data only where it is kept
         StepOutput out;
         nlohmann::ordered_json inputs = nlohmann::ordered_json::object(), errors = nlohmann::ordered_json::object();
         for (const OpResult& op : r.ops) {

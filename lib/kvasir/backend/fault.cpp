@@ -28,7 +28,8 @@ namespace {
 
 const std::vector<std::string>& fault_ops() {
     static const std::vector<std::string> ops = {"matmul", "swiglu", "clamped_swiglu", "softmax", "sigmoid", "rmsnorm",
-                                                 "rope",   "moe_block", "add", "mul", "scale", "causal_attention", "causal_conv1d"};
+                                                 "rope",   "moe_block", "add", "mul", "scale", "causal_attention", "causal_conv1d",
+                                                 "gated_delta"};
     return ops;
 }
 

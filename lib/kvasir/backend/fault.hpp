@@ -123,13 +123,18 @@ public:
     Tensor add(const TensorView& a, const TensorView& b) override;
     Tensor mul(const TensorView& a, const TensorView& b) override;
     Tensor scale(const TensorView& x, double s) override;
-    // Gated DeltaNet: the conv is a fault target (fault_op=causal_conv1d:
-    // its bound in step 1 must catch a broken kernel); the delta rule is
-    // forwarded untouched.
+    // Gated DeltaNet: both ops are fault targets (fault_op=causal_conv1d,
+    // fault_op=gated_delta: their bounds in step 1 must catch a broken
+    // kernel); the delta rule's output is the target, its carried state is
+    // passed on untouched.
     Tensor causal_conv1d_silu(const TensorView& x, const TensorView& w, const TensorView* h) override {
         return after("causal_conv1d", inner_->causal_conv1d_silu(x, w, h));
     }
-    GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override { return inner_->gated_delta_rule(in); }
+    GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override {
+        GatedDeltaResult r = inner_->gated_delta_rule(in);
+        r.out = after("gated_delta", std::move(r.out));
+        return r;
+    }
     // The inner backend's fused attention, or — when the fault targets one of
     // the ops it is composed of (matmul, scale, softmax; bitflip) — the
     // default composition through this wrapper, so those faults and their

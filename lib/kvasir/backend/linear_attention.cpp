@@ -109,8 +109,9 @@ Tensor causal_conv1d_silu_ref(const TensorView& x, const TensorView& w, const Te
 }
 
 template <class R>
-GatedDeltaResult gated_delta_rule_ref(const GatedDeltaInputs& in, bool f16_acc) {
+GatedDeltaResult gated_delta_rule_ref(const GatedDeltaInputs& in, bool f16_acc, GatedDeltaTrace* trace) {
     check_gated_delta_args(in);
+    KVASIR_CHECK(trace == nullptr || (std::is_same_v<R, double>), ErrorCode::internal, "gated_delta_rule: a trace is the f64 oracle's");
     const DotStep<R> step = dot_step<R>(f16_acc, "gated_delta_rule");
     const std::int64_t t_count = in.q.shape[0], nk = in.q.shape[1], dk = in.q.shape[2];
     const std::int64_t nv = in.v.shape[1], dv = in.v.shape[2], rep = nv / nk;
@@ -121,12 +122,37 @@ GatedDeltaResult gated_delta_rule_ref(const GatedDeltaInputs& in, bool f16_acc) 
         for (std::int64_t i = 0; i < res.state.numel(); ++i) state[i] = static_cast<R>(in.state->at(i));
     const R q_scale = R(1) / std::sqrt(static_cast<R>(dk));
     std::vector<R> q(static_cast<std::size_t>(dk)), k(static_cast<std::size_t>(dk)), mem(static_cast<std::size_t>(dv));
+    if (trace != nullptr) {
+        trace->cols.assign(static_cast<std::size_t>(t_count * nv * dv * 6), 0.0);
+        trace->heads.assign(static_cast<std::size_t>(t_count * nv * 2), 0.0);
+    }
+    // The trace's column norms and |S|·|x| sums of head h's state s.
+    const auto col_norm = [&](const R* s, std::int64_t j) {
+        double n = 0;
+        for (std::int64_t i = 0; i < dk; ++i) n += static_cast<double>(s[i * dv + j]) * static_cast<double>(s[i * dv + j]);
+        return std::sqrt(n);
+    };
+    const auto col_abs_dot = [&](const R* s, std::int64_t j, const std::vector<R>& x) {
+        double n = 0;
+        for (std::int64_t i = 0; i < dk; ++i) n += std::fabs(static_cast<double>(s[i * dv + j]) * static_cast<double>(x[static_cast<std::size_t>(i)]));
+        return n;
+    };
     for (std::int64_t t = 0; t < t_count; ++t) {
         for (std::int64_t h = 0; h < nv; ++h) {
             const std::int64_t kh = h / rep;
             for (std::int64_t i = 0; i < dk; ++i) {
                 q[static_cast<std::size_t>(i)] = static_cast<R>(in.q.at((t * nk + kh) * dk + i));
                 k[static_cast<std::size_t>(i)] = static_cast<R>(in.k.at((t * nk + kh) * dk + i));
+            }
+            double* tc = trace != nullptr ? trace->cols.data() + (t * nv + h) * dv * 6 : nullptr;
+            if (trace != nullptr) {
+                double nq = 0, nkk = 0;
+                for (std::int64_t i = 0; i < dk; ++i) {
+                    nq += static_cast<double>(q[static_cast<std::size_t>(i)]) * static_cast<double>(q[static_cast<std::size_t>(i)]);
+                    nkk += static_cast<double>(k[static_cast<std::size_t>(i)]) * static_cast<double>(k[static_cast<std::size_t>(i)]);
+                }
+                trace->heads[static_cast<std::size_t>((t * nv + h) * 2)] = nq;
+                trace->heads[static_cast<std::size_t>((t * nv + h) * 2 + 1)] = nkk;
             }
             l2norm(q.data(), dk, step);
             l2norm(k.data(), dk, step);
@@ -136,11 +162,19 @@ GatedDeltaResult gated_delta_rule_ref(const GatedDeltaInputs& in, bool f16_acc) 
             const R decay = std::exp(g);
             const R beta = R(1) / (R(1) + std::exp(-static_cast<R>(in.b.at(t * nv + h))));
             R* s = state + h * dk * dv;
+            if (tc != nullptr)
+                for (std::int64_t j = 0; j < dv; ++j) tc[j * 6] = col_norm(s, j);
             for (std::int64_t i = 0; i < dk * dv; ++i) s[i] *= decay;
             for (std::int64_t j = 0; j < dv; ++j) {
                 R m = 0;
                 for (std::int64_t i = 0; i < dk; ++i) m = step(m, s[i * dv + j], k[static_cast<std::size_t>(i)]);
-                mem[static_cast<std::size_t>(j)] = (static_cast<R>(in.v.at((t * nv + h) * dv + j)) - m) * beta;
+                const R vj = static_cast<R>(in.v.at((t * nv + h) * dv + j));
+                mem[static_cast<std::size_t>(j)] = (vj - m) * beta;
+                if (tc != nullptr) {
+                    tc[j * 6 + 1] = col_abs_dot(s, j, k);
+                    tc[j * 6 + 2] = static_cast<double>(vj);
+                    tc[j * 6 + 3] = static_cast<double>(m);
+                }
             }
             for (std::int64_t i = 0; i < dk; ++i)
                 for (std::int64_t j = 0; j < dv; ++j) s[i * dv + j] += k[static_cast<std::size_t>(i)] * mem[static_cast<std::size_t>(j)];
@@ -148,6 +182,10 @@ GatedDeltaResult gated_delta_rule_ref(const GatedDeltaInputs& in, bool f16_acc) 
                 R o = 0;
                 for (std::int64_t i = 0; i < dk; ++i) o = step(o, s[i * dv + j], q[static_cast<std::size_t>(i)]);
                 out[(t * nv + h) * dv + j] = o;
+                if (tc != nullptr) {
+                    tc[j * 6 + 4] = col_norm(s, j);
+                    tc[j * 6 + 5] = col_abs_dot(s, j, q);
+                }
             }
         }
     }
@@ -156,7 +194,7 @@ GatedDeltaResult gated_delta_rule_ref(const GatedDeltaInputs& in, bool f16_acc) 
 
 template Tensor causal_conv1d_silu_ref<double>(const TensorView&, const TensorView&, const TensorView*, bool);
 template Tensor causal_conv1d_silu_ref<float>(const TensorView&, const TensorView&, const TensorView*, bool);
-template GatedDeltaResult gated_delta_rule_ref<double>(const GatedDeltaInputs&, bool);
-template GatedDeltaResult gated_delta_rule_ref<float>(const GatedDeltaInputs&, bool);
+template GatedDeltaResult gated_delta_rule_ref<double>(const GatedDeltaInputs&, bool, GatedDeltaTrace*);
+template GatedDeltaResult gated_delta_rule_ref<float>(const GatedDeltaInputs&, bool, GatedDeltaTrace*);
 
 }  // namespace kvasir

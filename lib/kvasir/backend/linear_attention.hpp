@@ -23,6 +23,7 @@
 #include "kvasir/core/tensor.hpp"
 
 #include <cstdint>
+#include <vector>
 
 namespace kvasir {
 
@@ -59,7 +60,18 @@ Tensor causal_conv1d_silu_ref(const TensorView& x, const TensorView& weight, con
 //   β = sigmoid(b)
 //   S ← S · exp(g);  m_j = Σ_i S_ij k_i;  δ_j = (v_j − m_j) · β;  S_ij += k_i δ_j
 //   out_j = Σ_i S_ij q_i                     (sums in ascending i)
+//
+// `trace` (R = double only): what the rule's a-priori error bound needs of
+// the exact run (audit/step_ops.cpp gated_delta_bounds), per token t, value
+// head h and state column j, six values in `cols` [T, nv, dv, 6]:
+//   ‖S[:, j]‖₂ before the decay, Σ_i |S_ij·k_i| after it, v_j, m_j,
+//   ‖S[:, j]‖₂ after the update, Σ_i |S_ij·q_i| after it;
+// and per (t, h) in `heads` [T, nv, 2]: Σ q² and Σ k² of the raw q and k
+// (before the l2norm).
+struct GatedDeltaTrace {
+    std::vector<double> cols, heads;
+};
 template <class R>
-GatedDeltaResult gated_delta_rule_ref(const GatedDeltaInputs& in, bool f16_acc = false);
+GatedDeltaResult gated_delta_rule_ref(const GatedDeltaInputs& in, bool f16_acc = false, GatedDeltaTrace* trace = nullptr);
 
 }  // namespace kvasir

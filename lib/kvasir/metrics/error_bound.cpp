@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 namespace kvasir {
@@ -53,11 +54,12 @@ AbsProducts abs_products(const TensorView& x, const TensorView& w) {
 namespace kvasir {
 
 std::optional<FormatUnits> format_units(std::string_view n) {
-    if (n == "f64") return FormatUnits{std::ldexp(1.0, -53), std::ldexp(1.0, -1075)};
-    if (n == "f32") return FormatUnits{std::ldexp(1.0, -24), std::ldexp(1.0, -150)};
-    if (n == "tf32") return FormatUnits{std::ldexp(1.0, -11), std::ldexp(1.0, -150)};
-    if (n == "f16") return FormatUnits{std::ldexp(1.0, -11), std::ldexp(1.0, -25)};
-    if (n == "bf16") return FormatUnits{std::ldexp(1.0, -8), std::ldexp(1.0, -134)};
+    if (n == "f64") return FormatUnits{std::ldexp(1.0, -53), std::ldexp(1.0, -1075), std::numeric_limits<double>::max()};
+    const double f32_max = std::numeric_limits<float>::max();
+    if (n == "f32") return FormatUnits{std::ldexp(1.0, -24), std::ldexp(1.0, -150), f32_max};
+    if (n == "tf32") return FormatUnits{std::ldexp(1.0, -11), std::ldexp(1.0, -150), f32_max};
+    if (n == "f16") return FormatUnits{std::ldexp(1.0, -11), std::ldexp(1.0, -25), 65504.0};
+    if (n == "bf16") return FormatUnits{std::ldexp(1.0, -8), std::ldexp(1.0, -134), std::ldexp(255.0, 120)};
     return std::nullopt;
 }
 
@@ -117,9 +119,24 @@ double rmsnorm_element_bound(const OpFormats& f, double rho, double y, double ab
 //     U = Σ_k y_k e^{Δ_k}, L = Σ_k y_k e^{−Δ_k};
 //   ŷ_j = ê_j / Ẑ (a division, or a reciprocal and a product: (1 ± e_f)(1 ± u_e)),
 //     rounded to the output (1 ± u_o) ± η_o.
+//
+// Computed inputs x̂_j = x_j + e_j, |e_j| <= E_j (input_error): softmax is
+// shift-invariant, so the exact softmax of x̂ is y_j·e^{e_j} / Σ_k y_k e^{e_k},
+// which is the same form with Δ_j grown by E_j; and the subtraction now
+// rounds |x̂_j − m̂| <= |d_j| + E_j + max_k E_k (the computed max m̂ is within
+// max E of x_max).
 void softmax_row_bounds(const OpFormats& f, double sum_gamma, std::span<const double> y, double x_max, double log_sum,
-                        std::span<double> bound) {
+                        std::span<double> bound, std::span<const double> input_error) {
     KVASIR_CHECK(y.size() == bound.size(), ErrorCode::internal, "softmax_row_bounds: {} values, {} bounds", y.size(), bound.size());
+    KVASIR_CHECK(input_error.empty() || input_error.size() == y.size(), ErrorCode::internal,
+                 "softmax_row_bounds: {} values, {} input errors", y.size(), input_error.size());
+    const auto err = [&](std::size_t j) { return input_error.empty() ? 0.0 : input_error[j]; };
+    double err_max = 0;
+    for (std::size_t j = 0; j < input_error.size(); ++j) err_max = std::max(err_max, input_error[j]);
+    if (!std::isfinite(err_max)) {
+        std::fill(bound.begin(), bound.end(), INFINITY);
+        return;
+    }
     const double uin = input_rounding(f), ui = intermediate_rounding(f), ue = f.accumulation.u, uo = f.output.u;
     const double ef = kElementaryUlps * 2.0 * ue;
     const double eta_e = std::max(f.accumulation.eta, ui > 0 ? f.storage.eta : 0.0), eta_o = f.output.eta;
@@ -132,8 +149,8 @@ void softmax_row_bounds(const OpFormats& f, double sum_gamma, std::span<const do
         if (!(y[j] >= 0) || !std::isfinite(y[j])) finite = false;
         if (!(y[j] > 0)) continue;  // below f64's range: only the absolute terms
         const double d = std::min(0.0, std::log(y[j]) + log_sum);
-        const double a = std::fabs(x_max + d) + std::fabs(x_max);
-        delta[j] = (uin * a * (1 + ue) + 2 * eta_in + 2 * ue * std::fabs(d)) * (1 + ue);
+        const double a = std::fabs(x_max + d) + std::fabs(x_max) + err(j) + err_max;
+        delta[j] = (uin * a * (1 + ue) + 2 * eta_in + 2 * ue * (std::fabs(d) + err(j) + err_max)) * (1 + ue) + err(j);
         U += y[j] * std::exp(delta[j]);
         L += y[j] * std::exp(-delta[j]);
     }

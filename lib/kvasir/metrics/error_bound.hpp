@@ -36,9 +36,10 @@ AbsProducts abs_products(const TensorView& x, const TensorView& w);
 // Unit roundoff u and subnormal-range absolute error η (half the smallest
 // subnormal: gradual underflow, as IEEE 754 rounds) of a format named as
 // capabilities name them (f64, f32, tf32, f16, bf16); nullopt for one this
-// tool has no bound for. TF32 keeps f32's exponent range.
+// tool has no bound for. TF32 keeps f32's exponent range. max: the largest
+// finite value.
 struct FormatUnits {
-    double u = 0, eta = 0;
+    double u = 0, eta = 0, max = 0;
 };
 std::optional<FormatUnits> format_units(std::string_view name);
 
@@ -80,8 +81,10 @@ double rmsnorm_element_bound(const OpFormats& f, double rho, double y, double ab
 // f64 oracle's), its maximum x_max and log Σ_k exp(x_k − x_max) = log_sum:
 // every element's input is recovered as x_j = x_max + log(y_j) + log_sum.
 // Writes K bounds into `bound`; +inf where the formats bound nothing (the
-// sum's error reaches the sum).
+// sum's error reaches the sum). `input_error` (empty, or K values): the node's
+// inputs are themselves computed, each within input_error[j] of the exact
+// x_j (attention's scores).
 void softmax_row_bounds(const OpFormats& f, double sum_gamma, std::span<const double> y, double x_max, double log_sum,
-                        std::span<double> bound);
+                        std::span<double> bound, std::span<const double> input_error = {});
 
 }  // namespace kvasir

@@ -1,6 +1,7 @@
 #include "kvasir/steps/op_delta.hpp"
 
 #include "kvasir/arch/graph.hpp"
+#include "kvasir/backend/linear_attention.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/rng.hpp"
 #include "kvasir/metrics/error_bound.hpp"
@@ -172,6 +173,95 @@ std::map<std::string, Tensor> conv_bound_data(const TensorView& x, const TensorV
     return {{"pre", std::move(pre)}, {"abs_dot", std::move(dot)}, {"abs_in", std::move(ain)}, {"kernel", std::move(kernel)}};
 }
 
+// Attention's bound (audit/step_ops.cpp attention_bounds), in f64 from the
+// exact q [T, nh, D], caches k, v (one [S, D] per kv head), the scale, the
+// window and the sinks, per row (t, h) over the S keys and one more column
+// for the sink (masked keys and an absent sink: 0):
+//   probs [T, nh, S+1]     the exact softmax of the scaled scores (sink included)
+//   abs_dot [T, nh, S+1]   scale·Σ_d |q_d·k_jd|
+//   row_max, log_sum [T, nh]  max of the row's logits and log Σ exp(x − max)
+//   abs_in [T, nh]         scale·max_j(Σ|q| + Σ|k_j|) (what subnormal roundings add)
+//   abs_v [nkv, S, D]      |v|
+//   dims [3]               D, S, scale
+// Row t sits at cache position S − T + t and sees keys up to it, the last
+// `window` of them where a window is set (arch::windowed_attention's rule).
+std::map<std::string, Tensor> attention_bound_data(const TensorView& q, std::span<const Tensor> k, std::span<const Tensor> v, double scale,
+                                                   std::int64_t window, const TensorView* sinks) {
+    const std::int64_t T = q.dim(0), nh = q.dim(1), D = q.dim(2), nkv = static_cast<std::int64_t>(k.size()), S = k[0].dim(0);
+    const std::int64_t rep = nh / nkv, first = S - T, C = S + 1;
+    Tensor probs(DType::f64, {T, nh, C}), dot(DType::f64, {T, nh, C}), mx(DType::f64, {T, nh}), ls(DType::f64, {T, nh}),
+        ain(DType::f64, {T, nh}), av(DType::f64, {nkv, S, D}), dims(DType::f64, {3});
+    std::fill(probs.as<double>(), probs.as<double>() + T * nh * C, 0.0);
+    std::fill(dot.as<double>(), dot.as<double>() + T * nh * C, 0.0);
+    for (std::int64_t g = 0; g < nkv; ++g)
+        for (std::int64_t i = 0; i < S * D; ++i) av.as<double>()[g * S * D + i] = std::fabs(v[static_cast<std::size_t>(g)].view().at(i));
+    std::vector<double> logit(static_cast<std::size_t>(C));
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t h = 0; h < nh; ++h) {
+            const TensorView kg = k[static_cast<std::size_t>(h / rep)].view();
+            const std::int64_t row = t * nh + h, p = first + t;
+            const std::int64_t lo = window > 0 && S > window ? std::max<std::int64_t>(0, p - window + 1) : 0;
+            double qabs = 0, m = -INFINITY, inmax = 0;
+            for (std::int64_t d = 0; d < D; ++d) qabs += std::fabs(q.at(row * D + d));
+            for (std::int64_t j = lo; j <= p; ++j) {
+                double s = 0, a = 0, kabs = 0;
+                for (std::int64_t d = 0; d < D; ++d) {
+                    const double qd = q.at(row * D + d), kd = kg.at(j * D + d);
+                    s += qd * kd;
+                    a += std::fabs(qd * kd);
+                    kabs += std::fabs(kd);
+                }
+                logit[static_cast<std::size_t>(j)] = s * scale;
+                dot.as<double>()[row * C + j] = a * scale;
+                inmax = std::max(inmax, (qabs + kabs) * scale);
+                m = std::max(m, s * scale);
+            }
+            const bool sink = sinks != nullptr;
+            if (sink) m = std::max(m, logit[static_cast<std::size_t>(S)] = sinks->at(h));
+            double z = 0;
+            for (std::int64_t j = lo; j <= p; ++j) z += std::exp(logit[static_cast<std::size_t>(j)] - m);
+            if (sink) z += std::exp(logit[static_cast<std::size_t>(S)] - m);
+            for (std::int64_t j = lo; j <= p; ++j) probs.as<double>()[row * C + j] = std::exp(logit[static_cast<std::size_t>(j)] - m) / z;
+            if (sink) probs.as<double>()[row * C + S] = std::exp(logit[static_cast<std::size_t>(S)] - m) / z;
+            mx.as<double>()[row] = m;
+            ls.as<double>()[row] = std::log(z);
+            ain.as<double>()[row] = inmax;
+        }
+    dims.as<double>()[0] = static_cast<double>(D);
+    dims.as<double>()[1] = static_cast<double>(S);
+    dims.as<double>()[2] = scale;
+    return {{"probs", std::move(probs)}, {"abs_dot", std::move(dot)}, {"row_max", std::move(mx)}, {"log_sum", std::move(ls)},
+            {"abs_in", std::move(ain)},  {"abs_v", std::move(av)},    {"dims", std::move(dims)}};
+}
+
+// The gated delta rule's bound (audit/step_ops.cpp gated_delta_bounds), from
+// the f64 oracle's own run with its trace (backend/linear_attention.hpp):
+//   cols [T, nv, dv, 6]   per state column: ‖S‖ before the decay, Σ|S·k|
+//                         after it, v, m, ‖S‖ after the update, Σ|S·q|
+//   heads [T, nv, 4]      Σq², Σk² of the raw q and k, a, b
+//   params [nv, 2]        A_log, dt_bias
+//   dims [1]              dk
+std::map<std::string, Tensor> gated_delta_bound_data(const GatedDeltaInputs& in) {
+    GatedDeltaTrace tr;
+    (void)gated_delta_rule_ref<double>(in, false, &tr);
+    const std::int64_t T = in.q.dim(0), dk = in.q.dim(2), nv = in.v.dim(1), dv = in.v.dim(2);
+    Tensor cols(DType::f64, {T, nv, dv, 6}), heads(DType::f64, {T, nv, 4}), params(DType::f64, {nv, 2}), dims(DType::f64, {1});
+    std::copy(tr.cols.begin(), tr.cols.end(), cols.as<double>());
+    for (std::int64_t i = 0; i < T * nv; ++i) {
+        double* hd = heads.as<double>() + i * 4;
+        hd[0] = tr.heads[static_cast<std::size_t>(i * 2)];
+        hd[1] = tr.heads[static_cast<std::size_t>(i * 2 + 1)];
+        hd[2] = in.a.at(i);
+        hd[3] = in.b.at(i);
+    }
+    for (std::int64_t h = 0; h < nv; ++h) {
+        params.as<double>()[h * 2] = in.a_log.at(h);
+        params.as<double>()[h * 2 + 1] = in.dt_bias.at(h);
+    }
+    dims.as<double>()[0] = static_cast<double>(dk);
+    return {{"cols", std::move(cols)}, {"heads", std::move(heads)}, {"params", std::move(params)}, {"dims", std::move(dims)}};
+}
+
 struct MoeInputs {
     Tensor x;
     std::vector<Tensor> storage;  // owns the expert matrices
@@ -179,6 +269,136 @@ struct MoeInputs {
     TensorView bias;
     RoutingPlan plan;
 };
+
+// The MoE block's bound (audit/step_ops.cpp moe_bounds: the derivation),
+// in f64 from the exact inputs, experts, routing and combine weights. Per
+// token t and routed slot j (expert e_j, combine weight c_j), with
+// g = G·x, u = U·x, Sg = Σ_k |G_ik·x_k|, Su likewise, s = silu(g),
+// h = s·u, d = D·h: a node's error of h is a sum of six element-wise terms
+// that do not depend on its formats, each times a coefficient that does,
+//   V0 = 1.1·Sg·|u| + |s|·Su, V1 = 1.1·|g|·|u| + |s|·|u|, V2 = |h|,
+//   V3 = Sg·Su, V4 = Sg + Su, V5 = 1,
+// so every node's bound follows from them carried through the down
+// projection's magnitudes and the combine:
+//   abs_terms [6, T, H]   Σ_j |c_j|·(|D_j|·V_b)
+//   abs_sums [T, 6]       Σ_j |c_j|·Σ_i V_b,i
+//   abs_combine [T, H]    Σ_j |c_j|·|d_j|
+//   abs_weights [T]       Σ_j |c_j|
+//   dims [4]              H, I, k, and the largest Σ_k|x_k| + Σ_k|G_ik| (or
+//                         U's): what a subnormal rounding of an input adds.
+// Experts with biases or gpt-oss's clamped activation have no such bound
+// here, nor a combine weight below 1e-30 (where casting it may underflow):
+// nothing is returned, and the op is judged by its statistics alone.
+std::map<std::string, Tensor> moe_bound_data(const MoeInputs& in) {
+    const std::int64_t T = in.x.dim(0), H = in.x.dim(1), k = in.plan.ids.dim(1);
+    if (in.experts.empty()) return {};
+    const std::int64_t I = in.experts[0].gate.dim(0);
+    for (const ExpertWeights& e : in.experts)
+        if (present(e.gate_bias) || present(e.up_bias) || present(e.down_bias) || e.activation.clamped || e.gate.dim(0) != I)
+            return {};
+    for (std::int64_t i = 0; i < in.plan.weights.numel(); ++i)
+        if (const double c = std::fabs(in.plan.weights.at(i)); !std::isfinite(c) || (c > 0 && c < 1e-30)) return {};
+    constexpr int B = 6;
+    Tensor terms(DType::f64, {B, T, H}), sums(DType::f64, {T, B}), comb(DType::f64, {T, H}), wsum(DType::f64, {T}), dims(DType::f64, {4});
+    double* P = terms.as<double>();
+    double* Q = sums.as<double>();
+    double* C = comb.as<double>();
+    std::fill(P, P + B * T * H, 0.0);
+    std::fill(Q, Q + T * B, 0.0);
+    std::fill(C, C + T * H, 0.0);
+    std::fill(wsum.as<double>(), wsum.as<double>() + T, 0.0);
+    std::vector<double> x(static_cast<std::size_t>(T * H)), xabs_sum(static_cast<std::size_t>(T), 0.0);
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t h = 0; h < H; ++h) {
+            x[static_cast<std::size_t>(t * H + h)] = in.x.at(t * H + h);
+            xabs_sum[static_cast<std::size_t>(t)] += std::fabs(x[static_cast<std::size_t>(t * H + h)]);
+        }
+    const std::int32_t* ids = in.plan.ids.as<std::int32_t>();
+    double amax = 0;
+    const auto sz = [](std::int64_t n) { return static_cast<std::size_t>(n); };
+    for (std::size_t e = 0; e < in.experts.size(); ++e) {
+        std::vector<std::pair<std::int64_t, double>> routed;  // (token, combine weight)
+        for (std::int64_t t = 0; t < T; ++t)
+            for (std::int64_t j = 0; j < k; ++j)
+                if (ids[t * k + j] == static_cast<std::int32_t>(e)) routed.emplace_back(t, in.plan.weights.at(t * k + j));
+        if (routed.empty()) continue;
+        const ExpertWeights& ew = in.experts[e];
+        std::vector<double> G(sz(I * H)), U(sz(I * H)), D(sz(H * I)), rowg(sz(I), 0.0), rowu(sz(I), 0.0);
+        for (std::int64_t i = 0; i < I * H; ++i) {
+            G[sz(i)] = ew.gate.at(i);
+            U[sz(i)] = ew.up.at(i);
+            D[sz(i)] = ew.down.at(i);
+            rowg[sz(i / H)] += std::fabs(G[sz(i)]);
+            rowu[sz(i / H)] += std::fabs(U[sz(i)]);
+        }
+        const double row_max = std::max(*std::max_element(rowg.begin(), rowg.end()), *std::max_element(rowu.begin(), rowu.end()));
+        // Each routed row's contribution: B + 1 rows of H (the six terms and |d|) and B sums.
+        const auto R = static_cast<std::int64_t>(routed.size());
+        std::vector<double> part(sz(R * (B + 1) * H)), psum(sz(R * B));
+#pragma omp parallel for schedule(dynamic, 1)
+        for (std::int64_t r = 0; r < R; ++r) {
+            const double* xt = x.data() + routed[sz(r)].first * H;
+            std::vector<double> V(sz(B * I)), hv(sz(I));
+            for (std::int64_t i = 0; i < I; ++i) {
+                double g = 0, u = 0, sg = 0, su = 0;
+                const double* gr = G.data() + i * H;
+                const double* ur = U.data() + i * H;
+                for (std::int64_t c = 0; c < H; ++c) {
+                    g += gr[c] * xt[c];
+                    u += ur[c] * xt[c];
+                    sg += std::fabs(gr[c] * xt[c]);
+                    su += std::fabs(ur[c] * xt[c]);
+                }
+                const double s = g / (1.0 + std::exp(-g)), h = s * u;
+                hv[sz(i)] = h;
+                V[sz(0 * I + i)] = 1.1 * sg * std::fabs(u) + std::fabs(s) * su;
+                V[sz(1 * I + i)] = (1.1 * std::fabs(g) + std::fabs(s)) * std::fabs(u);
+                V[sz(2 * I + i)] = std::fabs(h);
+                V[sz(3 * I + i)] = sg * su;
+                V[sz(4 * I + i)] = sg + su;
+                V[sz(5 * I + i)] = 1.0;
+            }
+            double* out = part.data() + r * (B + 1) * H;
+            for (std::int64_t m = 0; m < H; ++m) {
+                const double* dr = D.data() + m * I;
+                double acc[B] = {0, 0, 0, 0, 0, 0}, d = 0;
+                for (std::int64_t i = 0; i < I; ++i) {
+                    const double a = std::fabs(dr[i]);
+                    for (int b = 0; b < B; ++b) acc[b] += a * V[sz(b * I + i)];
+                    d += dr[i] * hv[sz(i)];
+                }
+                for (int b = 0; b < B; ++b) out[b * H + m] = acc[b];
+                out[B * H + m] = std::fabs(d);
+            }
+            for (int b = 0; b < B; ++b) {
+                double t = 0;
+                for (std::int64_t i = 0; i < I; ++i) t += V[sz(b * I + i)];
+                psum[sz(r * B + b)] = t;
+            }
+        }
+        for (std::int64_t r = 0; r < R; ++r) {
+            const auto [t, cw] = routed[sz(r)];
+            const double c = std::fabs(cw);
+            const double* src = part.data() + r * (B + 1) * H;
+            for (int b = 0; b < B; ++b)
+                for (std::int64_t m = 0; m < H; ++m) P[(b * T + t) * H + m] += c * src[b * H + m];
+            for (std::int64_t m = 0; m < H; ++m) C[t * H + m] += c * src[B * H + m];
+            for (int b = 0; b < B; ++b) Q[t * B + b] += c * psum[sz(r * B + b)];
+            wsum.as<double>()[t] += c;
+            amax = std::max(amax, xabs_sum[sz(t)] + row_max);
+        }
+    }
+    double* dm = dims.as<double>();
+    dm[0] = static_cast<double>(H);
+    dm[1] = static_cast<double>(I);
+    dm[2] = static_cast<double>(k);
+    dm[3] = amax;
+    return {{"abs_terms", std::move(terms)},
+            {"abs_sums", std::move(sums)},
+            {"abs_combine", std::move(comb)},
+            {"abs_weights", std::move(wsum)},
+            {"dims", std::move(dims)}};
+}
 
 RouterParams model_router_params(const ModelConfig& m, const TensorView* bias) {
     RouterParams rp;
@@ -267,7 +487,7 @@ OpResult op_result_from_outputs(const std::string& op, const std::string& inputs
 }
 
 OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference,
-                       OpsOutputs* outputs) {
+                       OpsOutputs* outputs, bool bound_data) {
     const OpsConfig c = requested.resolved();
     c.validate();
     KVASIR_CHECK(!nodes.empty() && reference < nodes.size(), ErrorCode::internal, "run_op_delta: bad reference index");
@@ -481,6 +701,11 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
                     GatedDeltaInputs g{v[0], v[1], v[2], v[3], v[4], v[5], v[6], &st};
                     return NodeOutput{b.gated_delta_rule(g).out, {}};
                 };
+                plan.bound_data = [in] {
+                    const auto& v = *in;
+                    const TensorView st = v[7];
+                    return gated_delta_bound_data(GatedDeltaInputs{v[0], v[1], v[2], v[3], v[4], v[5], v[6], &st});
+                };
             }
         } else if (op == "attention" || op == "attention_sinks") {
             // Causal GQA attention over a cache: T queries at positions T..2T−1 of 2T cached keys, nkv =
@@ -514,6 +739,10 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
                 const TensorView sv = in->sinks.view();
                 return NodeOutput{arch::windowed_attention(b, in->q, ks, vs, scale, window, sinks ? &sv : nullptr), {}};
             };
+            plan.bound_data = [in, scale, window, sinks] {
+                const TensorView sv = in->sinks.view();
+                return attention_bound_data(in->q.view(), in->k, in->v, scale, window, sinks ? &sv : nullptr);
+            };
         } else if (op == "clamped_swiglu") {
             // gpt-oss's expert activation with its own alpha and limit (the model's when it has them); inputs
             // wide enough (sd 4) that the clamps fire on ~8 % of the elements.
@@ -535,6 +764,7 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
                               : fmt::format("x[{},{}]~N(0,1), {} experts of {}×{}, top-{} pinned by {}", T, H, E, I, H,
                                             c.top_k, nodes[reference]->capabilities().node);
             plan.run = [in](Backend& b) { return NodeOutput{b.moe_block(in->x, in->experts, in->plan), {}}; };
+            plan.bound_data = [in] { return moe_bound_data(*in); };
             moe_inputs = in;
         }
 
@@ -552,7 +782,7 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
                 (*outputs)[i]["ops." + op + ".out"] = outs[i]->value;
                 if (!outs[i]->ids.empty()) (*outputs)[i]["ops." + op + ".ids"] = outs[i]->ids;
             }
-            if (plan.bound_data && outs[reference])
+            if (bound_data && plan.bound_data && outs[reference])
                 for (auto& [name, t] : plan.bound_data()) (*outputs)[reference]["ops." + op + "." + name] = std::move(t);
         }
         std::vector<std::optional<TensorView>> values(n), ids(n);

@@ -95,8 +95,10 @@ struct OpsReport {
 // "ops.moe.shard_combined" (the shard check's recombined block) — what a
 // capture stores (protocols/CAPTURE.md).
 using OpsOutputs = std::vector<std::map<std::string, Tensor>>;
+// With outputs, the reference's entry also gets what the a-priori error
+// bounds need (bound_data; off for a run that keeps only a candidate's).
 OpsReport run_op_delta(const OpsConfig& config, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference,
-                       OpsOutputs* outputs = nullptr);
+                       OpsOutputs* outputs = nullptr, bool bound_data = true);
 
 // The pair matrices of one op from the nodes' outputs (nullopt: the node did
 // not produce it): what run_op_delta does after running the op, exposed for
