@@ -69,7 +69,16 @@ std::optional<OpFormats> op_formats(const nlohmann::ordered_json& caps, bool mat
 // One op's a-priori bound, element by element, for a node of formats f whose
 // reduction of K terms errs by at most gamma(K) relatively — the node's own
 // rounding, or (with the reference's formats) the oracle's.
-using Gamma = std::function<double(std::int64_t)>;
+// gamma(K): the worst-case γ_K(u), or Higham & Mary's probabilistic γ̃_K
+// (bound_violations); worst(K) the worst case either way (an op whose
+// probabilistic figure needs its own treatment: moe_bounds).
+struct Gamma {
+    double u = 0;
+    bool probable = false;
+    double lambda = 0;
+    double worst(std::int64_t k) const { return gamma_bound(k, u).value_or(INFINITY); }
+    double operator()(std::int64_t k) const { return probable ? probabilistic_gamma(k, u, lambda) : worst(k); }
+};
 using ElementBounds = std::function<void(const OpFormats& f, const Gamma& gamma, std::vector<double>& out)>;
 
 // matmul (Higham §3.1): the node's inputs are the f32 seeded/model operands
@@ -202,55 +211,87 @@ ElementBounds conv_bounds(const TensorView& S, const TensorView& z, const Tensor
 //                  + (r_c + γ_k(1 + r_c))·Σ_j|c_j||d_j|] + u_o|y| + η_o.
 // Every Σ_j |c_j|·(…) is linear in the terms moe_bound_data carried through
 // |D| and the combine (ops.moe.abs_terms, abs_sums, abs_combine, abs_weights,
-// dims). The combine's γ_k stays worst-case in the probabilistic figure.
-ElementBounds moe_bounds(const TensorView& P, const TensorView& Q, const TensorView& Cd, const TensorView& W, const TensorView& yr,
-                         std::int64_t H, std::int64_t I, std::int64_t k, double amax) {
+// dims). The probabilistic figure propagates the reductions' roundings as
+// one martingale instead (below, with ops.moe.sq_terms).
+ElementBounds moe_bounds(const TensorView& P, const TensorView& Q, const TensorView& Cd, const TensorView& W, const TensorView& SQ,
+                         const TensorView& yr, std::int64_t H, std::int64_t I, std::int64_t k, double amax) {
     return [=](const OpFormats& f, const Gamma& gamma, std::vector<double>& out) {
         const bool rounded = f.storage.u > std::ldexp(1.0, -24);
         const double us = f.storage.u, ua = f.accumulation.u, uo = f.output.u;
         const double r = rounded ? 2.0 * us + us * us : 0.0, eta_s = rounded ? f.storage.eta : 0.0;
         const double eta_a = f.accumulation.eta, eta_o = f.output.eta, hd = static_cast<double>(H), id = static_cast<double>(I);
-        const double gH = gamma(H), gI = gamma(I);
         const double uc = ua <= std::ldexp(1.0, -53) ? ua : std::max(ua, std::ldexp(1.0, -24));
         const double rc = std::max(uc, uo);
-        const double gk = gamma_bound(k, uc).value_or(INFINITY);
-        // (a)
-        const double a = r + gH * (1 + r);
-        const double z = eta_s * (1 + r) * (1 + gH) * amax + hd * eta_s * eta_s * (1 + gH) + hd * eta_a;
-        const double a1 = (1 + uo) * a, z1 = (1 + uo) * z + eta_o, a2 = a1 + uo;
-        // (b)
         const double e1 = kElementaryUlps * 2.0 * ua;
         const double eps_s = (1 + e1) * (1 + e1) * (1 + ua) * (1 + ua) - 1;
         const double eps = (1 + eps_s) * (1 + ua) * (1 + uo) - 1;
         const double L = std::log(f.accumulation.max > 0 ? f.accumulation.max : std::numeric_limits<float>::max());
         const double kappa = ((L + 1) * std::exp(-(L - 1)) + 4 * eta_a) * (1 + ua) * (1 + uo);
         const double eta_h = eta_a * (1 + uo) + eta_o;
-        const double coef[6] = {(1 + eps) * a1,
-                                (1 + eps) * uo,
-                                eps,
-                                1.1 * (1 + eps) * a2 * a2,
-                                1.1 * (1 + eps) * z1 * (1 + a2) + kappa * (1 + uo + a1),
-                                1.1 * (1 + eps) * z1 * z1 + kappa * z1 + eta_h};
         const std::int64_t T = W.numel();
-        for (std::int64_t t = 0; t < T; ++t) {
-            double qe = 0;  // Σ_j |c_j| Σ_i Eh
-            for (int b = 0; b < 6; ++b) qe += coef[b] * Q.at(t * 6 + b);
-            const double q_h = Q.at(t * 6 + 2), wsum = W.at(t);
-            for (std::int64_t m = 0; m < H; ++m) {
-                const auto at = [&](int b) { return P.at((b * T + t) * H + m); };
-                double pe = 0;  // Σ_j |c_j| (|D|·Eh)_m
-                for (int b = 0; b < 6; ++b) pe += coef[b] * at(b);
-                const double cd = Cd.at(t * H + m);
-                // (c), weighted by |c_j| and summed over j
-                const double ed = (1 + r) * (1 + gI) * pe + (r + gI * (1 + r)) * at(2) +
-                                  eta_s * (1 + r) * (1 + gI) * (q_h + qe + at(5)) + (id * eta_s * eta_s * (1 + gI) + id * eta_a) * wsum;
-                const double ed_out = (1 + uo) * ed + uo * cd + eta_o * wsum;
-                // (d)
-                const double y = std::fabs(yr.at(t * H + m));
-                out[static_cast<std::size_t>(t * H + m)] +=
-                    (1 + uo) * ((1 + rc) * (1 + gk) * ed_out + (rc + gk * (1 + rc)) * cd) + uo * y + eta_o;
+        // The worst-case bound with the three reductions' γ (H, I, k terms) given, added into b.
+        const auto worst = [&](double gH, double gI, double gk, std::vector<double>& b) {
+            // (a)
+            const double a = r + gH * (1 + r);
+            const double z = eta_s * (1 + r) * (1 + gH) * amax + hd * eta_s * eta_s * (1 + gH) + hd * eta_a;
+            const double a1 = (1 + uo) * a, z1 = (1 + uo) * z + eta_o, a2 = a1 + uo;
+            // (b)
+            const double coef[6] = {(1 + eps) * a1,
+                                    (1 + eps) * uo,
+                                    eps,
+                                    1.1 * (1 + eps) * a2 * a2,
+                                    1.1 * (1 + eps) * z1 * (1 + a2) + kappa * (1 + uo + a1),
+                                    1.1 * (1 + eps) * z1 * z1 + kappa * z1 + eta_h};
+            for (std::int64_t t = 0; t < T; ++t) {
+                double qe = 0;  // Σ_j |c_j| Σ_i Eh
+                for (int bb = 0; bb < 6; ++bb) qe += coef[bb] * Q.at(t * 6 + bb);
+                const double q_h = Q.at(t * 6 + 2), wsum = W.at(t);
+                for (std::int64_t m = 0; m < H; ++m) {
+                    const auto at = [&](int bb) { return P.at((bb * T + t) * H + m); };
+                    double pe = 0;  // Σ_j |c_j| (|D|·Eh)_m
+                    for (int bb = 0; bb < 6; ++bb) pe += coef[bb] * at(bb);
+                    const double cd = Cd.at(t * H + m);
+                    // (c), weighted by |c_j| and summed over j
+                    const double ed = (1 + r) * (1 + gI) * pe + (r + gI * (1 + r)) * at(2) +
+                                      eta_s * (1 + r) * (1 + gI) * (q_h + qe + at(5)) + (id * eta_s * eta_s * (1 + gI) + id * eta_a) * wsum;
+                    const double ed_out = (1 + uo) * ed + uo * cd + eta_o * wsum;
+                    // (d)
+                    const double y = std::fabs(yr.at(t * H + m));
+                    b[static_cast<std::size_t>(t * H + m)] +=
+                        (1 + uo) * ((1 + rc) * (1 + gk) * ed_out + (rc + gk * (1 + rc)) * cd) + uo * y + eta_o;
+                }
             }
+        };
+        const double gH = gamma.worst(H), gI = gamma.worst(I), gk = gamma_bound(k, uc).value_or(INFINITY);
+        if (!gamma.probable) {
+            worst(gH, gI, gk, out);
+            return;
         }
+        // The probabilistic figure (Higham & Mary's model: every rounding of the three reductions
+        // independent and mean zero, bounded by u): at first order their joint error at y_m is a
+        // martingale Σ c·δ whose coefficients are bounded by the exact run — a gate/up rounding by
+        // |c_j·D_mi|·1.1|u_i|·Sg_i (resp. |s_i|·Su_i), at most 2H of them per row; a down rounding
+        // by |c_j|·Σ_i|D_mi·h_i|, 2I of them; a combine rounding by Σ_j|c_j·d_jm|, 2k + 1 — so by
+        // Azuma–Hoeffding |Σ c·δ| <= λ·sqrt(Σ b²) but with probability 2·exp(−λ²/2) (the same λ
+        // as every probabilistic figure here). The rest stays worst-case: the bound without the
+        // reductions' γ (storage, SiLU, intermediate and output roundings), those γ terms' factors
+        // from the other roundings (ω = (1 + u_max)^32 − 1 of them), and every term of second or
+        // higher order in the γ's (the second difference W(2γ) − 2W(γ) + W(0) of the worst-case
+        // bound, a polynomial with nonnegative coefficients, exceeds them).
+        std::vector<double> w0(out.size(), 0.0), w1(out.size(), 0.0), w2(out.size(), 0.0);
+        worst(0.0, 0.0, 0.0, w0);
+        worst(gH, gI, gk, w1);
+        worst(2 * gH, 2 * gI, 2 * gk, w2);
+        const double omega = std::pow(1 + std::max({uo, r, eps, rc, ua}), 32) - 1;
+        for (std::int64_t t = 0; t < T; ++t)
+            for (std::int64_t m = 0; m < H; ++m) {
+                const auto x = static_cast<std::size_t>(t * H + m);
+                const double cd = Cd.at(t * H + m);
+                const double var = 2 * hd * ua * ua * SQ.at(t * H + m) + 2 * id * ua * ua * SQ.at((T + t) * H + m) +
+                                   (2 * static_cast<double>(k) + 1) * uc * uc * cd * cd;
+                const double prob = w0[x] + gamma.lambda * std::sqrt(var) + omega * (w1[x] - w0[x]) + (w2[x] - 2 * w1[x] + w0[x]);
+                out[x] += std::min(prob, w1[x]);
+            }
     };
 }
 
@@ -498,13 +539,13 @@ nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
         ops.push_back({"causal_conv1d", K,
                        conv_bounds(data("causal_conv1d", "abs_dot"), data("causal_conv1d", "pre"), data("causal_conv1d", "abs_in"), yr, K)});
     }
-    if (has_all("moe", {"out", "abs_terms", "abs_sums", "abs_combine", "abs_weights", "dims"})) {
+    if (has_all("moe", {"out", "abs_terms", "abs_sums", "abs_combine", "abs_weights", "dims", "sq_terms"})) {
         const TensorView yr = data("moe", "out"), dims = data("moe", "dims");
         KVASIR_CHECK(yr.rank() == 2 && yr.numel() > 0, ErrorCode::bad_input, "{}: ops.moe.out {} is not [T, H]", ref.origin(),
                      shape_str(yr.shape));
         const std::int64_t T = yr.shape[0], H = yr.shape[1];
         shapes_fit("moe", yr, {{"abs_terms", Shape{6, T, H}}, {"abs_sums", Shape{T, 6}}, {"abs_combine", yr.shape}, {"abs_weights", Shape{T}},
-                               {"dims", Shape{4}}});
+                               {"dims", Shape{4}}, {"sq_terms", Shape{2, T, H}}});
         const auto dim = [&](std::int64_t i, double lo, double hi) {
             const double v = dims.at(i);
             KVASIR_CHECK(v >= lo && v <= hi && v == std::floor(v), ErrorCode::bad_input, "{}: ops.moe.dims[{}] = {} is outside {}..{}",
@@ -517,8 +558,8 @@ nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
         KVASIR_CHECK(std::isfinite(amax) && amax >= 0, ErrorCode::bad_input, "{}: ops.moe.dims[3] = {} is not a magnitude", ref.origin(), amax);
         // The longest reduction decides whether a node's formats bound it at all.
         ops.push_back({"moe", std::max(H, I),
-                       moe_bounds(data("moe", "abs_terms"), data("moe", "abs_sums"), data("moe", "abs_combine"), data("moe", "abs_weights"), yr,
-                                  H, I, k, amax)});
+                       moe_bounds(data("moe", "abs_terms"), data("moe", "abs_sums"), data("moe", "abs_combine"), data("moe", "abs_weights"),
+                                  data("moe", "sq_terms"), yr, H, I, k, amax)});
     }
     if (has_all("gated_delta", {"out", "cols", "heads", "params", "dims"})) {
         const TensorView yr = data("gated_delta", "out"), cols = data("gated_delta", "cols"), dims = data("gated_delta", "dims");
@@ -567,7 +608,7 @@ nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
         const std::optional<OpFormats> fr = op_formats(led.inputs()[in.reference].capabilities, matmul, ref_why);
         std::vector<double> ref_bound(static_cast<std::size_t>(yr.numel()), 0.0);
         const std::optional<double> g_ref = fr ? gamma_bound(op.K, fr->accumulation.u) : std::nullopt;
-        if (fr && g_ref) op.bounds(*fr, [&](std::int64_t K) { return gamma_bound(K, fr->accumulation.u).value_or(INFINITY); }, ref_bound);
+        if (fr && g_ref) op.bounds(*fr, Gamma{fr->accumulation.u, false, 0.0}, ref_bound);
         for (std::size_t i = 0; i < in.nodes.size(); ++i) {
             if (i == in.reference || !in.present[i] || !in.nodes[i]->has("ops." + op.op + ".out")) continue;
             std::string why;
@@ -587,10 +628,7 @@ nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
                          in.nodes[i]->origin(), op.op, shape_str(y.shape), shape_str(yr.shape));
             nlohmann::ordered_json e{{"node", in.nodes[i]->node()}, {"elements", y.numel()}};
             for (const bool probable : {false, true}) {
-                const double ua = f->accumulation.u;
-                const Gamma gamma = [&](std::int64_t K) {
-                    return probable ? probabilistic_gamma(K, ua, kProbLambda) : gamma_bound(K, ua).value_or(INFINITY);
-                };
+                const Gamma gamma{f->accumulation.u, probable, kProbLambda};
                 const double gk = gamma(op.K);
                 std::vector<double> bound = ref_bound;
                 op.bounds(*f, gamma, bound);

@@ -285,7 +285,11 @@ struct MoeInputs {
 //   abs_combine [T, H]    Σ_j |c_j|·|d_j|
 //   abs_weights [T]       Σ_j |c_j|
 //   dims [4]              H, I, k, and the largest Σ_k|x_k| + Σ_k|G_ik| (or
-//                         U's): what a subnormal rounding of an input adds.
+//                         U's): what a subnormal rounding of an input adds;
+// and for the probabilistic bound (the sums of squares of the coefficients
+// with which each accumulation rounding reaches y):
+//   sq_terms [2, T, H]    Σ_j c_j²·Σ_i D_mi²·((1.1·|u_i|·Sg_i)² + (s_i·Su_i)²),
+//                         Σ_j c_j²·(Σ_i |D_mi·h_i|)²
 // Experts with biases or gpt-oss's clamped activation have no such bound
 // here, nor a combine weight below 1e-30 (where casting it may underflow):
 // nothing is returned, and the op is judged by its statistics alone.
@@ -299,7 +303,10 @@ std::map<std::string, Tensor> moe_bound_data(const MoeInputs& in) {
     for (std::int64_t i = 0; i < in.plan.weights.numel(); ++i)
         if (const double c = std::fabs(in.plan.weights.at(i)); !std::isfinite(c) || (c > 0 && c < 1e-30)) return {};
     constexpr int B = 6;
-    Tensor terms(DType::f64, {B, T, H}), sums(DType::f64, {T, B}), comb(DType::f64, {T, H}), wsum(DType::f64, {T}), dims(DType::f64, {4});
+    Tensor terms(DType::f64, {B, T, H}), sums(DType::f64, {T, B}), comb(DType::f64, {T, H}), wsum(DType::f64, {T}), dims(DType::f64, {4}),
+        sq(DType::f64, {2, T, H});
+    double* SQ = sq.as<double>();
+    std::fill(SQ, SQ + 2 * T * H, 0.0);
     double* P = terms.as<double>();
     double* Q = sums.as<double>();
     double* C = comb.as<double>();
@@ -332,13 +339,13 @@ std::map<std::string, Tensor> moe_bound_data(const MoeInputs& in) {
             rowu[sz(i / H)] += std::fabs(U[sz(i)]);
         }
         const double row_max = std::max(*std::max_element(rowg.begin(), rowg.end()), *std::max_element(rowu.begin(), rowu.end()));
-        // Each routed row's contribution: B + 1 rows of H (the six terms and |d|) and B sums.
+        // Each routed row's contribution: B + 2 rows of H (the six terms, |d|, Σ D²·W) and B sums.
         const auto R = static_cast<std::int64_t>(routed.size());
-        std::vector<double> part(sz(R * (B + 1) * H)), psum(sz(R * B));
+        std::vector<double> part(sz(R * (B + 2) * H)), psum(sz(R * B));
 #pragma omp parallel for schedule(dynamic, 1)
         for (std::int64_t r = 0; r < R; ++r) {
             const double* xt = x.data() + routed[sz(r)].first * H;
-            std::vector<double> V(sz(B * I)), hv(sz(I));
+            std::vector<double> V(sz(B * I)), hv(sz(I)), W(sz(I));
             for (std::int64_t i = 0; i < I; ++i) {
                 double g = 0, u = 0, sg = 0, su = 0;
                 const double* gr = G.data() + i * H;
@@ -351,6 +358,7 @@ std::map<std::string, Tensor> moe_bound_data(const MoeInputs& in) {
                 }
                 const double s = g / (1.0 + std::exp(-g)), h = s * u;
                 hv[sz(i)] = h;
+                W[sz(i)] = (1.1 * std::fabs(u) * sg) * (1.1 * std::fabs(u) * sg) + (s * su) * (s * su);
                 V[sz(0 * I + i)] = 1.1 * sg * std::fabs(u) + std::fabs(s) * su;
                 V[sz(1 * I + i)] = (1.1 * std::fabs(g) + std::fabs(s)) * std::fabs(u);
                 V[sz(2 * I + i)] = std::fabs(h);
@@ -358,17 +366,19 @@ std::map<std::string, Tensor> moe_bound_data(const MoeInputs& in) {
                 V[sz(4 * I + i)] = sg + su;
                 V[sz(5 * I + i)] = 1.0;
             }
-            double* out = part.data() + r * (B + 1) * H;
+            double* out = part.data() + r * (B + 2) * H;
             for (std::int64_t m = 0; m < H; ++m) {
                 const double* dr = D.data() + m * I;
-                double acc[B] = {0, 0, 0, 0, 0, 0}, d = 0;
+                double acc[B] = {0, 0, 0, 0, 0, 0}, d = 0, q = 0;
                 for (std::int64_t i = 0; i < I; ++i) {
                     const double a = std::fabs(dr[i]);
                     for (int b = 0; b < B; ++b) acc[b] += a * V[sz(b * I + i)];
                     d += dr[i] * hv[sz(i)];
+                    q += a * a * W[sz(i)];
                 }
                 for (int b = 0; b < B; ++b) out[b * H + m] = acc[b];
                 out[B * H + m] = std::fabs(d);
+                out[(B + 1) * H + m] = q;
             }
             for (int b = 0; b < B; ++b) {
                 double t = 0;
@@ -379,10 +389,14 @@ std::map<std::string, Tensor> moe_bound_data(const MoeInputs& in) {
         for (std::int64_t r = 0; r < R; ++r) {
             const auto [t, cw] = routed[sz(r)];
             const double c = std::fabs(cw);
-            const double* src = part.data() + r * (B + 1) * H;
+            const double* src = part.data() + r * (B + 2) * H;
             for (int b = 0; b < B; ++b)
                 for (std::int64_t m = 0; m < H; ++m) P[(b * T + t) * H + m] += c * src[b * H + m];
-            for (std::int64_t m = 0; m < H; ++m) C[t * H + m] += c * src[B * H + m];
+            for (std::int64_t m = 0; m < H; ++m) {
+                C[t * H + m] += c * src[B * H + m];
+                SQ[t * H + m] += c * c * src[(B + 1) * H + m];
+                SQ[(T + t) * H + m] += c * c * src[2 * H + m] * src[2 * H + m];  // (Σ_i |D_mi h_i|)², V2 = |h|
+            }
             for (int b = 0; b < B; ++b) Q[t * B + b] += c * psum[sz(r * B + b)];
             wsum.as<double>()[t] += c;
             amax = std::max(amax, xabs_sum[sz(t)] + row_max);
@@ -397,7 +411,8 @@ std::map<std::string, Tensor> moe_bound_data(const MoeInputs& in) {
             {"abs_sums", std::move(sums)},
             {"abs_combine", std::move(comb)},
             {"abs_weights", std::move(wsum)},
-            {"dims", std::move(dims)}};
+            {"dims", std::move(dims)},
+            {"sq_terms", std::move(sq)}};
 }
 
 RouterParams model_router_params(const ModelConfig& m, const TensorView* bias) {
