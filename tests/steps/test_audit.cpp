@@ -602,6 +602,16 @@ void add_opencl_if_present(std::vector<std::string>& names) {
         names.push_back("opencl:0");
 }
 
+// One in-process audit of the fixture under protocol p on the nodes named.
+AuditRun audit_fixture_on(const Protocol& p, std::initializer_list<const char*> names) {
+    std::vector<std::unique_ptr<Backend>> nodes;
+    for (const char* s : names) nodes.push_back(create_backend(s));
+    AuditConfig cfg;
+    cfg.protocol = &p;
+    cfg.model = &fixture();
+    return run_audit(cfg, nodes, 0);
+}
+
 const CriterionResult* criterion_of(const NodeVerdict& v, Tier t, const std::string& name) {
     for (const CriterionResult& c : v.tier(t))
         if (c.criterion == name) return &c;
@@ -706,14 +716,8 @@ TEST(FaultVariants, BoundViolationsAreZeroForCorrectNodesAndCatchTheBitflip) {
 // bit 25 (× 16) leaves the worst-case bound too: unfit in both tiers.
 TEST(FaultVariants, AFlippedExpertWeightIsCaughtByTheMoeBoundWhereTheStatisticsPassIt) {
     const Protocol p = ops_only_protocol();
-    std::vector<std::unique_ptr<Backend>> nodes;
-    for (const char* s : {"cpu-ref", "cpu", "cpu:fault=bitflip,fault_call=3", "cpu:fault=bitflip,fault_call=3,fault_bit=24",
-                          "cpu:fault=bitflip,fault_call=3,fault_bit=25"})
-        nodes.push_back(create_backend(s));
-    AuditConfig cfg;
-    cfg.protocol = &p;
-    cfg.model = &fixture();
-    const AuditRun run = run_audit(cfg, nodes, 0);
+    const AuditRun run = audit_fixture_on(p, {"cpu-ref", "cpu", "cpu:fault=bitflip,fault_call=3", "cpu:fault=bitflip,fault_call=3,fault_bit=24",
+                                              "cpu:fault=bitflip,fault_call=3,fault_bit=25"});
     EXPECT_EQ(verdict_of(run, "cpu").verdict, Verdict::fit);
     const auto moe_bound = [&](const std::string& node) {
         for (const auto& o : run.report.steps.at("ops").at("bounds"))
@@ -788,12 +792,7 @@ TEST(FaultVariants, BoundViolationsAreZeroWithTheModelsOwnWeights) {
 
 TEST(FaultVariants, TheRouteFaultFailsRouterAuthoritiesAndAFaultThatNeverFiredIsNoFit) {
     const Protocol p = ops_only_protocol();
-    std::vector<std::unique_ptr<Backend>> nodes;
-    for (const char* s : {"cpu-ref", "cpu", "cpu:fault=route", "cpu:fault=nan,fault_call=100000"}) nodes.push_back(create_backend(s));
-    AuditConfig cfg;
-    cfg.protocol = &p;
-    cfg.model = &fixture();
-    const AuditRun run = run_audit(cfg, nodes, 0);
+    const AuditRun run = audit_fixture_on(p, {"cpu-ref", "cpu", "cpu:fault=route", "cpu:fault=nan,fault_call=100000"});
     EXPECT_EQ(verdict_of(run, "cpu").verdict, Verdict::fit);
     const CriterionResult* cpu_flips = criterion_of(verdict_of(run, "cpu"), Tier::sensitive, "router.flips_max");
     ASSERT_NE(cpu_flips, nullptr);
@@ -818,14 +817,8 @@ TEST(FaultVariants, TheRouteFaultFailsRouterAuthoritiesAndAFaultThatNeverFiredIs
 // in the attention block, both at layer 0 where they first act.
 TEST(FaultVariants, DriftNamesTheLayerAndBlockOfTheFault) {
     const Protocol p = ci_protocol_with_only("drift");
-    std::vector<std::unique_ptr<Backend>> nodes;
-    for (const char* s : {"cpu-ref", "cpu", "cpu:fault=perturb,fault_size=1e-2,fault_op=swiglu",
-                          "cpu:fault=perturb,fault_size=1e-2,fault_op=softmax"})
-        nodes.push_back(create_backend(s));
-    AuditConfig cfg;
-    cfg.protocol = &p;
-    cfg.model = &fixture();
-    const AuditRun run = run_audit(cfg, nodes, 0);
+    const AuditRun run = audit_fixture_on(p, {"cpu-ref", "cpu", "cpu:fault=perturb,fault_size=1e-2,fault_op=swiglu",
+                                              "cpu:fault=perturb,fault_size=1e-2,fault_op=softmax"});
     EXPECT_EQ(verdict_of(run, "cpu").verdict, Verdict::fit);
     EXPECT_TRUE(verdict_of(run, "cpu").localisation.empty());  // nothing failed: nothing to locate
     const NodeVerdict& mlp = verdict_of(run, "cpu:fault=perturb,fault_op=swiglu,fault_size=1e-2");
