@@ -34,9 +34,16 @@ inline float fma1(float a, float b, float c) {
 // [S, dim]: sc[r·ld + s] = R(dot), for s < n (and up to the next multiple of
 // 8 when those keys exist; they are computed and never used).
 template <WeightRounding R>
-void scores(const float* const* q, int m, const float* k, i64 dim, i64 s_count, i64 n, float* sc, i64 ld) {
+void scores(const float* const* q, int m, const float* k, i64 dim, i64 s_count, i64 n, float* sc, i64 ld, bool prefetch) {
     i64 s0 = 0;
     for (; s0 < n && s0 + 8 <= s_count; s0 += 8) {
+        // Decoding: the next block's 8 key rows, while this one is summed — a decode step finds
+        // the cache evicted by the weights it streamed, and 8 interleaved row streams defeat the
+        // hardware prefetchers (~4 % of a 1-thread decode at 512 cached tokens, BENCHMARKS.md).
+        // No effect on the bits.
+        if (prefetch && s0 + 8 < n)
+            for (i64 i = 0; i < 8 && s0 + 8 + i < s_count; ++i)
+                for (i64 d = 0; d < dim; d += 16) _mm_prefetch(reinterpret_cast<const char*>(k + (s0 + 8 + i) * dim + d), _MM_HINT_T0);
         __m256 tot[kRows], acc[kRows];
         for (i64 d0 = 0; d0 < dim; d0 += kBlock) {
             for (int r = 0; r < m; ++r) acc[r] = _mm256_setzero_ps();
@@ -110,12 +117,14 @@ void softmax_row(float* x, i64 n, i64 s_count, float scale, const float* sink) {
 
 // o[i0 … i0 + 8·NV) = Σ_{s < n} p[s]·V[s, i] in the matmul contract's order.
 template <WeightRounding R, int NV>
-[[gnu::always_inline]] inline void pv_chunk(const float* p, i64 n, const float* v, i64 dim, i64 i0, float* o) {
+[[gnu::always_inline]] inline void pv_chunk(const float* p, i64 n, const float* v, i64 dim, i64 i0, float* o, bool prefetch) {
     __m256 tot[NV], acc[NV];
     for (i64 s0 = 0; s0 < n; s0 += kBlock) {
         for (int j = 0; j < NV; ++j) acc[j] = _mm256_setzero_ps();
         const i64 s1 = std::min(n, s0 + kBlock);
         for (i64 s = s0; s < s1; ++s) {
+            if (prefetch && s + 4 < n)  // decoding: the value row 4 keys ahead (as the scores' keys above)
+                for (int j = 0; j < NV; j += 2) _mm_prefetch(reinterpret_cast<const char*>(v + (s + 4) * dim + i0 + 8 * j), _MM_HINT_T0);
             const __m256 pv = _mm256_broadcast_ss(p + s);
 #pragma GCC unroll 8
             for (int j = 0; j < NV; ++j)
@@ -127,10 +136,10 @@ template <WeightRounding R, int NV>
 }
 
 template <WeightRounding R>
-void pv_row(const float* p, i64 n, const float* v, i64 dim, float* o) {
+void pv_row(const float* p, i64 n, const float* v, i64 dim, float* o, bool prefetch) {
     i64 i0 = 0;
-    for (; i0 + 64 <= dim; i0 += 64) pv_chunk<R, 8>(p, n, v, dim, i0, o);
-    for (; i0 + 8 <= dim; i0 += 8) pv_chunk<R, 1>(p, n, v, dim, i0, o);
+    for (; i0 + 64 <= dim; i0 += 64) pv_chunk<R, 8>(p, n, v, dim, i0, o, prefetch);
+    for (; i0 + 8 <= dim; i0 += 8) pv_chunk<R, 1>(p, n, v, dim, i0, o, prefetch);
     for (; i0 < dim; ++i0) {
         float total = 0.0f, s = 0.0f;
         for (i64 k = 0; k < n; ++k) {
@@ -149,6 +158,7 @@ void run(const AttentionArgs& a) {
     const i64 rep = a.heads / a.kv_heads, chunks = (rep + kRows - 1) / kRows;
     const i64 p0 = a.s_count - a.t_count, ld = (a.s_count + 7) / 8 * 8;
     const i64 units = a.kv_heads * a.t_count * chunks;
+    const bool decoding = a.t_count <= 3;  // the cache comes from DRAM: prefetch it
 #pragma omp parallel num_threads(a.threads)
     {
         thread_local std::vector<float> scratch;  // kRows rows of S scores (OpenMP reuses its threads)
@@ -164,11 +174,11 @@ void run(const AttentionArgs& a) {
             const i64 n = p0 + t + 1;
             const float* q[kRows];
             for (int r = 0; r < m; ++r) q[r] = a.q + (t * a.heads + g * rep + r0 + r) * a.dim;
-            scores<R>(q, m, a.keys[g], a.dim, a.s_count, n, sc, ld);
+            scores<R>(q, m, a.keys[g], a.dim, a.s_count, n, sc, ld, decoding);
             for (int r = 0; r < m; ++r) {
                 softmax_row<R>(sc + r * ld, n, a.s_count, a.scale,
                                a.sinks != nullptr ? a.sinks + g * rep + r0 + r : nullptr);
-                pv_row<R>(sc + r * ld, n, a.values[g], a.dim, a.out + (t * a.heads + g * rep + r0 + r) * a.dim);
+                pv_row<R>(sc + r * ld, n, a.values[g], a.dim, a.out + (t * a.heads + g * rep + r0 + r) * a.dim, decoding);
             }
         }
     }

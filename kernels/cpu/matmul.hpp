@@ -59,6 +59,22 @@ void matmul_avx2(const float* x, const void* w, WeightFormat format, WeightRound
                  std::int64_t t_count, std::int64_t n_count, std::int64_t k_count, int threads,
                  WeightRounding io_rounding = WeightRounding::none);
 
+// The GEMV (t_count ≤ 3) on weights packed once for decoding: groups of
+// kGemvPackRows rows, k-major, converted and rounded as above —
+//   packed[(g·K + k)·kGemvPackRows + i] = R(w[g·kGemvPackRows + i, k]), 0 past N
+// — so that a decode step streams one contiguous run of memory instead of
+// 8·G row streams through register transposes. Same arithmetic as
+// matmul_avx2's GEMV (each output's K blocks of 64 as FMA chains from +0,
+// block sums added in order, x and y rounded with io_rounding): the same
+// bits. gemv_packed_floats: the packed size in floats.
+constexpr std::int64_t kGemvPackRows = 32;
+constexpr std::int64_t kGemvPackMaxRows = 3;
+std::int64_t gemv_packed_floats(std::int64_t n_count, std::int64_t k_count);
+void pack_gemv_avx2(const void* w, WeightFormat format, WeightRounding rounding, std::int64_t n_count, std::int64_t k_count,
+                    float* packed);
+void gemv_packed_avx2(const float* x, const float* packed, float* y, std::int64_t t_count, std::int64_t n_count,
+                      std::int64_t k_count, int threads, WeightRounding io_rounding = WeightRounding::none);
+
 // dst[i] = src[i] read as f32 and rounded as above (AVX2 + F16C); the
 // element-wise counterpart of what matmul_avx2 does to its weights, used for
 // the activations and results of storage=f16|bf16 nodes. dst may equal src

@@ -559,6 +559,118 @@ void matmul_avx2(const float* x, const void* w, WeightFormat format, WeightRound
     }
 }
 
+namespace {
+
+constexpr i64 kPV = kGemvPackRows / 8;  // ymm per packed row group
+
+// One group of the packed GEMV: TT rows of x against kGemvPackRows outputs.
+template <int TT>
+void gemv_packed_group(const float* x, const float* pg, float* y, i64 n0, i64 valid, i64 n_count, i64 k_count) {
+    __m256 acc[TT][kPV];
+    alignas(32) float tile[TT][kGemvPackRows];  // the group's running y (block sums added in order)
+    const auto flush = [&](bool first) {
+        for (int t = 0; t < TT; ++t)
+            for (int v = 0; v < kPV; ++v) {
+                float* p = tile[t] + 8 * v;
+                _mm256_store_ps(p, first ? acc[t][v] : _mm256_add_ps(_mm256_load_ps(p), acc[t][v]));
+                acc[t][v] = _mm256_setzero_ps();
+            }
+    };
+    for (int t = 0; t < TT; ++t)
+        for (int v = 0; v < kPV; ++v) acc[t][v] = _mm256_setzero_ps();
+    for (i64 k = 0; k < k_count; ++k) {
+        if (k > 0 && k % kSumBlock == 0) flush(k == kSumBlock);
+        const float* wk = pg + k * kGemvPackRows;
+        _mm_prefetch(reinterpret_cast<const char*>(wk + 32 * kGemvPackRows), _MM_HINT_T0);  // 4 KB ahead (8–64 swept: 32 best, BENCHMARKS.md)
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; ++t) {
+            const __m256 xb = _mm256_broadcast_ss(x + t * k_count + k);
+#pragma GCC unroll 4
+            for (int v = 0; v < kPV; ++v) acc[t][v] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(wk + 8 * v), acc[t][v]);
+        }
+    }
+    flush(k_count <= kSumBlock);
+    for (int t = 0; t < TT; ++t) std::memcpy(y + t * n_count + n0, tile[t], static_cast<std::size_t>(valid) * sizeof(float));
+}
+
+}  // namespace
+
+std::int64_t gemv_packed_floats(std::int64_t n_count, std::int64_t k_count) {
+    return (n_count + kGemvPackRows - 1) / kGemvPackRows * kGemvPackRows * k_count;
+}
+
+void pack_gemv_avx2(const void* w, WeightFormat format, WeightRounding rounding, std::int64_t n_count, std::int64_t k_count,
+                    float* packed) {
+    rounding = effective_rounding(format, rounding);
+    const auto run_one = [&](auto f, auto r) {
+        constexpr WeightFormat F = decltype(f)::value;
+        constexpr WeightRounding R = decltype(r)::value;
+        const i64 groups = (n_count + kGemvPackRows - 1) / kGemvPackRows;
+        for (i64 g = 0; g < groups; ++g) {
+            float* pg = packed + g * k_count * kGemvPackRows;
+            for (i64 r8 = 0; r8 < kGemvPackRows; r8 += 8) {
+                const i64 row = g * kGemvPackRows + r8;
+                i64 k = 0;
+                if (row + 8 <= n_count)
+                    for (; k + 8 <= k_count; k += 8) {
+                        __m256 c[8];
+                        load_transposed8<F, R>(w, row, k_count, k, c);  // c[j] = w[row … row+7, k+j]
+                        for (int j = 0; j < 8; ++j) _mm256_storeu_ps(pg + (k + j) * kGemvPackRows + r8, c[j]);
+                    }
+                for (; k < k_count; ++k)
+                    for (i64 i = 0; i < 8; ++i)
+                        pg[k * kGemvPackRows + r8 + i] = row + i < n_count ? load1<F, R>(w, (row + i) * k_count + k) : 0.0f;
+            }
+        }
+    };
+    using FC = std::integral_constant<WeightFormat, WeightFormat::f32>;
+    using FH = std::integral_constant<WeightFormat, WeightFormat::f16>;
+    using FB = std::integral_constant<WeightFormat, WeightFormat::bf16>;
+    using RN = std::integral_constant<WeightRounding, WeightRounding::none>;
+    using RH = std::integral_constant<WeightRounding, WeightRounding::f16>;
+    using RB = std::integral_constant<WeightRounding, WeightRounding::bf16>;
+    const auto with_r = [&](auto f) {
+        switch (rounding) {
+            case WeightRounding::none: run_one(f, RN{}); break;
+            case WeightRounding::f16: run_one(f, RH{}); break;
+            case WeightRounding::bf16: run_one(f, RB{}); break;
+        }
+    };
+    switch (format) {
+        case WeightFormat::f32: with_r(FC{}); break;
+        case WeightFormat::f16: with_r(FH{}); break;
+        case WeightFormat::bf16: with_r(FB{}); break;
+    }
+}
+
+void gemv_packed_avx2(const float* x, const float* packed, float* y, std::int64_t t_count, std::int64_t n_count,
+                      std::int64_t k_count, int threads, WeightRounding io_rounding) {
+    if (t_count <= 0 || n_count <= 0) return;
+    if (k_count <= 0) {
+        std::fill(y, y + t_count * n_count, 0.0f);
+        return;
+    }
+    if (t_count > kGemvPackMaxRows) std::abort();  // a caller's bug: the packed GEMV takes decode rows only
+    if (2.0 * static_cast<double>(t_count) * static_cast<double>(n_count) * static_cast<double>(k_count) < 2e5) threads = 1;
+    if (io_rounding != WeightRounding::none) {  // round x's ≤ 3 rows into a copy, as the GEMV does
+        float* xr = a_buffer().get(t_count * k_count);
+        convert_avx2(x, WeightFormat::f32, io_rounding, xr, t_count * k_count);
+        x = xr;
+    }
+    const i64 groups = (n_count + kGemvPackRows - 1) / kGemvPackRows;
+#pragma omp parallel for schedule(dynamic, 2) num_threads(threads) if (threads > 1)
+    for (i64 g = 0; g < groups; ++g) {
+        const i64 n0 = g * kGemvPackRows, valid = std::min(kGemvPackRows, n_count - n0);
+        const float* pg = packed + g * k_count * kGemvPackRows;
+        switch (t_count) {
+            case 1: gemv_packed_group<1>(x, pg, y, n0, valid, n_count, k_count); break;
+            case 2: gemv_packed_group<2>(x, pg, y, n0, valid, n_count, k_count); break;
+            default: gemv_packed_group<3>(x, pg, y, n0, valid, n_count, k_count); break;
+        }
+        for (i64 t = 0; t < t_count; ++t) round_run(io_rounding, y + t * n_count + n0, valid);
+    }
+}
+
 void convert_avx2(const void* src, WeightFormat format, WeightRounding rounding, float* dst, std::int64_t n) {
     rounding = effective_rounding(format, rounding);
     // Element-wise, so dst may be src (f32 in place).

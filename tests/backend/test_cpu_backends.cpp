@@ -288,6 +288,35 @@ TEST(CpuPacked, ATokenGivesTheSameBitsAloneAsInABatch) {
     }
 }
 
+// The decode GEMV on weights packed once (kernels::pack_gemv_avx2 +
+// gemv_packed_avx2) gives the GEMV's bits: T = 1 … 3, N and K around the group
+// (32), the vector width (8) and the summation block (64), f32/f16/bf16
+// weights, every rounding, 1 and 2 threads.
+TEST(CpuPacked, DecodeGemvOnPackedWeightsGivesTheGemvsBits) {
+    if (!kernels::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
+    for (const auto& [N, K] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+             {1, 1}, {7, 9}, {32, 64}, {33, 65}, {70, 600}, {64, 128}, {257, 1024}, {96, 17}}) {
+        for (std::int64_t T = 1; T <= kernels::kGemvPackMaxRows; ++T) {
+            const Tensor x = seeded_normal(61, "pg/x", {T, K}, 0, 1);
+            const Tensor w = seeded_normal(61, "pg/w", {N, K}, 0, 0.05);
+            for (DType wd : {DType::f32, DType::f16, DType::bf16}) {
+                const Tensor wn = Tensor::convert(w, wd);
+                for (auto r : {kernels::WeightRounding::none, kernels::WeightRounding::f16, kernels::WeightRounding::bf16})
+                    for (int threads : {1, 2}) {
+                        std::vector<float> want(static_cast<std::size_t>(T * N)), got(want.size(), NAN);
+                        kernels::matmul_avx2(x.as<float>(), wn.raw(), kernels::weight_format_of(wd), r, want.data(), T, N, K, threads, r);
+                        std::vector<float> packed(static_cast<std::size_t>(kernels::gemv_packed_floats(N, K)), NAN);
+                        kernels::pack_gemv_avx2(wn.raw(), kernels::weight_format_of(wd), r, N, K, packed.data());
+                        kernels::gemv_packed_avx2(x.as<float>(), packed.data(), got.data(), T, N, K, threads, r);
+                        ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+                            << "T " << T << " N " << N << " K " << K << " " << dtype_name(wd) << " rounding " << static_cast<int>(r)
+                            << " threads " << threads;
+                    }
+            }
+        }
+    }
+}
+
 TEST(CpuPacked, HalfAndBf16WeightsAreConvertedInTheKernelExactly) {
     // Weights handed over as f16/bf16 (a checkpoint's dtype) give the same bits
     // as the same weights converted to f32 first, on every storage variant; and

@@ -2,12 +2,14 @@
 // device whose "buffers" record what was uploaded: what it keeps, what it
 // never keeps, LRU order, the budget, and the counters. The OpenCL node's
 // use of it runs for real in test_opencl_residency.cpp.
+#include "kvasir/backend/registry.hpp"
 #include "kvasir/backend/weight_cache.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/immutable_memory.hpp"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -206,4 +208,41 @@ TEST(WeightCache, OptionIsWholeMiB) {
         }
     }
     EXPECT_EQ(default_weight_cache_budget(8ull << 30), 4ull << 30);
+}
+
+// The cpu node's use of the cache: a decode matmul (T ≤ 3) on f32 weights in
+// immutable memory runs on their packed copy, made once (a miss, then hits),
+// with the same bits as the transposing GEMV on the same values in heap
+// memory (never cached: uncacheable is not even counted, nothing is packed);
+// each storage variant keys its own copy (its rounding is packed in);
+// weight_cache=0 packs nothing; a GEMM (T > 3) never touches the cache.
+TEST(WeightCache, CpuDecodeRunsOnPackedWeightsWithTheSameBits) {
+    const std::int64_t N = 70, K = 600;
+    std::vector<float> w_heap(static_cast<std::size_t>(N * K));
+    for (std::size_t i = 0; i < w_heap.size(); ++i) w_heap[i] = std::sin(static_cast<float>(i)) * 0.05f;
+    const std::vector<float> w_kept(w_heap);  // the same values, registered as immutable
+    const ImmutableRegistration reg(w_kept.data(), w_kept.size() * sizeof(float));
+    const TensorView wi{DType::f32, w_kept.data(), {N, K}};
+    const TensorView wh{DType::f32, w_heap.data(), {N, K}};
+    for (const char* spec : {"cpu", "cpu:storage=bf16", "cpu:threads=1"}) {
+        auto node = create_backend(spec);
+        for (std::int64_t T : {1, 2, 3, 5}) {
+            Tensor x(DType::f32, {T, K});
+            for (std::int64_t i = 0; i < x.numel(); ++i) x.as<float>()[i] = std::cos(static_cast<float>(i) * 0.37f);
+            const Tensor a = node->matmul(x, wh), b = node->matmul(x, wi);
+            ASSERT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << spec << " T " << T;
+        }
+        const WeightCacheStats s = *node->weight_cache_stats();
+        EXPECT_GT(s.budget_bytes, 0u) << spec;
+        EXPECT_EQ(s.misses, 1u) << spec;  // packed once, at T = 1
+        EXPECT_EQ(s.hits, 2u) << spec;    // T = 2, 3; T = 5 is a GEMM
+        EXPECT_EQ(s.resident_entries, 1u) << spec;
+    }
+    auto off = create_backend("cpu:weight_cache=0");
+    Tensor x(DType::f32, {1, K});
+    for (std::int64_t i = 0; i < K; ++i) x.as<float>()[i] = 1.0f / static_cast<float>(i + 1);
+    const Tensor a = off->matmul(x, wi), b = create_backend("cpu")->matmul(x, wi);
+    ASSERT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
+    EXPECT_EQ(off->weight_cache_stats()->misses, 0u);
+    EXPECT_EQ(off->weight_cache_stats()->resident_entries, 0u);
 }

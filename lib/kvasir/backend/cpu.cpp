@@ -4,7 +4,11 @@
 #include "kernels/cpu/matmul.hpp"
 #include "kvasir/backend/cpu_backends.hpp"
 #include "kvasir/backend/llamacpp_activations.hpp"
+#include "kvasir/backend/weight_cache.hpp"
 #include "kvasir/core/error.hpp"
+#include "kvasir/core/immutable_memory.hpp"
+
+#include <unistd.h>
 
 #include <omp.h>
 
@@ -65,8 +69,13 @@ public:
         KVASIR_CHECK(!spec.device_given || spec.device == 0, ErrorCode::bad_input, "backend '{}': cpu has one device (0)",
                      spec.canonical());
         int threads = omp_get_max_threads();
+        std::optional<std::uint64_t> pack_budget;
         for (const auto& [key, value] : spec.options) {
             if (apply_precision_option(spec, key, value, caps_)) continue;
+            if (key == "weight_cache") {
+                pack_budget = parse_weight_cache_option(spec, value);
+                continue;
+            }
             if (key == "threads") {
                 char* end = nullptr;
                 const long n = std::strtol(value.c_str(), &end, 10);
@@ -83,7 +92,7 @@ public:
                 split_k_ = value == "shape";
             } else {
                 fail(ErrorCode::bad_input,
-                     "backend '{}': unknown option '{}' (cpu takes storage=, acc=, threads=, split_k=, qdot=)", spec.canonical(),
+                     "backend '{}': unknown option '{}' (cpu takes storage=, acc=, threads=, split_k=, qdot=, weight_cache=)", spec.canonical(),
                      key);
             }
         }
@@ -101,6 +110,7 @@ public:
         if (spec.options.count("threads") != 0) canonical.options["threads"] = std::to_string(threads);
         if (split_k_) canonical.options["split_k"] = "shape";
         if (qdot_) canonical.options["qdot"] = "llamacpp";
+        if (pack_budget) canonical.options["weight_cache"] = std::to_string(*pack_budget >> 20);
         caps_.node = canonical.canonical();
         caps_.backend = "cpu";
         caps_.device = host_cpu_description();
@@ -117,7 +127,19 @@ public:
         if (qdot_)
             caps_.extra.emplace_back("qdot", "llama.cpp's CPU dot products: activations quantised to Q8_0 / Q8_K (or "
                                              "rounded to f16 / bf16) for the weight's stored format, as its vec_dot_type");
+        // Decode weights packed once (kernels::pack_gemv_avx2): only where the f32 AVX2 GEMV runs.
+        const std::uint64_t budget = pack_budget.value_or(default_pack_budget());
+        packed_ = std::make_unique<WeightCache<PackedWeights>>(caps_.accumulation == DType::f32 && avx2_ ? budget : 0);
+        caps_.extra.emplace_back(
+            "weight_cache",
+            budget == 0 ? std::string("off (weight_cache=0): the decode GEMV transposes every f32 weight as it reads it")
+                        : fmt::format("f32 checkpoint weights a decode step (≤ {} rows) multiplies are packed once, k-major in "
+                                      "groups of {} rows (the same bits), least recently used evicted first; budget {} MiB ({})",
+                                      kernels::kGemvPackMaxRows, kernels::kGemvPackRows, budget >> 20,
+                                      pack_budget ? fmt::format("weight_cache={}", budget >> 20) : std::string("1/8 of physical memory")));
     }
+
+    std::optional<WeightCacheStats> weight_cache_stats() const override { return packed_->stats(); }
 
     const Capabilities& capabilities() const override { return caps_; }
 
@@ -132,6 +154,15 @@ public:
     }
 
 private:
+    struct PackedWeights {
+        std::vector<float> data;
+    };
+    static std::uint64_t default_pack_budget() {
+        const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) / 8 : 0;
+    }
+    std::unique_ptr<WeightCache<PackedWeights>> packed_;
+
     // split_k=shape: a batch-VARIANT node by construction (a contrast for the
     // invariance step). Few rows → the K reduction in kSplitKParts
     // contiguous chunks, each a whole matmul, the partials summed pairwise in
@@ -200,6 +231,21 @@ private:
                 wf = Tensor::convert(w, DType::f32);
                 wp = wf.raw();
                 format = kernels::WeightFormat::f32;
+            }
+            // Decoding from a checkpoint's f32 weights: their packed copy (kept, from immutable
+            // memory only: a heap weight's address may be reused with other bytes).
+            if (t_count <= kernels::kGemvPackMaxRows && w.dtype == DType::f32 && packed_->stats().budget_bytes > 0 &&
+                find_immutable(w.data, static_cast<std::size_t>(w.numel()) * sizeof(float))) {
+                const std::uint64_t bytes = static_cast<std::uint64_t>(kernels::gemv_packed_floats(n_count, k_count)) * sizeof(float);
+                const auto packed = packed_->get(w, caps_.storage, bytes, [&] {
+                    PackedWeights p;
+                    p.data.resize(static_cast<std::size_t>(kernels::gemv_packed_floats(n_count, k_count)));
+                    kernels::pack_gemv_avx2(w.data, format, rounding, n_count, k_count, p.data.data());
+                    return p;
+                });
+                kernels::gemv_packed_avx2(xp, packed->data.data(), y.as<float>(), t_count, n_count, k_count, caps_.threads,
+                                          rounding);
+                return y;
             }
             kernels::matmul_avx2(xp, wp, format, rounding, y.as<float>(), t_count, n_count, k_count, caps_.threads,
                                  rounding);
