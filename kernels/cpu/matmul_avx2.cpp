@@ -68,6 +68,7 @@ constexpr i64 kNcSmallT = 64;   // columns per job, T ≤ 48 (B block 64 KB)
 constexpr i64 kNcLargeT = 128;  // columns per job, T > 48 (B block 128 KB)
 constexpr i64 kGemvChunk = 64;  // outputs per GEMV job
 constexpr i64 kGemvMaxRows = 3;  // T up to this: GEMV path, no packing
+static_assert(kGemvMaxRows == kGemvPackMaxRows);
 constexpr i64 kGemvPrefetch = 6;  // software prefetch distance of the f32 GEMV, in 64-byte lines (6–12 best)
 
 inline float fma1(float a, float b, float c) {
@@ -493,16 +494,24 @@ void gemm(const float* x, WeightRounding rx, const void* w, float* y, i64 t_coun
     }
 }
 
+// Tiny problems are not worth waking threads for (the result is the same).
+int threads_for(int threads, i64 t_count, i64 n_count, i64 k_count) {
+    return 2.0 * static_cast<double>(t_count) * static_cast<double>(n_count) * static_cast<double>(k_count) < 2e5 ? 1 : threads;
+}
+
+// The GEMV reads x in place: a node that rounds its activations rounds x's ≤ 3 rows into a copy.
+const float* gemv_x(const float* x, WeightRounding rx, i64 t_count, i64 k_count) {
+    if (rx == WeightRounding::none) return x;
+    float* xr = a_buffer().get(t_count * k_count);
+    convert_avx2(x, WeightFormat::f32, rx, xr, t_count * k_count);
+    return xr;
+}
+
 template <WeightFormat F, WeightRounding R>
 void run(const float* x, WeightRounding rx, const void* w, float* y, i64 t_count, i64 n_count, i64 k_count, int threads) {
-    // Tiny problems are not worth waking threads for (the result is the same).
-    if (2.0 * static_cast<double>(t_count) * static_cast<double>(n_count) * static_cast<double>(k_count) < 2e5) threads = 1;
+    threads = threads_for(threads, t_count, n_count, k_count);
     if (t_count <= kGemvMaxRows) {
-        if (rx != WeightRounding::none) {  // the GEMV reads x in place: round its ≤ 3 rows into a copy
-            float* xr = a_buffer().get(t_count * k_count);
-            convert_avx2(x, WeightFormat::f32, rx, xr, t_count * k_count);
-            x = xr;
-        }
+        x = gemv_x(x, rx, t_count, k_count);
         // GEMV: chunks of 64 outputs, handed out dynamically.
         const i64 chunks = (n_count + kGemvChunk - 1) / kGemvChunk;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
@@ -651,12 +660,8 @@ void gemv_packed_avx2(const float* x, const float* packed, float* y, std::int64_
         return;
     }
     if (t_count > kGemvPackMaxRows) std::abort();  // a caller's bug: the packed GEMV takes decode rows only
-    if (2.0 * static_cast<double>(t_count) * static_cast<double>(n_count) * static_cast<double>(k_count) < 2e5) threads = 1;
-    if (io_rounding != WeightRounding::none) {  // round x's ≤ 3 rows into a copy, as the GEMV does
-        float* xr = a_buffer().get(t_count * k_count);
-        convert_avx2(x, WeightFormat::f32, io_rounding, xr, t_count * k_count);
-        x = xr;
-    }
+    threads = threads_for(threads, t_count, n_count, k_count);
+    x = gemv_x(x, io_rounding, t_count, k_count);
     const i64 groups = (n_count + kGemvPackRows - 1) / kGemvPackRows;
 #pragma omp parallel for schedule(dynamic, 2) num_threads(threads) if (threads > 1)
     for (i64 g = 0; g < groups; ++g) {
