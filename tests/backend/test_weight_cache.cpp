@@ -122,7 +122,7 @@ TEST(WeightCache, ARegistrationEndedAndRemadeAtTheSameAddressIsAMiss) {
     EXPECT_EQ(cache.stats().hits, 1u);
 }
 
-TEST(WeightCache, LeastRecentlyUsedIsEvictedFirst) {
+TEST(WeightCache, LeastRecentlyUsedIsEvictedFirstOnceCold) {
     const Arena arena(4096);
     WeightCache<FakeBuffer> cache(3 * kKiB);  // room for three 1 KiB weights
     Device dev;
@@ -131,19 +131,66 @@ TEST(WeightCache, LeastRecentlyUsedIsEvictedFirst) {
     dev.get(cache, a);
     dev.get(cache, b);
     dev.get(cache, c);
-    dev.get(cache, a);  // a is now the most recent; b the least
+    for (int i = 0; i < 3; ++i) {
+        dev.get(cache, a);
+        dev.get(cache, c);
+    }  // b is the least recent, and cold: not asked for within the last 4 gets (4 weights seen)
     dev.get(cache, d);  // evicts b
     EXPECT_EQ(cache.stats().evictions, 1u);
+    EXPECT_EQ(cache.stats().declined, 0u);
     EXPECT_EQ(cache.stats().resident_bytes, 3 * kKiB);
     const int uploads = dev.uploads;
     dev.get(cache, a);
     dev.get(cache, c);
     dev.get(cache, d);
     EXPECT_EQ(dev.uploads, uploads);  // all three still resident
-    dev.get(cache, b);                // b was the one evicted
+    dev.get(cache, b);                // every resident one is warm: b is uploaded for this call only
     EXPECT_EQ(dev.uploads, uploads + 1);
-    EXPECT_EQ(cache.stats().evictions, 2u);  // ... and evicts a, now the least recent
+    EXPECT_EQ(cache.stats().declined, 1u);
+    EXPECT_EQ(cache.stats().evictions, 1u);
+    dev.get(cache, a);
+    EXPECT_EQ(dev.uploads, uploads + 1);  // ... and nothing was evicted for it
     EXPECT_LE(cache.stats().resident_bytes, cache.stats().budget_bytes);
+}
+
+// Forward passes ask for every weight in the same order: five weights, room
+// for three. LRU would evict each just before it is needed again (no hit
+// ever); the cache keeps its three and declines the other two, every pass.
+TEST(WeightCache, APassLargerThanTheBudgetKeepsItsResidentShareHitting) {
+    const Arena arena(8192);
+    WeightCache<FakeBuffer> cache(3 * kKiB);
+    Device dev;
+    std::vector<TensorView> w;
+    for (int i = 0; i < 5; ++i) w.push_back(arena.view(static_cast<std::size_t>(256 * i), {256}));
+    for (int pass = 0; pass < 4; ++pass)
+        for (const TensorView& v : w) EXPECT_EQ(dev.get(cache, v)->values[0], static_cast<const float*>(v.data)[0]);
+    const WeightCacheStats s = cache.stats();
+    EXPECT_EQ(s.misses, 3u);
+    EXPECT_EQ(s.hits, 9u);
+    EXPECT_EQ(s.declined, 8u);
+    EXPECT_EQ(s.evictions, 0u);
+    EXPECT_EQ(dev.uploads, 11);
+}
+
+// Another model (or step) takes over: the old weights go cold within a pass
+// over the new ones and are evicted; the new ones are then resident.
+TEST(WeightCache, WeightsNobodyAsksForAnyMoreMakeRoom) {
+    const Arena arena(8192);
+    WeightCache<FakeBuffer> cache(3 * kKiB);
+    Device dev;
+    std::vector<TensorView> old_w, new_w;
+    for (int i = 0; i < 3; ++i) old_w.push_back(arena.view(static_cast<std::size_t>(256 * i), {256}));
+    for (int i = 3; i < 6; ++i) new_w.push_back(arena.view(static_cast<std::size_t>(256 * i), {256}));
+    for (int pass = 0; pass < 2; ++pass)
+        for (const TensorView& v : old_w) dev.get(cache, v);
+    for (int pass = 0; pass < 3; ++pass)
+        for (const TensorView& v : new_w) dev.get(cache, v);
+    const WeightCacheStats s = cache.stats();
+    EXPECT_EQ(s.evictions, 3u);  // every old weight, once cold
+    EXPECT_EQ(s.resident_entries, 3u);
+    const int uploads = dev.uploads;
+    for (const TensorView& v : new_w) dev.get(cache, v);
+    EXPECT_EQ(dev.uploads, uploads);  // the new ones are resident
 }
 
 TEST(WeightCache, AnEvictedEntryStaysValidWhileItsUserHoldsIt) {
@@ -151,7 +198,8 @@ TEST(WeightCache, AnEvictedEntryStaysValidWhileItsUserHoldsIt) {
     WeightCache<FakeBuffer> cache(1 * kKiB);
     Device dev;
     const auto held = dev.get(cache, arena.view(0, {256}));
-    dev.get(cache, arena.view(256, {256}));  // evicts the first
+    dev.get(cache, arena.view(256, {256}));  // the first is still warm: declined
+    dev.get(cache, arena.view(256, {256}));  // now it is cold: evicted
     EXPECT_EQ(cache.stats().evictions, 1u);
     EXPECT_EQ(held->values[5], 5.0f);
 }

@@ -12,7 +12,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 nodes="cpu-ref,opencl:0"
 ci=protocols/ci.json
-counters='^  weight cache opencl:0: [0-9]+ hits, [0-9]+ misses, [0-9]+ evictions, [0-9]+ uncacheable, [0-9]+ oversized; [0-9.]+ GB uploaded; [0-9]+ resident, [0-9.]+ of [0-9.]+ GB$'
+counters='^  weight cache opencl:0: [0-9]+ hits, [0-9]+ misses, [0-9]+ evictions, [0-9]+ declined, [0-9]+ uncacheable, [0-9]+ oversized; [0-9.]+ GB uploaded; [0-9]+ resident, [0-9.]+ of [0-9.]+ GB$'
 
 # cmd STEP-ROW-NAME ARGS...: runs with and without --timings.
 timed() {

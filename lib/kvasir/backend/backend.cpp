@@ -525,6 +525,7 @@ void for_each_counter(Stats& s, F&& f) {
     f("misses", s.misses);
     f("uncacheable", s.uncacheable);
     f("oversized", s.oversized);
+    f("declined", s.declined);
     f("bytes_uploaded", s.bytes_uploaded);
     f("evictions", s.evictions);
     f("resident_bytes", s.resident_bytes);

@@ -75,7 +75,8 @@ struct WeightCacheStats {
     std::uint64_t misses = 0;            // cacheable weight uploaded and kept
     std::uint64_t uncacheable = 0;       // not in immutable memory (activations, seeded inputs) or cache off: uploaded for the call
     std::uint64_t oversized = 0;         // larger than the whole budget: uploaded for the call
-    std::uint64_t bytes_uploaded = 0;    // device bytes of misses + uncacheable + oversized
+    std::uint64_t declined = 0;          // not kept: the cache was full of weights asked for within the current pass (scan resistance)
+    std::uint64_t bytes_uploaded = 0;    // device bytes of misses + uncacheable + oversized + declined
     std::uint64_t evictions = 0;
     std::uint64_t resident_bytes = 0;    // now
     std::uint64_t resident_entries = 0;  // now

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <list>
 #include <map>
+#include <set>
 #include <mutex>
 #include <optional>
 #include <tuple>
@@ -55,6 +56,7 @@ struct Entry {
     Key key;
     std::shared_ptr<const void> buffer;
     std::uint64_t bytes;
+    std::uint64_t last_use;  // the cache's clock at its last get
 };
 
 }  // namespace
@@ -63,6 +65,8 @@ struct WeightCacheCore::Impl {
     mutable std::mutex mutex;
     std::list<Entry> lru;  // most recently used first
     std::map<Key, std::list<Entry>::iterator> index;
+    std::set<Key> seen;      // every cacheable weight asked for
+    std::uint64_t clock = 0;  // cacheable gets so far
     WeightCacheStats stats;
 };
 
@@ -86,10 +90,27 @@ std::shared_ptr<const void> WeightCacheCore::get(const TensorView& w, DType form
         return once;
     }
     Key key{span->region, span->offset, host_bytes, w.dtype, w.shape, format};
+    const std::uint64_t now = ++c.clock;
+    c.seen.insert(key);
     if (const auto it = c.index.find(key); it != c.index.end()) {
         ++s.hits;
+        it->second->last_use = now;
         c.lru.splice(c.lru.begin(), c.lru, it->second);
         return it->second->buffer;
+    }
+    // Scan resistance: a forward pass asks for every weight of the model in
+    // the same order, pass after pass. When they do not all fit, LRU evicts
+    // each weight just before it is needed again and every get misses; so a
+    // victim still warm — asked for within as many gets as there are weights
+    // this cache has seen, i.e. within the current pass — is kept, and the
+    // newcomer is uploaded for the call alone (declined). The resident share
+    // then hits on every pass; an entry nobody asked for during a whole pass
+    // (another model, a finished step) is evicted as before.
+    if (!c.lru.empty() && s.resident_bytes + device_bytes > s.budget_bytes && now - c.lru.back().last_use < c.seen.size()) {
+        ++s.declined;
+        std::shared_ptr<const void> once = upload();
+        s.bytes_uploaded += device_bytes;
+        return once;
     }
     while (!c.lru.empty() && s.resident_bytes + device_bytes > s.budget_bytes) {
         const Entry& victim = c.lru.back();
@@ -101,7 +122,7 @@ std::shared_ptr<const void> WeightCacheCore::get(const TensorView& w, DType form
     std::shared_ptr<const void> buffer = upload();
     ++s.misses;
     s.bytes_uploaded += device_bytes;
-    c.lru.push_front(Entry{key, buffer, device_bytes});
+    c.lru.push_front(Entry{key, buffer, device_bytes, now});
     c.index.emplace(std::move(key), c.lru.begin());
     s.resident_bytes += device_bytes;
     return buffer;
@@ -118,6 +139,7 @@ void WeightCacheCore::clear() {
     const std::lock_guard lock(impl_->mutex);
     impl_->index.clear();
     impl_->lru.clear();
+    impl_->seen.clear();
     impl_->stats.resident_bytes = 0;
 }
 

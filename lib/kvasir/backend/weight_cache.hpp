@@ -19,7 +19,10 @@
 // The device format (storage rounding done on upload: f32, half, bf16
 // values in f32) is part of the key, so two formats of one weight are two
 // entries. Bounded: `budget` bytes of device copies at most, least recently
-// used evicted first; a weight larger than the whole budget bypasses the
+// used evicted first — once cold: while every resident weight was asked for
+// within the current pass (as many gets as weights seen), a newcomer is
+// uploaded for its call and not kept (`declined`), so a model larger than the
+// budget keeps its resident share hitting instead of LRU's miss on every get; a weight larger than the whole budget bypasses the
 // cache (uploaded per call, as without it) rather than flush it. Budget 0 =
 // off. An entry evicted while an op still holds it lives until that op ends
 // (shared ownership), so the bound is the budget plus one op's operands.

@@ -302,9 +302,9 @@ std::string render_timings(const RunTimings& t) {
                                static_cast<double>(c.bytes_uploaded) * 1e-9);
             continue;
         }
-        out += fmt::format("  weight cache {}: {} hits, {} misses, {} evictions, {} uncacheable, {} oversized; "
+        out += fmt::format("  weight cache {}: {} hits, {} misses, {} evictions, {} declined, {} uncacheable, {} oversized; "
                            "{:.3f} GB uploaded; {} resident, {:.3f} of {:.3f} GB\n",
-                           node, c.hits, c.misses, c.evictions, c.uncacheable, c.oversized,
+                           node, c.hits, c.misses, c.evictions, c.declined, c.uncacheable, c.oversized,
                            static_cast<double>(c.bytes_uploaded) * 1e-9, c.resident_entries,
                            static_cast<double>(c.resident_bytes) * 1e-9, static_cast<double>(c.budget_bytes) * 1e-9);
     }
