@@ -95,9 +95,8 @@ using ElementBounds = std::function<void(const OpFormats& f, const Gamma& gamma,
 ElementBounds matmul_bounds(const TensorView& S, const TensorView& yr, const TensorView& AX, const TensorView& AW, std::int64_t K) {
     return [=](const OpFormats& f, const Gamma& gamma, std::vector<double>& out) {
         const double gk = gamma(K);
-        const bool rounded = f.storage.u > std::ldexp(1.0, -24);
-        const double us = f.storage.u, uo = f.output.u, kd = static_cast<double>(K);
-        const double r = rounded ? 2.0 * us + us * us : 0.0, eta_s = rounded ? f.storage.eta : 0.0;
+        const InputRounding in = input_rounding(f);
+        const double uo = f.output.u, kd = static_cast<double>(K), r = in.product, eta_s = in.eta;
         const double scale = (r + gk * (1.0 + r)) * (1.0 + uo);
         const double subnormal = eta_s * (1.0 + r) * (1.0 + gk) * (1.0 + uo);
         const double floor_abs = (kd * eta_s * eta_s * (1.0 + gk) + kd * f.accumulation.eta) * (1.0 + uo) + f.output.eta;
@@ -155,16 +154,14 @@ ElementBounds rmsnorm_bounds(const TensorView& yr, const TensorView& ms, const T
 ElementBounds conv_bounds(const TensorView& S, const TensorView& z, const TensorView& A, const TensorView& yr, std::int64_t K) {
     return [=](const OpFormats& f, const Gamma& gamma, std::vector<double>& out) {
         const double gk = gamma(K);
-        const bool rounded = f.storage.u > std::ldexp(1.0, -24);
-        const double us = f.storage.u, ua = f.accumulation.u, uo = f.output.u, kd = static_cast<double>(K);
-        const double r = rounded ? 2.0 * us + us * us : 0.0, eta_s = rounded ? f.storage.eta : 0.0;
-        const double e1 = kElementaryUlps * 2.0 * ua;
-        const double eps = (1.0 + e1) * (1.0 + e1) * (1.0 + ua) * (1.0 + ua) - 1.0;
+        const InputRounding in = input_rounding(f);
+        const double us = in.u, uo = f.output.u, kd = static_cast<double>(K), r = in.product, eta_s = in.eta;
+        const double eps = silu_evaluation_error(f.accumulation.u);
         constexpr double lipschitz = 1.1;
         for (std::int64_t x = 0; x < S.numel(); ++x) {
             double dz = (r + gk * (1.0 + r)) * S.at(x) + eta_s * (1.0 + r) * (1.0 + gk) * A.at(x) +
                         kd * eta_s * eta_s * (1.0 + gk) + kd * f.accumulation.eta;
-            if (rounded) dz += us * (std::fabs(z.at(x)) + dz) + eta_s;
+            dz += us * (std::fabs(z.at(x)) + dz) + eta_s;  // z kept in storage (0 when that is f32)
             const double y = std::fabs(yr.at(x));
             out[static_cast<std::size_t>(x)] +=
                 (1.0 + uo) * ((1.0 + eps) * lipschitz * dz + eps * y + 4.0 * f.accumulation.eta) + uo * y + f.output.eta;
@@ -216,14 +213,12 @@ ElementBounds conv_bounds(const TensorView& S, const TensorView& z, const Tensor
 ElementBounds moe_bounds(const TensorView& P, const TensorView& Q, const TensorView& Cd, const TensorView& W, const TensorView& SQ,
                          const TensorView& yr, std::int64_t H, std::int64_t I, std::int64_t k, double amax) {
     return [=](const OpFormats& f, const Gamma& gamma, std::vector<double>& out) {
-        const bool rounded = f.storage.u > std::ldexp(1.0, -24);
-        const double us = f.storage.u, ua = f.accumulation.u, uo = f.output.u;
-        const double r = rounded ? 2.0 * us + us * us : 0.0, eta_s = rounded ? f.storage.eta : 0.0;
+        const InputRounding in = input_rounding(f);
+        const double ua = f.accumulation.u, uo = f.output.u, r = in.product, eta_s = in.eta;
         const double eta_a = f.accumulation.eta, eta_o = f.output.eta, hd = static_cast<double>(H), id = static_cast<double>(I);
         const double uc = ua <= std::ldexp(1.0, -53) ? ua : std::max(ua, std::ldexp(1.0, -24));
         const double rc = std::max(uc, uo);
-        const double e1 = kElementaryUlps * 2.0 * ua;
-        const double eps_s = (1 + e1) * (1 + e1) * (1 + ua) * (1 + ua) - 1;
+        const double eps_s = silu_evaluation_error(ua);
         const double eps = (1 + eps_s) * (1 + ua) * (1 + uo) - 1;
         const double L = std::log(f.accumulation.max > 0 ? f.accumulation.max : std::numeric_limits<float>::max());
         const double kappa = ((L + 1) * std::exp(-(L - 1)) + 4 * eta_a) * (1 + ua) * (1 + uo);
@@ -318,9 +313,8 @@ ElementBounds moe_bounds(const TensorView& P, const TensorView& Q, const TensorV
 ElementBounds attention_bounds(const TensorView& probs, const TensorView& dot, const TensorView& mx, const TensorView& ls, const TensorView& ain,
                                const TensorView& av, const TensorView& yr, std::int64_t D, std::int64_t S, double scale) {
     return [=](const OpFormats& f, const Gamma& gamma, std::vector<double>& out) {
-        const bool rounded = f.storage.u > std::ldexp(1.0, -24);
-        const double us = f.storage.u, ua = f.accumulation.u, uo = f.output.u;
-        const double r = rounded ? 2.0 * us + us * us : 0.0, eta_s = rounded ? f.storage.eta : 0.0;
+        const InputRounding in = input_rounding(f);
+        const double ua = f.accumulation.u, uo = f.output.u, r = in.product, eta_s = in.eta;
         const double eta_a = f.accumulation.eta, eta_o = f.output.eta, dd = static_cast<double>(D), sd = static_cast<double>(S);
         const double gD = gamma(D), gS = gamma(S), gC = gamma(S + 1);
         const double a = r + gD * (1 + r);
@@ -390,8 +384,8 @@ ElementBounds attention_bounds(const TensorView& probs, const TensorView& dot, c
 ElementBounds gated_delta_bounds(const TensorView& cols, const TensorView& heads, const TensorView& params, const TensorView& yr,
                                  std::int64_t dk) {
     return [=](const OpFormats& f, const Gamma& gamma, std::vector<double>& out) {
-        const bool rounded = f.storage.u > std::ldexp(1.0, -24);
-        const double us = rounded ? f.storage.u : 0.0, eta_s = rounded ? f.storage.eta : 0.0;
+        const InputRounding in = input_rounding(f);
+        const double us = in.u, eta_s = in.eta;
         const double ue = f.accumulation.u, ef = kElementaryUlps * 2.0 * ue, uo = f.output.u;
         const double eta_e = f.accumulation.eta, eta_o = f.output.eta;
         const double g = gamma(dk), sdk = std::sqrt(static_cast<double>(dk)), kdk = static_cast<double>(dk);

@@ -129,7 +129,8 @@ public:
                                              "rounded to f16 / bf16) for the weight's stored format, as its vec_dot_type");
         // Decode weights packed once (kernels::pack_gemv_avx2): only where the f32 AVX2 GEMV runs.
         const std::uint64_t budget = pack_budget.value_or(default_pack_budget());
-        packed_ = std::make_unique<WeightCache<PackedWeights>>(caps_.accumulation == DType::f32 && avx2_ ? budget : 0);
+        pack_ = caps_.accumulation == DType::f32 && avx2_ && budget > 0;
+        packed_ = std::make_unique<WeightCache<PackedWeights>>(pack_ ? budget : 0);
         caps_.extra.emplace_back(
             "weight_cache",
             budget == 0 ? std::string("off (weight_cache=0): the decode GEMV transposes every f32 weight as it reads it")
@@ -162,6 +163,7 @@ private:
         return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) / 8 : 0;
     }
     std::unique_ptr<WeightCache<PackedWeights>> packed_;
+    bool pack_ = false;  // decode weights are packed (f32 AVX2 arithmetic, a budget)
 
     // split_k=shape: a batch-VARIANT node by construction (a contrast for the
     // invariance step). Few rows → the K reduction in kSplitKParts
@@ -234,7 +236,7 @@ private:
             }
             // Decoding from a checkpoint's f32 weights: their packed copy (kept, from immutable
             // memory only: a heap weight's address may be reused with other bytes).
-            if (t_count <= kernels::kGemvPackMaxRows && w.dtype == DType::f32 && packed_->stats().budget_bytes > 0 &&
+            if (pack_ && t_count <= kernels::kGemvPackMaxRows && w.dtype == DType::f32 &&
                 find_immutable(w.data, static_cast<std::size_t>(w.numel()) * sizeof(float))) {
                 const std::uint64_t bytes = static_cast<std::uint64_t>(kernels::gemv_packed_floats(n_count, k_count)) * sizeof(float);
                 const auto packed = packed_->get(w, caps_.storage, bytes, [&] {

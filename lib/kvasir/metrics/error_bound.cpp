@@ -63,10 +63,19 @@ std::optional<FormatUnits> format_units(std::string_view n) {
     return std::nullopt;
 }
 
+InputRounding input_rounding(const OpFormats& f) {
+    if (!(f.storage.u > std::ldexp(1.0, -24))) return {};  // storage f32 or wider holds the inputs exactly
+    const double u = f.storage.u;
+    return {u, 2.0 * u + u * u, f.storage.eta};
+}
+
+double silu_evaluation_error(double u) {
+    const double e = kElementaryUlps * 2.0 * u;
+    return (1.0 + e) * (1.0 + e) * (1.0 + u) * (1.0 + u) - 1.0;
+}
+
 namespace {
 
-// The inputs are f32 values: storage f32 or wider holds them exactly.
-double input_rounding(const OpFormats& f) { return f.storage.u > std::ldexp(1.0, -24) ? f.storage.u : 0.0; }
 // An intermediate rounded to storage: exact when storage is at least as wide
 // as the arithmetic that made it.
 double intermediate_rounding(const OpFormats& f) { return f.storage.u > f.accumulation.u ? f.storage.u : 0.0; }
@@ -90,7 +99,7 @@ double intermediate_rounding(const OpFormats& f) { return f.storage.u > f.accumu
 double rmsnorm_relative_bound(const OpFormats& f, double sum_gamma, double scale_cond, double min_mean_square) {
     if (!(sum_gamma >= 0 && sum_gamma < 1) || !(min_mean_square > 0) || !(scale_cond >= 0) || !std::isfinite(scale_cond))
         return INFINITY;
-    const double uin = input_rounding(f), ue = f.accumulation.u, ef = kElementaryUlps * 2.0 * ue, uo = f.output.u;
+    const double uin = input_rounding(f).u, ue = f.accumulation.u, ef = kElementaryUlps * 2.0 * ue, uo = f.output.u;
     const double msq = min_mean_square;
     const double sub = (f.accumulation.eta + 2.0 * f.storage.eta * std::sqrt(msq) + f.storage.eta * f.storage.eta) / msq;
     const double alpha = (1 + uin) * (1 + uin) * (1 + sum_gamma) - 1 + sub;
@@ -103,7 +112,7 @@ double rmsnorm_relative_bound(const OpFormats& f, double sum_gamma, double scale
 
 double rmsnorm_element_bound(const OpFormats& f, double rho, double y, double abs_scale, std::int64_t k, double mean_square) {
     if (!std::isfinite(rho) || !(mean_square > 0)) return INFINITY;
-    const double eta_in = input_rounding(f) > 0 ? f.storage.eta : 0.0;
+    const double eta_in = input_rounding(f).eta;
     const double r = std::sqrt(mean_square);
     const double sub_in = eta_in * (abs_scale + std::sqrt(static_cast<double>(k) * mean_square)) / r * (1 + rho) * 2;
     return rho * std::fabs(y) + sub_in + 2 * f.accumulation.eta + f.output.eta;
@@ -137,7 +146,7 @@ void softmax_row_bounds(const OpFormats& f, double sum_gamma, std::span<const do
         std::fill(bound.begin(), bound.end(), INFINITY);
         return;
     }
-    const double uin = input_rounding(f), ui = intermediate_rounding(f), ue = f.accumulation.u, uo = f.output.u;
+    const double uin = input_rounding(f).u, ui = intermediate_rounding(f), ue = f.accumulation.u, uo = f.output.u;
     const double ef = kElementaryUlps * 2.0 * ue;
     const double eta_e = std::max(f.accumulation.eta, ui > 0 ? f.storage.eta : 0.0), eta_o = f.output.eta;
     const double eta_in = uin > 0 ? f.storage.eta : 0.0;  // x or the max rounded to a subnormal

@@ -51,6 +51,14 @@ struct OpFormats {
     FormatUnits storage, accumulation, output;
 };
 
+// The inputs of an op are f32 values; a node rounds them to its storage
+// format (nothing when storage holds f32 or wider): u of one rounded input,
+// product = 2u + u² of a product of two, eta absolutely in the subnormal range.
+struct InputRounding {
+    double u = 0, product = 0, eta = 0;
+};
+InputRounding input_rounding(const OpFormats& f);
+
 // Relative error allowed to one elementary function (exp, sqrt, rsqrt,
 // division) of the accumulation format: 4 ulp = 8u. Above what every
 // platform this tool runs on promises (OpenCL 1.2 full profile f32: exp and
@@ -58,6 +66,11 @@ struct OpFormats {
 // correctly rounded IEEE operations <= 1 ulp). A kernel built with native_
 // or fast-math intrinsics may leave it: that is a node promising less.
 constexpr double kElementaryUlps = 4.0;
+
+// Relative error of SiLU evaluated in a format of unit roundoff u, as
+// g / (1 + exp(−g)) or g·σ(g): exp and the division at kElementaryUlps, the
+// 1 + and the product: (1 + 8u)²(1 + u)² − 1.
+double silu_evaluation_error(double u);
 
 // RMSNorm y_j = x_j·s_j / sqrt(Σ_k x_k²/K + eps) over rows of K: the
 // relative bound ρ_j with |ŷ_j − y_j| <= ρ_j·|y_j| (+ the output's η) for
