@@ -24,6 +24,7 @@
 #include "kvasir/core/dtype.hpp"
 
 #include <cstdint>
+#include <span>
 
 namespace kvasir::kernels {
 
@@ -74,6 +75,22 @@ void pack_gemv_avx2(const void* w, WeightFormat format, WeightRounding rounding,
                     float* packed);
 void gemv_packed_avx2(const float* x, const float* packed, float* y, std::int64_t t_count, std::int64_t n_count,
                       std::int64_t k_count, int threads, WeightRounding io_rounding = WeightRounding::none);
+
+// Several packed GEMVs in ONE parallel region (a decode step's MoE experts:
+// every chosen expert's gate and up projections, then every down
+// projection): the (job, row group) pairs are handed out together, so the
+// threads meet once instead of once per matmul. Each job's y has the bits
+// gemv_packed_avx2 gives it alone (a group's arithmetic never depends on
+// the thread or on the other jobs). x is read as given: a node that rounds
+// its activations rounds each job's x first.
+struct PackedGemvJob {
+    const float* x = nullptr;       // [t_count, k_count]
+    const float* packed = nullptr;  // pack_gemv_avx2 of the [n_count, k_count] weight
+    float* y = nullptr;             // [t_count, n_count]
+    std::int64_t t_count = 0, n_count = 0, k_count = 0;  // t_count ≤ kGemvPackMaxRows
+};
+void gemv_packed_batch_avx2(std::span<const PackedGemvJob> jobs, int threads,
+                            WeightRounding io_rounding = WeightRounding::none);
 
 // dst[i] = src[i] read as f32 and rounded as above (AVX2 + F16C); the
 // element-wise counterpart of what matmul_avx2 does to its weights, used for

@@ -51,6 +51,8 @@
 #include <cstring>
 #include <memory>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace kvasir::kernels {
 namespace {
@@ -652,28 +654,45 @@ void pack_gemv_avx2(const void* w, WeightFormat format, WeightRounding rounding,
     }
 }
 
+void gemv_packed_batch_avx2(std::span<const PackedGemvJob> jobs, int threads, WeightRounding io_rounding) {
+    // Every (job, group) pair, in job order; flops decide whether waking threads pays.
+    std::vector<std::pair<std::size_t, i64>> work;
+    double flops = 0;
+    for (std::size_t j = 0; j < jobs.size(); ++j) {
+        const PackedGemvJob& job = jobs[j];
+        if (job.t_count <= 0 || job.n_count <= 0) continue;
+        if (job.k_count <= 0) {
+            std::fill(job.y, job.y + job.t_count * job.n_count, 0.0f);
+            continue;
+        }
+        if (job.t_count > kGemvPackMaxRows) std::abort();  // a caller's bug: the packed GEMV takes decode rows only
+        const i64 groups = (job.n_count + kGemvPackRows - 1) / kGemvPackRows;
+        for (i64 g = 0; g < groups; ++g) work.emplace_back(j, g);
+        flops += 2.0 * static_cast<double>(job.t_count * job.n_count * job.k_count);
+    }
+    if (work.empty()) return;
+    threads = flops < 2e5 ? 1 : threads;  // threads_for's threshold, over the whole batch
+    const i64 items = static_cast<i64>(work.size());
+#pragma omp parallel for schedule(dynamic, 2) num_threads(threads) if (threads > 1)
+    for (i64 i = 0; i < items; ++i) {
+        const PackedGemvJob& job = jobs[work[static_cast<std::size_t>(i)].first];
+        const i64 g = work[static_cast<std::size_t>(i)].second;
+        const i64 n0 = g * kGemvPackRows, valid = std::min(kGemvPackRows, job.n_count - n0);
+        const float* pg = job.packed + g * job.k_count * kGemvPackRows;
+        switch (job.t_count) {
+            case 1: gemv_packed_group<1>(job.x, pg, job.y, n0, valid, job.n_count, job.k_count); break;
+            case 2: gemv_packed_group<2>(job.x, pg, job.y, n0, valid, job.n_count, job.k_count); break;
+            default: gemv_packed_group<3>(job.x, pg, job.y, n0, valid, job.n_count, job.k_count); break;
+        }
+        for (i64 t = 0; t < job.t_count; ++t) round_run(io_rounding, job.y + t * job.n_count + n0, valid);
+    }
+}
+
 void gemv_packed_avx2(const float* x, const float* packed, float* y, std::int64_t t_count, std::int64_t n_count,
                       std::int64_t k_count, int threads, WeightRounding io_rounding) {
-    if (t_count <= 0 || n_count <= 0) return;
-    if (k_count <= 0) {
-        std::fill(y, y + t_count * n_count, 0.0f);
-        return;
-    }
-    if (t_count > kGemvPackMaxRows) std::abort();  // a caller's bug: the packed GEMV takes decode rows only
-    threads = threads_for(threads, t_count, n_count, k_count);
-    x = gemv_x(x, io_rounding, t_count, k_count);
-    const i64 groups = (n_count + kGemvPackRows - 1) / kGemvPackRows;
-#pragma omp parallel for schedule(dynamic, 2) num_threads(threads) if (threads > 1)
-    for (i64 g = 0; g < groups; ++g) {
-        const i64 n0 = g * kGemvPackRows, valid = std::min(kGemvPackRows, n_count - n0);
-        const float* pg = packed + g * k_count * kGemvPackRows;
-        switch (t_count) {
-            case 1: gemv_packed_group<1>(x, pg, y, n0, valid, n_count, k_count); break;
-            case 2: gemv_packed_group<2>(x, pg, y, n0, valid, n_count, k_count); break;
-            default: gemv_packed_group<3>(x, pg, y, n0, valid, n_count, k_count); break;
-        }
-        for (i64 t = 0; t < t_count; ++t) round_run(io_rounding, y + t * n_count + n0, valid);
-    }
+    if (t_count > 0 && k_count > 0) x = gemv_x(x, io_rounding, t_count, k_count);
+    const PackedGemvJob job{x, packed, y, t_count, n_count, k_count};
+    gemv_packed_batch_avx2(std::span<const PackedGemvJob>(&job, 1), threads, io_rounding);
 }
 
 void convert_avx2(const void* src, WeightFormat format, WeightRounding rounding, float* dst, std::int64_t n) {

@@ -16,6 +16,7 @@
 #include "tests/backend/matmul_bound.hpp"
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/core/error.hpp"
+#include "kvasir/core/immutable_memory.hpp"
 #include "kvasir/core/rng.hpp"
 
 #include <gtest/gtest.h>
@@ -314,6 +315,94 @@ TEST(CpuPacked, DecodeGemvOnPackedWeightsGivesTheGemvsBits) {
                     }
             }
         }
+    }
+}
+
+TEST(CpuPacked, BatchedGemvsGiveEachGemvsBits) {
+    // Jobs of different shapes and row counts in one region: each y equals
+    // the GEMV run alone, for 1 and 2 threads and every rounding.
+    if (!kernels::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
+    struct Shape3 { std::int64_t t, n, k; };
+    const std::vector<Shape3> shapes{{1, 256, 1024}, {2, 70, 600}, {3, 33, 65}, {1, 1, 1}, {1, 1024, 256}};
+    std::vector<Tensor> xs, packs;
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+        const auto [t, n, k] = shapes[i];
+        xs.push_back(seeded_normal(71, "pb/x" + std::to_string(i), {t, k}, 0, 1));
+        const Tensor w = seeded_normal(71, "pb/w" + std::to_string(i), {n, k}, 0, 0.05);
+        packs.emplace_back(DType::f32, Shape{kernels::gemv_packed_floats(n, k)});
+        kernels::pack_gemv_avx2(w.raw(), kernels::WeightFormat::f32, kernels::WeightRounding::none, n, k,
+                                packs.back().as<float>());
+    }
+    for (auto r : {kernels::WeightRounding::none, kernels::WeightRounding::bf16})
+        for (int threads : {1, 2}) {
+            std::vector<Tensor> alone, together;
+            std::vector<Tensor> xr;  // x rounded as gemv_packed_avx2 rounds it itself
+            std::vector<kernels::PackedGemvJob> jobs;
+            for (std::size_t i = 0; i < shapes.size(); ++i) {
+                const auto [t, n, k] = shapes[i];
+                alone.emplace_back(DType::f32, Shape{t, n});
+                kernels::gemv_packed_avx2(xs[i].as<float>(), packs[i].as<float>(), alone.back().as<float>(), t, n, k,
+                                          threads, r);
+                xr.emplace_back(DType::f32, Shape{t, k});
+                kernels::convert_avx2(xs[i].as<float>(), kernels::WeightFormat::f32, r, xr.back().as<float>(), t * k);
+                together.emplace_back(DType::f32, Shape{t, n});
+                std::fill(together.back().as<float>(), together.back().as<float>() + t * n, NAN);
+            }
+            for (std::size_t i = 0; i < shapes.size(); ++i)
+                jobs.push_back({xr[i].as<float>(), packs[i].as<float>(), together[i].as<float>(), shapes[i].t, shapes[i].n,
+                                shapes[i].k});
+            kernels::gemv_packed_batch_avx2(jobs, threads, r);
+            for (std::size_t i = 0; i < shapes.size(); ++i)
+                ASSERT_EQ(std::memcmp(alone[i].raw(), together[i].raw(), alone[i].nbytes()), 0)
+                    << "job " << i << " threads " << threads << " rounding " << static_cast<int>(r);
+        }
+}
+
+TEST(CpuPacked, BatchedExpertsGiveTheDefaultsBits) {
+    // The cpu node runs a decode step's experts on packed checkpoint weights
+    // in two parallel regions (CpuBackend::expert_ffns); the same node with
+    // weight_cache=0 runs Backend's default, one expert after another through
+    // matmul and swiglu. The MoE block must be the same bits, for T = 1 … 3,
+    // with one expert chosen twice across tokens, on f32 and bf16 storage
+    // and 1 or 2 threads; and the packed path must have run (the cache's
+    // counters).
+    if (!kernels::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
+    const std::int64_t E = 6, H = 96, I = 40, k = 3;
+    std::vector<float> weights;  // one block registered as immutable, as a checkpoint's mapping
+    for (const char* part : {"gate", "up", "down"})
+        for (std::int64_t e = 0; e < E; ++e) {
+            const Tensor w = seeded_normal(73, std::string("bx/") + part + std::to_string(e), {I * H}, 0, 0.1);
+            weights.insert(weights.end(), w.as<float>(), w.as<float>() + I * H);
+        }
+    const ImmutableRegistration reg(weights.data(), weights.size() * sizeof(float));
+    std::vector<ExpertWeights> experts;
+    for (std::int64_t e = 0; e < E; ++e) {
+        const float* g = weights.data() + e * I * H;
+        experts.push_back({TensorView{DType::f32, g, {I, H}}, TensorView{DType::f32, g + E * I * H, {I, H}},
+                           TensorView{DType::f32, g + 2 * E * I * H, {H, I}}});
+    }
+    for (const char* spec : {"cpu", "cpu:threads=1", "cpu:storage=bf16"}) {
+        auto batched = create_backend(spec);
+        auto plain = create_backend(std::string(spec) + (std::string(spec) == "cpu" ? ":" : ",") + "weight_cache=0");
+        std::uint64_t expert_matmuls = 0;
+        for (std::int64_t T = 1; T <= kernels::kGemvPackMaxRows; ++T) {
+            const Tensor x = seeded_normal(73, "bx/x" + std::to_string(T), {T, H}, 0, 1);
+            RoutingPlan plan{Tensor(DType::i32, {T, k}), seeded_normal(73, "bx/w" + std::to_string(T), {T, k}, 0.3, 0.1)};
+            std::vector<bool> used(static_cast<std::size_t>(E));
+            for (std::int64_t t = 0; t < T; ++t)
+                for (std::int64_t j = 0; j < k; ++j) {
+                    const auto e = static_cast<std::int32_t>((t + 2 * j) % E);  // expert 2 serves tokens 0 and 2
+                    plan.ids.as<std::int32_t>()[t * k + j] = e;
+                    used[static_cast<std::size_t>(e)] = true;
+                }
+            const Tensor a = batched->moe_block(x, experts, plan), b = plain->moe_block(x, experts, plan);
+            ASSERT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << spec << " T " << T;
+            expert_matmuls += 3 * static_cast<std::uint64_t>(std::count(used.begin(), used.end(), true));
+        }
+        const WeightCacheStats s = *batched->weight_cache_stats();
+        EXPECT_EQ(s.misses, 3u * E) << spec;  // every expert packed once …
+        EXPECT_EQ(s.hits + s.misses, expert_matmuls) << spec;  // … and every expert matmul ran packed
+        EXPECT_EQ(plain->weight_cache_stats()->misses, 0u) << spec;
     }
 }
 

@@ -291,48 +291,50 @@ RouterOutput Backend::route(const TensorView& logits, const RouterParams& params
 
 namespace {
 
+// out[t] = Σ over the experts in ascending order of w[t,j] · y_e[row of t], in Acc,
+// rounded to storage at the end.
 template <typename Acc>
-Tensor moe_combine_default(Backend& backend, const TensorView& x, std::span<const ExpertWeights> experts,
-                           const RoutingPlan& plan, const std::vector<bool>* filter) {
-    const Capabilities& caps = backend.capabilities();
-    const std::int64_t t_count = x.dim(0);
-    const std::int64_t h = x.dim(1);
-    const std::int64_t k = plan.ids.dim(1);
-    const std::int32_t* ids = plan.ids.as<std::int32_t>();
+Tensor moe_combine(const Capabilities& caps, std::int64_t t_count, std::int64_t h,
+                   const std::vector<std::vector<std::pair<std::int64_t, double>>>& routed, const std::vector<Tensor>& ys) {
     std::vector<Acc> acc(static_cast<std::size_t>(t_count * h), Acc{0});
-    const std::size_t row_bytes = static_cast<std::size_t>(h) * dtype_size(x.dtype);
-    for (std::size_t e = 0; e < experts.size(); ++e) {
-        if (filter != nullptr && !(*filter)[e]) continue;
-        std::vector<std::pair<std::int64_t, double>> routed;  // (token, combine weight)
-        for (std::int64_t t = 0; t < t_count; ++t)
-            for (std::int64_t j = 0; j < k; ++j)
-                if (ids[t * k + j] == static_cast<std::int32_t>(e)) routed.emplace_back(t, plan.weights.at(t * k + j));
-        if (routed.empty()) continue;
-        Tensor xg(x.dtype, {static_cast<std::int64_t>(routed.size()), h});
-        for (std::size_t r = 0; r < routed.size(); ++r)
-            std::memcpy(static_cast<std::byte*>(xg.raw()) + r * row_bytes,
-                        static_cast<const std::byte*>(x.data) + static_cast<std::size_t>(routed[r].first) * row_bytes,
-                        row_bytes);
-        const ExpertWeights& ew = experts[e];
-        // The biases (gpt-oss) added with this backend's add.
-        const Tensor g = linear(backend, xg, ew.gate, ew.gate_bias);
-        const Tensor u = linear(backend, xg, ew.up, ew.up_bias);
-        const Tensor act = ew.activation.clamped ? backend.clamped_swiglu(g, u, ew.activation.alpha, ew.activation.limit)
-                                                 : backend.swiglu(g, u);
-        const Tensor y = linear(backend, act, ew.down, ew.down_bias);
-        for (std::size_t r = 0; r < routed.size(); ++r) {
-            const Acc w = static_cast<Acc>(routed[r].second);
-            Acc* dst = acc.data() + routed[r].first * h;
+    for (std::size_t e = 0; e < routed.size(); ++e) {
+        const std::vector<std::pair<std::int64_t, double>>& rows = routed[e];
+        const Tensor& y = ys[e];
+        for (std::size_t r = 0; r < rows.size(); ++r) {
+            const Acc w = static_cast<Acc>(rows[r].second);
+            Acc* dst = acc.data() + rows[r].first * h;
             const std::int64_t base = static_cast<std::int64_t>(r) * h;
-            for (std::int64_t i = 0; i < h; ++i) dst[i] += w * static_cast<Acc>(y.at(base + i));
+            if (y.dtype() == DType::f32) {  // the common case read directly: the same values as at()
+                const float* yp = y.as<float>() + base;
+                for (std::int64_t i = 0; i < h; ++i) dst[i] += w * static_cast<Acc>(yp[i]);
+            } else {
+                for (std::int64_t i = 0; i < h; ++i) dst[i] += w * static_cast<Acc>(y.at(base + i));
+            }
         }
     }
     Tensor out(caps.output, {t_count, h});
-    for (std::int64_t i = 0; i < t_count * h; ++i) out.set(i, round_to(caps.storage, acc[static_cast<std::size_t>(i)]));
+    if (caps.output == DType::f32 && caps.storage == DType::f32) {
+        float* op = out.as<float>();
+        for (std::int64_t i = 0; i < t_count * h; ++i) op[i] = static_cast<float>(acc[static_cast<std::size_t>(i)]);
+    } else {
+        for (std::int64_t i = 0; i < t_count * h; ++i) out.set(i, round_to(caps.storage, acc[static_cast<std::size_t>(i)]));
+    }
     return out;
 }
 
 }  // namespace
+
+void Backend::expert_ffns(std::span<ExpertJob> jobs) {
+    for (ExpertJob& job : jobs) {
+        const ExpertWeights& ew = *job.weights;
+        // The biases (gpt-oss) added with this backend's add.
+        const Tensor g = linear(*this, job.x, ew.gate, ew.gate_bias);
+        const Tensor u = linear(*this, job.x, ew.up, ew.up_bias);
+        const Tensor act = ew.activation.clamped ? clamped_swiglu(g, u, ew.activation.alpha, ew.activation.limit)
+                                                 : swiglu(g, u);
+        job.y = linear(*this, act, ew.down, ew.down_bias);
+    }
+}
 
 Tensor Backend::moe_block(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan,
                           const std::vector<bool>* expert_filter) {
@@ -340,8 +342,40 @@ Tensor Backend::moe_block(const TensorView& x, std::span<const ExpertWeights> ex
     if (expert_filter != nullptr)
         KVASIR_CHECK(expert_filter->size() == experts.size(), ErrorCode::bad_input, "moe: expert filter has {} of {}",
                      expert_filter->size(), experts.size());
-    if (combine_dtype() == DType::f64) return moe_combine_default<double>(*this, x, experts, plan, expert_filter);
-    return moe_combine_default<float>(*this, x, experts, plan, expert_filter);
+    const std::int64_t t_count = x.dim(0);
+    const std::int64_t h = x.dim(1);
+    const std::int64_t k = plan.ids.dim(1);
+    const std::int32_t* ids = plan.ids.as<std::int32_t>();
+    const std::size_t row_bytes = static_cast<std::size_t>(h) * dtype_size(x.dtype);
+    // Per expert with rows (ascending ids): its (token, combine weight) pairs and its job.
+    std::vector<std::vector<std::pair<std::int64_t, double>>> routed;
+    std::vector<ExpertJob> jobs;
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+        if (expert_filter != nullptr && !(*expert_filter)[e]) continue;
+        std::vector<std::pair<std::int64_t, double>> rows;
+        for (std::int64_t t = 0; t < t_count; ++t)
+            for (std::int64_t j = 0; j < k; ++j)
+                if (ids[t * k + j] == static_cast<std::int32_t>(e)) rows.emplace_back(t, plan.weights.at(t * k + j));
+        if (rows.empty()) continue;
+        ExpertJob job;
+        job.weights = &experts[e];
+        job.x = Tensor(x.dtype, {static_cast<std::int64_t>(rows.size()), h});
+        for (std::size_t r = 0; r < rows.size(); ++r)
+            std::memcpy(static_cast<std::byte*>(job.x.raw()) + r * row_bytes,
+                        static_cast<const std::byte*>(x.data) + static_cast<std::size_t>(rows[r].first) * row_bytes,
+                        row_bytes);
+        routed.push_back(std::move(rows));
+        jobs.push_back(std::move(job));
+    }
+    expert_ffns(jobs);
+    std::vector<Tensor> ys;
+    ys.reserve(jobs.size());
+    for (ExpertJob& job : jobs) {
+        KVASIR_ASSERT(job.y.shape().size() == 2 && job.y.dim(0) == job.x.dim(0) && job.y.dim(1) == h);
+        ys.push_back(std::move(job.y));
+    }
+    if (combine_dtype() == DType::f64) return moe_combine<double>(capabilities(), t_count, h, routed, ys);
+    return moe_combine<float>(capabilities(), t_count, h, routed, ys);
 }
 
 Tensor Backend::clamped_swiglu(const TensorView&, const TensorView&, double, double) {

@@ -239,6 +239,18 @@ public:
 protected:
     // dtype in which the default moe_block/add accumulate.
     DType combine_dtype() const;
+    // The expert FFNs of the default moe_block, one job per expert that has
+    // rows: y = down(act(gate·x + gate_bias, up·x + up_bias)) + down_bias,
+    // with this backend's matmul (through linear()), add and (clamped_)
+    // swiglu. The default runs the experts one after another. A backend may
+    // run them together — the cpu node's decode runs every chosen expert's
+    // GEMVs in two parallel regions — where every y keeps the default's bits.
+    struct ExpertJob {
+        const ExpertWeights* weights = nullptr;
+        Tensor x;  // [rows, H]: this expert's tokens, in token order
+        Tensor y;  // out: [rows, H]
+    };
+    virtual void expert_ffns(std::span<ExpertJob> jobs);
     // The composition of causal_attention (sinks null) and causal_attention_sinks.
     Tensor compose_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
                              double scale, const TensorView* sinks);

@@ -16,6 +16,8 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -200,6 +202,82 @@ private:
         return y;
     }
 
+    // The packed copy of a checkpoint's f32 weight for the decode GEMV (kept,
+    // from immutable memory only: a heap weight's address may be reused with
+    // other bytes), or null where packing does not apply.
+    std::shared_ptr<const PackedWeights> packed_weight(const TensorView& w) {
+        if (!pack_ || w.dtype != DType::f32 || w.rank() != 2 ||
+            !find_immutable(w.data, static_cast<std::size_t>(w.numel()) * sizeof(float)))
+            return nullptr;
+        const std::int64_t n_count = w.dim(0), k_count = w.dim(1);
+        const std::uint64_t bytes = static_cast<std::uint64_t>(kernels::gemv_packed_floats(n_count, k_count)) * sizeof(float);
+        return packed_->get(w, caps_.storage, bytes, [&] {
+            PackedWeights p;
+            p.data.resize(static_cast<std::size_t>(kernels::gemv_packed_floats(n_count, k_count)));
+            kernels::pack_gemv_avx2(w.data, kernels::WeightFormat::f32, kernels::rounding_to(caps_.storage), n_count,
+                                    k_count, p.data.data());
+            return p;
+        });
+    }
+
+    // A decode step's experts (≤ kGemvPackMaxRows rows each) on packed f32
+    // checkpoint weights: every gate and up GEMV in one parallel region, this
+    // node's swiglu per expert, every down GEMV in a second region — two
+    // thread meetings per MoE block instead of three per expert. Each GEMV is
+    // the one matmul() runs (x rounded as gemv_packed_avx2 rounds it, the
+    // same groups), the activation this node's swiglu: the default's bits
+    // (tests/backend/test_cpu_backends.cpp, CpuPacked.BatchedExpertsGiveTheDefaultsBits).
+    void expert_ffns(std::span<ExpertJob> jobs) override {
+        const auto plain = [&](const ExpertJob& j) {
+            const ExpertWeights& ew = *j.weights;
+            return j.x.dtype() == DType::f32 && j.x.shape().size() == 2 && j.x.dim(0) <= kernels::kGemvPackMaxRows &&
+                   ew.gate_bias.data == nullptr && ew.up_bias.data == nullptr && ew.down_bias.data == nullptr &&
+                   !ew.activation.clamped;
+        };
+        if (!pack_ || split_k_ || qdot_ || !std::all_of(jobs.begin(), jobs.end(), plain))
+            return Backend::expert_ffns(jobs);
+        std::vector<std::shared_ptr<const PackedWeights>> packs;  // gate, up, down per job
+        for (const ExpertJob& j : jobs)
+            for (const TensorView* w : {&j.weights->gate, &j.weights->up, &j.weights->down}) {
+                if (w != &j.weights->down) check_matmul_args(j.x.view(), *w);
+                packs.push_back(packed_weight(*w));
+                if (!packs.back()) return Backend::expert_ffns(jobs);
+            }
+        const kernels::WeightRounding rounding = kernels::rounding_to(caps_.storage);
+        const auto rounded = [&](const Tensor& x) {  // gemv_packed_avx2's own rounding of x
+            if (rounding == kernels::WeightRounding::none) return Tensor();
+            Tensor r(DType::f32, x.shape());
+            kernels::convert_avx2(x.as<float>(), kernels::WeightFormat::f32, rounding, r.as<float>(), r.numel());
+            return r;
+        };
+        const std::size_t n = jobs.size();
+        std::vector<Tensor> xr(n), gate(n), up(n);
+        std::vector<kernels::PackedGemvJob> gemvs;
+        for (std::size_t i = 0; i < n; ++i) {
+            const Tensor& x = jobs[i].x;
+            xr[i] = rounded(x);
+            const float* xp = xr[i].numel() > 0 ? xr[i].as<float>() : x.as<float>();
+            const std::int64_t t = x.dim(0), k = x.dim(1), inter = jobs[i].weights->gate.dim(0);
+            gate[i] = Tensor(DType::f32, {t, inter});
+            up[i] = Tensor(DType::f32, {t, jobs[i].weights->up.dim(0)});
+            gemvs.push_back({xp, packs[3 * i]->data.data(), gate[i].as<float>(), t, inter, k});
+            gemvs.push_back({xp, packs[3 * i + 1]->data.data(), up[i].as<float>(), t, up[i].dim(1), k});
+        }
+        kernels::gemv_packed_batch_avx2(gemvs, caps_.threads, rounding);
+        std::vector<Tensor> act(n);
+        gemvs.clear();
+        for (std::size_t i = 0; i < n; ++i) {
+            act[i] = swiglu(gate[i], up[i]);
+            check_matmul_args(act[i].view(), jobs[i].weights->down);
+            xr[i] = rounded(act[i]);
+            const float* ap = xr[i].numel() > 0 ? xr[i].as<float>() : act[i].as<float>();
+            const std::int64_t t = act[i].dim(0), hid = jobs[i].weights->down.dim(0);
+            jobs[i].y = Tensor(DType::f32, {t, hid});
+            gemvs.push_back({ap, packs[3 * i + 2]->data.data(), jobs[i].y.as<float>(), t, hid, act[i].dim(1)});
+        }
+        kernels::gemv_packed_batch_avx2(gemvs, caps_.threads, rounding);
+    }
+
     Tensor whole_matmul(const TensorView& x, const TensorView& w) {
         const std::int64_t t_count = rows_of(x), n_count = w.dim(0), k_count = w.dim(1);
         Shape shape = x.shape;
@@ -234,21 +312,13 @@ private:
                 wp = wf.raw();
                 format = kernels::WeightFormat::f32;
             }
-            // Decoding from a checkpoint's f32 weights: their packed copy (kept, from immutable
-            // memory only: a heap weight's address may be reused with other bytes).
-            if (pack_ && t_count <= kernels::kGemvPackMaxRows && w.dtype == DType::f32 &&
-                find_immutable(w.data, static_cast<std::size_t>(w.numel()) * sizeof(float))) {
-                const std::uint64_t bytes = static_cast<std::uint64_t>(kernels::gemv_packed_floats(n_count, k_count)) * sizeof(float);
-                const auto packed = packed_->get(w, caps_.storage, bytes, [&] {
-                    PackedWeights p;
-                    p.data.resize(static_cast<std::size_t>(kernels::gemv_packed_floats(n_count, k_count)));
-                    kernels::pack_gemv_avx2(w.data, format, rounding, n_count, k_count, p.data.data());
-                    return p;
-                });
-                kernels::gemv_packed_avx2(xp, packed->data.data(), y.as<float>(), t_count, n_count, k_count, caps_.threads,
-                                          rounding);
-                return y;
-            }
+            // Decoding from a checkpoint's f32 weights: their packed copy.
+            if (t_count <= kernels::kGemvPackMaxRows)
+                if (const auto packed = packed_weight(w)) {
+                    kernels::gemv_packed_avx2(xp, packed->data.data(), y.as<float>(), t_count, n_count, k_count,
+                                              caps_.threads, rounding);
+                    return y;
+                }
             kernels::matmul_avx2(xp, wp, format, rounding, y.as<float>(), t_count, n_count, k_count, caps_.threads,
                                  rounding);
             return y;
