@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 #include <vector>
 
 namespace kvasir::kernels {
@@ -19,6 +21,24 @@ using namespace avx2;
 
 constexpr i64 kBlock = kMatmulKBlock;  // summation block of every dot product
 constexpr int kRows = 8;               // query heads sharing one transposed key block
+constexpr int kHeadLanesMin = 6;       // decoding with ≥ 6 of a unit's heads: the heads in the lanes (below)
+
+// 32-byte aligned storage for _mm256_load_ps.
+template <typename T>
+struct AlignedAllocator {
+    using value_type = T;
+    AlignedAllocator() = default;
+    template <typename U>
+    AlignedAllocator(const AlignedAllocator<U>&) {}
+    T* allocate(std::size_t n) {
+        void* p = std::aligned_alloc(32, (n * sizeof(T) + 31) / 32 * 32);
+        if (p == nullptr) throw std::bad_alloc();
+        return static_cast<T*>(p);
+    }
+    void deallocate(T* p, std::size_t) noexcept { std::free(p); }
+    template <typename U>
+    bool operator==(const AlignedAllocator<U>&) const { return true; }
+};
 
 template <WeightRounding R>
 inline float round1(float v) {
@@ -89,8 +109,16 @@ void softmax_row(float* x, i64 n, i64 s_count, float scale, const float* sink) {
     i64 c = 0;
     for (; c + 8 <= n; c += 8) _mm256_storeu_ps(x + c, round_w<R>(_mm256_mul_ps(_mm256_loadu_ps(x + c), sv)));
     for (; c < n; ++c) x[c] = round1<R>(x[c] * scale);
+    // m = fmax over the row, 8 lanes at a time: maxps(x, m) keeps m where x is
+    // NaN, as fmax does (a max is exact: its order cannot change its value,
+    // and a zero's sign cannot reach the result: exp(±0) = 1 and s − (±0) = s).
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    for (c = 0; c + 8 <= n; c += 8) mv = _mm256_max_ps(_mm256_loadu_ps(x + c), mv);
+    alignas(32) float ml[8];
+    _mm256_store_ps(ml, mv);
     float m = -INFINITY;
-    for (c = 0; c < n; ++c) m = std::fmax(m, x[c]);
+    for (int l = 0; l < 8; ++l) m = ml[l] > m ? ml[l] : m;
+    for (; c < n; ++c) m = x[c] > m ? x[c] : m;
     // The sink: column s_count of the composition's widened row (attention.hpp).
     const float sigma = sink != nullptr ? round1<R>(*sink) : 0.0f;
     if (sink != nullptr) m = std::fmax(m, sigma);
@@ -153,6 +181,91 @@ void pv_row(const float* p, i64 n, const float* v, i64 dim, float* o, bool prefe
     }
 }
 
+// ---- decoding with the query heads in the lanes ----------------------------------------------
+//
+// A decode unit has one query row per head (m ≤ 8 heads of one kv head) and
+// a long cache. Above, lanes run over keys, so every 8×8 block of K is
+// transposed at every step, and each head reads V again. Here lanes run over
+// the unit's heads instead: the scores' accumulator of key s holds
+// (q_0·K[s], …, q_7·K[s]), fed by one broadcast of K[s][d] per d, and P·V's
+// accumulator of dim i holds (p_0·V[·][i], …), fed by one broadcast of
+// V[s][i] per s — K and V are each read once, in row order, and only the
+// finished sums are transposed. Every output is the same FMA chain as above
+// (fma(q, k, acc) over d in blocks of 64 from +0, block sums added in order;
+// the same for p·v over s), so the same bits.
+
+template <WeightRounding R>
+inline __m256 bcast(const float* p) {
+    if constexpr (R == WeightRounding::none) return _mm256_broadcast_ss(p);
+    else return round_w<R>(_mm256_broadcast_ss(p));
+}
+
+// lanes[j][r] → rows[r·ld + j] for r < m, j < cnt (rounded with R).
+template <WeightRounding R>
+inline void store_lanes(const __m256* lanes, int cnt, int m, float* rows, i64 ld) {
+    alignas(32) float t[8][8];
+    for (int j = 0; j < cnt; ++j) _mm256_store_ps(t[j], round_w<R>(lanes[j]));
+    for (int r = 0; r < m; ++r)
+        for (int j = 0; j < cnt; ++j) rows[r * ld + j] = t[j][r];
+}
+
+// sc[r·ld + s] = R(q_r · K[s]) for s < n; qt[d·8 + r] = q_r[d] (zero lanes past m).
+template <WeightRounding R>
+void scores_heads(const float* qt, int m, const float* k, i64 dim, i64 n, float* sc, i64 ld) {
+    for (i64 s0 = 0; s0 < n; s0 += 8) {
+        const int cnt = static_cast<int>(std::min<i64>(8, n - s0));
+        if (s0 + 8 < n)  // the next block's key rows (the cache comes from DRAM; see scores())
+            for (i64 i = 0; i < 8 && s0 + 8 + i < n; ++i)
+                for (i64 d = 0; d < dim; d += 16) _mm_prefetch(reinterpret_cast<const char*>(k + (s0 + 8 + i) * dim + d), _MM_HINT_T0);
+        __m256 tot[8], acc[8];
+        for (i64 d0 = 0; d0 < dim; d0 += kBlock) {
+            for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+            const i64 d1 = std::min(dim, d0 + kBlock);
+            if (cnt == 8) {
+                for (i64 d = d0; d < d1; ++d) {
+                    const __m256 qv = _mm256_load_ps(qt + d * 8);
+#pragma GCC unroll 8
+                    for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, bcast<R>(k + (s0 + i) * dim + d), acc[i]);
+                }
+            } else {
+                for (i64 d = d0; d < d1; ++d) {
+                    const __m256 qv = _mm256_load_ps(qt + d * 8);
+                    for (int i = 0; i < cnt; ++i) acc[i] = _mm256_fmadd_ps(qv, bcast<R>(k + (s0 + i) * dim + d), acc[i]);
+                }
+            }
+            for (int i = 0; i < cnt; ++i) tot[i] = d0 == 0 ? acc[i] : _mm256_add_ps(tot[i], acc[i]);
+        }
+        store_lanes<R>(tot, cnt, m, sc + s0, ld);
+    }
+}
+
+// out_r[i] = R(Σ_{s<n} p_r[s]·V[s][i]); pt[s·8 + r] = p_r[s] (zero lanes past m).
+template <WeightRounding R>
+void pv_heads(const float* pt, int m, i64 n, const float* v, i64 dim, float* out, i64 out_ld) {
+    for (i64 i0 = 0; i0 < dim; i0 += 8) {
+        const int cnt = static_cast<int>(std::min<i64>(8, dim - i0));
+        __m256 tot[8], acc[8];
+        for (i64 s0 = 0; s0 < n; s0 += kBlock) {
+            for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+            const i64 s1 = std::min(n, s0 + kBlock);
+            for (i64 s = s0; s < s1; ++s) {
+                if (i0 == 0 && s + 4 < n)  // the first pass streams V from DRAM: its rows 4 ahead
+                    for (i64 d = 0; d < dim; d += 16) _mm_prefetch(reinterpret_cast<const char*>(v + (s + 4) * dim + d), _MM_HINT_T0);
+                const __m256 pv = _mm256_load_ps(pt + s * 8);
+                const float* vr = v + s * dim + i0;
+                if (cnt == 8) {
+#pragma GCC unroll 8
+                    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(pv, bcast<R>(vr + j), acc[j]);
+                } else {
+                    for (int j = 0; j < cnt; ++j) acc[j] = _mm256_fmadd_ps(pv, bcast<R>(vr + j), acc[j]);
+                }
+            }
+            for (int j = 0; j < cnt; ++j) tot[j] = s0 == 0 ? acc[j] : _mm256_add_ps(tot[j], acc[j]);
+        }
+        store_lanes<R>(tot, cnt, m, out + i0, out_ld);
+    }
+}
+
 template <WeightRounding R>
 void run(const AttentionArgs& a) {
     const i64 rep = a.heads / a.kv_heads, chunks = (rep + kRows - 1) / kRows;
@@ -164,6 +277,10 @@ void run(const AttentionArgs& a) {
         thread_local std::vector<float> scratch;  // kRows rows of S scores (OpenMP reuses its threads)
         if (static_cast<i64>(scratch.size()) < kRows * ld) scratch.resize(static_cast<std::size_t>(kRows * ld));
         float* sc = scratch.data();
+        // Decoding: q, then P, with the heads in the lanes (32-byte aligned rows of kRows floats).
+        thread_local std::vector<float, AlignedAllocator<float>> heads;
+        if (decoding && static_cast<i64>(heads.size()) < kRows * std::max(a.dim, a.s_count))
+            heads.resize(static_cast<std::size_t>(kRows * std::max(a.dim, a.s_count)));
 #pragma omp for schedule(dynamic)
         for (i64 u = 0; u < units; ++u) {
             // Latest queries first: they have the most keys, so the dynamic
@@ -174,12 +291,26 @@ void run(const AttentionArgs& a) {
             const i64 n = p0 + t + 1;
             const float* q[kRows];
             for (int r = 0; r < m; ++r) q[r] = a.q + (t * a.heads + g * rep + r0 + r) * a.dim;
-            scores<R>(q, m, a.keys[g], a.dim, a.s_count, n, sc, ld, decoding);
-            for (int r = 0; r < m; ++r) {
-                softmax_row<R>(sc + r * ld, n, a.s_count, a.scale,
-                               a.sinks != nullptr ? a.sinks + g * rep + r0 + r : nullptr);
-                pv_row<R>(sc + r * ld, n, a.values[g], a.dim, a.out + (t * a.heads + g * rep + r0 + r) * a.dim, decoding);
+            const auto softmax_rows = [&] {
+                for (int r = 0; r < m; ++r)
+                    softmax_row<R>(sc + r * ld, n, a.s_count, a.scale, a.sinks != nullptr ? a.sinks + g * rep + r0 + r : nullptr);
+            };
+            if (decoding && m >= kHeadLanesMin) {
+                // lanes: qt [dim][8], then pt [n][8] (heads in the lanes, zero past m)
+                float* lanes = heads.data();
+                for (i64 d = 0; d < a.dim; ++d)
+                    for (int r = 0; r < kRows; ++r) lanes[d * kRows + r] = r < m ? q[r][d] : 0.0f;
+                scores_heads<R>(lanes, m, a.keys[g], a.dim, n, sc, ld);
+                softmax_rows();
+                for (i64 s = 0; s < n; ++s)
+                    for (int r = 0; r < kRows; ++r) lanes[s * kRows + r] = r < m ? sc[r * ld + s] : 0.0f;
+                pv_heads<R>(lanes, m, n, a.values[g], a.dim, a.out + (t * a.heads + g * rep + r0) * a.dim, a.dim);
+                continue;
             }
+            scores<R>(q, m, a.keys[g], a.dim, a.s_count, n, sc, ld, decoding);
+            softmax_rows();
+            for (int r = 0; r < m; ++r)
+                pv_row<R>(sc + r * ld, n, a.values[g], a.dim, a.out + (t * a.heads + g * rep + r0 + r) * a.dim, decoding);
         }
     }
 }

@@ -17,16 +17,21 @@
 namespace kvasir::kernels {
 
 bool cpu_has_avx2_fma() noexcept {
+    // Asked once: CPUID traps to the hypervisor in a VM (microseconds each),
+    // and callers ask per tensor row (BENCHMARKS.md, "OpenCL matmul on packed weights").
+    static const bool has = [] {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
-    // does not know "f16c"; AVX2's check already covers the OS's AVX state.
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+        __builtin_cpu_init();
+        // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
+        // does not know "f16c"; AVX2's check already covers the OS's AVX state.
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #else
-    return false;
+        return false;
 #endif
+    }();
+    return has;
 }
 
 void matmul_f32_generic(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,

@@ -66,3 +66,53 @@ void kv_matmul(__global const kv_store_t* x,  // [T, K]
         if (t < T && n < N) KV_STORE(KV_ACC_TO_FLOAT(acc[j]), y, (size_t)t * (size_t)N + (size_t)n);
     }
 }
+
+// ---- kv_matmul_packed_R: the same sums on weights packed for them -------------------------------
+//
+// The weight as the node's cache keeps it for matmul: panels of 16 outputs,
+// k-major — wp[(p·K + k)·16 + j] = w[16p + j][k], zero past N (the host packs
+// it once per resident weight). A work-item owns R rows × the 16 outputs of
+// one panel: per k it loads the panel's 16 weights as one vector and adds
+// x[t][k]·w to R float16 accumulators, lane j of accumulator r being output
+// (t0 + r, 16p + j). Every output is still ONE fma chain over k = 0 … K−1 in
+// order, rounded to f32 at every step: the bits of kv_matmul above, on
+// every device. What changes is the speed on CPU devices: no local memory,
+// no barriers, and a 16-wide fma per weight vector, which PoCL compiles to
+// AVX-512 (BENCHMARKS.md, "OpenCL matmul on packed weights"). f32
+// accumulation only (acc=f16 nodes run kv_matmul). Work-groups of one
+// work-item; global id 0 runs over the row blocks, so consecutive groups
+// share a panel.
+#if KV_STORAGE_HALF
+#define KV_LOAD16(p, i) vload_half16((size_t)(i), (p))
+#else
+#define KV_LOAD16(p, i) vload16((size_t)(i), (p))
+#endif
+
+#define KV_MATMUL_PACKED(NAME, R)                                                                        \
+    __kernel __attribute__((reqd_work_group_size(1, 1, 1)))                                              \
+    void NAME(__global const kv_store_t* x, __global const kv_store_t* wp, __global kv_store_t* y,      \
+              const int T, const int N, const int K) {                                                   \
+        const int t0 = (int)get_global_id(0) * R;                                                        \
+        const int p = (int)get_global_id(1);                                                             \
+        if (t0 >= T || p * 16 >= N) return;                                                              \
+        size_t xrow[R]; /* rows past T read row T-1 (computed, never stored) */                         \
+        for (int r = 0; r < R; ++r) xrow[r] = (size_t)min(t0 + r, T - 1) * (size_t)K;                    \
+        const size_t panel = (size_t)p * (size_t)K; /* in 16-float vectors */                           \
+        float16 acc[R];                                                                                  \
+        for (int r = 0; r < R; ++r) acc[r] = (float16)(0.0f);                                            \
+        for (int k = 0; k < K; ++k) {                                                                    \
+            const float16 wv = KV_LOAD16(wp, panel + (size_t)k);                                         \
+            for (int r = 0; r < R; ++r) acc[r] = fma((float16)(KV_LOAD(x, xrow[r] + (size_t)k)), wv, acc[r]); \
+        }                                                                                                \
+        for (int r = 0; r < R && t0 + r < T; ++r) {                                                      \
+            float out[16];                                                                               \
+            vstore16(acc[r], 0, out);                                                                    \
+            const size_t base = (size_t)(t0 + r) * (size_t)N + (size_t)p * 16;                           \
+            for (int j = 0; j < 16 && p * 16 + j < N; ++j) KV_STORE(out[j], y, base + (size_t)j);        \
+        }                                                                                                \
+    }
+
+KV_MATMUL_PACKED(kv_matmul_packed1, 1)
+KV_MATMUL_PACKED(kv_matmul_packed2, 2)
+KV_MATMUL_PACKED(kv_matmul_packed4, 4)
+KV_MATMUL_PACKED(kv_matmul_packed8, 8)

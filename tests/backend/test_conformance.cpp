@@ -1132,7 +1132,7 @@ Tensor textbook_attention(const Tensor& q, const std::vector<Tensor>& k, const s
     return Tensor::from_f64(out, {T, nh * D});
 }
 
-// Shapes: one query and a batch; GQA rep 1, 2, 3, 4; D below 8, not a
+// Shapes: one query and a batch; GQA rep 1, 2, 3, 4, 6, 7, 8; D below 8, not a
 // multiple of 8, crossing the 64-term summation block, 128; S not a multiple
 // of 8 and past 64 (P·V crosses a block); p0 = 0 (prefill) and p0 > 0 (a
 // decode step or a chunk continuing over a cache).
@@ -1142,7 +1142,11 @@ const std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int6
         {17, 4, 4, 64, 9}, {40, 3, 1, 130, 30}, {9, 12, 3, 16, 0}, {2, 16, 4, 24, 75},
         // Rows of 2048 and 2049 keys: the opencl and gpu kernels hold 2048
         // probabilities at once, a longer row recomputes its scores per pass.
-        {2, 4, 2, 8, 2047}};
+        {2, 4, 2, 8, 2047},
+        // Decode steps with 6–8 query heads per kv head (the cpu kernel's
+        // heads-in-lanes path): rep 8 at Qwen3-30B-A3B's 32/4 heads of 128
+        // over 575 cached keys, rep 7 with D = 130, rep 6 with T = 3 and D = 20.
+        {1, 32, 4, 128, 575}, {1, 14, 2, 130, 70}, {3, 12, 2, 20, 13}};
     return s;
 }
 

@@ -12,6 +12,7 @@
 #include "kvasir/backend/registry.hpp"
 #include "tests/backend/matmul_bound.hpp"
 #include "kvasir/core/error.hpp"
+#include "kvasir/core/immutable_memory.hpp"
 #include "kvasir/core/rng.hpp"
 #include "kvasir/metrics/metrics.hpp"
 
@@ -194,6 +195,56 @@ TEST_F(Opencl, WidenedUploadGivesTheStagedPathsBits) {
             const Tensor xs = ocl->rmsnorm(x, Tensor::convert(w64.view().row(0), DType::f64), 1e-6);
             EXPECT_EQ(std::memcmp(xf.raw(), xs.raw(), xf.nbytes()), 0) << spec << " rmsnorm weight " << dtype_name(wd);
         }
+}
+
+TEST_F(Opencl, MatmulIsOneFmaChainPerOutputInAscendingK) {
+    // The acc=f32 nodes multiply on weights packed in 16-output panels
+    // (kv_matmul_packed_R, R = 1, 2, 4 or 8 rows per work-item): every output
+    // must still be fma(x[t][k], w[n][k], acc) for k = 0 … K−1 from +0 in
+    // f32, over the operands as stored, the result rounded to storage — the
+    // host's std::fma chain, bit for bit. Shapes cover every R, partial
+    // panels (N not a multiple of 16) and partial row blocks; the weights
+    // are a heap tensor (packed for the call) and an immutable one (packed
+    // once, then resident: the cache's counters).
+    const auto stored = [](const Tensor& t, DType storage) {
+        return storage == DType::f32 ? Tensor::convert(t.view(), DType::f32)
+                                     : Tensor::convert(Tensor::convert(t.view(), storage).view(), DType::f32);
+    };
+    struct Case { std::int64_t t, n, k; };
+    for (const char* spec : {"opencl:0", "opencl:0:storage=bf16", "opencl:0:storage=f16"}) {
+        auto ocl = node(spec);
+        const DType storage = ocl->capabilities().storage;
+        for (const Case c : {Case{1, 1, 1}, Case{1, 17, 300}, Case{2, 16, 64}, Case{3, 33, 7}, Case{5, 40, 129},
+                             Case{8, 15, 300}, Case{9, 70, 65}, Case{17, 31, 256}}) {
+            const Tensor x = seeded_normal(23, "fc/x", {c.t, c.k}, 0, 1);
+            const Tensor w = seeded_normal(23, "fc/w", {c.n, c.k}, 0, 0.1);
+            const Tensor xs = stored(x, storage), ws = stored(w, storage);
+            Tensor want(DType::f32, {c.t, c.n});
+            for (std::int64_t t = 0; t < c.t; ++t)
+                for (std::int64_t n = 0; n < c.n; ++n) {
+                    float acc = 0.0f;
+                    for (std::int64_t k = 0; k < c.k; ++k)
+                        acc = std::fma(xs.as<float>()[t * c.k + k], ws.as<float>()[n * c.k + k], acc);
+                    want.as<float>()[t * c.n + n] = acc;
+                }
+            want = stored(want, storage);
+            const Tensor heap = ocl->matmul(x, w);
+            ASSERT_EQ(std::memcmp(heap.raw(), want.raw(), want.nbytes()), 0)
+                << spec << " T " << c.t << " N " << c.n << " K " << c.k << ": " << compare(want, heap).max_abs;
+            const std::vector<float> kept(w.as<float>(), w.as<float>() + w.numel());
+            const ImmutableRegistration reg(kept.data(), kept.size() * sizeof(float));
+            const TensorView wi{DType::f32, kept.data(), {c.n, c.k}};
+            const WeightCacheStats before = *ocl->weight_cache_stats();
+            for (int round = 0; round < 2; ++round) {
+                const Tensor resident = ocl->matmul(x, wi);
+                ASSERT_EQ(std::memcmp(resident.raw(), want.raw(), want.nbytes()), 0)
+                    << spec << " resident, T " << c.t << " N " << c.n << " K " << c.k;
+            }
+            const WeightCacheStats after = *ocl->weight_cache_stats();
+            EXPECT_EQ(after.misses - before.misses, 1u) << spec;  // packed and uploaded once …
+            EXPECT_EQ(after.hits - before.hits, 1u) << spec;      // … then resident
+        }
+    }
 }
 
 // ---- what makes this backend different -------------------------------------------------------

@@ -46,9 +46,10 @@ struct Key {
     DType dtype;
     Shape shape;
     DType format;
+    std::uint32_t layout;
     bool operator<(const Key& o) const {
-        return std::tie(region, offset, host_bytes, dtype, shape, format) <
-               std::tie(o.region, o.offset, o.host_bytes, o.dtype, o.shape, o.format);
+        return std::tie(region, offset, host_bytes, dtype, shape, format, layout) <
+               std::tie(o.region, o.offset, o.host_bytes, o.dtype, o.shape, o.format, o.layout);
     }
 };
 
@@ -77,7 +78,7 @@ WeightCacheCore::WeightCacheCore(std::uint64_t budget_bytes) : impl_(std::make_u
 WeightCacheCore::~WeightCacheCore() = default;
 
 std::shared_ptr<const void> WeightCacheCore::get(const TensorView& w, DType format, std::uint64_t device_bytes,
-                                                 const Upload& upload) {
+                                                 const Upload& upload, std::uint32_t layout) {
     Impl& c = *impl_;
     WeightCacheStats& s = c.stats;
     const std::lock_guard lock(c.mutex);
@@ -89,7 +90,7 @@ std::shared_ptr<const void> WeightCacheCore::get(const TensorView& w, DType form
         s.bytes_uploaded += device_bytes;
         return once;
     }
-    Key key{span->region, span->offset, host_bytes, w.dtype, w.shape, format};
+    Key key{span->region, span->offset, host_bytes, w.dtype, w.shape, format, layout};
     const std::uint64_t now = ++c.clock;
     c.seen.insert(key);
     if (const auto it = c.index.find(key); it != c.index.end()) {

@@ -74,7 +74,10 @@ public:
     // long): the resident one on a hit; else made by `upload` and kept when
     // the weight is cacheable and fits the budget (evicting the least
     // recently used entries first, to make room before the upload).
-    std::shared_ptr<const void> get(const TensorView& w, DType format, std::uint64_t device_bytes, const Upload& upload);
+    // `layout` tells apart copies of one weight the backend arranges
+    // differently (the OpenCL node's matmul panels: 1; plain copies: 0).
+    std::shared_ptr<const void> get(const TensorView& w, DType format, std::uint64_t device_bytes, const Upload& upload,
+                                    std::uint32_t layout = 0);
     WeightCacheStats stats() const;
     void clear();  // drops every entry; the counters stay
 
@@ -90,10 +93,11 @@ public:
 
     // `upload()` → Buffer, called on a miss or a bypass.
     template <typename MakeBuffer>
-    std::shared_ptr<const Buffer> get(const TensorView& w, DType format, std::uint64_t device_bytes, MakeBuffer&& upload) {
-        return std::static_pointer_cast<const Buffer>(core_.get(w, format, device_bytes, [&]() -> std::shared_ptr<const void> {
-            return std::make_shared<const Buffer>(upload());
-        }));
+    std::shared_ptr<const Buffer> get(const TensorView& w, DType format, std::uint64_t device_bytes, MakeBuffer&& upload,
+                                      std::uint32_t layout = 0) {
+        return std::static_pointer_cast<const Buffer>(core_.get(
+            w, format, device_bytes, [&]() -> std::shared_ptr<const void> { return std::make_shared<const Buffer>(upload()); },
+            layout));
     }
     WeightCacheStats stats() const { return core_.stats(); }
     void clear() { core_.clear(); }

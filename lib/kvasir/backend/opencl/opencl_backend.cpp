@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <exception>
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -416,6 +417,9 @@ const DeviceInfo& device_at(int index, std::string_view spec) {
 
 // KV_WN of matmul.cl: outputs per work-item along n (independent fma chains).
 constexpr std::size_t kMatmulOutputsPerItem = 8;
+// kv_matmul_packed's panels: 16 outputs, k-major; their weight-cache layout tag.
+constexpr std::int64_t kPanel = 16;
+constexpr std::uint32_t kPackedLayout = 1;
 
 std::size_t round_up(std::size_t n, std::size_t m) { return (n + m - 1) / m * m; }
 
@@ -515,6 +519,20 @@ public:
         check_int_range("matmul", {t_count, n_count, k_count});
         if (t_count == 0 || n_count == 0 || k_count == 0) return Tensor(DType::f32, shape);  // empty sums are +0
         const std::lock_guard lock(mutex_);
+        if (caps_.accumulation == DType::f32) {
+            // kv_matmul_packed_R: R rows of x per work-item, 16 outputs of one panel.
+            const int rows = t_count >= 8 ? 8 : t_count >= 3 ? 4 : static_cast<int>(t_count);
+            const ClMem xb = upload(x), wb = packed_weight(w);
+            const ClMem yb = output(t_count * n_count);
+            const cl_kernel k = kernel("matmul.cl", fmt::format("kv_matmul_packed{}", rows).c_str(), 1);
+            set_args(k, xb, wb, yb, static_cast<cl_int>(t_count), static_cast<cl_int>(n_count),
+                     static_cast<cl_int>(k_count));
+            const std::size_t global[2] = {static_cast<std::size_t>((t_count + rows - 1) / rows),
+                                           static_cast<std::size_t>((n_count + kPanel - 1) / kPanel)};
+            const std::size_t local[2] = {1, 1};
+            KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, 2, nullptr, global, local, 0, nullptr, nullptr));
+            return download(yb, shape);
+        }
         const ClMem xb = upload(x), wb = weight(w);
         const ClMem yb = output(t_count * n_count);
         const cl_kernel k = kernel("matmul.cl", "kv_matmul", tile_ * tile_);
@@ -746,36 +764,98 @@ private:
                                  const_cast<void*>(data)));
     }
 
-    // The tensor as the device holds it: f32, half bits, or f32 values
-    // rounded to bf16 (one rounding from the caller's dtype in every case).
-    ClMem upload(const TensorView& v) const {
-        if (caps_.storage == DType::f32 && v.dtype == DType::f32) return upload_raw(v.data, static_cast<std::size_t>(v.numel()) * 4);
-        if (caps_.storage != DType::f16 && kernels::kernel_readable(v.dtype) && kernels::cpu_has_avx2_fma())
-            return upload_widened(v);
-        Tensor staged;
-        if (caps_.storage == DType::f16)
-            staged = Tensor::convert(v, DType::f16);
-        else if (caps_.storage == DType::bf16)
-            staged = Tensor::convert(Tensor::convert(v, DType::bf16), DType::f32);
-        else
-            staged = Tensor::convert(v, DType::f32);
-        return upload_raw(staged.raw(), staged.nbytes());
+    // v's elements as the device holds them — f32, half bits, or f32 values
+    // rounded to bf16 (one rounding from the caller's dtype in every case) —
+    // written to dst (numel · storage_bytes()). f32/f16/bf16 → f32 goes
+    // through the CPU kernels' vector converter: no staging tensor (a
+    // 151936×2048 lm_head is 1.2 GB of f32); the staged path gives the same
+    // bits (one exact widening, then one RNE rounding to bf16 when asked).
+    void to_device_format(const TensorView& v, void* dst) const {
+        const std::int64_t n = v.numel();
+        if (caps_.storage == DType::f32 && v.dtype == DType::f32) {
+            std::memcpy(dst, v.data, static_cast<std::size_t>(n) * 4);
+        } else if (caps_.storage != DType::f16 && kernels::kernel_readable(v.dtype) && kernels::cpu_has_avx2_fma()) {
+            kernels::convert_avx2(v.data, kernels::weight_format_of(v.dtype), kernels::rounding_to(caps_.storage),
+                                  static_cast<float*>(dst), n);
+        } else {
+            Tensor staged;
+            if (caps_.storage == DType::f16)
+                staged = Tensor::convert(v, DType::f16);
+            else if (caps_.storage == DType::bf16)
+                staged = Tensor::convert(Tensor::convert(v, DType::bf16), DType::f32);
+            else
+                staged = Tensor::convert(v, DType::f32);
+            std::memcpy(dst, staged.raw(), staged.nbytes());
+        }
     }
 
-    // f32/f16/bf16 → the device's f32 (rounded to bf16 for storage=bf16):
-    // converted by the CPU kernels' vector converter straight into the mapped
-    // buffer — no staging tensor, no second copy (a 151936×2048 lm_head is
-    // 1.2 GB of f32 per decode step). The same bits as the staged path: one
-    // exact widening, then one RNE rounding to bf16 when asked.
-    ClMem upload_widened(const TensorView& v) const {
-        const std::size_t n = static_cast<std::size_t>(v.numel()), bytes = n * 4;
+    // A device buffer of `bytes` filled on the host through a mapping.
+    template <typename Fill>
+    ClMem upload_mapped(std::size_t bytes, Fill&& fill) const {
         ClMem buffer(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_ONLY | CL_MEM_ALLOC_HOST_PTR, bytes, nullptr));
         void* host = KVCL_CREATE(clEnqueueMapBuffer, runtime_->queue(), buffer.get(), CL_TRUE, CL_MAP_WRITE_INVALIDATE_REGION,
                                  0, bytes, 0, nullptr, nullptr);
-        kernels::convert_avx2(v.data, kernels::weight_format_of(v.dtype), kernels::rounding_to(caps_.storage),
-                              static_cast<float*>(host), static_cast<std::int64_t>(n));
+        fill(static_cast<std::byte*>(host));
         KVCL_CHECK(clEnqueueUnmapMemObject(runtime_->queue(), buffer.get(), host, 0, nullptr, nullptr));
         return buffer;
+    }
+
+    // The tensor as the device holds it.
+    ClMem upload(const TensorView& v) const {
+        if (caps_.storage == DType::f32 && v.dtype == DType::f32) return upload_raw(v.data, static_cast<std::size_t>(v.numel()) * 4);
+        return upload_mapped(static_cast<std::size_t>(v.numel()) * storage_bytes(),
+                             [&](std::byte* host) { to_device_format(v, host); });
+    }
+
+    // matmul's weight [N, K] as kv_matmul_packed reads it (matmul.cl): panels
+    // of 16 outputs, k-major, zero past N, in the device format — a
+    // permutation of what upload() makes. A panel's 16 rows are converted
+    // into a staging block, then interleaved into the mapped buffer in write
+    // order (contiguous stores, 16 sequential read streams); the host's
+    // threads share the panels (a first upload writes gigabytes of fresh
+    // memory: BENCHMARKS.md, "OpenCL matmul on packed weights").
+    ClMem upload_packed(const TensorView& w) const {
+        const std::int64_t n_count = w.dim(0), k_count = w.dim(1), panels = (n_count + kPanel - 1) / kPanel;
+        const std::size_t elem = storage_bytes(), row_bytes = static_cast<std::size_t>(k_count) * elem;
+        return upload_mapped(static_cast<std::size_t>(panels * kPanel) * row_bytes, [&](std::byte* host) {
+            const auto* src = static_cast<const std::byte*>(w.data);
+            const std::size_t src_row = static_cast<std::size_t>(k_count) * dtype_size(w.dtype);
+            std::exception_ptr failure;
+#pragma omp parallel if (panels > 1)
+            {
+                std::vector<std::byte> block(static_cast<std::size_t>(kPanel) * row_bytes);
+                const auto interleave = [&](auto size, std::byte* dst) {  // elements of `size` bytes, moved by memcpy
+                    constexpr std::size_t n = decltype(size)::value;
+                    for (std::int64_t k = 0; k < k_count; ++k)
+                        for (std::int64_t j = 0; j < kPanel; ++j)
+                            std::memcpy(dst + static_cast<std::size_t>(k * kPanel + j) * n,
+                                        block.data() + static_cast<std::size_t>(j * k_count + k) * n, n);
+                };
+#pragma omp for schedule(static)
+                for (std::int64_t p = 0; p < panels; ++p) {
+                    try {
+                        for (std::int64_t j = 0; j < kPanel; ++j) {
+                            std::byte* row = block.data() + static_cast<std::size_t>(j) * row_bytes;
+                            const std::int64_t n = p * kPanel + j;
+                            if (n < n_count)
+                                to_device_format(TensorView{w.dtype, src + static_cast<std::size_t>(n) * src_row, {k_count}}, row);
+                            else
+                                std::fill(row, row + row_bytes, std::byte{0});
+                        }
+                    } catch (...) {
+#pragma omp critical(kvasir_upload_packed)
+                        if (!failure) failure = std::current_exception();
+                        continue;
+                    }
+                    std::byte* dst = host + static_cast<std::size_t>(p * kPanel) * row_bytes;
+                    if (elem == 2)
+                        interleave(std::integral_constant<std::size_t, 2>{}, dst);
+                    else
+                        interleave(std::integral_constant<std::size_t, 4>{}, dst);
+                }
+            }
+            if (failure) std::rethrow_exception(failure);
+        });
     }
 
     // A weight (matmul's second operand, a norm's or conv's weight, A_log,
@@ -786,6 +866,15 @@ private:
     ClMem weight(const TensorView& w) const {
         const std::shared_ptr<const ClMem> resident = weights_->get(
             w, caps_.storage, static_cast<std::uint64_t>(w.numel()) * storage_bytes(), [&] { return upload(w); });
+        KVCL_CHECK(clRetainMemObject(resident->get()));
+        return ClMem(resident->get());
+    }
+    // matmul's weight in panels (upload_packed), cached apart from its plain copy.
+    ClMem packed_weight(const TensorView& w) const {
+        const auto panels = static_cast<std::uint64_t>((w.dim(0) + kPanel - 1) / kPanel);
+        const std::shared_ptr<const ClMem> resident =
+            weights_->get(w, caps_.storage, panels * kPanel * static_cast<std::uint64_t>(w.dim(1)) * storage_bytes(),
+                          [&] { return upload_packed(w); }, kPackedLayout);
         KVCL_CHECK(clRetainMemObject(resident->get()));
         return ClMem(resident->get());
     }
