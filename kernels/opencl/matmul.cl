@@ -71,7 +71,7 @@ void kv_matmul(__global const kv_store_t* x,  // [T, K]
 //
 // The weight as the node's cache keeps it for matmul: panels of 16 outputs,
 // k-major — wp[(p·K + k)·16 + j] = w[16p + j][k], zero past N (the host packs
-// it once per resident weight). A work-item owns R rows × the 16 outputs of
+// it once per resident weight), in f32, half or bf16 (below). A work-item owns R rows × the 16 outputs of
 // one panel: per k it loads the panel's 16 weights as one vector and adds
 // x[t][k]·w to R float16 accumulators, lane j of accumulator r being output
 // (t0 + r, 16p + j). Every output is still ONE fma chain over k = 0 … K−1 in
@@ -82,26 +82,28 @@ void kv_matmul(__global const kv_store_t* x,  // [T, K]
 // accumulation only (acc=f16 nodes run kv_matmul). Work-groups of one
 // work-item; global id 0 runs over the row blocks, so consecutive groups
 // share a panel.
-#if KV_STORAGE_HALF
-#define KV_LOAD16(p, i) vload_half16((size_t)(i), (p))
-#else
-#define KV_LOAD16(p, i) vload16((size_t)(i), (p))
-#endif
+// The panels hold each weight in the narrowest format that represents its
+// value as stored exactly (the host decides: a bf16 checkpoint's weights
+// stay bf16 on an f32 or bf16 node, half on a half node): widening them
+// here is exact, so the format changes the bytes moved, never a bit.
+#define KV_PANEL_F32(p, i) vload16((size_t)(i), (__global const float*)(p))
+#define KV_PANEL_F16(p, i) vload_half16((size_t)(i), (__global const half*)(p))
+#define KV_PANEL_BF16(p, i) as_float16(convert_uint16(vload16((size_t)(i), (__global const ushort*)(p))) << 16)
 
-#define KV_MATMUL_PACKED(NAME, R)                                                                        \
+#define KV_MATMUL_PACKED(NAME, R, PANEL)                                                                 \
     __kernel __attribute__((reqd_work_group_size(1, 1, 1)))                                              \
-    void NAME(__global const kv_store_t* x, __global const kv_store_t* wp, __global kv_store_t* y,      \
+    void NAME(__global const kv_store_t* x, __global const uchar* wp, __global kv_store_t* y,           \
               const int T, const int N, const int K) {                                                   \
         const int t0 = (int)get_global_id(0) * R;                                                        \
         const int p = (int)get_global_id(1);                                                             \
         if (t0 >= T || p * 16 >= N) return;                                                              \
         size_t xrow[R]; /* rows past T read row T-1 (computed, never stored) */                         \
         for (int r = 0; r < R; ++r) xrow[r] = (size_t)min(t0 + r, T - 1) * (size_t)K;                    \
-        const size_t panel = (size_t)p * (size_t)K; /* in 16-float vectors */                           \
+        const size_t panel = (size_t)p * (size_t)K; /* in 16-element vectors */                         \
         float16 acc[R];                                                                                  \
         for (int r = 0; r < R; ++r) acc[r] = (float16)(0.0f);                                            \
         for (int k = 0; k < K; ++k) {                                                                    \
-            const float16 wv = KV_LOAD16(wp, panel + (size_t)k);                                         \
+            const float16 wv = PANEL(wp, panel + (size_t)k);                                             \
             for (int r = 0; r < R; ++r) acc[r] = fma((float16)(KV_LOAD(x, xrow[r] + (size_t)k)), wv, acc[r]); \
         }                                                                                                \
         for (int r = 0; r < R && t0 + r < T; ++r) {                                                      \
@@ -112,7 +114,12 @@ void kv_matmul(__global const kv_store_t* x,  // [T, K]
         }                                                                                                \
     }
 
-KV_MATMUL_PACKED(kv_matmul_packed1, 1)
-KV_MATMUL_PACKED(kv_matmul_packed2, 2)
-KV_MATMUL_PACKED(kv_matmul_packed4, 4)
-KV_MATMUL_PACKED(kv_matmul_packed8, 8)
+#define KV_MATMUL_PACKED_ROWS(R)                                   \
+    KV_MATMUL_PACKED(kv_matmul_packed##R##_f32, R, KV_PANEL_F32)   \
+    KV_MATMUL_PACKED(kv_matmul_packed##R##_f16, R, KV_PANEL_F16)   \
+    KV_MATMUL_PACKED(kv_matmul_packed##R##_bf16, R, KV_PANEL_BF16)
+
+KV_MATMUL_PACKED_ROWS(1)
+KV_MATMUL_PACKED_ROWS(2)
+KV_MATMUL_PACKED_ROWS(4)
+KV_MATMUL_PACKED_ROWS(8)

@@ -205,7 +205,9 @@ TEST_F(Opencl, MatmulIsOneFmaChainPerOutputInAscendingK) {
     // host's std::fma chain, bit for bit. Shapes cover every R, partial
     // panels (N not a multiple of 16) and partial row blocks; the weights
     // are a heap tensor (packed for the call) and an immutable one (packed
-    // once, then resident: the cache's counters).
+    // once, then resident: the cache's counters), in f32, bf16 and f16 — the
+    // panels keep a bf16 or f16 weight's own bits where the node's storage
+    // holds them exactly, and every panel format is read by its own kernel.
     const auto stored = [](const Tensor& t, DType storage) {
         return storage == DType::f32 ? Tensor::convert(t.view(), DType::f32)
                                      : Tensor::convert(Tensor::convert(t.view(), storage).view(), DType::f32);
@@ -215,9 +217,10 @@ TEST_F(Opencl, MatmulIsOneFmaChainPerOutputInAscendingK) {
         auto ocl = node(spec);
         const DType storage = ocl->capabilities().storage;
         for (const Case c : {Case{1, 1, 1}, Case{1, 17, 300}, Case{2, 16, 64}, Case{3, 33, 7}, Case{5, 40, 129},
-                             Case{8, 15, 300}, Case{9, 70, 65}, Case{17, 31, 256}}) {
+                             Case{8, 15, 300}, Case{9, 70, 65}, Case{17, 31, 256}})
+          for (const DType wd : {DType::f32, DType::bf16, DType::f16}) {
             const Tensor x = seeded_normal(23, "fc/x", {c.t, c.k}, 0, 1);
-            const Tensor w = seeded_normal(23, "fc/w", {c.n, c.k}, 0, 0.1);
+            const Tensor w = Tensor::convert(seeded_normal(23, "fc/w", {c.n, c.k}, 0, 0.1).view(), wd);
             const Tensor xs = stored(x, storage), ws = stored(w, storage);
             Tensor want(DType::f32, {c.t, c.n});
             for (std::int64_t t = 0; t < c.t; ++t)
@@ -230,20 +233,26 @@ TEST_F(Opencl, MatmulIsOneFmaChainPerOutputInAscendingK) {
             want = stored(want, storage);
             const Tensor heap = ocl->matmul(x, w);
             ASSERT_EQ(std::memcmp(heap.raw(), want.raw(), want.nbytes()), 0)
-                << spec << " T " << c.t << " N " << c.n << " K " << c.k << ": " << compare(want, heap).max_abs;
-            const std::vector<float> kept(w.as<float>(), w.as<float>() + w.numel());
-            const ImmutableRegistration reg(kept.data(), kept.size() * sizeof(float));
-            const TensorView wi{DType::f32, kept.data(), {c.n, c.k}};
+                << spec << " " << dtype_name(wd) << " T " << c.t << " N " << c.n << " K " << c.k << ": "
+                << compare(want, heap).max_abs;
+            const auto* bytes = static_cast<const std::byte*>(w.raw());
+            const std::vector<std::byte> kept(bytes, bytes + w.nbytes());
+            const ImmutableRegistration reg(kept.data(), kept.size());
+            const TensorView wi{wd, kept.data(), {c.n, c.k}};
             const WeightCacheStats before = *ocl->weight_cache_stats();
             for (int round = 0; round < 2; ++round) {
                 const Tensor resident = ocl->matmul(x, wi);
                 ASSERT_EQ(std::memcmp(resident.raw(), want.raw(), want.nbytes()), 0)
-                    << spec << " resident, T " << c.t << " N " << c.n << " K " << c.k;
+                    << spec << " " << dtype_name(wd) << " resident, T " << c.t << " N " << c.n << " K " << c.k;
             }
             const WeightCacheStats after = *ocl->weight_cache_stats();
             EXPECT_EQ(after.misses - before.misses, 1u) << spec;  // packed and uploaded once …
             EXPECT_EQ(after.hits - before.hits, 1u) << spec;      // … then resident
-        }
+            // … in the narrowest exact format: 2 bytes a weight but for f32 weights on an f32 node.
+            const std::uint64_t elem = storage == DType::f32 && wd == DType::f32 ? 4 : 2;
+            EXPECT_EQ(after.bytes_uploaded - before.bytes_uploaded,
+                      static_cast<std::uint64_t>((c.n + 15) / 16 * 16 * c.k) * elem) << spec << " " << dtype_name(wd);
+          }
     }
 }
 

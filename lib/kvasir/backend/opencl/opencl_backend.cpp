@@ -524,7 +524,8 @@ public:
             const int rows = t_count >= 8 ? 8 : t_count >= 3 ? 4 : static_cast<int>(t_count);
             const ClMem xb = upload(x), wb = packed_weight(w);
             const ClMem yb = output(t_count * n_count);
-            const cl_kernel k = kernel("matmul.cl", fmt::format("kv_matmul_packed{}", rows).c_str(), 1);
+            const cl_kernel k =
+                kernel("matmul.cl", fmt::format("kv_matmul_packed{}_{}", rows, dtype_name(panel_format(w.dtype))).c_str(), 1);
             set_args(k, xb, wb, yb, static_cast<cl_int>(t_count), static_cast<cl_int>(n_count),
                      static_cast<cl_int>(k_count));
             const std::size_t global[2] = {static_cast<std::size_t>((t_count + rows - 1) / rows),
@@ -807,16 +808,47 @@ private:
                              [&](std::byte* host) { to_device_format(v, host); });
     }
 
+    // The format of a weight's matmul panels (matmul.cl): the narrowest that
+    // holds the weight as this node stores it, exactly — half on a half node,
+    // bf16 on a bf16 node and for a bf16 checkpoint on an f32 node (widening
+    // is exact), likewise half for an f16 checkpoint; f32 otherwise.
+    DType panel_format(DType w) const {
+        if (caps_.storage == DType::f16 || caps_.storage == DType::bf16) return caps_.storage;
+        return w == DType::bf16 || w == DType::f16 ? w : DType::f32;
+    }
+
+    // One weight row as panel elements: the weight's own bits where its dtype
+    // is the panel format, else the row as the device stores it (f32 values,
+    // or half bits), narrowed to bf16 by dropping 16 bits that are zero
+    // (the values are bf16-rounded already).
+    void panel_row(const TensorView& row, DType format, std::byte* dst, std::vector<float>& scratch) const {
+        const std::size_t n = static_cast<std::size_t>(row.numel());
+        if (row.dtype == format) {
+            std::memcpy(dst, row.data, n * dtype_size(format));
+        } else if (format == DType::bf16) {
+            scratch.resize(n);
+            to_device_format(row, scratch.data());
+            for (std::size_t i = 0; i < n; ++i) {
+                std::uint32_t bits;
+                std::memcpy(&bits, &scratch[i], 4);
+                const auto top = static_cast<std::uint16_t>(bits >> 16);
+                std::memcpy(dst + 2 * i, &top, 2);
+            }
+        } else {
+            to_device_format(row, dst);  // f32 panels on an f32 node, half bits on a half node
+        }
+    }
+
     // matmul's weight [N, K] as kv_matmul_packed reads it (matmul.cl): panels
-    // of 16 outputs, k-major, zero past N, in the device format — a
-    // permutation of what upload() makes. A panel's 16 rows are converted
-    // into a staging block, then interleaved into the mapped buffer in write
-    // order (contiguous stores, 16 sequential read streams); the host's
-    // threads share the panels (a first upload writes gigabytes of fresh
-    // memory: BENCHMARKS.md, "OpenCL matmul on packed weights").
+    // of 16 outputs, k-major, zero past N, in panel_format(). A panel's 16
+    // rows are converted into a staging block, then interleaved into the
+    // mapped buffer in write order (contiguous stores, 16 sequential read
+    // streams); the host's threads share the panels (a first upload writes
+    // gigabytes of fresh memory: BENCHMARKS.md, "OpenCL matmul on packed weights").
     ClMem upload_packed(const TensorView& w) const {
         const std::int64_t n_count = w.dim(0), k_count = w.dim(1), panels = (n_count + kPanel - 1) / kPanel;
-        const std::size_t elem = storage_bytes(), row_bytes = static_cast<std::size_t>(k_count) * elem;
+        const DType format = panel_format(w.dtype);
+        const std::size_t elem = dtype_size(format), row_bytes = static_cast<std::size_t>(k_count) * elem;
         return upload_mapped(static_cast<std::size_t>(panels * kPanel) * row_bytes, [&](std::byte* host) {
             const auto* src = static_cast<const std::byte*>(w.data);
             const std::size_t src_row = static_cast<std::size_t>(k_count) * dtype_size(w.dtype);
@@ -824,6 +856,7 @@ private:
 #pragma omp parallel if (panels > 1)
             {
                 std::vector<std::byte> block(static_cast<std::size_t>(kPanel) * row_bytes);
+                std::vector<float> scratch;
                 const auto interleave = [&](auto size, std::byte* dst) {  // elements of `size` bytes, moved by memcpy
                     constexpr std::size_t n = decltype(size)::value;
                     for (std::int64_t k = 0; k < k_count; ++k)
@@ -838,7 +871,8 @@ private:
                             std::byte* row = block.data() + static_cast<std::size_t>(j) * row_bytes;
                             const std::int64_t n = p * kPanel + j;
                             if (n < n_count)
-                                to_device_format(TensorView{w.dtype, src + static_cast<std::size_t>(n) * src_row, {k_count}}, row);
+                                panel_row(TensorView{w.dtype, src + static_cast<std::size_t>(n) * src_row, {k_count}}, format,
+                                          row, scratch);
                             else
                                 std::fill(row, row + row_bytes, std::byte{0});
                         }
@@ -872,9 +906,9 @@ private:
     // matmul's weight in panels (upload_packed), cached apart from its plain copy.
     ClMem packed_weight(const TensorView& w) const {
         const auto panels = static_cast<std::uint64_t>((w.dim(0) + kPanel - 1) / kPanel);
-        const std::shared_ptr<const ClMem> resident =
-            weights_->get(w, caps_.storage, panels * kPanel * static_cast<std::uint64_t>(w.dim(1)) * storage_bytes(),
-                          [&] { return upload_packed(w); }, kPackedLayout);
+        const std::shared_ptr<const ClMem> resident = weights_->get(
+            w, caps_.storage, panels * kPanel * static_cast<std::uint64_t>(w.dim(1)) * dtype_size(panel_format(w.dtype)),
+            [&] { return upload_packed(w); }, kPackedLayout);
         KVCL_CHECK(clRetainMemObject(resident->get()));
         return ClMem(resident->get());
     }
