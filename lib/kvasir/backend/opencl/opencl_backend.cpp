@@ -491,13 +491,19 @@ public:
             {"cl_khr_fp16", info_->fp16 ? "yes" : "no"},
             {"cl_khr_fp64", info_->fp64 ? "yes" : "no"},
             {"compute_units", std::to_string(info_->compute_units)},
-            {"kernels", fmt::format("matmul {0}x{1} output tiles by {0}x{0} work-groups in local memory "
-                                    "(TILE_K {0}), one fma chain per output; softmax/rmsnorm one {2}-wide "
+            {"kernels", fmt::format("{3}; softmax/rmsnorm one {2}-wide "
                                     "work-group tree per row; causal conv1d one work-item per (t, c); gated "
                                     "delta rule one {2}-wide work-group per value head, tokens in sequence, "
                                     "f32 state in global memory; causal attention one {2}-wide work-group per "
                                     "(query row, head) over its visible keys, probabilities in local memory",
-                                    tile_, tile_ * kMatmulOutputsPerItem, row_wg_)},
+                                    tile_, tile_ * kMatmulOutputsPerItem, row_wg_,
+                                    caps_.accumulation == DType::f32
+                                        ? "matmul on weights kept in 16-output k-major panels (the narrowest exact "
+                                          "format: f32, half or bf16), a work-item per 1/2/4/8 rows x one panel, "
+                                          "one fma chain per output"
+                                        : fmt::format("matmul {0}x{1} output tiles by {0}x{0} work-groups in local "
+                                                      "memory (TILE_K {0}), one fma chain per output",
+                                                      tile_, tile_ * kMatmulOutputsPerItem))},
             {"fp_contract", "off; fma() explicit in matmul, rmsnorm, causal conv1d and the gated delta rule"},
             {"storage_format", caps_.storage == DType::f16    ? "half buffers (vload_half/vstore_half_rte)"
                                : caps_.storage == DType::bf16 ? "f32 buffers of bf16 values (host rounds inputs, kernels round stores)"
