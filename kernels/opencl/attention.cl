@@ -110,3 +110,152 @@ void kv_causal_attention(__global const kv_store_t* q,  // [T, heads, D]
         if (i < d) KV_STORE(KV_ACC_TO_FLOAT(acc[j]), out, out_row + (size_t)i);
     }
 }
+
+// ---- kv_causal_attention_panels: the same bits, for CPU devices ------------------------------
+//
+// kv_causal_attention above runs 256 work-items per row, each with ONE scalar
+// fma chain. A CPU device (PoCL) runs a work-group's items one after another
+// on one core, so that is one chain in flight (latency-bound, ~3 GFLOP/s) and
+// a loop over 256 items at every barrier of the trees: slower than the node's
+// own composition (BENCHMARKS.md, "OpenCL attention for CPU devices"). Here
+// ONE work-item computes a whole (query row, head) — the same values, each by
+// the same operations in the same order:
+//
+//   scores  the host lays each kv head's keys out in panels of 16 keys,
+//           d-major — kp[((g·P + p)·d + j)·16 + i] = K_g[16p + i][j], zero
+//           past S — so key i of a panel is lane i of one float16 fma chain
+//           over j ascending from +0 (kv_attn_score's chain, 16 keys at a
+//           time), KV_ATTN_KEY_PANELS panels in flight;
+//   softmax the row's 256 partial maxima and sums (column c goes to partial
+//           c mod KV_ROW_WG, ascending: work-item l's columns above) kept in
+//           local memory, then the trees of common.cl walked level by level
+//           (kv_seq_max / kv_seq_sum: the same pairs in the same order);
+//   P·V     output i is lane i mod 16 of one float16 chain over s ascending
+//           from +0, KV_ATTN_PV_VECS vectors in flight; V as stored.
+//
+// OpenCL's fma is correctly rounded per lane, so a lane's chain is the scalar
+// chain bit for bit. Needs f32 accumulation and d a multiple of 16; the host
+// runs kv_causal_attention otherwise and on GPU devices, whose items do run
+// side by side.
+
+#if !KV_ACC_HALF
+#ifndef KV_ATTN_KEY_PANELS
+#define KV_ATTN_KEY_PANELS 4
+#endif
+#ifndef KV_ATTN_PV_VECS
+#define KV_ATTN_PV_VECS 8
+#endif
+#if KV_STORAGE_HALF
+#define KV_LOAD16(p, i) vload_half16((size_t)(i), (p))
+#else
+#define KV_LOAD16(p, i) vload16((size_t)(i), (p))
+#endif
+
+// kv_group_max / kv_group_sum's trees on partials red[0 … KV_ROW_WG−1], by one work-item.
+inline float kv_seq_max(__local float* red) {
+    for (int s = KV_ROW_WG / 2; s > 0; s >>= 1)
+        for (int l = 0; l < s; ++l) red[l] = kv_max_nan(red[l], red[l + s]);
+    return red[0];
+}
+inline float kv_seq_sum(__local float* red) {
+    for (int s = KV_ROW_WG / 2; s > 0; s >>= 1)
+        for (int l = 0; l < s; ++l) red[l] = KV_ACC_ADD(red[l], red[l + s]);
+    return red[0];
+}
+
+// Scores of keys c0 … c0+cn−1 into ps[0 … cn−1] (c0 a multiple of 16).
+// `kp_head`: the kv head's first panel, in 16-element vectors.
+inline void kv_attn_panel_scores(__local float* ps, __local const float* qs, __global const kv_store_t* kp,
+                                 const size_t kp_head, const int c0, const int cn, const int d, const float scale) {
+    const int np = (cn + 15) / 16;
+    for (int pb = 0; pb < np; pb += KV_ATTN_KEY_PANELS) {
+        size_t panel[KV_ATTN_KEY_PANELS];  // panels past the chunk repeat its last one (computed, never stored)
+        float16 acc[KV_ATTN_KEY_PANELS];
+        for (int i = 0; i < KV_ATTN_KEY_PANELS; ++i) {
+            panel[i] = kp_head + (size_t)(c0 / 16 + min(pb + i, np - 1)) * (size_t)d;
+            acc[i] = (float16)(0.0f);
+        }
+        for (int j = 0; j < d; ++j) {
+            const float16 qj = (float16)(qs[j]);
+            for (int i = 0; i < KV_ATTN_KEY_PANELS; ++i) acc[i] = fma(qj, KV_LOAD16(kp, panel[i] + (size_t)j), acc[i]);
+        }
+        for (int i = 0; i < KV_ATTN_KEY_PANELS && pb + i < np; ++i) {
+            float s[16];
+            vstore16(acc[i], 0, s);
+            const int c = (pb + i) * 16;
+            for (int lane = 0; lane < 16 && c + lane < cn; ++lane)
+                ps[c + lane] = kv_round_storage(kv_round_storage(s[lane]) * scale);
+        }
+    }
+}
+
+// Work-item r = t·heads + h (work-groups of one); kp as above, v [kv_heads, S, D].
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void kv_causal_attention_panels(__global const kv_store_t* q,   // [T, heads, D]
+                                __global const kv_store_t* kp,  // [kv_heads, ⌈S/16⌉, D, 16]
+                                __global const kv_store_t* v,   // [kv_heads, S, D]
+                                __global kv_store_t* out,       // [T, heads·D]
+                                const int t_count, const int heads, const int kv_heads, const int d, const int s_count,
+                                const float scale) {
+    __local float qs[KV_ATTN_MAX_DIM];
+    __local float ps[KV_ATTN_CHUNK];  // scores, then exponentials, then probabilities of one chunk
+    __local float red[KV_ROW_WG];     // the partial maxima, then the partial sums
+    const int r = (int)get_global_id(0);
+    const int t = r / heads, h = r % heads;
+    const int n = s_count - t_count + t + 1;  // keys 0 … p0 + t
+    const bool cached = n <= KV_ATTN_CHUNK;
+    const int g = h / (heads / kv_heads);
+    const int dv = d / 16;  // 16-output vectors of a row
+    const size_t kp_head = (size_t)g * (size_t)((s_count + 15) / 16) * (size_t)d;
+    const size_t v_head = (size_t)g * (size_t)s_count * (size_t)dv;
+
+    for (int j = 0; j < d; ++j) qs[j] = KV_LOAD(q, (size_t)r * (size_t)d + (size_t)j);
+
+    // Pass 1: scores and their max.
+    for (int l = 0; l < KV_ROW_WG; ++l) red[l] = -INFINITY;
+    for (int c0 = 0; c0 < n; c0 += KV_ATTN_CHUNK) {
+        const int cn = min(KV_ATTN_CHUNK, n - c0);
+        kv_attn_panel_scores(ps, qs, kp, kp_head, c0, cn, d, scale);
+        for (int c = 0; c < cn; ++c) red[c % KV_ROW_WG] = kv_max_nan(red[c % KV_ROW_WG], ps[c]);
+    }
+    const float m = kv_seq_max(red);
+
+    // Pass 2: exponentials and their sum (held in ps when the row fits).
+    for (int l = 0; l < KV_ROW_WG; ++l) red[l] = KV_ACC_ZERO;
+    for (int c0 = 0; c0 < n; c0 += KV_ATTN_CHUNK) {
+        const int cn = min(KV_ATTN_CHUNK, n - c0);
+        if (!cached) kv_attn_panel_scores(ps, qs, kp, kp_head, c0, cn, d, scale);
+        for (int c = 0; c < cn; ++c) ps[c] = kv_round_storage(exp(ps[c] - m));
+        for (int c = 0; c < cn; ++c) red[c % KV_ROW_WG] = KV_ACC_ADD(red[c % KV_ROW_WG], ps[c]);
+    }
+    const float total = KV_ACC_TO_FLOAT(kv_seq_sum(red));
+
+    // Pass 3: probabilities chunk by chunk, and P·V, KV_ATTN_PV_VECS output vectors at a time.
+    const size_t out_row = (size_t)r * (size_t)d;  // (t·heads + h)·d
+    for (int u0 = 0; u0 < dv; u0 += KV_ATTN_PV_VECS) {
+        float16 acc[KV_ATTN_PV_VECS];
+        for (int i = 0; i < KV_ATTN_PV_VECS; ++i) acc[i] = (float16)(0.0f);
+        for (int c0 = 0; c0 < n; c0 += KV_ATTN_CHUNK) {
+            const int cn = min(KV_ATTN_CHUNK, n - c0);
+            if (!cached || u0 == 0) {  // the probabilities of this chunk into ps (once when the row fits)
+                if (!cached) {
+                    kv_attn_panel_scores(ps, qs, kp, kp_head, c0, cn, d, scale);
+                    for (int c = 0; c < cn; ++c) ps[c] = kv_round_storage(exp(ps[c] - m));
+                }
+                for (int c = 0; c < cn; ++c) ps[c] = kv_round_storage(ps[c] / total);
+            }
+            for (int s = 0; s < cn; ++s) {
+                const float16 p = (float16)(ps[s]);
+                const size_t row = v_head + (size_t)(c0 + s) * (size_t)dv;
+                for (int i = 0; i < KV_ATTN_PV_VECS; ++i)  // vectors past the row repeat its last one (never stored)
+                    acc[i] = fma(p, KV_LOAD16(v, row + (size_t)min(u0 + i, dv - 1)), acc[i]);
+            }
+        }
+        for (int i = 0; i < KV_ATTN_PV_VECS && u0 + i < dv; ++i) {
+            float o[16];
+            vstore16(acc[i], 0, o);
+            for (int lane = 0; lane < 16; ++lane) KV_STORE(o[lane], out, out_row + (size_t)(u0 + i) * 16 + (size_t)lane);
+        }
+    }
+}
+#endif  // !KV_ACC_HALF

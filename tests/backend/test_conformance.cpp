@@ -1141,8 +1141,9 @@ const std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int6
         {1, 1, 1, 4, 0},  {5, 4, 2, 8, 0},   {3, 6, 2, 72, 37}, {1, 8, 2, 128, 200},
         {17, 4, 4, 64, 9}, {40, 3, 1, 130, 30}, {9, 12, 3, 16, 0}, {2, 16, 4, 24, 75},
         // Rows of 2048 and 2049 keys: the opencl and gpu kernels hold 2048
-        // probabilities at once, a longer row recomputes its scores per pass.
-        {2, 4, 2, 8, 2047},
+        // probabilities at once, a longer row recomputes its scores per pass
+        // (D = 16: opencl's key-panel kernel on a CPU device; D = 8: the other).
+        {2, 4, 2, 8, 2047}, {2, 4, 2, 16, 2047},
         // Decode steps with 6–8 query heads per kv head (the cpu kernel's
         // heads-in-lanes path): rep 8 at Qwen3-30B-A3B's 32/4 heads of 128
         // over 575 cached keys, rep 7 with D = 130, rep 6 with T = 3 and D = 20.

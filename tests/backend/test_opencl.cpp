@@ -152,7 +152,7 @@ TEST_F(Opencl, F16AccumulationIsUnsupportedWithoutFp16OrRuns) {
 
 #if defined(KVASIR_HAVE_OPENCL)
 TEST_F(Opencl, EveryKernelFileIsEmbedded) {
-    for (const char* f : {"common.cl", "matmul.cl", "rows.cl", "elementwise.cl", "linear_attention.cl"})
+    for (const char* f : {"common.cl", "matmul.cl", "rows.cl", "elementwise.cl", "linear_attention.cl", "attention.cl"})
         EXPECT_FALSE(opencl_embedded::kernel_source(f).empty()) << f;
     EXPECT_TRUE(opencl_embedded::kernel_source("nope.cl").empty());
     EXPECT_TRUE(contains(std::string(opencl_embedded::kernel_source("common.cl")), "FP_CONTRACT OFF"));

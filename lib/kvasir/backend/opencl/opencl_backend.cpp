@@ -228,6 +228,7 @@ struct DeviceInfo {
     cl_ulong local_mem = 0;  // CL_DEVICE_LOCAL_MEM_SIZE, bytes
     cl_ulong global_mem = 0;  // CL_DEVICE_GLOBAL_MEM_SIZE, bytes
     bool fp16 = false, fp64 = false;
+    bool cpu = false;  // CL_DEVICE_TYPE_CPU: a work-group's items run one after another (PoCL)
 
     std::string label() const { return fmt::format("{} ({})", name, platform_name); }
 };
@@ -281,6 +282,7 @@ Enumeration enumerate_devices() {
             info.global_mem = device_value<cl_ulong>(d, CL_DEVICE_GLOBAL_MEM_SIZE);
             info.fp16 = has_extension(info.extensions, "cl_khr_fp16");
             info.fp64 = has_extension(info.extensions, "cl_khr_fp64");
+            info.cpu = (device_value<cl_device_type>(d, CL_DEVICE_TYPE) & CL_DEVICE_TYPE_CPU) != 0;
             out.devices.push_back(std::move(info));
         }
     }
@@ -494,8 +496,8 @@ public:
             {"kernels", fmt::format("{3}; softmax/rmsnorm one {2}-wide "
                                     "work-group tree per row; causal conv1d one work-item per (t, c); gated "
                                     "delta rule one {2}-wide work-group per value head, tokens in sequence, "
-                                    "f32 state in global memory; causal attention one {2}-wide work-group per "
-                                    "(query row, head) over its visible keys, probabilities in local memory",
+                                    "f32 state in global memory; causal attention {4} over its visible keys, "
+                                    "probabilities in local memory",
                                     tile_, tile_ * kMatmulOutputsPerItem, row_wg_,
                                     caps_.accumulation == DType::f32
                                         ? "matmul on weights kept in 16-output k-major panels (the narrowest exact "
@@ -503,7 +505,13 @@ public:
                                           "one fma chain per output"
                                         : fmt::format("matmul {0}x{1} output tiles by {0}x{0} work-groups in local "
                                                       "memory (TILE_K {0}), one fma chain per output",
-                                                      tile_, tile_ * kMatmulOutputsPerItem))},
+                                                      tile_, tile_ * kMatmulOutputsPerItem),
+                                    info_->cpu && caps_.accumulation == DType::f32
+                                        ? fmt::format("one work-item per (query row, head) on keys in 16-key panels, "
+                                                      "16 fma chains per vector, the softmax trees of a {}-wide "
+                                                      "work-group walked in order (head dims not a multiple of 16: "
+                                                      "one {}-wide work-group per row)", row_wg_, row_wg_)
+                                        : fmt::format("one {}-wide work-group per (query row, head)", row_wg_))},
             {"fp_contract", "off; fma() explicit in matmul, rmsnorm, causal conv1d and the gated delta rule"},
             {"storage_format", caps_.storage == DType::f16    ? "half buffers (vload_half/vstore_half_rte)"
                                : caps_.storage == DType::bf16 ? "f32 buffers of bf16 values (host rounds inputs, kernels round stores)"
@@ -713,8 +721,12 @@ public:
 
     // Fused causal attention (kernels/opencl/attention.cl): one work-group of
     // row_wg_ per (query row, head), the same bits as this node's composition.
-    // The host stacks the kv heads into one [nkv, S, D] buffer (exact data
-    // movement); head dims beyond the kernel's local q row take the composition.
+    // On a CPU device with f32 accumulation and whole 16-wide vectors per head
+    // (D a multiple of 16), kv_causal_attention_panels runs the chains 16 at a
+    // time on keys the host lays out in panels (key_panels: exact data
+    // movement); elsewhere kv_causal_attention on the kv heads stacked into
+    // one [nkv, S, D] buffer. Head dims beyond the kernel's local q row take
+    // the composition.
     Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
                             double scale) override {
         check_attention_args(q, keys, values);
@@ -723,15 +735,22 @@ public:
         if (t_count == 0) return Tensor(DType::f32, {0, nh * d});
         if (d > kAttentionMaxDim || !one_dtype(keys) || !one_dtype(values))
             return Backend::causal_attention(q, keys, values, scale);
-        check_int_range("causal_attention", {t_count * nh, nkv * s_count * d, t_count * nh * d});
-        const Tensor kc = stacked(keys), vc = stacked(values);
+        check_int_range("causal_attention", {t_count * nh, nkv * ((s_count + kPanel - 1) / kPanel * kPanel) * d, t_count * nh * d});
+        const bool panels = info_->cpu && caps_.accumulation == DType::f32 && d % kPanel == 0;
+        const Tensor kc = panels ? key_panels(keys) : stacked(keys), vc = stacked(values);
         const std::lock_guard lock(mutex_);
         const ClMem qb = upload(q), kb = upload(kc), vb = upload(vc);
         const ClMem ob = output(t_count * nh * d);
-        const cl_kernel k = kernel("attention.cl", "kv_causal_attention", row_wg_);
+        const cl_kernel k = kernel("attention.cl", panels ? "kv_causal_attention_panels" : "kv_causal_attention",
+                                   panels ? 1 : row_wg_);
         set_args(k, qb, kb, vb, ob, static_cast<cl_int>(t_count), static_cast<cl_int>(nh), static_cast<cl_int>(nkv),
                  static_cast<cl_int>(d), static_cast<cl_int>(s_count), static_cast<cl_float>(scale));
-        launch_rows(k, t_count * nh);
+        if (panels) {  // a work-item per (query row, head)
+            const std::size_t global = static_cast<std::size_t>(t_count * nh), local = 1;
+            KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, 1, nullptr, &global, &local, 0, nullptr, nullptr));
+        } else {
+            launch_rows(k, t_count * nh);
+        }
         return download(ob, {t_count, nh * d});
     }
 
@@ -741,6 +760,34 @@ private:
 
     static bool one_dtype(std::span<const TensorView> parts) {
         return std::all_of(parts.begin(), parts.end(), [&](const TensorView& p) { return p.dtype == parts.front().dtype; });
+    }
+
+    // kv_causal_attention_panels' keys: [n, ⌈S/16⌉, D, 16] from n views of
+    // [S, D] of one dtype, in that dtype — out[g][p][j][i] = parts[g][16p + i][j],
+    // zero (+0 in every format) past S.
+    static Tensor key_panels(std::span<const TensorView> parts) {
+        const TensorView& first = parts.front();
+        const std::int64_t s_count = first.dim(0), d = first.dim(1), np = (s_count + kPanel - 1) / kPanel;
+        Tensor out(first.dtype, {static_cast<std::int64_t>(parts.size()), np, d, kPanel});
+        std::memset(out.raw(), 0, out.nbytes());
+        const auto fill = [&]<typename E>(E) {
+            E* dst = static_cast<E*>(out.raw());
+            for (std::size_t g = 0; g < parts.size(); ++g) {
+                const E* src = static_cast<const E*>(parts[g].data);
+                E* head = dst + static_cast<std::size_t>(g) * static_cast<std::size_t>(np * d * kPanel);
+                for (std::int64_t s = 0; s < s_count; ++s) {
+                    E* col = head + static_cast<std::size_t>((s / kPanel) * d * kPanel + s % kPanel);
+                    for (std::int64_t j = 0; j < d; ++j) col[j * kPanel] = src[s * d + j];
+                }
+            }
+        };
+        switch (dtype_size(first.dtype)) {
+            case 2: fill(std::uint16_t{}); break;
+            case 4: fill(std::uint32_t{}); break;
+            case 8: fill(std::uint64_t{}); break;
+            default: fail(ErrorCode::internal, "key_panels: element size {} of {}", dtype_size(first.dtype), dtype_name(first.dtype));
+        }
+        return out;
     }
 
     // [n, rows, cols] from n views of [rows, cols] of one dtype, in that dtype.

@@ -72,6 +72,11 @@
 //     where the composition stores them — so the composition's bits
 //     (backend.hpp) without its [heads·T, S] score tensor. The kv heads are
 //     stacked into one buffer on the host; head dims > 512 run the composition.
+//     On a CPU device (PoCL: a work-group's items run one after another) with
+//     f32 accumulation and head dims a multiple of 16, one work-item per
+//     (query row, head) computes the same values by the same operations:
+//     keys in 16-key panels laid out by the host, 16 chains per vector, the
+//     softmax's strided partials and trees walked in order.
 //   * Deterministic: no atomics, no split-K, fixed work-group shapes chosen
 //     per device at backend creation.
 //
