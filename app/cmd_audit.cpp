@@ -40,6 +40,7 @@ struct AuditOptions {
     NodeOptions nodes;
     bool reference_given = false;
     std::optional<std::uint64_t> seed;
+    std::vector<std::string> steps;  // --steps: a subset of the protocol's
     bool timings = false;
     bool in_process = false;
     std::optional<double> node_timeout_s, node_memory_gib;
@@ -105,6 +106,8 @@ void run_audit_command(const AuditOptions& opt) {
     const Protocol protocol =
         load_protocol(opt.protocol.empty() ? default_protocol_path(!opt.model.empty()) : opt.protocol);
     const Gate gate = parse_gate(opt.report.gate);
+    // Before the model is opened and any node created: a misspelt step costs nothing.
+    const std::vector<std::string> steps = select_steps(protocol, split_commas(opt.steps), "--steps");
     std::string model_path = opt.model;
     if (model_path.empty()) model_path = protocol.model.empty() ? default_model_path() : protocol.model_resolved;
     const auto t_open = std::chrono::steady_clock::now();
@@ -118,6 +121,7 @@ void run_audit_command(const AuditOptions& opt) {
     cfg.model = &model;
     cfg.gate = gate;
     cfg.seed = opt.seed;
+    cfg.only_steps = steps;
     // x_floor tolerances need their floor node measured in this run: added
     // when not listed, and then shown but not gated.
     bool floor_added = false;
@@ -222,6 +226,10 @@ void set_audit_command(CLI::App& app) {
     cmd->get_option("--reference")->description("Node every other node is compared with (default: the protocol's, cpu-ref)");
     cmd->get_option("--reference")->each([opt](const std::string&) { opt->reference_given = true; });
     cmd->add_option("--seed", opt->seed, "Override the protocol's seed (seeded op inputs); the report records it");
+    cmd->add_option("--steps", opt->steps,
+                    "Run and judge only these steps of the protocol, comma separated (e.g. invariance, or ops,drift); "
+                    "the verdicts then rest on their criteria alone and every report names the subset. Default: every "
+                    "step of the protocol");
     cmd->add_flag("--in-process", opt->in_process,
                   "Compute every node in this process (for debugging: a node that crashes then takes the audit down). "
                   "Default: each node in its own child process, so a crash, hang or runaway allocation is that node's "

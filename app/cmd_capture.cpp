@@ -24,21 +24,6 @@ namespace kvasir::app {
 
 namespace {
 
-std::vector<std::string> split_commas(const std::vector<std::string>& args) {
-    std::vector<std::string> out;
-    for (const std::string& a : args) {
-        std::size_t start = 0;
-        while (start <= a.size()) {
-            const std::size_t c = a.find(',', start);
-            const std::string piece = a.substr(start, c == std::string::npos ? std::string::npos : c - start);
-            if (!piece.empty()) out.push_back(piece);
-            if (c == std::string::npos) break;
-            start = c + 1;
-        }
-    }
-    return out;
-}
-
 struct CaptureOptions {
     std::string backend;
     std::string authority = "cpu-ref";

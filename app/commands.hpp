@@ -71,6 +71,8 @@ void end_progress();
 
 // The embedded default model: the qwen3_moe fixture made by transformers.
 std::string default_model_path();
+// "a,b" "c" → a, b, c: a list option's values split at commas, empty pieces dropped.
+std::vector<std::string> split_commas(const std::vector<std::string>& args);
 
 // The protocol audit and capture use when --protocol is not given. The
 // default audit (no --model either) is the trained fixture audited from text:

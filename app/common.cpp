@@ -248,4 +248,19 @@ void end_progress() {
     std::fflush(stderr);
 }
 
+std::vector<std::string> split_commas(const std::vector<std::string>& args) {
+    std::vector<std::string> out;
+    for (const std::string& a : args) {
+        std::size_t start = 0;
+        while (start <= a.size()) {
+            const std::size_t c = a.find(',', start);
+            const std::string piece = a.substr(start, c == std::string::npos ? std::string::npos : c - start);
+            if (!piece.empty()) out.push_back(piece);
+            if (c == std::string::npos) break;
+            start = c + 1;
+        }
+    }
+    return out;
+}
+
 }  // namespace kvasir::app

@@ -48,6 +48,46 @@ assert all(b["bit_identical"] for b in nodes["cpu"]["batch"]), nodes["cpu"]["bat
 PY
 check "backends --help lists the contrast variant" bash -c "'$bin' backends | grep -q 'cpu:split_k=shape'"
 
+# --steps: the invariance step alone (any step subset), in a process per node
+# and in this process: the same verdicts as the full audit gives on those
+# criteria, no other step run or judged, the subset named in every report.
+"$bin" audit -p $ci -b cpu-ref,cpu,cpu:split_k=shape --steps invariance -o "$tmp/only.json" \
+  --markdown "$tmp/only.md" >"$tmp/only.out"; rc=$?
+check "--steps invariance: the batch-variant node still fails → exit 1" test $rc -eq 1
+check "--steps invariance: the header names the subset" grep -qE "^kvasir-equiv audit +protocol ci v[0-9]+ \(sha256:[0-9a-f]+\) +steps invariance only" "$tmp/only.out"
+check "--steps invariance: the batch-variant node's verdict line as in the full audit" \
+  bash -c "diff <(grep -E '^cpu:split_k=shape ' '$tmp/inv.out') <(grep -E '^cpu:split_k=shape ' '$tmp/only.out')"
+check "--steps invariance: cpu fit on an invariance criterion" grep -qE "^cpu +fit +pass +invariance\." "$tmp/only.out"
+check "--steps invariance: no other step's table" bash -c "! grep -qE '^(Drift over depth|Step 6)' '$tmp/only.out'"
+check "--steps invariance: the Markdown report names the subset" grep -q "steps judged: invariance only" "$tmp/only.md"
+check "--steps invariance: the JSON names the subset, holds only that step, and no other criterion" python3 - "$tmp/only.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert doc["protocol"]["steps_judged"] == ["invariance"], doc["protocol"]
+assert set(doc["steps"]) == {"invariance", "isolation"}, list(doc["steps"])
+judged = [c["criterion"] for n in doc["nodes"] for tier in ("sensitive", "tolerant")
+          for c in n.get("criteria", {}).get(tier, [])]
+assert judged and all(c.startswith("invariance.") for c in judged), judged
+PY
+check "--steps report valid against protocols/report.schema.json" "$(python_with jsonschema)" scripts/validate_report.py "$tmp/only.json"
+"$bin" audit -p $ci -b cpu-ref,cpu,cpu:split_k=shape --steps invariance --in-process -o "$tmp/only_ip.json" >/dev/null; rc=$?
+check "--steps --in-process → exit 1 too" test $rc -eq 1
+check "--steps: in this process, the same step section and verdicts" python3 - "$tmp/only.json" "$tmp/only_ip.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:])
+assert a["steps"]["invariance"] == b["steps"]["invariance"]
+assert a["nodes"] == b["nodes"]
+assert b["protocol"]["steps_judged"] == ["invariance"]
+PY
+"$bin" audit -p $ci -b cpu-ref,cpu --steps drift,ops -o "$tmp/two.json" >/dev/null; rc=$?
+check "--steps drift,ops → exit 0" test $rc -eq 0
+check "--steps drift,ops: run and named in protocol order" python3 - "$tmp/two.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert doc["protocol"]["steps_judged"] == ["ops", "drift"], doc["protocol"]
+assert [s for s in doc["steps"] if s != "isolation"] == ["ops", "drift"], list(doc["steps"])
+PY
+
 # --timings: where the time went on stderr; the report itself is unchanged.
 # In this process (--in-process) the load phase is the audit's own; with a
 # process per node each child reads its weights inside its step seconds.
@@ -84,6 +124,7 @@ check "--json prints the report on stdout" python3 -c "import json,sys; d=json.l
 
 # Bad usage and bad protocols: exit 2, one line, naming the problem.
 expect_usage_error "--gate" audit -p $ci --gate maybe
+expect_usage_error "--steps: protocol 'ci' does not run step \"invarance\" (it runs: ops, drift, logits, decide, generate, perplexity, determinism, invariance)" audit -p $ci --steps invarance
 expect_usage_error "no-such.json" audit -p "$tmp/no-such.json"
 python3 - "$tmp" <<'PY'
 import copy, json, os, sys

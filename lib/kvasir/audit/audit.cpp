@@ -13,6 +13,7 @@
 #include "kvasir/steps/node_clock.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +22,33 @@
 #include <map>
 
 namespace kvasir {
+
+std::vector<std::string> select_steps(const Protocol& p, const std::vector<std::string>& asked, const char* option) {
+    std::vector<std::string> runs;
+    for (const std::string& s : protocol_step_names())
+        if (p.runs(s)) runs.push_back(s);
+    for (const std::string& s : asked)
+        KVASIR_CHECK(std::find(runs.begin(), runs.end(), s) != runs.end(), ErrorCode::bad_input,
+                     "{}: protocol '{}' does not run step {} (it runs: {})", option, p.id, nlohmann::json(s).dump(),
+                     fmt::join(runs, ", "));
+    std::vector<std::string> out;
+    for (const std::string& s : runs)
+        if (std::find(asked.begin(), asked.end(), s) != asked.end()) out.push_back(s);
+    return out;
+}
+
+bool step_selected(const std::vector<std::string>& steps, std::string_view step) {
+    return steps.empty() || std::find(steps.begin(), steps.end(), step) != steps.end();
+}
+
+Tolerances tolerances_of_steps(const Tolerances& tier, const std::vector<std::string>& steps) {
+    Tolerances out;
+    for (const auto& [name, t] : tier) {
+        const auto info = find_criterion(name);
+        if (info && step_selected(steps, info->step)) out.emplace(name, t);
+    }
+    return out;
+}
 
 namespace detail {
 
@@ -33,8 +61,9 @@ AuditPlan make_audit_plan(const AuditConfig& ac) {
     KVASIR_ASSERT(ac.protocol != nullptr && ac.model != nullptr);
     AuditPlan plan;
     plan.seed = ac.seed.value_or(ac.protocol->seed);
+    const std::vector<std::string> only = select_steps(*ac.protocol, ac.only_steps, "--steps");
     for (const Step* s : audit_steps())
-        if (s->plan(ac, plan)) plan.steps.push_back(s->name());
+        if (step_selected(only, s->name()) && s->plan(ac, plan)) plan.steps.push_back(s->name());
     // What each node's process holds at once: its own outputs and the
     // authority's beside it (two nodes), for the longest token stream.
     const std::pair<const char*, const StepCommon*> forward[] = {
@@ -186,6 +215,7 @@ AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>&
     run.step_order = plan.steps;
     AuditReport& out = run.report;
     out.protocol = protocol_ref(p);
+    out.protocol.steps_judged = select_steps(p, ac.only_steps, "--steps");
     out.model = audit_model_json(*ac.model);
     out.reference = nodes[reference]->capabilities().node;
     out.seed = plan.seed;
@@ -262,16 +292,13 @@ AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>&
         run.inputs.push_back(f);
     }
     mark_contrast(run.inputs, ac.contrast_nodes);
-    out.nodes = judge(run.inputs, p);
+    const Tolerances sens = tolerances_of_steps(p.sensitive, out.protocol.steps_judged),
+                     tol = tolerances_of_steps(p.tolerant, out.protocol.steps_judged);
+    out.nodes = judge(run.inputs, p, &sens, &tol);
     return run;
 }
 
 namespace {
-
-bool wants_step(const CompareConfig& c, const std::string& step) {
-    if (!c.protocol->runs(step)) return false;
-    return c.only_steps.empty() || std::find(c.only_steps.begin(), c.only_steps.end(), step) != c.only_steps.end();
-}
 
 }  // namespace
 
@@ -285,9 +312,7 @@ AuditRun compare_captures(const CompareConfig& cc, const std::vector<const Captu
         const auto& known = protocol_step_names();
         return std::find(known.begin(), known.end(), st) != known.end() && p.runs(st);
     };
-    for (const std::string& s : cc.only_steps)
-        KVASIR_CHECK(runs(s), ErrorCode::bad_input, "--only-steps: protocol '{}' does not run step {}", p.id,
-                     nlohmann::json(s).dump());
+    const std::vector<std::string> only = select_steps(p, cc.only_steps, "--only-steps");
     // They must be captures of the same thing.
     std::string fingerprint;
     std::map<std::string, std::string> names;
@@ -346,6 +371,7 @@ AuditRun compare_captures(const CompareConfig& cc, const std::vector<const Captu
     AuditRun run;
     AuditReport& out = run.report;
     out.protocol = protocol_ref(p);
+    out.protocol.steps_judged = only;
     out.model = nlohmann::ordered_json::object();
     out.model["fingerprint"] = fingerprint.empty() ? std::string("none (model-independent captures)") : fingerprint;
     out.model["source"] = "captures";
@@ -368,7 +394,7 @@ AuditRun compare_captures(const CompareConfig& cc, const std::vector<const Captu
     out.steps["captures"] = sources;
 
     for (const Step* s : audit_steps()) {
-        if (!wants_step(cc, s->name())) continue;
+        if (!p.runs(s->name()) || !step_selected(only, s->name())) continue;
         run.step_order.push_back(s->name());
         detail::compare_step(p, s->name(), recs, reference, led, out);
     }
@@ -380,12 +406,7 @@ AuditRun compare_captures(const CompareConfig& cc, const std::vector<const Captu
     }
     mark_contrast(run.inputs, cc.contrast_nodes);
     // Judge only the steps compared: the protocol's tolerances restricted to them.
-    Tolerances sens, tol;
-    for (const auto& [tier_out, tier_in] : {std::pair{&sens, &p.sensitive}, std::pair{&tol, &p.tolerant}})
-        for (const auto& [name, t] : *tier_in) {
-            const auto info = find_criterion(name);
-            if (info && wants_step(cc, info->step)) tier_out->emplace(name, t);
-        }
+    const Tolerances sens = tolerances_of_steps(p.sensitive, only), tol = tolerances_of_steps(p.tolerant, only);
     out.nodes = judge(run.inputs, p, &sens, &tol);
     return run;
 }

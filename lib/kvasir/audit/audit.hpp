@@ -65,6 +65,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kvasir {
@@ -103,6 +104,11 @@ struct AuditConfig {
     // ignores them) — the cpu:acc=f16 precision-mismatch node the default
     // run shows unless the user names it.
     std::vector<std::string> contrast_nodes;
+    // Steps to run and judge (a subset of the protocol's, any order; run in
+    // protocol order); empty: every step the protocol runs. The report names
+    // them (ProtocolRef::steps_judged); other steps' tolerances are not
+    // applied. Error(bad_input) for a step the protocol does not run.
+    std::vector<std::string> only_steps;
 };
 
 struct AuditRun {
@@ -117,6 +123,18 @@ struct AuditRun {
 // Runs the protocol's steps on `nodes` (nodes[reference] is the reference).
 // Error(bad_input) for a bad configuration (see the top of this file).
 AuditRun run_audit(const AuditConfig& config, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference);
+
+// The steps a run asked for (`option` names where: "--steps",
+// "--only-steps"), validated against the protocol and put in protocol
+// order; empty stays empty (every step). Error(bad_input) "<option>:
+// protocol '<id>' does not run step "<name>" (it runs: …)" for a name the
+// protocol does not run (unknown names included: they come from the user).
+std::vector<std::string> select_steps(const Protocol& protocol, const std::vector<std::string>& asked, const char* option);
+// `steps` empty: every step. Otherwise whether `step` is among them.
+bool step_selected(const std::vector<std::string>& steps, std::string_view step);
+// A tier's tolerances restricted to the criteria of `steps` (empty: all):
+// a subset run judges only what it measured.
+Tolerances tolerances_of_steps(const Tolerances& tier, const std::vector<std::string>& steps);
 
 class Capture;  // capture.hpp
 

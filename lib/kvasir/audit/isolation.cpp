@@ -6,6 +6,7 @@
 #include "kvasir/core/io.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -197,13 +198,14 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
         ++done;
         if (ac.progress) ac.progress({"node", done, n, specs[i], done, n});
         const std::string file = (dir.path / fmt::format("node{}.safetensors", i)).string();
-        const std::vector<std::string> argv{opt.executable, "capture",
-                                            "--backend",    specs[i],
-                                            "--authority",  specs[reference],
-                                            "--protocol",   opt.protocol_path,
-                                            "--model",      opt.model_path,
-                                            "--seed",       std::to_string(plan.seed),
-                                            "--output",     file};
+        std::vector<std::string> argv{opt.executable, "capture",
+                                      "--backend",    specs[i],
+                                      "--authority",  specs[reference],
+                                      "--protocol",   opt.protocol_path,
+                                      "--model",      opt.model_path,
+                                      "--seed",       std::to_string(plan.seed),
+                                      "--output",     file};
+        if (!ac.only_steps.empty()) argv.insert(argv.end(), {"--steps", fmt::format("{}", fmt::join(plan.steps, ","))});
         const std::string failure = (dir.path / fmt::format("node{}.failure", i)).string();
         outcomes[i] = run_child(argv, (dir.path / fmt::format("node{}.err", i)).string(), opt.node_timeout_s,
                                 opt.node_memory_gib, failure);
@@ -226,6 +228,7 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
     cc.protocol = ac.protocol;
     cc.gate = ac.gate;
     cc.contrast_nodes = ac.contrast_nodes;
+    cc.only_steps = ac.only_steps;
     for (std::size_t i = 0; i < specs.size(); ++i) {
         if (caps[i]) {
             if (i == reference) ref_index = ptrs.size();

@@ -49,6 +49,9 @@ struct ProtocolRef {
     std::int64_t version = 0;
     std::string content_hash;  // "sha256:<64 hex>"
     std::string path;          // the file it was read from
+    // The steps judged when a run asked for a subset (audit --steps, compare
+    // --only-steps), in protocol order; empty: every step the protocol runs.
+    std::vector<std::string> steps_judged;
 };
 ProtocolRef protocol_ref(const Protocol& p);
 

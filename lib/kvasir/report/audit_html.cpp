@@ -267,7 +267,11 @@ std::string header(const AuditReport& r, const HtmlStamp& stamp) {
         o += "<p class=\"warn\">No node was judged: nothing compared is never a pass.</p>\n";
     o += "<dl class=\"meta\">\n";
     model_rows(o, r.model);
-    meta_row(o, "protocol", fmt::format("<code>{}</code> v{} — <code>{}</code>", h(r.protocol.id), r.protocol.version, h(r.protocol.content_hash)));
+    meta_row(o, "protocol", fmt::format("<code>{}</code> v{} — <code>{}</code>{}", h(r.protocol.id), r.protocol.version,
+                                        h(r.protocol.content_hash),
+                                        r.protocol.steps_judged.empty()
+                                            ? std::string()
+                                            : fmt::format(" — steps judged: {} only", h(fmt::format("{}", fmt::join(r.protocol.steps_judged, ", "))))));
     if (!r.protocol.path.empty()) meta_row(o, "protocol file", "<code>" + h(r.protocol.path) + "</code>");
     meta_row(o, "reference", "<code>" + h(r.reference) + "</code>");
     meta_row(o, "seed", fmt::format("{}", r.seed));

@@ -36,6 +36,7 @@ nlohmann::ordered_json audit_report_json(const AuditReport& r) {
     proto["version"] = r.protocol.version;
     proto["content_hash"] = r.protocol.content_hash;
     proto["path"] = r.protocol.path;
+    if (!r.protocol.steps_judged.empty()) proto["steps_judged"] = r.protocol.steps_judged;
     j["protocol"] = proto;
     j["model"] = r.model;
     j["reference"] = r.reference;

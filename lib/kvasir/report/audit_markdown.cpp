@@ -39,8 +39,12 @@ std::string markdown_report(const AuditReport& r) {
     const bool from_captures = r.model.value("source", std::string()) == "captures";
     std::string out = from_captures ? "# kvasir-equiv compare\n\n" : "# kvasir-equiv audit\n\n";
     const int code = exit_code(r.nodes, r.gate);
-    out += fmt::format("Protocol `{}` v{} (`{}`), reference `{}`, seed {}, gate **{}** → exit code **{}**.\n\n", r.protocol.id,
-                       r.protocol.version, r.protocol.content_hash, r.reference, r.seed, to_string(r.gate), code);
+    out += fmt::format("Protocol `{}` v{} (`{}`){}, reference `{}`, seed {}, gate **{}** → exit code **{}**.\n\n", r.protocol.id,
+                       r.protocol.version, r.protocol.content_hash,
+                       r.protocol.steps_judged.empty()
+                           ? std::string()
+                           : fmt::format(", steps judged: {} only", fmt::join(r.protocol.steps_judged, ", ")),
+                       r.reference, r.seed, to_string(r.gate), code);
     if (r.model.is_object() && r.model.contains("fingerprint"))
         out += fmt::format("Model fingerprint `{}`{}.\n\n", scalar_text(r.model["fingerprint"]),
                            r.model.contains("path") ? fmt::format(" (`{}`)", scalar_text(r.model["path"])) : "");

@@ -163,8 +163,11 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
     std::string out;
     const bool from_captures = r.model.value("source", std::string()) == "captures";
     out += st.bold(from_captures ? "kvasir-equiv compare" : "kvasir-equiv audit") +
-           fmt::format("  protocol {} v{} ({})  seed {}\n", r.protocol.id, r.protocol.version,
-                       r.protocol.content_hash.substr(0, 19), r.seed);
+           fmt::format("  protocol {} v{} ({}){}  seed {}\n", r.protocol.id, r.protocol.version,
+                       r.protocol.content_hash.substr(0, 19),
+                       r.protocol.steps_judged.empty() ? std::string()
+                                                       : fmt::format("  steps {} only", fmt::join(r.protocol.steps_judged, ",")),
+                       r.seed);
     std::string model = r.model.value("path", std::string());
     if (model.empty()) model = "fingerprint " + r.model.value("fingerprint", std::string("?"));
     if (r.model.contains("architecture")) model += " (" + r.model["architecture"].get<std::string>() + ")";
