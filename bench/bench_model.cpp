@@ -15,7 +15,8 @@
 // f32 per layer) is added too. That is the figure to hold against the
 // machine's memory bandwidth.
 //
-//   bench_model MODEL.gguf [--node cpu:threads=2] [--prompt 512] [--gen 128] [--reps 1]
+//   bench_model MODEL [--node cpu:threads=2] [--prompt 512] [--gen 128] [--reps 1]
+// MODEL: a GGUF or safetensors checkpoint whose tensors share one dtype (F32, BF16 or F16).
 // Prints one line per repetition: node, pp tokens/s, tg tokens/s, tg GB/s.
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/model/model.hpp"
@@ -38,10 +39,10 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Bytes one decode step reads from the weights, at the file's dtype.
-double decode_weight_bytes(const Model& model) {
+// Bytes one decode step reads from the weights, at the file's dtype (`w`
+// bytes per weight: the caller checks the file holds one dtype).
+double decode_weight_bytes(const Model& model, double w) {
     const ModelConfig& c = model.config();
-    const double w = 4.0;  // F32 file: checked by the caller through the tensor table
     const double h = static_cast<double>(c.hidden_size);
     double per_layer = (static_cast<double>(c.q_dim()) * h * 2 + static_cast<double>(c.kv_dim()) * h * 2) * w  // q, o, k, v
                        + (2 * h + 2 * static_cast<double>(c.head_dim)) * w                                     // norms
@@ -72,10 +73,12 @@ int main(int argc, char** argv) {
     if (prompt < 1 || gen < 0 || reps < 1) return usage();
     try {
         const Model model = Model::open(path);
+        // One weight dtype (F32, BF16 or F16) for the GB/s figure.
+        const std::string dtype = model.tensor_table().empty() ? "F32" : model.tensor_table().front().dtype;
         for (const ModelTensorEntry& t : model.tensor_table())
-            if (t.dtype != "F32") {
-                std::fprintf(stderr, "bench_model: %s is %s; the GB/s figure assumes an all-F32 file\n", t.name.c_str(),
-                             t.dtype.c_str());
+            if (t.dtype != dtype || (dtype != "F32" && dtype != "BF16" && dtype != "F16")) {
+                std::fprintf(stderr, "bench_model: %s is %s, %s is %s; the GB/s figure needs one dtype (F32, BF16 or F16)\n",
+                             t.name.c_str(), t.dtype.c_str(), model.tensor_table().front().name.c_str(), dtype.c_str());
                 return 2;
             }
         for (std::int64_t l = 0; l < model.config().num_layers; ++l) model.load_layer(l);
@@ -85,7 +88,7 @@ int main(int argc, char** argv) {
         std::vector<std::int32_t> ids(static_cast<std::size_t>(prompt + gen));
         for (std::size_t i = 0; i < ids.size(); ++i)
             ids[i] = static_cast<std::int32_t>(3 + (i * 7919 + 17) % static_cast<std::size_t>(c.vocab_size - 3));
-        const double weight_bytes = decode_weight_bytes(model);
+        const double weight_bytes = decode_weight_bytes(model, dtype == "F32" ? 4.0 : 2.0);
         std::printf("# %s: %lld layers, hidden %lld, %lld experts (top %lld), decode reads %.3f GB of weights/token\n",
                     path.c_str(), static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size),
                     static_cast<long long>(c.num_experts()), static_cast<long long>(c.router.top_k), weight_bytes / 1e9);

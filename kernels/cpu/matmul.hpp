@@ -67,14 +67,23 @@ void matmul_avx2(const float* x, const void* w, WeightFormat format, WeightRound
 // 8·G row streams through register transposes. Same arithmetic as
 // matmul_avx2's GEMV (each output's K blocks of 64 as FMA chains from +0,
 // block sums added in order, x and y rounded with io_rounding): the same
-// bits. gemv_packed_floats: the packed size in floats.
+// bits. The panels hold R(w) in the narrowest format that holds every value
+// exactly (gemv_panel_format): a bf16 checkpoint's weights stay bf16 (on an
+// f32 or bf16 node), f16 ones f16, and a storage=f16|bf16 node's rounded
+// weights take 2 bytes; the GEMV widens them exactly, so the format changes
+// the bytes streamed, never a bit. gemv_packed_bytes: the packed size.
 constexpr std::int64_t kGemvPackRows = 32;
 constexpr std::int64_t kGemvPackMaxRows = 3;
-std::int64_t gemv_packed_floats(std::int64_t n_count, std::int64_t k_count);
+WeightFormat gemv_panel_format(WeightFormat format, WeightRounding rounding);
+std::int64_t gemv_packed_bytes(std::int64_t n_count, std::int64_t k_count, WeightFormat panel);
+// Writes gemv_packed_bytes(n, k, gemv_panel_format(format, rounding)) bytes,
+// the row groups shared among `threads` (each group written by one thread,
+// in write order: the packing is a first touch of fresh memory).
 void pack_gemv_avx2(const void* w, WeightFormat format, WeightRounding rounding, std::int64_t n_count, std::int64_t k_count,
-                    float* packed);
-void gemv_packed_avx2(const float* x, const float* packed, float* y, std::int64_t t_count, std::int64_t n_count,
-                      std::int64_t k_count, int threads, WeightRounding io_rounding = WeightRounding::none);
+                    void* packed, int threads = 1);
+void gemv_packed_avx2(const float* x, const void* packed, WeightFormat panel, float* y, std::int64_t t_count,
+                      std::int64_t n_count, std::int64_t k_count, int threads,
+                      WeightRounding io_rounding = WeightRounding::none);
 
 // Several packed GEMVs in ONE parallel region (a decode step's MoE experts:
 // every chosen expert's gate and up projections, then every down
@@ -84,10 +93,11 @@ void gemv_packed_avx2(const float* x, const float* packed, float* y, std::int64_
 // the thread or on the other jobs). x is read as given: a node that rounds
 // its activations rounds each job's x first.
 struct PackedGemvJob {
-    const float* x = nullptr;       // [t_count, k_count]
-    const float* packed = nullptr;  // pack_gemv_avx2 of the [n_count, k_count] weight
-    float* y = nullptr;             // [t_count, n_count]
+    const float* x = nullptr;      // [t_count, k_count]
+    const void* packed = nullptr;  // pack_gemv_avx2 of the [n_count, k_count] weight
+    float* y = nullptr;            // [t_count, n_count]
     std::int64_t t_count = 0, n_count = 0, k_count = 0;  // t_count ≤ kGemvPackMaxRows
+    WeightFormat panel = WeightFormat::f32;               // the panels' format (gemv_panel_format)
 };
 void gemv_packed_batch_avx2(std::span<const PackedGemvJob> jobs, int threads,
                             WeightRounding io_rounding = WeightRounding::none);

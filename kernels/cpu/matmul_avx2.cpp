@@ -574,9 +574,24 @@ namespace {
 
 constexpr i64 kPV = kGemvPackRows / 8;  // ymm per packed row group
 
-// One group of the packed GEMV: TT rows of x against kGemvPackRows outputs.
-template <int TT>
-void gemv_packed_group(const float* x, const float* pg, float* y, i64 n0, i64 valid, i64 n_count, i64 k_count) {
+// 8 panel weights widened to f32 (exactly: f16 by F16C, bf16 by a shift).
+template <WeightFormat P>
+inline __m256 load_panel8(const void* p, i64 i) {
+    if constexpr (P == WeightFormat::f32) {
+        return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+    } else {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(p) + i));
+        if constexpr (P == WeightFormat::f16) return _mm256_cvtph_ps(h);
+        else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+}
+
+constexpr i64 panel_bytes(WeightFormat p) { return p == WeightFormat::f32 ? 4 : 2; }
+
+// One group of the packed GEMV: TT rows of x against kGemvPackRows outputs,
+// the group's panels `pg` in format P.
+template <int TT, WeightFormat P>
+void gemv_packed_group(const float* x, const void* pg, float* y, i64 n0, i64 valid, i64 n_count, i64 k_count) {
     __m256 acc[TT][kPV];
     alignas(32) float tile[TT][kGemvPackRows];  // the group's running y (block sums added in order)
     const auto flush = [&](bool first) {
@@ -589,15 +604,20 @@ void gemv_packed_group(const float* x, const float* pg, float* y, i64 n0, i64 va
     };
     for (int t = 0; t < TT; ++t)
         for (int v = 0; v < kPV; ++v) acc[t][v] = _mm256_setzero_ps();
+    const char* base = static_cast<const char*>(pg);
     for (i64 k = 0; k < k_count; ++k) {
         if (k > 0 && k % kSumBlock == 0) flush(k == kSumBlock);
-        const float* wk = pg + k * kGemvPackRows;
-        _mm_prefetch(reinterpret_cast<const char*>(wk + 32 * kGemvPackRows), _MM_HINT_T0);  // 4 KB ahead (8–64 swept: 32 best, BENCHMARKS.md)
+        const char* wk = base + k * kGemvPackRows * panel_bytes(P);
+        // 32 k-steps ahead: 4 KB of f32 panels (8–64 swept: 32 best, BENCHMARKS.md), 2 KB of 2-byte ones.
+        _mm_prefetch(wk + 32 * kGemvPackRows * panel_bytes(P), _MM_HINT_T0);
+        __m256 wv[kPV];
+#pragma GCC unroll 4
+        for (int v = 0; v < kPV; ++v) wv[v] = load_panel8<P>(wk, 8 * v);
 #pragma GCC unroll 4
         for (int t = 0; t < TT; ++t) {
             const __m256 xb = _mm256_broadcast_ss(x + t * k_count + k);
 #pragma GCC unroll 4
-            for (int v = 0; v < kPV; ++v) acc[t][v] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(wk + 8 * v), acc[t][v]);
+            for (int v = 0; v < kPV; ++v) acc[t][v] = _mm256_fmadd_ps(xb, wv[v], acc[t][v]);
         }
     }
     flush(k_count <= kSumBlock);
@@ -606,32 +626,83 @@ void gemv_packed_group(const float* x, const float* pg, float* y, i64 n0, i64 va
 
 }  // namespace
 
-std::int64_t gemv_packed_floats(std::int64_t n_count, std::int64_t k_count) {
-    return (n_count + kGemvPackRows - 1) / kGemvPackRows * kGemvPackRows * k_count;
+WeightFormat gemv_panel_format(WeightFormat format, WeightRounding rounding) {
+    switch (effective_rounding(format, rounding)) {
+        case WeightRounding::f16: return WeightFormat::f16;   // R(w) is a half value
+        case WeightRounding::bf16: return WeightFormat::bf16; // R(w) is a bf16 value
+        case WeightRounding::none: break;
+    }
+    return format;  // w as stored
 }
 
+std::int64_t gemv_packed_bytes(std::int64_t n_count, std::int64_t k_count, WeightFormat panel) {
+    return (n_count + kGemvPackRows - 1) / kGemvPackRows * kGemvPackRows * k_count * panel_bytes(panel);
+}
+
+namespace {
+
+// 8 values that format P holds exactly, stored in P at dst (8 elements).
+template <WeightFormat P>
+inline void store_panel8(void* dst, __m256 c) {
+    if constexpr (P == WeightFormat::f32) {
+        _mm256_storeu_ps(static_cast<float*>(dst), c);
+    } else if constexpr (P == WeightFormat::f16) {
+        _mm_storeu_si128(static_cast<__m128i*>(dst), _mm256_cvtps_ph(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {  // the upper halves: the value is a bf16 value, the lower half is zero
+        const __m256i u = _mm256_srli_epi32(_mm256_castps_si256(c), 16);
+        _mm_storeu_si128(static_cast<__m128i*>(dst),
+                         _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)));
+    }
+}
+template <WeightFormat P>
+inline void store_panel1(void* dst, float v) {
+    if constexpr (P == WeightFormat::f32) {
+        *static_cast<float*>(dst) = v;
+    } else if constexpr (P == WeightFormat::f16) {
+        const __m128i h = _mm_cvtps_ph(_mm_set_ss(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        *static_cast<std::uint16_t*>(dst) = static_cast<std::uint16_t>(_mm_extract_epi16(h, 0));
+    } else {
+        std::uint32_t u;
+        std::memcpy(&u, &v, 4);
+        *static_cast<std::uint16_t*>(dst) = static_cast<std::uint16_t>(u >> 16);
+    }
+}
+
+}  // namespace
+
 void pack_gemv_avx2(const void* w, WeightFormat format, WeightRounding rounding, std::int64_t n_count, std::int64_t k_count,
-                    float* packed) {
+                    void* packed, int threads) {
+    const WeightFormat panel = gemv_panel_format(format, rounding);
     rounding = effective_rounding(format, rounding);
     const auto run_one = [&](auto f, auto r) {
         constexpr WeightFormat F = decltype(f)::value;
         constexpr WeightRounding R = decltype(r)::value;
-        const i64 groups = (n_count + kGemvPackRows - 1) / kGemvPackRows;
-        for (i64 g = 0; g < groups; ++g) {
-            float* pg = packed + g * k_count * kGemvPackRows;
-            for (i64 r8 = 0; r8 < kGemvPackRows; r8 += 8) {
-                const i64 row = g * kGemvPackRows + r8;
-                i64 k = 0;
-                if (row + 8 <= n_count)
-                    for (; k + 8 <= k_count; k += 8) {
-                        __m256 c[8];
-                        load_transposed8<F, R>(w, row, k_count, k, c);  // c[j] = w[row … row+7, k+j]
-                        for (int j = 0; j < 8; ++j) _mm256_storeu_ps(pg + (k + j) * kGemvPackRows + r8, c[j]);
-                    }
-                for (; k < k_count; ++k)
-                    for (i64 i = 0; i < 8; ++i)
-                        pg[k * kGemvPackRows + r8 + i] = row + i < n_count ? load1<F, R>(w, (row + i) * k_count + k) : 0.0f;
-            }
+        const auto with_panel = [&](auto pf) {
+            constexpr WeightFormat P = decltype(pf)::value;
+            char* out = static_cast<char*>(packed);
+            const auto at = [&](i64 g, i64 k, i64 i) { return out + ((g * k_count + k) * kGemvPackRows + i) * panel_bytes(P); };
+            const i64 groups = (n_count + kGemvPackRows - 1) / kGemvPackRows;
+            const int team = n_count * k_count < (i64{1} << 16) ? 1 : std::max(threads, 1);
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
+            for (i64 g = 0; g < groups; ++g)
+                for (i64 r8 = 0; r8 < kGemvPackRows; r8 += 8) {
+                    const i64 row = g * kGemvPackRows + r8;
+                    i64 k = 0;
+                    if (row + 8 <= n_count)
+                        for (; k + 8 <= k_count; k += 8) {
+                            __m256 c[8];
+                            load_transposed8<F, R>(w, row, k_count, k, c);  // c[j] = w[row … row+7, k+j]
+                            for (int j = 0; j < 8; ++j) store_panel8<P>(at(g, k + j, r8), c[j]);
+                        }
+                    for (; k < k_count; ++k)
+                        for (i64 i = 0; i < 8; ++i)
+                            store_panel1<P>(at(g, k, r8 + i), row + i < n_count ? load1<F, R>(w, (row + i) * k_count + k) : 0.0f);
+                }
+        };
+        switch (panel) {
+            case WeightFormat::f32: with_panel(std::integral_constant<WeightFormat, WeightFormat::f32>{}); break;
+            case WeightFormat::f16: with_panel(std::integral_constant<WeightFormat, WeightFormat::f16>{}); break;
+            case WeightFormat::bf16: with_panel(std::integral_constant<WeightFormat, WeightFormat::bf16>{}); break;
         }
     };
     using FC = std::integral_constant<WeightFormat, WeightFormat::f32>;
@@ -678,20 +749,28 @@ void gemv_packed_batch_avx2(std::span<const PackedGemvJob> jobs, int threads, We
         const PackedGemvJob& job = jobs[work[static_cast<std::size_t>(i)].first];
         const i64 g = work[static_cast<std::size_t>(i)].second;
         const i64 n0 = g * kGemvPackRows, valid = std::min(kGemvPackRows, job.n_count - n0);
-        const float* pg = job.packed + g * job.k_count * kGemvPackRows;
-        switch (job.t_count) {
-            case 1: gemv_packed_group<1>(job.x, pg, job.y, n0, valid, job.n_count, job.k_count); break;
-            case 2: gemv_packed_group<2>(job.x, pg, job.y, n0, valid, job.n_count, job.k_count); break;
-            default: gemv_packed_group<3>(job.x, pg, job.y, n0, valid, job.n_count, job.k_count); break;
+        const void* pg = static_cast<const char*>(job.packed) + g * job.k_count * kGemvPackRows * panel_bytes(job.panel);
+        const auto rows = [&](auto pf) {
+            constexpr WeightFormat P = decltype(pf)::value;
+            switch (job.t_count) {
+                case 1: gemv_packed_group<1, P>(job.x, pg, job.y, n0, valid, job.n_count, job.k_count); break;
+                case 2: gemv_packed_group<2, P>(job.x, pg, job.y, n0, valid, job.n_count, job.k_count); break;
+                default: gemv_packed_group<3, P>(job.x, pg, job.y, n0, valid, job.n_count, job.k_count); break;
+            }
+        };
+        switch (job.panel) {
+            case WeightFormat::f32: rows(std::integral_constant<WeightFormat, WeightFormat::f32>{}); break;
+            case WeightFormat::f16: rows(std::integral_constant<WeightFormat, WeightFormat::f16>{}); break;
+            case WeightFormat::bf16: rows(std::integral_constant<WeightFormat, WeightFormat::bf16>{}); break;
         }
         for (i64 t = 0; t < job.t_count; ++t) round_run(io_rounding, job.y + t * job.n_count + n0, valid);
     }
 }
 
-void gemv_packed_avx2(const float* x, const float* packed, float* y, std::int64_t t_count, std::int64_t n_count,
-                      std::int64_t k_count, int threads, WeightRounding io_rounding) {
+void gemv_packed_avx2(const float* x, const void* packed, WeightFormat panel, float* y, std::int64_t t_count,
+                      std::int64_t n_count, std::int64_t k_count, int threads, WeightRounding io_rounding) {
     if (t_count > 0 && k_count > 0) x = gemv_x(x, io_rounding, t_count, k_count);
-    const PackedGemvJob job{x, packed, y, t_count, n_count, k_count};
+    const PackedGemvJob job{x, packed, y, t_count, n_count, k_count, panel};
     gemv_packed_batch_avx2(std::span<const PackedGemvJob>(&job, 1), threads, io_rounding);
 }
 

@@ -292,7 +292,10 @@ TEST(CpuPacked, ATokenGivesTheSameBitsAloneAsInABatch) {
 // The decode GEMV on weights packed once (kernels::pack_gemv_avx2 +
 // gemv_packed_avx2) gives the GEMV's bits: T = 1 … 3, N and K around the group
 // (32), the vector width (8) and the summation block (64), f32/f16/bf16
-// weights, every rounding, 1 and 2 threads.
+// weights, every rounding, 1 and 2 threads — with the panels in the
+// narrowest exact format: 2 bytes a weight unless f32 weights meet no
+// rounding, and exactly the bytes gemv_packed_bytes names (a sentinel past
+// them stays untouched).
 TEST(CpuPacked, DecodeGemvOnPackedWeightsGivesTheGemvsBits) {
     if (!kernels::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
     for (const auto& [N, K] : std::vector<std::pair<std::int64_t, std::int64_t>>{
@@ -306,9 +309,20 @@ TEST(CpuPacked, DecodeGemvOnPackedWeightsGivesTheGemvsBits) {
                     for (int threads : {1, 2}) {
                         std::vector<float> want(static_cast<std::size_t>(T * N)), got(want.size(), NAN);
                         kernels::matmul_avx2(x.as<float>(), wn.raw(), kernels::weight_format_of(wd), r, want.data(), T, N, K, threads, r);
-                        std::vector<float> packed(static_cast<std::size_t>(kernels::gemv_packed_floats(N, K)), NAN);
-                        kernels::pack_gemv_avx2(wn.raw(), kernels::weight_format_of(wd), r, N, K, packed.data());
-                        kernels::gemv_packed_avx2(x.as<float>(), packed.data(), got.data(), T, N, K, threads, r);
+                        const kernels::WeightFormat panel = kernels::gemv_panel_format(kernels::weight_format_of(wd), r);
+                        const kernels::WeightFormat expected =
+                            r == kernels::WeightRounding::f16    ? kernels::WeightFormat::f16
+                            : r == kernels::WeightRounding::bf16 ? kernels::WeightFormat::bf16
+                                                                 : kernels::weight_format_of(wd);
+                        ASSERT_EQ(panel, expected) << dtype_name(wd) << " rounding " << static_cast<int>(r);
+                        const auto bytes = static_cast<std::size_t>(kernels::gemv_packed_bytes(N, K, panel));
+                        ASSERT_EQ(bytes, static_cast<std::size_t>((N + 31) / 32 * 32 * K * (panel == kernels::WeightFormat::f32 ? 4 : 2)));
+                        std::vector<unsigned char> packed(bytes + 64, 0xA5);
+                        kernels::pack_gemv_avx2(wn.raw(), kernels::weight_format_of(wd), r, N, K, packed.data(), threads);
+                        ASSERT_TRUE(std::all_of(packed.begin() + static_cast<std::ptrdiff_t>(bytes), packed.end(),
+                                                [](unsigned char c) { return c == 0xA5; }))
+                            << "pack_gemv_avx2 wrote past gemv_packed_bytes";
+                        kernels::gemv_packed_avx2(x.as<float>(), packed.data(), panel, got.data(), T, N, K, threads, r);
                         ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
                             << "T " << T << " N " << N << " K " << K << " " << dtype_name(wd) << " rounding " << static_cast<int>(r)
                             << " threads " << threads;
@@ -323,25 +337,32 @@ TEST(CpuPacked, BatchedGemvsGiveEachGemvsBits) {
     // the GEMV run alone, for 1 and 2 threads and every rounding.
     if (!kernels::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
     struct Shape3 { std::int64_t t, n, k; };
+    // Weights f32, bf16 and f16 (panels of 4 and 2 bytes side by side in one region).
     const std::vector<Shape3> shapes{{1, 256, 1024}, {2, 70, 600}, {3, 33, 65}, {1, 1, 1}, {1, 1024, 256}};
-    std::vector<Tensor> xs, packs;
+    const std::vector<DType> wdt{DType::f32, DType::bf16, DType::f16, DType::f32, DType::bf16};
+    std::vector<Tensor> xs, ws;
     for (std::size_t i = 0; i < shapes.size(); ++i) {
         const auto [t, n, k] = shapes[i];
         xs.push_back(seeded_normal(71, "pb/x" + std::to_string(i), {t, k}, 0, 1));
-        const Tensor w = seeded_normal(71, "pb/w" + std::to_string(i), {n, k}, 0, 0.05);
-        packs.emplace_back(DType::f32, Shape{kernels::gemv_packed_floats(n, k)});
-        kernels::pack_gemv_avx2(w.raw(), kernels::WeightFormat::f32, kernels::WeightRounding::none, n, k,
-                                packs.back().as<float>());
+        ws.push_back(Tensor::convert(seeded_normal(71, "pb/w" + std::to_string(i), {n, k}, 0, 0.05), wdt[i]));
     }
     for (auto r : {kernels::WeightRounding::none, kernels::WeightRounding::bf16})
         for (int threads : {1, 2}) {
+            std::vector<std::vector<unsigned char>> packs;
+            std::vector<kernels::WeightFormat> panels;
+            for (std::size_t i = 0; i < shapes.size(); ++i) {
+                const auto [t, n, k] = shapes[i];
+                panels.push_back(kernels::gemv_panel_format(kernels::weight_format_of(wdt[i]), r));
+                packs.emplace_back(static_cast<std::size_t>(kernels::gemv_packed_bytes(n, k, panels.back())));
+                kernels::pack_gemv_avx2(ws[i].raw(), kernels::weight_format_of(wdt[i]), r, n, k, packs.back().data());
+            }
             std::vector<Tensor> alone, together;
             std::vector<Tensor> xr;  // x rounded as gemv_packed_avx2 rounds it itself
             std::vector<kernels::PackedGemvJob> jobs;
             for (std::size_t i = 0; i < shapes.size(); ++i) {
                 const auto [t, n, k] = shapes[i];
                 alone.emplace_back(DType::f32, Shape{t, n});
-                kernels::gemv_packed_avx2(xs[i].as<float>(), packs[i].as<float>(), alone.back().as<float>(), t, n, k,
+                kernels::gemv_packed_avx2(xs[i].as<float>(), packs[i].data(), panels[i], alone.back().as<float>(), t, n, k,
                                           threads, r);
                 xr.emplace_back(DType::f32, Shape{t, k});
                 kernels::convert_avx2(xs[i].as<float>(), kernels::WeightFormat::f32, r, xr.back().as<float>(), t * k);
@@ -349,8 +370,8 @@ TEST(CpuPacked, BatchedGemvsGiveEachGemvsBits) {
                 std::fill(together.back().as<float>(), together.back().as<float>() + t * n, NAN);
             }
             for (std::size_t i = 0; i < shapes.size(); ++i)
-                jobs.push_back({xr[i].as<float>(), packs[i].as<float>(), together[i].as<float>(), shapes[i].t, shapes[i].n,
-                                shapes[i].k});
+                jobs.push_back({xr[i].as<float>(), packs[i].data(), together[i].as<float>(), shapes[i].t, shapes[i].n,
+                                shapes[i].k, panels[i]});
             kernels::gemv_packed_batch_avx2(jobs, threads, r);
             for (std::size_t i = 0; i < shapes.size(); ++i)
                 ASSERT_EQ(std::memcmp(alone[i].raw(), together[i].raw(), alone[i].nbytes()), 0)
@@ -363,28 +384,34 @@ TEST(CpuPacked, BatchedExpertsGiveTheDefaultsBits) {
     // in two parallel regions (CpuBackend::expert_ffns); the same node with
     // weight_cache=0 runs Backend's default, one expert after another through
     // matmul and swiglu. The MoE block must be the same bits, for T = 1 … 3,
-    // with one expert chosen twice across tokens, on f32 and bf16 storage
-    // and 1 or 2 threads; and the packed path must have run (the cache's
-    // counters).
+    // with one expert chosen twice across tokens, f32, bf16 and f16 weights
+    // (panels of 4 and 2 bytes) on f32, bf16 and f16 storage and 1 or 2
+    // threads; and the packed path must have run (the cache's counters).
     if (!kernels::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
     const std::int64_t E = 6, H = 96, I = 40, k = 3;
-    std::vector<float> weights;  // one block registered as immutable, as a checkpoint's mapping
+    for (const DType wd : {DType::f32, DType::bf16, DType::f16}) {
+    std::vector<std::byte> weights;  // one block registered as immutable, as a checkpoint's mapping
     for (const char* part : {"gate", "up", "down"})
         for (std::int64_t e = 0; e < E; ++e) {
-            const Tensor w = seeded_normal(73, std::string("bx/") + part + std::to_string(e), {I * H}, 0, 0.1);
-            weights.insert(weights.end(), w.as<float>(), w.as<float>() + I * H);
+            const Tensor w = Tensor::convert(seeded_normal(73, std::string("bx/") + part + std::to_string(e), {I * H}, 0, 0.1), wd);
+            weights.insert(weights.end(), static_cast<const std::byte*>(w.raw()), static_cast<const std::byte*>(w.raw()) + w.nbytes());
         }
-    const ImmutableRegistration reg(weights.data(), weights.size() * sizeof(float));
+    const ImmutableRegistration reg(weights.data(), weights.size());
     std::vector<ExpertWeights> experts;
+    const std::size_t matrix = static_cast<std::size_t>(I * H) * dtype_size(wd);
     for (std::int64_t e = 0; e < E; ++e) {
-        const float* g = weights.data() + e * I * H;
-        experts.push_back({TensorView{DType::f32, g, {I, H}}, TensorView{DType::f32, g + E * I * H, {I, H}},
-                           TensorView{DType::f32, g + 2 * E * I * H, {H, I}}});
+        const std::byte* g = weights.data() + static_cast<std::size_t>(e) * matrix;
+        experts.push_back({TensorView{wd, g, {I, H}}, TensorView{wd, g + static_cast<std::size_t>(E) * matrix, {I, H}},
+                           TensorView{wd, g + 2 * static_cast<std::size_t>(E) * matrix, {H, I}}});
     }
-    for (const char* spec : {"cpu", "cpu:threads=1", "cpu:storage=bf16"}) {
+    for (const char* spec : {"cpu", "cpu:threads=1", "cpu:storage=bf16", "cpu:storage=f16"}) {
         auto batched = create_backend(spec);
         auto plain = create_backend(std::string(spec) + (std::string(spec) == "cpu" ? ":" : ",") + "weight_cache=0");
         std::uint64_t expert_matmuls = 0;
+        // f16/bf16 weights are packed from their 8th decode matmul on (before,
+        // the GEMV reads them in place): ten rounds use every expert more often.
+        const int rounds = wd == DType::f32 ? 1 : 10;
+        for (int round = 0; round < rounds; ++round)
         for (std::int64_t T = 1; T <= kernels::kGemvPackMaxRows; ++T) {
             const Tensor x = seeded_normal(73, "bx/x" + std::to_string(T), {T, H}, 0, 1);
             RoutingPlan plan{Tensor(DType::i32, {T, k}), seeded_normal(73, "bx/w" + std::to_string(T), {T, k}, 0.3, 0.1)};
@@ -396,13 +423,21 @@ TEST(CpuPacked, BatchedExpertsGiveTheDefaultsBits) {
                     used[static_cast<std::size_t>(e)] = true;
                 }
             const Tensor a = batched->moe_block(x, experts, plan), b = plain->moe_block(x, experts, plan);
-            ASSERT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << spec << " T " << T;
+            ASSERT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << spec << " T " << T << " weights " << dtype_name(wd);
             expert_matmuls += 3 * static_cast<std::uint64_t>(std::count(used.begin(), used.end(), true));
         }
         const WeightCacheStats s = *batched->weight_cache_stats();
-        EXPECT_EQ(s.misses, 3u * E) << spec;  // every expert packed once …
-        EXPECT_EQ(s.hits + s.misses, expert_matmuls) << spec;  // … and every expert matmul ran packed
+        EXPECT_EQ(s.misses, 3u * E) << spec << " " << dtype_name(wd);  // every expert packed once …
+        if (wd == DType::f32)
+            EXPECT_EQ(s.hits + s.misses, expert_matmuls) << spec;  // … and every expert matmul ran packed
+        else
+            EXPECT_GT(s.hits, 3u * E) << spec << " " << dtype_name(wd);  // … and the packed copies ran
+        // … in the narrowest exact format: 2 bytes a weight unless f32 weights meet f32 storage.
+        const std::uint64_t per = wd == DType::f32 && std::string(spec).find("storage") == std::string::npos ? 4 : 2;
+        // Gate and up: 40 rows padded to 2 groups of 32, K = 96; down: 96 rows, K = 40.
+        EXPECT_EQ(s.bytes_uploaded, static_cast<std::uint64_t>(E) * (2 * 64 * 96 + 96 * 40) * per) << spec << " " << dtype_name(wd);
         EXPECT_EQ(plain->weight_cache_stats()->misses, 0u) << spec;
+    }
     }
 }
 

@@ -264,6 +264,40 @@ TEST(WeightCache, OptionIsWholeMiB) {
 // memory (never cached: uncacheable is not even counted, nothing is packed);
 // each storage variant keys its own copy (its rounding is packed in);
 // weight_cache=0 packs nothing; a GEMM (T > 3) never touches the cache.
+// An f16/bf16 checkpoint weight is multiplied in place until its 8th decode
+// matmul, then packed (2 bytes a weight, a miss) and multiplied from its
+// packed copy (hits): the same bits every time; a GEMM (T > 3) does not
+// count as a use; weight_cache=0 never packs.
+TEST(WeightCache, CpuPacksANarrowWeightFromItsEighthDecodeMatmul) {
+    const std::int64_t N = 70, K = 600;
+    for (const DType wd : {DType::bf16, DType::f16}) {
+        Tensor w(DType::f32, {N, K});
+        for (std::int64_t i = 0; i < w.numel(); ++i) w.as<float>()[i] = std::sin(static_cast<float>(i)) * 0.05f;
+        const Tensor wn = Tensor::convert(w.view(), wd);
+        const ImmutableRegistration reg(wn.raw(), wn.nbytes());
+        Tensor x(DType::f32, {1, K}), x5(DType::f32, {5, K});
+        for (std::int64_t i = 0; i < K; ++i) x.as<float>()[i] = std::cos(static_cast<float>(i) * 0.37f);
+        for (std::int64_t i = 0; i < x5.numel(); ++i) x5.as<float>()[i] = std::cos(static_cast<float>(i) * 0.11f);
+        for (const char* spec : {"cpu", "cpu:storage=f16", "cpu:storage=bf16"}) {
+            auto node = create_backend(spec);
+            const Tensor first = node->matmul(x, wn.view());
+            (void)node->matmul(x5, wn.view());  // a GEMM: not a decode use
+            for (int use = 2; use <= 10; ++use) {
+                const Tensor y = node->matmul(x, wn.view());
+                ASSERT_EQ(std::memcmp(first.raw(), y.raw(), y.nbytes()), 0) << spec << " use " << use;
+                const WeightCacheStats s = *node->weight_cache_stats();
+                EXPECT_EQ(s.misses, use >= 8 ? 1u : 0u) << spec << " " << dtype_name(wd) << " use " << use;
+                EXPECT_EQ(s.hits, use >= 8 ? static_cast<std::uint64_t>(use - 8) : 0u) << spec << " use " << use;
+            }
+            // Panels of 2 bytes a weight: N padded to 3 groups of 32.
+            EXPECT_EQ(node->weight_cache_stats()->resident_bytes, 96u * K * 2) << spec << " " << dtype_name(wd);
+        }
+        auto off = create_backend("cpu:weight_cache=0");
+        for (int use = 1; use <= 10; ++use) (void)off->matmul(x, wn.view());
+        EXPECT_EQ(off->weight_cache_stats()->misses, 0u);
+    }
+}
+
 TEST(WeightCache, CpuDecodeRunsOnPackedWeightsWithTheSameBits) {
     const std::int64_t N = 70, K = 600;
     std::vector<float> w_heap(static_cast<std::size_t>(N * K));

@@ -8,6 +8,7 @@
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/immutable_memory.hpp"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <omp.h>
@@ -17,8 +18,10 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace kvasir {
@@ -135,9 +138,10 @@ public:
         packed_ = std::make_unique<WeightCache<PackedWeights>>(pack_ ? budget : 0);
         caps_.extra.emplace_back(
             "weight_cache",
-            budget == 0 ? std::string("off (weight_cache=0): the decode GEMV transposes every f32 weight as it reads it")
-                        : fmt::format("f32 checkpoint weights a decode step (≤ {} rows) multiplies are packed once, k-major in "
-                                      "groups of {} rows (the same bits), least recently used evicted first; budget {} MiB ({})",
+            budget == 0 ? std::string("off (weight_cache=0): the decode GEMV transposes every weight as it reads it")
+                        : fmt::format("checkpoint weights a decode step (≤ {} rows) multiplies are packed once, k-major in "
+                                      "groups of {} rows, in the narrowest exact format (a bf16 checkpoint stays bf16; the "
+                                      "same bits), least recently used evicted first; budget {} MiB ({})",
                                       kernels::kGemvPackMaxRows, kernels::kGemvPackRows, budget >> 20,
                                       pack_budget ? fmt::format("weight_cache={}", budget >> 20) : std::string("1/8 of physical memory")));
     }
@@ -158,13 +162,35 @@ public:
 
 private:
     struct PackedWeights {
-        std::vector<float> data;
+        kernels::WeightFormat panel = kernels::WeightFormat::f32;  // kernels::gemv_panel_format
+        // Pages of its own (packed_pages), written first by pack_gemv_avx2's threads.
+        std::shared_ptr<std::byte[]> data;
     };
+    // Memory for packed weights, mapped apart from malloc's heap: they live
+    // as long as the cache keeps them, and interleaved with the forward
+    // pass's short-lived tensors in the heap they kept the heap from being
+    // reused — every later tensor then faulted in fresh zeroed pages
+    // (clear_page was 19 % of a bf16 audit's samples; BENCHMARKS.md "Stop 36").
+    static std::shared_ptr<std::byte[]> packed_pages(std::size_t bytes) {
+        void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) throw std::bad_alloc();
+        return std::shared_ptr<std::byte[]>(static_cast<std::byte*>(p), [bytes](std::byte* q) { ::munmap(q, bytes); });
+    }
     static std::uint64_t default_pack_budget() {
         const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
         return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) / 8 : 0;
     }
     std::unique_ptr<WeightCache<PackedWeights>> packed_;
+    // f16/bf16 checkpoint weights are multiplied as they lie (the GEMV reads
+    // them in place, 2 bytes a weight) until their kPackNarrowAfter-th decode
+    // matmul, then packed: a copy is fresh memory, whose first touch costs
+    // more than a few unpacked GEMVs save (~4 s/GB on the VMs measured, where
+    // packing every bf16 weight on first use made a real-size audit 35 %
+    // slower while decode ran 4× faster; BENCHMARKS.md "Stop 36"). f32 weights
+    // are packed at once: their unpacked GEMV transposes 4-byte rows.
+    static constexpr int kPackNarrowAfter = 8;
+    std::mutex uses_mutex_;
+    std::unordered_map<const void*, int> narrow_uses_;  // decode matmuls per narrow weight, saturating
     bool pack_ = false;  // decode weights are packed (f32 AVX2 arithmetic, a budget)
 
     // split_k=shape: a batch-VARIANT node by construction (a contrast for the
@@ -202,20 +228,32 @@ private:
         return y;
     }
 
-    // The packed copy of a checkpoint's f32 weight for the decode GEMV (kept,
-    // from immutable memory only: a heap weight's address may be reused with
-    // other bytes), or null where packing does not apply.
-    std::shared_ptr<const PackedWeights> packed_weight(const TensorView& w) {
-        if (!pack_ || w.dtype != DType::f32 || w.rank() != 2 ||
-            !find_immutable(w.data, static_cast<std::size_t>(w.numel()) * sizeof(float)))
+    // The packed copy of a checkpoint's f32, f16 or bf16 weight for the
+    // decode GEMV (kept, from immutable memory only: a heap weight's address
+    // may be reused with other bytes), in the narrowest format that holds its
+    // rounded values exactly (a bf16 checkpoint stays 2 bytes a weight), or
+    // null where packing does not apply. `use`: this call is a decode matmul
+    // of w (counted towards packing a narrow weight; a probe does not count).
+    std::shared_ptr<const PackedWeights> packed_weight(const TensorView& w, bool use) {
+        if (!pack_ || !kernels::kernel_readable(w.dtype) || w.rank() != 2 ||
+            !find_immutable(w.data, static_cast<std::size_t>(w.numel()) * dtype_size(w.dtype)))
             return nullptr;
+        if (w.dtype != DType::f32) {  // a narrow weight is packed once it proved hot
+            const std::lock_guard lock(uses_mutex_);
+            int& n = narrow_uses_[w.data];
+            if (use && n < kPackNarrowAfter) ++n;
+            if (n < kPackNarrowAfter) return nullptr;
+        }
         const std::int64_t n_count = w.dim(0), k_count = w.dim(1);
-        const std::uint64_t bytes = static_cast<std::uint64_t>(kernels::gemv_packed_floats(n_count, k_count)) * sizeof(float);
+        const kernels::WeightFormat format = kernels::weight_format_of(w.dtype);
+        const kernels::WeightRounding rounding = kernels::rounding_to(caps_.storage);
+        const kernels::WeightFormat panel = kernels::gemv_panel_format(format, rounding);
+        const auto bytes = static_cast<std::uint64_t>(kernels::gemv_packed_bytes(n_count, k_count, panel));
         return packed_->get(w, caps_.storage, bytes, [&] {
             PackedWeights p;
-            p.data.resize(static_cast<std::size_t>(kernels::gemv_packed_floats(n_count, k_count)));
-            kernels::pack_gemv_avx2(w.data, kernels::WeightFormat::f32, kernels::rounding_to(caps_.storage), n_count,
-                                    k_count, p.data.data());
+            p.panel = panel;
+            p.data = packed_pages(static_cast<std::size_t>(bytes));
+            kernels::pack_gemv_avx2(w.data, format, rounding, n_count, k_count, p.data.get(), caps_.threads);
             return p;
         });
     }
@@ -240,7 +278,7 @@ private:
         for (const ExpertJob& j : jobs)
             for (const TensorView* w : {&j.weights->gate, &j.weights->up, &j.weights->down}) {
                 if (w != &j.weights->down) check_matmul_args(j.x.view(), *w);
-                packs.push_back(packed_weight(*w));
+                packs.push_back(packed_weight(*w, false));  // a probe: the default's matmuls count the uses
                 if (!packs.back()) return Backend::expert_ffns(jobs);
             }
         const kernels::WeightRounding rounding = kernels::rounding_to(caps_.storage);
@@ -260,8 +298,8 @@ private:
             const std::int64_t t = x.dim(0), k = x.dim(1), inter = jobs[i].weights->gate.dim(0);
             gate[i] = Tensor(DType::f32, {t, inter});
             up[i] = Tensor(DType::f32, {t, jobs[i].weights->up.dim(0)});
-            gemvs.push_back({xp, packs[3 * i]->data.data(), gate[i].as<float>(), t, inter, k});
-            gemvs.push_back({xp, packs[3 * i + 1]->data.data(), up[i].as<float>(), t, up[i].dim(1), k});
+            gemvs.push_back({xp, packs[3 * i]->data.get(), gate[i].as<float>(), t, inter, k, packs[3 * i]->panel});
+            gemvs.push_back({xp, packs[3 * i + 1]->data.get(), up[i].as<float>(), t, up[i].dim(1), k, packs[3 * i + 1]->panel});
         }
         kernels::gemv_packed_batch_avx2(gemvs, caps_.threads, rounding);
         std::vector<Tensor> act(n);
@@ -273,7 +311,7 @@ private:
             const float* ap = xr[i].numel() > 0 ? xr[i].as<float>() : act[i].as<float>();
             const std::int64_t t = act[i].dim(0), hid = jobs[i].weights->down.dim(0);
             jobs[i].y = Tensor(DType::f32, {t, hid});
-            gemvs.push_back({ap, packs[3 * i + 2]->data.data(), jobs[i].y.as<float>(), t, hid, act[i].dim(1)});
+            gemvs.push_back({ap, packs[3 * i + 2]->data.get(), jobs[i].y.as<float>(), t, hid, act[i].dim(1), packs[3 * i + 2]->panel});
         }
         kernels::gemv_packed_batch_avx2(gemvs, caps_.threads, rounding);
     }
@@ -312,11 +350,11 @@ private:
                 wp = wf.raw();
                 format = kernels::WeightFormat::f32;
             }
-            // Decoding from a checkpoint's f32 weights: their packed copy.
+            // Decoding from a checkpoint's weights: their packed copy.
             if (t_count <= kernels::kGemvPackMaxRows)
-                if (const auto packed = packed_weight(w)) {
-                    kernels::gemv_packed_avx2(xp, packed->data.data(), y.as<float>(), t_count, n_count, k_count,
-                                              caps_.threads, rounding);
+                if (const auto packed = packed_weight(w, t_count == 1)) {
+                    kernels::gemv_packed_avx2(xp, packed->data.get(), packed->panel, y.as<float>(), t_count, n_count,
+                                              k_count, caps_.threads, rounding);
                     return y;
                 }
             kernels::matmul_avx2(xp, wp, format, rounding, y.as<float>(), t_count, n_count, k_count, caps_.threads,
