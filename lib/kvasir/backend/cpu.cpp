@@ -166,11 +166,11 @@ private:
         // Pages of its own (packed_pages), written first by pack_gemv_avx2's threads.
         std::shared_ptr<std::byte[]> data;
     };
-    // Memory for packed weights, mapped apart from malloc's heap: they live
-    // as long as the cache keeps them, and interleaved with the forward
-    // pass's short-lived tensors in the heap they kept the heap from being
-    // reused — every later tensor then faulted in fresh zeroed pages
-    // (clear_page was 19 % of a bf16 audit's samples; BENCHMARKS.md "Stop 36").
+    // Memory for packed weights: pages of their own, long-lived (as long as
+    // the cache keeps them) and handed back to the system when it evicts
+    // them, apart from malloc's heap of short-lived tensors. Their first
+    // touch (by pack_gemv_avx2's threads) is most of what a copy costs on a
+    // VM (BENCHMARKS.md "Stop 36").
     static std::shared_ptr<std::byte[]> packed_pages(std::size_t bytes) {
         void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) throw std::bad_alloc();
@@ -184,10 +184,11 @@ private:
     // f16/bf16 checkpoint weights are multiplied as they lie (the GEMV reads
     // them in place, 2 bytes a weight) until their kPackNarrowAfter-th decode
     // matmul, then packed: a copy is fresh memory, whose first touch costs
-    // more than a few unpacked GEMVs save (~4 s/GB on the VMs measured, where
-    // packing every bf16 weight on first use made a real-size audit 35 %
-    // slower while decode ran 4× faster; BENCHMARKS.md "Stop 36"). f32 weights
-    // are packed at once: their unpacked GEMV transposes 4-byte rows.
+    // more than a few unpacked GEMVs save (~3.5 s/GB on the VM measured, where
+    // packing every bf16 weight on first use made a real-size audit ~35 %
+    // slower while decode ran 4× faster; BENCHMARKS.md "Stop 36"). Only
+    // single-token matmuls count (prefill rows never do). f32 weights are
+    // packed at once: their unpacked GEMV transposes 4-byte rows.
     static constexpr int kPackNarrowAfter = 8;
     std::mutex uses_mutex_;
     std::unordered_map<const void*, int> narrow_uses_;  // decode matmuls per narrow weight, saturating
