@@ -71,6 +71,8 @@ void end_progress();
 
 // The embedded default model: the qwen3_moe fixture made by transformers.
 std::string default_model_path();
+// "a,,b" → a, "", b: the pieces of one option value between its commas.
+std::vector<std::string> comma_pieces(const std::string& text);
 // "a,b" "c" → a, b, c: a list option's values split at commas, empty pieces dropped.
 std::vector<std::string> split_commas(const std::vector<std::string>& args);
 

@@ -248,18 +248,22 @@ void end_progress() {
     std::fflush(stderr);
 }
 
+std::vector<std::string> comma_pieces(const std::string& text) {
+    std::vector<std::string> out;
+    std::size_t start = 0;
+    while (true) {
+        const std::size_t c = text.find(',', start);
+        out.push_back(text.substr(start, c == std::string::npos ? std::string::npos : c - start));
+        if (c == std::string::npos) return out;
+        start = c + 1;
+    }
+}
+
 std::vector<std::string> split_commas(const std::vector<std::string>& args) {
     std::vector<std::string> out;
-    for (const std::string& a : args) {
-        std::size_t start = 0;
-        while (start <= a.size()) {
-            const std::size_t c = a.find(',', start);
-            const std::string piece = a.substr(start, c == std::string::npos ? std::string::npos : c - start);
-            if (!piece.empty()) out.push_back(piece);
-            if (c == std::string::npos) break;
-            start = c + 1;
-        }
-    }
+    for (const std::string& a : args)
+        for (std::string& piece : comma_pieces(a))
+            if (!piece.empty()) out.push_back(std::move(piece));
     return out;
 }
 

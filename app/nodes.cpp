@@ -13,21 +13,15 @@ namespace kvasir::app {
 // also a node's options; a piece with '=' and no ':' continues the node before it.
 std::vector<std::string> split_node_list(const std::vector<std::string>& args) {
     std::vector<std::string> out;
-    for (const std::string& arg : args) {
-        std::size_t start = 0;
-        while (start <= arg.size()) {
-            const std::size_t comma = arg.find(',', start);
-            const std::string piece = arg.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    for (const std::string& arg : args)
+        for (const std::string& piece : comma_pieces(arg)) {
             const bool continues = !out.empty() && piece.find('=') != std::string::npos &&
                                    piece.find(':') == std::string::npos && out.back().find(':') != std::string::npos;
             if (continues)
                 out.back() += "," + piece;
             else
                 out.push_back(piece);
-            if (comma == std::string::npos) break;
-            start = comma + 1;
         }
-    }
     return out;
 }
 

@@ -145,11 +145,6 @@ void kv_causal_attention(__global const kv_store_t* q,  // [T, heads, D]
 #ifndef KV_ATTN_PV_VECS
 #define KV_ATTN_PV_VECS 8
 #endif
-#if KV_STORAGE_HALF
-#define KV_LOAD16(p, i) vload_half16((size_t)(i), (p))
-#else
-#define KV_LOAD16(p, i) vload16((size_t)(i), (p))
-#endif
 
 // kv_group_max / kv_group_sum's trees on partials red[0 … KV_ROW_WG−1], by one work-item.
 inline float kv_seq_max(__local float* red) {

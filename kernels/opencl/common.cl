@@ -44,6 +44,13 @@ typedef float kv_store_t;
 #define KV_STORE(v, p, i) ((p)[(i)] = (v))
 #endif
 
+// 16 consecutive stored values as float16: elements 16·i … 16·i + 15.
+#if KV_STORAGE_HALF
+#define KV_LOAD16(p, i) vload_half16((size_t)(i), (p))
+#else
+#define KV_LOAD16(p, i) vload16((size_t)(i), (p))
+#endif
+
 // What KV_STORE then KV_LOAD gives back, for a value a fused kernel keeps in
 // local memory or registers where the unfused kernels would have stored it.
 inline float kv_round_storage(float v) {

@@ -215,7 +215,7 @@ AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>&
     run.step_order = plan.steps;
     AuditReport& out = run.report;
     out.protocol = protocol_ref(p);
-    out.protocol.steps_judged = select_steps(p, ac.only_steps, "--steps");
+    if (!ac.only_steps.empty()) out.protocol.steps_judged = plan.steps;  // selected, in protocol order
     out.model = audit_model_json(*ac.model);
     out.reference = nodes[reference]->capabilities().node;
     out.seed = plan.seed;
@@ -297,10 +297,6 @@ AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>&
     out.nodes = judge(run.inputs, p, &sens, &tol);
     return run;
 }
-
-namespace {
-
-}  // namespace
 
 AuditRun compare_captures(const CompareConfig& cc, const std::vector<const Capture*>& caps, std::size_t reference) {
     KVASIR_ASSERT(cc.protocol != nullptr);

@@ -506,7 +506,7 @@ public:
                                         : fmt::format("matmul {0}x{1} output tiles by {0}x{0} work-groups in local "
                                                       "memory (TILE_K {0}), one fma chain per output",
                                                       tile_, tile_ * kMatmulOutputsPerItem),
-                                    info_->cpu && caps_.accumulation == DType::f32
+                                    panel_attention()
                                         ? fmt::format("one work-item per (query row, head) on keys in 16-key panels, "
                                                       "16 fma chains per vector, the softmax trees of a {}-wide "
                                                       "work-group walked in order (head dims not a multiple of 16: "
@@ -736,7 +736,7 @@ public:
         if (d > kAttentionMaxDim || !one_dtype(keys) || !one_dtype(values))
             return Backend::causal_attention(q, keys, values, scale);
         check_int_range("causal_attention", {t_count * nh, nkv * ((s_count + kPanel - 1) / kPanel * kPanel) * d, t_count * nh * d});
-        const bool panels = info_->cpu && caps_.accumulation == DType::f32 && d % kPanel == 0;
+        const bool panels = panel_attention() && d % kPanel == 0;
         const Tensor kc = panels ? key_panels(keys) : stacked(keys), vc = stacked(values);
         const std::lock_guard lock(mutex_);
         const ClMem qb = upload(q), kb = upload(kc), vb = upload(vc);
@@ -755,6 +755,10 @@ public:
     }
 
 private:
+    // kv_causal_attention_panels runs here (for head dims a multiple of 16):
+    // a CPU device, whose work-items run one after another, with f32 sums.
+    bool panel_attention() const { return info_->cpu && caps_.accumulation == DType::f32; }
+
     // KV_ATTN_MAX_DIM of attention.cl.
     static constexpr std::int64_t kAttentionMaxDim = 512;
 
@@ -764,12 +768,11 @@ private:
 
     // kv_causal_attention_panels' keys: [n, ⌈S/16⌉, D, 16] from n views of
     // [S, D] of one dtype, in that dtype — out[g][p][j][i] = parts[g][16p + i][j],
-    // zero (+0 in every format) past S.
+    // zero (+0 in every format: a Tensor starts zero-filled) past S.
     static Tensor key_panels(std::span<const TensorView> parts) {
         const TensorView& first = parts.front();
         const std::int64_t s_count = first.dim(0), d = first.dim(1), np = (s_count + kPanel - 1) / kPanel;
         Tensor out(first.dtype, {static_cast<std::int64_t>(parts.size()), np, d, kPanel});
-        std::memset(out.raw(), 0, out.nbytes());
         const auto fill = [&]<typename E>(E) {
             E* dst = static_cast<E*>(out.raw());
             for (std::size_t g = 0; g < parts.size(); ++g) {
