@@ -44,6 +44,7 @@ struct AuditOptions {
     bool timings = false;
     bool in_process = false;
     std::optional<double> node_timeout_s, node_memory_gib;
+    PerplexityFlags perplexity;
     ReportOptions report;
 };
 
@@ -103,8 +104,7 @@ Nodes create_audit_nodes(const NodeOptions& options, std::vector<NodeInput>& fai
 
 void run_audit_command(const AuditOptions& opt) {
     check_report_outputs(opt.report);  // before anything runs: a misused output costs no audit
-    const Protocol protocol =
-        load_protocol(opt.protocol.empty() ? default_protocol_path(!opt.model.empty()) : opt.protocol);
+    const Protocol protocol = load_run_protocol(opt.protocol, !opt.model.empty(), opt.perplexity);
     const Gate gate = parse_gate(opt.report.gate);
     // Before the model is opened and any node created: a misspelt step costs nothing.
     const std::vector<std::string> steps = select_steps(protocol, split_commas(opt.steps), "--steps");
@@ -151,6 +151,7 @@ void run_audit_command(const AuditOptions& opt) {
         IsolationOptions iso;
         iso.executable = self_executable();
         iso.protocol_path = protocol.source;
+        iso.protocol_arguments = perplexity_overrides(opt.perplexity).arguments();  // the children apply them too
         iso.model_path = model.path();
         iso.node_timeout_s = opt.node_timeout_s.value_or(protocol.limits.node_timeout_s > 0 ? protocol.limits.node_timeout_s : 1800.0);
         iso.node_memory_gib =
@@ -242,6 +243,7 @@ void set_audit_command(CLI::App& app) {
                     "Resident host-memory limit of each node's process, GiB (default: the protocol's "
                     "limits.node_memory_gib, else 90% of this machine's memory)")
         ->check(positive("--node-memory", "GiB"));
+    add_perplexity_flags(*cmd, opt->perplexity, "; overrides the protocol's steps.perplexity");
     add_timings_flag(*cmd, opt->timings,
                      "the load phase, then per step its wall seconds, the seconds inside each backend and the rest "
                      "(comparing)");

@@ -33,13 +33,14 @@ struct CaptureOptions {
     std::optional<std::uint64_t> seed;
     std::string name;
     std::string output;
+    PerplexityFlags perplexity;
     bool timings = false;
 };
 
 void run_capture(const CaptureOptions& o) {
     KVASIR_CHECK(!o.output.empty(), ErrorCode::bad_input, "capture needs -o FILE");
     check_output_paths({{"--output", o.output}});
-    const Protocol protocol = load_protocol(o.protocol.empty() ? default_protocol_path(!o.model.empty()) : o.protocol);
+    const Protocol protocol = load_run_protocol(o.protocol, !o.model.empty(), o.perplexity);
     const std::string model_path =
         !o.model.empty() ? o.model : (protocol.model.empty() ? default_model_path() : protocol.model_resolved);
     const Model model = Model::open(model_path);
@@ -75,6 +76,7 @@ struct CompareOptions {
     std::string protocol;  // empty: the shipped protocol the captures were made with
     std::string reference;
     std::vector<std::string> only_steps;
+    PerplexityFlags perplexity;
     ReportOptions report;
     bool timings = false;
 };
@@ -85,8 +87,10 @@ void run_compare(const CompareOptions& o) {
     caps.reserve(o.captures.size());
     for (const std::string& path : o.captures) caps.push_back(Capture::open(path));
     // Every capture's hash is checked against the protocol by compare_captures.
-    const Protocol protocol = load_protocol(
-        o.protocol.empty() ? shipped_protocol_with_hash(caps.front().protocol_hash(), caps.front().path()) : o.protocol);
+    const Protocol protocol = load_run_protocol(
+        o.protocol.empty() ? shipped_protocol_with_hash(caps.front().protocol_hash(), caps.front().path(), o.perplexity)
+                           : o.protocol,
+        false, o.perplexity);
     std::vector<const Capture*> ptrs;
     for (const Capture& c : caps) ptrs.push_back(&c);
     // The reference: named, else the f64 oracle, else the first capture.
@@ -126,6 +130,7 @@ void set_capture_command(CLI::App& app) {
                     "Node name in the capture (default: the backend spec); e.g. cuda:0@host17 when many machines "
                     "capture the same backend");
     cmd->add_option("-o,--output", opt->output, "Capture file to write (safetensors, atomically)")->required();
+    add_perplexity_flags(*cmd, opt->perplexity, "; overrides the protocol's steps.perplexity (compare needs the same)");
     add_timings_flag(*cmd, opt->timings,
                      "per step the node's wall seconds (the authority's share included), as recorded in the capture");
     cmd->callback([opt] { run_capture(*opt); });
@@ -142,6 +147,7 @@ void set_compare_command(CLI::App& app) {
                     "protocols/*.json whose hash the captures carry)");
     cmd->add_option("-r,--reference", opt->reference, "Node every other node is compared with (default: cpu-ref if captured, else the first)");
     cmd->add_option("--only-steps", opt->only_steps, "Judge only these steps, comma separated (e.g. ops for numpy/torch nodes)");
+    add_perplexity_flags(*cmd, opt->perplexity, "; as given to the capture commands");
     add_report_options(*cmd, opt->report);
     add_timings_flag(*cmd, opt->timings,
                      "the seconds per step each capture recorded when it was made (nothing is computed here)");

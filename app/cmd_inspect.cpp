@@ -88,18 +88,6 @@ std::string mla_rule(const ModelConfig& c) {
         m.rope_interleave ? "interleaved (x0, x1), (x2, x3), …" : "in halves (rotate_half)", attention_scale(c));
 }
 
-// Which layers are dense and which MoE, as ranges: "dense 0, MoE 1-3".
-std::string layer_kinds(const ModelConfig& c) {
-    std::vector<std::string> parts;
-    for (std::int64_t l = 0; l < c.num_layers;) {
-        std::int64_t e = l;
-        while (e + 1 < c.num_layers && c.is_moe(e + 1) == c.is_moe(l)) ++e;
-        parts.push_back(fmt::format("{} {}", c.is_moe(l) ? "MoE" : "dense", e == l ? fmt::format("{}", l) : fmt::format("{}-{}", l, e)));
-        l = e + 1;
-    }
-    return fmt::format("{}", fmt::join(parts, ", "));
-}
-
 // Whether this build runs the full forward pass of the model (its family is registered and accepts the config).
 bool full_forward(const ModelConfig& c) {
     try {
@@ -226,7 +214,7 @@ void run_inspect(const InspectOptions& opt) {
                        {"routed_scaling_factor", c.router.routed_scaling_factor},
                        {"renormalise", c.norm_topk_prob()},
                        {"first_k_dense_replace", c.first_k_dense_replace}};
-        a["layer_kinds"] = layer_kinds(c);
+        a["layer_kinds"] = c.layer_kinds();
         if (!c.linear_attention_layers.empty()) {
             a["layer_types"] = nlohmann::ordered_json::array();
             for (std::int64_t l = 0; l < c.num_layers; ++l)
@@ -291,7 +279,7 @@ void run_inspect(const InspectOptions& opt) {
                                                    c.shared_expert_gate ? " with sigmoid gate" : "")
                                      : "");
     std::cout << "router: " << router_rule(c) << "\n";
-    std::cout << "layers: " << layer_kinds(c) << "\n";
+    std::cout << "layers: " << c.layer_kinds() << "\n";
     if (const std::string m = mla_rule(c); !m.empty()) std::cout << m << "\n";
     if (!c.linear_attention_layers.empty())
         std::cout << fmt::format(

@@ -192,6 +192,7 @@ void set_perplexity_command(CLI::App& app) {
         std::string stream;
         std::int64_t context = 64;
         bool no_authority = false;
+        PerplexityFlags llamacpp;
     };
     auto opt = std::make_shared<Opt>();
     CLI::App* cmd = app.add_subcommand("perplexity", "Step 6: perplexity per node on a token stream, delta and ratio to the reference");
@@ -201,6 +202,7 @@ void set_perplexity_command(CLI::App& app) {
     cmd->add_option("--context", opt->context, "Window length: the stream is cut into windows of this many tokens")
         ->capture_default_str();
     cmd->add_flag("--no-authority", opt->no_authority, "Let every node run its own router (default: reference routing imposed)");
+    add_perplexity_flags(*cmd, opt->llamacpp, " (default: all, no KL divergence)");
     cmd->callback([opt] {
         const Model model = Model::open(opt->step.model);
         StepOptions s = opt->step;
@@ -213,6 +215,8 @@ void set_perplexity_command(CLI::App& app) {
         fill_common(c, model, s);
         c.context = opt->context;
         c.router_authority = !opt->no_authority;
+        c.second_half = opt->llamacpp.score == "second-half";
+        c.kl_divergence = opt->llamacpp.kl_divergence;
         run_step("perplexity", s, c, run_perplexity, render_perplexity_text);
     });
 }

@@ -15,6 +15,8 @@ namespace kvasir {
 class Model;          // kvasir/model/model.hpp
 struct AuditProgress;  // kvasir/audit/audit.hpp
 struct HtmlStamp;      // kvasir/report/writers.hpp
+struct Protocol;       // kvasir/audit/protocol.hpp
+struct PerplexityOverrides;
 }
 
 namespace kvasir::app {
@@ -33,6 +35,19 @@ struct NodeOptions {
     std::string reference = "cpu-ref";
 };
 void add_node_options(CLI::App& cmd, NodeOptions& nodes);
+
+// llama-perplexity's options, as its users know them: --score all|second-half
+// and --kl-divergence[=exact|llamacpp-u16] (exact when no value is given).
+// On perplexity they set the run; on audit, capture and compare they
+// override the protocol's steps.perplexity (with_perplexity_overrides).
+struct PerplexityFlags {
+    std::string score;          // "" not given
+    std::string kl_divergence;  // "" not given
+};
+void add_perplexity_flags(CLI::App& cmd, PerplexityFlags& f, const std::string& applies_to);
+PerplexityOverrides perplexity_overrides(const PerplexityFlags& f);
+// The protocol a run uses: `path` (default_protocol_path when empty) with the flags applied.
+Protocol load_run_protocol(const std::string& path, bool model_given, const PerplexityFlags& f);
 
 // --timings, the same flag on every command that measures.
 void add_timings_flag(CLI::App& cmd, bool& timings, const std::string& what);
@@ -85,7 +100,9 @@ std::string default_protocol_path(bool model_given);
 // compare without --protocol: the shipped protocol (protocols/*.json) whose
 // content hash the captures carry; Error(bad_input) naming `described_as`
 // when none has it.
-std::string shipped_protocol_with_hash(const std::string& hash, const std::string& described_as);
+// With flags, a shipped protocol matches when its hash with the flags applied does.
+std::string shipped_protocol_with_hash(const std::string& hash, const std::string& described_as,
+                                       const PerplexityFlags& flags = {});
 
 // When and where an HTML report is written: the date (UTC, to the minute)
 // from SOURCE_DATE_EPOCH when set — so two runs can give the same bytes —

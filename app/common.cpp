@@ -2,6 +2,7 @@
 
 #include "kvasir/audit/audit.hpp"
 #include "kvasir/audit/audit_plan.hpp"
+#include "kvasir/audit/protocol.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/model/model.hpp"
 #include "kvasir/report/writers.hpp"
@@ -30,7 +31,31 @@ std::string default_protocol_path(bool model_given) {
     return std::string(KVASIR_SOURCE_DIR) + (model_given ? "/protocols/default.json" : "/protocols/trained.json");
 }
 
-std::string shipped_protocol_with_hash(const std::string& hash, const std::string& described_as) {
+void add_perplexity_flags(CLI::App& cmd, PerplexityFlags& f, const std::string& applies_to) {
+    cmd.add_option("--score", f.score,
+                   "Which predictions count (llama-perplexity's rule is second-half: from position C/2 of each window "
+                   "of C tokens)" + applies_to)
+        ->check(CLI::IsMember({"all", "second-half"}));
+    cmd.add_flag("--kl-divergence{exact}", f.kl_divergence,
+                 "Add llama-perplexity --kl-divergence's statistics of each node against the reference (KLD, Δp, same "
+                 "top); =llamacpp-u16 rounds the reference's log-probabilities as llama.cpp's base file does" + applies_to)
+        ->check(CLI::IsMember({"exact", "llamacpp-u16"}));
+}
+
+PerplexityOverrides perplexity_overrides(const PerplexityFlags& f) {
+    PerplexityOverrides o;
+    if (!f.score.empty()) o.second_half = f.score == "second-half";
+    if (!f.kl_divergence.empty()) o.kl_divergence = f.kl_divergence;
+    return o;
+}
+
+Protocol load_run_protocol(const std::string& path, bool model_given, const PerplexityFlags& f) {
+    return with_perplexity_overrides(load_protocol(path.empty() ? default_protocol_path(model_given) : path),
+                                     perplexity_overrides(f));
+}
+
+std::string shipped_protocol_with_hash(const std::string& hash, const std::string& described_as,
+                                       const PerplexityFlags& flags) {
     const std::filesystem::path dir = std::filesystem::path(KVASIR_SOURCE_DIR) / "protocols";
     std::vector<std::filesystem::path> files;
     std::error_code ec;
@@ -38,11 +63,15 @@ std::string shipped_protocol_with_hash(const std::string& hash, const std::strin
         if (e.path().extension() == ".json" && e.path().filename().string().find("schema") == std::string::npos)
             files.push_back(e.path());
     std::sort(files.begin(), files.end());
+    const PerplexityOverrides over = perplexity_overrides(flags);
     for (const auto& f : files) {
-        if (load_protocol(f.string()).content_hash == hash) return f.string();
+        const Protocol p = load_protocol(f.string());
+        if (over.any() && !p.perplexity.enabled) continue;
+        if (with_perplexity_overrides(p, over).content_hash == hash) return f.string();
     }
-    ::kvasir::fail(ErrorCode::bad_input, "{} was made with protocol hash {}, which no protocol shipped in {} has: pass it with -p FILE",
-                described_as, hash, dir.string());
+    ::kvasir::fail(ErrorCode::bad_input, "{} was made with protocol hash {}, which no protocol shipped in {} has{}: pass it with -p FILE{}",
+                described_as, hash, dir.string(), over.any() ? " with these --score/--kl-divergence options" : "",
+                over.any() ? "" : " (a capture made with --score or --kl-divergence needs the same options here)");
 }
 
 HtmlStamp html_stamp() {

@@ -178,5 +178,47 @@ check "backends: the table and the reasons fit in 110 columns" \
 check "backends: an absent backend says why below the table" \
   bash -c "! grep -q absent '$tmp/backends.txt' || grep -qE '^  (cuda|hip|opencl): ' '$tmp/backends.txt'"
 
+# --- 7. what users hit (issue #44), each with its exact message ---------------
+# -o /dev/null discards an output that must be named; every output may be discarded at once; /dev/null stays
+# the null device; other devices are still refused, saying which one is allowed.
+expect_rc 0 "" ops --backends cpu-ref,cpu --ops matmul --hidden 32 --intermediate 16 -o /dev/null
+expect_rc 0 "" audit -p $ci -b cpu-ref,cpu --steps ops -o /dev/null --html /dev/null --junit /dev/null
+expect_rc 0 "" capture --backend cpu -p $ci --steps ops -o /dev/null
+ln -s /dev/null "$tmp/sink"
+expect_rc 0 "" matrix -o "$tmp/sink" --markdown /dev/null
+check "/dev/null is still the null device, the link still a link" test -c /dev/null -a -L "$tmp/sink"
+expect_usage_error "--output /dev/zero: is a character device; an output is never written over one (of the devices only /dev/null, which discards it)" \
+  ops --ops matmul -o /dev/zero
+expect_usage_error "--html /dev/full: is a character device" audit -p $ci -b cpu-ref --html /dev/full
+# A model folder whose model.safetensors is there but not a file: named as what it is, never "holds neither".
+for kind in fifo dir zero dangling; do
+  mkdir "$tmp/m_$kind" && cp $M/config.json "$tmp/m_$kind/"
+done
+mkfifo "$tmp/m_fifo/model.safetensors"
+mkdir "$tmp/m_dir/model.safetensors"
+ln -s /dev/zero "$tmp/m_zero/model.safetensors"
+ln -s nowhere "$tmp/m_dangling/model.safetensors"
+expect_usage_error "m_fifo/model.safetensors: is a FIFO (named pipe), not a regular file" inspect "$tmp/m_fifo"
+expect_usage_error "m_dir/model.safetensors: is a directory, not a regular file" inspect "$tmp/m_dir"
+expect_usage_error "m_zero/model.safetensors: is a character device, not a regular file" logits -m "$tmp/m_zero"
+expect_usage_error "m_dangling/model.safetensors: a symlink to nothing" audit -m "$tmp/m_dangling"
+# A protocol's perplexity context out of range: the protocol file and its JSON path, not a CLI option's name.
+python3 tests/cli/protocol_variant.py $ci "$tmp/ctx1.json" ci-ctx1 --set perplexity.context=1 >/dev/null
+expect_usage_error "ctx1.json: /steps/perplexity/context: 1 is out of range \[2, 65536\]" audit -p "$tmp/ctx1.json"
+python3 tests/cli/protocol_variant.py $ci "$tmp/ctx_big.json" ci-ctxbig --set perplexity.context=65537 >/dev/null
+expect_usage_error "ctx_big.json: /steps/perplexity/context: 65537 is out of range \[2, 65536\]" capture -b cpu \
+  -p "$tmp/ctx_big.json" -o "$tmp/never.st"
+check "no capture was written for the refused protocol" test ! -e "$tmp/never.st"
+# matrix on a dense layer names the MoE layers, so the next command is obvious.
+expect_usage_error "op 'moe' needs a MoE layer, but layer 0 of fixtures/models/deepseek_v3_tiny is dense (layers: dense 0, MoE 1-3)" \
+  matrix -m fixtures/models/deepseek_v3_tiny --layer 0
+expect_usage_error "is dense (layers: dense 0, MoE 1-2)" ops -m fixtures/models/glm4_moe_tiny --layer 0 --ops moe
+# llama-perplexity's flags are checked like every option.
+expect_usage_error "--kl-divergence: exactly not in {exact,llamacpp-u16}" perplexity --kl-divergence=exactly
+expect_usage_error "--score: second_half not in {all,second-half}" audit --score second_half
+python3 tests/cli/protocol_variant.py $ci "$tmp/noppl.json" ci-noppl --steps ops >/dev/null
+expect_usage_error "--kl-divergence: protocol 'ci-noppl' (.*noppl.json) has no perplexity step to apply it to" \
+  audit -p "$tmp/noppl.json" --kl-divergence
+
 echo "$failures failed"
 [ "$failures" -eq 0 ]

@@ -77,6 +77,36 @@ ka,kc=a['results'][0]['llamacpp_kl_divergence'],c['results'][0]['llamacpp_kl_div
 assert ka==kc, 'audit and compare differ'
 assert ka['predictions']==want and abs(ka['Mean KLD']['value'])<1e-9 and ka['Same top p']['value']==1.0, ka
 print('predictions', want, 'Mean KLD', ka['Mean KLD']['value'], 'RMS dp', ka['RMS Δp']['value'])" "$tmp/kld_audit.json" "$tmp/kld_cmp.json"
+# The same scoring from the command line, as llama-perplexity's users give it (issue #44): --score second-half
+# --kl-divergence over the shipped protocol gives the edited protocol's figures — in an isolated audit (the
+# children get the flags), in capture + compare (compare finds the shipped protocol by its hash with the flags
+# applied) and in the perplexity command itself on the same 128 tokens.
+"$bin" audit -p protocols/ci.json --steps perplexity -b cpu-ref,cpu --score second-half --kl-divergence \
+  -o "$tmp/kld_flags.json" >/dev/null 2>&1
+"$bin" capture -p protocols/ci.json --steps perplexity -b cpu-ref --score second-half --kl-divergence=exact \
+  -o "$tmp/fr.safetensors" >/dev/null 2>&1
+"$bin" capture -p protocols/ci.json --steps perplexity -b cpu --score second-half --kl-divergence \
+  -o "$tmp/fc.safetensors" >/dev/null 2>&1
+"$bin" compare "$tmp/fr.safetensors" "$tmp/fc.safetensors" --score second-half --kl-divergence \
+  -o "$tmp/kld_flags_cmp.json" >/dev/null 2>&1
+tr -s ' \n' '\n\n' <fixtures/tokens/default.txt | grep . | head -128 >"$tmp/ci128.txt"
+"$bin" perplexity -b cpu-ref,cpu --stream "$tmp/ci128.txt" --context 32 --score second-half --kl-divergence \
+  -o "$tmp/kld_cmd.json" >/dev/null 2>&1
+check "--score second-half --kl-divergence: audit, capture/compare and perplexity give the protocol's figures" python3 -c "
+import json,sys
+want=json.load(open(sys.argv[1]))['steps']['perplexity']['results'][0]
+for f in sys.argv[2:4]:
+    got=json.load(open(f))['steps']['perplexity']['results'][0]
+    assert got==want, (f, got, want)
+cmd=json.load(open(sys.argv[4]))
+assert cmd['config']['scored'].startswith('second half') and cmd['config']['kl_divergence_base_rounding']=='exact', cmd['config']
+r=[x for x in cmd['results'] if x['node']=='cpu'][0]
+assert r['llamacpp_kl_divergence']==want['llamacpp_kl_divergence'], (r['llamacpp_kl_divergence'], want['llamacpp_kl_divergence'])
+assert r['perplexity']==want['perplexity'] and cmd['predictions']==want['llamacpp_kl_divergence']['predictions'], (r, want)
+print('identical; predictions', cmd['predictions'])" "$tmp/kld_audit.json" "$tmp/kld_flags.json" "$tmp/kld_flags_cmp.json" \
+  "$tmp/kld_cmd.json"
+check "compare without the flags names them (the captures' hash is the flags' protocol)" bash -c \
+  "'$bin' compare '$tmp/fr.safetensors' '$tmp/fc.safetensors' 2>&1 >/dev/null | grep -qF 'needs the same options here'"
 rm -rf "$tmp"
 echo "$failures failed"
 [ "$failures" -eq 0 ]

@@ -172,6 +172,33 @@ TEST(AtomicWrite, OutputPathsAreCheckedTogether) {
     expect_refusal([&] { check_output_paths({{"--csv", t.file("d")}}); }, "--csv " + t.file("d"), "is a directory");
 }
 
+// -o /dev/null: the output is discarded (nothing created beside it, the
+// device untouched), as often as it is named; every other device is still
+// refused, and says which one is allowed.
+TEST(AtomicWrite, TheNullDeviceDiscardsAndNoOtherDeviceIsWritten) {
+    struct stat before {};
+    ASSERT_EQ(::stat("/dev/null", &before), 0);
+    write_file_atomic("/dev/null", "discarded");
+    {
+        AtomicFile f("/dev/null");
+        f.write("x", 1);
+        f.commit();
+    }
+    TempDir t;
+    fs::create_symlink("/dev/null", t.file("sink"));
+    write_file_atomic(t.file("sink"), "discarded too");
+    EXPECT_TRUE(fs::is_symlink(t.file("sink"))) << "the link was replaced";
+    EXPECT_EQ(entries(t.path), 1u) << "a temporary was left behind";
+    check_output_paths({{"--output", "/dev/null"}, {"--html", "/dev/null"}, {"--junit", t.file("sink")}});
+    struct stat after {};
+    ASSERT_EQ(::stat("/dev/null", &after), 0);
+    EXPECT_TRUE(S_ISCHR(after.st_mode));
+    EXPECT_EQ(after.st_rdev, before.st_rdev);
+    expect_refusal([&] { write_file_atomic("/dev/zero", "x"); }, "/dev/zero",
+                   "is a character device; an output is never written over one (of the devices only /dev/null");
+    expect_refusal([&] { check_output_paths({{"--output", "/dev/full"}}); }, "--output /dev/full", "is a character device");
+}
+
 // SIGINT or SIGTERM while a report is half-written: the process dies by the
 // signal (its default action is kept), the old report is intact and the
 // temporary is gone.

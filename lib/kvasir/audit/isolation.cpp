@@ -206,6 +206,7 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
                                       "--seed",       std::to_string(plan.seed),
                                       "--output",     file};
         if (!ac.only_steps.empty()) argv.insert(argv.end(), {"--steps", fmt::format("{}", fmt::join(plan.steps, ","))});
+        argv.insert(argv.end(), opt.protocol_arguments.begin(), opt.protocol_arguments.end());
         const std::string failure = (dir.path / fmt::format("node{}.failure", i)).string();
         outcomes[i] = run_child(argv, (dir.path / fmt::format("node{}.err", i)).string(), opt.node_timeout_s,
                                 opt.node_memory_gib, failure);

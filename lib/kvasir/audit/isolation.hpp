@@ -38,6 +38,7 @@ namespace kvasir {
 struct IsolationOptions {
     std::string executable;      // this tool (/proc/self/exe)
     std::string protocol_path;   // each child reloads it (compare checks its hash)
+    std::vector<std::string> protocol_arguments;  // options each child applies to it (--score, --kl-divergence)
     std::string model_path;
     double node_timeout_s = 1800;  // wall-clock limit per node, > 0
     double node_memory_gib = 0;    // resident-memory limit per node, > 0

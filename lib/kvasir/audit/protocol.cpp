@@ -3,6 +3,7 @@
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
 #include "kvasir/model/tokenizer.hpp"
+#include "kvasir/steps/perplexity.hpp"  // kMinPerplexityContext, kMaxPerplexityContext
 
 #include <fmt/format.h>
 
@@ -492,7 +493,7 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
         pr.perplexity.tokens = read_stream(r, g, "tokens", p, base_dir);
         if (pr.perplexity.tokens.count < 2)
             r.bad("/steps/perplexity/tokens/count", "needs at least 2 tokens (one predicted from another)");
-        pr.perplexity.context = r.integer(g, "context", p, 1, kMaxTokens);
+        pr.perplexity.context = r.integer(g, "context", p, kMinPerplexityContext, kMaxPerplexityContext);
         if (g.contains("score")) {
             const std::string score = r.string(g, "score", p);
             if (score != "all" && score != "second_half") r.bad(p + "/score", "must be \"all\" or \"second_half\"");
@@ -572,6 +573,25 @@ Protocol load_protocol(const std::string& path) {
     const nlohmann::json doc = parse_json_strict(text, path);
     const std::filesystem::path p(path);
     return parse_protocol(doc, path, p.has_parent_path() ? p.parent_path().string() : std::string("."));
+}
+
+std::vector<std::string> PerplexityOverrides::arguments() const {
+    std::vector<std::string> a;
+    if (second_half) a.push_back(*second_half ? "--score=second-half" : "--score=all");
+    if (kl_divergence) a.push_back("--kl-divergence=" + *kl_divergence);
+    return a;
+}
+
+Protocol with_perplexity_overrides(const Protocol& p, const PerplexityOverrides& o) {
+    if (!o.any()) return p;
+    const char* option = o.kl_divergence ? "--kl-divergence" : "--score";
+    KVASIR_CHECK(p.perplexity.enabled, ErrorCode::bad_input, "{}: protocol '{}' ({}) has no perplexity step to apply it to",
+                 option, p.id, p.source);
+    nlohmann::json doc = p.document;
+    nlohmann::json& step = doc["steps"]["perplexity"];
+    if (o.second_half) step["score"] = *o.second_half ? "second_half" : "all";
+    if (o.kl_divergence) step["kl_divergence"] = {{"base_rounding", *o.kl_divergence}};
+    return parse_protocol(doc, p.source, p.base_dir);
 }
 
 std::vector<std::int32_t> read_token_stream(const TokenStream& s, const std::string& model_path) {

@@ -299,6 +299,22 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
 // error) and parse_protocol with base_dir = the file's folder.
 Protocol load_protocol(const std::string& path);
 
+// llama-perplexity's options given on a command line (--score second-half,
+// --kl-divergence[=ROUNDING]) over a protocol's steps.perplexity: the
+// document is edited ("score", "kl_divergence": {"base_rounding"}) and parsed
+// again, so the protocol's content hash, which every capture carries, names
+// the scoring the run really used — audit's child processes, capture and
+// compare given the same options agree on it. Error(bad_input) naming the
+// option when the protocol has no perplexity step.
+struct PerplexityOverrides {
+    std::optional<bool> second_half;           // --score second-half (true) / all (false)
+    std::optional<std::string> kl_divergence;  // --kl-divergence: "exact" | "llamacpp-u16"
+    bool any() const { return second_half.has_value() || kl_divergence.has_value(); }
+    // The options as a command line gives them (for audit's child processes).
+    std::vector<std::string> arguments() const;
+};
+Protocol with_perplexity_overrides(const Protocol& p, const PerplexityOverrides& o);
+
 // The stream's ids. Error(bad_input) naming the file when it cannot be read,
 // its sha256 differs from the protocol's (the message gives the actual hash),
 // a field is not a non-negative integer below 2^31, or offset + count runs

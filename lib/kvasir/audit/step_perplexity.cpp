@@ -16,7 +16,6 @@
 #include "kvasir/metrics/metrics.hpp"
 
 #include <cmath>
-#include <cstring>
 #include <memory>
 
 namespace kvasir {
@@ -37,6 +36,8 @@ public:
         plan.perplexity = detail::token_step<PerplexityConfig>(ac, plan.seed, ac.protocol->perplexity.tokens);
         plan.perplexity->context = ac.protocol->perplexity.context;
         plan.perplexity->router_authority = true;
+        plan.perplexity->second_half = ac.protocol->perplexity.second_half;
+        if (ac.protocol->perplexity.kl_divergence) plan.perplexity->kl_divergence = ac.protocol->perplexity.base_rounding;
         plan.perplexity->validate();
         return true;
     }
@@ -51,40 +52,17 @@ public:
 
     StepOutput collect(const StepEnv& env, Backend& node, const std::any& decisions, bool self) const override {
         const PerplexityDecision& ref = *std::any_cast<std::shared_ptr<const PerplexityDecision>>(decisions);
-        const PerplexityStep& ps = env.protocol->perplexity;
+        const PerplexityConfig& pc = *env.plan->perplexity;
         PerplexityPass own;
-        if (!self) own = run_perplexity_windows(node, *env.plan->perplexity, ref.windows, &ref.pass);
+        if (!self) own = run_perplexity_windows(node, pc, ref.windows, &ref.pass);
         const PerplexityPass& pass = self ? ref.pass : own;
-        const auto& ids = env.plan->perplexity->tokens.ids;
-        // The scored predictions, window by window (the pass's nll holds all of them in that order).
-        std::vector<double> nll;
-        std::vector<std::int32_t> targets;
-        std::vector<std::pair<std::size_t, std::int64_t>> rows;  // (window, position)
-        std::size_t k = 0;
-        for (std::size_t w = 0; w < ref.windows.size(); ++w) {
-            const auto [b, e] = ref.windows[w];
-            const std::int64_t first = ps.second_half ? (e - b) / 2 : 0;
-            for (std::int64_t t = 0; t + 1 < e - b; ++t, ++k) {
-                if (t < first) continue;
-                nll.push_back(pass.nll.at(k));
-                targets.push_back(ids[static_cast<std::size_t>(b + t + 1)]);
-                rows.emplace_back(w, t);
-            }
-        }
+        const std::vector<ScoredPrediction> scored = scored_predictions(ref.windows, pc.second_half);
         StepOutput out;
-        out.tensors.emplace("perplexity.nll", f64_tensor(nll));
-        if (ps.kl_divergence) {
-            const Tensor& l0 = pass.logits.at(0);
-            const std::int64_t V = l0.shape().at(1);
-            const std::size_t row_bytes = static_cast<std::size_t>(V) * dtype_size(l0.dtype());
-            Tensor logits(l0.dtype(), {static_cast<std::int64_t>(rows.size()), V});
-            for (std::size_t r = 0; r < rows.size(); ++r)
-                std::memcpy(static_cast<std::byte*>(logits.raw()) + r * row_bytes,
-                            static_cast<const std::byte*>(pass.logits[rows[r].first].raw()) +
-                                static_cast<std::size_t>(rows[r].second) * row_bytes,
-                            row_bytes);
-            out.tensors.emplace("perplexity.logits", std::move(logits));
-            out.tensors.emplace("perplexity.targets", i32_tensor(targets));
+        out.tensors.emplace("perplexity.nll", f64_tensor(scored_nll(pass, scored)));
+        if (!pc.kl_divergence.empty()) {
+            out.tensors.emplace("perplexity.logits", scored_logits(pass, scored));
+            out.tensors.emplace("perplexity.targets",
+                                i32_tensor(scored_targets(pc.tokens.ids, ref.windows, scored)));
         }
         return out;
     }

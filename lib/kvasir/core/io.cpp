@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <signal.h>
@@ -30,6 +31,12 @@ const char* kind_of(mode_t mode) {
     if (S_ISCHR(mode)) return "a character device";
     if (S_ISBLK(mode)) return "a block device";
     return "not a regular file";
+}
+
+// The null device (Linux: character device 1:3), under any name: an output
+// named there is discarded, as every Unix tool's is.
+bool is_null_device(const struct stat& st) {
+    return S_ISCHR(st.st_mode) && major(st.st_rdev) == 1 && minor(st.st_rdev) == 3;
 }
 
 [[noreturn]] void refuse_errno(const std::string& path, int err) {
@@ -196,12 +203,14 @@ void unregister_temporary(int slot) {
 }
 
 // Why `path` cannot be an output ("" when it can): an existing output that is
-// not a regular file is never replaced.
+// not a regular file is never replaced — the null device excepted, where the
+// output is discarded.
 std::string output_target_problem(const std::string& path) {
     if (path.empty()) return "an empty output path";
     struct stat st {};
-    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-        return fmt::format("{}: is {}; an output is never written over one", path, kind_of(st.st_mode));
+    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !is_null_device(st))
+        return fmt::format("{}: is {}; an output is never written over one{}", path, kind_of(st.st_mode),
+                           S_ISCHR(st.st_mode) ? " (of the devices only /dev/null, which discards it)" : "");
     return {};
 }
 
@@ -214,6 +223,10 @@ void check_output_target(const std::string& path) {
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
     namespace fs = std::filesystem;
     check_output_target(path_);
+    if (struct stat st {}; ::stat(path_.c_str(), &st) == 0 && is_null_device(st)) {
+        discard_ = true;  // -o /dev/null: nothing to create, write or rename
+        return;
+    }
     install_cleanup_handlers();
     const fs::path target(path_);
     const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -258,6 +271,7 @@ void AtomicFile::abandon(const char* what, int err) {
 }
 
 void AtomicFile::write(const void* data, std::size_t n) {
+    if (discard_) return;
     KVASIR_ASSERT(fd_ >= 0);
     const auto* p = static_cast<const char*>(data);
     while (n > 0) {
@@ -272,6 +286,7 @@ void AtomicFile::write(const void* data, std::size_t n) {
 
 void AtomicFile::commit() {
     namespace fs = std::filesystem;
+    if (discard_) return;
     KVASIR_ASSERT(fd_ >= 0);
     if (::fchmod(fd_, 0644) != 0) abandon("chmod failed", errno);
     if (::fsync(fd_) != 0) abandon("fsync failed", errno);
@@ -329,6 +344,8 @@ void check_output_paths(const std::vector<std::pair<std::string, std::string>>& 
     for (const auto& [option, path] : outputs) {
         if (path.empty()) fail(ErrorCode::bad_input, "{}: an empty path", option);
         if (const std::string why = output_target_problem(path); !why.empty()) fail(ErrorCode::bad_input, "{} {}", option, why);
+        // Any number of outputs may be discarded into the null device.
+        if (struct stat st {}; ::stat(path.c_str(), &st) == 0 && is_null_device(st)) continue;
         // The file a write would reach: symlinks followed even where their
         // target does not exist yet (a rename replaces the link, but two
         // outputs through one link are still one mistake).

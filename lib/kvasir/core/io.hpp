@@ -22,7 +22,9 @@ namespace kvasir {
 // later write makes a fresh one.
 // Refused with Error(bad_input) naming the path, before anything is created:
 // an empty path, and an existing `path` that is not a regular file (a FIFO,
-// socket, device or directory is never replaced by the rename).
+// socket, device or directory is never replaced by the rename). The null
+// device is the one exception: an output named there (-o /dev/null) is
+// discarded — nothing is created, written or renamed.
 class AtomicFile {
 public:
     explicit AtomicFile(std::string path);
@@ -38,6 +40,7 @@ private:
     std::string path_, temp_;
     int fd_ = -1;
     int slot_ = -1;  // in the signal handler's table
+    bool discard_ = false;  // the null device: every write is dropped
     [[noreturn]] void abandon(const char* what, int err);
 };
 
@@ -63,7 +66,7 @@ void write_file_atomic(const std::string& path, std::string_view content);
 
 // Refuses, before a run starts, output paths that cannot be written as
 // reports: an empty path, an existing non-regular file (checked as
-// AtomicFile does), and one path given for two outputs (also through a
+// AtomicFile does; the null device is allowed, any number of times), and one path given for two outputs (also through a
 // symlink or another spelling: the same file). `outputs` are (option, path)
 // pairs; empty paths of options not given must be left out.
 void check_output_paths(const std::vector<std::pair<std::string, std::string>>& outputs);

@@ -3,6 +3,9 @@
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -538,6 +541,18 @@ bool ModelConfig::is_moe(std::int64_t layer) const {
     KVASIR_CHECK(layer >= 0 && layer < static_cast<std::int64_t>(moe_layers.size()), ErrorCode::bad_input,
                  "{}: layer {} does not exist (the model has {} layers)", source, layer, moe_layers.size());
     return moe_layers[static_cast<std::size_t>(layer)];
+}
+
+std::string ModelConfig::layer_kinds() const {
+    std::vector<std::string> parts;
+    const std::int64_t n = static_cast<std::int64_t>(moe_layers.size());
+    for (std::int64_t l = 0; l < n;) {
+        std::int64_t e = l;
+        while (e + 1 < n && is_moe(e + 1) == is_moe(l)) ++e;
+        parts.push_back(fmt::format("{} {}", is_moe(l) ? "MoE" : "dense", e == l ? fmt::format("{}", l) : fmt::format("{}-{}", l, e)));
+        l = e + 1;
+    }
+    return fmt::format("{}", fmt::join(parts, ", "));
 }
 
 std::int64_t ModelConfig::num_moe_layers() const {

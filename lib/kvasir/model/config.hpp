@@ -208,6 +208,8 @@ struct ModelConfig {
     // The attention window of layer l: sliding_window where the layer slides, else 0 (full causal).
     std::int64_t attention_window(std::int64_t layer) const;
     bool has_moe() const { return num_moe_layers() > 0; }
+    // Which layers are dense and which MoE, as ranges: "dense 0-2, MoE 3-60".
+    std::string layer_kinds() const;
     // The widths of the q_norm / k_norm weights: head_dim, or the whole projection (qk_norm_full).
     std::int64_t q_norm_dim() const { return qk_norm_full ? q_dim() : head_dim; }
     std::int64_t k_norm_dim() const { return qk_norm_full ? kv_dim() : head_dim; }

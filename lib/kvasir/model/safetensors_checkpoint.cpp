@@ -211,9 +211,14 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path) {
     fs::path single;
     if (is_dir) {
         const fs::path dir(path);
-        if (fs::is_regular_file(dir / "model.safetensors", ec)) single = dir / "model.safetensors";
-        else if (fs::is_regular_file(dir / "model.safetensors.index.json", ec)) index = dir / "model.safetensors.index.json";
+        // An entry of either name that is there in any form (a FIFO, a folder,
+        // a link to a device or to nothing) is the one meant: opening it
+        // refuses it by what it is (check_input_path), never as "absent".
+        const auto present = [&](const fs::path& p) { return fs::symlink_status(p, ec).type() != fs::file_type::not_found; };
+        if (present(dir / "model.safetensors")) single = dir / "model.safetensors";
+        else if (present(dir / "model.safetensors.index.json")) index = dir / "model.safetensors.index.json";
         else fail(ErrorCode::bad_input, "{}: directory holds neither model.safetensors nor model.safetensors.index.json", shown);
+        (void)check_input_path((single.empty() ? index : single).string());  // a regular file (symlinks followed), or refused by name
     } else if (std::string_view(path).ends_with(".index.json")) {
         index = path;
     } else {

@@ -211,7 +211,8 @@ std::string render_generate_text(const GenerateReport& r, const Style& st) {
 
 std::string render_perplexity_text(const PerplexityReport& r, const Style& st) {
     std::string out = header("Step 6 — perplexity", r.config, r.nodes[r.reference], st);
-    out += st.dim(fmt::format("{} windows of ≤ {} tokens, {} predictions; {}", r.windows, r.config.context, r.predictions,
+    out += st.dim(fmt::format("{} windows of ≤ {} tokens, {} predictions{}; {}", r.windows, r.config.context, r.predictions,
+                              r.config.second_half ? " scored (second half of each window, llama-perplexity)" : "",
                               routing_text(r.config, r.config.router_authority
                                                          ? "routing pinned by the reference (router authority)"
                                                          : "each node runs its own router"))) +
@@ -227,6 +228,17 @@ std::string render_perplexity_text(const PerplexityReport& r, const Style& st) {
                    np.reference ? "·" : fmt_sci(np.nll_max_abs_delta)});
     }
     out += t.render("  ");
+    if (!r.config.kl_divergence.empty()) {
+        out += "\n" + st.dim(fmt::format("llama-perplexity --kl-divergence against {} (base rounding {})",
+                                         r.nodes[r.reference].node, r.config.kl_divergence)) + "\n";
+        TextTable k({"node", "Mean KLD", "99% KLD", "Maximum KLD", "RMS Δp", "Same top p"});
+        for (const NodePerplexity& np : r.results)
+            if (np.kl_divergence)
+                k.add_row({np.node, fmt_sci(np.kl_divergence->kld.value), fmt_sci(np.kl_divergence->kld_spread.p99),
+                           fmt_sci(np.kl_divergence->kld_spread.max), fmt_sci(np.kl_divergence->dp_rms.value),
+                           fmt_fixed(np.kl_divergence->same_top.value, 6)});
+        out += k.render("  ");
+    }
     return out + render_self_checks_text(r.repeat, st);
 }
 

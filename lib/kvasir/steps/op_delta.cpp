@@ -51,7 +51,8 @@ OpsConfig OpsConfig::resolved() const {
         std::vector<std::string> moe_ops{"router_softmax", "router_sigmoid", "moe"};
         for (const std::string& op : c.ops)
             KVASIR_CHECK(std::find(moe_ops.begin(), moe_ops.end(), op) == moe_ops.end(), ErrorCode::bad_input,
-                         "op '{}' needs a MoE layer, but layer {} of {} is dense", op, layer, model->path());
+                         "op '{}' needs a MoE layer, but layer {} of {} is dense (layers: {})", op, layer, model->path(),
+                         m.layer_kinds());
     }
     return c;
 }

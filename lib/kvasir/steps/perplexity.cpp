@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace kvasir {
@@ -23,9 +24,58 @@ std::vector<std::pair<std::int64_t, std::int64_t>> perplexity_windows(std::int64
 
 void PerplexityConfig::validate() const {
     StepCommon::validate();
-    KVASIR_CHECK(context >= 2 && context <= 65536, ErrorCode::bad_input, "--context must be in 2..65536, got {}", context);
+    KVASIR_CHECK(context >= kMinPerplexityContext && context <= kMaxPerplexityContext, ErrorCode::bad_input,
+                 "--context must be in {}..{}, got {}", kMinPerplexityContext, kMaxPerplexityContext, context);
     KVASIR_CHECK(!perplexity_windows(static_cast<std::int64_t>(tokens.ids.size()), context).empty(), ErrorCode::bad_input,
                  "{}: {} token(s) predict nothing (need at least 2)", tokens.source, tokens.ids.size());
+    KVASIR_CHECK(!second_half || context >= 4, ErrorCode::bad_input,
+                 "--score second-half needs windows of at least 4 tokens, got --context {}", context);
+    if (!kl_divergence.empty()) (void)parse_base_rounding(kl_divergence);
+}
+
+std::vector<ScoredPrediction> scored_predictions(const std::vector<std::pair<std::int64_t, std::int64_t>>& windows,
+                                                 bool second_half) {
+    std::vector<ScoredPrediction> scored;
+    std::size_t k = 0;
+    for (std::size_t w = 0; w < windows.size(); ++w) {
+        const auto [b, e] = windows[w];
+        const std::int64_t first = second_half ? (e - b) / 2 : 0;
+        for (std::int64_t t = 0; t + 1 < e - b; ++t, ++k)
+            if (t >= first) scored.push_back({w, t, k});
+    }
+    return scored;
+}
+
+std::vector<double> scored_nll(const PerplexityPass& pass, const std::vector<ScoredPrediction>& scored) {
+    std::vector<double> nll;
+    nll.reserve(scored.size());
+    for (const ScoredPrediction& s : scored) nll.push_back(pass.nll.at(s.index));
+    return nll;
+}
+
+Tensor scored_logits(const PerplexityPass& pass, const std::vector<ScoredPrediction>& scored) {
+    const Tensor& l0 = pass.logits.at(0);
+    const std::int64_t V = l0.shape().at(1);
+    const std::size_t row_bytes = static_cast<std::size_t>(V) * dtype_size(l0.dtype());
+    Tensor logits(l0.dtype(), {static_cast<std::int64_t>(scored.size()), V});
+    for (std::size_t r = 0; r < scored.size(); ++r) {
+        const Tensor& w = pass.logits.at(scored[r].window);
+        KVASIR_ASSERT(w.dtype() == l0.dtype() && w.shape().at(1) == V && scored[r].position < w.shape().at(0));
+        std::memcpy(static_cast<std::byte*>(logits.raw()) + r * row_bytes,
+                    static_cast<const std::byte*>(w.raw()) + static_cast<std::size_t>(scored[r].position) * row_bytes,
+                    row_bytes);
+    }
+    return logits;
+}
+
+std::vector<std::int32_t> scored_targets(const std::vector<std::int32_t>& ids,
+                                         const std::vector<std::pair<std::int64_t, std::int64_t>>& windows,
+                                         const std::vector<ScoredPrediction>& scored) {
+    std::vector<std::int32_t> targets;
+    targets.reserve(scored.size());
+    for (const ScoredPrediction& s : scored)
+        targets.push_back(ids.at(static_cast<std::size_t>(windows.at(s.window).first + s.position + 1)));
+    return targets;
 }
 
 PerplexityPass run_perplexity_windows(Backend& be, const PerplexityConfig& c,
@@ -88,10 +138,20 @@ PerplexityReport run_perplexity(const PerplexityConfig& config, std::vector<std:
 
     Backend& refb = *nodes[reference];
     const Pass ref = run_windows(refb, config, windows, nullptr);
-    rep.predictions = static_cast<std::int64_t>(ref.nll.size());
-    const double ref_mean = mean_nll(ref.nll);
-    const double ref_ppl = perplexity_from_nll(ref.nll);
+    const std::vector<ScoredPrediction> scored = scored_predictions(windows, config.second_half);
+    const std::vector<double> ref_nll = scored_nll(ref, scored);
+    rep.predictions = static_cast<std::int64_t>(ref_nll.size());
+    KVASIR_CHECK(rep.predictions > 0, ErrorCode::bad_input, "{}: no prediction is scored (windows of {} tokens{})",
+                 config.tokens.source, config.context, config.second_half ? ", second half" : "");
+    const double ref_mean = mean_nll(ref_nll);
+    const double ref_ppl = perplexity_from_nll(ref_nll);
     const Pass* authority = config.router_authority ? &ref : nullptr;
+    std::optional<Tensor> ref_logits;
+    std::vector<std::int32_t> targets;
+    if (!config.kl_divergence.empty()) {
+        ref_logits = scored_logits(ref, scored);
+        targets = scored_targets(config.tokens.ids, windows, scored);
+    }
 
     for (std::size_t i = 0; i < nodes.size(); ++i) {
         Backend& be = *nodes[i];
@@ -108,13 +168,17 @@ PerplexityReport run_perplexity(const PerplexityConfig& config, std::vector<std:
         }
         try {
             const Pass p = run_windows(be, config, windows, authority);
-            np.predictions = static_cast<std::int64_t>(p.nll.size());
-            np.mean_nll = mean_nll(p.nll);
-            np.perplexity = perplexity_from_nll(p.nll);
+            const std::vector<double> nll = scored_nll(p, scored);
+            np.predictions = static_cast<std::int64_t>(nll.size());
+            np.mean_nll = mean_nll(nll);
+            np.perplexity = perplexity_from_nll(nll);
             np.delta = np.perplexity - ref_ppl;
             np.ratio = 1.0 + std::expm1(np.mean_nll - ref_mean);  // as perplexity_ratio_minus_one: finite where the perplexities overflow
-            for (std::size_t k = 0; k < p.nll.size(); ++k) {
-                const double d = std::fabs(p.nll[k] - ref.nll[k]);
+            if (ref_logits)
+                np.kl_divergence = llamacpp_kl_divergence(ref_logits->view(), scored_logits(p, scored).view(), targets,
+                                                          parse_base_rounding(config.kl_divergence));
+            for (std::size_t k = 0; k < nll.size(); ++k) {
+                const double d = std::fabs(nll[k] - ref_nll[k]);
                 if (std::isnan(d) || std::isnan(np.nll_max_abs_delta))
                     np.nll_max_abs_delta = std::numeric_limits<double>::quiet_NaN();
                 else if (d > np.nll_max_abs_delta)
@@ -146,6 +210,8 @@ nlohmann::ordered_json to_json(const PerplexityReport& r) {
     c["context"] = r.config.context;
     c["routing"] = r.config.router_authority ? "pinned by the reference per window (router authority)"
                                              : "each node runs its own router (no authority)";
+    c["scored"] = r.config.second_half ? "second half of each window (llama-perplexity)" : "every prediction";
+    if (!r.config.kl_divergence.empty()) c["kl_divergence_base_rounding"] = r.config.kl_divergence;
     j["config"] = c;
     j["reference"] = r.nodes[r.reference].node;
     j["nodes"] = nlohmann::ordered_json::array();
@@ -168,6 +234,7 @@ nlohmann::ordered_json to_json(const PerplexityReport& r) {
         o["delta"] = json_double(np.delta);
         o["ratio"] = json_double(np.ratio);
         o["nll_max_abs_delta"] = json_double(np.nll_max_abs_delta);
+        if (np.kl_divergence) o["llamacpp_kl_divergence"] = to_json(*np.kl_divergence);
         j["results"].push_back(std::move(o));
     }
     j["repeat"] = nlohmann::ordered_json::array();

@@ -21,20 +21,33 @@
 // for itself.
 #pragma once
 
+#include "kvasir/metrics/llamacpp_kld.hpp"
 #include "kvasir/steps/protocol_steps.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace kvasir {
 
+// The window lengths a run accepts (the CLI's --context and a protocol's
+// steps.perplexity.context alike).
+inline constexpr std::int64_t kMinPerplexityContext = 2, kMaxPerplexityContext = 65536;
+
 struct PerplexityConfig : StepCommon {
-    std::int64_t context = 64;    // window length, 2 … 65536
+    std::int64_t context = 64;    // window length, kMinPerplexityContext … kMaxPerplexityContext
     bool router_authority = true;
+    // llama-perplexity's scoring: only the predictions from position ⌊C/2⌋
+    // of each window of C tokens count (its rule; needs C ≥ 4).
+    bool second_half = false;
+    // llama-perplexity --kl-divergence's statistics of each node against the
+    // reference over the scored predictions (metrics/llamacpp_kld.hpp), the
+    // base rounded as "exact" or "llamacpp-u16"; empty: not computed.
+    std::string kl_divergence;
     void validate() const;        // StepCommon::validate + context range + at least one window of ≥ 2 tokens
 };
 
@@ -51,6 +64,7 @@ struct NodePerplexity {
     double delta = 0;             // perplexity − reference perplexity
     double ratio = 1;             // perplexity / reference perplexity
     double nll_max_abs_delta = 0; // max over predictions |NLL − NLL_ref| (0 for the reference)
+    std::optional<LlamaCppKld> kl_divergence;  // with config.kl_divergence, for every node but the reference
 };
 
 struct PerplexityReport {
@@ -75,13 +89,30 @@ PerplexityPass run_perplexity_windows(Backend& be, const PerplexityConfig& confi
                                       const std::vector<std::pair<std::int64_t, std::int64_t>>& windows,
                                       const PerplexityPass* authority);
 
+// The predictions a run scores, in pass order: every one, or with
+// second_half those from position ⌊C/2⌋ of each window of C tokens.
+struct ScoredPrediction {
+    std::size_t window = 0;
+    std::int64_t position = 0;  // in the window: predicts its token position + 1
+    std::size_t index = 0;      // into PerplexityPass::nll
+};
+std::vector<ScoredPrediction> scored_predictions(const std::vector<std::pair<std::int64_t, std::int64_t>>& windows,
+                                                 bool second_half);
+// The scored predictions' NLL, logits rows [P, V] (the pass's float type) and target ids.
+std::vector<double> scored_nll(const PerplexityPass& pass, const std::vector<ScoredPrediction>& scored);
+Tensor scored_logits(const PerplexityPass& pass, const std::vector<ScoredPrediction>& scored);
+std::vector<std::int32_t> scored_targets(const std::vector<std::int32_t>& ids,
+                                         const std::vector<std::pair<std::int64_t, std::int64_t>>& windows,
+                                         const std::vector<ScoredPrediction>& scored);
+
 PerplexityReport run_perplexity(const PerplexityConfig& config, std::vector<std::unique_ptr<Backend>>& nodes,
                                 std::size_t reference);
 
 // Schema "kvasir-equiv/perplexity/1": schema, tool, config {common…,
-// context, routing}, reference, nodes[], windows, predictions, results[{node,
-// reference, error | predictions, mean_nll, perplexity, delta, ratio,
-// nll_max_abs_delta}], repeat[].
+// context, routing, scored, kl_divergence_base_rounding?}, reference, nodes[],
+// windows, predictions (the scored ones), results[{node, reference, error |
+// predictions, mean_nll, perplexity, delta, ratio, nll_max_abs_delta,
+// llamacpp_kl_divergence?}], repeat[].
 nlohmann::ordered_json to_json(const PerplexityReport& report);
 
 }  // namespace kvasir
