@@ -78,7 +78,7 @@ void run_matrix(MatrixOptions& opt) {
     for (std::size_t i = 0; i < clock.size(); ++i) step.node_seconds.push_back(clock.seconds(i));
     timings.steps.push_back(std::move(step));
     if (progress) end_progress();
-    record_weight_caches(nodes.nodes, timings);
+    record_node_counters(nodes.nodes, timings);
     if (opt.timings) std::fprintf(stderr, "model open %.2f s\n%s", open_s, render_timings(timings).c_str());
     const auto json = to_json(report);
     const std::string md = pair_table_markdown(report, "moe");

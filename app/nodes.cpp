@@ -57,7 +57,7 @@ void print_step_timings(const std::string& step, const Nodes& nodes, const NodeC
         st.node_seconds.push_back(clock.seconds(i));
     }
     t.steps.push_back(std::move(st));
-    record_weight_caches(nodes.nodes, t);
+    record_node_counters(nodes.nodes, t);
     std::fputs(render_timings(t).c_str(), stderr);
 }
 

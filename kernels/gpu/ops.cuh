@@ -43,6 +43,21 @@ constexpr int kTile = 64;
 constexpr int kTileK = 16;
 constexpr int kMatmulThreads = 256;
 
+// The K slice of each block of the split-K variant (nondeterministic=1), on
+// the host: at least three slices wherever K has three elements (8 or 9 of
+// about 256 on long K), whole kTileK tiles where K has three of them.
+// Three because two partial sums added to a zero in either order give the
+// same bits (0 + a + b = 0 + b + a): with fewer the atomics could not change
+// a result, and an audit at small widths (a fixture's K = 32…192) would see a
+// deterministic node. The grid has ceil(K / chunk) slices.
+inline int split_k_chunk(int k_count) {
+    int slices = (k_count + 255) / 256;
+    slices = slices < 3 ? 3 : slices > 8 ? 8 : slices;
+    const int even = k_count / slices;  // rounded down: never fewer slices than asked
+    if (even >= kTileK) return even / kTileK * kTileK;
+    return even > 0 ? even : 1;
+}
+
 // Accumulation step of one output element. f32: one rounding per product+sum
 // (fma). f16: the running sum is rounded to half after every add; the product
 // of two floats is exact in double, so this is bit-identical to the CPU

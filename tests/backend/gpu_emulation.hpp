@@ -30,6 +30,8 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdint>
+#include <random>
 #include <cstddef>
 #include <cstring>
 #include <functional>
@@ -165,31 +167,44 @@ inline void yield() { swapcontext(&fibers[current].context, &scheduler); }
 // __syncthreads that only part of the block reaches (undefined on a GPU) is
 // an exception here. Blocks run one after another, so a function-static
 // __shared__ array is exactly one block's shared memory.
+//
+// launch_any_order runs the blocks in an order drawn from `seed` (a
+// permutation of the grid), as a GPU may: what a kernel's result owes to the
+// order blocks finish in (split-K's atomicAdd) then shows.
 template <typename Kernel, typename... Args>
-void launch(Dim3 grid, unsigned threads, Kernel kernel, Args... args) {
+void launch_any_order(std::uint64_t seed, Dim3 grid, unsigned threads, Kernel kernel, Args... args) {
     const std::function<void()> run = [&] { kernel(args...); };
     detail::body = &run;
     grid_dim = grid;
     block_dim = {threads, 1, 1};
     detail::fibers.assign(threads, {});
+    std::vector<Dim3> blocks;
     for (unsigned z = 0; z < grid.z; ++z)
         for (unsigned y = 0; y < grid.y; ++y)
-            for (unsigned x = 0; x < grid.x; ++x) {
-                block_idx = {x, y, z};
-                for (unsigned t = 0; t < threads; ++t) detail::start(t);
-                for (bool running = true; running;) {
-                    unsigned finished = 0;
-                    for (unsigned t = 0; t < threads; ++t) {
-                        detail::current = t;
-                        thread_idx = {t, 0, 0};
-                        detail::resume(t);
-                        finished += detail::fibers[t].done ? 1 : 0;
-                    }
-                    if (finished != 0 && finished != threads)
-                        throw std::logic_error("emulated GPU: __syncthreads reached by only part of a block");
-                    running = finished == 0;
-                }
+            for (unsigned x = 0; x < grid.x; ++x) blocks.push_back({x, y, z});
+    if (seed != 0) std::shuffle(blocks.begin(), blocks.end(), std::mt19937_64(seed));
+    for (const Dim3& b : blocks) {
+        block_idx = b;
+        for (unsigned t = 0; t < threads; ++t) detail::start(t);
+        for (bool running = true; running;) {
+            unsigned finished = 0;
+            for (unsigned t = 0; t < threads; ++t) {
+                detail::current = t;
+                thread_idx = {t, 0, 0};
+                detail::resume(t);
+                finished += detail::fibers[t].done ? 1 : 0;
             }
+            if (finished != 0 && finished != threads)
+                throw std::logic_error("emulated GPU: __syncthreads reached by only part of a block");
+            running = finished == 0;
+        }
+    }
+}
+
+// Blocks in grid order (x fastest), one after another.
+template <typename Kernel, typename... Args>
+void launch(Dim3 grid, unsigned threads, Kernel kernel, Args... args) {
+    launch_any_order(0, grid, threads, kernel, args...);
 }
 
 inline void syncthreads() { detail::yield(); }
@@ -263,10 +278,12 @@ public:
                               static_cast<unsigned>((t + gpu_host::kTile - 1) / gpu_host::kTile), 1};
         using gpu_host::matmul_kernel;
         if (nondeterministic_) {
-            const int splits = static_cast<int>(std::clamp<std::int64_t>((k_count + 255) / 256, 1, 8));
-            const int chunk = ((k + splits - 1) / splits + gpu_host::kTileK - 1) / gpu_host::kTileK * gpu_host::kTileK;
-            emu::launch({tiles.x, tiles.y, static_cast<unsigned>((k + chunk - 1) / chunk)}, gpu_host::kMatmulThreads,
-                        matmul_kernel<false, true>, xs.data(), ws.data(), y.data(), t, n, k, chunk, storage_);
+            // The blocks in an order of their own each launch, as a GPU may
+            // run them: the atomics then add the partial sums in that order.
+            const int chunk = gpu_host::split_k_chunk(k);
+            emu::launch_any_order(schedule_(), {tiles.x, tiles.y, static_cast<unsigned>((k + chunk - 1) / chunk)},
+                                  gpu_host::kMatmulThreads, matmul_kernel<false, true>, xs.data(), ws.data(), y.data(), t,
+                                  n, k, chunk, storage_);
             launch_elementwise(y.size(), gpu_host::store_kernel, y.data(), y.size(), storage_);
         } else if (caps_.accumulation == DType::f16) {
             emu::launch(tiles, gpu_host::kMatmulThreads, matmul_kernel<true, false>, xs.data(), ws.data(), y.data(), t, n,
@@ -446,6 +463,9 @@ private:
 
     Capabilities caps_;
     bool nondeterministic_ = false;
+    // A new block order for every split-K launch (reproducible from run to run of the test binary).
+    std::uint64_t schedules_ = 0;
+    std::uint64_t schedule_() { return 0x9E3779B97F4A7C15ull * ++schedules_; }
     int storage_ = gpu_host::kStoreF32;
 };
 

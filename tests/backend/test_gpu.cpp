@@ -38,6 +38,8 @@
 //    the f32 path's on K = 2048.
 //  * rope: the same f32 angles as the cpu node; only the sin/cos rounding
 //    (≤ 1 ulp) and the fma (one rounding fewer) differ: 1e-5 for |x| ≲ 5.
+#include "kvasir/audit/capture.hpp"
+#include "kvasir/audit/protocol.hpp"
 #include "kvasir/backend/registry.hpp"
 #include "tests/backend/matmul_bound.hpp"
 #include "kvasir/core/error.hpp"
@@ -296,6 +298,89 @@ TEST(EmulatedKernels, MatmulIsOneFmaChainPerOutputInAscendingK) {
             }
         EXPECT_EQ(std::memcmp(y.raw(), want.data(), y.nbytes()), 0) << T << "x" << N << "x" << K;
     }
+}
+
+TEST(EmulatedKernels, SplitKCutsEveryKOfThreeOrMoreIntoAtLeastThreeSlices) {
+    // Hand-computed: K = 4 → 1 (4 slices), 32 → 10 (4: 10, 10, 10, 2),
+    // 64 → 16 (4 whole tiles), 192 → 64 (3), 2048 → 256 (8), 2049 → 256
+    // (9), 4096 → 512 (8).
+    EXPECT_EQ(gm::split_k_chunk(4), 1);
+    EXPECT_EQ(gm::split_k_chunk(32), 10);
+    EXPECT_EQ(gm::split_k_chunk(64), 16);
+    EXPECT_EQ(gm::split_k_chunk(192), 64);
+    EXPECT_EQ(gm::split_k_chunk(2048), 256);
+    EXPECT_EQ(gm::split_k_chunk(2049), 256);
+    EXPECT_EQ(gm::split_k_chunk(4096), 512);
+    for (int k = 1; k <= 20000; ++k) {
+        const int chunk = gm::split_k_chunk(k), slices = (k + chunk - 1) / chunk;
+        ASSERT_GE(chunk, 1) << k;
+        if (k >= 3) ASSERT_GE(slices, 3) << "K " << k << " chunk " << chunk;
+        ASSERT_LE(slices, 9) << "K " << k << " chunk " << chunk;
+        if (k >= 3 * gm::kTileK) ASSERT_EQ(chunk % gm::kTileK, 0) << k;
+    }
+}
+
+TEST(EmulatedKernels, SplitKIsNondeterministicAtTheAuditsWidths) {
+    // The blocks of a split-K launch run in a new order each time (as a GPU
+    // may run them): at every K of the shipped fixtures (head dim 32, hidden
+    // 64/96, intermediate 192) reruns differ in their bits and every run
+    // stays within the f32 matmul bound. With one or two K slices (the
+    // issue-#38 finding: K < 256 had one) nothing could differ.
+    test::EmulatedGpuBackend nd("gpu-emu:nondeterministic=1");
+    ASSERT_FALSE(nd.capabilities().deterministic);
+    for (const std::int64_t K : {32, 64, 96, 192}) {
+        const Tensor x = seeded_normal(8, "emu/nd/x", {16, K}, 0, 1);
+        const Tensor w = seeded_normal(8, "emu/nd/w", {96, K}, 0, 1 / std::sqrt(static_cast<double>(K)));
+        const Tensor yr = create_backend("cpu-ref")->matmul(x, w);
+        const Tensor first = nd.matmul(x, w);
+        int differing = 0;
+        for (int run = 0; run < 8; ++run) {
+            const Tensor again = nd.matmul(x, w);
+            EXPECT_TRUE(matmul_within_bound(x, w, again, yr, 0.0, kU32)) << "K " << K;
+            differing += std::memcmp(first.raw(), again.raw(), first.nbytes()) != 0;
+        }
+        EXPECT_GT(differing, 0) << "K " << K << ": 8 reruns in 8 block orders, all bit-identical";
+    }
+}
+
+TEST(EmulatedKernels, TheKernelMatmulIsBatchInvariantAsItsCapabilitiesSay) {
+    // What the cuda/hip kvasir-kernel nodes declare (batch_invariant: yes):
+    // a row's bits alone are its bits among 1, 63 or 299 others, at every
+    // K edge of the 16-deep stage. (cuBLAS declares no — a shape-chosen
+    // algorithm — and the invariance step measures it: device-check.sh.)
+    test::EmulatedGpuBackend emu("gpu-emu");
+    for (const std::int64_t K : {13, 64, 100, 1000}) {
+        const Tensor all = seeded_normal(9, "emu/bi/x", {300, K}, 0, 1);
+        const Tensor w = seeded_normal(9, "emu/bi/w", {70, K}, 0, 1 / std::sqrt(static_cast<double>(K)));
+        const Tensor y_all = emu.matmul(all, w);
+        for (const std::int64_t rows : {1, 2, 64}) {
+            const Tensor part = Tensor::convert(TensorView{DType::f32, all.raw(), {rows, K}}, DType::f32);
+            const Tensor y = emu.matmul(part, w);
+            EXPECT_EQ(std::memcmp(y.raw(), y_all.raw(), y.nbytes()), 0) << rows << " rows of 300, K " << K;
+        }
+    }
+}
+
+TEST(EmulatedKernels, TheDeterminismStepSeesTheSplitKVariant) {
+    // The audit's own determinism step (protocols/ci.json: the logits
+    // stream's full forward, twice, own router) on the emulated node: the
+    // split-K variant is caught (run-to-run max_rel > 0, over the protocol's
+    // sensitive tolerance), the deterministic kernels are bit-identical.
+    const Protocol protocol = load_protocol("protocols/ci.json");
+    const Model model = Model::open("fixtures/models/qwen3_moe_tiny");
+    AuditConfig cfg;
+    cfg.protocol = &protocol;
+    cfg.model = &model;
+    cfg.load_first = false;
+    const auto run_to_run = [&](const std::string& spec) {
+        test::EmulatedGpuBackend node(spec);
+        const CaptureData d = capture_node(cfg, node, node, {"determinism"});
+        return d.tensors.at("determinism.run_to_run_max_rel").view().at(0);
+    };
+    EXPECT_EQ(run_to_run("gpu-emu"), 0.0);
+    const double nd = run_to_run("gpu-emu:nondeterministic=1");
+    EXPECT_GT(nd, protocol.sensitive.at("determinism").value) << "the audit would pass the split-K node as deterministic";
+    std::printf("[ info ] gpu-emu:nondeterministic=1: determinism step run_to_run_max_rel %.3g\n", nd);
 }
 
 TEST(EmulatedKernels, RopeBothLayoutsTakeTheCpuNodesAngles) {

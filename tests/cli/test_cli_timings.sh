@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # --timings on every command that measures: accepted, exit code and stdout
 # unchanged, where the time went on stderr, and the OpenCL node's
-# weight-cache counters (hits, misses, evictions, bytes uploaded; CI has
-# PoCL, so opencl:0 is there as in test_cli_model.sh).
+# weight-cache counters (hits, misses, evictions, bytes uploaded) and its
+# host↔device transfers (CI has PoCL, so opencl:0 is there as in
+# test_cli_model.sh).
 # Usage: test_cli_timings.sh PATH/TO/kvasir-equiv   (run from the repo root)
 set -u
 bin="$1"
@@ -23,6 +24,8 @@ timed() {
   check "$name --timings: the header on stderr" grep -q "^timings (wall seconds; not part of the report)$" "$tmp/$name.err"
   check "$name --timings: a row for $row" grep -qE "^  $row +[0-9.]+ +[0-9.]+" "$tmp/$name.err"
   check "$name --timings: the weight cache's counters" grep -qE "$counters" "$tmp/$name.err"
+  # The node's host↔device traffic (uploads, MB up, downloads, MB down, syncs, launches, allocations).
+  check "$name --timings: opencl:0's transfers in all" grep -qE "^  opencl:0 +total +[1-9][0-9]* +[0-9.]+ +[1-9][0-9]* +[0-9.]+ +[1-9][0-9]* +[1-9][0-9]* +[1-9][0-9]*$" "$tmp/$name.err"
 }
 
 timed ops ops ops -b "$nodes" --ops matmul,rmsnorm,moe --json
@@ -37,6 +40,12 @@ timed audit_in_process logits audit -p $ci -b "$nodes" --in-process --json
 timed capture logits capture -p $ci -b opencl:0 --steps ops,logits -o "$tmp/cap.safetensors"
 "$bin" capture -p $ci -b cpu-ref --steps ops,logits -o "$tmp/ref.safetensors" >/dev/null
 timed compare logits compare -p $ci "$tmp/ref.safetensors" "$tmp/cap.safetensors" --json
+
+# A capture records the traffic step by step (isolated audits and compare show it per step, too).
+for name in capture audit compare; do
+  check "$name --timings: opencl:0's transfers per step" grep -qE "^  opencl:0 +logits +[1-9][0-9]* +[0-9.]+ +[1-9][0-9]* " "$tmp/$name.err"
+done
+check "a host node has no transfers row" bash -c "! grep -qE '^  cpu-ref +total ' '$tmp/audit.err'"
 
 # The reports themselves are unchanged by the flag (steps are deterministic).
 for c in ops drift logits decide generate perplexity matrix; do

@@ -285,7 +285,7 @@ AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>&
         timing.steps.push_back(std::move(st));
     }
 
-    record_weight_caches(nodes, timing);
+    record_node_counters(nodes, timing);
     run.inputs = led.inputs();
     for (const NodeInput& f : ac.failed_nodes) {
         KVASIR_CHECK(!f.errors.empty(), ErrorCode::internal, "failed node '{}' without an error", f.node);

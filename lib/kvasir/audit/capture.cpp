@@ -179,6 +179,7 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
     nlohmann::ordered_json errors = nlohmann::ordered_json::object();
     nlohmann::ordered_json seconds = nlohmann::ordered_json::object();
     nlohmann::ordered_json faults = nlohmann::ordered_json::object();
+    nlohmann::ordered_json step_transfers = nlohmann::ordered_json::object();
     int index = 0;
     for (const std::string& name : selected) {
         ++index;
@@ -189,6 +190,7 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
         const std::any decisions = step.decide(env, authority);
         StepOutput out;
         const std::optional<std::int64_t> faults_before = node.injected_faults();
+        const std::optional<TransferStats> transfers_before = node.transfer_stats();
         if (auto why = as_node_failure([&] { out = step.collect(env, node, decisions, self); })) {
             errors[name] = *why;
         } else {
@@ -198,6 +200,7 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
             for (auto& [k, v] : out.notes) cd.metadata.insert_or_assign(k, std::move(v));
         }
         seconds[name] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (transfers_before) step_transfers[name] = to_json(*node.transfer_stats() - *transfers_before);
     }
 
     // Model-independent: step 1 with seeded weights only.
@@ -218,6 +221,10 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
     m["authority"] = authority.capabilities().node;
     m["step_seconds"] = seconds.dump();
     if (const auto cache = node.weight_cache_stats()) m["weight_cache"] = to_json(*cache).dump();
+    if (const auto transfers = node.transfer_stats()) {
+        m["transfers"] = to_json(*transfers).dump();
+        m["step_transfers"] = step_transfers.dump();
+    }
     if (node.injected_faults()) m["faults_injected"] = faults.dump();
     return cd;
 }
@@ -247,10 +254,22 @@ RunTimings timings_of_captures(const std::vector<const Capture*>& captures, std:
         }
         t.steps.push_back(std::move(st));
     }
-    for (const Capture* c : captures)
+    for (const Capture* c : captures) {
         if (const auto j = c->note("weight_cache"))
             if (const auto stats = weight_cache_stats_from_json(nlohmann::json::parse(*j, nullptr, false)))
                 t.weight_caches.emplace_back(c->node(), *stats);
+        if (const auto j = c->note("transfers"))
+            if (const auto stats = transfer_stats_from_json(nlohmann::json::parse(*j, nullptr, false))) {
+                NodeTransfers nt{c->node(), *stats, {}};
+                if (const auto per = c->note("step_transfers")) {
+                    const auto doc = nlohmann::ordered_json::parse(*per, nullptr, false);
+                    if (doc.is_object())
+                        for (const auto& item : doc.items())
+                            if (const auto s = transfer_stats_from_json(item.value())) nt.steps.emplace_back(item.key(), *s);
+                }
+                t.transfers.push_back(std::move(nt));
+            }
+    }
     return t;
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <type_traits>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -553,6 +554,7 @@ namespace {
 
 // The counters in one order for both directions.
 template <typename Stats, typename F>
+    requires std::is_same_v<std::remove_const_t<Stats>, WeightCacheStats>
 void for_each_counter(Stats& s, F&& f) {
     f("budget_bytes", s.budget_bytes);
     f("hits", s.hits);
@@ -566,24 +568,59 @@ void for_each_counter(Stats& s, F&& f) {
     f("resident_entries", s.resident_entries);
 }
 
-}  // namespace
+template <typename Stats, typename F>
+    requires std::is_same_v<std::remove_const_t<Stats>, TransferStats>
+void for_each_counter(Stats& s, F&& f) {
+    f("uploads", s.uploads);
+    f("upload_bytes", s.upload_bytes);
+    f("downloads", s.downloads);
+    f("download_bytes", s.download_bytes);
+    f("syncs", s.syncs);
+    f("launches", s.launches);
+    f("allocations", s.allocations);
+}
 
-nlohmann::ordered_json to_json(const WeightCacheStats& stats) {
+// Counters as a JSON object of unsigned integers, and back (every key
+// present and unsigned, else nullopt).
+template <typename Stats>
+nlohmann::ordered_json counters_json(const Stats& stats) {
     nlohmann::ordered_json j = nlohmann::ordered_json::object();
     for_each_counter(stats, [&](const char* key, std::uint64_t v) { j[key] = v; });
     return j;
 }
-
-std::optional<WeightCacheStats> weight_cache_stats_from_json(const nlohmann::json& j) {
+template <typename Stats>
+std::optional<Stats> counters_from_json(const nlohmann::json& j) {
     if (!j.is_object()) return std::nullopt;
-    WeightCacheStats s;
+    Stats s;
     bool ok = true;
     for_each_counter(s, [&](const char* key, std::uint64_t& v) {
         const auto it = j.find(key);
         if (it == j.end() || !it->is_number_unsigned()) ok = false;
         else v = it->get<std::uint64_t>();
     });
-    return ok ? std::optional<WeightCacheStats>(s) : std::nullopt;
+    return ok ? std::optional<Stats>(s) : std::nullopt;
 }
+
+}  // namespace
+
+TransferStats TransferStats::operator-(const TransferStats& before) const {
+    TransferStats d;
+    const auto sub = [](std::uint64_t a, std::uint64_t b) { return a >= b ? a - b : 0; };
+    d.uploads = sub(uploads, before.uploads);
+    d.upload_bytes = sub(upload_bytes, before.upload_bytes);
+    d.downloads = sub(downloads, before.downloads);
+    d.download_bytes = sub(download_bytes, before.download_bytes);
+    d.syncs = sub(syncs, before.syncs);
+    d.launches = sub(launches, before.launches);
+    d.allocations = sub(allocations, before.allocations);
+    return d;
+}
+
+nlohmann::ordered_json to_json(const WeightCacheStats& stats) { return counters_json(stats); }
+std::optional<WeightCacheStats> weight_cache_stats_from_json(const nlohmann::json& j) {
+    return counters_from_json<WeightCacheStats>(j);
+}
+nlohmann::ordered_json to_json(const TransferStats& stats) { return counters_json(stats); }
+std::optional<TransferStats> transfer_stats_from_json(const nlohmann::json& j) { return counters_from_json<TransferStats>(j); }
 
 }  // namespace kvasir

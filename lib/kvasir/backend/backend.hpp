@@ -82,6 +82,23 @@ struct WeightCacheStats {
     std::uint64_t resident_entries = 0;  // now
 };
 
+// A device node's traffic with the host, counted since it was created: what
+// moves between host and device memory, how often the host waits for the
+// device, how many kernels it enqueued and device buffers it allocated.
+// Shown by --timings and kept in captures per step (not part of any report:
+// they describe how a run went, not what it computed). Weight uploads are
+// counted here too (the weight cache's counters say which were weights).
+struct TransferStats {
+    std::uint64_t uploads = 0;         // host → device copies (buffer writes, mapped fills)
+    std::uint64_t upload_bytes = 0;
+    std::uint64_t downloads = 0;       // device → host copies
+    std::uint64_t download_bytes = 0;
+    std::uint64_t syncs = 0;           // the host waited for the device (blocking copies and maps, stream syncs)
+    std::uint64_t launches = 0;        // kernels (and library calls) enqueued
+    std::uint64_t allocations = 0;     // device buffers allocated
+    TransferStats operator-(const TransferStats& before) const;
+};
+
 struct RopeParams {
     double theta = 1e6;
     RopeLayout layout = RopeLayout::neox;
@@ -130,6 +147,9 @@ public:
     // The node's weight cache, if it has one (device backends). Optional:
     // the default has none.
     virtual std::optional<WeightCacheStats> weight_cache_stats() const { return std::nullopt; }
+    // The node's host↔device traffic (device nodes: opencl, cuda, hip).
+    // Optional: a host node has none.
+    virtual std::optional<TransferStats> transfer_stats() const { return std::nullopt; }
     // A fault-injecting node (fault.hpp): how many op outputs its fault has
     // corrupted so far, so that an audit can tell a fault that never fired
     // from one that was not caught. nullopt for every real node.

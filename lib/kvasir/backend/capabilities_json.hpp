@@ -16,5 +16,8 @@ nlohmann::ordered_json to_json(const Capabilities& caps);
 // nullopt for a document that is not one (a capture from another writer).
 nlohmann::ordered_json to_json(const WeightCacheStats& stats);
 std::optional<WeightCacheStats> weight_cache_stats_from_json(const nlohmann::json& j);
+// A node's transfer counters (capture metadata "transfers", "step_transfers"), likewise.
+nlohmann::ordered_json to_json(const TransferStats& stats);
+std::optional<TransferStats> transfer_stats_from_json(const nlohmann::json& j);
 
 }  // namespace kvasir

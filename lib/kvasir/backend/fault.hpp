@@ -110,6 +110,7 @@ public:
 
     const Capabilities& capabilities() const override { return caps_; }
     std::optional<WeightCacheStats> weight_cache_stats() const override { return inner_->weight_cache_stats(); }
+    std::optional<TransferStats> transfer_stats() const override { return inner_->transfer_stats(); }
     Tensor matmul(const TensorView& x, const TensorView& w) override;
     Tensor swiglu(const TensorView& gate, const TensorView& up) override;
     Tensor clamped_swiglu(const TensorView& gate, const TensorView& up, double alpha, double limit) override;

@@ -15,6 +15,7 @@ public:
     explicit ForwardingBackend(Backend& inner) : inner_(inner) {}
     const Capabilities& capabilities() const override { return inner_.capabilities(); }
     std::optional<WeightCacheStats> weight_cache_stats() const override { return inner_.weight_cache_stats(); }
+    std::optional<TransferStats> transfer_stats() const override { return inner_.transfer_stats(); }
     std::optional<std::int64_t> injected_faults() const override { return inner_.injected_faults(); }
     Tensor matmul(const TensorView& x, const TensorView& w) override { return inner_.matmul(x, w); }
     Tensor swiglu(const TensorView& g, const TensorView& u) override { return inner_.swiglu(g, u); }

@@ -311,6 +311,20 @@ std::string render_timings(const RunTimings& t) {
                            static_cast<double>(c.bytes_uploaded) * 1e-9, c.resident_entries,
                            static_cast<double>(c.resident_bytes) * 1e-9, static_cast<double>(c.budget_bytes) * 1e-9);
     }
+    if (!t.transfers.empty()) {
+        // The device nodes' traffic: what a device-resident design drives to O(1) per forward step.
+        TextTable tt({"transfers", "step", "uploads", "MB up", "downloads", "MB down", "syncs", "launches", "allocations"});
+        const auto add = [&](const std::string& node, const std::string& step, const TransferStats& x) {
+            tt.add_row({node, step, std::to_string(x.uploads), fmt::format("{:.3f}", static_cast<double>(x.upload_bytes) * 1e-6),
+                        std::to_string(x.downloads), fmt::format("{:.3f}", static_cast<double>(x.download_bytes) * 1e-6),
+                        std::to_string(x.syncs), std::to_string(x.launches), std::to_string(x.allocations)});
+        };
+        for (const NodeTransfers& n : t.transfers) {
+            for (const auto& [step, x] : n.steps) add(n.node, step, x);
+            add(n.node, "total", n.total);
+        }
+        out += tt.render("  ");
+    }
     return out;
 }
 

@@ -93,9 +93,11 @@ void load_phase(const Model& model, std::span<const std::int64_t> layers, bool g
     t.loaded = true;
 }
 
-void record_weight_caches(const std::vector<std::unique_ptr<Backend>>& nodes, RunTimings& t) {
-    for (const auto& n : nodes)
+void record_node_counters(const std::vector<std::unique_ptr<Backend>>& nodes, RunTimings& t) {
+    for (const auto& n : nodes) {
         if (const auto s = n->weight_cache_stats()) t.weight_caches.emplace_back(n->capabilities().node, *s);
+        if (const auto s = n->transfer_stats()) t.transfers.push_back({n->capabilities().node, *s, {}});
+    }
 }
 
 double NodeClock::seconds(std::size_t i) const { return shared_->seconds.at(i); }

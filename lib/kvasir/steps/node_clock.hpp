@@ -59,6 +59,12 @@ struct StepTiming {
     std::vector<double> node_seconds;  // in node order
 };
 
+struct NodeTransfers {
+    std::string node;
+    TransferStats total;
+    std::vector<std::pair<std::string, TransferStats>> steps;  // in step order; empty when not recorded
+};
+
 struct RunTimings {
     bool loaded = false;           // false: no load phase, weights read lazily during the steps
     std::string load_note;         // why there was none (empty when loaded)
@@ -69,10 +75,14 @@ struct RunTimings {
     // The weight caches of the nodes that have one (device nodes), at the end
     // of the run: node name and counters (backend/weight_cache.hpp).
     std::vector<std::pair<std::string, WeightCacheStats>> weight_caches;
+    // The host↔device traffic of the device nodes (TransferStats): the whole
+    // run, and per step where the run recorded it (captures do).
+    std::vector<NodeTransfers> transfers;
 };
 
-// Appends the weight-cache counters of every node that has a cache to `t`.
-void record_weight_caches(const std::vector<std::unique_ptr<Backend>>& nodes, RunTimings& t);
+// Appends the counters of every node that has them (its weight cache, its
+// transfers) to `t`.
+void record_node_counters(const std::vector<std::unique_ptr<Backend>>& nodes, RunTimings& t);
 
 // The load phase: reads `layers` (and the embedding, final norm and lm_head
 // when `globals`) with Model::load_layer / load_globals; records bytes and

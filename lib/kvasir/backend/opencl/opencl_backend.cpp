@@ -524,6 +524,10 @@ public:
 
     const Capabilities& capabilities() const override { return caps_; }
     std::optional<WeightCacheStats> weight_cache_stats() const override { return weights_->stats(); }
+    std::optional<TransferStats> transfer_stats() const override {
+        const std::lock_guard lock(mutex_);
+        return transfers_;
+    }
 
     Tensor matmul(const TensorView& x, const TensorView& w) override {
         check_matmul_args(x, w);
@@ -545,7 +549,7 @@ public:
             const std::size_t global[2] = {static_cast<std::size_t>((t_count + rows - 1) / rows),
                                            static_cast<std::size_t>((n_count + kPanel - 1) / kPanel)};
             const std::size_t local[2] = {1, 1};
-            KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, 2, nullptr, global, local, 0, nullptr, nullptr));
+            enqueue(k, 2, global, local);
             return download(yb, shape);
         }
         const ClMem xb = upload(x), wb = weight(w);
@@ -558,7 +562,7 @@ public:
                                            kMatmulOutputsPerItem,
                                        round_up(static_cast<std::size_t>(t_count), tile_)};
         const std::size_t local[2] = {tile_, tile_};
-        KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, 2, nullptr, global, local, 0, nullptr, nullptr));
+        enqueue(k, 2, global, local);
         return download(yb, shape);
     }
 
@@ -651,7 +655,7 @@ public:
                  static_cast<cl_int>(params.layout == RopeLayout::neox ? 1 : 0));
         const std::size_t global[3] = {static_cast<std::size_t>(d / 2), static_cast<std::size_t>(heads),
                                        static_cast<std::size_t>(t_count)};
-        KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, 3, nullptr, global, nullptr, 0, nullptr, nullptr));
+        enqueue(k, 3, global, nullptr);
         return download(yb, x.shape);
     }
 
@@ -705,17 +709,16 @@ public:
                 sin = upload_raw(f.raw(), state_bytes);
             }
         }
-        const ClMem sb(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_WRITE, state_bytes, nullptr));
+        const ClMem sb = device_buffer(state_bytes);
         const ClMem ob = output(res.out.numel());
         const cl_kernel k = kernel("linear_attention.cl", "kv_gated_delta_rule", row_wg_);
         set_args(k, qb, kb, vb, ab, bb, alb, dtb, in.state != nullptr ? sin : sb, sb, ob, static_cast<cl_int>(t_count),
                  static_cast<cl_int>(nk), static_cast<cl_int>(dk), static_cast<cl_int>(nv), static_cast<cl_int>(dv),
                  static_cast<cl_int>(in.state != nullptr ? 1 : 0), LocalBytes{local_bytes / 2}, LocalBytes{local_bytes / 2});
         const std::size_t global = static_cast<std::size_t>(nv) * row_wg_;
-        KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, 1, nullptr, &global, &row_wg_, 0, nullptr, nullptr));
+        enqueue(k, 1, &global, &row_wg_);
         res.out = download(ob, res.out.shape());
-        KVCL_CHECK(clEnqueueReadBuffer(runtime_->queue(), sb.get(), CL_TRUE, 0, state_bytes, res.state.raw(), 0, nullptr,
-                                       nullptr));
+        read(sb, state_bytes, res.state.raw());
         return res;
     }
 
@@ -747,7 +750,7 @@ public:
                  static_cast<cl_int>(d), static_cast<cl_int>(s_count), static_cast<cl_float>(scale));
         if (panels) {  // a work-item per (query row, head)
             const std::size_t global = static_cast<std::size_t>(t_count * nh), local = 1;
-            KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, 1, nullptr, &global, &local, 0, nullptr, nullptr));
+            enqueue(k, 1, &global, &local);
         } else {
             launch_rows(k, t_count * nh);
         }
@@ -816,9 +819,15 @@ private:
 
     std::size_t storage_bytes() const { return caps_.storage == DType::f16 ? 2 : 4; }
 
+    // CL_MEM_COPY_HOST_PTR: one allocation, one copy (the runtime's own: no
+    // host wait counted, the call returns once it has taken the bytes).
     ClMem upload_raw(const void* data, std::size_t bytes) const {
-        return ClMem(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, bytes,
-                                 const_cast<void*>(data)));
+        ClMem b(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, bytes,
+                            const_cast<void*>(data)));
+        ++transfers_.allocations;
+        ++transfers_.uploads;
+        transfers_.upload_bytes += bytes;
+        return b;
     }
 
     // v's elements as the device holds them — f32, half bits, or f32 values
@@ -850,10 +859,14 @@ private:
     template <typename Fill>
     ClMem upload_mapped(std::size_t bytes, Fill&& fill) const {
         ClMem buffer(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_ONLY | CL_MEM_ALLOC_HOST_PTR, bytes, nullptr));
+        ++transfers_.allocations;
         void* host = KVCL_CREATE(clEnqueueMapBuffer, runtime_->queue(), buffer.get(), CL_TRUE, CL_MAP_WRITE_INVALIDATE_REGION,
                                  0, bytes, 0, nullptr, nullptr);
+        ++transfers_.syncs;  // a blocking map waits for the queue
         fill(static_cast<std::byte*>(host));
         KVCL_CHECK(clEnqueueUnmapMemObject(runtime_->queue(), buffer.get(), host, 0, nullptr, nullptr));
+        ++transfers_.uploads;
+        transfers_.upload_bytes += bytes;
         return buffer;
     }
 
@@ -969,17 +982,27 @@ private:
         return ClMem(resident->get());
     }
 
-    ClMem output(std::int64_t numel) const {
-        return ClMem(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_WRITE,
-                                 static_cast<std::size_t>(numel) * storage_bytes(), nullptr));
+    ClMem output(std::int64_t numel) const { return device_buffer(static_cast<std::size_t>(numel) * storage_bytes()); }
+    ClMem device_buffer(std::size_t bytes) const {
+        ClMem b(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_WRITE, bytes, nullptr));
+        ++transfers_.allocations;
+        return b;
+    }
+
+    // A blocking read of `bytes` into `dst`: waits for the queue (and so for
+    // the kernels before it), counted.
+    void read(const ClMem& buffer, std::size_t bytes, void* dst) const {
+        KVCL_CHECK(clEnqueueReadBuffer(runtime_->queue(), buffer.get(), CL_TRUE, 0, bytes, dst, 0, nullptr, nullptr));
+        ++transfers_.downloads;
+        ++transfers_.syncs;
+        transfers_.download_bytes += bytes;
     }
 
     // Blocking read on the in-order queue: waits for the kernel, and any
     // execution error surfaces here through KVCL_CHECK.
     Tensor download(const ClMem& buffer, const Shape& shape) const {
         Tensor y(caps_.storage == DType::f16 ? DType::f16 : DType::f32, shape);
-        KVCL_CHECK(clEnqueueReadBuffer(runtime_->queue(), buffer.get(), CL_TRUE, 0, y.nbytes(), y.raw(), 0, nullptr,
-                                       nullptr));
+        read(buffer, y.nbytes(), y.raw());
         // bf16 needs nothing here: the kernels' stores already rounded to it.
         if (caps_.storage == DType::f16) return Tensor::convert(y, DType::f32);
         return y;
@@ -1023,14 +1046,20 @@ private:
         (set_arg(k, index++, args), ...);
     }
 
+    // Every kernel goes through here: enqueued on the in-order queue, counted.
+    void enqueue(cl_kernel k, cl_uint dims, const std::size_t* global, const std::size_t* local) const {
+        KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, dims, nullptr, global, local, 0, nullptr, nullptr));
+        ++transfers_.launches;
+    }
+
     void launch_1d(cl_kernel k, std::int64_t n) const {
         const std::size_t global = round_up(static_cast<std::size_t>(n), elem_wg_);
-        KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, 1, nullptr, &global, &elem_wg_, 0, nullptr, nullptr));
+        enqueue(k, 1, &global, &elem_wg_);
     }
 
     void launch_rows(cl_kernel k, std::int64_t rows) const {
         const std::size_t global = static_cast<std::size_t>(rows) * row_wg_;
-        KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, 1, nullptr, &global, &row_wg_, 0, nullptr, nullptr));
+        enqueue(k, 1, &global, &row_wg_);
     }
 
     Capabilities caps_;
@@ -1038,7 +1067,8 @@ private:
     DeviceRuntime* runtime_ = nullptr;
     std::size_t tile_ = 16, row_wg_ = 256, elem_wg_ = 64;
     std::string defines_;
-    std::mutex mutex_;
+    mutable std::mutex mutex_;  // every op, and a read of the counters
+    mutable TransferStats transfers_;  // counted by upload_raw/upload_mapped/device_buffer/read/enqueue
     std::map<std::string, ClKernel> kernels_;
     std::unique_ptr<WeightCache<ClMem>> weights_;  // device-resident weights
 };
