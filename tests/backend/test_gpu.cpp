@@ -41,6 +41,7 @@
 #include "kvasir/audit/capture.hpp"
 #include "kvasir/audit/protocol.hpp"
 #include "kvasir/backend/registry.hpp"
+#include "tests/backend/device_experts_check.hpp"
 #include "tests/backend/matmul_bound.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/rng.hpp"
@@ -722,6 +723,15 @@ TEST_P(GpuOps, NondeterministicVariantStaysWithinTheBound) {
     RecordProperty("runs_differing_from_the_first_of_20", differing_runs);
     std::printf("[ info ] %s:nondeterministic=1: %d of 20 reruns differ from the first\n", GetParam().c_str(),
                 differing_runs);
+}
+
+TEST_P(GpuOps, ExpertsOnTheDeviceGiveEachExpertsOpsBitsInOneRoundTrip) {
+    // GpuBackend::expert_ffns (gpu_backend_impl.inc): every buffer f32, so
+    // every variant moves 4 bytes an element; cuBLAS slices aligned as
+    // cudaMalloc's buffers, so it picks the per-op call's kernel.
+    std::vector<std::string> specs{GetParam(), GetParam() + ":storage=bf16", GetParam() + ":storage=f16", GetParam() + ":acc=f16"};
+    if (GetParam() == "cuda") specs.push_back("cuda:blas=cublas,tf32=0");
+    test::expect_device_experts_match_their_ops(specs, [](const std::string&) -> std::uint64_t { return 4; });
 }
 
 TEST_P(GpuOps, RopeTakesTheCpuNodesAngles) {

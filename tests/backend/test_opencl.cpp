@@ -10,6 +10,7 @@
 // Every test skips, visibly and with the reason, when this build has no
 // OpenCL or the machine has no OpenCL device (CI installs PoCL).
 #include "kvasir/backend/registry.hpp"
+#include "tests/backend/device_experts_check.hpp"
 #include "tests/backend/matmul_bound.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/immutable_memory.hpp"
@@ -237,6 +238,13 @@ TEST_F(Opencl, TransferCountersCountWhatCrossesToTheDevice) {
     const TransferStats h = *half->transfer_stats();
     EXPECT_EQ(h.upload_bytes, 4u * 64 * 2 + 32u * 64 * 2);
     EXPECT_EQ(h.download_bytes, 4u * 32 * 2);
+}
+
+TEST_F(Opencl, ExpertsOnTheDeviceGiveEachExpertsOpsBitsInOneRoundTrip) {
+    // OpenclBackend::expert_ffns; half storage moves half bits both ways.
+    test::expect_device_experts_match_their_ops(
+        {"opencl:0", "opencl:0:storage=bf16", "opencl:0:storage=f16"},
+        [](const std::string& spec) -> std::uint64_t { return spec == "opencl:0:storage=f16" ? 2 : 4; });
 }
 
 TEST_F(Opencl, MatmulIsOneFmaChainPerOutputInAscendingK) {

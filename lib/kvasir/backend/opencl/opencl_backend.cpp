@@ -227,6 +227,7 @@ struct DeviceInfo {
     std::array<std::size_t, 3> max_work_item{1, 1, 1};
     cl_ulong local_mem = 0;  // CL_DEVICE_LOCAL_MEM_SIZE, bytes
     cl_ulong global_mem = 0;  // CL_DEVICE_GLOBAL_MEM_SIZE, bytes
+    cl_uint base_align_bytes = 128;  // CL_DEVICE_MEM_BASE_ADDR_ALIGN / 8: a sub-buffer's offset is a multiple
     bool fp16 = false, fp64 = false;
     bool cpu = false;  // CL_DEVICE_TYPE_CPU: a work-group's items run one after another (PoCL)
 
@@ -280,6 +281,7 @@ Enumeration enumerate_devices() {
                                        info.max_work_item.data(), nullptr));
             info.local_mem = device_value<cl_ulong>(d, CL_DEVICE_LOCAL_MEM_SIZE);
             info.global_mem = device_value<cl_ulong>(d, CL_DEVICE_GLOBAL_MEM_SIZE);
+            info.base_align_bytes = std::max<cl_uint>(1, device_value<cl_uint>(d, CL_DEVICE_MEM_BASE_ADDR_ALIGN) / 8);
             info.fp16 = has_extension(info.extensions, "cl_khr_fp16");
             info.fp64 = has_extension(info.extensions, "cl_khr_fp64");
             info.cpu = (device_value<cl_device_type>(d, CL_DEVICE_TYPE) & CL_DEVICE_TYPE_CPU) != 0;
@@ -537,11 +539,20 @@ public:
         check_int_range("matmul", {t_count, n_count, k_count});
         if (t_count == 0 || n_count == 0 || k_count == 0) return Tensor(DType::f32, shape);  // empty sums are +0
         const std::lock_guard lock(mutex_);
+        const ClMem xb = upload(x);
+        const ClMem yb = output(t_count * n_count);
+        enqueue_matmul(xb, t_count, w, yb);
+        return download(yb, shape);
+    }
+
+    // y [t, N] = x [t, K] · wᵀ, both on the device in its storage format: the
+    // weight from the node's cache, nothing else moved. The caller holds the lock.
+    void enqueue_matmul(const ClMem& xb, std::int64_t t_count, const TensorView& w, const ClMem& yb) {
+        const std::int64_t n_count = w.dim(0), k_count = w.dim(1);
         if (caps_.accumulation == DType::f32) {
             // kv_matmul_packed_R: R rows of x per work-item, 16 outputs of one panel.
             const int rows = t_count >= 8 ? 8 : t_count >= 3 ? 4 : static_cast<int>(t_count);
-            const ClMem xb = upload(x), wb = packed_weight(w);
-            const ClMem yb = output(t_count * n_count);
+            const ClMem wb = packed_weight(w);
             const cl_kernel k =
                 kernel("matmul.cl", fmt::format("kv_matmul_packed{}_{}", rows, dtype_name(panel_format(w.dtype))).c_str(), 1);
             set_args(k, xb, wb, yb, static_cast<cl_int>(t_count), static_cast<cl_int>(n_count),
@@ -550,10 +561,9 @@ public:
                                            static_cast<std::size_t>((n_count + kPanel - 1) / kPanel)};
             const std::size_t local[2] = {1, 1};
             enqueue(k, 2, global, local);
-            return download(yb, shape);
+            return;
         }
-        const ClMem xb = upload(x), wb = weight(w);
-        const ClMem yb = output(t_count * n_count);
+        const ClMem wb = weight(w);
         const cl_kernel k = kernel("matmul.cl", "kv_matmul", tile_ * tile_);
         set_args(k, xb, wb, yb, static_cast<cl_int>(t_count), static_cast<cl_int>(n_count),
                  static_cast<cl_int>(k_count));
@@ -563,7 +573,6 @@ public:
                                        round_up(static_cast<std::size_t>(t_count), tile_)};
         const std::size_t local[2] = {tile_, tile_};
         enqueue(k, 2, global, local);
-        return download(yb, shape);
     }
 
     // y[i] = kernel(a[i], b[i], extra…) of elementwise.cl over n elements.
@@ -574,13 +583,93 @@ public:
         const std::lock_guard lock(mutex_);
         const ClMem ab = upload(a), bb = upload(b);
         const ClMem yb = output(n);
+        enqueue_binary(name, ab, bb, yb, n, extra...);
+        return download(yb, a.shape);
+    }
+    template <class... Extra>
+    void enqueue_binary(const char* name, const ClMem& ab, const ClMem& bb, const ClMem& yb, std::int64_t n,
+                        Extra... extra) {
         const cl_kernel k = kernel("elementwise.cl", name, 0);
         set_args(k, ab, bb, yb, static_cast<cl_ulong>(n), extra...);
         launch_1d(k, n);
-        return download(yb, a.shape);
     }
 
-    Tensor swiglu(const TensorView& gate, const TensorView& up) override {
+    // A MoE block's experts on the device (issue #38): the jobs' token rows
+    // go up in one buffer, every expert's gate, up, (clamped) SwiGLU and down
+    // run on regions of device buffers with the very kernels matmul and
+    // swiglu run — so each y has the default's bits (the intermediates are
+    // stored in the device's format either way, and the default's download
+    // and re-upload of them round nothing) — and all outputs come back in one
+    // read: one upload and one download per block instead of five per expert.
+    // Experts with biases (gpt-oss) take the default.
+    void expert_ffns(std::span<ExpertJob> jobs) override {
+        for (const ExpertJob& j : jobs) {
+            const ExpertWeights& ew = *j.weights;
+            if (ew.gate_bias.data != nullptr || ew.up_bias.data != nullptr || ew.down_bias.data != nullptr)
+                return Backend::expert_ffns(jobs);
+        }
+        struct Region {
+            std::size_t x = 0, mid = 0, y = 0;  // element offsets in the x, intermediate and y buffers
+            std::int64_t rows = 0, h = 0, i = 0, out = 0;
+        };
+        const std::size_t align = std::max<std::size_t>(1, info_->base_align_bytes / storage_bytes());
+        const auto padded = [&](std::int64_t n) { return round_up(static_cast<std::size_t>(n), align); };
+        std::vector<Region> regions;
+        std::size_t x_total = 0, mid_total = 0, y_total = 0;
+        for (const ExpertJob& j : jobs) {
+            const ExpertWeights& ew = *j.weights;
+            check_matmul_args(j.x, ew.gate);
+            check_matmul_args(j.x, ew.up);
+            Region r{x_total, mid_total, y_total, rows_of(j.x), j.x.shape().back(), ew.gate.dim(0), ew.down.dim(0)};
+            KVASIR_CHECK(ew.up.dim(0) == r.i && ew.down.dim(1) == r.i, ErrorCode::bad_input,
+                         "moe: expert gate/up/down shapes disagree ({} / {} / {}x{})", r.i, ew.up.dim(0), r.out, ew.down.dim(1));
+            check_int_range("moe", {r.rows, r.h, r.i, r.out, r.rows * r.h, r.rows * r.i, r.rows * r.out});
+            x_total += padded(r.rows * r.h);
+            mid_total += padded(r.rows * r.i);
+            y_total += padded(r.rows * r.out);
+            regions.push_back(r);
+        }
+        if (y_total == 0 || mid_total == 0 || x_total == 0) return Backend::expert_ffns(jobs);
+        const std::lock_guard lock(mutex_);
+        const std::size_t eb = storage_bytes();
+        const ClMem xb = upload_mapped(x_total * eb, [&](std::byte* host) {
+            for (std::size_t n = 0; n < jobs.size(); ++n) to_device_format(jobs[n].x.view(), host + regions[n].x * eb);
+        });
+        const ClMem gb = device_buffer(mid_total * eb), ub = device_buffer(mid_total * eb),
+                    ab = device_buffer(mid_total * eb), yb = device_buffer(y_total * eb);
+        for (std::size_t n = 0; n < jobs.size(); ++n) {
+            const Region& r = regions[n];
+            if (r.rows == 0) continue;
+            const ExpertWeights& ew = *jobs[n].weights;
+            const ClMem xs = region(xb, r.x * eb, static_cast<std::size_t>(r.rows * r.h) * eb);
+            const ClMem gs = region(gb, r.mid * eb, static_cast<std::size_t>(r.rows * r.i) * eb);
+            const ClMem us = region(ub, r.mid * eb, static_cast<std::size_t>(r.rows * r.i) * eb);
+            const ClMem as = region(ab, r.mid * eb, static_cast<std::size_t>(r.rows * r.i) * eb);
+            const ClMem ys = region(yb, r.y * eb, static_cast<std::size_t>(r.rows * r.out) * eb);
+            if (r.i > 0 && r.h > 0) {
+                enqueue_matmul(xs, r.rows, ew.gate, gs);
+                enqueue_matmul(xs, r.rows, ew.up, us);
+            } else {
+                fill_zero(gs, static_cast<std::size_t>(r.rows * r.i) * eb);  // empty sums are +0
+                fill_zero(us, static_cast<std::size_t>(r.rows * r.i) * eb);
+            }
+            if (ew.activation.clamped)
+                enqueue_binary("kv_clamped_swiglu", gs, us, as, r.rows * r.i, static_cast<cl_float>(ew.activation.alpha),
+                               static_cast<cl_float>(ew.activation.limit));
+            else
+                enqueue_binary("kv_swiglu", gs, us, as, r.rows * r.i);
+            if (r.i > 0)
+                enqueue_matmul(as, r.rows, ew.down, ys);
+            else
+                fill_zero(ys, static_cast<std::size_t>(r.rows * r.out) * eb);
+        }
+        const Tensor all = download(yb, {static_cast<std::int64_t>(y_total)});
+        for (std::size_t n = 0; n < jobs.size(); ++n) {
+            const Region& r = regions[n];
+            jobs[n].y = Tensor(DType::f32, {r.rows, r.out});
+            std::memcpy(jobs[n].y.raw(), all.as<float>() + r.y, jobs[n].y.nbytes());
+        }
+    }    Tensor swiglu(const TensorView& gate, const TensorView& up) override {
         check_same_shape("swiglu", gate, up);
         return binary_elementwise("kv_swiglu", gate, up);
     }
@@ -983,6 +1072,18 @@ private:
     }
 
     ClMem output(std::int64_t numel) const { return device_buffer(static_cast<std::size_t>(numel) * storage_bytes()); }
+    // `bytes` of `buffer` from byte `offset` (a multiple of the device's base
+    // alignment) as a buffer of its own: no allocation, no copy.
+    ClMem region(const ClMem& buffer, std::size_t offset, std::size_t bytes) const {
+        const cl_buffer_region r{offset, std::max<std::size_t>(bytes, storage_bytes())};
+        return ClMem(KVCL_CREATE(clCreateSubBuffer, buffer.get(), 0, CL_BUFFER_CREATE_TYPE_REGION, &r));  // the parent's access
+    }
+    void fill_zero(const ClMem& buffer, std::size_t bytes) const {
+        if (bytes == 0) return;
+        const cl_uchar zero = 0;
+        KVCL_CHECK(clEnqueueFillBuffer(runtime_->queue(), buffer.get(), &zero, 1, 0, bytes, 0, nullptr, nullptr));
+        ++transfers_.launches;
+    }
     ClMem device_buffer(std::size_t bytes) const {
         ClMem b(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_WRITE, bytes, nullptr));
         ++transfers_.allocations;

@@ -1,0 +1,96 @@
+// The check every device node's MoE experts answer to (opencl and cuda/hip
+// run a block's experts on device buffers: Backend::expert_ffns overridden,
+// issue #38). One body for both test files.
+#pragma once
+
+#include "kvasir/backend/registry.hpp"
+#include "kvasir/core/immutable_memory.hpp"
+#include "kvasir/core/rng.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kvasir::test {
+
+// Each token routed to ONE expert with weight 1 makes a block's output row
+// that expert's FFN row itself (the combine adds 1·y to +0 and rounds to
+// storage: exact), so the block is checked against the node's own public
+// ops per expert — matmul, swiglu or clamped_swiglu, matmul — bit for bit,
+// for f32, bf16 and f16 weights (registered as immutable, as a
+// checkpoint's mapping), prefill- and decode-sized. The counters: one
+// download per block, of the rows (each expert's slice padded to the
+// device's alignment: less than 1 KiB an expert), and on resident weights
+// one upload and one download per block. `element_bytes(spec)`: what one
+// activation element moves as on that node.
+inline void expect_device_experts_match_their_ops(const std::vector<std::string>& specs,
+                                                  const std::function<std::uint64_t(const std::string&)>& element_bytes) {
+    const std::int64_t E = 5, H = 96, I = 40;
+    for (const DType wd : {DType::f32, DType::bf16, DType::f16}) {
+        std::vector<std::byte> weights;
+        for (const char* part : {"gate", "up", "down"})
+            for (std::int64_t e = 0; e < E; ++e) {
+                const Tensor w = Tensor::convert(seeded_normal(31, std::string("ex/") + part + std::to_string(e), {I * H}, 0, 0.1), wd);
+                weights.insert(weights.end(), static_cast<const std::byte*>(w.raw()), static_cast<const std::byte*>(w.raw()) + w.nbytes());
+            }
+        const ImmutableRegistration reg(weights.data(), weights.size());
+        const std::size_t matrix = static_cast<std::size_t>(I * H) * dtype_size(wd);
+        for (const bool clamped : {false, true}) {
+            std::vector<ExpertWeights> experts;
+            for (std::int64_t e = 0; e < E; ++e) {
+                const std::byte* g = weights.data() + static_cast<std::size_t>(e) * matrix;
+                ExpertWeights ew{TensorView{wd, g, {I, H}}, TensorView{wd, g + static_cast<std::size_t>(E) * matrix, {I, H}},
+                                 TensorView{wd, g + 2 * static_cast<std::size_t>(E) * matrix, {H, I}}};
+                if (clamped) ew.activation = {true, 1.702, 7.0};
+                experts.push_back(ew);
+            }
+            for (const std::string& spec : specs) {
+                auto node = create_backend(spec);
+                const std::string what = spec + " weights " + dtype_name(wd) + (clamped ? " clamped" : "");
+                for (const std::int64_t T : {1, 3, 37}) {
+                    const Tensor x = seeded_normal(31, "ex/x" + std::to_string(T), {T, H}, 0, 1);
+                    RoutingPlan plan{Tensor(DType::i32, {T, 1}), Tensor(DType::f32, {T, 1})};
+                    for (std::int64_t t = 0; t < T; ++t) {
+                        plan.ids.as<std::int32_t>()[t] = static_cast<std::int32_t>((t * 3) % E);
+                        plan.weights.as<float>()[t] = 1.0f;
+                    }
+                    const TransferStats before = *node->transfer_stats();
+                    const Tensor block = node->moe_block(x, experts, plan);
+                    const TransferStats moved = *node->transfer_stats() - before;
+                    ASSERT_EQ(block.shape(), Shape({T, H}));
+                    for (std::int64_t t = 0; t < T; ++t) {
+                        const ExpertWeights& ew = experts[static_cast<std::size_t>((t * 3) % E)];
+                        const Tensor xt = Tensor::convert(x.view().row(t), DType::f32);
+                        const TensorView xr{DType::f32, xt.raw(), {1, H}};
+                        const Tensor g = node->matmul(xr, ew.gate), u = node->matmul(xr, ew.up);
+                        const Tensor a = clamped ? node->clamped_swiglu(g, u, 1.702, 7.0) : node->swiglu(g, u);
+                        const Tensor y = node->matmul(a, ew.down);
+                        ASSERT_EQ(std::memcmp(y.raw(), block.as<float>() + t * H, static_cast<std::size_t>(H) * 4), 0)
+                            << what << " T " << T << " row " << t;
+                    }
+                    const std::uint64_t rows_bytes = static_cast<std::uint64_t>(T * H) * element_bytes(spec);
+                    EXPECT_EQ(moved.downloads, 1u) << what << " T " << T;
+                    EXPECT_GE(moved.download_bytes, rows_bytes) << what << " T " << T;
+                    EXPECT_LT(moved.download_bytes, rows_bytes + static_cast<std::uint64_t>(E) * 1024) << what << " T " << T;
+                }
+                // A block of top-2 routing on resident weights: the rows up once, the outputs down once.
+                const Tensor x = seeded_normal(31, "ex/x2", {8, H}, 0, 1);
+                RoutingPlan plan{Tensor(DType::i32, {8, 2}), seeded_normal(31, "ex/w2", {8, 2}, 0.4, 0.1)};
+                for (std::int64_t t = 0; t < 8; ++t)
+                    for (std::int64_t j = 0; j < 2; ++j)
+                        plan.ids.as<std::int32_t>()[t * 2 + j] = static_cast<std::int32_t>((t + 2 * j) % E);
+                const TransferStats before = *node->transfer_stats();
+                (void)node->moe_block(x, experts, plan);
+                const TransferStats moved = *node->transfer_stats() - before;
+                EXPECT_EQ(moved.uploads, 1u) << what;
+                EXPECT_EQ(moved.downloads, 1u) << what;
+            }
+        }
+    }
+}
+
+}  // namespace kvasir::test
