@@ -2,6 +2,7 @@
 // runtime (context, queue, program cache) and the ops. The contract and the
 // numerics are documented in opencl_backend.hpp; kernels in kernels/opencl.
 #include "kvasir/backend/opencl/opencl_backend.hpp"
+#include "kvasir/backend/device_pool.hpp"
 
 #include "kernels/cpu/matmul.hpp"
 #include "kvasir/backend/weight_cache.hpp"
@@ -160,6 +161,8 @@ public:
     ~ClHandle() { reset(); }
 
     T get() const { return handle_; }
+    // Gives up ownership: the caller now holds the reference.
+    T release() noexcept { return std::exchange(handle_, nullptr); }
 
 private:
     void reset() noexcept {
@@ -174,6 +177,30 @@ using ClQueue = ClHandle<cl_command_queue, clReleaseCommandQueue>;
 using ClProgram = ClHandle<cl_program, clReleaseProgram>;
 using ClKernel = ClHandle<cl_kernel, clReleaseKernel>;
 using ClMem = ClHandle<cl_mem, clReleaseMemObject>;
+
+// A device buffer of the node's pool (backend/device_pool.hpp): given back
+// to it, not released, when it goes. Move-only.
+class PooledMem {
+public:
+    PooledMem() = default;
+    PooledMem(ClMem mem, std::uint64_t bytes, DevicePool* pool) : mem_(std::move(mem)), bytes_(bytes), pool_(pool) {}
+    PooledMem(PooledMem&& other) noexcept
+        : mem_(std::move(other.mem_)), bytes_(other.bytes_), pool_(std::exchange(other.pool_, nullptr)) {}
+    PooledMem& operator=(PooledMem&&) = delete;
+    PooledMem(const PooledMem&) = delete;
+    PooledMem& operator=(const PooledMem&) = delete;
+    ~PooledMem() {
+        if (pool_ != nullptr && mem_.get() != nullptr) pool_->give(mem_.release(), bytes_);
+    }
+    cl_mem get() const { return mem_.get(); }
+
+private:
+    ClMem mem_;
+    std::uint64_t bytes_ = 0;
+    DevicePool* pool_ = nullptr;
+};
+
+void release_cl_buffer(void* handle) { (void)clReleaseMemObject(static_cast<cl_mem>(handle)); }
 
 // --- device queries -------------------------------------------------------------------
 
@@ -449,6 +476,7 @@ public:
             }
         }
         info_ = &device_at(spec.device, spec.canonical());
+        pool_ = std::make_unique<DevicePool>(default_device_pool_cap(info_->global_mem), release_cl_buffer);
         weights_ = std::make_unique<WeightCache<ClMem>>(cache_budget.value_or(default_weight_cache_budget(info_->global_mem)));
         if (caps_.accumulation == DType::f16 && !info_->fp16)
             fail(ErrorCode::unsupported,
@@ -539,15 +567,16 @@ public:
         check_int_range("matmul", {t_count, n_count, k_count});
         if (t_count == 0 || n_count == 0 || k_count == 0) return Tensor(DType::f32, shape);  // empty sums are +0
         const std::lock_guard lock(mutex_);
-        const ClMem xb = upload(x);
-        const ClMem yb = output(t_count * n_count);
+        const PooledMem xb = upload(x);
+        const PooledMem yb = output(t_count * n_count);
         enqueue_matmul(xb, t_count, w, yb);
         return download(yb, shape);
     }
 
     // y [t, N] = x [t, K] · wᵀ, both on the device in its storage format: the
     // weight from the node's cache, nothing else moved. The caller holds the lock.
-    void enqueue_matmul(const ClMem& xb, std::int64_t t_count, const TensorView& w, const ClMem& yb) {
+    template <class XBuffer, class YBuffer>
+    void enqueue_matmul(const XBuffer& xb, std::int64_t t_count, const TensorView& w, const YBuffer& yb) {
         const std::int64_t n_count = w.dim(0), k_count = w.dim(1);
         if (caps_.accumulation == DType::f32) {
             // kv_matmul_packed_R: R rows of x per work-item, 16 outputs of one panel.
@@ -581,13 +610,13 @@ public:
         const std::int64_t n = a.numel();
         if (n == 0) return Tensor(DType::f32, a.shape);
         const std::lock_guard lock(mutex_);
-        const ClMem ab = upload(a), bb = upload(b);
-        const ClMem yb = output(n);
-        enqueue_binary(name, ab, bb, yb, n, extra...);
+        const PooledMem ab = upload(a), bb = upload(b);
+        const PooledMem yb = output(n);
+        enqueue_binary(name, ab.get(), bb.get(), yb.get(), n, extra...);
         return download(yb, a.shape);
     }
     template <class... Extra>
-    void enqueue_binary(const char* name, const ClMem& ab, const ClMem& bb, const ClMem& yb, std::int64_t n,
+    void enqueue_binary(const char* name, const cl_mem ab, const cl_mem bb, const cl_mem yb, std::int64_t n,
                         Extra... extra) {
         const cl_kernel k = kernel("elementwise.cl", name, 0);
         set_args(k, ab, bb, yb, static_cast<cl_ulong>(n), extra...);
@@ -632,11 +661,11 @@ public:
         if (y_total == 0 || mid_total == 0 || x_total == 0) return Backend::expert_ffns(jobs);
         const std::lock_guard lock(mutex_);
         const std::size_t eb = storage_bytes();
-        const ClMem xb = upload_mapped(x_total * eb, [&](std::byte* host) {
+        const PooledMem xb = upload_pooled(x_total * eb, [&](std::byte* host) {
             for (std::size_t n = 0; n < jobs.size(); ++n) to_device_format(jobs[n].x.view(), host + regions[n].x * eb);
         });
-        const ClMem gb = device_buffer(mid_total * eb), ub = device_buffer(mid_total * eb),
-                    ab = device_buffer(mid_total * eb), yb = device_buffer(y_total * eb);
+        const PooledMem gb = device_buffer(mid_total * eb), ub = device_buffer(mid_total * eb),
+                        ab = device_buffer(mid_total * eb), yb = device_buffer(y_total * eb);
         for (std::size_t n = 0; n < jobs.size(); ++n) {
             const Region& r = regions[n];
             if (r.rows == 0) continue;
@@ -654,10 +683,10 @@ public:
                 fill_zero(us, static_cast<std::size_t>(r.rows * r.i) * eb);
             }
             if (ew.activation.clamped)
-                enqueue_binary("kv_clamped_swiglu", gs, us, as, r.rows * r.i, static_cast<cl_float>(ew.activation.alpha),
+                enqueue_binary("kv_clamped_swiglu", gs.get(), us.get(), as.get(), r.rows * r.i, static_cast<cl_float>(ew.activation.alpha),
                                static_cast<cl_float>(ew.activation.limit));
             else
-                enqueue_binary("kv_swiglu", gs, us, as, r.rows * r.i);
+                enqueue_binary("kv_swiglu", gs.get(), us.get(), as.get(), r.rows * r.i);
             if (r.i > 0)
                 enqueue_matmul(as, r.rows, ew.down, ys);
             else
@@ -683,8 +712,8 @@ public:
         const std::int64_t n = x.numel();
         if (n == 0) return Tensor(DType::f32, x.shape);
         const std::lock_guard lock(mutex_);
-        const ClMem xb = upload(x);
-        const ClMem yb = output(n);
+        const PooledMem xb = upload(x);
+        const PooledMem yb = output(n);
         const cl_kernel k = kernel("elementwise.cl", "kv_sigmoid", 0);
         set_args(k, xb, yb, static_cast<cl_ulong>(n));
         launch_1d(k, n);
@@ -697,8 +726,8 @@ public:
         check_int_range("softmax", {rows, cols});
         if (rows == 0 || cols == 0) return Tensor(DType::f32, x.shape);
         const std::lock_guard lock(mutex_);
-        const ClMem xb = upload(x);
-        const ClMem yb = output(rows * cols);
+        const PooledMem xb = upload(x);
+        const PooledMem yb = output(rows * cols);
         const cl_kernel k = kernel("rows.cl", "kv_softmax", row_wg_);
         set_args(k, xb, yb, static_cast<cl_int>(cols));
         launch_rows(k, rows);
@@ -711,8 +740,9 @@ public:
         check_int_range("rmsnorm", {rows, cols});
         if (rows == 0 || cols == 0) return Tensor(DType::f32, x.shape);
         const std::lock_guard lock(mutex_);
-        const ClMem xb = upload(x), wb = this->weight(weight);
-        const ClMem yb = output(rows * cols);
+        const PooledMem xb = upload(x);
+        const ClMem wb = this->weight(weight);
+        const PooledMem yb = output(rows * cols);
         const cl_kernel k = kernel("rows.cl", "kv_rmsnorm", row_wg_);
         set_args(k, xb, wb, yb, static_cast<cl_int>(cols), static_cast<cl_float>(eps));
         launch_rows(k, rows);
@@ -734,10 +764,10 @@ public:
         if (params.inv_freq)
             for (std::int64_t i = 0; i < d / 2; ++i) freq[static_cast<std::size_t>(i)] = rope_inv_freq_f32(params, i, d);
         const std::lock_guard lock(mutex_);
-        const ClMem xb = upload(x);
+        const PooledMem xb = upload(x);
         const ClMem pb = upload_raw(pos.data(), pos.size() * sizeof(cl_float));
         const ClMem fb = upload_raw(freq.data(), freq.size() * sizeof(cl_float));
-        const ClMem yb = output(x.numel());
+        const PooledMem yb = output(x.numel());
         const cl_kernel k = kernel("elementwise.cl", "kv_rope", 0);
         set_args(k, xb, yb, pb, fb, static_cast<cl_int>(params.inv_freq ? 1 : 0), static_cast<cl_int>(heads),
                  static_cast<cl_int>(d), static_cast<cl_float>(params.theta),
@@ -756,11 +786,12 @@ public:
         check_int_range("causal_conv1d_silu", {t_count, c_count, k_count, t_count * c_count});
         if (x.numel() == 0) return Tensor(DType::f32, x.shape);
         const std::lock_guard lock(mutex_);
-        const ClMem xb = upload(x), wb = weight(w);
+        const PooledMem xb = upload(x);
+        const ClMem wb = weight(w);
         // No history: the kernel reads zeros and never touches the buffer
         // bound in its place (x itself).
-        const ClMem hb = history != nullptr && history->numel() > 0 ? upload(*history) : ClMem();
-        const ClMem yb = output(x.numel());
+        const PooledMem hb = history != nullptr && history->numel() > 0 ? upload(*history) : PooledMem();
+        const PooledMem yb = output(x.numel());
         const cl_kernel k = kernel("linear_attention.cl", "kv_causal_conv1d_silu", 0);
         set_args(k, xb, wb, hb.get() != nullptr ? hb : xb, yb, static_cast<cl_int>(t_count), static_cast<cl_int>(c_count),
                  static_cast<cl_int>(k_count), static_cast<cl_int>(history != nullptr ? 1 : 0));
@@ -784,8 +815,8 @@ public:
                      "gated_delta_rule: key head dim {} needs {} bytes of local memory, {} has {}", dk,
                      local_bytes + 2 * row_wg_ * sizeof(cl_float), info_->label(), info_->local_mem);
         const std::lock_guard lock(mutex_);
-        const ClMem qb = upload(in.q), kb = upload(in.k), vb = upload(in.v), ab = upload(in.a), bb = upload(in.b),
-                    alb = weight(in.a_log), dtb = weight(in.dt_bias);
+        const PooledMem qb = upload(in.q), kb = upload(in.k), vb = upload(in.v), ab = upload(in.a), bb = upload(in.b);
+        const ClMem alb = weight(in.a_log), dtb = weight(in.dt_bias);
         // The state is f32 in every storage variant (the op's own carried
         // result, not a stored activation): uploaded exactly when it is f32.
         const std::size_t state_bytes = static_cast<std::size_t>(res.state.numel()) * sizeof(cl_float);
@@ -798,10 +829,10 @@ public:
                 sin = upload_raw(f.raw(), state_bytes);
             }
         }
-        const ClMem sb = device_buffer(state_bytes);
-        const ClMem ob = output(res.out.numel());
+        const PooledMem sb = device_buffer(state_bytes);
+        const PooledMem ob = output(res.out.numel());
         const cl_kernel k = kernel("linear_attention.cl", "kv_gated_delta_rule", row_wg_);
-        set_args(k, qb, kb, vb, ab, bb, alb, dtb, in.state != nullptr ? sin : sb, sb, ob, static_cast<cl_int>(t_count),
+        set_args(k, qb, kb, vb, ab, bb, alb, dtb, in.state != nullptr ? sin.get() : sb.get(), sb, ob, static_cast<cl_int>(t_count),
                  static_cast<cl_int>(nk), static_cast<cl_int>(dk), static_cast<cl_int>(nv), static_cast<cl_int>(dv),
                  static_cast<cl_int>(in.state != nullptr ? 1 : 0), LocalBytes{local_bytes / 2}, LocalBytes{local_bytes / 2});
         const std::size_t global = static_cast<std::size_t>(nv) * row_wg_;
@@ -831,8 +862,8 @@ public:
         const bool panels = panel_attention() && d % kPanel == 0;
         const Tensor kc = panels ? key_panels(keys) : stacked(keys), vc = stacked(values);
         const std::lock_guard lock(mutex_);
-        const ClMem qb = upload(q), kb = upload(kc), vb = upload(vc);
-        const ClMem ob = output(t_count * nh * d);
+        const PooledMem qb = upload(q), kb = upload(kc), vb = upload(vc);
+        const PooledMem ob = output(t_count * nh * d);
         const cl_kernel k = kernel("attention.cl", panels ? "kv_causal_attention_panels" : "kv_causal_attention",
                                    panels ? 1 : row_wg_);
         set_args(k, qb, kb, vb, ob, static_cast<cl_int>(t_count), static_cast<cl_int>(nh), static_cast<cl_int>(nkv),
@@ -959,11 +990,45 @@ private:
         return buffer;
     }
 
-    // The tensor as the device holds it.
-    ClMem upload(const TensorView& v) const {
+    // The tensor as the device holds it, in a buffer of its own (a weight,
+    // kept by the cache).
+    ClMem upload_new(const TensorView& v) const {
         if (caps_.storage == DType::f32 && v.dtype == DType::f32) return upload_raw(v.data, static_cast<std::size_t>(v.numel()) * 4);
         return upload_mapped(static_cast<std::size_t>(v.numel()) * storage_bytes(),
                              [&](std::byte* host) { to_device_format(v, host); });
+    }
+    // An activation as the device holds it, in a buffer from the pool: a
+    // blocking write of f32 as it is, else converted through a mapping.
+    PooledMem upload(const TensorView& v) const {
+        const std::size_t bytes = static_cast<std::size_t>(v.numel()) * storage_bytes();
+        if (caps_.storage != DType::f32 || v.dtype != DType::f32)
+            return upload_pooled(bytes, [&](std::byte* host) { to_device_format(v, host); });
+        PooledMem b = device_buffer(bytes);
+        if (bytes == 0) return b;
+        KVCL_CHECK(clEnqueueWriteBuffer(runtime_->queue(), b.get(), CL_TRUE, 0, bytes, v.data, 0, nullptr, nullptr));
+        ++transfers_.uploads;
+        ++transfers_.syncs;  // a blocking write waits for the queue
+        transfers_.upload_bytes += bytes;
+        return b;
+    }
+    // A buffer of `bytes` from the pool, filled on the host through a mapping.
+    template <typename Fill>
+    PooledMem upload_pooled(std::size_t bytes, Fill&& fill) const {
+        PooledMem b = device_buffer(bytes);
+        if (bytes == 0) return b;
+        void* host = KVCL_CREATE(clEnqueueMapBuffer, runtime_->queue(), b.get(), CL_TRUE, CL_MAP_WRITE_INVALIDATE_REGION, 0,
+                                 bytes, 0, nullptr, nullptr);
+        try {
+            fill(static_cast<std::byte*>(host));
+        } catch (...) {
+            (void)clEnqueueUnmapMemObject(runtime_->queue(), b.get(), host, 0, nullptr, nullptr);
+            throw;
+        }
+        KVCL_CHECK(clEnqueueUnmapMemObject(runtime_->queue(), b.get(), host, 0, nullptr, nullptr));
+        ++transfers_.uploads;
+        ++transfers_.syncs;  // the blocking map waited for the queue
+        transfers_.upload_bytes += bytes;
+        return b;
     }
 
     // The format of a weight's matmul panels (matmul.cl): the narrowest that
@@ -1057,7 +1122,7 @@ private:
     // valid until the op releases it.
     ClMem weight(const TensorView& w) const {
         const std::shared_ptr<const ClMem> resident = weights_->get(
-            w, caps_.storage, static_cast<std::uint64_t>(w.numel()) * storage_bytes(), [&] { return upload(w); });
+            w, caps_.storage, static_cast<std::uint64_t>(w.numel()) * storage_bytes(), [&] { return upload_new(w); });
         KVCL_CHECK(clRetainMemObject(resident->get()));
         return ClMem(resident->get());
     }
@@ -1071,28 +1136,35 @@ private:
         return ClMem(resident->get());
     }
 
-    ClMem output(std::int64_t numel) const { return device_buffer(static_cast<std::size_t>(numel) * storage_bytes()); }
+    PooledMem output(std::int64_t numel) const { return device_buffer(static_cast<std::size_t>(numel) * storage_bytes()); }
     // `bytes` of `buffer` from byte `offset` (a multiple of the device's base
     // alignment) as a buffer of its own: no allocation, no copy.
-    ClMem region(const ClMem& buffer, std::size_t offset, std::size_t bytes) const {
+    template <class Buffer>
+    ClMem region(const Buffer& buffer, std::size_t offset, std::size_t bytes) const {
         const cl_buffer_region r{offset, std::max<std::size_t>(bytes, storage_bytes())};
         return ClMem(KVCL_CREATE(clCreateSubBuffer, buffer.get(), 0, CL_BUFFER_CREATE_TYPE_REGION, &r));  // the parent's access
     }
-    void fill_zero(const ClMem& buffer, std::size_t bytes) const {
+    template <class Buffer>
+    void fill_zero(const Buffer& buffer, std::size_t bytes) const {
         if (bytes == 0) return;
         const cl_uchar zero = 0;
         KVCL_CHECK(clEnqueueFillBuffer(runtime_->queue(), buffer.get(), &zero, 1, 0, bytes, 0, nullptr, nullptr));
         ++transfers_.launches;
     }
-    ClMem device_buffer(std::size_t bytes) const {
-        ClMem b(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_WRITE, bytes, nullptr));
+    // `bytes` of device memory: an idle buffer of its size class from the
+    // node's pool, else a new one (counted).
+    PooledMem device_buffer(std::size_t bytes) const {
+        const std::uint64_t size = DevicePool::size_class(bytes);
+        if (void* idle = pool_->take(size)) return PooledMem(ClMem(static_cast<cl_mem>(idle)), size, pool_.get());
+        ClMem b(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_WRITE, size, nullptr));
         ++transfers_.allocations;
-        return b;
+        return PooledMem(std::move(b), size, pool_.get());
     }
 
     // A blocking read of `bytes` into `dst`: waits for the queue (and so for
     // the kernels before it), counted.
-    void read(const ClMem& buffer, std::size_t bytes, void* dst) const {
+    template <class Buffer>
+    void read(const Buffer& buffer, std::size_t bytes, void* dst) const {
         KVCL_CHECK(clEnqueueReadBuffer(runtime_->queue(), buffer.get(), CL_TRUE, 0, bytes, dst, 0, nullptr, nullptr));
         ++transfers_.downloads;
         ++transfers_.syncs;
@@ -1101,7 +1173,8 @@ private:
 
     // Blocking read on the in-order queue: waits for the kernel, and any
     // execution error surfaces here through KVCL_CHECK.
-    Tensor download(const ClMem& buffer, const Shape& shape) const {
+    template <class Buffer>
+    Tensor download(const Buffer& buffer, const Shape& shape) const {
         Tensor y(caps_.storage == DType::f16 ? DType::f16 : DType::f32, shape);
         read(buffer, y.nbytes(), y.raw());
         // bf16 needs nothing here: the kernels' stores already rounded to it.
@@ -1129,8 +1202,10 @@ private:
         return kernels_.emplace(key, std::move(k)).first->second.get();
     }
 
-    static void set_arg(cl_kernel k, cl_uint index, const ClMem& buffer) {
-        const cl_mem handle = buffer.get();
+    static void set_arg(cl_kernel k, cl_uint index, const ClMem& buffer) { set_mem_arg(k, index, buffer.get()); }
+    static void set_arg(cl_kernel k, cl_uint index, const PooledMem& buffer) { set_mem_arg(k, index, buffer.get()); }
+    static void set_arg(cl_kernel k, cl_uint index, cl_mem handle) { set_mem_arg(k, index, handle); }
+    static void set_mem_arg(cl_kernel k, cl_uint index, cl_mem handle) {
         KVCL_CHECK(clSetKernelArg(k, index, sizeof(cl_mem), &handle));
     }
     static void set_arg(cl_kernel k, cl_uint index, LocalBytes local) {
@@ -1171,6 +1246,7 @@ private:
     mutable std::mutex mutex_;  // every op, and a read of the counters
     mutable TransferStats transfers_;  // counted by upload_raw/upload_mapped/device_buffer/read/enqueue
     std::map<std::string, ClKernel> kernels_;
+    std::unique_ptr<DevicePool> pool_;  // activations' buffers, reused; destroyed after every PooledMem
     std::unique_ptr<WeightCache<ClMem>> weights_;  // device-resident weights
 };
 
