@@ -1,6 +1,19 @@
 #!/usr/bin/env bash
-# scripts/device-check.sh OUTDIR — the GPU check, for a machine with an NVIDIA GPU.
+# scripts/device-check.sh [BUNDLE.tar.xz] OUTDIR — the GPU check, for a machine with an NVIDIA GPU.
 #
+# With a BUNDLE (scripts/device-bundle.sh, built on a machine of this
+# project's kind: binaries, the shared libraries the target lacks, fixtures),
+# nothing is built: the bundle is unpacked, its source tree linked at the path
+# the binaries were compiled with (unless that path exists), its lib/ put on
+# LD_LIBRARY_PATH before /usr/local/cuda/lib64, and the phases below from
+# "tests" on run from it — the way for a bare GPU machine (no package
+# registry, no -dev packages, minutes of device time). Besides the phases
+# below, bundle mode measures the matmul against cuBLAS and the MoE block on
+# resident weights (bench_opencl's GPU rows: GFLOP/s), a capture's host↔device
+# transfers per step (--timings) and the GPU's utilisation during it
+# (nvidia-smi dmon), and leaves OUTDIR.tar.gz, every log in one archive.
+#
+# Without one (OUTDIR alone):
 # Builds kvasir-equiv with CUDA (-DKVASIR_CUDA=ON -DKVASIR_HIP=OFF) in
 # build-device/, runs the test suite, lists the backends, and measures the
 # cuda node, its variants and the cuBLAS TF32 on/off nodes against cpu-ref and
@@ -31,14 +44,35 @@
 #       4 no CUDA device here, nothing measured (summary.txt says why).
 set -uo pipefail
 
-if [ $# -ne 1 ] || [ "${1:0:1}" = "-" ]; then
-  echo "usage: scripts/device-check.sh OUTDIR" >&2
+if [ $# -lt 1 ] || [ $# -gt 2 ] || [ "${1:0:1}" = "-" ]; then
+  echo "usage: scripts/device-check.sh [BUNDLE.tar.xz] OUTDIR" >&2
   exit 2
+fi
+BUNDLE=""
+if [ $# -eq 2 ]; then
+  BUNDLE="$1"
+  shift
+  [ -f "$BUNDLE" ] || { echo "device-check: $BUNDLE: no such bundle" >&2; exit 2; }
 fi
 mkdir -p "$1" || exit 2
 OUT="$(cd "$1" && pwd)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${KVASIR_DEVICE_BUILD_DIR:-$ROOT/build-device}"
+if [ -n "$BUNDLE" ]; then
+  UNPACK="$(mktemp -d)"
+  trap 'rm -rf "$UNPACK"' EXIT
+  tar -C "$UNPACK" -xJf "$BUNDLE" || { echo "device-check: $BUNDLE: cannot unpack" >&2; exit 2; }
+  B="$UNPACK/kvasir-device"
+  BUILD="$B/bin"
+  ROOT="$B/src"
+  export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  compiled_at="$(sed -n 's/^source_dir //p' "$B/MANIFEST")"
+  if [ -n "$compiled_at" ] && [ ! -e "$compiled_at" ]; then
+    mkdir -p "$(dirname "$compiled_at")" && ln -s "$ROOT" "$compiled_at" && LINKED="$compiled_at"
+  elif [ -n "$compiled_at" ]; then
+    ROOT="$compiled_at"  # a tree is already there (this repository's checkout): the binaries read it
+  fi
+fi
 JOBS="$(nproc)"
 START=$(date +%s)
 DEADLINE=$((START + ${KVASIR_DEVICE_DEADLINE_S:-450}))
@@ -80,7 +114,12 @@ run_phase() {
 }
 
 say "kvasir-equiv device check — $(date -u '+%Y-%m-%d %H:%M:%SZ') on $(hostname)"
-say "repo $ROOT ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'no git')), build $BUILD, $JOBS cores"
+if [ -n "$BUNDLE" ]; then
+  say "bundle $BUNDLE: $(sed -n 's/^commit //p' "$B/MANIFEST" | cut -c1-12), $(sed -n 's/^built //p' "$B/MANIFEST"); CUDA archs $(sed -n 's/^cuda_archs //p' "$B/MANIFEST")"
+  say "tree $ROOT${LINKED:+ (linked at $LINKED)}, $JOBS cores"
+else
+  say "repo $ROOT ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'no git')), build $BUILD, $JOBS cores"
+fi
 
 # --- 0. is there an NVIDIA GPU at all? -------------------------------------------
 {
@@ -104,6 +143,7 @@ fi
 say ""
 say "$(printf '%-22s %-28s %5s     %s' phase status time log)"
 
+if [ -z "$BUNDLE" ]; then
 # --- 1. packages (best effort) -------------------------------------------------------
 # setup.sh exits when it cannot install (not root / apt unreachable): in a
 # subshell that only ends this phase.
@@ -128,13 +168,26 @@ grep -E "✓|✗|cuda:|hip:" "$OUT/configure"*.log >>"$SUMMARY" 2>/dev/null
 targets=()
 for t in ${KVASIR_DEVICE_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
 run_phase build "${KVASIR_DEVICE_BUILD_TIMEOUT_S:-300}" "$OUT/build.log" cmake --build "$BUILD" --parallel "$JOBS" "${targets[@]}"
+fi  # not a bundle
+BIN="$BUILD/kvasir-equiv"
 if [ ! -x "$BIN" ]; then
   say "no kvasir-equiv binary: stopping (see build.log)"
   exit 1
 fi
+if [ -n "$BUNDLE" ]; then
+  # The bundle's binaries load: every library resolved (ldd names what is missing).
+  missing="$(ldd "$BIN" "$BUILD"/test_* 2>/dev/null | grep "not found" | sort -u)"
+  [ -z "$missing" ] || say "libraries missing: $missing"
+fi
 
 # --- 3. tests ---------------------------------------------------------------------------------
-if [ -n "${KVASIR_DEVICE_BUILD_TARGETS:-}" ]; then
+if [ -n "$BUNDLE" ]; then
+  # No ctest here: the two suites that speak for the device, run directly.
+  for t in test_gpu test_conformance; do
+    [ -x "$BUILD/$t" ] && run_phase "$t" 150 "$OUT/$t.log" env -C "$ROOT" "$BUILD/$t" --gtest_output="xml:$OUT/$t.xml"
+  done
+  grep -E "tests? from .* ran|PASSED|FAILED  \]" "$OUT/test_conformance.log" 2>/dev/null | sed 's/^/  /' >>"$SUMMARY"
+elif [ -n "${KVASIR_DEVICE_BUILD_TARGETS:-}" ]; then
   for t in $KVASIR_DEVICE_BUILD_TARGETS; do
     case "$t" in test_*)
       [ -x "$BUILD/$t" ] && run_phase "$t" 120 "$OUT/$t.log" env -C "$ROOT" "$BUILD/$t" --gtest_output="xml:$OUT/$t.xml" ;;
@@ -214,6 +267,27 @@ else
   say "matrix: not in this build, skipped"
 fi
 
+# --- 7b. bundle mode: GFLOP/s, transfers per step, utilisation --------------------------------------
+if [ -n "$BUNDLE" ] && [ $cuda_ok -eq 1 ]; then
+  [ -x "$BUILD/bench_opencl" ] && run_phase gflops 120 "$OUT/gflops.txt" "$BUILD/bench_opencl" \
+    --benchmark_filter='^(matmul_resident|moe_block_resident)/cuda' --benchmark_min_time=0.1
+  grep -E "^(matmul_resident|moe_block_resident)/" "$OUT/gflops.txt" 2>/dev/null | sed 's/^/  /' >>"$SUMMARY"
+  # One capture of the default protocol on cuda:0 with its transfers per step,
+  # the GPU's utilisation sampled every second meanwhile.
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi dmon -s u -d 1 >"$OUT/dmon.txt" 2>&1 &
+    dmon=$!
+  fi
+  run_phase capture-cuda 120 "$OUT/capture-cuda.txt" "$BIN" capture -b cuda:0 -p "$ROOT/protocols/default.json" \
+    -o "$OUT/cuda.safetensors" --timings
+  [ -n "${dmon:-}" ] && kill "$dmon" 2>/dev/null
+  sed -n '/^  transfers/,$p' "$OUT/capture-cuda.txt" | sed 's/^/  /' >>"$SUMMARY"
+  [ -s "$OUT/dmon.txt" ] && awk '$1 ~ /^[0-9]+$/ { n++; s += $2; if ($2 > 0) busy++ } END {
+      if (n) printf "  GPU utilisation during the capture: mean %.1f %%, %d of %d one-second samples non-zero\n", s / n, busy, n }' \
+      "$OUT/dmon.txt" >>"$SUMMARY"
+  rm -f "$OUT/cuda.safetensors"
+fi
+
 # --- 8. headline figures ---------------------------------------------------------------------------
 figures() {  # figures OPS_JSON TITLE
   [ -s "$1" ] || return 0
@@ -249,4 +323,8 @@ figures "$OUT/ops-real-32.json" "real-size Qwen3-30B-A3B layer, 32 experts"
 
 say ""
 say "total $(($(date +%s) - START)) s (budget ${KVASIR_DEVICE_DEADLINE_S:-450} s); $([ $FAILED -eq 0 ] && echo 'every phase passed' || echo 'some phase FAILED')"
+if [ -n "$BUNDLE" ]; then
+  [ -n "${LINKED:-}" ] && rm -f "$LINKED"
+  tar -C "$(dirname "$OUT")" -czf "$OUT.tar.gz" "$(basename "$OUT")" && echo "every log: $OUT.tar.gz"
+fi
 exit $FAILED
