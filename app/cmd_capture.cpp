@@ -61,10 +61,8 @@ void run_capture(const CaptureOptions& o) {
     CaptureData data = capture_node(cfg, *node, *auth, split_commas(o.steps));
     if (!o.name.empty()) data.metadata["node"] = o.name;
     write_capture(o.output, data);
-    if (o.timings) {
-        const Capture written = Capture::open(o.output);
-        std::fputs(render_timings(timings_of_captures({&written}, {})).c_str(), stderr);
-    }
+    if (o.timings)  // from the metadata written, not the file: -o /dev/null discards it
+        std::fputs(render_timings(timings_of_metadata({{data.metadata.at("node"), &data.metadata}}, {})).c_str(), stderr);
     const auto errors = nlohmann::json::parse(data.metadata.at("errors"));
     std::cout << fmt::format("{}: node {}, protocol {} v{}, steps {}, {} tensors{}\n", o.output, data.metadata.at("node"),
                              protocol.id, protocol.version, data.metadata.at("steps"), data.tensors.size(),

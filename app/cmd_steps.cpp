@@ -202,7 +202,7 @@ void set_perplexity_command(CLI::App& app) {
     cmd->add_option("--context", opt->context, "Window length: the stream is cut into windows of this many tokens")
         ->capture_default_str();
     cmd->add_flag("--no-authority", opt->no_authority, "Let every node run its own router (default: reference routing imposed)");
-    add_perplexity_flags(*cmd, opt->llamacpp, " (default: all, no KL divergence)");
+    add_perplexity_flags(*cmd, opt->llamacpp, "");
     cmd->callback([opt] {
         const Model model = Model::open(opt->step.model);
         StepOptions s = opt->step;

@@ -33,12 +33,13 @@ std::string default_protocol_path(bool model_given) {
 
 void add_perplexity_flags(CLI::App& cmd, PerplexityFlags& f, const std::string& applies_to) {
     cmd.add_option("--score", f.score,
-                   "Which predictions count (llama-perplexity's rule is second-half: from position C/2 of each window "
-                   "of C tokens)" + applies_to)
+                   "Which predictions count: all (the default), or second-half as llama-perplexity scores, from position "
+                   "C/2 of each window of C tokens" + applies_to)
         ->check(CLI::IsMember({"all", "second-half"}));
     cmd.add_flag("--kl-divergence{exact}", f.kl_divergence,
                  "Add llama-perplexity --kl-divergence's statistics of each node against the reference (KLD, Δp, same "
-                 "top); =llamacpp-u16 rounds the reference's log-probabilities as llama.cpp's base file does" + applies_to)
+                 "top); alone it is =exact, =llamacpp-u16 rounds the reference's log-probabilities as llama.cpp's base "
+                 "file does" + applies_to)
         ->check(CLI::IsMember({"exact", "llamacpp-u16"}));
 }
 

@@ -81,9 +81,17 @@ done
 models="qwen3_moe_tiny qwen3_moe_trained qwen3_5_moe_trained qwen3_5_moe_tiny llama_tiny mistral_tiny qwen2_tiny
         qwen3_tiny olmoe_tiny gpt_oss_tiny deepseek_v3_tiny kimi_k2_tiny glm4_moe_tiny"
 mkdir -p "$b/src/fixtures/models"
-for m in $models; do cp -r "$ROOT/fixtures/models/$m" "$b/src/fixtures/models/"; done
-for d in tokens tasks tokenizers; do [ -d "$ROOT/fixtures/$d" ] && cp -r "$ROOT/fixtures/$d" "$b/src/fixtures/"; done
 cp -r "$ROOT/protocols" "$b/src/"
+for m in $models; do cp -r "$ROOT/fixtures/models/$m" "$b/src/fixtures/models/"; done
+for f in "$ROOT"/fixtures/*; do  # everything but the models (text, tokens, tasks, tokenizers, … are small)
+  [ "$(basename "$f")" = models ] || cp -r "$f" "$b/src/fixtures/"
+done
+cp "$ROOT/fixtures/models/README.md" "$b/src/fixtures/models/" 2>/dev/null || true
+# Every file a shipped protocol names must be in the bundle (the default audit reads fixtures/text).
+named="$(grep -ohE '"\.\./fixtures/[^"]+"' "$ROOT"/protocols/*.json | tr -d '"' | sort -u || true)"
+for rel in $named; do
+  [ -e "$b/src/protocols/$rel" ] || { echo "device-bundle: a shipped protocol names $rel, not in the bundle" >&2; exit 1; }
+done
 mkdir -p "$b/src/scripts" && cp "$ROOT/scripts/device-check.sh" "$b/src/scripts/"
 {
   echo "commit $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"

@@ -60,15 +60,24 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${KVASIR_DEVICE_BUILD_DIR:-$ROOT/build-device}"
 if [ -n "$BUNDLE" ]; then
   UNPACK="$(mktemp -d)"
-  trap 'rm -rf "$UNPACK"' EXIT
+  LINKED=""
+  trap '[ -n "$LINKED" ] && rm -f "$LINKED"; rm -rf "$UNPACK"' EXIT
   tar -C "$UNPACK" -xJf "$BUNDLE" || { echo "device-check: $BUNDLE: cannot unpack" >&2; exit 2; }
   B="$UNPACK/kvasir-device"
   BUILD="$B/bin"
   ROOT="$B/src"
   export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   compiled_at="$(sed -n 's/^source_dir //p' "$B/MANIFEST")"
+  if [ -L "$compiled_at" ] && [ ! -e "$compiled_at" ]; then
+    rm -f "$compiled_at"  # a link an interrupted run left, to a bundle since deleted
+  fi
   if [ -n "$compiled_at" ] && [ ! -e "$compiled_at" ]; then
-    mkdir -p "$(dirname "$compiled_at")" && ln -s "$ROOT" "$compiled_at" && LINKED="$compiled_at"
+    if mkdir -p "$(dirname "$compiled_at")" && ln -s "$ROOT" "$compiled_at"; then
+      LINKED="$compiled_at"
+    else
+      echo "device-check: cannot link the bundle's tree at $compiled_at, where the binaries look for fixtures" >&2
+      exit 2
+    fi
   elif [ -n "$compiled_at" ]; then
     ROOT="$compiled_at"  # a tree is already there (this repository's checkout): the binaries read it
   fi
@@ -324,7 +333,6 @@ figures "$OUT/ops-real-32.json" "real-size Qwen3-30B-A3B layer, 32 experts"
 say ""
 say "total $(($(date +%s) - START)) s (budget ${KVASIR_DEVICE_DEADLINE_S:-450} s); $([ $FAILED -eq 0 ] && echo 'every phase passed' || echo 'some phase FAILED')"
 if [ -n "$BUNDLE" ]; then
-  [ -n "${LINKED:-}" ] && rm -f "$LINKED"
   tar -C "$(dirname "$OUT")" -czf "$OUT.tar.gz" "$(basename "$OUT")" && echo "every log: $OUT.tar.gz"
 fi
 exit $FAILED

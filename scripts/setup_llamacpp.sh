@@ -16,7 +16,7 @@ set -euo pipefail
 KVASIR_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 KVASIR_BUILD_DIR="${KVASIR_BUILD_DIR:-$KVASIR_ROOT/build}"
 KVASIR_LLAMACPP_PYTHON_VERSION=0.3.36
-KVASIR_LLAMACPP_BUILD=2  # bump when the build changes (targets, options): the stamp names both
+KVASIR_LLAMACPP_BUILD=3  # bump when the build changes (targets, options): the stamp names both
 
 kvasir_setup_llamacpp() {
   local dir="$KVASIR_BUILD_DIR/llamacpp"
@@ -51,9 +51,15 @@ kvasir_build_llamacpp() {
       "llama-cpp-python==$KVASIR_LLAMACPP_PYTHON_VERSION" -d "$dir/sdist"
     mkdir -p "$dir/src"
     tar -xzf "$dir/sdist/llama_cpp_python-$KVASIR_LLAMACPP_PYTHON_VERSION.tar.gz" -C "$dir/src" --strip-components=1
+    # Native, but never AMX: a VM's CPUID may list amx_tile/amx_int8 (Sapphire Rapids) while the
+    # hypervisor does not give the process the tile state, and ggml's AMX matmul for Q4/Q8 batches
+    # then dies of SIGILL (seen on this project's machines); the tests compare llama.cpp's
+    # AVX-512/AVX2 arithmetic anyway. Explicit -mno-* flags win over -march=native in GCC.
     cmake -S "$dir/src/vendor/llama.cpp" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON \
+      -DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
+      -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     cmake --build "$dir/build" --target llama llama-perplexity llama-quantize --parallel "$(nproc)"
     # The package's Python side only: its libraries are the ones just built.
     CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$dir/venv/bin/pip" install -q \

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "kvasir/backend/registry.hpp"
+#include "kvasir/core/error.hpp"
 #include "kvasir/core/immutable_memory.hpp"
 #include "kvasir/core/rng.hpp"
 
@@ -88,6 +89,15 @@ inline void expect_device_experts_match_their_ops(const std::vector<std::string>
                 const TransferStats moved = *node->transfer_stats() - before;
                 EXPECT_EQ(moved.uploads, 1u) << what;
                 EXPECT_EQ(moved.downloads, 1u) << what;
+                // A down projection whose K is not the experts' width is refused as the default refuses it.
+                std::vector<ExpertWeights> bad = experts;
+                bad[0].down = TensorView{wd, bad[0].down.data, {H / 2, I + 8}};
+                try {
+                    (void)node->moe_block(x, bad, plan);
+                    ADD_FAILURE() << what << ": a down projection of K " << I + 8 << " was accepted";
+                } catch (const Error& e) {
+                    EXPECT_EQ(e.code(), ErrorCode::bad_input) << e.what();
+                }
             }
         }
     }

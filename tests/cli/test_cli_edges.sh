@@ -184,6 +184,7 @@ check "backends: an absent backend says why below the table" \
 expect_rc 0 "" ops --backends cpu-ref,cpu --ops matmul --hidden 32 --intermediate 16 -o /dev/null
 expect_rc 0 "" audit -p $ci -b cpu-ref,cpu --steps ops -o /dev/null --html /dev/null --junit /dev/null
 expect_rc 0 "" capture --backend cpu -p $ci --steps ops -o /dev/null
+expect_rc 0 "timings (wall seconds; not part of the report)" capture --backend cpu -p $ci --steps ops -o /dev/null --timings
 ln -s /dev/null "$tmp/sink"
 expect_rc 0 "" matrix -o "$tmp/sink" --markdown /dev/null
 check "/dev/null is still the null device, the link still a link" test -c /dev/null -a -L "$tmp/sink"

@@ -107,6 +107,11 @@ print('identical; predictions', cmd['predictions'])" "$tmp/kld_audit.json" "$tmp
   "$tmp/kld_cmd.json"
 check "compare without the flags names them (the captures' hash is the flags' protocol)" bash -c \
   "'$bin' compare '$tmp/fr.safetensors' '$tmp/fc.safetensors' 2>&1 >/dev/null | grep -qF 'needs the same options here'"
+# A flag that says what the protocol says changes nothing, its hash included: compare finds ci.json without it.
+"$bin" capture -p protocols/ci.json --steps perplexity -b cpu-ref --score all -o "$tmp/same_r.safetensors" >/dev/null 2>&1
+"$bin" capture -p protocols/ci.json --steps perplexity -b cpu -o "$tmp/same_c.safetensors" >/dev/null 2>&1
+check "--score all on a protocol that scores all: the shipped protocol's hash" bash -c \
+  "'$bin' compare --only-steps perplexity '$tmp/same_r.safetensors' '$tmp/same_c.safetensors' | grep -qE '^cpu +fit'"
 rm -rf "$tmp"
 echo "$failures failed"
 [ "$failures" -eq 0 ]

@@ -230,9 +230,20 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
 }
 
 RunTimings timings_of_captures(const std::vector<const Capture*>& captures, std::vector<std::string> steps) {
+    std::vector<NodeMetadata> nodes;
+    for (const Capture* c : captures) nodes.push_back({c->node(), &c->metadata()});
+    return timings_of_metadata(nodes, std::move(steps));
+}
+
+RunTimings timings_of_metadata(const std::vector<NodeMetadata>& captures, std::vector<std::string> steps) {
+    const auto note = [](const NodeMetadata& c, const char* key) -> std::optional<std::string> {
+        const auto it = c.metadata->find(key);
+        if (it == c.metadata->end()) return std::nullopt;
+        return it->second;
+    };
     if (steps.empty())  // every step some capture timed, in the order it ran them
-        for (const Capture* c : captures)
-            if (const auto j = c->note("step_seconds")) {
+        for (const NodeMetadata& c : captures)
+            if (const auto j = note(c, "step_seconds")) {
                 const auto doc = nlohmann::ordered_json::parse(*j, nullptr, false);
                 if (!doc.is_object()) continue;
                 for (const auto& item : doc.items())
@@ -240,12 +251,12 @@ RunTimings timings_of_captures(const std::vector<const Capture*>& captures, std:
             }
     RunTimings t;
     t.load_note = "each node's process reads its own weights (inside its step seconds)";
-    for (const Capture* c : captures) t.nodes.push_back(c->node());
+    for (const NodeMetadata& c : captures) t.nodes.push_back(c.node);
     for (const std::string& step : steps) {
         StepTiming st{step, 0, {}};
-        for (const Capture* c : captures) {
+        for (const NodeMetadata& c : captures) {
             double s = 0;
-            if (const auto j = c->note("step_seconds")) {
+            if (const auto j = note(c, "step_seconds")) {
                 const auto doc = nlohmann::json::parse(*j, nullptr, false);
                 if (doc.is_object() && doc.contains(step) && doc[step].is_number()) s = doc[step].get<double>();
             }
@@ -254,14 +265,14 @@ RunTimings timings_of_captures(const std::vector<const Capture*>& captures, std:
         }
         t.steps.push_back(std::move(st));
     }
-    for (const Capture* c : captures) {
-        if (const auto j = c->note("weight_cache"))
+    for (const NodeMetadata& c : captures) {
+        if (const auto j = note(c, "weight_cache"))
             if (const auto stats = weight_cache_stats_from_json(nlohmann::json::parse(*j, nullptr, false)))
-                t.weight_caches.emplace_back(c->node(), *stats);
-        if (const auto j = c->note("transfers"))
+                t.weight_caches.emplace_back(c.node, *stats);
+        if (const auto j = note(c, "transfers"))
             if (const auto stats = transfer_stats_from_json(nlohmann::json::parse(*j, nullptr, false))) {
-                NodeTransfers nt{c->node(), *stats, {}};
-                if (const auto per = c->note("step_transfers")) {
+                NodeTransfers nt{c.node, *stats, {}};
+                if (const auto per = note(c, "step_transfers")) {
                     const auto doc = nlohmann::ordered_json::parse(*per, nullptr, false);
                     if (doc.is_object())
                         for (const auto& item : doc.items())

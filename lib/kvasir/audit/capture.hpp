@@ -106,6 +106,13 @@ CaptureData capture_node(const AuditConfig& config, Backend& node, Backend& auth
 // step a capture timed. No load phase (each node's process read its own
 // weights inside its steps).
 RunTimings timings_of_captures(const std::vector<const Capture*>& captures, std::vector<std::string> steps);
+// The same from nodes' capture metadata held in memory (a capture just
+// made, whose file may have been discarded: -o /dev/null).
+struct NodeMetadata {
+    std::string node;
+    const std::map<std::string, std::string>* metadata = nullptr;
+};
+RunTimings timings_of_metadata(const std::vector<NodeMetadata>& nodes, std::vector<std::string> steps);
 
 // Adds content_hash and writes atomically (write_safetensors).
 void write_capture(const std::string& path, const CaptureData& capture);

@@ -587,10 +587,14 @@ Protocol with_perplexity_overrides(const Protocol& p, const PerplexityOverrides&
     const char* option = o.kl_divergence ? "--kl-divergence" : "--score";
     KVASIR_CHECK(p.perplexity.enabled, ErrorCode::bad_input, "{}: protocol '{}' ({}) has no perplexity step to apply it to",
                  option, p.id, p.source);
+    // A flag that says what the protocol already says changes nothing, not even the hash.
+    const bool score = o.second_half && *o.second_half != p.perplexity.second_half;
+    const bool kld = o.kl_divergence && !(p.perplexity.kl_divergence && p.perplexity.base_rounding == *o.kl_divergence);
+    if (!score && !kld) return p;
     nlohmann::json doc = p.document;
     nlohmann::json& step = doc["steps"]["perplexity"];
-    if (o.second_half) step["score"] = *o.second_half ? "second_half" : "all";
-    if (o.kl_divergence) step["kl_divergence"] = {{"base_rounding", *o.kl_divergence}};
+    if (score) step["score"] = *o.second_half ? "second_half" : "all";
+    if (kld) step["kl_divergence"] = {{"base_rounding", *o.kl_divergence}};
     return parse_protocol(doc, p.source, p.base_dir);
 }
 

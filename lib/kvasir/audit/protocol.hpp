@@ -304,8 +304,9 @@ Protocol load_protocol(const std::string& path);
 // document is edited ("score", "kl_divergence": {"base_rounding"}) and parsed
 // again, so the protocol's content hash, which every capture carries, names
 // the scoring the run really used — audit's child processes, capture and
-// compare given the same options agree on it. Error(bad_input) naming the
-// option when the protocol has no perplexity step.
+// compare given the same options agree on it; a flag that says what the
+// protocol already says changes nothing, its hash included. Error(bad_input)
+// naming the option when the protocol has no perplexity step.
 struct PerplexityOverrides {
     std::optional<bool> second_half;           // --score second-half (true) / all (false)
     std::optional<std::string> kl_divergence;  // --kl-divergence: "exact" | "llamacpp-u16"

@@ -384,6 +384,12 @@ Tensor Backend::clamped_swiglu(const TensorView&, const TensorView&, double, dou
          capabilities().node);
 }
 
+void check_expert_shapes(const ExpertWeights& ew, std::int64_t rows, std::int64_t inner) {
+    const TensorView act{DType::f32, nullptr, {rows, inner}};  // shape only: what the SwiGLU would give
+    check_matmul_args(act, ew.down);
+    if (ew.activation.clamped) check_clamped_swiglu_args(act, act, ew.activation.alpha, ew.activation.limit);
+}
+
 void check_clamped_swiglu_args(const TensorView& gate, const TensorView& up, double alpha, double limit) {
     check_same_shape("clamped_swiglu", gate, up);
     KVASIR_CHECK(std::isfinite(alpha) && std::isfinite(limit) && limit > 0, ErrorCode::bad_input,

@@ -290,6 +290,10 @@ void check_rmsnorm_args(const TensorView& x, const TensorView& w);
 void check_rope_args(const TensorView& x, std::span<const std::int64_t> positions, const RopeParams& params);
 void check_moe_args(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan);
 void check_attention_args(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values);
+// What the default expert FFN's down matmul and (clamped) SwiGLU would check
+// for `rows` tokens of an expert of width `inner`: for a device node that runs
+// the experts without those calls (expert_ffns overridden).
+void check_expert_shapes(const ExpertWeights& ew, std::int64_t rows, std::int64_t inner);
 void check_sinks_args(const TensorView& q, const TensorView& sinks);  // sinks [nh] for q [T, nh, D]
 
 // y = x·wᵀ + bias (bias [N], or absent: data null) with be's matmul and add:

@@ -4,9 +4,13 @@
 
 namespace kvasir {
 
-DevicePool::~DevicePool() {
+DevicePool::~DevicePool() { release_idle(); }
+
+void DevicePool::release_idle() {
     for (auto& [bytes, handles] : idle_)
         for (void* h : handles) release_(h);
+    idle_.clear();
+    idle_bytes_ = 0;
 }
 
 std::uint64_t DevicePool::size_class(std::uint64_t bytes) { return std::max<std::uint64_t>(256, (bytes + 255) / 256 * 256); }

@@ -12,7 +12,8 @@
 // Sizes are kept in classes of 256 bytes (cudaMalloc's alignment): a buffer
 // of a class serves any request of that class, exactly — activations of one
 // shape recur at every layer and step. Bounded: at most `cap` bytes are kept
-// idle; a buffer given back beyond that is freed at once. Reuse is safe on
+// idle; a buffer given back beyond that is freed at once, and a node whose
+// allocation fails frees every idle buffer and tries once more. Reuse is safe on
 // one in-order queue or stream: an op enqueued after a buffer came back runs
 // after every use of it that was enqueued before.
 #pragma once
@@ -40,6 +41,10 @@ public:
     // Keeps `handle` (a buffer of class `bytes`) idle for reuse, or frees it
     // when that would keep more than the cap.
     void give(void* handle, std::uint64_t bytes);
+
+    // Frees every idle buffer: what a node does before it retries an
+    // allocation the device refused (the idle buffers may be what it lacks).
+    void release_idle();
 
     std::uint64_t idle_bytes() const { return idle_bytes_; }
     std::uint64_t reused() const { return reused_; }  // takes served from the idle buffers

@@ -653,6 +653,7 @@ public:
             KVASIR_CHECK(ew.up.dim(0) == r.i && ew.down.dim(1) == r.i, ErrorCode::bad_input,
                          "moe: expert gate/up/down shapes disagree ({} / {} / {}x{})", r.i, ew.up.dim(0), r.out, ew.down.dim(1));
             check_int_range("moe", {r.rows, r.h, r.i, r.out, r.rows * r.h, r.rows * r.i, r.rows * r.out});
+            check_expert_shapes(ew, r.rows, r.i);
             x_total += padded(r.rows * r.h);
             mid_total += padded(r.rows * r.i);
             y_total += padded(r.rows * r.out);
@@ -1156,7 +1157,10 @@ private:
     PooledMem device_buffer(std::size_t bytes) const {
         const std::uint64_t size = DevicePool::size_class(bytes);
         if (void* idle = pool_->take(size)) return PooledMem(ClMem(static_cast<cl_mem>(idle)), size, pool_.get());
-        ClMem b(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_WRITE, size, nullptr));
+        cl_int err = CL_SUCCESS;
+        cl_mem fresh = clCreateBuffer(runtime_->context(), CL_MEM_READ_WRITE, size, nullptr, &err);
+        if (fresh == nullptr) pool_->release_idle();  // refused: the idle buffers may be what is missing
+        ClMem b(fresh != nullptr ? fresh : KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_WRITE, size, nullptr));
         ++transfers_.allocations;
         return PooledMem(std::move(b), size, pool_.get());
     }
