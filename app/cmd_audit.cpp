@@ -44,6 +44,7 @@ struct AuditOptions {
     bool timings = false;
     bool in_process = false;
     std::optional<double> node_timeout_s, node_memory_gib;
+    std::optional<int> jobs;
     PerplexityFlags perplexity;
     ReportOptions report;
 };
@@ -53,6 +54,13 @@ double default_node_memory_gib() {
     const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
     if (pages <= 0 || page <= 0) return 64.0;
     return 0.9 * static_cast<double>(pages) * static_cast<double>(page) / (1024.0 * 1024.0 * 1024.0);
+}
+
+// The weights a child process maps (every tensor's bytes in the file).
+std::uint64_t model_weight_bytes(const Model& model) {
+    std::uint64_t bytes = 0;
+    for (const ModelTensorEntry& e : model.tensor_table()) bytes += e.bytes;
+    return bytes;
 }
 
 // A limit must be a positive, finite number: one line naming the option.
@@ -158,6 +166,7 @@ void run_audit_command(const AuditOptions& opt) {
             opt.node_memory_gib.value_or(protocol.limits.node_memory_gib > 0 ? protocol.limits.node_memory_gib : default_node_memory_gib());
         std::vector<std::string> specs;
         for (const auto& n : nodes.nodes) specs.push_back(n->capabilities().node);
+        iso.jobs = opt.jobs.value_or(default_isolation_jobs(specs.size(), model_weight_bytes(model)));
         const std::size_t reference = nodes.reference;
         nodes.nodes.clear();  // the children create their own; no device is held here meanwhile
         run = run_audit_isolated(cfg, specs, reference, iso);
@@ -239,6 +248,12 @@ void set_audit_command(CLI::App& app) {
                     "Wall-clock limit of each node's process, seconds (default: the protocol's limits.node_timeout_s, "
                     "else 1800)")
         ->check(positive("--node-timeout", "seconds"));
+    cmd->add_option("--jobs,-j", opt->jobs,
+                    "Nodes computed at once, each in its own process, after the reference (alone, first). Default: "
+                    "this machine's cores, at most the nodes, as many as fit in half of the available memory. 1: "
+                    "each node has the machine to itself, so --timings shows its own seconds. The figures never "
+                    "depend on it")
+        ->check(CLI::Range(1, 1024));
     cmd->add_option("--node-memory", opt->node_memory_gib,
                     "Resident host-memory limit of each node's process, GiB (default: the protocol's "
                     "limits.node_memory_gib, else 90% of this machine's memory)")

@@ -2,6 +2,7 @@
 // lanes run over different keys (scores) or different output dims (P·V),
 // never along a sum, so every sum keeps the matmul contract's order.
 #include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/avx2_load.hpp"
 
 #include <immintrin.h>
@@ -272,7 +273,11 @@ void run(const AttentionArgs& a) {
     const i64 p0 = a.s_count - a.t_count, ld = (a.s_count + 7) / 8 * 8;
     const i64 units = a.kv_heads * a.t_count * chunks;
     const bool decoding = a.t_count <= 3;  // the cache comes from DRAM: prefetch it
-#pragma omp parallel num_threads(a.threads)
+    // Work: QKᵀ and PV over the causal keys of every query row.
+    const double flops = 4.0 * static_cast<double>(a.heads) * static_cast<double>(a.dim) * static_cast<double>(a.t_count) *
+                         static_cast<double>(a.s_count - a.t_count / 2);
+    const int threads = threads_for_work(a.threads, flops);
+#pragma omp parallel num_threads(threads) if (threads > 1)
     {
         thread_local std::vector<float> scratch;  // kRows rows of S scores (OpenMP reuses its threads)
         if (static_cast<i64>(scratch.size()) < kRows * ld) scratch.resize(static_cast<std::size_t>(kRows * ld));

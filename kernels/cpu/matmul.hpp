@@ -28,7 +28,30 @@
 
 namespace kvasir::kernels {
 
-bool cpu_has_avx2_fma() noexcept;
+// The instruction sets the kernels are dispatched on: the best this CPU and
+// its OS support (AVX-512 = F, DQ, BW, VL with the zmm state enabled; AVX2 =
+// AVX2, FMA and F16C), capped by the environment variable KVASIR_CPU_ISA
+// (generic | avx2 | avx512) so every path can be run and compared on one
+// machine. Read once.
+enum class CpuIsa : std::uint8_t { generic, avx2, avx512 };
+CpuIsa cpu_isa() noexcept;
+const char* cpu_isa_name(CpuIsa isa) noexcept;
+bool cpu_has_avx2_fma() noexcept;  // cpu_isa() >= avx2
+bool cpu_has_avx512() noexcept;    // cpu_isa() >= avx512
+
+// The team for a parallel region of `flops` floating-point operations:
+// waking a thread, handing it work and meeting it at the barrier costs a few
+// microseconds, more when there are many threads or the machine is busy, so
+// each thread must get enough work to pay for it — at least
+// kFlopsPerThread (~10-20 µs of one core's work). Tiny matrices run on the
+// calling thread alone. Never changes a result: no kernel's arithmetic
+// depends on its thread count.
+constexpr double kFlopsPerThread = 1e6;
+inline int threads_for_work(int threads, double flops) noexcept {
+    if (threads <= 1 || !(flops >= 2 * kFlopsPerThread)) return 1;
+    const double most = flops / kFlopsPerThread;
+    return most < threads ? static_cast<int>(most) : threads;
+}
 
 // K block of the AVX2 kernels' summation order (see above).
 constexpr std::int64_t kMatmulKBlock = 64;
@@ -116,8 +139,16 @@ void matmul_f32_generic(const float* x, const float* w, float* y, std::int64_t t
 // f16 accumulation, emulated exactly: every product is exact in double
 // (24+24 bits) and the running sum is rounded to half after every add, the
 // way an F16-accumulating FMA unit behaves.
+// Dispatched on cpu_isa(); the three versions give the same bits
+// (f16acc_tile.hpp: lanes over outputs, the chain of each output unchanged).
 void matmul_f16acc(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
                    std::int64_t k_count, int threads);
+void matmul_f16acc_generic(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
+                           std::int64_t k_count, int threads);
+void matmul_f16acc_avx2(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
+                        std::int64_t k_count, int threads);
+void matmul_f16acc_avx512(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
+                          std::int64_t k_count, int threads);
 
 // The f64 oracle's matmul (cpu-ref): the textbook loop, bit for bit —
 //     s = +0;  for k ascending:  s = s + x[t,k]·w[n,k];  y[t,n] = s

@@ -496,9 +496,9 @@ void gemm(const float* x, WeightRounding rx, const void* w, float* y, i64 t_coun
     }
 }
 
-// Tiny problems are not worth waking threads for (the result is the same).
+// Threads only where the work pays for them (the result is the same).
 int threads_for(int threads, i64 t_count, i64 n_count, i64 k_count) {
-    return 2.0 * static_cast<double>(t_count) * static_cast<double>(n_count) * static_cast<double>(k_count) < 2e5 ? 1 : threads;
+    return threads_for_work(threads, 2.0 * static_cast<double>(t_count) * static_cast<double>(n_count) * static_cast<double>(k_count));
 }
 
 // The GEMV reads x in place: a node that rounds its activations rounds x's ≤ 3 rows into a copy.
@@ -742,7 +742,7 @@ void gemv_packed_batch_avx2(std::span<const PackedGemvJob> jobs, int threads, We
         flops += 2.0 * static_cast<double>(job.t_count * job.n_count * job.k_count);
     }
     if (work.empty()) return;
-    threads = flops < 2e5 ? 1 : threads;  // threads_for's threshold, over the whole batch
+    threads = threads_for_work(threads, flops);  // over the whole batch
     const i64 items = static_cast<i64>(work.size());
 #pragma omp parallel for schedule(dynamic, 2) num_threads(threads) if (threads > 1)
     for (i64 i = 0; i < items; ++i) {

@@ -154,7 +154,8 @@ void matmul_f64_avx2(const double* x, const void* w, DType w_dtype, double* y, s
         return;
     }
     const i64 jobs = (n_count + kNC - 1) / kNC;
-#pragma omp parallel num_threads(threads)
+    threads = threads_for_work(threads, 2.0 * static_cast<double>(t_count) * static_cast<double>(n_count) * static_cast<double>(k_count));
+#pragma omp parallel num_threads(threads) if (threads > 1)
     {
         alignas(64) static thread_local double bp[kPanels * kKC * kNR];  // 64 KB per thread
 #pragma omp for schedule(dynamic, 4)

@@ -8,6 +8,8 @@
 #include "kernels/cpu/f16_round.hpp"
 #include "kvasir/core/dtype.hpp"
 
+#include <cstdlib>
+#include <string_view>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -16,26 +18,68 @@
 
 namespace kvasir::kernels {
 
-bool cpu_has_avx2_fma() noexcept {
+namespace {
+
+CpuIsa detect_isa() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
+    // does not know "f16c"; AVX2's check already covers the OS's AVX state,
+    // and libgcc's AVX-512 checks the OS's zmm state (XCR0).
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)) return CpuIsa::generic;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        return CpuIsa::avx512;
+    return CpuIsa::avx2;
+#else
+    return CpuIsa::generic;
+#endif
+}
+
+}  // namespace
+
+CpuIsa cpu_isa() noexcept {
     // Asked once: CPUID traps to the hypervisor in a VM (microseconds each),
     // and callers ask per tensor row (BENCHMARKS.md, "OpenCL matmul on packed weights").
-    static const bool has = [] {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_cpu_init();
-        // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
-        // does not know "f16c"; AVX2's check already covers the OS's AVX state.
-        unsigned a = 0, b = 0, c = 0, d = 0;
-        const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-#else
-        return false;
-#endif
+    static const CpuIsa isa = [] {
+        CpuIsa best = detect_isa();
+        if (const char* cap = std::getenv("KVASIR_CPU_ISA"); cap != nullptr && *cap != 0) {
+            const std::string_view v(cap);
+            const CpuIsa want = v == "generic" ? CpuIsa::generic : v == "avx2" ? CpuIsa::avx2 : CpuIsa::avx512;
+            if (want < best) best = want;
+        }
+        return best;
     }();
-    return has;
+    return isa;
+}
+
+const char* cpu_isa_name(CpuIsa isa) noexcept {
+    switch (isa) {
+        case CpuIsa::avx512: return "avx512";
+        case CpuIsa::avx2: return "avx2";
+        case CpuIsa::generic: break;
+    }
+    return "generic";
+}
+
+bool cpu_has_avx2_fma() noexcept { return cpu_isa() >= CpuIsa::avx2; }
+bool cpu_has_avx512() noexcept { return cpu_isa() >= CpuIsa::avx512; }
+
+void matmul_f16acc(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
+                   std::int64_t k_count, int threads) {
+    switch (cpu_isa()) {
+        case CpuIsa::avx512: return matmul_f16acc_avx512(x, w, y, t_count, n_count, k_count, threads);
+        case CpuIsa::avx2: return matmul_f16acc_avx2(x, w, y, t_count, n_count, k_count, threads);
+        case CpuIsa::generic: break;
+    }
+    matmul_f16acc_generic(x, w, y, t_count, n_count, k_count, threads);
 }
 
 void matmul_f32_generic(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
                         std::int64_t k_count, int threads) {
+    threads = threads_for_work(threads, 2.0 * static_cast<double>(t_count) * static_cast<double>(n_count) * static_cast<double>(k_count));
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (std::int64_t n = 0; n < n_count; ++n) {
         const float* wr = w + n * k_count;
@@ -52,13 +96,14 @@ void matmul_f32_generic(const float* x, const float* w, float* y, std::int64_t t
     }
 }
 
-void matmul_f16acc(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
-                   std::int64_t k_count, int threads) {
+void matmul_f16acc_generic(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
+                           std::int64_t k_count, int threads) {
     // Each output is one serial chain of round-after-add, which is latency
     // bound; eight independent outputs are advanced together so the chains
     // overlap. The arithmetic of every single output is unchanged.
     constexpr std::int64_t kChains = 8;
     const std::int64_t n_blocks = (n_count + kChains - 1) / kChains;
+    threads = threads_for_work(threads, 2.0 * static_cast<double>(t_count) * static_cast<double>(n_count) * static_cast<double>(k_count));
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (std::int64_t b = 0; b < n_blocks; ++b) {
         const std::int64_t n0 = b * kChains;
@@ -84,6 +129,7 @@ void matmul_f16acc(const float* x, const float* w, float* y, std::int64_t t_coun
 
 void matmul_f64_generic(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count,
                         std::int64_t n_count, std::int64_t k_count, int threads) {
+    threads = threads_for_work(threads, 2.0 * static_cast<double>(t_count) * static_cast<double>(n_count) * static_cast<double>(k_count));
     // One row of w widened at a time (K doubles per thread), then the
     // textbook dot product with every row of x.
 #pragma omp parallel num_threads(threads)

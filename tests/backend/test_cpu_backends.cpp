@@ -22,8 +22,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 using namespace kvasir;
 
@@ -522,4 +524,112 @@ TEST(F16Accumulation, FastRoundingMatchesExactRounding) {
     }
     for (double x : {0.0, -0.0, 65504.0, 65519.99, 65520.0, -65520.0, 6.1e-5, 5.96e-8, 1e-9, 2049.0, 2051.0})
         EXPECT_EQ(kernels::round_f16_fast(x), round_to_f16(x)) << x;
+}
+
+namespace {
+
+// The f16-accumulation matmul by its definition: per output one chain in
+// ascending k, acc = round_to_f16(acc + x·w) in double from +0 (the exact
+// rounding, not the kernels' fast one).
+std::vector<float> f16acc_by_definition(const std::vector<float>& x, const std::vector<float>& w, std::int64_t t_count,
+                                        std::int64_t n_count, std::int64_t k_count) {
+    std::vector<float> y(static_cast<std::size_t>(t_count * n_count));
+    for (std::int64_t t = 0; t < t_count; ++t)
+        for (std::int64_t n = 0; n < n_count; ++n) {
+            double acc = 0.0;
+            for (std::int64_t k = 0; k < k_count; ++k)
+                acc = round_to_f16(acc + static_cast<double>(x[static_cast<std::size_t>(t * k_count + k)]) *
+                                             static_cast<double>(w[static_cast<std::size_t>(n * k_count + k)]));
+            y[static_cast<std::size_t>(t * n_count + n)] = static_cast<float>(acc);
+        }
+    return y;
+}
+
+bool same_float_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST(F16Accumulation, EveryIsaGivesTheDefinitionsBitsOnEveryRange) {
+    // Values spread over 2^-24 … 2^12 so the sums cross f16's subnormals,
+    // normals and overflow (±inf, then inf − inf = NaN): every branch of the
+    // lane rounding. Shapes: tails of the 8-output blocks and 4-row tiles.
+    using Kernel = void (*)(const float*, const float*, float*, std::int64_t, std::int64_t, std::int64_t, int);
+    std::vector<std::pair<const char*, Kernel>> isas{{"generic", kernels::matmul_f16acc_generic}};
+    if (kernels::cpu_has_avx2_fma()) isas.emplace_back("avx2", kernels::matmul_f16acc_avx2);
+    if (kernels::cpu_has_avx512()) isas.emplace_back("avx512", kernels::matmul_f16acc_avx512);
+    std::size_t non_finite = 0, tiny = 0;
+    for (const auto& [t_count, n_count, k_count] : std::vector<std::array<std::int64_t, 3>>{
+             {1, 1, 1}, {1, 8, 64}, {3, 13, 37}, {4, 16, 64}, {5, 70, 300}, {9, 23, 129}, {2, 40, 50}, {6, 17, 20}, {7, 100, 3}}) {
+        const Tensor xs = seeded_normal(41, "f16acc/x", {t_count, k_count}, 0, 1);
+        const Tensor ws = seeded_normal(42, "f16acc/w", {n_count, k_count}, 0, 1);
+        std::vector<float> x(static_cast<std::size_t>(t_count * k_count)), w(static_cast<std::size_t>(n_count * k_count));
+        // Row t of x scaled by 2^(9·(t mod 4) − 20), row n of w by 2^(5·(n mod 4) − 6), and k by 2^(k mod 5 − 2):
+        // products from ~2^-28 (wholly subnormal sums) to ~2^18 (sums past 65520).
+        const auto scale = [](std::int64_t a, int step, int base, std::int64_t k) {
+            return std::ldexp(1.0, static_cast<int>(a % 4) * step + base + static_cast<int>(k % 5) - 2);
+        };
+        for (std::int64_t t = 0; t < t_count; ++t)
+            for (std::int64_t k = 0; k < k_count; ++k)
+                x[static_cast<std::size_t>(t * k_count + k)] = static_cast<float>(xs.at(t * k_count + k) * scale(t, 9, -20, k));
+        for (std::int64_t n = 0; n < n_count; ++n)
+            for (std::int64_t k = 0; k < k_count; ++k)
+                w[static_cast<std::size_t>(n * k_count + k)] = static_cast<float>(ws.at(n * k_count + k) * scale(n, 5, -6, 0));
+        const std::vector<float> want = f16acc_by_definition(x, w, t_count, n_count, k_count);
+        for (float v : want) {
+            non_finite += !std::isfinite(v);
+            tiny += v != 0 && std::fabs(v) < 0x1p-14f;
+        }
+        for (const auto& [name, kernel] : isas)
+            for (int threads : {1, 3}) {
+                std::vector<float> y(want.size(), -1.0f);
+                kernel(x.data(), w.data(), y.data(), t_count, n_count, k_count, threads);
+                EXPECT_TRUE(same_float_bits(y, want)) << name << " threads " << threads << " shape " << t_count << "x"
+                                                      << n_count << "x" << k_count;
+            }
+    }
+    EXPECT_GT(non_finite, 0u) << "no sum overflowed: the inf/NaN lanes were not exercised";
+    EXPECT_GT(tiny, 0u) << "no f16 subnormal result: the tiny lanes were not exercised";
+}
+
+TEST(F16Accumulation, EveryIsaRoundsTheEdgesAsRoundToF16) {
+    // K = 1, w = 1: y = round_f16(+0 + x) in every lane, at the boundaries of each range.
+    using Kernel = void (*)(const float*, const float*, float*, std::int64_t, std::int64_t, std::int64_t, int);
+    std::vector<std::pair<const char*, Kernel>> isas{{"generic", kernels::matmul_f16acc_generic}};
+    if (kernels::cpu_has_avx2_fma()) isas.emplace_back("avx2", kernels::matmul_f16acc_avx2);
+    if (kernels::cpu_has_avx512()) isas.emplace_back("avx512", kernels::matmul_f16acc_avx512);
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<float> x{0.0f, -0.0f, 65504.0f, 65519.996f, 65520.0f, -65520.0f, 65535.0f, 1e30f, -1e30f, inf, -inf, nan,
+                               0x1p-14f, 0x1.ffcp-15f, 0x1p-24f, 0x1p-25f, 0x3p-25f, -0x3p-25f, 0x1p-26f, 1e-30f,
+                               1.0f + 0x1p-11f, 1.0f + 0x3p-11f, 2049.0f, 2051.0f, 1.00048828125f, 0.333333343f};
+    const auto t_count = static_cast<std::int64_t>(x.size());
+    const std::vector<float> w(8, 1.0f);
+    std::vector<float> want(x.size() * 8);
+    for (std::size_t i = 0; i < want.size(); ++i) want[i] = static_cast<float>(round_to_f16(0.0 + static_cast<double>(x[i / 8])));  // the chain starts at +0
+    for (const auto& [name, kernel] : isas) {
+        std::vector<float> y(want.size(), -1.0f);
+        kernel(x.data(), w.data(), y.data(), t_count, 8, 1, 1);
+        for (std::size_t i = 0; i < y.size(); i += 8)
+            EXPECT_EQ(std::memcmp(&y[i], &want[i], sizeof(float)), 0) << name << ": x " << x[i / 8] << " gives " << y[i]
+                                                                      << ", round_to_f16 " << want[i];
+    }
+}
+
+TEST(F16Accumulation, DispatchIsTheBestIsaOfThisCpu) {
+    // What cpu_isa() picks is what the CPU has (KVASIR_CPU_ISA unset in the tests).
+    ASSERT_EQ(std::getenv("KVASIR_CPU_ISA"), nullptr);
+    EXPECT_EQ(kernels::cpu_has_avx512(), kernels::cpu_isa() == kernels::CpuIsa::avx512);
+    EXPECT_EQ(kernels::cpu_has_avx2_fma(), kernels::cpu_isa() >= kernels::CpuIsa::avx2);
+    EXPECT_STREQ(kernels::cpu_isa_name(kernels::CpuIsa::avx512), "avx512");
+}
+
+TEST(Threads, TinyWorkRunsOnTheCallingThreadAndLargeWorkOnEvery) {
+    EXPECT_EQ(kernels::threads_for_work(16, 0), 1);
+    EXPECT_EQ(kernels::threads_for_work(16, std::nan("")), 1);
+    EXPECT_EQ(kernels::threads_for_work(16, 1.5 * kernels::kFlopsPerThread), 1);
+    EXPECT_EQ(kernels::threads_for_work(16, 2 * kernels::kFlopsPerThread), 2);
+    EXPECT_EQ(kernels::threads_for_work(16, 5.9 * kernels::kFlopsPerThread), 5);
+    EXPECT_EQ(kernels::threads_for_work(16, 1e12), 16);
+    EXPECT_EQ(kernels::threads_for_work(1, 1e12), 1);
 }

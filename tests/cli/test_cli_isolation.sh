@@ -86,6 +86,27 @@ for step in ("ops", "drift", "logits", "decide", "generate", "perplexity", "dete
 assert a["steps"]["isolation"]["mode"] == "one child process per node"
 PY
 
+# Nodes at once (--jobs) change no figure either: -j 3 (three children beside
+# each other after the reference) gives -j 1's report, and both name their mode
+# in --timings. A crash among concurrent nodes is still that node's error.
+"$bin" audit -p $ci -b cpu-ref,cpu,cpu:acc=f16,cpu:fault=nan -j 1 -o "$tmp/j1.json" --timings >/dev/null 2>"$tmp/j1.err"
+"$bin" audit -p $ci -b cpu-ref,cpu,cpu:acc=f16,cpu:fault=nan -j 3 -o "$tmp/j3.json" --timings >/dev/null 2>"$tmp/j3.err"
+check "-j 3 == -j 1: the whole report" python3 - "$tmp/j1.json" "$tmp/j3.json" "$tmp/iso.json" <<'PY'
+import json, sys
+a, b, c = (json.load(open(p)) for p in sys.argv[1:4])
+assert a == b, [k for k in a if a[k] != b.get(k)]
+assert a["nodes"] == c["nodes"] and a["pairs"] == c["pairs"]
+PY
+check "-j 1 --timings says one at a time" grep -qE "^  nodes  one at a time; the audit took [0-9.]+ s" "$tmp/j1.err"
+check "-j 3 --timings says 3 at once" grep -qE "^  nodes  3 at once after the reference" "$tmp/j3.err"
+"$bin" audit -p $ci -b cpu-ref,cpu,cpu:fault=segv,cpu:acc=f16 -j 3 -o "$tmp/jseg.json" >/dev/null 2>&1; rc=$?
+check "-j 3 with a crashing node → exit 1" test $rc -eq 1
+check "-j 3: the crashing node is an error, its neighbours judged" python3 -c "
+import json,sys; d={n['node']: n for n in json.load(open(sys.argv[1]))['nodes']}
+assert d['cpu:fault=segv']['verdict']=='error' and 'SIGSEGV' in json.dumps(d['cpu:fault=segv']['errors'])
+assert d['cpu']['verdict']=='fit'" "$tmp/jseg.json"
+expect_usage_error "--jobs" audit -p $ci --jobs 0
+
 # The default run: the f16-accumulation contrast is shown, not gated.
 "$bin" audit -p $ci -b cpu-ref,cpu >/dev/null 2>&1
 "$bin" audit -p $ci -o "$tmp/default.json" >"$tmp/default.out" 2>&1; rc=$?

@@ -475,6 +475,32 @@ TEST_P(ForwardFixture, DecoderRewindToAMarkGivesTheSameBits) {
     }
 }
 
+// Decoder::advance (a prefix nobody scores: the task step's shared context)
+// leaves what step() leaves — position, routing, cache, DeltaNet state — so
+// the continuation after it has step()'s bits; only the logits are skipped.
+TEST_P(ForwardFixture, DecoderAdvanceLeavesWhatStepLeaves) {
+    const Loaded& fx = load(GetParam());
+    const std::vector<std::int32_t> prompt = prompt_of(fx.ref);
+    ASSERT_GE(prompt.size(), 9u);
+    for (const char* node : {"cpu-ref", "cpu", "cpu:acc=f16"}) {
+        auto be = backend(node);
+        Decoder stepped(*be, fx.model), advanced(*be, fx.model);
+        (void)stepped.step(std::span(prompt).subspan(0, 6));
+        advanced.advance(std::span(prompt).subspan(0, 6));
+        EXPECT_EQ(advanced.position(), 6);
+        ASSERT_EQ(advanced.last_routing().size(), stepped.last_routing().size());
+        for (std::size_t l = 0; l < stepped.last_routing().size(); ++l) {
+            const RoutingPlan &a = advanced.last_routing()[l], &b = stepped.last_routing()[l];
+            ASSERT_EQ(a.ids.nbytes(), b.ids.nbytes());
+            EXPECT_TRUE(a.ids.nbytes() == 0 || std::memcmp(a.ids.raw(), b.ids.raw(), a.ids.nbytes()) == 0) << node << " layer " << l;
+        }
+        const Tensor a = stepped.step(std::span(prompt).subspan(6, 3));
+        const Tensor b = advanced.step(std::span(prompt).subspan(6, 3));
+        ASSERT_EQ(a.shape(), b.shape());
+        EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << node << ": the continuation after advance() differs";
+    }
+}
+
 TEST_P(ForwardFixture, CpuRunTwiceIsBitIdentical) {
     const Loaded& fx = load(GetParam());
     const std::vector<std::int32_t> prompt = prompt_of(fx.ref);

@@ -21,6 +21,7 @@ extern char** environ;
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 namespace fs = std::filesystem;
@@ -176,6 +177,18 @@ ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& 
     return out;
 }
 
+int default_isolation_jobs(std::size_t nodes, std::uint64_t model_bytes) {
+    if (nodes <= 2) return 1;
+    std::uint64_t jobs = std::max(1u, std::thread::hardware_concurrency());
+    jobs = std::min<std::uint64_t>(jobs, nodes - 1);
+    const long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    if (model_bytes > 0 && pages > 0 && page > 0) {
+        const std::uint64_t half = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) / 2;
+        jobs = std::min<std::uint64_t>(jobs, std::max<std::uint64_t>(1, half / model_bytes));
+    }
+    return static_cast<int>(jobs);
+}
+
 AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string>& specs, std::size_t reference,
                             const IsolationOptions& opt) {
     KVASIR_ASSERT(ac.protocol != nullptr && ac.model != nullptr && reference < specs.size());
@@ -191,12 +204,17 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
     std::vector<std::size_t> order{reference};
     for (std::size_t i = 0; i < specs.size(); ++i)
         if (i != reference) order.push_back(i);
+    KVASIR_CHECK(opt.jobs >= 1, ErrorCode::bad_input, "--jobs must be at least 1");
     std::vector<std::optional<Capture>> caps(specs.size());
     std::vector<ChildOutcome> outcomes(specs.size());
+    std::mutex lock;  // progress and the first error, from the worker threads
     int done = 0;
-    for (std::size_t i : order) {
-        ++done;
-        if (ac.progress) ac.progress({"node", done, n, specs[i], done, n});
+    const auto run_node = [&](std::size_t i) {
+        {
+            const std::lock_guard<std::mutex> g(lock);
+            ++done;
+            if (ac.progress) ac.progress({"node", done, n, specs[i], done, n});
+        }
         const std::string file = (dir.path / fmt::format("node{}.safetensors", i)).string();
         std::vector<std::string> argv{opt.executable, "capture",
                                       "--backend",    specs[i],
@@ -221,7 +239,39 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
             fail(ErrorCode::backend_failure, "the reference node {} {}: nothing can be compared", specs[i], outcomes[i].reason);
         }
         if (outcomes[i].ok) caps[i] = Capture::open(file);
+    };
+    const auto t_start = std::chrono::steady_clock::now();
+    run_node(reference);
+    // The other nodes: `jobs` workers take the next node in order. A worker's
+    // exception (an internal error in a child) ends the audit once every
+    // running child has ended.
+    std::size_t next = 1;
+    std::exception_ptr first_error;
+    const auto worker = [&] {
+        for (;;) {
+            std::size_t i = 0;
+            {
+                const std::lock_guard<std::mutex> g(lock);
+                if (next >= order.size() || first_error) return;
+                i = order[next++];
+            }
+            try {
+                run_node(i);
+            } catch (...) {
+                const std::lock_guard<std::mutex> g(lock);
+                if (!first_error) first_error = std::current_exception();
+            }
+        }
+    };
+    const std::size_t workers = std::min<std::size_t>(static_cast<std::size_t>(opt.jobs), order.size() - 1);
+    if (workers <= 1) {
+        worker();
+    } else {
+        std::vector<std::thread> pool;
+        for (std::size_t w = 0; w < workers; ++w) pool.emplace_back(worker);
+        for (auto& t : pool) t.join();
     }
+    if (first_error) std::rethrow_exception(first_error);
 
     std::vector<const Capture*> ptrs;
     std::size_t ref_index = 0;
@@ -260,6 +310,8 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
     // share included) and its weight cache, the compare in "other".
     run.timings = timings_of_captures(ptrs, plan.steps);
     if (!run.timings.steps.empty()) run.timings.steps.back().wall += compare_s;
+    run.timings.nodes_at_once = static_cast<int>(std::max<std::size_t>(workers, 1));
+    run.timings.elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     return run;
 }
 

@@ -6,9 +6,14 @@
 // afresh (fork + exec: no driver, OpenMP or OpenCL state is inherited) —
 // which collects every step on that node with the reference beside it as
 // the authority, and writes a capture. The parent computes nothing: it
-// watches each child (one at a time, so timings and memory stay the node's
-// own) and then compares the captures exactly as `compare` does, so the
-// figures are bit for bit those of the in-process audit.
+// watches the children and then compares the captures exactly as `compare`
+// does, so the figures are bit for bit those of the in-process audit. The
+// reference runs first, alone (a reference that cannot run ends the audit
+// before any other node starts); then up to `jobs` other nodes run at once.
+// With jobs = 1 each node has the machine to itself, so its timings are its
+// own; with more, the audit takes less wall time and the per-node seconds
+// include the contention (the figures never change: every node's arithmetic
+// is independent of the load and of its thread count).
 //
 // A child that is killed by a signal, exceeds the wall-clock limit, exceeds
 // the resident-memory limit, or exits with an error makes that node `error`
@@ -42,7 +47,13 @@ struct IsolationOptions {
     std::string model_path;
     double node_timeout_s = 1800;  // wall-clock limit per node, > 0
     double node_memory_gib = 0;    // resident-memory limit per node, > 0
+    int jobs = 1;                  // non-reference nodes run at once, ≥ 1
 };
+
+// The default of `jobs`: as many nodes at once as the machine has cores, at
+// most `nodes` − 1, and no more than fit in half its available memory when
+// each child holds `model_bytes` of weights (1 when unknown).
+int default_isolation_jobs(std::size_t nodes, std::uint64_t model_bytes);
 
 // How one child ended.
 struct ChildOutcome {

@@ -132,7 +132,9 @@ public:
             vd.push_back(Tensor::convert(values[g], DType::f64));
         }
         const double* qp = qd.as<double>();
-#pragma omp parallel for schedule(dynamic) num_threads(caps_.threads)
+        const int team = kernels::threads_for_work(
+            caps_.threads, 4.0 * static_cast<double>(t_count * nh * d) * static_cast<double>(s_count - t_count / 2));
+#pragma omp parallel for schedule(dynamic) num_threads(team) if (team > 1)
         for (std::int64_t row = 0; row < t_count * nh; ++row) {
             const std::int64_t t = row / nh, h = row % nh, n = p0 + t + 1;
             const double* k = kd[static_cast<std::size_t>(h / rep)].as<double>();

@@ -299,6 +299,12 @@ std::string render_timings(const RunTimings& t) {
     }
     if (t.steps.size() > 1) row(total);
     out += table.render("  ");
+    if (t.nodes_at_once > 1)
+        out += fmt::format("  nodes  {} at once after the reference (each node's seconds include the contention); the "
+                           "audit took {:.2f} s\n",
+                           t.nodes_at_once, t.elapsed);
+    else if (t.elapsed > 0)
+        out += fmt::format("  nodes  one at a time; the audit took {:.2f} s\n", t.elapsed);
     for (const auto& [node, c] : t.weight_caches) {
         if (c.budget_bytes == 0) {
             out += fmt::format("  weight cache {}: off; {} weights uploaded per call, {:.3f} GB\n", node, c.uncacheable,

@@ -114,6 +114,7 @@ void run(Runner& r, std::vector<KvLayer>& cache, std::span<const std::int32_t> t
         cache[li].seen += t_count;
         if (opt.keep_hidden) out.hidden.push_back(h);
     }
+    if (!opt.logits) return;
     out.final_hidden = r.final_norm(h);
     out.logits = r.logits(out.final_hidden);
 }
@@ -224,11 +225,20 @@ Decoder::Decoder(Decoder&&) noexcept = default;
 Decoder& Decoder::operator=(Decoder&&) noexcept = default;
 
 Tensor Decoder::step(std::span<const std::int32_t> new_tokens, const std::vector<RoutingPlan>* routing) {
+    return run_step(new_tokens, routing, true);
+}
+
+void Decoder::advance(std::span<const std::int32_t> new_tokens, const std::vector<RoutingPlan>* routing) {
+    (void)run_step(new_tokens, routing, false);
+}
+
+Tensor Decoder::run_step(std::span<const std::int32_t> new_tokens, const std::vector<RoutingPlan>* routing, bool logits) {
     // Linear-attention state cannot be truncated: a mark keeps it to restore.
     const Mark before = mark();
     ForwardOptions opt;
     opt.routing = routing;
     opt.keep_hidden = false;
+    opt.logits = logits;
     ForwardResult out;
     try {
         run(impl_->runner, impl_->cache, new_tokens, opt, out);

@@ -108,6 +108,11 @@ struct ForwardOptions {
     // Keep each layer's MLP / MoE-block input and output (reference names
     // layer.{l}.mlp_input / mlp_output).
     bool keep_mlp_io = false;
+    // Run the final norm and the LM head. False: only the cache and the
+    // routing are wanted (a prefix whose logits nobody reads), so
+    // final_hidden and logits stay empty and the [T, V] matmul, the largest
+    // of a small model's step, is not run. Every other output is unchanged.
+    bool logits = true;
 };
 
 struct ForwardResult {
@@ -168,6 +173,9 @@ public:
     // plans for these n tokens. Throws like forward(); after an exception the
     // Decoder is left as it was before the call.
     Tensor step(std::span<const std::int32_t> new_tokens, const std::vector<RoutingPlan>* routing = nullptr);
+    // step() without the logits (ForwardOptions::logits = false): the cache,
+    // the position and last_routing() are those step() leaves, bit for bit.
+    void advance(std::span<const std::int32_t> new_tokens, const std::vector<RoutingPlan>* routing = nullptr);
 
     std::int64_t position() const;  // tokens consumed so far (= KV-cache length)
     // The routing used by the last step (per layer, as ForwardResult::routing).
@@ -186,6 +194,7 @@ public:
     void rewind(const Mark& m);  // Error(bad_input) for a mark beyond the position
 
 private:
+    Tensor run_step(std::span<const std::int32_t> new_tokens, const std::vector<RoutingPlan>* routing, bool logits);
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

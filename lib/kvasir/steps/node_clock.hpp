@@ -78,6 +78,12 @@ struct RunTimings {
     // The host↔device traffic of the device nodes (TransferStats): the whole
     // run, and per step where the run recorded it (captures do).
     std::vector<NodeTransfers> transfers;
+    // An isolated audit's children run `nodes_at_once` at a time (after the
+    // reference, alone): above 1 a step's wall is the sum of its nodes'
+    // seconds, which include the contention, and `elapsed` is the audit's
+    // own wall time (0: not measured).
+    int nodes_at_once = 1;
+    double elapsed = 0;
 };
 
 // Appends the counters of every node that has them (its weight cache, its

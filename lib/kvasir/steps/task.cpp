@@ -223,7 +223,8 @@ TaskPass run_task_passes(Backend& be, const TaskConfig& c, const TaskPass* autho
         if (common > 0) {
             std::vector<RoutingPlan> pin;
             if (authority != nullptr) pin = plan_rows(mc, authority->routing.at(k), 0, prefix_rows);
-            (void)dec.step(std::span<const std::int32_t>(rs.front().ids.data(), common), authority != nullptr ? &pin : nullptr);
+            // No position of the prefix is scored: its logits are not computed.
+            dec.advance(std::span<const std::int32_t>(rs.front().ids.data(), common), authority != nullptr ? &pin : nullptr);
             prefix_routing = dec.last_routing();
         }
         const Decoder::Mark at = dec.mark();
