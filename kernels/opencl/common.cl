@@ -97,11 +97,13 @@ typedef float kv_acc_t;
 #ifndef KV_ROW_WG
 #define KV_ROW_WG 256  // a power of two: the trees halve it
 #endif
-inline float kv_group_max(__local float* red, const float v) {
+// Trees over the first n work-items (n a power of two, the group's width:
+// kv_group_max / kv_group_sum take KV_ROW_WG).
+inline float kv_group_max_n(__local float* red, const float v, const int n) {
     const int l = (int)get_local_id(0);
     red[l] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = KV_ROW_WG / 2; s > 0; s >>= 1) {
+    for (int s = n / 2; s > 0; s >>= 1) {
         if (l < s) red[l] = kv_max_nan(red[l], red[l + s]);
         barrier(CLK_LOCAL_MEM_FENCE);
     }
@@ -109,11 +111,12 @@ inline float kv_group_max(__local float* red, const float v) {
     barrier(CLK_LOCAL_MEM_FENCE);
     return r;
 }
-inline kv_acc_t kv_group_sum(__local kv_acc_t* red, const kv_acc_t v) {
+inline float kv_group_max(__local float* red, const float v) { return kv_group_max_n(red, v, KV_ROW_WG); }
+inline kv_acc_t kv_group_sum_n(__local kv_acc_t* red, const kv_acc_t v, const int n) {
     const int l = (int)get_local_id(0);
     red[l] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = KV_ROW_WG / 2; s > 0; s >>= 1) {
+    for (int s = n / 2; s > 0; s >>= 1) {
         if (l < s) red[l] = KV_ACC_ADD(red[l], red[l + s]);
         barrier(CLK_LOCAL_MEM_FENCE);
     }
@@ -121,3 +124,4 @@ inline kv_acc_t kv_group_sum(__local kv_acc_t* red, const kv_acc_t v) {
     barrier(CLK_LOCAL_MEM_FENCE);
     return r;
 }
+inline kv_acc_t kv_group_sum(__local kv_acc_t* red, const kv_acc_t v) { return kv_group_sum_n(red, v, KV_ROW_WG); }

@@ -731,7 +731,7 @@ public:
         const PooledMem yb = output(rows * cols);
         const cl_kernel k = kernel("rows.cl", "kv_softmax", row_wg_);
         set_args(k, xb, yb, static_cast<cl_int>(cols));
-        launch_rows(k, rows);
+        launch_narrow_rows(k, rows, cols);
         return download(yb, x.shape);
     }
 
@@ -746,7 +746,7 @@ public:
         const PooledMem yb = output(rows * cols);
         const cl_kernel k = kernel("rows.cl", "kv_rmsnorm", row_wg_);
         set_args(k, xb, wb, yb, static_cast<cl_int>(cols), static_cast<cl_float>(eps));
-        launch_rows(k, rows);
+        launch_narrow_rows(k, rows, cols);
         return download(yb, x.shape);
     }
 
@@ -1240,6 +1240,14 @@ private:
     void launch_rows(cl_kernel k, std::int64_t rows) const {
         const std::size_t global = static_cast<std::size_t>(rows) * row_wg_;
         enqueue(k, 1, &global, &row_wg_);
+    }
+    // softmax / rmsnorm (rows.cl): a group only as wide as a row of `cols`
+    // needs — the same bits as row_wg_ (rows.cl says why).
+    void launch_narrow_rows(cl_kernel k, std::int64_t rows, std::int64_t cols) const {
+        std::size_t wg = 1;
+        while (wg < static_cast<std::size_t>(cols) && wg < row_wg_) wg *= 2;
+        const std::size_t global = static_cast<std::size_t>(rows) * wg;
+        enqueue(k, 1, &global, &wg);
     }
 
     Capabilities caps_;
