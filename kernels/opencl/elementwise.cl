@@ -34,21 +34,32 @@ __kernel void kv_sigmoid(__global const kv_store_t* x, __global kv_store_t* y, c
     KV_STORE(1.0f / (1.0f + exp(-KV_LOAD(x, i))), y, i);
 }
 
-// One work-item per (pair i, head h, token t). Inverse frequency, angle and
-// sin/cos are computed in f32 on the device, as GPU kernels do, and
-// recomputed per head rather than shared: cheaper than a table round trip.
+// The plain rope's inverse frequencies theta^(−2i/d), i < d/2, in f32 on
+// the device as GPU kernels compute them: evaluated once per (theta, d) into
+// a table the node keeps (one pow per pair instead of one per element), the
+// same expression on the same device, so the same bits as evaluating it in
+// kv_rope itself.
+__kernel void kv_rope_freq(__global float* freq, const int d, const float theta) {
+    const int i = (int)get_global_id(0);
+    if (i >= d / 2) return;
+    freq[i] = pow(theta, -2.0f * (float)i / (float)d);
+}
+
+// One work-item per (pair i, head h, token t). Angle and sin/cos are
+// computed in f32 on the device, as GPU kernels do, and recomputed per head
+// rather than shared: cheaper than a table round trip.
 // neox != 0: pairs (i, i + d/2); else adjacent pairs (2i, 2i + 1).
-// scaled != 0: a frequency-scaled rope (llama3) whose inverse frequencies the
-// host gives in freq[d/2] (the model's f64 table rounded to f32).
+// freq[d/2]: the inverse frequencies — kv_rope_freq's table, or a
+// frequency-scaled rope's (llama3) from the host (the model's f64 table
+// rounded to f32).
 __kernel void kv_rope(__global const kv_store_t* x, __global kv_store_t* y, __global const float* pos,
-                      __global const float* freq, const int scaled, const int heads, const int d, const float theta,
-                      const int neox) {
+                      __global const float* freq, const int heads, const int d, const int neox) {
     const int i = (int)get_global_id(0);
     const int h = (int)get_global_id(1);
     const int t = (int)get_global_id(2);
     const int half_d = d / 2;
     if (i >= half_d || h >= heads) return;
-    const float inv_freq = scaled ? freq[i] : pow(theta, -2.0f * (float)i / (float)d);
+    const float inv_freq = freq[i];
     const float angle = pos[t] * inv_freq;
     const float c = cos(angle);
     const float s = sin(angle);

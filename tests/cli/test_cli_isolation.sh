@@ -98,13 +98,19 @@ assert a == b, [k for k in a if a[k] != b.get(k)]
 assert a["nodes"] == c["nodes"] and a["pairs"] == c["pairs"]
 PY
 check "-j 1 --timings says one at a time" grep -qE "^  nodes  one at a time; the audit took [0-9.]+ s" "$tmp/j1.err"
-check "-j 3 --timings says 3 at once" grep -qE "^  nodes  3 at once after the reference" "$tmp/j3.err"
+check "-j 3 --timings says 3 at once" grep -qE "^  nodes  3 at once \\(each node" "$tmp/j3.err"
 "$bin" audit -p $ci -b cpu-ref,cpu,cpu:fault=segv,cpu:acc=f16 -j 3 -o "$tmp/jseg.json" >/dev/null 2>&1; rc=$?
 check "-j 3 with a crashing node → exit 1" test $rc -eq 1
 check "-j 3: the crashing node is an error, its neighbours judged" python3 -c "
 import json,sys; d={n['node']: n for n in json.load(open(sys.argv[1]))['nodes']}
 assert d['cpu:fault=segv']['verdict']=='error' and 'SIGSEGV' in json.dumps(d['cpu:fault=segv']['errors'])
 assert d['cpu']['verdict']=='fit'" "$tmp/jseg.json"
+# The reference crashing while the others run beside it: they are killed, exit 3, no report.
+err=$("$bin" audit -p $ci -b cpu-ref,cpu,cpu:acc=f16 --reference cpu:fault=segv -j 3 -o "$tmp/jref.json" 2>&1 >/dev/null); rc=$?
+check "-j 3: reference crash → exit 3" test $rc -eq 3
+check "-j 3: reference crash → the message names the reference and the signal" \
+  grep -qF "the reference node cpu:fault=segv crashed: SIGSEGV" <<<"$err"
+check "-j 3: reference crash → no report" test ! -e "$tmp/jref.json"
 expect_usage_error "--jobs" audit -p $ci --jobs 0
 
 # The default run: the f16-accumulation contrast is shown, not gated.

@@ -86,7 +86,7 @@ struct TempFolder {
 }  // namespace
 
 ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& stderr_path, double timeout_s,
-                       double memory_gib, const std::string& failure_path) {
+                       double memory_gib, const std::string& failure_path, const std::atomic<bool>* cancel) {
     KVASIR_ASSERT(!argv.empty() && timeout_s > 0 && memory_gib > 0);
     // Everything the child needs is prepared before fork: between fork and
     // exec only async-signal-safe calls.
@@ -138,6 +138,7 @@ ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& 
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const double rss = static_cast<double>(resident_bytes(pid));
         out.peak_rss_gib = std::max(out.peak_rss_gib, rss / (1024.0 * 1024.0 * 1024.0));
+        if (killed_for.empty() && cancel != nullptr && cancel->load()) killed_for = "cancelled: the audit failed on another node";
         if (killed_for.empty() && elapsed > timeout_s) killed_for = fmt::format("timed out after {:g} s", timeout_s);
         if (killed_for.empty() && rss > limit_bytes)
             killed_for = fmt::format("exceeded {:g} GiB of resident memory ({:.2f} GiB when stopped)", memory_gib,
@@ -200,14 +201,19 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
     const TempFolder dir;
     const int n = static_cast<int>(specs.size());
 
-    // The reference first: if it cannot run, nothing can be compared.
+    // The reference first: if it cannot run, nothing can be compared. Then,
+    // when nodes run at once, those off the CPU (the longest on small models).
     std::vector<std::size_t> order{reference};
+    const auto off_cpu = [&](std::size_t i) { return specs[i].rfind("cpu", 0) != 0; };
     for (std::size_t i = 0; i < specs.size(); ++i)
-        if (i != reference) order.push_back(i);
+        if (i != reference && (opt.jobs == 1 || off_cpu(i))) order.push_back(i);
+    for (std::size_t i = 0; i < specs.size(); ++i)
+        if (i != reference && opt.jobs > 1 && !off_cpu(i)) order.push_back(i);
     KVASIR_CHECK(opt.jobs >= 1, ErrorCode::bad_input, "--jobs must be at least 1");
     std::vector<std::optional<Capture>> caps(specs.size());
     std::vector<ChildOutcome> outcomes(specs.size());
     std::mutex lock;  // progress and the first error, from the worker threads
+    std::atomic<bool> cancel{false};  // set by the first error: the running children are killed
     int done = 0;
     const auto run_node = [&](std::size_t i) {
         {
@@ -227,7 +233,7 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
         argv.insert(argv.end(), opt.protocol_arguments.begin(), opt.protocol_arguments.end());
         const std::string failure = (dir.path / fmt::format("node{}.failure", i)).string();
         outcomes[i] = run_child(argv, (dir.path / fmt::format("node{}.err", i)).string(), opt.node_timeout_s,
-                                opt.node_memory_gib, failure);
+                                opt.node_memory_gib, failure, &cancel);
         // A bug of this tool in the child is a bug of the audit: exit 3,
         // whichever node it happened on.
         if (!outcomes[i].ok && outcomes[i].failure_kind == "internal")
@@ -241,11 +247,14 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
         if (outcomes[i].ok) caps[i] = Capture::open(file);
     };
     const auto t_start = std::chrono::steady_clock::now();
-    run_node(reference);
-    // The other nodes: `jobs` workers take the next node in order. A worker's
-    // exception (an internal error in a child) ends the audit once every
-    // running child has ended.
-    std::size_t next = 1;
+    // `jobs` workers take the next node in order (with one, the reference
+    // alone first). A worker's exception (the reference failing, an internal
+    // error in a child) kills the running children and ends the audit.
+    std::size_t next = 0;
+    if (opt.jobs == 1) {
+        run_node(reference);
+        next = 1;
+    }
     std::exception_ptr first_error;
     const auto worker = [&] {
         for (;;) {
@@ -260,10 +269,11 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
             } catch (...) {
                 const std::lock_guard<std::mutex> g(lock);
                 if (!first_error) first_error = std::current_exception();
+                cancel = true;
             }
         }
     };
-    const std::size_t workers = std::min<std::size_t>(static_cast<std::size_t>(opt.jobs), order.size() - 1);
+    const std::size_t workers = std::min<std::size_t>(static_cast<std::size_t>(opt.jobs), order.size() - next);
     if (workers <= 1) {
         worker();
     } else {

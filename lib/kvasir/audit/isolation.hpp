@@ -7,12 +7,14 @@
 // which collects every step on that node with the reference beside it as
 // the authority, and writes a capture. The parent computes nothing: it
 // watches the children and then compares the captures exactly as `compare`
-// does, so the figures are bit for bit those of the in-process audit. The
-// reference runs first, alone (a reference that cannot run ends the audit
-// before any other node starts); then up to `jobs` other nodes run at once.
-// With jobs = 1 each node has the machine to itself, so its timings are its
-// own; with more, the audit takes less wall time and the per-node seconds
-// include the contention (the figures never change: every node's arithmetic
+// does, so the figures are bit for bit those of the in-process audit. Up to
+// `jobs` children run at once. With jobs = 1 the reference runs first (a
+// reference that cannot run ends the audit before any other node starts)
+// and each node has the machine to itself, so its timings are its own. With
+// more, the reference starts first beside the others (its failure kills
+// them and ends the audit as before), nodes off the CPU next (on small
+// models they take longest: launch latency), and the per-node seconds
+// include the contention; the figures never change (every node's arithmetic
 // is independent of the load and of its thread count).
 //
 // A child that is killed by a signal, exceeds the wall-clock limit, exceeds
@@ -35,6 +37,7 @@
 
 #include "kvasir/audit/audit.hpp"
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -72,8 +75,10 @@ struct ChildOutcome {
 // `stderr_path`, in its own process group, polling every 10 ms; kills the
 // group (SIGKILL) past `timeout_s` or `memory_gib` of resident memory.
 // `failure_path` (optional) is passed as KVASIR_FAILURE_FILE.
+// `cancel` (optional): when it becomes true the child is killed the same way
+// ("cancelled: …", the audit has already failed elsewhere).
 ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& stderr_path, double timeout_s,
-                       double memory_gib, const std::string& failure_path = "");
+                       double memory_gib, const std::string& failure_path = "", const std::atomic<bool>* cancel = nullptr);
 
 // `specs` are node specs, specs[reference] the reference; config.failed_nodes
 // (nodes that could not even be created) are appended as errors.

@@ -300,7 +300,7 @@ std::string render_timings(const RunTimings& t) {
     if (t.steps.size() > 1) row(total);
     out += table.render("  ");
     if (t.nodes_at_once > 1)
-        out += fmt::format("  nodes  {} at once after the reference (each node's seconds include the contention); the "
+        out += fmt::format("  nodes  {} at once (each node's seconds include the contention); the "
                            "audit took {:.2f} s\n",
                            t.nodes_at_once, t.elapsed);
     else if (t.elapsed > 0)

@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <bit>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -760,18 +761,20 @@ public:
         std::vector<cl_float> pos(positions.size());
         for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<cl_float>(positions[i]);
         // A scaled rope's inverse frequencies cross as f32 (rope_inv_freq_f32);
-        // the plain rope computes theta^(−2i/d) on the device (one unused float then).
-        std::vector<cl_float> freq(params.inv_freq ? static_cast<std::size_t>(d / 2) : 1, 0.0f);
-        if (params.inv_freq)
+        // the plain rope's are computed on the device once per (theta, d).
+        std::vector<cl_float> freq;
+        if (params.inv_freq) {
+            freq.resize(static_cast<std::size_t>(d / 2));
             for (std::int64_t i = 0; i < d / 2; ++i) freq[static_cast<std::size_t>(i)] = rope_inv_freq_f32(params, i, d);
+        }
         const std::lock_guard lock(mutex_);
         const PooledMem xb = upload(x);
         const ClMem pb = upload_raw(pos.data(), pos.size() * sizeof(cl_float));
-        const ClMem fb = upload_raw(freq.data(), freq.size() * sizeof(cl_float));
+        const ClMem scaled = params.inv_freq ? upload_raw(freq.data(), freq.size() * sizeof(cl_float)) : ClMem();
+        const cl_mem fb = params.inv_freq ? scaled.get() : rope_table(d, static_cast<cl_float>(params.theta));
         const PooledMem yb = output(x.numel());
         const cl_kernel k = kernel("elementwise.cl", "kv_rope", 0);
-        set_args(k, xb, yb, pb, fb, static_cast<cl_int>(params.inv_freq ? 1 : 0), static_cast<cl_int>(heads),
-                 static_cast<cl_int>(d), static_cast<cl_float>(params.theta),
+        set_args(k, xb, yb, pb, fb, static_cast<cl_int>(heads), static_cast<cl_int>(d),
                  static_cast<cl_int>(params.layout == RopeLayout::neox ? 1 : 0));
         const std::size_t global[3] = {static_cast<std::size_t>(d / 2), static_cast<std::size_t>(heads),
                                        static_cast<std::size_t>(t_count)};
@@ -942,6 +945,21 @@ private:
 
     // CL_MEM_COPY_HOST_PTR: one allocation, one copy (the runtime's own: no
     // host wait counted, the call returns once it has taken the bytes).
+    // The plain rope's inverse frequencies for (d, theta): kv_rope_freq's
+    // table, computed on the first use and kept (a few per model). Under mutex_.
+    cl_mem rope_table(std::int64_t d, cl_float theta) {
+        const auto key = std::make_pair(d, std::bit_cast<std::uint32_t>(theta));
+        auto it = rope_tables_.find(key);
+        if (it != rope_tables_.end()) return it->second.get();
+        const auto half = static_cast<std::size_t>(std::max<std::int64_t>(d / 2, 1));
+        ClMem table(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_WRITE, half * sizeof(cl_float), nullptr));
+        ++transfers_.allocations;
+        const cl_kernel k = kernel("elementwise.cl", "kv_rope_freq", 0);
+        set_args(k, table.get(), static_cast<cl_int>(d), theta);
+        launch_1d(k, static_cast<std::int64_t>(half));
+        return rope_tables_.emplace(key, std::move(table)).first->second.get();
+    }
+
     ClMem upload_raw(const void* data, std::size_t bytes) const {
         ClMem b(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, bytes,
                             const_cast<void*>(data)));
@@ -1254,6 +1272,7 @@ private:
     const DeviceInfo* info_ = nullptr;
     DeviceRuntime* runtime_ = nullptr;
     std::size_t tile_ = 16, row_wg_ = 256, elem_wg_ = 64;
+    std::map<std::pair<std::int64_t, std::uint32_t>, ClMem> rope_tables_;  // rope_table
     std::string defines_;
     mutable std::mutex mutex_;  // every op, and a read of the counters
     mutable TransferStats transfers_;  // counted by upload_raw/upload_mapped/device_buffer/read/enqueue
