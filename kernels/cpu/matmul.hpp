@@ -39,18 +39,33 @@ const char* cpu_isa_name(CpuIsa isa) noexcept;
 bool cpu_has_avx2_fma() noexcept;  // cpu_isa() >= avx2
 bool cpu_has_avx512() noexcept;    // cpu_isa() >= avx512
 
+// Cores the rest of the machine leaves us: the machine's cores minus what
+// other processes used over the last sampling window (≥ 100 ms; /proc/stat's
+// busy time minus this process's own CPU time, so our spinning threads never
+// count against us), at least 1. Sampled lazily by the callers of
+// threads_for_work (a clock read per call, the files once a window); the
+// machine's cores until the first window ends or where /proc is missing.
+int free_cores() noexcept;
+// The pure part: `cores` on the machine, `others` cores' worth of CPU time
+// used by other processes in the window → the cores left (≥ 1).
+int free_cores_of(int cores, double others) noexcept;
+
 // The team for a parallel region of `flops` floating-point operations:
 // waking a thread, handing it work and meeting it at the barrier costs a few
 // microseconds, more when there are many threads or the machine is busy, so
 // each thread must get enough work to pay for it — at least
 // kFlopsPerThread (~10-20 µs of one core's work). Tiny matrices run on the
-// calling thread alone. Never changes a result: no kernel's arithmetic
+// calling thread alone. And no more threads than free_cores(): on a machine
+// another process keeps busy, a thread that shares its core gets a time
+// slice now and then, and the whole region waits at its barrier for the
+// chunk that thread holds. Never changes a result: no kernel's arithmetic
 // depends on its thread count.
 constexpr double kFlopsPerThread = 1e6;
-inline int threads_for_work(int threads, double flops) noexcept {
+inline int threads_for_work(int threads, double flops, int free = free_cores()) noexcept {
     if (threads <= 1 || !(flops >= 2 * kFlopsPerThread)) return 1;
     const double most = flops / kFlopsPerThread;
-    return most < threads ? static_cast<int>(most) : threads;
+    const int team = most < threads ? static_cast<int>(most) : threads;
+    return team < free ? team : (free > 1 ? free : 1);
 }
 
 // K block of the AVX2 kernels' summation order (see above).

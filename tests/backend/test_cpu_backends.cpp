@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 using namespace kvasir;
 
@@ -625,11 +626,31 @@ TEST(F16Accumulation, DispatchIsTheBestIsaOfThisCpu) {
 }
 
 TEST(Threads, TinyWorkRunsOnTheCallingThreadAndLargeWorkOnEvery) {
-    EXPECT_EQ(kernels::threads_for_work(16, 0), 1);
-    EXPECT_EQ(kernels::threads_for_work(16, std::nan("")), 1);
-    EXPECT_EQ(kernels::threads_for_work(16, 1.5 * kernels::kFlopsPerThread), 1);
-    EXPECT_EQ(kernels::threads_for_work(16, 2 * kernels::kFlopsPerThread), 2);
-    EXPECT_EQ(kernels::threads_for_work(16, 5.9 * kernels::kFlopsPerThread), 5);
-    EXPECT_EQ(kernels::threads_for_work(16, 1e12), 16);
-    EXPECT_EQ(kernels::threads_for_work(1, 1e12), 1);
+    EXPECT_EQ(kernels::threads_for_work(16, 0, 16), 1);
+    EXPECT_EQ(kernels::threads_for_work(16, std::nan(""), 16), 1);
+    EXPECT_EQ(kernels::threads_for_work(16, 1.5 * kernels::kFlopsPerThread, 16), 1);
+    EXPECT_EQ(kernels::threads_for_work(16, 2 * kernels::kFlopsPerThread, 16), 2);
+    EXPECT_EQ(kernels::threads_for_work(16, 5.9 * kernels::kFlopsPerThread, 16), 5);
+    EXPECT_EQ(kernels::threads_for_work(16, 1e12, 16), 16);
+    EXPECT_EQ(kernels::threads_for_work(1, 1e12, 16), 1);
+}
+
+TEST(Threads, NoMoreThreadsThanTheCoresOthersLeave) {
+    // Cores left = cores − round(others' busy cores), at least 1.
+    EXPECT_EQ(kernels::free_cores_of(2, 0.0), 2);
+    EXPECT_EQ(kernels::free_cores_of(2, -0.3), 2);  // clock noise
+    EXPECT_EQ(kernels::free_cores_of(2, 0.4), 2);
+    EXPECT_EQ(kernels::free_cores_of(2, 0.6), 1);
+    EXPECT_EQ(kernels::free_cores_of(2, 1.0), 1);
+    EXPECT_EQ(kernels::free_cores_of(2, 5.0), 1);
+    EXPECT_EQ(kernels::free_cores_of(16, 3.2), 13);
+    EXPECT_EQ(kernels::free_cores_of(16, std::nan("")), 16);
+    // The team: the work's and the caller's limits, then the free cores.
+    EXPECT_EQ(kernels::threads_for_work(16, 1e12, 13), 13);
+    EXPECT_EQ(kernels::threads_for_work(2, 1e12, 1), 1);
+    EXPECT_EQ(kernels::threads_for_work(8, 4 * kernels::kFlopsPerThread, 13), 4);
+    // Sampled from this machine: between 1 and its cores.
+    const int f = kernels::free_cores();
+    EXPECT_GE(f, 1);
+    EXPECT_LE(f, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
 }

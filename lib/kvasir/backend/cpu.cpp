@@ -364,13 +364,13 @@ private:
         }
         // f16 accumulation (emulated) and CPUs without AVX2/FMA: both operands
         // converted and rounded to storage first.
-        const Tensor xs = stored(x);
-        const Tensor ws = stored(w);
+        Tensor x_kept, w_kept;
+        const float* xs = stored_f32(x, x_kept);
+        const float* ws = stored_f32(w, w_kept);
         if (caps_.accumulation == DType::f16)
-            kernels::matmul_f16acc(xs.as<float>(), ws.as<float>(), y.as<float>(), t_count, n_count, k_count, caps_.threads);
+            kernels::matmul_f16acc(xs, ws, y.as<float>(), t_count, n_count, k_count, caps_.threads);
         else
-            kernels::matmul_f32_generic(xs.as<float>(), ws.as<float>(), y.as<float>(), t_count, n_count, k_count,
-                                        caps_.threads);
+            kernels::matmul_f32_generic(xs, ws, y.as<float>(), t_count, n_count, k_count, caps_.threads);
         round_stored(y);
         return y;
     }
@@ -576,6 +576,13 @@ private:
         Tensor t = Tensor::convert(v, DType::f32);
         if (caps_.storage != DType::f32) round_stored(t);
         return t;
+    }
+    // stored(v)'s values: v itself when it already is (f32 on an f32-storage
+    // node: no copy of a weight per call), else a copy kept in `keep`.
+    const float* stored_f32(const TensorView& v, Tensor& keep) const {
+        if (v.dtype == DType::f32 && caps_.storage == DType::f32) return static_cast<const float*>(v.data);
+        keep = stored(v);
+        return keep.as<float>();
     }
     void round_stored(Tensor& t) const {
         if (caps_.storage == DType::f32) return;
