@@ -146,24 +146,18 @@ void gemv_packed_batch_avx2(std::span<const PackedGemvJob> jobs, int threads,
 // when the format is f32.
 void convert_avx2(const void* src, WeightFormat format, WeightRounding rounding, float* dst, std::int64_t n);
 
-void matmul_f32_avx2(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
-                     std::int64_t k_count, int threads);
-void matmul_f32_generic(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
-                        std::int64_t k_count, int threads);
+// The f32-operand matmuls below: y[T, N] = x[T, K] · w[N, K]ᵀ on `threads`.
+using MatmulF32 = void(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
+                       std::int64_t k_count, int threads);
+
+MatmulF32 matmul_f32_avx2, matmul_f32_generic;
 
 // f16 accumulation, emulated exactly: every product is exact in double
 // (24+24 bits) and the running sum is rounded to half after every add, the
-// way an F16-accumulating FMA unit behaves.
-// Dispatched on cpu_isa(); the three versions give the same bits
-// (f16acc_tile.hpp: lanes over outputs, the chain of each output unchanged).
-void matmul_f16acc(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
-                   std::int64_t k_count, int threads);
-void matmul_f16acc_generic(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
-                           std::int64_t k_count, int threads);
-void matmul_f16acc_avx2(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
-                        std::int64_t k_count, int threads);
-void matmul_f16acc_avx512(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
-                          std::int64_t k_count, int threads);
+// way an F16-accumulating FMA unit behaves. matmul_f16acc is dispatched on
+// cpu_isa(); the three versions give the same bits (f16acc_tile.hpp: lanes
+// over outputs, the chain of each output unchanged).
+MatmulF32 matmul_f16acc, matmul_f16acc_generic, matmul_f16acc_avx2, matmul_f16acc_avx512;
 
 // The f64 oracle's matmul (cpu-ref): the textbook loop, bit for bit —
 //     s = +0;  for k ascending:  s = s + x[t,k]·w[n,k];  y[t,n] = s

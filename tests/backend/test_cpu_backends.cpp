@@ -556,7 +556,7 @@ TEST(F16Accumulation, EveryIsaGivesTheDefinitionsBitsOnEveryRange) {
     // Values spread over 2^-24 … 2^12 so the sums cross f16's subnormals,
     // normals and overflow (±inf, then inf − inf = NaN): every branch of the
     // lane rounding. Shapes: tails of the 8-output blocks and 4-row tiles.
-    using Kernel = void (*)(const float*, const float*, float*, std::int64_t, std::int64_t, std::int64_t, int);
+    using Kernel = kernels::MatmulF32*;
     std::vector<std::pair<const char*, Kernel>> isas{{"generic", kernels::matmul_f16acc_generic}};
     if (kernels::cpu_has_avx2_fma()) isas.emplace_back("avx2", kernels::matmul_f16acc_avx2);
     if (kernels::cpu_has_avx512()) isas.emplace_back("avx512", kernels::matmul_f16acc_avx512);
@@ -596,7 +596,7 @@ TEST(F16Accumulation, EveryIsaGivesTheDefinitionsBitsOnEveryRange) {
 
 TEST(F16Accumulation, EveryIsaRoundsTheEdgesAsRoundToF16) {
     // K = 1, w = 1: y = round_f16(+0 + x) in every lane, at the boundaries of each range.
-    using Kernel = void (*)(const float*, const float*, float*, std::int64_t, std::int64_t, std::int64_t, int);
+    using Kernel = kernels::MatmulF32*;
     std::vector<std::pair<const char*, Kernel>> isas{{"generic", kernels::matmul_f16acc_generic}};
     if (kernels::cpu_has_avx2_fma()) isas.emplace_back("avx2", kernels::matmul_f16acc_avx2);
     if (kernels::cpu_has_avx512()) isas.emplace_back("avx512", kernels::matmul_f16acc_avx512);
