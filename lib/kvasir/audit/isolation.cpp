@@ -202,13 +202,19 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
     const int n = static_cast<int>(specs.size());
 
     // The reference first: if it cannot run, nothing can be compared. Then,
-    // when nodes run at once, those off the CPU (the longest on small models).
+    // when nodes run at once, the longest first so that the last to start
+    // are short: nodes off the CPU (launch latency dominates on small
+    // models), then CPU nodes that emulate a format (acc=, storage=: a
+    // rounding per operation), then the rest; the given order within each.
     std::vector<std::size_t> order{reference};
-    const auto off_cpu = [&](std::size_t i) { return specs[i].rfind("cpu", 0) != 0; };
-    for (std::size_t i = 0; i < specs.size(); ++i)
-        if (i != reference && (opt.jobs == 1 || off_cpu(i))) order.push_back(i);
-    for (std::size_t i = 0; i < specs.size(); ++i)
-        if (i != reference && opt.jobs > 1 && !off_cpu(i)) order.push_back(i);
+    const auto rank = [&](std::size_t i) {
+        if (opt.jobs == 1) return 0;
+        if (specs[i].rfind("cpu", 0) != 0) return 0;
+        return specs[i].find("acc=") != std::string::npos || specs[i].find("storage=") != std::string::npos ? 1 : 2;
+    };
+    for (int r = 0; r <= 2; ++r)
+        for (std::size_t i = 0; i < specs.size(); ++i)
+            if (i != reference && rank(i) == r) order.push_back(i);
     KVASIR_CHECK(opt.jobs >= 1, ErrorCode::bad_input, "--jobs must be at least 1");
     std::vector<std::optional<Capture>> caps(specs.size());
     std::vector<ChildOutcome> outcomes(specs.size());

@@ -12,8 +12,8 @@
 // reference that cannot run ends the audit before any other node starts)
 // and each node has the machine to itself, so its timings are its own. With
 // more, the reference starts first beside the others (its failure kills
-// them and ends the audit as before), nodes off the CPU next (on small
-// models they take longest: launch latency), and the per-node seconds
+// them and ends the audit as before), then the longest first (nodes off
+// the CPU, then CPU nodes emulating a format), and the per-node seconds
 // include the contention; the figures never change (every node's arithmetic
 // is independent of the load and of its thread count).
 //
