@@ -169,6 +169,15 @@ MatmulF32 matmul_f16acc, matmul_f16acc_generic, matmul_f16acc_avx2, matmul_f16ac
 // both versions give the same bits as the loop above for any thread count.
 void matmul_f64_avx2(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count,
                      std::int64_t n_count, std::int64_t k_count, int threads);
+// The same driver and packing with AVX-512 tiles of 8 rows × 8 columns (one
+// zmm a row): the same bits. Only where cpu_has_avx512().
+void matmul_f64_avx512(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count,
+                       std::int64_t n_count, std::int64_t k_count, int threads);
+// matmul_f64_avx512's tile (matmul_f64_avx512.cpp): rows 1 … 8 of x (row
+// stride ldx, offset to the K block) against one packed panel bp[kc][8];
+// y (row stride ldy) = (first ? +0 : y) + the block's sum, `valid` columns.
+void matmul_f64_tile_avx512(int rows, const double* x, std::int64_t ldx, const double* bp, std::int64_t kc, double* y,
+                            std::int64_t ldy, std::int64_t valid, bool first);
 void matmul_f64_generic(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count,
                         std::int64_t n_count, std::int64_t k_count, int threads);
 

@@ -116,7 +116,7 @@ using MicroKernel = void (*)(const double*, i64, const double*, i64, double*, i6
 constexpr MicroKernel kEdgeKernels[kMR] = {nullptr, micro_kernel<1>, micro_kernel<2>, micro_kernel<3>};
 
 void job(const double* x, const void* w, DType w_dtype, double* y, i64 t_count, i64 n_count, i64 k_count, i64 n0,
-         double* bp) {
+         double* bp, bool avx512) {
     const i64 nc = std::min(kNC, n_count - n0);
     const i64 panels = (nc + kNR - 1) / kNR;
     for (i64 k0 = 0; k0 < k_count; k0 += kKC) {
@@ -132,6 +132,14 @@ void job(const double* x, const void* w, DType w_dtype, double* y, i64 t_count, 
             }
         }
         const bool first = k0 == 0;
+        if (avx512) {  // tiles of 8 rows, one zmm each (matmul_f64_avx512.cpp)
+            for (i64 t = 0; t < t_count; t += 8)
+                for (i64 p = 0; p < panels; ++p)
+                    matmul_f64_tile_avx512(static_cast<int>(std::min<i64>(8, t_count - t)), x + t * k_count + k0, k_count,
+                                           bp + p * kKC * kNR, kc, y + t * n_count + n0 + p * kNR, n_count,
+                                           std::min<i64>(kNR, nc - p * kNR), first);
+            continue;
+        }
         i64 t = 0;
         for (; t + kMR <= t_count; t += kMR)
             for (i64 p = 0; p < panels; ++p)
@@ -144,10 +152,8 @@ void job(const double* x, const void* w, DType w_dtype, double* y, i64 t_count, 
     }
 }
 
-}  // namespace
-
-void matmul_f64_avx2(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count,
-                     std::int64_t n_count, std::int64_t k_count, int threads) {
+void run(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count, std::int64_t n_count,
+         std::int64_t k_count, int threads, bool avx512) {
     if (t_count <= 0 || n_count <= 0) return;
     if (k_count <= 0) {
         std::fill(y, y + t_count * n_count, 0.0);
@@ -159,8 +165,20 @@ void matmul_f64_avx2(const double* x, const void* w, DType w_dtype, double* y, s
     {
         alignas(64) static thread_local double bp[kPanels * kKC * kNR];  // 64 KB per thread
 #pragma omp for schedule(dynamic, 4)
-        for (i64 j = 0; j < jobs; ++j) job(x, w, w_dtype, y, t_count, n_count, k_count, j * kNC, bp);
+        for (i64 j = 0; j < jobs; ++j) job(x, w, w_dtype, y, t_count, n_count, k_count, j * kNC, bp, avx512);
     }
+}
+
+}  // namespace
+
+void matmul_f64_avx2(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count,
+                     std::int64_t n_count, std::int64_t k_count, int threads) {
+    run(x, w, w_dtype, y, t_count, n_count, k_count, threads, false);
+}
+
+void matmul_f64_avx512(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count,
+                       std::int64_t n_count, std::int64_t k_count, int threads) {
+    run(x, w, w_dtype, y, t_count, n_count, k_count, threads, true);
 }
 
 }  // namespace kvasir::kernels

@@ -132,11 +132,12 @@ bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
 }  // namespace
 
 TEST(CpuRefMatmul, BlockedKernelsAreTheTextbookLoopBitForBit) {
-    // Shapes that cut every block edge: T around the 4-row tile, N around the
+    // Shapes that cut every block edge: T around the 4- and 8-row tiles, N around the
     // 8-column panel and 32-column job, K around the 8-wide transpose and
     // the 256 K block; weights in every format the oracle accepts.
     const std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>> shapes = {
-        {1, 1, 1}, {1, 8, 8}, {3, 7, 9}, {4, 8, 256}, {5, 33, 257}, {7, 31, 513}, {9, 40, 100}, {2, 65, 1000}};
+        {1, 1, 1}, {1, 8, 8}, {3, 7, 9}, {4, 8, 256}, {5, 33, 257}, {7, 31, 513}, {9, 40, 100}, {2, 65, 1000},
+        {8, 16, 300}, {17, 9, 64}};  // and around the AVX-512 tile's 8 rows
     for (const auto& [T, N, K] : shapes) {
         const Tensor x = seeded_normal(11, "f64/x", {T, K}, 0, 1);
         const Tensor x64 = Tensor::convert(x.view(), DType::f64);
@@ -151,6 +152,11 @@ TEST(CpuRefMatmul, BlockedKernelsAreTheTextbookLoopBitForBit) {
                 std::fill(got.begin(), got.end(), -1.0);
                 kernels::matmul_f64_avx2(x64.as<double>(), w.raw(), wd, got.data(), T, N, K, threads);
                 EXPECT_TRUE(same_bits(got, want)) << "avx2 T=" << T << " N=" << N << " K=" << K << " w " << dtype_name(wd)
+                                                  << " threads " << threads;
+                if (!kernels::cpu_has_avx512()) continue;
+                std::fill(got.begin(), got.end(), -1.0);
+                kernels::matmul_f64_avx512(x64.as<double>(), w.raw(), wd, got.data(), T, N, K, threads);
+                EXPECT_TRUE(same_bits(got, want)) << "avx512 T=" << T << " N=" << N << " K=" << K << " w " << dtype_name(wd)
                                                   << " threads " << threads;
             }
         }

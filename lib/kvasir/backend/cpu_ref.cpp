@@ -33,8 +33,9 @@ public:
         avx2_ = kernels::cpu_has_avx2_fma();
         // The arithmetic is the textbook loop either way (matmul.hpp); only
         // the matmul's blocking differs.
+        avx512_ = kernels::cpu_has_avx512();
         caps_.runtime = fmt::format("kvasir {} f64 textbook order{}", KVASIR_VERSION,
-                                    avx2_ ? ", blocked avx2 matmul" : "");
+                                    avx512_ ? ", blocked avx512 matmul" : avx2_ ? ", blocked avx2 matmul" : "");
         caps_.storage = DType::f64;
         caps_.accumulation = DType::f64;
         caps_.output = DType::f64;
@@ -55,7 +56,10 @@ public:
         // x widened once (T×K); w is read in place, widened panel by panel
         // inside the kernel: never a full-size f64 copy of the weights.
         const Tensor xd = Tensor::convert(x, DType::f64);
-        if (avx2_)
+        if (avx512_)
+            kernels::matmul_f64_avx512(xd.as<double>(), w.data, w.dtype, y.as<double>(), t_count, n_count, k_count,
+                                       caps_.threads);
+        else if (avx2_)
             kernels::matmul_f64_avx2(xd.as<double>(), w.data, w.dtype, y.as<double>(), t_count, n_count, k_count,
                                      caps_.threads);
         else
@@ -206,7 +210,7 @@ public:
 
 private:
     Capabilities caps_;
-    bool avx2_ = false;
+    bool avx2_ = false, avx512_ = false;
 };
 
 }  // namespace
