@@ -70,6 +70,15 @@ inline int threads_for_work(int threads, double flops, int free = free_cores()) 
 
 // K block of the AVX2 kernels' summation order (see above).
 constexpr std::int64_t kMatmulKBlock = 64;
+// The GEMM's packed panels: x in panels of kGemmMR rows, w in panels of
+// kGemmNR columns, both k-major (matmul_avx2.cpp).
+constexpr std::int64_t kGemmMR = 6, kGemmNR = 16;
+// The GEMM's micro-tile on AVX-512 (matmul_avx512.cpp): rows 1 … kGemmMR of
+// a packed x panel `a` against one packed w panel `b` over kc k — per K
+// summation block one FMA chain per element from +0 — then
+// c[m × 16] (row stride ldc) = add ? c + s : s, block sums in order. One zmm
+// a row where the AVX2 tile takes two ymm: the same bits.
+void matmul_tile_avx512(int m, std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc, bool add);
 
 // How the weight matrix is stored in memory.
 enum class WeightFormat : std::uint8_t { f32, f16, bf16 };

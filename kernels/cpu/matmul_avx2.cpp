@@ -60,8 +60,8 @@ namespace {
 using i64 = std::int64_t;
 using namespace avx2;
 
-constexpr int kMR = 6;          // rows of the micro-tile (broadcast operand, x)
-constexpr int kNR = 16;         // columns of the micro-tile (two ymm, operand w)
+constexpr int kMR = kGemmMR;    // rows of the micro-tile (broadcast operand, x)
+constexpr int kNR = kGemmNR;    // columns of the micro-tile (two ymm, operand w)
 constexpr i64 kKC = 256;        // K block: a 16×KC B panel is 16 KB (half of L1d)
 constexpr i64 kSumBlock = kMatmulKBlock;  // summation block (divides KC, multiple of 16)
 static_assert(kKC % kSumBlock == 0 && kSumBlock % 16 == 0);
@@ -370,6 +370,14 @@ using MicroKernel = void (*)(i64, const float*, const float*, float*, i64, bool)
 constexpr MicroKernel kMicro[kMR + 1] = {nullptr,         micro_kernel<1>, micro_kernel<2>, micro_kernel<3>,
                                          micro_kernel<4>, micro_kernel<5>, micro_kernel<6>};
 
+// The tile on this CPU: AVX-512's one zmm a row where it has it (the same
+// bits: matmul_tile_avx512), else the AVX2 tile.
+void tile(int m, i64 kc, const float* a, const float* b, float* c, i64 ldc, bool add) {
+    static const bool avx512 = cpu_has_avx512();
+    if (avx512) matmul_tile_avx512(m, kc, a, b, c, ldc, add);
+    else kMicro[m](kc, a, b, c, ldc, add);
+}
+
 // Round y[0 … n) in place (the result of a storage=f16|bf16 node).
 void round_run(WeightRounding r, float* y, i64 n) {
     if (r != WeightRounding::none) convert_avx2(y, WeightFormat::f32, r, y, n);
@@ -441,12 +449,12 @@ void gemm_job(const PackedA& a, const void* w, float* y, WeightRounding ry, i64 
                     const float* app = a.panel(pc, kc, r);
                     float* c = y + r * kMR * n_count + n0 + p * kNR;
                     if (cols == kNR) {
-                        kMicro[m](kc, app, bpp, c, n_count, add);
+                        tile(m, kc, app, bpp, c, n_count, add);
                     } else {
                         // Partial panel: run the full tile on a scratch copy.
                         if (add)
                             for (int i = 0; i < m; ++i) std::memcpy(edge + i * kNR, c + i * n_count, sizeof(float) * cols);
-                        kMicro[m](kc, app, bpp, edge, kNR, add);
+                        tile(m, kc, app, bpp, edge, kNR, add);
                         for (int i = 0; i < m; ++i) std::memcpy(c + i * n_count, edge + i * kNR, sizeof(float) * cols);
                     }
                 }
