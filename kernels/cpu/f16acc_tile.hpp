@@ -21,8 +21,6 @@
 
 #include "kernels/cpu/matmul.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <vector>

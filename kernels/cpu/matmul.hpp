@@ -60,12 +60,18 @@ int free_cores_of(int cores, double others) noexcept;
 // slice now and then, and the whole region waits at its barrier for the
 // chunk that thread holds. Never changes a result: no kernel's arithmetic
 // depends on its thread count.
+// team_for is the pure arithmetic with the free cores given; threads_for_work
+// asks free_cores() only when the work could use more than one thread.
 constexpr double kFlopsPerThread = 1e6;
-inline int threads_for_work(int threads, double flops, int free = free_cores()) noexcept {
+inline int team_for(int threads, double flops, int free) noexcept {
     if (threads <= 1 || !(flops >= 2 * kFlopsPerThread)) return 1;
     const double most = flops / kFlopsPerThread;
     const int team = most < threads ? static_cast<int>(most) : threads;
     return team < free ? team : (free > 1 ? free : 1);
+}
+inline int threads_for_work(int threads, double flops) noexcept {
+    if (threads <= 1 || !(flops >= 2 * kFlopsPerThread)) return 1;  // tiny work: no clock read either
+    return team_for(threads, flops, free_cores());
 }
 
 // K block of the AVX2 kernels' summation order (see above).

@@ -552,6 +552,14 @@ std::vector<float> f16acc_by_definition(const std::vector<float>& x, const std::
     return y;
 }
 
+// Every f16-accumulation kernel this CPU can run, by name.
+std::vector<std::pair<const char*, kernels::MatmulF32*>> f16acc_isas() {
+    std::vector<std::pair<const char*, kernels::MatmulF32*>> isas{{"generic", kernels::matmul_f16acc_generic}};
+    if (kernels::cpu_has_avx2_fma()) isas.emplace_back("avx2", kernels::matmul_f16acc_avx2);
+    if (kernels::cpu_has_avx512()) isas.emplace_back("avx512", kernels::matmul_f16acc_avx512);
+    return isas;
+}
+
 bool same_float_bits(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -562,10 +570,7 @@ TEST(F16Accumulation, EveryIsaGivesTheDefinitionsBitsOnEveryRange) {
     // Values spread over 2^-24 … 2^12 so the sums cross f16's subnormals,
     // normals and overflow (±inf, then inf − inf = NaN): every branch of the
     // lane rounding. Shapes: tails of the 8-output blocks and 4-row tiles.
-    using Kernel = kernels::MatmulF32*;
-    std::vector<std::pair<const char*, Kernel>> isas{{"generic", kernels::matmul_f16acc_generic}};
-    if (kernels::cpu_has_avx2_fma()) isas.emplace_back("avx2", kernels::matmul_f16acc_avx2);
-    if (kernels::cpu_has_avx512()) isas.emplace_back("avx512", kernels::matmul_f16acc_avx512);
+    const auto isas = f16acc_isas();
     std::size_t non_finite = 0, tiny = 0;
     for (const auto& [t_count, n_count, k_count] : std::vector<std::array<std::int64_t, 3>>{
              {1, 1, 1}, {1, 8, 64}, {3, 13, 37}, {4, 16, 64}, {5, 70, 300}, {9, 23, 129}, {2, 40, 50}, {6, 17, 20}, {7, 100, 3}}) {
@@ -602,10 +607,7 @@ TEST(F16Accumulation, EveryIsaGivesTheDefinitionsBitsOnEveryRange) {
 
 TEST(F16Accumulation, EveryIsaRoundsTheEdgesAsRoundToF16) {
     // K = 1, w = 1: y = round_f16(+0 + x) in every lane, at the boundaries of each range.
-    using Kernel = kernels::MatmulF32*;
-    std::vector<std::pair<const char*, Kernel>> isas{{"generic", kernels::matmul_f16acc_generic}};
-    if (kernels::cpu_has_avx2_fma()) isas.emplace_back("avx2", kernels::matmul_f16acc_avx2);
-    if (kernels::cpu_has_avx512()) isas.emplace_back("avx512", kernels::matmul_f16acc_avx512);
+    const auto isas = f16acc_isas();
     const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
     const std::vector<float> x{0.0f, -0.0f, 65504.0f, 65519.996f, 65520.0f, -65520.0f, 65535.0f, 1e30f, -1e30f, inf, -inf, nan,
                                0x1p-14f, 0x1.ffcp-15f, 0x1p-24f, 0x1p-25f, 0x3p-25f, -0x3p-25f, 0x1p-26f, 1e-30f,
@@ -632,13 +634,14 @@ TEST(F16Accumulation, DispatchIsTheBestIsaOfThisCpu) {
 }
 
 TEST(Threads, TinyWorkRunsOnTheCallingThreadAndLargeWorkOnEvery) {
-    EXPECT_EQ(kernels::threads_for_work(16, 0, 16), 1);
-    EXPECT_EQ(kernels::threads_for_work(16, std::nan(""), 16), 1);
-    EXPECT_EQ(kernels::threads_for_work(16, 1.5 * kernels::kFlopsPerThread, 16), 1);
-    EXPECT_EQ(kernels::threads_for_work(16, 2 * kernels::kFlopsPerThread, 16), 2);
-    EXPECT_EQ(kernels::threads_for_work(16, 5.9 * kernels::kFlopsPerThread, 16), 5);
-    EXPECT_EQ(kernels::threads_for_work(16, 1e12, 16), 16);
-    EXPECT_EQ(kernels::threads_for_work(1, 1e12, 16), 1);
+    EXPECT_EQ(kernels::team_for(16, 0, 16), 1);
+    EXPECT_EQ(kernels::team_for(16, std::nan(""), 16), 1);
+    EXPECT_EQ(kernels::team_for(16, 1.5 * kernels::kFlopsPerThread, 16), 1);
+    EXPECT_EQ(kernels::team_for(16, 2 * kernels::kFlopsPerThread, 16), 2);
+    EXPECT_EQ(kernels::team_for(16, 5.9 * kernels::kFlopsPerThread, 16), 5);
+    EXPECT_EQ(kernels::team_for(16, 1e12, 16), 16);
+    EXPECT_EQ(kernels::team_for(1, 1e12, 16), 1);
+    EXPECT_EQ(kernels::threads_for_work(16, 1e3), 1);  // tiny work: the calling thread, free cores not asked
 }
 
 TEST(Threads, NoMoreThreadsThanTheCoresOthersLeave) {
@@ -652,9 +655,9 @@ TEST(Threads, NoMoreThreadsThanTheCoresOthersLeave) {
     EXPECT_EQ(kernels::free_cores_of(16, 3.2), 13);
     EXPECT_EQ(kernels::free_cores_of(16, std::nan("")), 16);
     // The team: the work's and the caller's limits, then the free cores.
-    EXPECT_EQ(kernels::threads_for_work(16, 1e12, 13), 13);
-    EXPECT_EQ(kernels::threads_for_work(2, 1e12, 1), 1);
-    EXPECT_EQ(kernels::threads_for_work(8, 4 * kernels::kFlopsPerThread, 13), 4);
+    EXPECT_EQ(kernels::team_for(16, 1e12, 13), 13);
+    EXPECT_EQ(kernels::team_for(2, 1e12, 1), 1);
+    EXPECT_EQ(kernels::team_for(8, 4 * kernels::kFlopsPerThread, 13), 4);
     // Sampled from this machine: between 1 and its cores.
     const int f = kernels::free_cores();
     EXPECT_GE(f, 1);
