@@ -457,6 +457,80 @@ __global__ void __launch_bounds__(kReduceThreads)
     }
 }
 
+// Backend::add / mul / scale with the default's bits (backend.cpp: f64,
+// rounded to f32, then to storage): one f32 operation on two f32 operands
+// rounds the exact sum or product once, as the default's rounding of its
+// f64 result to f32 does (exact for a product, innocuous for a sum). The
+// host runs them on operands the default would read as they stand in the
+// buffers (gpu_backend_impl.inc says when).
+__global__ void add_kernel(const float* a, const float* b, float* y, std::size_t n, int storage) {
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+        y[i] = kg_store(a[i] + b[i], storage);
+}
+
+__global__ void mul_kernel(const float* a, const float* b, float* y, std::size_t n, int storage) {
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+        y[i] = kg_store(a[i] * b[i], storage);
+}
+
+__global__ void scale_kernel(const float* x, float* y, std::size_t n, float s, int storage) {
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+        y[i] = kg_store(x[i] * s, storage);
+}
+
+// A device KV cache (Backend::kv_rows): y [heads, keep + T, d] with the
+// first keep rows of each head of cache [heads, s_cache, d], then row t of
+// head g of rows [T, heads, d] — stored values moved as they are.
+__global__ void kv_cache_rows_kernel(const float* cache, const float* rows, float* y, int heads, int s_cache, int keep,
+                                     int t_count, int d) {
+    const std::size_t s_out = static_cast<std::size_t>(keep) + static_cast<std::size_t>(t_count);
+    const std::size_t n = static_cast<std::size_t>(heads) * s_out * static_cast<std::size_t>(d);
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+        const std::size_t j = i % static_cast<std::size_t>(d), s = (i / static_cast<std::size_t>(d)) % s_out,
+                          g = i / (static_cast<std::size_t>(d) * s_out);
+        y[i] = s < static_cast<std::size_t>(keep)
+                   ? cache[(g * static_cast<std::size_t>(s_cache) + s) * static_cast<std::size_t>(d) + j]
+                   : rows[((s - static_cast<std::size_t>(keep)) * static_cast<std::size_t>(heads) + g) *
+                              static_cast<std::size_t>(d) + j];
+    }
+}
+
+// A MoE block on the device (the GPU node's moe_block; the table is
+// backend.hpp moe_device_table's): gathered row g is token table[2g], put at
+// row table[2g+1] of the experts' x buffer — values moved as they are.
+__global__ void moe_gather_kernel(const float* x, const std::uint32_t* table, float* xb, std::size_t g_count, int h) {
+    const std::size_t hs = static_cast<std::size_t>(h), n = g_count * hs;
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+        const std::size_t g = i / hs, c = i % hs;
+        xb[static_cast<std::size_t>(table[2 * g + 1]) * hs + c] = x[static_cast<std::size_t>(table[2 * g]) * hs + c];
+    }
+}
+
+// out[t, c] = Σ w·y[row, c] over token t's terms in order, from +0, every
+// product and sum rounded to f32 (no contraction), then to storage: the
+// default's combine (backend.cpp moe_combine<float>) element by element.
+__global__ void moe_combine_kernel(const float* y, const std::uint32_t* table, float* out, std::size_t g_count, int t_count,
+                                   int h, int storage) {
+    const std::size_t hs = static_cast<std::size_t>(h), n = static_cast<std::size_t>(t_count) * hs;
+    const std::uint32_t* starts = table + 2 * g_count;
+    const std::uint32_t* terms = starts + t_count + 1;
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+        const std::size_t t = i / hs, c = i % hs;
+        float acc = 0.0f;
+        for (std::uint32_t e = starts[t]; e < starts[t + 1]; ++e) {
+            const float p = kg_float(terms[2 * static_cast<std::size_t>(e) + 1]) * y[static_cast<std::size_t>(terms[2 * static_cast<std::size_t>(e)]) * hs + c];
+            acc = acc + p;
+        }
+        out[i] = kg_store(acc, storage);
+    }
+}
+
 __global__ void store_kernel(float* y, std::size_t n, int storage) {
     for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<std::size_t>(gridDim.x) * blockDim.x)

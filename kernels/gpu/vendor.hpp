@@ -56,6 +56,7 @@
 #define cudaMalloc hipMalloc
 #define cudaMemcpyAsync hipMemcpyAsync
 #define cudaMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define cudaMemcpyDeviceToDevice hipMemcpyDeviceToDevice
 #define cudaMemcpyHostToDevice hipMemcpyHostToDevice
 #define cudaMemsetAsync hipMemsetAsync
 #define cudaRuntimeGetVersion hipRuntimeGetVersion

@@ -254,3 +254,20 @@ void kv_causal_attention_panels(__global const kv_store_t* q,   // [T, heads, D]
     }
 }
 #endif  // !KV_ACC_HALF
+
+// kv_causal_attention_panels' keys from a device KV cache (the host's
+// key_panels, on the device): out [heads, ⌈S/16⌉, D, 16] with
+// out[g][p][j][i] = keys[g][16p + i][j], +0 past S — stored values moved as
+// they are (KV_LOAD/KV_STORE are exact on a stored value).
+__kernel void kv_key_panels(__global const kv_store_t* keys, __global kv_store_t* out, const int heads, const int s_count,
+                            const int d) {
+    const size_t i = get_global_id(0);
+    const size_t np = ((size_t)s_count + 15) / 16;
+    if (i >= (size_t)heads * np * (size_t)d * 16) return;
+    const size_t lane = i % 16, j = (i / 16) % (size_t)d, p = (i / (16 * (size_t)d)) % np, g = i / (16 * (size_t)d * np);
+    const size_t s = p * 16 + lane;
+    if (s < (size_t)s_count)
+        KV_STORE(KV_LOAD(keys, (g * (size_t)s_count + s) * (size_t)d + j), out, i);
+    else
+        KV_STORE(0.0f, out, i);
+}

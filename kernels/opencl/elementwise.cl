@@ -28,6 +28,79 @@ __kernel void kv_clamped_swiglu(__global const kv_store_t* g, __global const kv_
     KV_STORE((uc + 1.0f) * (gc * (1.0f / (1.0f + exp(-(gc * alpha))))), y, i);
 }
 
+// The combine ops of Backend::add / mul / scale (backend.cpp), whose
+// defaults compute in f64 and round to f32, then to storage: one f32
+// operation rounds the exact sum or product of two f32 values once, as the
+// default's f64 result (exact for a product, innocuous for a sum) rounded to
+// f32 does, and KV_STORE then rounds to storage as the default does. The
+// node runs them here only on operands the default would read exactly as
+// they stand in the buffers (opencl_backend.cpp says when).
+__kernel void kv_add(__global const kv_store_t* a, __global const kv_store_t* b, __global kv_store_t* y, const ulong n) {
+    const size_t i = get_global_id(0);
+    if (i >= n) return;
+    KV_STORE(KV_LOAD(a, i) + KV_LOAD(b, i), y, i);
+}
+
+__kernel void kv_mul(__global const kv_store_t* a, __global const kv_store_t* b, __global kv_store_t* y, const ulong n) {
+    const size_t i = get_global_id(0);
+    if (i >= n) return;
+    KV_STORE(KV_LOAD(a, i) * KV_LOAD(b, i), y, i);
+}
+
+__kernel void kv_scale(__global const kv_store_t* x, __global kv_store_t* y, const ulong n, const float s) {
+    const size_t i = get_global_id(0);
+    if (i >= n) return;
+    KV_STORE(KV_LOAD(x, i) * s, y, i);
+}
+
+// A device KV cache (Backend::kv_rows): y [heads, keep + T, d] with the
+// first keep rows of each head of cache [heads, s_cache, d] and then row t of
+// head g of rows [T, heads, d] — stored values moved as they are.
+__kernel void kv_cache_rows(__global const kv_store_t* cache, __global const kv_store_t* rows, __global kv_store_t* y,
+                            const int heads, const int s_cache, const int keep, const int t_count, const int d) {
+    const size_t i = get_global_id(0);
+    const size_t s_out = (size_t)keep + (size_t)t_count;
+    if (i >= (size_t)heads * s_out * (size_t)d) return;
+    const size_t j = i % (size_t)d, s = (i / (size_t)d) % s_out, g = i / ((size_t)d * s_out);
+    // Loaded and stored in the storage format: exact (a half or bf16 value
+    // widens to f32 and back unchanged), and core OpenCL for half buffers.
+    if (s < (size_t)keep)
+        KV_STORE(KV_LOAD(cache, (g * (size_t)s_cache + s) * (size_t)d + j), y, i);
+    else
+        KV_STORE(KV_LOAD(rows, ((s - (size_t)keep) * (size_t)heads + g) * (size_t)d + j), y, i);
+}
+
+// A MoE block on the device (OpenclBackend::moe_block). The table: per
+// gathered row g its token table[2g] and its row table[2g+1] in the experts'
+// x buffer; then per token t its terms' start table[2G + t] (G + T + 1 words
+// in all); then the terms, (y row, weight bits) each.
+__kernel void kv_moe_gather(__global const kv_store_t* x, __global const uint* table, __global kv_store_t* xb,
+                            const uint g_count, const uint h) {
+    const size_t i = get_global_id(0);
+    if (i >= (size_t)g_count * h) return;
+    const size_t g = i / h, c = i % h;
+    KV_STORE(KV_LOAD(x, (size_t)table[2 * g] * h + c), xb, (size_t)table[2 * g + 1] * h + c);  // moved as stored
+}
+
+// out[t, c] = Σ w·y[row, c] over token t's terms in order, from +0, every
+// product and sum rounded to f32 (FP_CONTRACT OFF), then stored: the
+// default's combine (backend.cpp moe_combine<float>) element by element.
+__kernel void kv_moe_combine(__global const kv_store_t* y, __global const uint* table, __global kv_store_t* out,
+                             const uint g_count, const uint t_count, const uint h) {
+    const size_t i = get_global_id(0);
+    if (i >= (size_t)t_count * h) return;
+    const size_t t = i / h, c = i % h;
+    __global const uint* starts = table + 2 * (size_t)g_count;
+    __global const uint* terms = starts + t_count + 1;
+    float acc = 0.0f;
+    for (uint e = starts[t]; e < starts[t + 1]; ++e) {
+        const float w = as_float(terms[2 * (size_t)e + 1]);
+        const float p = w * KV_LOAD(y, (size_t)terms[2 * (size_t)e] * h + c);
+        acc = acc + p;
+    }
+    KV_STORE(acc, out, i);
+}
+
 __kernel void kv_sigmoid(__global const kv_store_t* x, __global kv_store_t* y, const ulong n) {
     const size_t i = get_global_id(0);
     if (i >= n) return;

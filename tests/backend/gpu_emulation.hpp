@@ -312,6 +312,89 @@ public:
         return Tensor::from_f32(y, gate.shape);
     }
 
+    // add / mul / scale on the kernels, when gpu_backend_impl.inc runs them
+    // there: add on operands already in storage format (here, with no device
+    // results, any f32/f16/bf16 tensor on an f32 node), mul and scale always.
+    Tensor add(const TensorView& a, const TensorView& b) override {
+        check_same_shape("add", a, b);
+        const auto exact = [&](const TensorView& v) {
+            return caps_.storage == DType::f32 && (v.dtype == DType::f32 || v.dtype == DType::f16 || v.dtype == DType::bf16);
+        };
+        if (!exact(a) || !exact(b)) return Backend::add(a, b);
+        const std::vector<float> as = stage(a), bs = stage(b);
+        std::vector<float> y(as.size());
+        launch_elementwise(y.size(), gpu_host::add_kernel, as.data(), bs.data(), y.data(), y.size(), storage_);
+        return Tensor::from_f32(y, a.shape);
+    }
+    Tensor mul(const TensorView& a, const TensorView& b) override {
+        check_same_shape("mul", a, b);
+        const std::vector<float> as = stage(a), bs = stage(b);
+        std::vector<float> y(as.size());
+        launch_elementwise(y.size(), gpu_host::mul_kernel, as.data(), bs.data(), y.data(), y.size(), storage_);
+        return Tensor::from_f32(y, a.shape);
+    }
+    Tensor scale(const TensorView& x, double s) override {
+        const std::vector<float> xs = stage(x);
+        std::vector<float> y(xs.size());
+        launch_elementwise(y.size(), gpu_host::scale_kernel, xs.data(), y.data(), y.size(), static_cast<float>(s), storage_);
+        return Tensor::from_f32(y, x.shape);
+    }
+
+    // The GPU node's MoE block inside a DeviceResidency scope: the routed
+    // rows gathered by moe_gather_kernel, the experts by the default's ops
+    // (the kernels the device runs them with), the combine by
+    // moe_combine_kernel, on the table moe_device_table makes.
+    Tensor moe_block(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan,
+                     const std::vector<bool>* expert_filter = nullptr) override {
+        const auto biased = [](const ExpertWeights& ew) {
+            return ew.gate_bias.data != nullptr || ew.up_bias.data != nullptr || ew.down_bias.data != nullptr;
+        };
+        if (!DeviceResidency::active() || std::any_of(experts.begin(), experts.end(), biased))
+            return Backend::moe_block(x, experts, plan, expert_filter);
+        const std::vector<ExpertRows> routed = route_rows(x, experts, plan, expert_filter);
+        const std::int64_t t_count = x.dim(0), h = x.dim(1);
+        std::vector<std::size_t> row0;
+        std::size_t g_count = 0;
+        for (const ExpertRows& er : routed) {
+            row0.push_back(g_count);
+            g_count += er.rows.size();
+        }
+        const std::vector<std::uint32_t> table = moe_device_table(routed, row0, row0, t_count);
+        const std::vector<float> xs = stage(x);
+        std::vector<float> xb(g_count * static_cast<std::size_t>(h)), yb(xb.size());
+        launch_elementwise(xb.size(), gpu_host::moe_gather_kernel, xs.data(), table.data(), xb.data(), g_count, static_cast<int>(h));
+        std::vector<ExpertJob> jobs;
+        for (std::size_t n = 0; n < routed.size(); ++n) {
+            ExpertJob job;
+            job.weights = &experts[routed[n].expert];
+            job.x = Tensor::from_f32(std::span<const float>(xb.data() + row0[n] * static_cast<std::size_t>(h),
+                                                            routed[n].rows.size() * static_cast<std::size_t>(h)),
+                                     {static_cast<std::int64_t>(routed[n].rows.size()), h});
+            jobs.push_back(std::move(job));
+        }
+        Backend::expert_ffns(jobs);
+        for (std::size_t n = 0; n < jobs.size(); ++n)
+            std::memcpy(yb.data() + row0[n] * static_cast<std::size_t>(h), jobs[n].y.raw(), jobs[n].y.nbytes());
+        std::vector<float> out(static_cast<std::size_t>(t_count * h));
+        launch_elementwise(out.size(), gpu_host::moe_combine_kernel, yb.data(), table.data(), out.data(), g_count,
+                           static_cast<int>(t_count), static_cast<int>(h), storage_);
+        return Tensor::from_f32(out, {t_count, h});
+    }
+
+    // The GPU node's device KV cache (inside a DeviceResidency scope) on
+    // kv_cache_rows_kernel, in host memory here.
+    std::optional<Tensor> kv_rows(const TensorView* cache, std::int64_t keep, const TensorView& rows) override {
+        if (!DeviceResidency::active()) return std::nullopt;
+        const std::int64_t heads = rows.dim(1), t_count = rows.dim(0), d = rows.dim(2), s_out = keep + t_count;
+        const std::int64_t s_cache = cache != nullptr ? cache->dim(1) : 0;
+        const std::vector<float> rs = stage(rows), cs = cache != nullptr ? stage(*cache) : std::vector<float>();
+        std::vector<float> y(static_cast<std::size_t>(heads * s_out * d));
+        launch_elementwise(y.size(), gpu_host::kv_cache_rows_kernel, cs.empty() ? rs.data() : cs.data(), rs.data(), y.data(),
+                           static_cast<int>(heads), static_cast<int>(s_cache), static_cast<int>(keep),
+                           static_cast<int>(t_count), static_cast<int>(d));
+        return Tensor::from_f32(y, {heads, s_out, d});
+    }
+
     Tensor softmax(const TensorView& x) override {
         KVASIR_CHECK(x.rank() >= 1, ErrorCode::bad_input, "softmax: scalar input");
         const std::int64_t rows = rows_of(x), cols = x.dim(-1);

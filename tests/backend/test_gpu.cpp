@@ -42,6 +42,7 @@
 #include "kvasir/audit/protocol.hpp"
 #include "kvasir/backend/registry.hpp"
 #include "tests/backend/device_experts_check.hpp"
+#include "tests/backend/device_residency_check.hpp"
 #include "tests/backend/matmul_bound.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/rng.hpp"
@@ -382,6 +383,21 @@ TEST(EmulatedKernels, TheDeterminismStepSeesTheSplitKVariant) {
     const double nd = run_to_run("gpu-emu:nondeterministic=1");
     EXPECT_GT(nd, protocol.sensitive.at("determinism").value) << "the audit would pass the split-K node as deterministic";
     std::printf("[ info ] gpu-emu:nondeterministic=1: determinism step run_to_run_max_rel %.3g\n", nd);
+}
+
+TEST(EmulatedKernels, AddMulAndScaleGiveTheDefaultsBitsOnEveryStorage) {
+    // add_kernel / mul_kernel / scale_kernel (ops.cuh) where the GPU node runs them.
+    test::expect_combine_ops_match_the_defaults(
+        {"gpu-emu", "gpu-emu:storage=f16", "gpu-emu:storage=bf16", "gpu-emu:acc=f16"},
+        [](const std::string& spec) -> std::unique_ptr<Backend> { return std::make_unique<test::EmulatedGpuBackend>(spec); });
+}
+
+TEST(EmulatedKernels, AMoeBlockOnTheKernelsGivesTheHostCombinesBits) {
+    // moe_gather_kernel / moe_combine_kernel (ops.cuh) on backend.hpp's moe_device_table, as the GPU node's
+    // moe_block runs them inside a DeviceResidency scope, against the default's host gather and combine.
+    test::expect_resident_moe_block_matches_host(
+        {"gpu-emu", "gpu-emu:storage=f16", "gpu-emu:storage=bf16", "gpu-emu:acc=f16"},
+        [](const std::string& spec) -> std::unique_ptr<Backend> { return std::make_unique<test::EmulatedGpuBackend>(spec); });
 }
 
 TEST(EmulatedKernels, RopeBothLayoutsTakeTheCpuNodesAngles) {
@@ -734,6 +750,26 @@ TEST_P(GpuOps, ExpertsOnTheDeviceGiveEachExpertsOpsBitsInOneRoundTrip) {
     test::expect_device_experts_match_their_ops(specs, [](const std::string&) -> std::uint64_t { return 4; });
 }
 
+TEST_P(GpuOps, AChainOfOpsInAResidencyScopeStaysOnTheDeviceUntilTheHostReadsIt) {
+    // Every buffer f32: 4 bytes an element read back on every variant.
+    std::vector<std::string> specs{GetParam(), GetParam() + ":storage=bf16", GetParam() + ":storage=f16", GetParam() + ":acc=f16"};
+    if (GetParam() == "cuda") specs.push_back("cuda:blas=cublas,tf32=0");
+    test::expect_resident_chain_reads_back_once(specs, [](const std::string&) -> std::uint64_t { return 4; });
+}
+
+TEST_P(GpuOps, APartOfAResultIsReadWhereItIsAndGivesTheBitsOfItsUpload) {
+    // In place where the part starts 256-byte aligned, else copied on the device to a buffer that does.
+    test::expect_resident_parts_read_in_place(GetParam());
+}
+
+TEST_P(GpuOps, AMoeBlockOnTheDeviceGivesTheHostCombinesBitsAndReadsNothingBack) {
+    test::expect_resident_moe_block_matches_host({GetParam(), GetParam() + ":storage=f16", GetParam() + ":storage=bf16"});
+}
+
+TEST_P(GpuOps, AddMulAndScaleGiveTheDefaultsBitsOnEveryStorage) {
+    test::expect_combine_ops_match_the_defaults({GetParam(), GetParam() + ":storage=bf16", GetParam() + ":storage=f16"});
+}
+
 TEST_P(GpuOps, RopeTakesTheCpuNodesAngles) {
     const Tensor x = seeded_normal(13, "gpu/p/x", {8, 2, 64}, 0, 1);
     std::vector<std::int64_t> pos(8);
@@ -787,6 +823,9 @@ TEST_P(GpuOps, DeviceGivesTheEmulationsBits) {
         same(dev->rmsnorm(s, sw, 1e-6), emu.rmsnorm(s, sw, 1e-6), "rmsnorm");
         same(dev->swiglu(s, s), emu.swiglu(s, s), "swiglu");
         same(dev->sigmoid(s), emu.sigmoid(s), "sigmoid");
+        same(dev->add(s, s), emu.add(s, s), "add");
+        same(dev->mul(s, s), emu.mul(s, s), "mul");
+        same(dev->scale(s, 0.3), emu.scale(s, 0.3), "scale");
         for (RopeLayout layout : {RopeLayout::neox, RopeLayout::normal})
             same(dev->rope(r, pos, {1e6, layout}), emu.rope(r, pos, {1e6, layout}), "rope");
         same(dev->causal_conv1d_silu(la.x, la.w, &la_hv), emu.causal_conv1d_silu(la.x, la.w, &la_hv), "causal_conv1d_silu");

@@ -11,6 +11,7 @@
 // OpenCL or the machine has no OpenCL device (CI installs PoCL).
 #include "kvasir/backend/registry.hpp"
 #include "tests/backend/device_experts_check.hpp"
+#include "tests/backend/device_residency_check.hpp"
 #include "tests/backend/matmul_bound.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/immutable_memory.hpp"
@@ -239,6 +240,25 @@ TEST_F(Opencl, TransferCountersCountWhatCrossesToTheDevice) {
     const TransferStats h = *half->transfer_stats();
     EXPECT_EQ(h.upload_bytes, 4u * 64 * 2 + 32u * 64 * 2);
     EXPECT_EQ(h.download_bytes, 4u * 32 * 2);
+}
+
+TEST_F(Opencl, AChainOfOpsInAResidencyScopeStaysOnTheDeviceUntilTheHostReadsIt) {
+    test::expect_resident_chain_reads_back_once(
+        {"opencl:0", "opencl:0:storage=f16", "opencl:0:storage=bf16"},
+        [](const std::string& spec) -> std::uint64_t { return spec == "opencl:0:storage=f16" ? 2 : 4; });
+}
+
+TEST_F(Opencl, APartOfAResultIsReadWhereItIsAndGivesTheBitsOfItsUpload) {
+    // A sub-buffer where the offset is aligned for one, else a device-to-device copy.
+    test::expect_resident_parts_read_in_place("opencl:0");
+}
+
+TEST_F(Opencl, AMoeBlockOnTheDeviceGivesTheHostCombinesBitsAndReadsNothingBack) {
+    test::expect_resident_moe_block_matches_host({"opencl:0", "opencl:0:storage=f16", "opencl:0:storage=bf16"});
+}
+
+TEST_F(Opencl, AddMulAndScaleGiveTheDefaultsBitsOnEveryStorage) {
+    test::expect_combine_ops_match_the_defaults({"opencl:0", "opencl:0:storage=f16", "opencl:0:storage=bf16"});
 }
 
 TEST_F(Opencl, ExpertsOnTheDeviceGiveEachExpertsOpsBitsInOneRoundTrip) {

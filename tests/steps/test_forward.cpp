@@ -628,7 +628,110 @@ TEST_P(ForwardOpencl, WithinFloat32ToleranceOfCpuRefAndGreedyAgrees) {
     EXPECT_GT(decided, 0);
 }
 
+// The device-resident pass (issue #38, core/tensor.hpp): inside forward()
+// the node leaves its results on the device and the host reads back only
+// what it uses. Against resident=0 (every result read back after its op):
+// the same bits for everything a protocol reads — logits, the hidden state
+// after every layer, router logits, routing, the MLP / mixer inputs and
+// outputs, greedy decoding through the cache — on every storage, with fewer
+// reads and host waits.
+TEST_P(ForwardOpencl, ResidentPassGivesTheBitsOfEveryResultReadBack) {
+    const Loaded& fx = load(GetParam());
+    const std::vector<std::int32_t> prompt = prompt_of(fx.ref);
+    auto ref = backend("cpu-ref");
+    const ForwardResult oracle = forward(*ref, fx.model, prompt);
+    const int n = 4;
+    const GenerateResult authority = greedy_generate(*ref, fx.model, prompt, n);
+    for (const std::string storage : {"", "storage=f16", "storage=bf16"}) {
+        SCOPED_TRACE(storage);
+        auto on = create_backend(storage.empty() ? "opencl:0" : "opencl:0:" + storage);
+        auto off = create_backend("opencl:0:resident=0" + (storage.empty() ? "" : "," + storage));
+        for (const bool pinned : {false, true}) {
+            ForwardOptions opt;
+            opt.routing = pinned ? &oracle.routing : nullptr;
+            opt.keep_mlp_io = true;
+            const TransferStats on0 = *on->transfer_stats(), off0 = *off->transfer_stats();
+            const ForwardResult a = forward(*on, fx.model, prompt, opt), b = forward(*off, fx.model, prompt, opt);
+            EXPECT_TRUE(bit_identical(a, b)) << (pinned ? "pinned" : "own router");
+            ASSERT_EQ(a.mixer_output.size(), b.mixer_output.size());
+            for (std::size_t l = 0; l < a.mixer_output.size(); ++l)
+                EXPECT_EQ(a.mixer_output[l].nbytes() == 0 ? 0 : std::memcmp(a.mixer_output[l].raw(), b.mixer_output[l].raw(), a.mixer_output[l].nbytes()),
+                          0) << "mixer output of layer " << l;
+            // Counted after the comparison read every output: what the caller reads comes back too.
+            const TransferStats tin = *on->transfer_stats() - on0, tout = *off->transfer_stats() - off0;
+            EXPECT_LT(tin.downloads, tout.downloads);
+            EXPECT_LT(tin.syncs, tout.syncs);
+            if (storage.empty() && pinned)
+                measured(fmt::format("{:<26} opencl:0 pinned forward, resident vs read back: {} / {} reads, {} / {} host "
+                                     "waits, {} / {} uploads", GetParam().name, tin.downloads, tout.downloads, tin.syncs,
+                                     tout.syncs, tin.uploads, tout.uploads));
+        }
+        const GenerateResult ga = greedy_generate(*on, fx.model, prompt, n, &authority.tokens, &authority.routing);
+        const GenerateResult gb = greedy_generate(*off, fx.model, prompt, n, &authority.tokens, &authority.routing);
+        EXPECT_EQ(ga.tokens, gb.tokens);
+        EXPECT_EQ(std::memcmp(ga.logits.raw(), gb.logits.raw(), ga.logits.nbytes()), 0) << "greedy step logits";
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(HybridAndDense, ForwardOpencl, ::testing::ValuesIn(hybrid_fixtures()), fixture_name);
+
+// A decode step on opencl:0 moves O(1) between host and device (issue #38
+// item 4) on the families whose whole layer runs on the device — standard
+// attention over the device KV cache, the MoE block (gather, experts,
+// combine) or the dense MLP: the token's embedding row goes up (one host
+// wait), each MoE layer's slice of the authority's routing goes up (no
+// wait), and the logits the caller reads come back — nothing per op, nothing
+// per expert (weights resident: a first pass uploaded them). The embedding
+// row is a host tensor, so it goes up twice (for layer 0's norm and its
+// residual add): 3 waits. The step's logits are the bits of resident=0's.
+namespace {
+class ForwardOpenclSteps : public ForwardOpencl {};
+std::vector<Fixture> device_side_fixtures() {
+    std::vector<Fixture> out;
+    for (const Fixture& f : fixtures())
+        if (f.name == "qwen3_moe_tiny" || f.name == "mixtral_tiny" || f.name == "olmoe_tiny" || f.name == "llama_tiny" ||
+            f.name == "qwen3_tiny")
+            out.push_back(f);
+    return out;
+}
+}  // namespace
+
+TEST_P(ForwardOpenclSteps, ADecodeStepReadsBackItsLogitsAlone) {
+    const Loaded& fx = load(GetParam());
+    const std::vector<std::int32_t> prompt = prompt_of(fx.ref);
+    auto ref = backend("cpu-ref");
+    const int n = 4;
+    const GenerateResult authority = greedy_generate(*ref, fx.model, prompt, n);
+    std::int64_t moe_layers = 0;
+    for (std::int64_t l = 0; l < fx.model.config().num_layers; ++l) moe_layers += fx.model.config().is_moe(l) ? 1 : 0;
+    auto on = backend("opencl:0"), off = backend("opencl:0:resident=0");
+    (void)greedy_generate(*on, fx.model, prompt, n, &authority.tokens, &authority.routing);  // every weight resident
+    Decoder a(*on, fx.model), b(*off, fx.model);
+    (void)a.step(prompt, &authority.routing[0]).at(0);
+    (void)b.step(prompt, &authority.routing[0]);
+    for (int i = 1; i < n; ++i) {
+        const std::int32_t token = authority.tokens[static_cast<std::size_t>(i - 1)];
+        const TransferStats before = *on->transfer_stats(), before_off = *off->transfer_stats();
+        const Tensor la = a.step(std::span<const std::int32_t>(&token, 1), &authority.routing[static_cast<std::size_t>(i)]);
+        const Tensor lb = b.step(std::span<const std::int32_t>(&token, 1), &authority.routing[static_cast<std::size_t>(i)]);
+        ASSERT_EQ(la.nbytes(), lb.nbytes());
+        EXPECT_EQ(std::memcmp(la.raw(), lb.raw(), la.nbytes()), 0) << "step " << i;  // reads la: its one download
+        const TransferStats moved = *on->transfer_stats() - before, moved_off = *off->transfer_stats() - before_off;
+        SCOPED_TRACE(fmt::format("step {}: {} reads, {} waits, {} uploads, {} launches", i, moved.downloads, moved.syncs,
+                                 moved.uploads, moved.launches));
+        EXPECT_EQ(moved.downloads, 1u);
+        EXPECT_LE(moved.syncs, 3u);
+        EXPECT_LE(moved.uploads, static_cast<std::uint64_t>(3 + moe_layers));
+        if (i == n - 1)
+            measured(fmt::format("{:<26} opencl:0 decode step, resident vs read back: {} / {} reads, {} / {} host waits, "
+                                 "{} / {} uploads, {} / {} launches ({} layers)",
+                                 GetParam().name, moved.downloads, moved_off.downloads, moved.syncs, moved_off.syncs,
+                                 moved.uploads, moved_off.uploads, moved.launches, moved_off.launches,
+                                 fx.model.config().num_layers));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(DeviceSide, ForwardOpenclSteps, ::testing::ValuesIn(device_side_fixtures()), fixture_name);
 
 // ===========================================================================
 // Cross-format identities

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <utility>
 
 namespace kvasir::arch {
 
@@ -16,7 +18,8 @@ namespace {
 
 std::size_t esize(const TensorView& v) { return dtype_size(v.dtype); }
 
-const std::byte* bytes_of(const TensorView& v) { return static_cast<const std::byte*>(v.data); }
+// The host bytes of v (a device result's fetched now: host data movement).
+const std::byte* bytes_of(const TensorView& v) { return static_cast<const std::byte*>(v.host_data()); }
 std::byte* bytes_of(Tensor& t) { return static_cast<std::byte*>(t.raw()); }
 
 bool widens_exactly(DType from, DType to) {
@@ -28,10 +31,11 @@ bool widens_exactly(DType from, DType to) {
 
 }  // namespace
 
-// Rows [r0, r0 + n) of a tensor viewed as [rows, last dim]: zero copy.
+// Rows [r0, r0 + n) of a tensor viewed as [rows, last dim]: zero copy (of
+// a device result too: the slice stays on the device until read).
 TensorView row_slice(const TensorView& v, std::int64_t r0, std::int64_t n) {
     const std::int64_t cols = v.shape.back();
-    return TensorView{v.dtype, bytes_of(v) + static_cast<std::size_t>(r0 * cols) * esize(v), {n, cols}};
+    return v.part(static_cast<std::size_t>(r0 * cols) * esize(v), {n, cols});
 }
 
 // out[r, c] = col[r] for c < cols: a [rows, 1] column repeated along the row.
@@ -70,16 +74,50 @@ void KvLayer::init(std::int64_t h, std::int64_t d) {
     dim = d;
     k.assign(static_cast<std::size_t>(h), {});
     v.assign(static_cast<std::size_t>(h), {});
+    kd = Tensor();
+    vd = Tensor();
+    on_device = false;
     len = 0;
 }
 
-void KvLayer::append(const TensorView& kk, const TensorView& vv) {
+void KvLayer::append(Backend& be, const TensorView& kk, const TensorView& vv) {
     KVASIR_ASSERT(kk.dtype == vv.dtype && kk.numel() == vv.numel());
     if (len == 0) dtype = kk.dtype;
     KVASIR_CHECK(kk.dtype == dtype, ErrorCode::backend_failure,
                  "KV cache: the backend returned {} keys after {} ones", dtype_name(kk.dtype), dtype_name(dtype));
     const std::int64_t t_count = kk.shape[0];
+    if (len == 0 && !on_device) on_device = true;  // a fresh cache: try the node first
+    if (on_device) {
+        const TensorView vrows = vv.part(0, {t_count, heads, dim});
+        const TensorView kc = kd.view(), vc = vd.view();
+        std::optional<Tensor> nk = be.kv_rows(len > 0 ? &kc : nullptr, len, kk);
+        std::optional<Tensor> nv = nk ? be.kv_rows(len > 0 ? &vc : nullptr, len, vrows) : std::nullopt;
+        if (nk && nv) {
+            kd = std::move(*nk);
+            vd = std::move(*nv);
+            len += t_count;
+            return;
+        }
+        // The node keeps no cache (a host node, or outside a residency
+        // scope): the rows so far move to the host, and stay there.
+        k.assign(static_cast<std::size_t>(heads), {});
+        v.assign(static_cast<std::size_t>(heads), {});
+        const std::size_t rb = row_bytes();
+        for (std::int64_t g = 0; g < heads; ++g)
+            for (auto [dst, src] : {std::pair{&k, &kd}, std::pair{&v, &vd}}) {
+                auto& head = (*dst)[static_cast<std::size_t>(g)];
+                head.resize(static_cast<std::size_t>(len) * rb);
+                if (len > 0)
+                    std::memcpy(head.data(), static_cast<const std::byte*>(src->raw()) + static_cast<std::size_t>(g * src->dim(1)) * rb,
+                                head.size());
+            }
+        kd = Tensor();
+        vd = Tensor();
+        on_device = false;
+    }
     const std::size_t rb = row_bytes();
+    const std::byte* kb_src = bytes_of(kk);
+    const std::byte* vb_src = bytes_of(vv);
     for (std::int64_t g = 0; g < heads; ++g) {
         auto& kb = k[static_cast<std::size_t>(g)];
         auto& vb = v[static_cast<std::size_t>(g)];
@@ -87,23 +125,33 @@ void KvLayer::append(const TensorView& kk, const TensorView& vv) {
         vb.resize(static_cast<std::size_t>(len + t_count) * rb);
         for (std::int64_t t = 0; t < t_count; ++t) {
             const std::size_t src = static_cast<std::size_t>(t * heads + g) * rb;
-            std::memcpy(kb.data() + static_cast<std::size_t>(len + t) * rb, bytes_of(kk) + src, rb);
-            std::memcpy(vb.data() + static_cast<std::size_t>(len + t) * rb, bytes_of(vv) + src, rb);
+            std::memcpy(kb.data() + static_cast<std::size_t>(len + t) * rb, kb_src + src, rb);
+            std::memcpy(vb.data() + static_cast<std::size_t>(len + t) * rb, vb_src + src, rb);
         }
     }
     len += t_count;
 }
 
 void KvLayer::truncate(std::int64_t n) {
-    for (auto& b : k) b.resize(static_cast<std::size_t>(n) * row_bytes());
-    for (auto& b : v) b.resize(static_cast<std::size_t>(n) * row_bytes());
+    if (!on_device) {
+        for (auto& b : k) b.resize(static_cast<std::size_t>(n) * row_bytes());
+        for (auto& b : v) b.resize(static_cast<std::size_t>(n) * row_bytes());
+    }
+    // On the device the rows past n stay where they are, unread: the next
+    // append keeps each head's first n (Backend::kv_rows).
     len = std::min(len, n);
     seen = n;
 }
 
-TensorView KvLayer::keys(std::int64_t g) const { return TensorView{dtype, k[static_cast<std::size_t>(g)].data(), {len, dim}}; }
+TensorView KvLayer::keys(std::int64_t g) const {
+    if (on_device) return kd.view().part(static_cast<std::size_t>(g * kd.dim(1)) * row_bytes(), {len, dim});
+    return TensorView{dtype, k[static_cast<std::size_t>(g)].data(), {len, dim}};
+}
 
-TensorView KvLayer::values(std::int64_t g) const { return TensorView{dtype, v[static_cast<std::size_t>(g)].data(), {len, dim}}; }
+TensorView KvLayer::values(std::int64_t g) const {
+    if (on_device) return vd.view().part(static_cast<std::size_t>(g * vd.dim(1)) * row_bytes(), {len, dim});
+    return TensorView{dtype, v[static_cast<std::size_t>(g)].data(), {len, dim}};
+}
 
 LayerGraph::LayerGraph(Backend& b, const Model& m) : be(b), model(m), c(m.config()) {
     rope.theta = c.rope_theta;
@@ -162,8 +210,8 @@ Tensor concat_columns(const TensorView& a, const TensorView* b, std::int64_t cb,
                  b ? shape_str(b->shape) : std::string("zero"));
     Tensor out(a.dtype, {rows, ca + cb});
     const std::size_t es = dtype_size(a.dtype);
-    const auto* pa = static_cast<const std::byte*>(a.data);
-    const auto* pb = b ? static_cast<const std::byte*>(b->data) : nullptr;
+    const auto* pa = bytes_of(a);
+    const auto* pb = b ? bytes_of(*b) : nullptr;
     for (std::int64_t r = 0; r < rows; ++r) {
         std::byte* o = bytes_of(out) + static_cast<std::size_t>(r * (ca + cb)) * es;
         std::memcpy(o, pa + static_cast<std::size_t>(r * ca) * es, static_cast<std::size_t>(ca) * es);
@@ -180,7 +228,7 @@ Tensor deinterleave(const TensorView& x) {
     const std::int64_t rows = rows_of(x), d = x.shape.back();
     Tensor out(x.dtype, x.shape);
     const std::size_t es = dtype_size(x.dtype);
-    const auto* in = static_cast<const std::byte*>(x.data);
+    const auto* in = bytes_of(x);
     for (std::int64_t r = 0; r < rows; ++r)
         for (std::int64_t i = 0; i < d; ++i)
             std::memcpy(bytes_of(out) + static_cast<std::size_t>(r * d + (i % 2) * (d / 2) + i / 2) * es,
@@ -254,7 +302,7 @@ Tensor LayerGraph::attend(const Tensor& q, const Tensor& k, const Tensor& v, KvL
     KVASIR_CHECK(q.dtype() == k.dtype() && k.dtype() == v.dtype(), ErrorCode::backend_failure,
                  "attention: the backend returned q/k/v in different dtypes ({}, {}, {})", dtype_name(q.dtype()),
                  dtype_name(k.dtype()), dtype_name(v.dtype()));
-    kv.append(k, v);
+    kv.append(be, k, v);
     const double scale = attention_scale;
     std::vector<TensorView> keys, values;
     for (std::int64_t g = 0; g < kv.heads; ++g) {
@@ -330,7 +378,7 @@ Tensor columns(const TensorView& x, std::int64_t c0, std::int64_t n) {
     Tensor out(x.dtype, {rows, n});
     for (std::int64_t r = 0; r < rows; ++r)
         std::memcpy(bytes_of(out) + static_cast<std::size_t>(r * n) * es,
-                    static_cast<const std::byte*>(x.data) + static_cast<std::size_t>(r * cols + c0) * es,
+                    bytes_of(x) + static_cast<std::size_t>(r * cols + c0) * es,
                     static_cast<std::size_t>(n) * es);
     return out;
 }
@@ -341,7 +389,7 @@ Tensor leading_rows(const TensorView& x, std::int64_t r0, std::int64_t n) {
     shape[0] = n;
     Tensor out(x.dtype, shape);
     const std::size_t per = out.nbytes() / static_cast<std::size_t>(std::max<std::int64_t>(n, 1));
-    if (n > 0) std::memcpy(bytes_of(out), static_cast<const std::byte*>(x.data) + static_cast<std::size_t>(r0) * per, out.nbytes());
+    if (n > 0) std::memcpy(bytes_of(out), bytes_of(x) + static_cast<std::size_t>(r0) * per, out.nbytes());
     return out;
 }
 

@@ -67,16 +67,23 @@ Tensor norm_scale(Backend& be, const TensorView& w, bool offset);
 // --- one layer's KV cache --------------------------------------------------------
 
 // K and V per kv head, contiguous [S, D] rows, in the backend's output dtype:
-// zero-copy views for Backend::causal_attention.
+// zero-copy views for Backend::causal_attention. Two homes for the rows, fixed
+// at the first append: the host (per head, grown in place: a host node), or
+// the node's device (Backend::kv_rows: every head's rows in one [heads, S', D]
+// tensor left there, of which the first `len` rows of each head are the cache
+// — a device node inside a DeviceResidency scope; nothing comes back to the
+// host unless something there reads the views).
 struct KvLayer {
     DType dtype = DType::f32;
     std::int64_t heads = 0, dim = 0, len = 0;
-    std::vector<std::vector<std::byte>> k, v;  // per kv head: len·dim elements
+    std::vector<std::vector<std::byte>> k, v;  // host: per kv head, len·dim elements
+    Tensor kd, vd;                             // device: [heads, S' ≥ len, dim]
+    bool on_device = false;
 
     void init(std::int64_t h, std::int64_t d);
     std::size_t row_bytes() const { return static_cast<std::size_t>(dim) * dtype_size(dtype); }
-    // Append T rows: kk [T, heads, dim], vv [T, heads·dim] (same dtype).
-    void append(const TensorView& kk, const TensorView& vv);
+    // Append T rows: kk [T, heads, dim], vv [T, heads·dim] (same dtype), where be keeps them.
+    void append(Backend& be, const TensorView& kk, const TensorView& vv);
     void truncate(std::int64_t n);
     TensorView keys(std::int64_t g) const;
     TensorView values(std::int64_t g) const;

@@ -191,7 +191,12 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
         StepOutput out;
         const std::optional<std::int64_t> faults_before = node.injected_faults();
         const std::optional<TransferStats> transfers_before = node.transfer_stats();
-        if (auto why = as_node_failure([&] { out = step.collect(env, node, decisions, self); })) {
+        // A device node's results left on the device come back inside their
+        // step, so its time and traffic count reading them.
+        if (auto why = as_node_failure([&] {
+                out = step.collect(env, node, decisions, self);
+                for (const auto& [key, t] : out.tensors) (void)t.raw();
+            })) {
             errors[name] = *why;
         } else {
             if (faults_before) faults[name] = *node.injected_faults() - *faults_before;

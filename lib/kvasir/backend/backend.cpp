@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cctype>
 #include <type_traits>
 #include <cmath>
@@ -170,7 +171,7 @@ void check_moe_args(const TensorView& x, std::span<const ExpertWeights> experts,
 
 Tensor linear(Backend& be, const TensorView& x, const TensorView& w, const TensorView& bias) {
     Tensor y = be.matmul(x, w);
-    if (bias.data == nullptr) return y;
+    if (bias.data == nullptr && bias.device == nullptr) return y;  // absent
     return be.add(y, broadcast_rows(bias, rows_of(y.view())));
 }
 
@@ -295,11 +296,11 @@ namespace {
 // out[t] = Σ over the experts in ascending order of w[t,j] · y_e[row of t], in Acc,
 // rounded to storage at the end.
 template <typename Acc>
-Tensor moe_combine(const Capabilities& caps, std::int64_t t_count, std::int64_t h,
-                   const std::vector<std::vector<std::pair<std::int64_t, double>>>& routed, const std::vector<Tensor>& ys) {
+Tensor moe_combine(const Capabilities& caps, std::int64_t t_count, std::int64_t h, const std::vector<ExpertRows>& routed,
+                   const std::vector<Tensor>& ys) {
     std::vector<Acc> acc(static_cast<std::size_t>(t_count * h), Acc{0});
     for (std::size_t e = 0; e < routed.size(); ++e) {
-        const std::vector<std::pair<std::int64_t, double>>& rows = routed[e];
+        const std::vector<std::pair<std::int64_t, double>>& rows = routed[e].rows;
         const Tensor& y = ys[e];
         for (std::size_t r = 0; r < rows.size(); ++r) {
             const Acc w = static_cast<Acc>(rows[r].second);
@@ -337,35 +338,72 @@ void Backend::expert_ffns(std::span<ExpertJob> jobs) {
     }
 }
 
-Tensor Backend::moe_block(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan,
-                          const std::vector<bool>* expert_filter) {
+std::vector<ExpertRows> route_rows(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan,
+                                   const std::vector<bool>* expert_filter) {
     check_moe_args(x, experts, plan);
     if (expert_filter != nullptr)
         KVASIR_CHECK(expert_filter->size() == experts.size(), ErrorCode::bad_input, "moe: expert filter has {} of {}",
                      expert_filter->size(), experts.size());
-    const std::int64_t t_count = x.dim(0);
-    const std::int64_t h = x.dim(1);
-    const std::int64_t k = plan.ids.dim(1);
+    const std::int64_t t_count = x.dim(0), k = plan.ids.dim(1);
     const std::int32_t* ids = plan.ids.as<std::int32_t>();
-    const std::size_t row_bytes = static_cast<std::size_t>(h) * dtype_size(x.dtype);
-    // Per expert with rows (ascending ids): its (token, combine weight) pairs and its job.
-    std::vector<std::vector<std::pair<std::int64_t, double>>> routed;
-    std::vector<ExpertJob> jobs;
+    std::vector<ExpertRows> out;
     for (std::size_t e = 0; e < experts.size(); ++e) {
         if (expert_filter != nullptr && !(*expert_filter)[e]) continue;
-        std::vector<std::pair<std::int64_t, double>> rows;
+        ExpertRows mine{e, {}};
         for (std::int64_t t = 0; t < t_count; ++t)
             for (std::int64_t j = 0; j < k; ++j)
-                if (ids[t * k + j] == static_cast<std::int32_t>(e)) rows.emplace_back(t, plan.weights.at(t * k + j));
-        if (rows.empty()) continue;
+                if (ids[t * k + j] == static_cast<std::int32_t>(e)) mine.rows.emplace_back(t, plan.weights.at(t * k + j));
+        if (!mine.rows.empty()) out.push_back(std::move(mine));
+    }
+    return out;
+}
+
+std::vector<std::uint32_t> moe_device_table(std::span<const ExpertRows> routed, std::span<const std::size_t> x_row0,
+                                            std::span<const std::size_t> y_row0, std::int64_t t_count) {
+    KVASIR_ASSERT(x_row0.size() == routed.size() && y_row0.size() == routed.size());
+    std::vector<std::uint32_t> table;
+    std::vector<std::vector<std::pair<std::uint32_t, float>>> terms(static_cast<std::size_t>(t_count));
+    const auto word = [](std::size_t v) {
+        KVASIR_CHECK(v <= 0xFFFFFFFFu, ErrorCode::unsupported, "moe: row {} exceeds the device tables' 32-bit indices", v);
+        return static_cast<std::uint32_t>(v);
+    };
+    for (std::size_t n = 0; n < routed.size(); ++n)
+        for (std::size_t i = 0; i < routed[n].rows.size(); ++i) {
+            const auto [t, w] = routed[n].rows[i];
+            table.push_back(word(static_cast<std::size_t>(t)));
+            table.push_back(word(x_row0[n] + i));
+            terms[static_cast<std::size_t>(t)].emplace_back(word(y_row0[n] + i), static_cast<float>(w));
+        }
+    std::size_t at = 0;
+    for (const auto& list : terms) {
+        table.push_back(word(at));
+        at += list.size();
+    }
+    table.push_back(word(at));
+    for (const auto& list : terms)
+        for (const auto& [row, w] : list) {
+            table.push_back(row);
+            table.push_back(std::bit_cast<std::uint32_t>(w));
+        }
+    return table;
+}
+
+Tensor Backend::moe_block(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan,
+                          const std::vector<bool>* expert_filter) {
+    const std::vector<ExpertRows> routed = route_rows(x, experts, plan, expert_filter);
+    const std::int64_t t_count = x.dim(0);
+    const std::int64_t h = x.dim(1);
+    const std::size_t row_bytes = static_cast<std::size_t>(h) * dtype_size(x.dtype);
+    // Per expert with rows (ascending ids): its job, the rows gathered on the host.
+    std::vector<ExpertJob> jobs;
+    const auto* xb = static_cast<const std::byte*>(x.host_data());
+    for (const ExpertRows& er : routed) {
         ExpertJob job;
-        job.weights = &experts[e];
-        job.x = Tensor(x.dtype, {static_cast<std::int64_t>(rows.size()), h});
-        for (std::size_t r = 0; r < rows.size(); ++r)
+        job.weights = &experts[er.expert];
+        job.x = Tensor(x.dtype, {static_cast<std::int64_t>(er.rows.size()), h});
+        for (std::size_t r = 0; r < er.rows.size(); ++r)
             std::memcpy(static_cast<std::byte*>(job.x.raw()) + r * row_bytes,
-                        static_cast<const std::byte*>(x.data) + static_cast<std::size_t>(rows[r].first) * row_bytes,
-                        row_bytes);
-        routed.push_back(std::move(rows));
+                        xb + static_cast<std::size_t>(er.rows[r].first) * row_bytes, row_bytes);
         jobs.push_back(std::move(job));
     }
     expert_ffns(jobs);
@@ -444,7 +482,7 @@ Tensor Backend::compose_attention(const TensorView& q, std::span<const TensorVie
     const std::int64_t rep = nh / nkv, s_count = keys[0].dim(0), p0 = s_count - t_count;
     if (t_count == 0) return Tensor(capabilities().output, {0, nh * d});
     const std::size_t head_bytes = static_cast<std::size_t>(d) * dtype_size(q.dtype);
-    const auto* qb = static_cast<const std::byte*>(q.data);
+    const auto* qb = static_cast<const std::byte*>(q.host_data());
 
     // Scores of every head, [nh·T, S]; rows of kv head g are contiguous
     // (heads g·rep … g·rep+rep−1, each T rows).
@@ -506,6 +544,19 @@ Tensor Backend::compose_attention(const TensorView& q, std::span<const TensorVie
     }
     return out;
 }
+
+std::optional<TensorView> consecutive_parts(std::span<const TensorView> parts) {
+    if (parts.empty() || parts.front().device == nullptr || parts.front().rank() != 2) return std::nullopt;
+    const TensorView& first = parts.front();
+    const std::size_t bytes = static_cast<std::size_t>(first.numel()) * dtype_size(first.dtype);
+    for (std::size_t g = 0; g < parts.size(); ++g)
+        if (parts[g].device != first.device || parts[g].dtype != first.dtype || parts[g].shape != first.shape ||
+            parts[g].device_offset != first.device_offset + g * bytes)
+            return std::nullopt;
+    return first.part(0, {static_cast<std::int64_t>(parts.size()), first.dim(0), first.dim(1)});
+}
+
+std::optional<Tensor> Backend::kv_rows(const TensorView*, std::int64_t, const TensorView&) { return std::nullopt; }
 
 Tensor Backend::add(const TensorView& a, const TensorView& b) {
     check_same_shape("add", a, b);

@@ -256,6 +256,16 @@ public:
     virtual Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys,
                                           std::span<const TensorView> values, double scale, const TensorView& sinks);
 
+    // One layer's KV cache kept on a device node (arch/graph.hpp KvLayer):
+    // every kv head's rows in one [heads, S, D] tensor. Returns
+    // [heads, keep + T, D] with out[g, s] = cache[g, s] for s < keep and
+    // out[g, keep + t] = rows[t, g] — cache [heads, S ≥ keep, D] (null when
+    // keep = 0), rows [T, heads, D], both in the output dtype: exact data
+    // movement, done where the node keeps its results. Optional: nullopt (the
+    // default, and a device node outside a DeviceResidency scope) leaves the
+    // cache to the host.
+    virtual std::optional<Tensor> kv_rows(const TensorView* cache, std::int64_t keep, const TensorView& rows);
+
 protected:
     // dtype in which the default moe_block/add accumulate.
     DType combine_dtype() const;
@@ -300,6 +310,32 @@ void check_sinks_args(const TensorView& q, const TensorView& sinks);  // sinks [
 // nn.Linear on one node — the decoder layer's projections and the experts'.
 Tensor linear(Backend& be, const TensorView& x, const TensorView& w, const TensorView& bias);
 std::int64_t rows_of(const TensorView& x);  // product of all dims but the last
+
+// A MoE block's routing as its experts see it: per expert with rows
+// (ascending id; those `expert_filter` marks false left out), its (token,
+// combine weight) pairs in token order then slot order — the order of the
+// default's jobs and of its combine. Checks the plan and the filter.
+struct ExpertRows {
+    std::size_t expert = 0;
+    std::vector<std::pair<std::int64_t, double>> rows;
+};
+std::vector<ExpertRows> route_rows(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan,
+                                   const std::vector<bool>* expert_filter);
+
+// The table a device node's MoE block runs on (OpenCL kv_moe_gather /
+// kv_moe_combine, CUDA/HIP moe_gather_kernel / moe_combine_kernel), 32-bit
+// words: [0, 2G) per gathered row its token and its row in the experts' x
+// buffer (x_row0[n] + i for row i of expert n); then T + 1 term starts, one
+// per token and the end; then the terms, (y row: y_row0[n] + i, the weight's
+// f32 bits) each, a token's in the default's combine order. G = the rows.
+std::vector<std::uint32_t> moe_device_table(std::span<const ExpertRows> routed, std::span<const std::size_t> x_row0,
+                                            std::span<const std::size_t> y_row0, std::int64_t t_count);
+
+// Views [rows, cols] that are consecutive parts of one device result, part
+// g at byte g·rows·cols·size from the first (a device KV cache's heads:
+// arch/graph.hpp KvLayer), as one view [n, rows, cols] of that result; else
+// nullopt. A device node reads them in place instead of stacking them.
+std::optional<TensorView> consecutive_parts(std::span<const TensorView> parts);
 
 // Shared top-k selection used by the default route(): picks by (score + bias),
 // grouped if n_group > 1, returns ids and (unbiased) scores of the chosen.

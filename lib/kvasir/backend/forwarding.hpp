@@ -48,6 +48,9 @@ public:
                             double s) override {
         return inner_.causal_attention(q, k, v, s);
     }
+    std::optional<Tensor> kv_rows(const TensorView* cache, std::int64_t keep, const TensorView& rows) override {
+        return inner_.kv_rows(cache, keep, rows);
+    }
 
 protected:
     Backend& inner() { return inner_; }

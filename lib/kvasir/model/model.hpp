@@ -65,7 +65,7 @@ class GgufFile;
 
 // A weight slot that the architecture does not have (no q bias, no shared
 // expert, ...) is a default TensorView: data == nullptr, empty shape.
-inline bool present(const TensorView& v) noexcept { return v.data != nullptr; }
+inline bool present(const TensorView& v) noexcept { return v.data != nullptr || v.device != nullptr; }
 
 // The weights of one decoder layer, by role. Shapes (H hidden, D head_dim,
 // nh/nkv heads, I expert width, Is shared-expert width, F dense width, E experts):

@@ -69,6 +69,10 @@ void run(Runner& r, std::vector<KvLayer>& cache, std::span<const std::int32_t> t
     const ModelConfig& c = r.graph.c;
     const std::int64_t t_count = static_cast<std::int64_t>(tokens.size());
     const std::int64_t L = c.num_layers;
+    // A device node keeps the pass's activations on the device (core/tensor.hpp):
+    // what the host reads of them (the KV rows, a router's scores, the outputs
+    // kept in `out`) comes back when it is read.
+    const DeviceResidency residency;
     check_tokens(c, tokens);
     check_plans(c, opt.routing, t_count);
     if (opt.anchor_inputs != nullptr) {
@@ -133,6 +137,7 @@ std::vector<Tensor> forward_batch(Backend& backend, const Model& model,
     Runner r(backend, model);
     const ModelConfig& c = model.config();
     const std::int64_t L = c.num_layers;
+    const DeviceResidency residency;  // as run()
     std::vector<std::int32_t> all;
     std::vector<std::int64_t> pos;
     std::vector<std::int64_t> row0;

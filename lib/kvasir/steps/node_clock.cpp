@@ -66,6 +66,9 @@ public:
     Tensor add(const TensorView& a, const TensorView& b) override { return timed([&] { return inner().add(a, b); }); }
     Tensor mul(const TensorView& a, const TensorView& b) override { return timed([&] { return inner().mul(a, b); }); }
     Tensor scale(const TensorView& x, double s) override { return timed([&] { return inner().scale(x, s); }); }
+    std::optional<Tensor> kv_rows(const TensorView* cache, std::int64_t keep, const TensorView& rows) override {
+        return timed([&] { return inner().kv_rows(cache, keep, rows); });
+    }
 
 private:
     std::size_t index_;

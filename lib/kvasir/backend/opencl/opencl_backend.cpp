@@ -19,6 +19,7 @@
 #include <bit>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <mutex>
 #include <optional>
 #include <type_traits>
@@ -202,6 +203,17 @@ private:
 };
 
 void release_cl_buffer(void* handle) { (void)clReleaseMemObject(static_cast<cl_mem>(handle)); }
+
+// What a node's device results still need once the node is gone: the lock
+// that serialises the node's use of the queue, its counters and its pool
+// (a result gives its buffer back to the pool when the last tensor holding
+// it goes). Recursive: a node that reads one of its own results on the host
+// in the middle of an op (a host fallback) fetches it under its own lock.
+struct NodeShared {
+    std::recursive_mutex mutex;
+    TransferStats transfers;
+    std::unique_ptr<DevicePool> pool;
+};
 
 // --- device queries -------------------------------------------------------------------
 
@@ -436,6 +448,52 @@ DeviceRuntime& runtime_for(const DeviceInfo& info) {
     return *slot;
 }
 
+// An op's result left on the device (issue #38; core/tensor.hpp): the
+// node's buffer in its storage format, immutable, read back on the first
+// host read — a blocking read on the device's in-order queue, so after the
+// kernel that wrote it; half buffers widen to f32 exactly, as download() does.
+class ClResident final : public DeviceCopy {
+public:
+    ClResident(std::shared_ptr<NodeShared> node, cl_command_queue queue, PooledMem buffer, std::int64_t numel, bool half)
+        : DeviceCopy(DType::f32, numel), node_(std::move(node)), queue_(queue), buffer_(std::move(buffer)), half_(half) {}
+
+    const NodeShared* node() const { return node_.get(); }
+    cl_mem get() const { return buffer_.get(); }
+
+private:
+    void fetch(void* dst) const override {
+        const std::size_t n = static_cast<std::size_t>(numel()), bytes = n * (half_ ? 2 : 4);
+        std::vector<std::uint16_t> halves(half_ ? n : 0);
+        const std::lock_guard lock(node_->mutex);
+        KVCL_CHECK(clEnqueueReadBuffer(queue_, buffer_.get(), CL_TRUE, 0, bytes, half_ ? static_cast<void*>(halves.data()) : dst,
+                                       0, nullptr, nullptr));
+        ++node_->transfers.downloads;
+        ++node_->transfers.syncs;
+        node_->transfers.download_bytes += bytes;
+        if (half_)
+            for (std::size_t i = 0; i < n; ++i) static_cast<float*>(dst)[i] = f16_bits_to_f32(halves[i]);
+    }
+
+    std::shared_ptr<NodeShared> node_;  // declared first: outlives the buffer, which goes back to its pool
+    cl_command_queue queue_;            // the device runtime's: never destroyed
+    PooledMem buffer_;
+    bool half_;
+};
+
+// An op's device input: a buffer uploaded for the op (from the pool) or a
+// reference to a buffer already on the device (one of the node's results).
+class DeviceArg {
+public:
+    DeviceArg() = default;
+    explicit DeviceArg(PooledMem owned) : owned_(std::move(owned)) {}
+    explicit DeviceArg(ClMem reference) : reference_(std::move(reference)) {}
+    cl_mem get() const { return owned_.get() != nullptr ? owned_.get() : reference_.get(); }
+
+private:
+    PooledMem owned_;
+    ClMem reference_;
+};
+
 const DeviceInfo& device_at(int index, std::string_view spec) {
     const Enumeration& e = devices();
     if (e.devices.empty()) fail(ErrorCode::unsupported, "backend '{}' is absent: {}", spec, e.reason);
@@ -470,14 +528,19 @@ public:
         for (const auto& [key, value] : spec.options) {
             if (key == "weight_cache") {
                 cache_budget = parse_weight_cache_option(spec, value);
+            } else if (key == "resident") {
+                KVASIR_CHECK(value == "0" || value == "1", ErrorCode::bad_input,
+                             "backend '{}': resident={} (0: every result comes back to the host, 1: a forward pass's "
+                             "results stay on the device)", spec.canonical(), value);
+                resident_ = value == "1";
             } else if (!apply_precision_option(spec, key, value, caps_)) {
                 fail(ErrorCode::bad_input,
-                     "backend '{}': unknown option '{}' (opencl takes storage=, acc=, weight_cache=)", spec.canonical(),
-                     key);
+                     "backend '{}': unknown option '{}' (opencl takes storage=, acc=, weight_cache=, resident=)",
+                     spec.canonical(), key);
             }
         }
         info_ = &device_at(spec.device, spec.canonical());
-        pool_ = std::make_unique<DevicePool>(default_device_pool_cap(info_->global_mem), release_cl_buffer);
+        shared_->pool = std::make_unique<DevicePool>(default_device_pool_cap(info_->global_mem), release_cl_buffer);
         weights_ = std::make_unique<WeightCache<ClMem>>(cache_budget.value_or(default_weight_cache_budget(info_->global_mem)));
         if (caps_.accumulation == DType::f16 && !info_->fp16)
             fail(ErrorCode::unsupported,
@@ -507,6 +570,7 @@ public:
         if (caps_.accumulation != DType::f32) canonical.options["acc"] = dtype_name(caps_.accumulation);
         // Kept in the name when given, so a child process of the audit gets it too.
         if (cache_budget) canonical.options["weight_cache"] = std::to_string(*cache_budget >> 20);
+        if (!resident_) canonical.options["resident"] = "0";  // the results' bits are the same either way
         caps_.node = canonical.canonical();
         caps_.backend = "opencl";
         caps_.device = info_->name;
@@ -548,6 +612,8 @@ public:
                                : caps_.storage == DType::bf16 ? "f32 buffers of bf16 values (host rounds inputs, kernels round stores)"
                                                               : "f32 buffers"},
             {"build_options", fmt::format("{} {}", cl_std_option(info_->opencl_c), defines_)},
+            {"resident", resident_ ? "a forward pass's results stay on the device; the host reads back what it uses"
+                                   : "off (resident=0): every result is read back after its op"},
             {"weight_cache", describe_weight_cache(weights_->stats().budget_bytes, cache_budget.has_value(),
                                                    "CL_DEVICE_GLOBAL_MEM_SIZE")},
         };
@@ -556,8 +622,8 @@ public:
     const Capabilities& capabilities() const override { return caps_; }
     std::optional<WeightCacheStats> weight_cache_stats() const override { return weights_->stats(); }
     std::optional<TransferStats> transfer_stats() const override {
-        const std::lock_guard lock(mutex_);
-        return transfers_;
+        const std::lock_guard lock(shared_->mutex);
+        return shared_->transfers;
     }
 
     Tensor matmul(const TensorView& x, const TensorView& w) override {
@@ -567,11 +633,11 @@ public:
         shape.back() = n_count;
         check_int_range("matmul", {t_count, n_count, k_count});
         if (t_count == 0 || n_count == 0 || k_count == 0) return Tensor(DType::f32, shape);  // empty sums are +0
-        const std::lock_guard lock(mutex_);
-        const PooledMem xb = upload(x);
-        const PooledMem yb = output(t_count * n_count);
+        const std::lock_guard lock(shared_->mutex);
+        const DeviceArg xb = upload(x);
+        PooledMem yb = output(t_count * n_count);
         enqueue_matmul(xb, t_count, w, yb);
-        return download(yb, shape);
+        return result(std::move(yb), shape);
     }
 
     // y [t, N] = x [t, K] · wᵀ, both on the device in its storage format: the
@@ -610,11 +676,11 @@ public:
     Tensor binary_elementwise(const char* name, const TensorView& a, const TensorView& b, Extra... extra) {
         const std::int64_t n = a.numel();
         if (n == 0) return Tensor(DType::f32, a.shape);
-        const std::lock_guard lock(mutex_);
-        const PooledMem ab = upload(a), bb = upload(b);
-        const PooledMem yb = output(n);
+        const std::lock_guard lock(shared_->mutex);
+        const DeviceArg ab = upload(a), bb = upload(b);
+        PooledMem yb = output(n);
         enqueue_binary(name, ab.get(), bb.get(), yb.get(), n, extra...);
-        return download(yb, a.shape);
+        return result(std::move(yb), a.shape);
     }
     template <class... Extra>
     void enqueue_binary(const char* name, const cl_mem ab, const cl_mem bb, const cl_mem yb, std::int64_t n,
@@ -633,74 +699,87 @@ public:
     // read: one upload and one download per block instead of five per expert.
     // Experts with biases (gpt-oss) take the default.
     void expert_ffns(std::span<ExpertJob> jobs) override {
+        std::vector<const ExpertWeights*> weights;
+        std::vector<std::int64_t> rows;
         for (const ExpertJob& j : jobs) {
-            const ExpertWeights& ew = *j.weights;
-            if (ew.gate_bias.data != nullptr || ew.up_bias.data != nullptr || ew.down_bias.data != nullptr)
-                return Backend::expert_ffns(jobs);
+            if (has_biases(*j.weights)) return Backend::expert_ffns(jobs);
+            weights.push_back(j.weights);
+            rows.push_back(rows_of(j.x));
+            check_matmul_args(j.x, j.weights->gate);
+            check_matmul_args(j.x, j.weights->up);
         }
-        struct Region {
-            std::size_t x = 0, mid = 0, y = 0;  // element offsets in the x, intermediate and y buffers
-            std::int64_t rows = 0, h = 0, i = 0, out = 0;
-        };
-        const std::size_t align = std::max<std::size_t>(1, info_->base_align_bytes / storage_bytes());
-        const auto padded = [&](std::int64_t n) { return round_up(static_cast<std::size_t>(n), align); };
-        std::vector<Region> regions;
-        std::size_t x_total = 0, mid_total = 0, y_total = 0;
-        for (const ExpertJob& j : jobs) {
-            const ExpertWeights& ew = *j.weights;
-            check_matmul_args(j.x, ew.gate);
-            check_matmul_args(j.x, ew.up);
-            Region r{x_total, mid_total, y_total, rows_of(j.x), j.x.shape().back(), ew.gate.dim(0), ew.down.dim(0)};
-            KVASIR_CHECK(ew.up.dim(0) == r.i && ew.down.dim(1) == r.i, ErrorCode::bad_input,
-                         "moe: expert gate/up/down shapes disagree ({} / {} / {}x{})", r.i, ew.up.dim(0), r.out, ew.down.dim(1));
-            check_int_range("moe", {r.rows, r.h, r.i, r.out, r.rows * r.h, r.rows * r.i, r.rows * r.out});
-            check_expert_shapes(ew, r.rows, r.i);
-            x_total += padded(r.rows * r.h);
-            mid_total += padded(r.rows * r.i);
-            y_total += padded(r.rows * r.out);
-            regions.push_back(r);
-        }
-        if (y_total == 0 || mid_total == 0 || x_total == 0) return Backend::expert_ffns(jobs);
-        const std::lock_guard lock(mutex_);
+        const ExpertLayout layout = lay_out_experts(weights, rows, jobs.empty() ? 0 : jobs.front().x.shape().back());
+        if (layout.empty()) return Backend::expert_ffns(jobs);
+        const std::lock_guard lock(shared_->mutex);
         const std::size_t eb = storage_bytes();
-        const PooledMem xb = upload_pooled(x_total * eb, [&](std::byte* host) {
-            for (std::size_t n = 0; n < jobs.size(); ++n) to_device_format(jobs[n].x.view(), host + regions[n].x * eb);
+        const PooledMem xb = upload_pooled(layout.x_total * eb, [&](std::byte* host) {
+            for (std::size_t n = 0; n < jobs.size(); ++n) to_device_format(jobs[n].x.view(), host + layout.regions[n].x * eb);
         });
-        const PooledMem gb = device_buffer(mid_total * eb), ub = device_buffer(mid_total * eb),
-                        ab = device_buffer(mid_total * eb), yb = device_buffer(y_total * eb);
+        const PooledMem yb = enqueue_experts(xb, weights, layout);
+        const Tensor all = download(yb, {static_cast<std::int64_t>(layout.y_total)});
         for (std::size_t n = 0; n < jobs.size(); ++n) {
-            const Region& r = regions[n];
-            if (r.rows == 0) continue;
-            const ExpertWeights& ew = *jobs[n].weights;
-            const ClMem xs = region(xb, r.x * eb, static_cast<std::size_t>(r.rows * r.h) * eb);
-            const ClMem gs = region(gb, r.mid * eb, static_cast<std::size_t>(r.rows * r.i) * eb);
-            const ClMem us = region(ub, r.mid * eb, static_cast<std::size_t>(r.rows * r.i) * eb);
-            const ClMem as = region(ab, r.mid * eb, static_cast<std::size_t>(r.rows * r.i) * eb);
-            const ClMem ys = region(yb, r.y * eb, static_cast<std::size_t>(r.rows * r.out) * eb);
-            if (r.i > 0 && r.h > 0) {
-                enqueue_matmul(xs, r.rows, ew.gate, gs);
-                enqueue_matmul(xs, r.rows, ew.up, us);
-            } else {
-                fill_zero(gs, static_cast<std::size_t>(r.rows * r.i) * eb);  // empty sums are +0
-                fill_zero(us, static_cast<std::size_t>(r.rows * r.i) * eb);
-            }
-            if (ew.activation.clamped)
-                enqueue_binary("kv_clamped_swiglu", gs.get(), us.get(), as.get(), r.rows * r.i, static_cast<cl_float>(ew.activation.alpha),
-                               static_cast<cl_float>(ew.activation.limit));
-            else
-                enqueue_binary("kv_swiglu", gs.get(), us.get(), as.get(), r.rows * r.i);
-            if (r.i > 0)
-                enqueue_matmul(as, r.rows, ew.down, ys);
-            else
-                fill_zero(ys, static_cast<std::size_t>(r.rows * r.out) * eb);
-        }
-        const Tensor all = download(yb, {static_cast<std::int64_t>(y_total)});
-        for (std::size_t n = 0; n < jobs.size(); ++n) {
-            const Region& r = regions[n];
+            const ExpertRegion& r = layout.regions[n];
             jobs[n].y = Tensor(DType::f32, {r.rows, r.out});
             std::memcpy(jobs[n].y.raw(), all.as<float>() + r.y, jobs[n].y.nbytes());
         }
-    }    Tensor swiglu(const TensorView& gate, const TensorView& up) override {
+    }
+
+    // The whole MoE block on the device, inside a DeviceResidency scope: the
+    // routed tokens' rows gathered into the experts' regions (kv_moe_gather:
+    // data movement), the experts as expert_ffns runs them, and the combine
+    // (kv_moe_combine) — out[t] = Σ w·y over the token's experts in ascending
+    // expert id, each product and sum rounded to f32 from +0, then to storage:
+    // the default's moe_combine<float> to the bit. The plan's tables go up in
+    // one buffer; nothing comes back. Experts with biases, and calls outside
+    // a scope, take the default (gather and combine on the host).
+    Tensor moe_block(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan,
+                     const std::vector<bool>* expert_filter = nullptr) override {
+        if (!resident_ || !DeviceResidency::active() || caps_.output != DType::f32 ||
+            std::any_of(experts.begin(), experts.end(), [](const ExpertWeights& ew) { return has_biases(ew); }))
+            return Backend::moe_block(x, experts, plan, expert_filter);
+        const std::vector<ExpertRows> routed = route_rows(x, experts, plan, expert_filter);
+        const std::int64_t t_count = x.dim(0), h = x.dim(1);
+        std::vector<const ExpertWeights*> weights;
+        std::vector<std::int64_t> rows;
+        for (const ExpertRows& er : routed) {
+            const ExpertWeights& ew = experts[er.expert];
+            const TensorView shape_only{x.dtype, nullptr, {static_cast<std::int64_t>(er.rows.size()), h}};
+            check_matmul_args(shape_only, ew.gate);
+            check_matmul_args(shape_only, ew.up);
+            KVASIR_CHECK(ew.down.dim(0) == h, ErrorCode::bad_input,
+                         "moe: an expert's down projection gives {} columns for a hidden size of {}", ew.down.dim(0), h);
+            weights.push_back(&ew);
+            rows.push_back(static_cast<std::int64_t>(er.rows.size()));
+        }
+        const ExpertLayout layout = lay_out_experts(weights, rows, h);
+        if (layout.empty()) return Backend::moe_block(x, experts, plan, expert_filter);
+        std::vector<std::size_t> x_row0, y_row0;  // the regions' first rows (padded to whole rows: lay_out_experts)
+        for (const ExpertRegion& r : layout.regions) {
+            x_row0.push_back(r.x / static_cast<std::size_t>(h));
+            y_row0.push_back(r.y / static_cast<std::size_t>(h));
+        }
+        const std::vector<std::uint32_t> table = moe_device_table(routed, x_row0, y_row0, t_count);
+        std::size_t g_count = 0;
+        for (const std::int64_t n : rows) g_count += static_cast<std::size_t>(n);
+        check_int_range("moe", {static_cast<std::int64_t>(layout.x_total), static_cast<std::int64_t>(layout.y_total),
+                                static_cast<std::int64_t>(table.size())});
+        const std::lock_guard lock(shared_->mutex);
+        const std::size_t eb = storage_bytes();
+        const DeviceArg xin = upload(x);
+        const ClMem tb = upload_raw(table.data(), table.size() * sizeof(std::uint32_t));
+        const PooledMem xb = device_buffer(layout.x_total * eb);
+        const cl_kernel gk = kernel("elementwise.cl", "kv_moe_gather", 0);
+        set_args(gk, xin, tb, xb, static_cast<cl_uint>(g_count), static_cast<cl_uint>(h));
+        launch_1d(gk, static_cast<std::int64_t>(g_count) * h);
+        const PooledMem yb = enqueue_experts(xb, weights, layout);
+        PooledMem ob = output(t_count * h);
+        const cl_kernel ck = kernel("elementwise.cl", "kv_moe_combine", 0);
+        set_args(ck, yb, tb, ob, static_cast<cl_uint>(g_count), static_cast<cl_uint>(t_count), static_cast<cl_uint>(h));
+        launch_1d(ck, t_count * h);
+        return result(std::move(ob), {t_count, h});
+    }
+
+    Tensor swiglu(const TensorView& gate, const TensorView& up) override {
         check_same_shape("swiglu", gate, up);
         return binary_elementwise("kv_swiglu", gate, up);
     }
@@ -710,16 +789,73 @@ public:
         return binary_elementwise("kv_clamped_swiglu", gate, up, static_cast<cl_float>(alpha), static_cast<cl_float>(limit));
     }
 
+    // add / mul / scale: the default's bits (kv_add/kv_mul/kv_scale in
+    // elementwise.cl say why) on the device, so that a residual stream or a
+    // gated output stays there. mul and scale round their operands to storage
+    // first, as the upload does; add reads them as they are, so it runs here
+    // when every operand is already in the storage format: one of this node's
+    // results, or any f32/f16/bf16 tensor on an f32 node (exactly widened);
+    // else the default on the host.
+    Tensor add(const TensorView& a, const TensorView& b) override {
+        check_same_shape("add", a, b);
+        const auto exact = [&](const TensorView& v) {
+            return ours(v) != nullptr ||
+                   (caps_.storage == DType::f32 && (v.dtype == DType::f32 || v.dtype == DType::f16 || v.dtype == DType::bf16));
+        };
+        if (!exact(a) || !exact(b)) return Backend::add(a, b);
+        return binary_elementwise("kv_add", a, b);
+    }
+    Tensor mul(const TensorView& a, const TensorView& b) override {
+        check_same_shape("mul", a, b);
+        return binary_elementwise("kv_mul", a, b);
+    }
+    Tensor scale(const TensorView& x, double s) override {
+        const std::int64_t n = x.numel();
+        if (n == 0) return Tensor(DType::f32, x.shape);
+        const std::lock_guard lock(shared_->mutex);
+        const DeviceArg xb = upload(x);
+        PooledMem yb = output(n);
+        const cl_kernel k = kernel("elementwise.cl", "kv_scale", 0);
+        set_args(k, xb, yb, static_cast<cl_ulong>(n), static_cast<cl_float>(s));
+        launch_1d(k, n);
+        return result(std::move(yb), x.shape);
+    }
+
+    // A layer's KV cache on the device (Backend::kv_rows), inside a
+    // DeviceResidency scope: kv_cache_rows moves the kept rows and the new
+    // ones into the next cache buffer — nothing crosses to the host.
+    std::optional<Tensor> kv_rows(const TensorView* cache, std::int64_t keep, const TensorView& rows) override {
+        if (!resident_ || !DeviceResidency::active()) return std::nullopt;
+        KVASIR_CHECK(rows.rank() == 3 && (cache == nullptr ? keep == 0
+                                                           : cache->rank() == 3 && cache->dim(0) == rows.dim(1) &&
+                                                                 cache->dim(2) == rows.dim(2) && keep <= cache->dim(1)),
+                     ErrorCode::internal, "kv_rows: cache {} keeping {} rows, new rows {}",
+                     cache != nullptr ? shape_str(cache->shape) : "none", keep, shape_str(rows.shape));
+        const std::int64_t heads = rows.dim(1), t_count = rows.dim(0), d = rows.dim(2), s_out = keep + t_count;
+        const std::int64_t s_cache = cache != nullptr ? cache->dim(1) : 0;
+        check_int_range("kv_rows", {heads * s_out * d, heads * s_cache * d});
+        if (heads * s_out * d == 0) return Tensor(DType::f32, {heads, s_out, d});
+        const std::lock_guard lock(shared_->mutex);
+        const DeviceArg rb = upload(rows);
+        const DeviceArg cb = cache != nullptr && keep > 0 ? upload(*cache) : DeviceArg();
+        PooledMem yb = output(heads * s_out * d);
+        const cl_kernel k = kernel("elementwise.cl", "kv_cache_rows", 0);
+        set_args(k, cb.get() != nullptr ? cb.get() : rb.get(), rb, yb, static_cast<cl_int>(heads), static_cast<cl_int>(s_cache),
+                 static_cast<cl_int>(keep), static_cast<cl_int>(t_count), static_cast<cl_int>(d));
+        launch_1d(k, heads * s_out * d);
+        return result(std::move(yb), {heads, s_out, d});
+    }
+
     Tensor sigmoid(const TensorView& x) override {
         const std::int64_t n = x.numel();
         if (n == 0) return Tensor(DType::f32, x.shape);
-        const std::lock_guard lock(mutex_);
-        const PooledMem xb = upload(x);
-        const PooledMem yb = output(n);
+        const std::lock_guard lock(shared_->mutex);
+        const DeviceArg xb = upload(x);
+        PooledMem yb = output(n);
         const cl_kernel k = kernel("elementwise.cl", "kv_sigmoid", 0);
         set_args(k, xb, yb, static_cast<cl_ulong>(n));
         launch_1d(k, n);
-        return download(yb, x.shape);
+        return result(std::move(yb), x.shape);
     }
 
     Tensor softmax(const TensorView& x) override {
@@ -727,13 +863,13 @@ public:
         const std::int64_t cols = x.dim(-1), rows = rows_of(x);
         check_int_range("softmax", {rows, cols});
         if (rows == 0 || cols == 0) return Tensor(DType::f32, x.shape);
-        const std::lock_guard lock(mutex_);
-        const PooledMem xb = upload(x);
-        const PooledMem yb = output(rows * cols);
+        const std::lock_guard lock(shared_->mutex);
+        const DeviceArg xb = upload(x);
+        PooledMem yb = output(rows * cols);
         const cl_kernel k = kernel("rows.cl", "kv_softmax", row_wg_);
         set_args(k, xb, yb, static_cast<cl_int>(cols));
         launch_narrow_rows(k, rows, cols);
-        return download(yb, x.shape);
+        return result(std::move(yb), x.shape);
     }
 
     Tensor rmsnorm(const TensorView& x, const TensorView& weight, double eps) override {
@@ -741,14 +877,14 @@ public:
         const std::int64_t cols = x.dim(-1), rows = rows_of(x);
         check_int_range("rmsnorm", {rows, cols});
         if (rows == 0 || cols == 0) return Tensor(DType::f32, x.shape);
-        const std::lock_guard lock(mutex_);
-        const PooledMem xb = upload(x);
+        const std::lock_guard lock(shared_->mutex);
+        const DeviceArg xb = upload(x);
         const ClMem wb = this->weight(weight);
-        const PooledMem yb = output(rows * cols);
+        PooledMem yb = output(rows * cols);
         const cl_kernel k = kernel("rows.cl", "kv_rmsnorm", row_wg_);
         set_args(k, xb, wb, yb, static_cast<cl_int>(cols), static_cast<cl_float>(eps));
         launch_narrow_rows(k, rows, cols);
-        return download(yb, x.shape);
+        return result(std::move(yb), x.shape);
     }
 
     Tensor rope(const TensorView& x, std::span<const std::int64_t> positions, const RopeParams& params) override {
@@ -767,19 +903,20 @@ public:
             freq.resize(static_cast<std::size_t>(d / 2));
             for (std::int64_t i = 0; i < d / 2; ++i) freq[static_cast<std::size_t>(i)] = rope_inv_freq_f32(params, i, d);
         }
-        const std::lock_guard lock(mutex_);
-        const PooledMem xb = upload(x);
-        const ClMem pb = upload_raw(pos.data(), pos.size() * sizeof(cl_float));
-        const ClMem scaled = params.inv_freq ? upload_raw(freq.data(), freq.size() * sizeof(cl_float)) : ClMem();
-        const cl_mem fb = params.inv_freq ? scaled.get() : rope_table(d, static_cast<cl_float>(params.theta));
-        const PooledMem yb = output(x.numel());
+        const std::lock_guard lock(shared_->mutex);
+        const DeviceArg xb = upload(x);
+        // Positions and a scaled rope's frequencies go up once while they
+        // stay the same (every layer of a step, q and k): one upload a step.
+        const cl_mem pb = same_upload(rope_positions_, pos);
+        const cl_mem fb = params.inv_freq ? same_upload(rope_scaled_, freq) : rope_table(d, static_cast<cl_float>(params.theta));
+        PooledMem yb = output(x.numel());
         const cl_kernel k = kernel("elementwise.cl", "kv_rope", 0);
         set_args(k, xb, yb, pb, fb, static_cast<cl_int>(heads), static_cast<cl_int>(d),
                  static_cast<cl_int>(params.layout == RopeLayout::neox ? 1 : 0));
         const std::size_t global[3] = {static_cast<std::size_t>(d / 2), static_cast<std::size_t>(heads),
                                        static_cast<std::size_t>(t_count)};
         enqueue(k, 3, global, nullptr);
-        return download(yb, x.shape);
+        return result(std::move(yb), x.shape);
     }
 
     // Gated DeltaNet (kernels/opencl/linear_attention.cl). The host checks
@@ -789,18 +926,18 @@ public:
         const std::int64_t t_count = x.dim(0), c_count = x.dim(1), k_count = w.shape.back();
         check_int_range("causal_conv1d_silu", {t_count, c_count, k_count, t_count * c_count});
         if (x.numel() == 0) return Tensor(DType::f32, x.shape);
-        const std::lock_guard lock(mutex_);
-        const PooledMem xb = upload(x);
+        const std::lock_guard lock(shared_->mutex);
+        const DeviceArg xb = upload(x);
         const ClMem wb = weight(w);
         // No history: the kernel reads zeros and never touches the buffer
         // bound in its place (x itself).
-        const PooledMem hb = history != nullptr && history->numel() > 0 ? upload(*history) : PooledMem();
-        const PooledMem yb = output(x.numel());
+        const DeviceArg hb = history != nullptr && history->numel() > 0 ? upload(*history) : DeviceArg();
+        PooledMem yb = output(x.numel());
         const cl_kernel k = kernel("linear_attention.cl", "kv_causal_conv1d_silu", 0);
         set_args(k, xb, wb, hb.get() != nullptr ? hb : xb, yb, static_cast<cl_int>(t_count), static_cast<cl_int>(c_count),
                  static_cast<cl_int>(k_count), static_cast<cl_int>(history != nullptr ? 1 : 0));
         launch_1d(k, x.numel());
-        return download(yb, x.shape);
+        return result(std::move(yb), x.shape);
     }
 
     GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override {
@@ -818,8 +955,8 @@ public:
         KVASIR_CHECK(local_bytes + 2 * row_wg_ * sizeof(cl_float) <= info_->local_mem, ErrorCode::unsupported,
                      "gated_delta_rule: key head dim {} needs {} bytes of local memory, {} has {}", dk,
                      local_bytes + 2 * row_wg_ * sizeof(cl_float), info_->label(), info_->local_mem);
-        const std::lock_guard lock(mutex_);
-        const PooledMem qb = upload(in.q), kb = upload(in.k), vb = upload(in.v), ab = upload(in.a), bb = upload(in.b);
+        const std::lock_guard lock(shared_->mutex);
+        const DeviceArg qb = upload(in.q), kb = upload(in.k), vb = upload(in.v), ab = upload(in.a), bb = upload(in.b);
         const ClMem alb = weight(in.a_log), dtb = weight(in.dt_bias);
         // The state is f32 in every storage variant (the op's own carried
         // result, not a stored activation): uploaded exactly when it is f32.
@@ -827,21 +964,21 @@ public:
         ClMem sin;
         if (in.state != nullptr) {
             if (in.state->dtype == DType::f32) {
-                sin = upload_raw(in.state->data, state_bytes);
+                sin = upload_raw(in.state->host_data(), state_bytes);
             } else {
                 const Tensor f = Tensor::convert(*in.state, DType::f32);
                 sin = upload_raw(f.raw(), state_bytes);
             }
         }
         const PooledMem sb = device_buffer(state_bytes);
-        const PooledMem ob = output(res.out.numel());
+        PooledMem ob = output(res.out.numel());
         const cl_kernel k = kernel("linear_attention.cl", "kv_gated_delta_rule", row_wg_);
         set_args(k, qb, kb, vb, ab, bb, alb, dtb, in.state != nullptr ? sin.get() : sb.get(), sb, ob, static_cast<cl_int>(t_count),
                  static_cast<cl_int>(nk), static_cast<cl_int>(dk), static_cast<cl_int>(nv), static_cast<cl_int>(dv),
                  static_cast<cl_int>(in.state != nullptr ? 1 : 0), LocalBytes{local_bytes / 2}, LocalBytes{local_bytes / 2});
         const std::size_t global = static_cast<std::size_t>(nv) * row_wg_;
         enqueue(k, 1, &global, &row_wg_);
-        res.out = download(ob, res.out.shape());
+        res.out = download(ob, res.out.shape());  // read with the state below: one wait either way
         read(sb, state_bytes, res.state.raw());
         return res;
     }
@@ -864,10 +1001,17 @@ public:
             return Backend::causal_attention(q, keys, values, scale);
         check_int_range("causal_attention", {t_count * nh, nkv * ((s_count + kPanel - 1) / kPanel * kPanel) * d, t_count * nh * d});
         const bool panels = panel_attention() && d % kPanel == 0;
-        const Tensor kc = panels ? key_panels(keys) : stacked(keys), vc = stacked(values);
-        const std::lock_guard lock(mutex_);
-        const PooledMem qb = upload(q), kb = upload(kc), vb = upload(vc);
-        const PooledMem ob = output(t_count * nh * d);
+        // A device KV cache (Backend::kv_rows) is read where it is: its heads
+        // are stacked already, and laid out in panels by kv_key_panels.
+        const std::optional<TensorView> kr = consecutive_parts(keys), vr = consecutive_parts(values);
+        const bool keys_here = kr && ours(*kr) != nullptr, values_here = vr && ours(*vr) != nullptr;
+        const Tensor kc = keys_here ? Tensor() : panels ? key_panels(keys) : stacked(keys);
+        const Tensor vc = values_here ? Tensor() : stacked(values);
+        const std::lock_guard lock(shared_->mutex);
+        const DeviceArg qb = upload(q), vb = upload(values_here ? *vr : vc.view());
+        const DeviceArg kb = keys_here && panels ? key_panels_here(upload(*kr), nkv, s_count, d)
+                                                 : upload(keys_here ? *kr : kc.view());
+        PooledMem ob = output(t_count * nh * d);
         const cl_kernel k = kernel("attention.cl", panels ? "kv_causal_attention_panels" : "kv_causal_attention",
                                    panels ? 1 : row_wg_);
         set_args(k, qb, kb, vb, ob, static_cast<cl_int>(t_count), static_cast<cl_int>(nh), static_cast<cl_int>(nkv),
@@ -878,10 +1022,83 @@ public:
         } else {
             launch_rows(k, t_count * nh);
         }
-        return download(ob, {t_count, nh * d});
+        return result(std::move(ob), {t_count, nh * d});
     }
 
 private:
+    static bool has_biases(const ExpertWeights& ew) {
+        return ew.gate_bias.data != nullptr || ew.up_bias.data != nullptr || ew.down_bias.data != nullptr;
+    }
+    // Where each expert's rows live in the blocks' device buffers: element
+    // offsets in the x, intermediate and y buffers, each region padded to the
+    // device's base alignment (it is bound as a sub-buffer).
+    struct ExpertRegion {
+        std::size_t x = 0, mid = 0, y = 0;
+        std::int64_t rows = 0, h = 0, i = 0, out = 0;
+    };
+    struct ExpertLayout {
+        std::vector<ExpertRegion> regions;
+        std::size_t x_total = 0, mid_total = 0, y_total = 0;
+        bool empty() const { return x_total == 0 || mid_total == 0 || y_total == 0; }
+    };
+    ExpertLayout lay_out_experts(std::span<const ExpertWeights* const> weights, std::span<const std::int64_t> rows,
+                                 std::int64_t h) const {
+        const std::size_t align = std::max<std::size_t>(1, info_->base_align_bytes / storage_bytes());
+        // Padded to whole rows as well, so a region's rows are rows of the buffer (kv_moe_gather / kv_moe_combine).
+        const auto padded = [&](std::int64_t n, std::int64_t row) {
+            return round_up(static_cast<std::size_t>(n), std::lcm(align, static_cast<std::size_t>(std::max<std::int64_t>(row, 1))));
+        };
+        ExpertLayout out;
+        for (std::size_t n = 0; n < weights.size(); ++n) {
+            const ExpertWeights& ew = *weights[n];
+            ExpertRegion r{out.x_total, out.mid_total, out.y_total, rows[n], h, ew.gate.dim(0), ew.down.dim(0)};
+            KVASIR_CHECK(ew.up.dim(0) == r.i && ew.down.dim(1) == r.i, ErrorCode::bad_input,
+                         "moe: expert gate/up/down shapes disagree ({} / {} / {}x{})", r.i, ew.up.dim(0), r.out, ew.down.dim(1));
+            check_int_range("moe", {r.rows, r.h, r.i, r.out, r.rows * r.h, r.rows * r.i, r.rows * r.out});
+            check_expert_shapes(ew, r.rows, r.i);
+            out.x_total += padded(r.rows * r.h, r.h);
+            out.mid_total += padded(r.rows * r.i, r.i);
+            out.y_total += padded(r.rows * r.out, r.out);
+            out.regions.push_back(r);
+        }
+        return out;
+    }
+    // Every expert's gate, up, (clamped) SwiGLU and down on its region of xb,
+    // with matmul's and swiglu's kernels; returns the y buffer. Under the lock.
+    PooledMem enqueue_experts(const PooledMem& xb, std::span<const ExpertWeights* const> weights, const ExpertLayout& layout) {
+        const std::size_t eb = storage_bytes();
+        const PooledMem gb = device_buffer(layout.mid_total * eb), ub = device_buffer(layout.mid_total * eb),
+                        ab = device_buffer(layout.mid_total * eb);
+        PooledMem yb = device_buffer(layout.y_total * eb);
+        for (std::size_t n = 0; n < weights.size(); ++n) {
+            const ExpertRegion& r = layout.regions[n];
+            if (r.rows == 0) continue;
+            const ExpertWeights& ew = *weights[n];
+            const ClMem xs = region(xb, r.x * eb, static_cast<std::size_t>(r.rows * r.h) * eb);
+            const ClMem gs = region(gb, r.mid * eb, static_cast<std::size_t>(r.rows * r.i) * eb);
+            const ClMem us = region(ub, r.mid * eb, static_cast<std::size_t>(r.rows * r.i) * eb);
+            const ClMem as = region(ab, r.mid * eb, static_cast<std::size_t>(r.rows * r.i) * eb);
+            const ClMem ys = region(yb, r.y * eb, static_cast<std::size_t>(r.rows * r.out) * eb);
+            if (r.i > 0 && r.h > 0) {
+                enqueue_matmul(xs, r.rows, ew.gate, gs);
+                enqueue_matmul(xs, r.rows, ew.up, us);
+            } else {
+                fill_zero(gs, static_cast<std::size_t>(r.rows * r.i) * eb);  // empty sums are +0
+                fill_zero(us, static_cast<std::size_t>(r.rows * r.i) * eb);
+            }
+            if (ew.activation.clamped)
+                enqueue_binary("kv_clamped_swiglu", gs.get(), us.get(), as.get(), r.rows * r.i,
+                               static_cast<cl_float>(ew.activation.alpha), static_cast<cl_float>(ew.activation.limit));
+            else
+                enqueue_binary("kv_swiglu", gs.get(), us.get(), as.get(), r.rows * r.i);
+            if (r.i > 0)
+                enqueue_matmul(as, r.rows, ew.down, ys);
+            else
+                fill_zero(ys, static_cast<std::size_t>(r.rows * r.out) * eb);
+        }
+        return yb;
+    }
+
     // kv_causal_attention_panels runs here (for head dims a multiple of 16):
     // a CPU device, whose work-items run one after another, with f32 sums.
     bool panel_attention() const { return info_->cpu && caps_.accumulation == DType::f32; }
@@ -903,7 +1120,7 @@ private:
         const auto fill = [&]<typename E>(E) {
             E* dst = static_cast<E*>(out.raw());
             for (std::size_t g = 0; g < parts.size(); ++g) {
-                const E* src = static_cast<const E*>(parts[g].data);
+                const E* src = static_cast<const E*>(parts[g].host_data());
                 E* head = dst + static_cast<std::size_t>(g) * static_cast<std::size_t>(np * d * kPanel);
                 for (std::int64_t s = 0; s < s_count; ++s) {
                     E* col = head + static_cast<std::size_t>((s / kPanel) * d * kPanel + s % kPanel);
@@ -920,13 +1137,23 @@ private:
         return out;
     }
 
+    // key_panels on the device, from keys [n, S, D] stacked there (kv_key_panels).
+    DeviceArg key_panels_here(const DeviceArg& keys, std::int64_t n, std::int64_t s_count, std::int64_t d) {
+        const std::int64_t count = n * ((s_count + kPanel - 1) / kPanel) * d * kPanel;
+        PooledMem pb = output(count);
+        const cl_kernel k = kernel("attention.cl", "kv_key_panels", 0);
+        set_args(k, keys, pb, static_cast<cl_int>(n), static_cast<cl_int>(s_count), static_cast<cl_int>(d));
+        launch_1d(k, count);
+        return DeviceArg(std::move(pb));
+    }
+
     // [n, rows, cols] from n views of [rows, cols] of one dtype, in that dtype.
     static Tensor stacked(std::span<const TensorView> parts) {
         const TensorView& first = parts.front();
         Tensor out(first.dtype, {static_cast<std::int64_t>(parts.size()), first.dim(0), first.dim(1)});
         const std::size_t bytes = static_cast<std::size_t>(first.numel()) * dtype_size(first.dtype);
         for (std::size_t g = 0; g < parts.size(); ++g)
-            std::memcpy(static_cast<std::byte*>(out.raw()) + g * bytes, parts[g].data, bytes);
+            std::memcpy(static_cast<std::byte*>(out.raw()) + g * bytes, parts[g].host_data(), bytes);
         return out;
     }
 
@@ -946,26 +1173,40 @@ private:
     // CL_MEM_COPY_HOST_PTR: one allocation, one copy (the runtime's own: no
     // host wait counted, the call returns once it has taken the bytes).
     // The plain rope's inverse frequencies for (d, theta): kv_rope_freq's
-    // table, computed on the first use and kept (a few per model). Under mutex_.
+    // table, computed on the first use and kept (a few per model). Under the node's lock.
     cl_mem rope_table(std::int64_t d, cl_float theta) {
         const auto key = std::make_pair(d, std::bit_cast<std::uint32_t>(theta));
         auto it = rope_tables_.find(key);
         if (it != rope_tables_.end()) return it->second.get();
         const auto half = static_cast<std::size_t>(std::max<std::int64_t>(d / 2, 1));
         ClMem table(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_WRITE, half * sizeof(cl_float), nullptr));
-        ++transfers_.allocations;
+        ++shared_->transfers.allocations;
         const cl_kernel k = kernel("elementwise.cl", "kv_rope_freq", 0);
         set_args(k, table.get(), static_cast<cl_int>(d), theta);
         launch_1d(k, static_cast<std::int64_t>(half));
         return rope_tables_.emplace(key, std::move(table)).first->second.get();
     }
 
+    // A small host table on the device, uploaded again only when it changes.
+    struct KeptUpload {
+        std::vector<cl_float> values;
+        ClMem buffer;
+    };
+    cl_mem same_upload(KeptUpload& kept, const std::vector<cl_float>& values) {
+        if (kept.buffer.get() == nullptr || kept.values != values) {
+            // The old buffer is released here; kernels enqueued on it keep it alive until they ran.
+            kept.buffer = upload_raw(values.data(), std::max<std::size_t>(values.size(), 1) * sizeof(cl_float));
+            kept.values = values;
+        }
+        return kept.buffer.get();
+    }
+
     ClMem upload_raw(const void* data, std::size_t bytes) const {
         ClMem b(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, bytes,
                             const_cast<void*>(data)));
-        ++transfers_.allocations;
-        ++transfers_.uploads;
-        transfers_.upload_bytes += bytes;
+        ++shared_->transfers.allocations;
+        ++shared_->transfers.uploads;
+        shared_->transfers.upload_bytes += bytes;
         return b;
     }
 
@@ -978,9 +1219,9 @@ private:
     void to_device_format(const TensorView& v, void* dst) const {
         const std::int64_t n = v.numel();
         if (caps_.storage == DType::f32 && v.dtype == DType::f32) {
-            std::memcpy(dst, v.data, static_cast<std::size_t>(n) * 4);
+            std::memcpy(dst, v.host_data(), static_cast<std::size_t>(n) * 4);
         } else if (caps_.storage != DType::f16 && kernels::kernel_readable(v.dtype) && kernels::cpu_has_avx2_fma()) {
-            kernels::convert_avx2(v.data, kernels::weight_format_of(v.dtype), kernels::rounding_to(caps_.storage),
+            kernels::convert_avx2(v.host_data(), kernels::weight_format_of(v.dtype), kernels::rounding_to(caps_.storage),
                                   static_cast<float*>(dst), n);
         } else {
             Tensor staged;
@@ -998,37 +1239,78 @@ private:
     template <typename Fill>
     ClMem upload_mapped(std::size_t bytes, Fill&& fill) const {
         ClMem buffer(KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_ONLY | CL_MEM_ALLOC_HOST_PTR, bytes, nullptr));
-        ++transfers_.allocations;
+        ++shared_->transfers.allocations;
         void* host = KVCL_CREATE(clEnqueueMapBuffer, runtime_->queue(), buffer.get(), CL_TRUE, CL_MAP_WRITE_INVALIDATE_REGION,
                                  0, bytes, 0, nullptr, nullptr);
-        ++transfers_.syncs;  // a blocking map waits for the queue
+        ++shared_->transfers.syncs;  // a blocking map waits for the queue
         fill(static_cast<std::byte*>(host));
         KVCL_CHECK(clEnqueueUnmapMemObject(runtime_->queue(), buffer.get(), host, 0, nullptr, nullptr));
-        ++transfers_.uploads;
-        transfers_.upload_bytes += bytes;
+        ++shared_->transfers.uploads;
+        shared_->transfers.upload_bytes += bytes;
         return buffer;
     }
 
     // The tensor as the device holds it, in a buffer of its own (a weight,
     // kept by the cache).
     ClMem upload_new(const TensorView& v) const {
-        if (caps_.storage == DType::f32 && v.dtype == DType::f32) return upload_raw(v.data, static_cast<std::size_t>(v.numel()) * 4);
+        if (caps_.storage == DType::f32 && v.dtype == DType::f32) return upload_raw(v.host_data(), static_cast<std::size_t>(v.numel()) * 4);
         return upload_mapped(static_cast<std::size_t>(v.numel()) * storage_bytes(),
                              [&](std::byte* host) { to_device_format(v, host); });
     }
-    // An activation as the device holds it, in a buffer from the pool: a
-    // blocking write of f32 as it is, else converted through a mapping.
-    PooledMem upload(const TensorView& v) const {
+    // An activation as the device holds it: where it is already, when it is
+    // (part of) one of this node's results (on_device); else in a buffer from
+    // the pool — a blocking write of f32 as it is, or converted through a mapping.
+    DeviceArg upload(const TensorView& v) const {
+        if (std::optional<DeviceArg> here = on_device(v)) return std::move(*here);
         const std::size_t bytes = static_cast<std::size_t>(v.numel()) * storage_bytes();
         if (caps_.storage != DType::f32 || v.dtype != DType::f32)
-            return upload_pooled(bytes, [&](std::byte* host) { to_device_format(v, host); });
+            return DeviceArg(upload_pooled(bytes, [&](std::byte* host) { to_device_format(v, host); }));
         PooledMem b = device_buffer(bytes);
-        if (bytes == 0) return b;
-        KVCL_CHECK(clEnqueueWriteBuffer(runtime_->queue(), b.get(), CL_TRUE, 0, bytes, v.data, 0, nullptr, nullptr));
-        ++transfers_.uploads;
-        ++transfers_.syncs;  // a blocking write waits for the queue
-        transfers_.upload_bytes += bytes;
-        return b;
+        if (bytes == 0) return DeviceArg(std::move(b));
+        KVCL_CHECK(clEnqueueWriteBuffer(runtime_->queue(), b.get(), CL_TRUE, 0, bytes, v.host_data(), 0, nullptr, nullptr));
+        ++shared_->transfers.uploads;
+        ++shared_->transfers.syncs;  // a blocking write waits for the queue
+        shared_->transfers.upload_bytes += bytes;
+        return DeviceArg(std::move(b));
+    }
+
+    // The result of this node that v views, if it is one: v's elements are
+    // those of the result from element device_offset/4 on (its f32 view), held
+    // on the device in storage format — exactly what upload(v) would make of
+    // them. The whole buffer, or a sub-buffer where the offset is aligned for
+    // one, else a device-to-device copy of the slice. No host wait.
+    const ClResident* ours(const TensorView& v) const {
+        const auto* r = dynamic_cast<const ClResident*>(v.device);
+        if (r == nullptr || r->node() != shared_.get() || v.dtype != DType::f32 || v.device_offset % 4 != 0) return nullptr;
+        const std::int64_t first = static_cast<std::int64_t>(v.device_offset / 4);
+        return first + v.numel() <= r->numel() ? r : nullptr;
+    }
+    std::optional<DeviceArg> on_device(const TensorView& v) const {
+        const ClResident* r = ours(v);
+        if (r == nullptr) return std::nullopt;
+        const std::size_t offset = v.device_offset / 4 * storage_bytes(), bytes = static_cast<std::size_t>(v.numel()) * storage_bytes();
+        if (offset == 0) {
+            KVCL_CHECK(clRetainMemObject(r->get()));
+            return DeviceArg(ClMem(r->get()));
+        }
+        if (offset % std::max<std::size_t>(info_->base_align_bytes, 1) == 0) {
+            const cl_buffer_region region{offset, std::max<std::size_t>(bytes, storage_bytes())};
+            return DeviceArg(ClMem(KVCL_CREATE(clCreateSubBuffer, r->get(), 0, CL_BUFFER_CREATE_TYPE_REGION, &region)));
+        }
+        PooledMem copy = device_buffer(bytes);
+        if (bytes > 0) {
+            KVCL_CHECK(clEnqueueCopyBuffer(runtime_->queue(), r->get(), copy.get(), offset, 0, bytes, 0, nullptr, nullptr));
+            ++shared_->transfers.launches;
+        }
+        return DeviceArg(std::move(copy));
+    }
+
+    // An op's result: left on the device inside a DeviceResidency scope
+    // (resident=1), else read back now.
+    Tensor result(PooledMem buffer, const Shape& shape) const {
+        if (!resident_ || !DeviceResidency::active()) return download(buffer, shape);
+        return Tensor::on_device(shape, std::make_shared<ClResident>(shared_, runtime_->queue(), std::move(buffer),
+                                                                     shape_numel(shape), caps_.storage == DType::f16));
     }
     // A buffer of `bytes` from the pool, filled on the host through a mapping.
     template <typename Fill>
@@ -1044,9 +1326,9 @@ private:
             throw;
         }
         KVCL_CHECK(clEnqueueUnmapMemObject(runtime_->queue(), b.get(), host, 0, nullptr, nullptr));
-        ++transfers_.uploads;
-        ++transfers_.syncs;  // the blocking map waited for the queue
-        transfers_.upload_bytes += bytes;
+        ++shared_->transfers.uploads;
+        ++shared_->transfers.syncs;  // the blocking map waited for the queue
+        shared_->transfers.upload_bytes += bytes;
         return b;
     }
 
@@ -1066,7 +1348,7 @@ private:
     void panel_row(const TensorView& row, DType format, std::byte* dst, std::vector<float>& scratch) const {
         const std::size_t n = static_cast<std::size_t>(row.numel());
         if (row.dtype == format) {
-            std::memcpy(dst, row.data, n * dtype_size(format));
+            std::memcpy(dst, row.host_data(), n * dtype_size(format));
         } else if (format == DType::bf16) {
             scratch.resize(n);
             to_device_format(row, scratch.data());
@@ -1092,7 +1374,7 @@ private:
         const DType format = panel_format(w.dtype);
         const std::size_t elem = dtype_size(format), row_bytes = static_cast<std::size_t>(k_count) * elem;
         return upload_mapped(static_cast<std::size_t>(panels * kPanel) * row_bytes, [&](std::byte* host) {
-            const auto* src = static_cast<const std::byte*>(w.data);
+            const auto* src = static_cast<const std::byte*>(w.host_data());
             const std::size_t src_row = static_cast<std::size_t>(k_count) * dtype_size(w.dtype);
             std::exception_ptr failure;
 #pragma omp parallel if (panels > 1)
@@ -1140,6 +1422,10 @@ private:
     // call. A new reference to the buffer: an entry evicted meanwhile stays
     // valid until the op releases it.
     ClMem weight(const TensorView& w) const {
+        if (ours(w) != nullptr && w.device_offset == 0) {  // one of this node's results (a norm scale 1 + w)
+            KVCL_CHECK(clRetainMemObject(ours(w)->get()));
+            return ClMem(ours(w)->get());
+        }
         const std::shared_ptr<const ClMem> resident = weights_->get(
             w, caps_.storage, static_cast<std::uint64_t>(w.numel()) * storage_bytes(), [&] { return upload_new(w); });
         KVCL_CHECK(clRetainMemObject(resident->get()));
@@ -1168,19 +1454,19 @@ private:
         if (bytes == 0) return;
         const cl_uchar zero = 0;
         KVCL_CHECK(clEnqueueFillBuffer(runtime_->queue(), buffer.get(), &zero, 1, 0, bytes, 0, nullptr, nullptr));
-        ++transfers_.launches;
+        ++shared_->transfers.launches;
     }
     // `bytes` of device memory: an idle buffer of its size class from the
     // node's pool, else a new one (counted).
     PooledMem device_buffer(std::size_t bytes) const {
         const std::uint64_t size = DevicePool::size_class(bytes);
-        if (void* idle = pool_->take(size)) return PooledMem(ClMem(static_cast<cl_mem>(idle)), size, pool_.get());
+        if (void* idle = shared_->pool->take(size)) return PooledMem(ClMem(static_cast<cl_mem>(idle)), size, shared_->pool.get());
         cl_int err = CL_SUCCESS;
         cl_mem fresh = clCreateBuffer(runtime_->context(), CL_MEM_READ_WRITE, size, nullptr, &err);
-        if (fresh == nullptr) pool_->release_idle();  // refused: the idle buffers may be what is missing
+        if (fresh == nullptr) shared_->pool->release_idle();  // refused: the idle buffers may be what is missing
         ClMem b(fresh != nullptr ? fresh : KVCL_CREATE(clCreateBuffer, runtime_->context(), CL_MEM_READ_WRITE, size, nullptr));
-        ++transfers_.allocations;
-        return PooledMem(std::move(b), size, pool_.get());
+        ++shared_->transfers.allocations;
+        return PooledMem(std::move(b), size, shared_->pool.get());
     }
 
     // A blocking read of `bytes` into `dst`: waits for the queue (and so for
@@ -1188,9 +1474,9 @@ private:
     template <class Buffer>
     void read(const Buffer& buffer, std::size_t bytes, void* dst) const {
         KVCL_CHECK(clEnqueueReadBuffer(runtime_->queue(), buffer.get(), CL_TRUE, 0, bytes, dst, 0, nullptr, nullptr));
-        ++transfers_.downloads;
-        ++transfers_.syncs;
-        transfers_.download_bytes += bytes;
+        ++shared_->transfers.downloads;
+        ++shared_->transfers.syncs;
+        shared_->transfers.download_bytes += bytes;
     }
 
     // Blocking read on the in-order queue: waits for the kernel, and any
@@ -1226,6 +1512,7 @@ private:
 
     static void set_arg(cl_kernel k, cl_uint index, const ClMem& buffer) { set_mem_arg(k, index, buffer.get()); }
     static void set_arg(cl_kernel k, cl_uint index, const PooledMem& buffer) { set_mem_arg(k, index, buffer.get()); }
+    static void set_arg(cl_kernel k, cl_uint index, const DeviceArg& buffer) { set_mem_arg(k, index, buffer.get()); }
     static void set_arg(cl_kernel k, cl_uint index, cl_mem handle) { set_mem_arg(k, index, handle); }
     static void set_mem_arg(cl_kernel k, cl_uint index, cl_mem handle) {
         KVCL_CHECK(clSetKernelArg(k, index, sizeof(cl_mem), &handle));
@@ -1247,7 +1534,7 @@ private:
     // Every kernel goes through here: enqueued on the in-order queue, counted.
     void enqueue(cl_kernel k, cl_uint dims, const std::size_t* global, const std::size_t* local) const {
         KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, dims, nullptr, global, local, 0, nullptr, nullptr));
-        ++transfers_.launches;
+        ++shared_->transfers.launches;
     }
 
     void launch_1d(cl_kernel k, std::int64_t n) const {
@@ -1273,11 +1560,15 @@ private:
     DeviceRuntime* runtime_ = nullptr;
     std::size_t tile_ = 16, row_wg_ = 256, elem_wg_ = 64;
     std::map<std::pair<std::int64_t, std::uint32_t>, ClMem> rope_tables_;  // rope_table
+    KeptUpload rope_positions_, rope_scaled_;  // rope: the last positions and scaled frequencies uploaded
     std::string defines_;
-    mutable std::mutex mutex_;  // every op, and a read of the counters
-    mutable TransferStats transfers_;  // counted by upload_raw/upload_mapped/device_buffer/read/enqueue
+    // The lock every op and a read of the counters takes; the counters
+    // (upload_raw/upload_mapped/device_buffer/read/enqueue, and a result's
+    // fetch); the pool of activations' buffers, reused. Shared with the
+    // node's device results, which may outlive it.
+    std::shared_ptr<NodeShared> shared_ = std::make_shared<NodeShared>();
+    bool resident_ = true;  // resident=1: results stay on the device inside a DeviceResidency scope
     std::map<std::string, ClKernel> kernels_;
-    std::unique_ptr<DevicePool> pool_;  // activations' buffers, reused; destroyed after every PooledMem
     std::unique_ptr<WeightCache<ClMem>> weights_;  // device-resident weights
 };
 

@@ -1,0 +1,227 @@
+// The checks every device node's resident results answer to (core/tensor.hpp,
+// issue #38: inside a DeviceResidency scope an op's result stays on the
+// device). One body for the OpenCL tests (PoCL in CI) and the CUDA/HIP ones
+// (a GPU when there is one).
+#pragma once
+
+#include "kvasir/backend/registry.hpp"
+#include "kvasir/core/error.hpp"
+#include "kvasir/core/immutable_memory.hpp"
+#include "kvasir/core/rng.hpp"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvasir::test {
+
+inline bool same_tensor_bits(const Tensor& a, const Tensor& b) {
+    return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// Hand-counted: x [4, 64] goes up once and the weights (immutable, as a
+// checkpoint's mapping) once each; y = matmul(x, w), n = rmsnorm(y, g),
+// s = add(y, n), m = mul(s, y), z = scale(m, 0.125) run on the device's own
+// results — five launches, nothing read back until the host reads z (one
+// read of 4·32 elements of `element_bytes(spec)` each); the intermediates
+// are never read at all. The bits are those of the same chain outside the
+// scope (every result read back after its op).
+inline void expect_resident_chain_reads_back_once(const std::vector<std::string>& specs,
+                                                  const std::function<std::uint64_t(const std::string&)>& element_bytes) {
+    const Tensor x = seeded_normal(29, "r/x", {4, 64}, 0, 1);
+    std::vector<float> w(32 * 64), g(32);
+    const Tensor ws = seeded_normal(29, "r/w", {32, 64}, 0, 0.1), gs = seeded_normal(29, "r/g", {32}, 1, 0.1);
+    std::memcpy(w.data(), ws.raw(), ws.nbytes());
+    std::memcpy(g.data(), gs.raw(), gs.nbytes());
+    const ImmutableRegistration rw(w.data(), w.size() * sizeof(float)), rg(g.data(), g.size() * sizeof(float));
+    const TensorView wv{DType::f32, w.data(), {32, 64}}, gv{DType::f32, g.data(), {32}};
+    for (const std::string& spec : specs) {
+        SCOPED_TRACE(spec);
+        auto be = create_backend(spec);
+        const auto chain = [&] {
+            const Tensor y = be->matmul(x, wv);
+            const Tensor n = be->rmsnorm(y, gv, 1e-6);
+            const Tensor s = be->add(y, n);
+            const Tensor m = be->mul(s, y);
+            return be->scale(m, 0.125);
+        };
+        const Tensor host = chain();  // outside any scope: read back op by op; the weights now resident
+        const TransferStats before = *be->transfer_stats();
+        Tensor z;
+        {
+            const DeviceResidency scope;
+            z = chain();
+            ASSERT_NE(z.device(), nullptr);
+            const TransferStats inside = *be->transfer_stats() - before;
+            EXPECT_EQ(inside.downloads, 0u) << "a result came back to the host before it was read";
+            EXPECT_EQ(inside.uploads, 1u) << "only x goes up (the weights are resident)";
+            EXPECT_EQ(inside.launches, 5u);
+        }
+        EXPECT_TRUE(same_tensor_bits(z, host));
+        const TransferStats after = *be->transfer_stats() - before;
+        EXPECT_EQ(after.downloads, 1u);
+        EXPECT_EQ(after.download_bytes, 4u * 32 * element_bytes(spec));
+    }
+}
+
+// Rows r0 … r0+7 of a resident result as the next op's input — a part at an
+// offset of 12-byte rows (mostly unaligned) and of 256-byte ones — taken
+// where it is: no read back, one upload (w, a heap tensor), the bits of the
+// same rows uploaded from the host.
+inline void expect_resident_parts_read_in_place(const std::string& spec) {
+    auto be = create_backend(spec);
+    for (const std::int64_t cols : {3, 64}) {
+        const Tensor x = seeded_normal(31, "p/x", {40, cols}, 0, 1);
+        const Tensor w = seeded_normal(31, "p/w", {cols, cols}, 0, 0.1);
+        for (const std::int64_t r0 : {0, 1, 3, 16, 32}) {
+            SCOPED_TRACE(fmt::format("cols {} r0 {}", cols, r0));
+            const Tensor host_y = be->matmul(x, w);
+            const TensorView host_rows{DType::f32, static_cast<const float*>(host_y.raw()) + r0 * cols, {8, cols}};
+            const Tensor want = be->matmul(host_rows, w);
+            const DeviceResidency scope;
+            const Tensor y = be->matmul(x, w);
+            const TensorView row = TensorView(y).row(r0);
+            const TensorView part{DType::f32, nullptr, {8, cols}, row.device, row.device_offset};
+            const TransferStats before = *be->transfer_stats();
+            const Tensor got = be->matmul(part, w);
+            const TransferStats moved = *be->transfer_stats() - before;
+            EXPECT_EQ(moved.uploads, 1u) << "only w (a heap tensor) goes up";
+            EXPECT_EQ(moved.downloads, 0u);
+            EXPECT_TRUE(same_tensor_bits(got, want));
+        }
+    }
+}
+
+// add / mul / scale of `be` against Backend's host defaults (f64, rounded to
+// f32 then storage) on host operands and on resident ones, with values that
+// round, overflow (3e38 + 3e38) and cancel exactly (1 + −1 = +0). A node runs
+// add on the device only where the default would read its operands exactly
+// as they stand there; elsewhere it must fall back and still match.
+inline void expect_combine_ops_match_the_defaults(
+    const std::vector<std::string>& specs,
+    const std::function<std::unique_ptr<Backend>(const std::string&)>& make = [](const std::string& s) {
+        return create_backend(s);
+    }) {
+    Tensor a = seeded_normal(37, "e/a", {7, 33}, 0, 3), b = seeded_normal(37, "e/b", {7, 33}, 0, 3);
+    a.set(0, 3.0e38);
+    b.set(0, 3.0e38);
+    a.set(1, 1.0);
+    b.set(1, -1.0);
+    struct Defaults final : Backend {  // Backend's add/mul/scale, with a node's capabilities
+        explicit Defaults(Capabilities c) : caps(std::move(c)) {}
+        Capabilities caps;
+        const Capabilities& capabilities() const override { return caps; }
+        Tensor matmul(const TensorView&, const TensorView&) override { return {}; }
+        Tensor swiglu(const TensorView&, const TensorView&) override { return {}; }
+        Tensor softmax(const TensorView&) override { return {}; }
+        Tensor sigmoid(const TensorView&) override { return {}; }
+        Tensor rmsnorm(const TensorView&, const TensorView&, double) override { return {}; }
+        Tensor rope(const TensorView&, std::span<const std::int64_t>, const RopeParams&) override { return {}; }
+    };
+    for (const std::string& spec : specs) {
+        SCOPED_TRACE(spec);
+        auto be = make(spec);
+        Defaults host(be->capabilities());
+        const auto in_storage = [&](const Tensor& t) { return Tensor::convert(Tensor::convert(t, host.caps.storage), DType::f32); };
+        const Tensor sa = in_storage(a), sb = in_storage(b);
+        EXPECT_TRUE(same_tensor_bits(be->mul(a, b), host.mul(a, b)));
+        EXPECT_TRUE(same_tensor_bits(be->scale(a, 0.1), host.scale(a, 0.1)));
+        EXPECT_TRUE(same_tensor_bits(be->add(a, b), host.add(a, b)));
+        EXPECT_TRUE(same_tensor_bits(be->add(sa, sb), host.add(sa, sb)));
+        if (!be->transfer_stats()) continue;  // a host node (the emulation) has no device results
+        const DeviceResidency scope;
+        const Tensor ra = be->scale(sa, 1.0), rb = be->scale(sb, 1.0);  // resident, the bits of sa / sb
+        ASSERT_NE(ra.device(), nullptr);
+        EXPECT_TRUE(same_tensor_bits(be->add(ra, rb), host.add(sa, sb)));
+        EXPECT_TRUE(same_tensor_bits(be->mul(ra, rb), host.mul(sa, sb)));
+        EXPECT_TRUE(same_tensor_bits(be->scale(ra, -0.3), host.scale(sa, -0.3)));
+    }
+}
+
+// A MoE block inside a DeviceResidency scope (gather, experts and combine on
+// the device) against the same node's block outside one (the default's
+// gather and combine on the host): the same bits for f32 and bf16 weights,
+// SwiGLU and the clamped one, T 1/3/37 of top-2 routing with uneven weights
+// (a token routed twice to one expert among them), with and without an
+// expert filter, on host and on resident input; and nothing read back — one
+// upload (the plan's table) besides x when x is on the host.
+inline void expect_resident_moe_block_matches_host(
+    const std::vector<std::string>& specs,
+    const std::function<std::unique_ptr<Backend>(const std::string&)>& make = [](const std::string& s) {
+        return create_backend(s);
+    }) {
+    const std::int64_t E = 6, H = 64, I = 24;
+    for (const DType wd : {DType::f32, DType::bf16}) {
+        std::vector<std::byte> weights;
+        for (const char* part : {"gate", "up", "down"})
+            for (std::int64_t e = 0; e < E; ++e) {
+                const Tensor w = Tensor::convert(seeded_normal(43, std::string("rm/") + part + std::to_string(e), {I * H}, 0, 0.1), wd);
+                weights.insert(weights.end(), static_cast<const std::byte*>(w.raw()), static_cast<const std::byte*>(w.raw()) + w.nbytes());
+            }
+        const ImmutableRegistration reg(weights.data(), weights.size());
+        const std::size_t matrix = static_cast<std::size_t>(I * H) * dtype_size(wd);
+        for (const bool clamped : {false, true}) {
+            std::vector<ExpertWeights> experts;
+            for (std::int64_t e = 0; e < E; ++e) {
+                const std::byte* g = weights.data() + static_cast<std::size_t>(e) * matrix;
+                ExpertWeights ew{TensorView{wd, g, {I, H}}, TensorView{wd, g + static_cast<std::size_t>(E) * matrix, {I, H}},
+                                 TensorView{wd, g + 2 * static_cast<std::size_t>(E) * matrix, {H, I}}};
+                if (clamped) ew.activation = {true, 1.702, 7.0};
+                experts.push_back(ew);
+            }
+            const std::vector<bool> filter{true, false, true, true, false, true};
+            for (const std::string& spec : specs) {
+                auto node = make(spec);
+                const bool device = node->transfer_stats().has_value();  // else an emulation: host tensors, no counters
+                const auto stats = [&] { return device ? *node->transfer_stats() : TransferStats{}; };
+                for (const std::int64_t T : {1, 3, 37}) {
+                    const Tensor x = seeded_normal(43, "rm/x" + std::to_string(T), {T, H}, 0, 1);
+                    RoutingPlan plan{Tensor(DType::i32, {T, 2}), seeded_normal(43, "rm/w" + std::to_string(T), {T, 2}, 0.5, 0.2)};
+                    for (std::int64_t t = 0; t < T; ++t)
+                        for (std::int64_t j = 0; j < 2; ++j)
+                            plan.ids.as<std::int32_t>()[t * 2 + j] = static_cast<std::int32_t>(t == 2 ? 4 : (t * 5 + 3 * j) % E);
+                    for (const std::vector<bool>* f : {static_cast<const std::vector<bool>*>(nullptr), &filter}) {
+                        const std::string what = fmt::format("{} weights {}{} T {}{}", spec, dtype_name(wd),
+                                                             clamped ? " clamped" : "", T, f ? " filtered" : "");
+                        const Tensor host = node->moe_block(x, experts, plan, f);
+                        const DeviceResidency scope;
+                        const TransferStats before = stats();
+                        const Tensor here = node->moe_block(x, experts, plan, f);
+                        const TransferStats moved = stats() - before;
+                        EXPECT_TRUE(same_tensor_bits(here, host)) << what;
+                        if (!device) continue;
+                        EXPECT_NE(here.device(), nullptr) << what;
+                        EXPECT_EQ(moved.downloads, 0u) << what;
+                        EXPECT_EQ(moved.uploads, 2u) << what << ": x and the plan's table";
+                        const Tensor xr = node->scale(x, 1.0);  // x resident (its storage rounding: the block's too)
+                        const TransferStats before2 = stats();
+                        const Tensor again = node->moe_block(xr, experts, plan, f);
+                        EXPECT_EQ((stats() - before2).uploads, 1u) << what << ": the table alone";
+                        EXPECT_TRUE(same_tensor_bits(again, host)) << what;
+                    }
+                }
+                // A down projection that does not give the hidden size is refused inside the scope too.
+                std::vector<ExpertWeights> bad = experts;
+                for (auto& ew : bad) ew.down = TensorView{wd, ew.down.data, {H / 2, I}};
+                const Tensor x = seeded_normal(43, "rm/xb", {4, H}, 0, 1);
+                RoutingPlan plan{Tensor(DType::i32, {4, 1}), Tensor(DType::f32, {4, 1})};
+                for (std::int64_t t = 0; t < 4; ++t) plan.weights.as<float>()[t] = 1.0f;
+                const DeviceResidency scope;
+                try {
+                    (void)node->moe_block(x, bad, plan);
+                    ADD_FAILURE() << spec << ": experts giving " << H / 2 << " columns for a hidden size of " << H << " were accepted";
+                } catch (const Error& e) {
+                    EXPECT_EQ(e.code(), ErrorCode::bad_input) << e.what();
+                }
+            }
+        }
+    }
+}
+
+}  // namespace kvasir::test
