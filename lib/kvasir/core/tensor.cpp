@@ -32,10 +32,7 @@ std::int64_t TensorView::dim(int i) const {
     return shape[static_cast<std::size_t>(k)];
 }
 
-const void* TensorView::host_data() const {
-    if (data != nullptr || device == nullptr) return data;
-    return device->host() + device_offset;
-}
+const void* TensorView::fetched_host() const { return device->host() + device_offset; }
 
 template <typename T>
 const T* TensorView::as() const {

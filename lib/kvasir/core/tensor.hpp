@@ -46,7 +46,7 @@ struct TensorView {
     std::size_t device_offset = 0;
 
     // The host bytes: `data`, or the device result's bytes fetched now (blocking, once).
-    const void* host_data() const;
+    const void* host_data() const { return data != nullptr || device == nullptr ? data : fetched_host(); }
 
     std::int64_t numel() const { return shape_numel(shape); }
     std::int64_t dim(int i) const;  // negative i counts from the back
@@ -59,6 +59,9 @@ struct TensorView {
     // The elements from byte `offset` on, viewed as `shape` (the caller
     // keeps it inside this view): a device result's part stays on the device.
     TensorView part(std::size_t offset, Shape shape) const;
+
+private:
+    const void* fetched_host() const;  // device->host() + device_offset
 };
 
 // A device node's result kept on its device: immutable (no op writes it
