@@ -18,6 +18,43 @@
 
 namespace kvasir::test {
 
+// E seeded experts (gate and up [I, H], down [H, I]) of dtype wd in one block
+// of memory registered as immutable, as a checkpoint's mapping is (so a
+// device node keeps them resident); SwiGLU or gpt-oss's clamped one.
+class SeededExperts {
+public:
+    SeededExperts(std::uint64_t seed, const std::string& tag, std::int64_t E, std::int64_t H, std::int64_t I, DType wd)
+        : e_(E), h_(H), i_(I), wd_(wd), bytes_(make_bytes(seed, tag, E, H, I, wd)), reg_(bytes_.data(), bytes_.size()) {}
+    std::vector<ExpertWeights> experts(bool clamped) const {
+        const std::size_t matrix = static_cast<std::size_t>(i_ * h_) * dtype_size(wd_);
+        std::vector<ExpertWeights> out;
+        for (std::int64_t e = 0; e < e_; ++e) {
+            const std::byte* g = bytes_.data() + static_cast<std::size_t>(e) * matrix;
+            ExpertWeights ew{TensorView{wd_, g, {i_, h_}}, TensorView{wd_, g + static_cast<std::size_t>(e_) * matrix, {i_, h_}},
+                             TensorView{wd_, g + 2 * static_cast<std::size_t>(e_) * matrix, {h_, i_}}};
+            if (clamped) ew.activation = {true, 1.702, 7.0};
+            out.push_back(ew);
+        }
+        return out;
+    }
+
+private:
+    static std::vector<std::byte> make_bytes(std::uint64_t seed, const std::string& tag, std::int64_t E, std::int64_t H,
+                                             std::int64_t I, DType wd) {
+        std::vector<std::byte> bytes;
+        for (const char* part : {"gate", "up", "down"})
+            for (std::int64_t e = 0; e < E; ++e) {
+                const Tensor w = Tensor::convert(seeded_normal(seed, tag + part + std::to_string(e), {I * H}, 0, 0.1), wd);
+                bytes.insert(bytes.end(), static_cast<const std::byte*>(w.raw()), static_cast<const std::byte*>(w.raw()) + w.nbytes());
+            }
+        return bytes;
+    }
+    std::int64_t e_, h_, i_;
+    DType wd_;
+    std::vector<std::byte> bytes_;
+    ImmutableRegistration reg_;
+};
+
 // Each token routed to ONE expert with weight 1 makes a block's output row
 // that expert's FFN row itself (the combine adds 1·y to +0 and rounds to
 // storage: exact), so the block is checked against the node's own public
@@ -32,23 +69,9 @@ inline void expect_device_experts_match_their_ops(const std::vector<std::string>
                                                   const std::function<std::uint64_t(const std::string&)>& element_bytes) {
     const std::int64_t E = 5, H = 96, I = 40;
     for (const DType wd : {DType::f32, DType::bf16, DType::f16}) {
-        std::vector<std::byte> weights;
-        for (const char* part : {"gate", "up", "down"})
-            for (std::int64_t e = 0; e < E; ++e) {
-                const Tensor w = Tensor::convert(seeded_normal(31, std::string("ex/") + part + std::to_string(e), {I * H}, 0, 0.1), wd);
-                weights.insert(weights.end(), static_cast<const std::byte*>(w.raw()), static_cast<const std::byte*>(w.raw()) + w.nbytes());
-            }
-        const ImmutableRegistration reg(weights.data(), weights.size());
-        const std::size_t matrix = static_cast<std::size_t>(I * H) * dtype_size(wd);
+        const SeededExperts seeded(31, "ex/", E, H, I, wd);
         for (const bool clamped : {false, true}) {
-            std::vector<ExpertWeights> experts;
-            for (std::int64_t e = 0; e < E; ++e) {
-                const std::byte* g = weights.data() + static_cast<std::size_t>(e) * matrix;
-                ExpertWeights ew{TensorView{wd, g, {I, H}}, TensorView{wd, g + static_cast<std::size_t>(E) * matrix, {I, H}},
-                                 TensorView{wd, g + 2 * static_cast<std::size_t>(E) * matrix, {H, I}}};
-                if (clamped) ew.activation = {true, 1.702, 7.0};
-                experts.push_back(ew);
-            }
+            const std::vector<ExpertWeights> experts = seeded.experts(clamped);
             for (const std::string& spec : specs) {
                 auto node = create_backend(spec);
                 const std::string what = spec + " weights " + dtype_name(wd) + (clamped ? " clamped" : "");

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "kvasir/backend/registry.hpp"
+#include "tests/backend/device_experts_check.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/immutable_memory.hpp"
 #include "kvasir/core/rng.hpp"
@@ -158,23 +159,9 @@ inline void expect_resident_moe_block_matches_host(
     }) {
     const std::int64_t E = 6, H = 64, I = 24;
     for (const DType wd : {DType::f32, DType::bf16}) {
-        std::vector<std::byte> weights;
-        for (const char* part : {"gate", "up", "down"})
-            for (std::int64_t e = 0; e < E; ++e) {
-                const Tensor w = Tensor::convert(seeded_normal(43, std::string("rm/") + part + std::to_string(e), {I * H}, 0, 0.1), wd);
-                weights.insert(weights.end(), static_cast<const std::byte*>(w.raw()), static_cast<const std::byte*>(w.raw()) + w.nbytes());
-            }
-        const ImmutableRegistration reg(weights.data(), weights.size());
-        const std::size_t matrix = static_cast<std::size_t>(I * H) * dtype_size(wd);
+        const SeededExperts seeded(43, "rm/", E, H, I, wd);
         for (const bool clamped : {false, true}) {
-            std::vector<ExpertWeights> experts;
-            for (std::int64_t e = 0; e < E; ++e) {
-                const std::byte* g = weights.data() + static_cast<std::size_t>(e) * matrix;
-                ExpertWeights ew{TensorView{wd, g, {I, H}}, TensorView{wd, g + static_cast<std::size_t>(E) * matrix, {I, H}},
-                                 TensorView{wd, g + 2 * static_cast<std::size_t>(E) * matrix, {H, I}}};
-                if (clamped) ew.activation = {true, 1.702, 7.0};
-                experts.push_back(ew);
-            }
+            const std::vector<ExpertWeights> experts = seeded.experts(clamped);
             const std::vector<bool> filter{true, false, true, true, false, true};
             for (const std::string& spec : specs) {
                 auto node = make(spec);

@@ -671,6 +671,20 @@ public:
         enqueue(k, 2, global, local);
     }
 
+    // y[i] = kernel(x[i], extra…) of elementwise.cl over n elements.
+    template <class... Extra>
+    Tensor unary_elementwise(const char* name, const TensorView& x, Extra... extra) {
+        const std::int64_t n = x.numel();
+        if (n == 0) return Tensor(DType::f32, x.shape);
+        const std::lock_guard lock(shared_->mutex);
+        const DeviceArg xb = upload(x);
+        PooledMem yb = output(n);
+        const cl_kernel k = kernel("elementwise.cl", name, 0);
+        set_args(k, xb, yb, static_cast<cl_ulong>(n), extra...);
+        launch_1d(k, n);
+        return result(std::move(yb), x.shape);
+    }
+
     // y[i] = kernel(a[i], b[i], extra…) of elementwise.cl over n elements.
     template <class... Extra>
     Tensor binary_elementwise(const char* name, const TensorView& a, const TensorView& b, Extra... extra) {
@@ -809,17 +823,7 @@ public:
         check_same_shape("mul", a, b);
         return binary_elementwise("kv_mul", a, b);
     }
-    Tensor scale(const TensorView& x, double s) override {
-        const std::int64_t n = x.numel();
-        if (n == 0) return Tensor(DType::f32, x.shape);
-        const std::lock_guard lock(shared_->mutex);
-        const DeviceArg xb = upload(x);
-        PooledMem yb = output(n);
-        const cl_kernel k = kernel("elementwise.cl", "kv_scale", 0);
-        set_args(k, xb, yb, static_cast<cl_ulong>(n), static_cast<cl_float>(s));
-        launch_1d(k, n);
-        return result(std::move(yb), x.shape);
-    }
+    Tensor scale(const TensorView& x, double s) override { return unary_elementwise("kv_scale", x, static_cast<cl_float>(s)); }
 
     // A layer's KV cache on the device (Backend::kv_rows), inside a
     // DeviceResidency scope: kv_cache_rows moves the kept rows and the new
@@ -846,17 +850,7 @@ public:
         return result(std::move(yb), {heads, s_out, d});
     }
 
-    Tensor sigmoid(const TensorView& x) override {
-        const std::int64_t n = x.numel();
-        if (n == 0) return Tensor(DType::f32, x.shape);
-        const std::lock_guard lock(shared_->mutex);
-        const DeviceArg xb = upload(x);
-        PooledMem yb = output(n);
-        const cl_kernel k = kernel("elementwise.cl", "kv_sigmoid", 0);
-        set_args(k, xb, yb, static_cast<cl_ulong>(n));
-        launch_1d(k, n);
-        return result(std::move(yb), x.shape);
-    }
+    Tensor sigmoid(const TensorView& x) override { return unary_elementwise("kv_sigmoid", x); }
 
     Tensor softmax(const TensorView& x) override {
         KVASIR_CHECK(x.rank() >= 1, ErrorCode::bad_input, "softmax: scalar input");
