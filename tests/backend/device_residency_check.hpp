@@ -99,6 +99,32 @@ inline void expect_resident_parts_read_in_place(const std::string& spec) {
     }
 }
 
+// A device result holds what it needs of its node (queue or stream,
+// counters, pool): read after the node is gone, it gives the bits of the
+// same op read back at once. Handed to another node (`other`, another
+// storage format: not that node's result), it is read on the host and
+// uploaded as any host tensor, with the bits that tensor gives there.
+inline void expect_results_outlive_their_node(const std::string& spec, const std::string& other) {
+    const Tensor x = seeded_normal(47, "o/x", {5, 48}, 0, 1);
+    const Tensor w = seeded_normal(47, "o/w", {40, 48}, 0, 0.1);
+    Tensor kept, host;
+    {
+        auto be = create_backend(spec);
+        host = be->matmul(x, w);
+        const DeviceResidency scope;
+        kept = be->matmul(x, w);
+        ASSERT_NE(kept.device(), nullptr);
+        ASSERT_FALSE(kept.device()->fetched());
+    }
+    EXPECT_TRUE(same_tensor_bits(kept, host));
+    auto second = create_backend(other);
+    const Tensor want = second->softmax(host);
+    const DeviceResidency scope;
+    auto first = create_backend(spec);
+    const Tensor resident = first->matmul(x, w);
+    EXPECT_TRUE(same_tensor_bits(second->softmax(resident), want));
+}
+
 // add / mul / scale of `be` against Backend's host defaults (f64, rounded to
 // f32 then storage) on host operands and on resident ones, with values that
 // round, overflow (3e38 + 3e38) and cancel exactly (1 + −1 = +0). A node runs

@@ -766,6 +766,10 @@ TEST_P(GpuOps, AMoeBlockOnTheDeviceGivesTheHostCombinesBitsAndReadsNothingBack) 
     test::expect_resident_moe_block_matches_host({GetParam(), GetParam() + ":storage=f16", GetParam() + ":storage=bf16"});
 }
 
+TEST_P(GpuOps, AResultOutlivesItsNodeAndAnotherNodeReadsItThroughTheHost) {
+    test::expect_results_outlive_their_node(GetParam(), GetParam() + ":storage=f16");
+}
+
 TEST_P(GpuOps, AddMulAndScaleGiveTheDefaultsBitsOnEveryStorage) {
     test::expect_combine_ops_match_the_defaults({GetParam(), GetParam() + ":storage=bf16", GetParam() + ":storage=f16"});
 }

@@ -257,6 +257,10 @@ TEST_F(Opencl, AMoeBlockOnTheDeviceGivesTheHostCombinesBitsAndReadsNothingBack) 
     test::expect_resident_moe_block_matches_host({"opencl:0", "opencl:0:storage=f16", "opencl:0:storage=bf16"});
 }
 
+TEST_F(Opencl, AResultOutlivesItsNodeAndAnotherNodeReadsItThroughTheHost) {
+    test::expect_results_outlive_their_node("opencl:0", "opencl:0:storage=f16");
+}
+
 TEST_F(Opencl, AddMulAndScaleGiveTheDefaultsBitsOnEveryStorage) {
     test::expect_combine_ops_match_the_defaults({"opencl:0", "opencl:0:storage=f16", "opencl:0:storage=bf16"});
 }
