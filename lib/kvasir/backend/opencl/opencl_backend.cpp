@@ -454,11 +454,17 @@ DeviceRuntime& runtime_for(const DeviceInfo& info) {
 // kernel that wrote it; half buffers widen to f32 exactly, as download() does.
 class ClResident final : public DeviceCopy {
 public:
-    ClResident(std::shared_ptr<NodeShared> node, cl_command_queue queue, PooledMem buffer, std::int64_t numel, bool half)
-        : DeviceCopy(DType::f32, numel), node_(std::move(node)), queue_(queue), buffer_(std::move(buffer)), half_(half) {}
+    // half: the buffer holds half bits (a storage=f16 node's activation).
+    // carried: f32 values never rounded to storage (a Gated DeltaNet state),
+    // not an activation in the node's storage format.
+    ClResident(std::shared_ptr<NodeShared> node, cl_command_queue queue, PooledMem buffer, std::int64_t numel, bool half,
+               bool carried = false)
+        : DeviceCopy(DType::f32, numel), node_(std::move(node)), queue_(queue), buffer_(std::move(buffer)), half_(half),
+          carried_(carried) {}
 
     const NodeShared* node() const { return node_.get(); }
     cl_mem get() const { return buffer_.get(); }
+    bool carried() const { return carried_; }
 
 private:
     void fetch(void* dst) const override {
@@ -478,6 +484,7 @@ private:
     cl_command_queue queue_;            // the device runtime's: never destroyed
     PooledMem buffer_;
     bool half_;
+    bool carried_;
 };
 
 // An op's device input: a buffer uploaded for the op (from the pool) or a
@@ -956,7 +963,12 @@ public:
         // result, not a stored activation): uploaded exactly when it is f32.
         const std::size_t state_bytes = static_cast<std::size_t>(res.state.numel()) * sizeof(cl_float);
         ClMem sin;
-        if (in.state != nullptr) {
+        const auto* kept = in.state != nullptr ? dynamic_cast<const ClResident*>(in.state->device) : nullptr;
+        if (kept != nullptr && kept->node() == shared_.get() && kept->carried() && in.state->device_offset == 0 &&
+            kept->numel() == res.state.numel()) {  // the state this node left on the device: read where it is
+            KVCL_CHECK(clRetainMemObject(kept->get()));
+            sin = ClMem(kept->get());
+        } else if (in.state != nullptr) {
             if (in.state->dtype == DType::f32) {
                 sin = upload_raw(in.state->host_data(), state_bytes);
             } else {
@@ -964,7 +976,7 @@ public:
                 sin = upload_raw(f.raw(), state_bytes);
             }
         }
-        const PooledMem sb = device_buffer(state_bytes);
+        PooledMem sb = device_buffer(state_bytes);
         PooledMem ob = output(res.out.numel());
         const cl_kernel k = kernel("linear_attention.cl", "kv_gated_delta_rule", row_wg_);
         set_args(k, qb, kb, vb, ab, bb, alb, dtb, in.state != nullptr ? sin.get() : sb.get(), sb, ob, static_cast<cl_int>(t_count),
@@ -972,6 +984,12 @@ public:
                  static_cast<cl_int>(in.state != nullptr ? 1 : 0), LocalBytes{local_bytes / 2}, LocalBytes{local_bytes / 2});
         const std::size_t global = static_cast<std::size_t>(nv) * row_wg_;
         enqueue(k, 1, &global, &row_wg_);
+        if (resident_ && DeviceResidency::active()) {  // both stay: the next call reads the state where it is
+            res.out = result(std::move(ob), res.out.shape());
+            res.state = Tensor::on_device(res.state.shape(), std::make_shared<ClResident>(shared_, runtime_->queue(), std::move(sb),
+                                                                                          res.state.numel(), false, true));
+            return res;
+        }
         res.out = download(ob, res.out.shape());  // read with the state below: one wait either way
         read(sb, state_bytes, res.state.raw());
         return res;
@@ -1275,7 +1293,8 @@ private:
     // one, else a device-to-device copy of the slice. No host wait.
     const ClResident* ours(const TensorView& v) const {
         const auto* r = dynamic_cast<const ClResident*>(v.device);
-        if (r == nullptr || r->node() != shared_.get() || v.dtype != DType::f32 || v.device_offset % 4 != 0) return nullptr;
+        if (r == nullptr || r->node() != shared_.get() || r->carried() || v.dtype != DType::f32 || v.device_offset % 4 != 0)
+            return nullptr;
         const std::int64_t first = static_cast<std::int64_t>(v.device_offset / 4);
         return first + v.numel() <= r->numel() ? r : nullptr;
     }
