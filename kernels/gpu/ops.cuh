@@ -6,7 +6,9 @@
 //
 // Read next to lib/kvasir/backend/cpu_ref.cpp (the f64 loops these must match):
 //   matmul_kernel    y[t,n] = Σ_k x[t,k]·w[n,k]   one fmaf chain per output in ascending k
-//                                                 (f32), or the exact f16-accumulation step
+//                                                 (f32), or the exact f16-accumulation step;
+//                                                 three tilings, one chain whatever the tile
+//   grouped_matmul_kernel  many such matmuls (a MoE layer's experts) in one launch
 //   softmax_kernel   max, then e = exp(x - max) rounded to storage, Σe by a fixed tree, e/Σ
 //   rmsnorm_kernel   Σx² by a fixed tree (fmaf), x · 1/sqrt(Σx²/n + eps) · w
 //   swiglu_kernel    g / (1 + e^-g) · u           (the cpu backend's formula)
@@ -30,6 +32,7 @@
 #include "kernels/gpu/math.cuh"
 
 #include <cstddef>
+#include <vector>
 
 namespace kvasir::KG_NS {
 
@@ -37,11 +40,58 @@ namespace kvasir::KG_NS {
 // reduction tree — and therefore the result — is the same on every vendor.
 constexpr int kReduceThreads = 256;
 
-// Matmul tiling: a 64×64 block of outputs per 256 threads, 4×4 per thread,
-// K staged through shared memory 16 at a time.
-constexpr int kTile = 64;
-constexpr int kTileK = 16;
+// Matmul tilings. A block of kMatmulThreads threads computes a TM×TN tile of
+// y, each thread TMT×TNT outputs (rows ty + TM/TMT·i, columns tx + TN/TNT·j),
+// with K staged through shared memory BK at a time. The tiling decides speed,
+// never bits: every output is one Accum chain in ascending k whatever the
+// tile (EmulatedKernels.MatmulIsOneFmaChainPerOutputInAscendingK runs all
+// three). matmul_tiling picks one per launch by shape:
+//   wide    128×128, 8×8 per thread, BK 8: large T and N (a 4096³ matmul, a
+//           prefill's projections) — 64 fmas per 16 shared-memory reads
+//   square   64×64,  4×4 per thread, BK 16: middle T, or too few wide tiles
+//           to fill the device
+//   skinny   16×64,  1×4 per thread, BK 16: T ≤ 16 (decode, most experts):
+//           a 64-row tile there would compute 4 to 64 times what it keeps
 constexpr int kMatmulThreads = 256;
+template <int TM, int TN, int TMT, int TNT, int BK>
+struct MatmulTiling {
+    static constexpr int tm = TM, tn = TN, tmt = TMT, tnt = TNT, bk = BK;
+    static constexpr int threads_x = TN / TNT, threads_y = TM / TMT;
+    static_assert(threads_x * threads_y == kMatmulThreads, "a tiling fills one block of kMatmulThreads");
+};
+using WideTiling = MatmulTiling<128, 128, 8, 8, 8>;
+using SquareTiling = MatmulTiling<64, 64, 4, 4, 16>;
+using SkinnyTiling = MatmulTiling<16, 64, 1, 4, 16>;
+enum class Tiling { wide, square, skinny };
+
+// Host side: the tiling of a launch of T rows and N columns. Wide needs
+// enough tiles to keep a large GPU busy (≥ 512, four per SM of an H100/H200
+// or an MI300's CU), else its blocks would leave most of the device idle.
+inline Tiling matmul_tiling(long long t_count, long long n_count) {
+    if (t_count <= SkinnyTiling::tm) return Tiling::skinny;
+    const long long wide_tiles = ((t_count + WideTiling::tm - 1) / WideTiling::tm) * ((n_count + WideTiling::tn - 1) / WideTiling::tn);
+    return wide_tiles >= 512 ? Tiling::wide : Tiling::square;
+}
+inline int tiling_rows(Tiling t) {
+    return t == Tiling::wide ? WideTiling::tm : t == Tiling::square ? SquareTiling::tm : SkinnyTiling::tm;
+}
+inline int tiling_cols(Tiling t) {
+    return t == Tiling::wide ? WideTiling::tn : t == Tiling::square ? SquareTiling::tn : SkinnyTiling::tn;
+}
+// Calls f with the tiling's type (f(WideTiling{}), ...): one place maps the
+// runtime choice to the kernels' template argument.
+template <class F>
+inline void with_tiling(Tiling t, F&& f) {
+    if (t == Tiling::wide)
+        f(WideTiling{});
+    else if (t == Tiling::square)
+        f(SquareTiling{});
+    else
+        f(SkinnyTiling{});
+}
+
+// Kept for the split-K chunk below: K slices are whole stages of every tiling.
+constexpr int kTileK = 16;
 
 // The K slice of each block of the split-K variant (nondeterministic=1), on
 // the host: at least three slices wherever K has three elements (8 or 9 of
@@ -79,50 +129,50 @@ struct Accum<true> {
     }
 };
 
-// y[T, N] = x[T, K] · w[N, K]ᵀ over k in [blockIdx.z·k_chunk, +k_chunk).
-// kAtomic (split-K, the nondeterministic variant): partial sums are added to y
-// with atomicAdd, in whatever order the blocks finish, and y is rounded to
-// storage afterwards by store_kernel. Otherwise y is written once, rounded.
-template <bool kF16Acc, bool kAtomic>
-__global__ void __launch_bounds__(kMatmulThreads)
-    matmul_kernel(const float* x, const float* w, float* y, int t_count, int n_count, int k_count, int k_chunk,
-                  int storage) {
+// One TM×TN tile of y[T, N] = x[T, K] · w[N, K]ᵀ over k in [k_begin, k_end),
+// the tile's first row row0 and column col0. kAtomic (split-K, the
+// nondeterministic variant): partial sums are added to y with atomicAdd, in
+// whatever order the blocks finish, and y is rounded to storage afterwards by
+// store_kernel. Otherwise y is written once, rounded.
+template <class Tl, bool kF16Acc, bool kAtomic>
+__device__ void matmul_tile(const float* x, const float* w, float* y, int t_count, int n_count, int k_count, int k_begin,
+                            int k_end, int row0, int col0, int storage) {
     // Transposed tiles ([k][row]) so the inner loop reads rows of both with
     // consecutive threads on consecutive addresses; +1 breaks bank conflicts
     // on the transposing stores.
-    __shared__ float xs[kTileK][kTile + 1];
-    __shared__ float ws[kTileK][kTile + 1];
+    __shared__ float xs[Tl::bk][Tl::tm + 1];
+    __shared__ float ws[Tl::bk][Tl::tn + 1];
     const int tid = static_cast<int>(threadIdx.x);
-    const int tx = tid % 16, ty = tid / 16;
-    const int row0 = static_cast<int>(blockIdx.y) * kTile, col0 = static_cast<int>(blockIdx.x) * kTile;
-    const int k_begin = static_cast<int>(blockIdx.z) * k_chunk;
-    const int k_end = min(k_count, k_begin + k_chunk);
+    const int tx = tid % Tl::threads_x, ty = tid / Tl::threads_x;
     using A = Accum<kF16Acc>;
-    float acc[4][4];
-    for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-    for (int k0 = k_begin; k0 < k_end; k0 += kTileK) {
-        for (int e = tid; e < kTile * kTileK; e += kMatmulThreads) {
-            const int r = e / kTileK, kk = e % kTileK, gk = k0 + kk;
-            const int gx = row0 + r, gw = col0 + r;
+    float acc[Tl::tmt][Tl::tnt];
+    for (int i = 0; i < Tl::tmt; ++i)
+        for (int j = 0; j < Tl::tnt; ++j) acc[i][j] = 0.0f;
+    for (int k0 = k_begin; k0 < k_end; k0 += Tl::bk) {
+        // Consecutive threads load consecutive k of one row (coalesced).
+        for (int e = tid; e < Tl::tm * Tl::bk; e += kMatmulThreads) {
+            const int r = e / Tl::bk, kk = e % Tl::bk, gk = k0 + kk, gx = row0 + r;
             xs[kk][r] = gx < t_count && gk < k_end ? x[static_cast<std::size_t>(gx) * k_count + gk] : 0.0f;
+        }
+        for (int e = tid; e < Tl::tn * Tl::bk; e += kMatmulThreads) {
+            const int r = e / Tl::bk, kk = e % Tl::bk, gk = k0 + kk, gw = col0 + r;
             ws[kk][r] = gw < n_count && gk < k_end ? w[static_cast<std::size_t>(gw) * k_count + gk] : 0.0f;
         }
         __syncthreads();
         // Padding never enters a sum: the loop stops at the real K.
-        const int kk_end = min(kTileK, k_end - k0);
+        const int kk_end = min(Tl::bk, k_end - k0);
         for (int kk = 0; kk < kk_end; ++kk) {
-            float a[4], b[4];
-            for (int i = 0; i < 4; ++i) a[i] = xs[kk][ty + 16 * i];
-            for (int j = 0; j < 4; ++j) b[j] = ws[kk][tx + 16 * j];
-            for (int i = 0; i < 4; ++i)
-                for (int j = 0; j < 4; ++j) acc[i][j] = A::step(acc[i][j], a[i], b[j]);
+            float a[Tl::tmt], b[Tl::tnt];
+            for (int i = 0; i < Tl::tmt; ++i) a[i] = xs[kk][ty + Tl::threads_y * i];
+            for (int j = 0; j < Tl::tnt; ++j) b[j] = ws[kk][tx + Tl::threads_x * j];
+            for (int i = 0; i < Tl::tmt; ++i)
+                for (int j = 0; j < Tl::tnt; ++j) acc[i][j] = A::step(acc[i][j], a[i], b[j]);
         }
         __syncthreads();
     }
-    for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) {
-            const int r = row0 + ty + 16 * i, c = col0 + tx + 16 * j;
+    for (int i = 0; i < Tl::tmt; ++i)
+        for (int j = 0; j < Tl::tnt; ++j) {
+            const int r = row0 + ty + Tl::threads_y * i, c = col0 + tx + Tl::threads_x * j;
             if (r >= t_count || c >= n_count) continue;
             float* dst = y + static_cast<std::size_t>(r) * n_count + c;
             if (kAtomic)
@@ -130,6 +180,92 @@ __global__ void __launch_bounds__(kMatmulThreads)
             else
                 *dst = kg_store(acc[i][j], storage);
         }
+}
+
+// y[T, N] = x[T, K] · w[N, K]ᵀ: block (x, y, z) is column tile x, row tile y,
+// K slice z ([z·k_chunk, +k_chunk); one slice unless split-K).
+template <class Tl, bool kF16Acc, bool kAtomic>
+__global__ void __launch_bounds__(kMatmulThreads)
+    matmul_kernel(const float* x, const float* w, float* y, int t_count, int n_count, int k_count, int k_chunk,
+                  int storage) {
+    const int k_begin = static_cast<int>(blockIdx.z) * k_chunk;
+    matmul_tile<Tl, kF16Acc, kAtomic>(x, w, y, t_count, n_count, k_count, k_begin, min(k_count, k_begin + k_chunk),
+                                      static_cast<int>(blockIdx.y) * Tl::tm, static_cast<int>(blockIdx.x) * Tl::tn,
+                                      storage);
+}
+
+// Many matmuls in one launch (a MoE layer's experts, issue #38 item 2): job j
+// is y_j = x_j · w_jᵀ, its tiles blocks [first_tile_j, first_tile_j+1) of the
+// grid, row-major over (row tile, column tile). Each tile is matmul_tile, so
+// every output has the bits a launch of its own would give.
+struct MatmulJob {
+    const float* x;
+    const float* w;
+    float* y;
+    int t_count, n_count, k_count;
+    int first_tile;
+};
+template <class Tl, bool kF16Acc>
+__global__ void __launch_bounds__(kMatmulThreads) grouped_matmul_kernel(const MatmulJob* jobs, int job_count, int storage) {
+    const int tile = static_cast<int>(blockIdx.x);
+    int lo = 0, hi = job_count - 1;  // the last job whose first tile is ≤ tile
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (jobs[mid].first_tile <= tile) lo = mid; else hi = mid - 1;
+    }
+    const MatmulJob job = jobs[lo];
+    const int local = tile - job.first_tile, col_tiles = (job.n_count + Tl::tn - 1) / Tl::tn;
+    matmul_tile<Tl, kF16Acc, false>(job.x, job.w, job.y, job.t_count, job.n_count, job.k_count, 0, job.k_count,
+                                    local / col_tiles * Tl::tm, local % col_tiles * Tl::tn, storage);
+}
+
+// Host side: numbers the jobs' tiles (first_tile) for a grouped launch with
+// tiling `t`, drops jobs with nothing to compute, and returns the grid's
+// block count. Jobs with K = 0 must be handled by the caller (their outputs
+// are +0: a memset, not a launch).
+inline long long number_tiles(MatmulJob* jobs, int& job_count, Tiling t) {
+    long long tiles = 0;
+    int kept = 0;
+    for (int j = 0; j < job_count; ++j) {
+        if (jobs[j].t_count == 0 || jobs[j].n_count == 0) continue;
+        jobs[kept] = jobs[j];
+        jobs[kept].first_tile = static_cast<int>(tiles);
+        tiles += static_cast<long long>((jobs[j].t_count + tiling_rows(t) - 1) / tiling_rows(t)) *
+                 ((jobs[j].n_count + tiling_cols(t) - 1) / tiling_cols(t));
+        ++kept;
+    }
+    job_count = kept;
+    return tiles;
+}
+
+// Host side: the tiling of a grouped launch whose largest job has `rows`
+// rows (a MoE layer's experts: a few rows each, rarely enough for wide tiles).
+inline Tiling grouped_tiling(long long rows) { return rows <= SkinnyTiling::tm ? Tiling::skinny : Tiling::square; }
+
+// Host side: a MoE block's experts as two grouped launches (backend.hpp
+// ExpertLayout: slices with x/mid/y offsets, rows, h, i, out). gate_up gets
+// every expert's gate (x → g) and up (x → u) job, down every expert's down
+// (a → y) job; experts with no rows get none. Jobs with K = 0 are left out:
+// their outputs are empty sums, +0, which the caller writes.
+struct ExpertWeightsOnDevice {
+    const float* gate;
+    const float* up;
+    const float* down;
+};
+template <class Layout>
+inline void expert_matmul_jobs(const Layout& layout, const ExpertWeightsOnDevice* w, const float* x, float* g, float* u,
+                               const float* a, float* y, std::vector<MatmulJob>& gate_up, std::vector<MatmulJob>& down) {
+    for (std::size_t n = 0; n < layout.slices.size(); ++n) {
+        const auto& sl = layout.slices[n];
+        if (sl.rows == 0) continue;
+        const int rows = static_cast<int>(sl.rows), h = static_cast<int>(sl.h), i = static_cast<int>(sl.i),
+                  out = static_cast<int>(sl.out);
+        if (h > 0 && i > 0) {
+            gate_up.push_back({x + sl.x, w[n].gate, g + sl.mid, rows, i, h, 0});
+            gate_up.push_back({x + sl.x, w[n].up, u + sl.mid, rows, i, h, 0});
+        }
+        if (i > 0 && out > 0) down.push_back({a + sl.mid, w[n].down, y + sl.y, rows, out, i, 0});
+    }
 }
 
 // Sum (or max) of one value per thread over the block, by a fixed binary

@@ -272,26 +272,29 @@ public:
         const std::vector<float> xs = stage(x), ws = stage(w);
         std::vector<float> y(static_cast<std::size_t>(t_count * n_count), 0.0f);
         const int t = static_cast<int>(t_count), n = static_cast<int>(n_count), k = static_cast<int>(k_count);
-        // One launch: the host code slices T into launches of 65535 tiles, far
-        // beyond any test's T.
-        const emu::Dim3 tiles{static_cast<unsigned>((n + gpu_host::kTile - 1) / gpu_host::kTile),
-                              static_cast<unsigned>((t + gpu_host::kTile - 1) / gpu_host::kTile), 1};
-        using gpu_host::matmul_kernel;
-        if (nondeterministic_) {
-            // The blocks in an order of their own each launch, as a GPU may
-            // run them: the atomics then add the partial sums in that order.
-            const int chunk = gpu_host::split_k_chunk(k);
-            emu::launch_any_order(schedule_(), {tiles.x, tiles.y, static_cast<unsigned>((k + chunk - 1) / chunk)},
-                                  gpu_host::kMatmulThreads, matmul_kernel<false, true>, xs.data(), ws.data(), y.data(), t,
-                                  n, k, chunk, storage_);
-            launch_elementwise(y.size(), gpu_host::store_kernel, y.data(), y.size(), storage_);
-        } else if (caps_.accumulation == DType::f16) {
-            emu::launch(tiles, gpu_host::kMatmulThreads, matmul_kernel<true, false>, xs.data(), ws.data(), y.data(), t, n,
-                        k, std::max(k, 1), storage_);
-        } else {
-            emu::launch(tiles, gpu_host::kMatmulThreads, matmul_kernel<false, false>, xs.data(), ws.data(), y.data(), t,
-                        n, k, std::max(k, 1), storage_);
-        }
+        // One launch with the tiling the device takes for this shape: the
+        // host code slices T into launches of 65535 tiles, far beyond any
+        // test's T.
+        gpu_host::with_tiling(gpu_host::matmul_tiling(t, n), [&]<class Tl>(Tl) {
+            using gpu_host::matmul_kernel;
+            const emu::Dim3 tiles{static_cast<unsigned>((n + Tl::tn - 1) / Tl::tn),
+                                  static_cast<unsigned>((t + Tl::tm - 1) / Tl::tm), 1};
+            if (nondeterministic_) {
+                // The blocks in an order of their own each launch, as a GPU may
+                // run them: the atomics then add the partial sums in that order.
+                const int chunk = gpu_host::split_k_chunk(k);
+                emu::launch_any_order(schedule_(), {tiles.x, tiles.y, static_cast<unsigned>((k + chunk - 1) / chunk)},
+                                      gpu_host::kMatmulThreads, matmul_kernel<Tl, false, true>, xs.data(), ws.data(),
+                                      y.data(), t, n, k, chunk, storage_);
+                launch_elementwise(y.size(), gpu_host::store_kernel, y.data(), y.size(), storage_);
+            } else if (caps_.accumulation == DType::f16) {
+                emu::launch(tiles, gpu_host::kMatmulThreads, matmul_kernel<Tl, true, false>, xs.data(), ws.data(), y.data(),
+                            t, n, k, std::max(k, 1), storage_);
+            } else {
+                emu::launch(tiles, gpu_host::kMatmulThreads, matmul_kernel<Tl, false, false>, xs.data(), ws.data(),
+                            y.data(), t, n, k, std::max(k, 1), storage_);
+            }
+        });
         return Tensor::from_f32(y, shape);
     }
 
@@ -340,45 +343,80 @@ public:
         return Tensor::from_f32(y, x.shape);
     }
 
-    // The GPU node's MoE block inside a DeviceResidency scope: the routed
-    // rows gathered by moe_gather_kernel, the experts by the default's ops
-    // (the kernels the device runs them with), the combine by
-    // moe_combine_kernel, on the table moe_device_table makes.
+    // The GPU node's MoE block inside a DeviceResidency scope, as
+    // gpu_backend_impl.inc runs it: the routed rows gathered by
+    // moe_gather_kernel into lay_out_experts' slices, every expert's gate and
+    // up in one grouped_matmul_kernel launch, the (clamped) SwiGLU, every down
+    // in a second grouped launch (split-K runs expert by expert: the
+    // default's ops), the combine by moe_combine_kernel, on the table
+    // moe_device_table makes.
     Tensor moe_block(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan,
                      const std::vector<bool>* expert_filter = nullptr) override {
         const auto biased = [](const ExpertWeights& ew) {
             return ew.gate_bias.data != nullptr || ew.up_bias.data != nullptr || ew.down_bias.data != nullptr;
         };
-        if (!DeviceResidency::active() || std::any_of(experts.begin(), experts.end(), biased))
+        if (!DeviceResidency::active() || nondeterministic_ || std::any_of(experts.begin(), experts.end(), biased))
             return Backend::moe_block(x, experts, plan, expert_filter);
         const std::vector<ExpertRows> routed = route_rows(x, experts, plan, expert_filter);
         const std::int64_t t_count = x.dim(0), h = x.dim(1);
-        std::vector<std::size_t> row0;
-        std::size_t g_count = 0;
-        for (const ExpertRows& er : routed) {
-            row0.push_back(g_count);
-            g_count += er.rows.size();
-        }
-        const std::vector<std::uint32_t> table = moe_device_table(routed, row0, row0, t_count);
+        const RoutedExperts chosen = routed_experts(experts, routed, h);
+        const ExpertLayout layout = lay_out_experts(chosen.weights, chosen.rows, h, 64);
+        if (layout.empty()) return Backend::moe_block(x, experts, plan, expert_filter);
+        const std::vector<std::uint32_t> table = moe_device_table(routed, layout.x_rows(), layout.y_rows(), t_count);
         const std::vector<float> xs = stage(x);
-        std::vector<float> xb(g_count * static_cast<std::size_t>(h)), yb(xb.size());
-        launch_elementwise(xb.size(), gpu_host::moe_gather_kernel, xs.data(), table.data(), xb.data(), g_count, static_cast<int>(h));
-        std::vector<ExpertJob> jobs;
-        for (std::size_t n = 0; n < routed.size(); ++n) {
-            ExpertJob job;
-            job.weights = &experts[routed[n].expert];
-            job.x = Tensor::from_f32(std::span<const float>(xb.data() + row0[n] * static_cast<std::size_t>(h),
-                                                            routed[n].rows.size() * static_cast<std::size_t>(h)),
-                                     {static_cast<std::int64_t>(routed[n].rows.size()), h});
-            jobs.push_back(std::move(job));
+        // Zero-filled: the empty sums (K = 0) are +0 without a launch.
+        std::vector<float> xb(layout.x_total), g(layout.mid_total), u(layout.mid_total), a(layout.mid_total),
+            yb(layout.y_total);
+        launch_elementwise(chosen.g_count * static_cast<std::size_t>(h), gpu_host::moe_gather_kernel, xs.data(), table.data(),
+                           xb.data(), chosen.g_count, static_cast<int>(h));
+        std::vector<std::vector<float>> staged;
+        std::vector<gpu_host::ExpertWeightsOnDevice> on_device;
+        for (const ExpertWeights* ew : chosen.weights) {
+            for (const TensorView* w : {&ew->gate, &ew->up, &ew->down}) staged.push_back(stage(*w));
+            const std::size_t at = staged.size() - 3;
+            on_device.push_back({staged[at].data(), staged[at + 1].data(), staged[at + 2].data()});
         }
-        Backend::expert_ffns(jobs);
-        for (std::size_t n = 0; n < jobs.size(); ++n)
-            std::memcpy(yb.data() + row0[n] * static_cast<std::size_t>(h), jobs[n].y.raw(), jobs[n].y.nbytes());
+        std::vector<gpu_host::MatmulJob> gate_up, down;
+        gpu_host::expert_matmul_jobs(layout, on_device.data(), xb.data(), g.data(), u.data(), a.data(), yb.data(), gate_up,
+                                     down);
+        launch_grouped(gate_up);
+        for (std::size_t n = 0; n < layout.slices.size(); ++n) {
+            const ExpertSlice& sl = layout.slices[n];
+            const ExpertActivation& act = chosen.weights[n]->activation;
+            const std::size_t count = static_cast<std::size_t>(sl.rows * sl.i);
+            if (act.clamped)
+                launch_elementwise(count, gpu_host::clamped_swiglu_kernel, g.data() + sl.mid, u.data() + sl.mid,
+                                   a.data() + sl.mid, count, static_cast<float>(act.alpha), static_cast<float>(act.limit),
+                                   storage_);
+            else
+                launch_elementwise(count, gpu_host::swiglu_kernel, g.data() + sl.mid, u.data() + sl.mid, a.data() + sl.mid,
+                                   count, storage_);
+        }
+        launch_grouped(down);
         std::vector<float> out(static_cast<std::size_t>(t_count * h));
-        launch_elementwise(out.size(), gpu_host::moe_combine_kernel, yb.data(), table.data(), out.data(), g_count,
+        launch_elementwise(out.size(), gpu_host::moe_combine_kernel, yb.data(), table.data(), out.data(), chosen.g_count,
                            static_cast<int>(t_count), static_cast<int>(h), storage_);
         return Tensor::from_f32(out, {t_count, h});
+    }
+
+    // One grouped_matmul_kernel launch of `jobs` with the tiling the device
+    // picks for them.
+    void launch_grouped(std::vector<gpu_host::MatmulJob> jobs) {
+        long long max_rows = 0;
+        for (const gpu_host::MatmulJob& j : jobs) max_rows = std::max<long long>(max_rows, j.t_count);
+        const gpu_host::Tiling tiling = gpu_host::grouped_tiling(max_rows);
+        int count = static_cast<int>(jobs.size());
+        const long long tiles = gpu_host::number_tiles(jobs.data(), count, tiling);
+        if (tiles == 0) return;
+        gpu_host::with_tiling(tiling, [&]<class Tl>(Tl) {
+            const emu::Dim3 grid{static_cast<unsigned>(tiles), 1, 1};
+            if (caps_.accumulation == DType::f16)
+                emu::launch(grid, gpu_host::kMatmulThreads, gpu_host::grouped_matmul_kernel<Tl, true>,
+                            static_cast<const gpu_host::MatmulJob*>(jobs.data()), count, storage_);
+            else
+                emu::launch(grid, gpu_host::kMatmulThreads, gpu_host::grouped_matmul_kernel<Tl, false>,
+                            static_cast<const gpu_host::MatmulJob*>(jobs.data()), count, storage_);
+        });
     }
 
     // The GPU node's device KV cache (inside a DeviceResidency scope) on

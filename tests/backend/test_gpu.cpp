@@ -302,6 +302,128 @@ TEST(EmulatedKernels, MatmulIsOneFmaChainPerOutputInAscendingK) {
     }
 }
 
+namespace {
+// y = x·wᵀ by the kernel with tiling Tl, launched on the emulation over the
+// whole shape (one K slice).
+template <class Tl, bool kF16Acc>
+std::vector<float> tiled_matmul(const Tensor& x, const Tensor& w) {
+    const int t = static_cast<int>(x.dim(0)), n = static_cast<int>(w.dim(0)), k = static_cast<int>(w.dim(1));
+    std::vector<float> y(static_cast<std::size_t>(t) * static_cast<std::size_t>(n), -1.0f);
+    emu::launch({static_cast<unsigned>((n + Tl::tn - 1) / Tl::tn), static_cast<unsigned>((t + Tl::tm - 1) / Tl::tm), 1},
+                gm::kMatmulThreads, gm::matmul_kernel<Tl, kF16Acc, false>, x.as<float>(), w.as<float>(), y.data(), t, n, k,
+                std::max(k, 1), gm::kStoreF32);
+    return y;
+}
+// The chain every output must be: acc = 0, acc = fmaf(x_k, w_k, acc) in ascending k.
+std::vector<float> fma_chains(const Tensor& x, const Tensor& w) {
+    const std::int64_t T = x.dim(0), N = w.dim(0), K = w.dim(1);
+    std::vector<float> want(static_cast<std::size_t>(T * N));
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t n = 0; n < N; ++n) {
+            float acc = 0.0f;
+            for (std::int64_t k = 0; k < K; ++k) acc = std::fmaf(x.as<float>()[t * K + k], w.as<float>()[n * K + k], acc);
+            want[static_cast<std::size_t>(t * N + n)] = acc;
+        }
+    return want;
+}
+}  // namespace
+
+TEST(EmulatedKernels, EveryTilingIsTheSameChainPerOutput) {
+    // The tiling is speed, never bits (ops.cuh): wide (128×128, 8×8 per
+    // thread, K stages of 8), square (64×64, 4×4, 16) and skinny (16×64,
+    // 1×4, 16) give every output the ascending fmaf chain — at ragged edges
+    // of every tile and stage — and, under acc=f16, each other's bits.
+    for (const auto& [T, N, K] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+             {1, 1, 1}, {1, 130, 37}, {16, 64, 16}, {17, 65, 9}, {131, 129, 25}, {3, 200, 130}}) {
+        const std::string what = fmt::format("{}x{}x{}", T, N, K);
+        const Tensor x = seeded_normal(9, "tiles/x", {T, K}, 0, 1);
+        const Tensor w = seeded_normal(9, "tiles/w", {N, K}, 0, 1 / std::sqrt(static_cast<double>(K)));
+        const std::vector<float> want = fma_chains(x, w);
+        EXPECT_EQ((tiled_matmul<gm::WideTiling, false>(x, w)), want) << "wide " << what;
+        EXPECT_EQ((tiled_matmul<gm::SquareTiling, false>(x, w)), want) << "square " << what;
+        EXPECT_EQ((tiled_matmul<gm::SkinnyTiling, false>(x, w)), want) << "skinny " << what;
+        const std::vector<float> half = tiled_matmul<gm::SquareTiling, true>(x, w);
+        EXPECT_NE(half, want) << "acc=f16 sums in half: " << what;
+        EXPECT_EQ((tiled_matmul<gm::WideTiling, true>(x, w)), half) << "wide acc=f16 " << what;
+        EXPECT_EQ((tiled_matmul<gm::SkinnyTiling, true>(x, w)), half) << "skinny acc=f16 " << what;
+    }
+}
+
+TEST(EmulatedKernels, MatmulTilingByShape) {
+    // Hand-computed: T ≤ 16 skinny; wide where its 128×128 tiles number at
+    // least 512 (4096×4096: 32·32 = 1024; 2048×4096: 16·32 = 512), square
+    // otherwise (512×4096: 4·32 = 128; 17×4096: 1·32).
+    EXPECT_EQ(gm::matmul_tiling(1, 4096), gm::Tiling::skinny);
+    EXPECT_EQ(gm::matmul_tiling(16, 151936), gm::Tiling::skinny);
+    EXPECT_EQ(gm::matmul_tiling(17, 4096), gm::Tiling::square);
+    EXPECT_EQ(gm::matmul_tiling(512, 4096), gm::Tiling::square);
+    EXPECT_EQ(gm::matmul_tiling(2048, 4096), gm::Tiling::wide);
+    EXPECT_EQ(gm::matmul_tiling(2047, 4096), gm::Tiling::wide);  // 16 row tiles still
+    EXPECT_EQ(gm::matmul_tiling(1920, 4096), gm::Tiling::square);  // 15·32 = 480
+    EXPECT_EQ(gm::matmul_tiling(4096, 4096), gm::Tiling::wide);
+    EXPECT_EQ(gm::grouped_tiling(1), gm::Tiling::skinny);
+    EXPECT_EQ(gm::grouped_tiling(16), gm::Tiling::skinny);
+    EXPECT_EQ(gm::grouped_tiling(17), gm::Tiling::square);
+}
+
+TEST(EmulatedKernels, AGroupedLaunchGivesEachJobTheBitsOfItsOwnLaunch) {
+    // grouped_matmul_kernel (a MoE layer's experts in one launch): jobs of
+    // different T, N and K — empty ones dropped by number_tiles — under the
+    // skinny and the square tiling, f32 and acc=f16, each job's output the
+    // bits of matmul_kernel launched on it alone; nothing written outside
+    // the jobs' outputs.
+    const std::vector<std::tuple<int, int, int>> shapes{{1, 24, 64}, {5, 64, 24}, {0, 24, 64}, {16, 70, 33},
+                                                       {3, 0, 8},   {1, 1, 1},   {7, 130, 64}};
+    std::vector<Tensor> xs, ws;
+    std::vector<std::vector<float>> ys;
+    for (std::size_t j = 0; j < shapes.size(); ++j) {
+        const auto [T, N, K] = shapes[j];
+        xs.push_back(seeded_normal(10, "grp/x" + std::to_string(j), {T, K}, 0, 1));
+        ws.push_back(seeded_normal(10, "grp/w" + std::to_string(j), {N, K}, 0, 0.2));
+    }
+    // number_tiles, by hand for skinny (16×64): 1·1, 1·1, (dropped), 1·2, (dropped), 1·1, 1·3.
+    {
+        std::vector<gm::MatmulJob> jobs;
+        for (const auto& [T, N, K] : shapes) jobs.push_back({nullptr, nullptr, nullptr, T, N, K, -1});
+        int count = static_cast<int>(jobs.size());
+        EXPECT_EQ(gm::number_tiles(jobs.data(), count, gm::Tiling::skinny), 8);
+        ASSERT_EQ(count, 5);
+        const std::vector<int> first{0, 1, 2, 4, 5};
+        for (int j = 0; j < count; ++j) EXPECT_EQ(jobs[static_cast<std::size_t>(j)].first_tile, first[static_cast<std::size_t>(j)]) << j;
+    }
+    for (const gm::Tiling tiling : {gm::Tiling::skinny, gm::Tiling::square}) {
+        for (const bool half : {false, true}) {
+            std::vector<gm::MatmulJob> jobs;
+            ys.clear();
+            for (std::size_t j = 0; j < shapes.size(); ++j) {
+                const auto [T, N, K] = shapes[j];
+                ys.emplace_back(static_cast<std::size_t>(T * N) + 1, -7.0f);  // one guard element past the output
+            }
+            for (std::size_t j = 0; j < shapes.size(); ++j) {
+                const auto [T, N, K] = shapes[j];
+                jobs.push_back({xs[j].as<float>(), ws[j].as<float>(), ys[j].data(), T, N, K, 0});
+            }
+            int count = static_cast<int>(jobs.size());
+            const long long tiles = gm::number_tiles(jobs.data(), count, tiling);
+            gm::with_tiling(tiling, [&]<class Tl>(Tl) {
+                if (half)
+                    emu::launch({static_cast<unsigned>(tiles), 1, 1}, gm::kMatmulThreads, gm::grouped_matmul_kernel<Tl, true>,
+                                static_cast<const gm::MatmulJob*>(jobs.data()), count, gm::kStoreF32);
+                else
+                    emu::launch({static_cast<unsigned>(tiles), 1, 1}, gm::kMatmulThreads, gm::grouped_matmul_kernel<Tl, false>,
+                                static_cast<const gm::MatmulJob*>(jobs.data()), count, gm::kStoreF32);
+            });
+            for (std::size_t j = 0; j < shapes.size(); ++j) {
+                const std::string what = fmt::format("job {} tiling {} acc {}", j, static_cast<int>(tiling), half ? "f16" : "f32");
+                std::vector<float> own = half ? tiled_matmul<gm::SquareTiling, true>(xs[j], ws[j])
+                                              : tiled_matmul<gm::SquareTiling, false>(xs[j], ws[j]);
+                own.push_back(-7.0f);
+                EXPECT_EQ(ys[j], own) << what;
+            }
+        }
+    }
+}
+
 TEST(EmulatedKernels, SplitKCutsEveryKOfThreeOrMoreIntoAtLeastThreeSlices) {
     // Hand-computed: K = 4 → 1 (4 slices), 32 → 10 (4: 10, 10, 10, 2),
     // 64 → 16 (4 whole tiles), 192 → 64 (3), 2048 → 256 (8), 2049 → 256

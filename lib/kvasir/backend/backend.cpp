@@ -358,6 +358,64 @@ std::vector<ExpertRows> route_rows(const TensorView& x, std::span<const ExpertWe
     return out;
 }
 
+RoutedExperts routed_experts(std::span<const ExpertWeights> experts, std::span<const ExpertRows> routed, std::int64_t h) {
+    RoutedExperts out;
+    for (const ExpertRows& er : routed) {
+        const ExpertWeights& ew = experts[er.expert];
+        const TensorView shape_only{DType::f32, nullptr, {static_cast<std::int64_t>(er.rows.size()), h}};
+        check_matmul_args(shape_only, ew.gate);
+        check_matmul_args(shape_only, ew.up);
+        KVASIR_CHECK(ew.down.dim(0) == h, ErrorCode::bad_input,
+                     "moe: an expert's down projection gives {} columns for a hidden size of {}", ew.down.dim(0), h);
+        out.weights.push_back(&ew);
+        out.rows.push_back(static_cast<std::int64_t>(er.rows.size()));
+        out.g_count += er.rows.size();
+    }
+    return out;
+}
+
+ExpertLayout lay_out_experts(std::span<const ExpertWeights* const> weights, std::span<const std::int64_t> rows,
+                             std::int64_t h, std::size_t align) {
+    KVASIR_ASSERT(weights.size() == rows.size() && align > 0);
+    constexpr std::int64_t kIntMax = (std::int64_t{1} << 31) - 1;
+    const auto fits = [](std::initializer_list<std::int64_t> counts) {
+        for (const std::int64_t c : counts)
+            KVASIR_CHECK(c <= kIntMax, ErrorCode::unsupported, "moe: dimension {} exceeds the device kernels' 2^31-1 limit", c);
+    };
+    const auto padded = [&](std::int64_t n, std::int64_t row) {
+        const std::size_t unit = std::lcm(align, static_cast<std::size_t>(std::max<std::int64_t>(row, 1)));
+        return (static_cast<std::size_t>(n) + unit - 1) / unit * unit;
+    };
+    ExpertLayout out;
+    for (std::size_t n = 0; n < weights.size(); ++n) {
+        const ExpertWeights& ew = *weights[n];
+        ExpertSlice sl{out.x_total, out.mid_total, out.y_total, rows[n], h, ew.gate.dim(0), ew.down.dim(0)};
+        KVASIR_CHECK(ew.up.dim(0) == sl.i && ew.down.dim(1) == sl.i, ErrorCode::bad_input,
+                     "moe: expert gate/up/down shapes disagree ({} / {} / {}x{})", sl.i, ew.up.dim(0), sl.out, ew.down.dim(1));
+        fits({sl.rows, sl.h, sl.i, sl.out});
+        fits({sl.rows * sl.h, sl.rows * sl.i, sl.rows * sl.out});
+        check_expert_shapes(ew, sl.rows, sl.i);
+        out.x_total += padded(sl.rows * sl.h, sl.h);
+        out.mid_total += padded(sl.rows * sl.i, sl.i);
+        out.y_total += padded(sl.rows * sl.out, sl.out);
+        out.slices.push_back(sl);
+    }
+    fits({static_cast<std::int64_t>(out.x_total), static_cast<std::int64_t>(out.mid_total),
+          static_cast<std::int64_t>(out.y_total)});
+    return out;
+}
+
+std::vector<std::size_t> ExpertLayout::x_rows() const {
+    std::vector<std::size_t> r;
+    for (const ExpertSlice& sl : slices) r.push_back(sl.h > 0 ? sl.x / static_cast<std::size_t>(sl.h) : 0);
+    return r;
+}
+std::vector<std::size_t> ExpertLayout::y_rows() const {
+    std::vector<std::size_t> r;
+    for (const ExpertSlice& sl : slices) r.push_back(sl.out > 0 ? sl.y / static_cast<std::size_t>(sl.out) : 0);
+    return r;
+}
+
 std::vector<std::uint32_t> moe_device_table(std::span<const ExpertRows> routed, std::span<const std::size_t> x_row0,
                                             std::span<const std::size_t> y_row0, std::int64_t t_count) {
     KVASIR_ASSERT(x_row0.size() == routed.size() && y_row0.size() == routed.size());

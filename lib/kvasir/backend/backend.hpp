@@ -331,6 +331,38 @@ std::vector<ExpertRows> route_rows(const TensorView& x, std::span<const ExpertWe
 std::vector<std::uint32_t> moe_device_table(std::span<const ExpertRows> routed, std::span<const std::size_t> x_row0,
                                             std::span<const std::size_t> y_row0, std::int64_t t_count);
 
+// Where a device node's MoE block (or expert_ffns) puts each expert's rows in
+// its buffers: element offsets in the x, intermediate and y buffers, each
+// slice starting on a multiple of `align` elements (a sub-buffer's base
+// alignment on OpenCL, 256 bytes on CUDA/HIP) and on a whole row, so a
+// slice's rows are rows of the buffer (the gather/combine tables index rows).
+// Checks every expert's shapes (gate/up/down agree; what the default's down
+// matmul and SwiGLU would check) and that every count fits the device
+// kernels' 32-bit indices.
+struct ExpertSlice {
+    std::size_t x = 0, mid = 0, y = 0;
+    std::int64_t rows = 0, h = 0, i = 0, out = 0;
+};
+struct ExpertLayout {
+    std::vector<ExpertSlice> slices;
+    std::size_t x_total = 0, mid_total = 0, y_total = 0;
+    bool empty() const { return x_total == 0 || mid_total == 0 || y_total == 0; }
+    std::vector<std::size_t> x_rows() const;  // each slice's first row of the x buffer
+    std::vector<std::size_t> y_rows() const;  // ... and of the y buffer
+};
+ExpertLayout lay_out_experts(std::span<const ExpertWeights* const> weights, std::span<const std::int64_t> rows,
+                             std::int64_t h, std::size_t align);
+
+// The experts a device MoE block runs (route_rows' order): their weights and
+// rows, each checked as the default's calls would check it (gate/up against
+// [rows, H], down giving H columns); g_count = all gathered rows.
+struct RoutedExperts {
+    std::vector<const ExpertWeights*> weights;
+    std::vector<std::int64_t> rows;
+    std::size_t g_count = 0;
+};
+RoutedExperts routed_experts(std::span<const ExpertWeights> experts, std::span<const ExpertRows> routed, std::int64_t h);
+
 // Views [rows, cols] that are consecutive parts of one device result, part
 // g at byte g·rows·cols·size from the first (a device KV cache's heads:
 // arch/graph.hpp KvLayer), as one view [n, rows, cols] of that result; else

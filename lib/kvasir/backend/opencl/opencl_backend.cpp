@@ -729,17 +729,17 @@ public:
             check_matmul_args(j.x, j.weights->gate);
             check_matmul_args(j.x, j.weights->up);
         }
-        const ExpertLayout layout = lay_out_experts(weights, rows, jobs.empty() ? 0 : jobs.front().x.shape().back());
+        const ExpertLayout layout = lay_out(weights, rows, jobs.empty() ? 0 : jobs.front().x.shape().back());
         if (layout.empty()) return Backend::expert_ffns(jobs);
         const std::lock_guard lock(shared_->mutex);
         const std::size_t eb = storage_bytes();
         const PooledMem xb = upload_pooled(layout.x_total * eb, [&](std::byte* host) {
-            for (std::size_t n = 0; n < jobs.size(); ++n) to_device_format(jobs[n].x.view(), host + layout.regions[n].x * eb);
+            for (std::size_t n = 0; n < jobs.size(); ++n) to_device_format(jobs[n].x.view(), host + layout.slices[n].x * eb);
         });
         const PooledMem yb = enqueue_experts(xb, weights, layout);
         const Tensor all = download(yb, {static_cast<std::int64_t>(layout.y_total)});
         for (std::size_t n = 0; n < jobs.size(); ++n) {
-            const ExpertRegion& r = layout.regions[n];
+            const ExpertSlice& r = layout.slices[n];
             jobs[n].y = Tensor(DType::f32, {r.rows, r.out});
             std::memcpy(jobs[n].y.raw(), all.as<float>() + r.y, jobs[n].y.nbytes());
         }
@@ -760,30 +760,12 @@ public:
             return Backend::moe_block(x, experts, plan, expert_filter);
         const std::vector<ExpertRows> routed = route_rows(x, experts, plan, expert_filter);
         const std::int64_t t_count = x.dim(0), h = x.dim(1);
-        std::vector<const ExpertWeights*> weights;
-        std::vector<std::int64_t> rows;
-        for (const ExpertRows& er : routed) {
-            const ExpertWeights& ew = experts[er.expert];
-            const TensorView shape_only{x.dtype, nullptr, {static_cast<std::int64_t>(er.rows.size()), h}};
-            check_matmul_args(shape_only, ew.gate);
-            check_matmul_args(shape_only, ew.up);
-            KVASIR_CHECK(ew.down.dim(0) == h, ErrorCode::bad_input,
-                         "moe: an expert's down projection gives {} columns for a hidden size of {}", ew.down.dim(0), h);
-            weights.push_back(&ew);
-            rows.push_back(static_cast<std::int64_t>(er.rows.size()));
-        }
-        const ExpertLayout layout = lay_out_experts(weights, rows, h);
+        const RoutedExperts chosen = routed_experts(experts, routed, h);
+        const ExpertLayout layout = lay_out(chosen.weights, chosen.rows, h);
         if (layout.empty()) return Backend::moe_block(x, experts, plan, expert_filter);
-        std::vector<std::size_t> x_row0, y_row0;  // the regions' first rows (padded to whole rows: lay_out_experts)
-        for (const ExpertRegion& r : layout.regions) {
-            x_row0.push_back(r.x / static_cast<std::size_t>(h));
-            y_row0.push_back(r.y / static_cast<std::size_t>(h));
-        }
-        const std::vector<std::uint32_t> table = moe_device_table(routed, x_row0, y_row0, t_count);
-        std::size_t g_count = 0;
-        for (const std::int64_t n : rows) g_count += static_cast<std::size_t>(n);
-        check_int_range("moe", {static_cast<std::int64_t>(layout.x_total), static_cast<std::int64_t>(layout.y_total),
-                                static_cast<std::int64_t>(table.size())});
+        const std::vector<std::uint32_t> table = moe_device_table(routed, layout.x_rows(), layout.y_rows(), t_count);
+        const std::size_t g_count = chosen.g_count;
+        check_int_range("moe", {static_cast<std::int64_t>(table.size())});
         const std::lock_guard lock(shared_->mutex);
         const std::size_t eb = storage_bytes();
         const DeviceArg xin = upload(x);
@@ -792,7 +774,7 @@ public:
         const cl_kernel gk = kernel("elementwise.cl", "kv_moe_gather", 0);
         set_args(gk, xin, tb, xb, static_cast<cl_uint>(g_count), static_cast<cl_uint>(h));
         launch_1d(gk, static_cast<std::int64_t>(g_count) * h);
-        const PooledMem yb = enqueue_experts(xb, weights, layout);
+        const PooledMem yb = enqueue_experts(xb, chosen.weights, layout);
         PooledMem ob = output(t_count * h);
         const cl_kernel ck = kernel("elementwise.cl", "kv_moe_combine", 0);
         set_args(ck, yb, tb, ob, static_cast<cl_uint>(g_count), static_cast<cl_uint>(t_count), static_cast<cl_uint>(h));
@@ -1041,39 +1023,11 @@ private:
     static bool has_biases(const ExpertWeights& ew) {
         return ew.gate_bias.data != nullptr || ew.up_bias.data != nullptr || ew.down_bias.data != nullptr;
     }
-    // Where each expert's rows live in the blocks' device buffers: element
-    // offsets in the x, intermediate and y buffers, each region padded to the
-    // device's base alignment (it is bound as a sub-buffer).
-    struct ExpertRegion {
-        std::size_t x = 0, mid = 0, y = 0;
-        std::int64_t rows = 0, h = 0, i = 0, out = 0;
-    };
-    struct ExpertLayout {
-        std::vector<ExpertRegion> regions;
-        std::size_t x_total = 0, mid_total = 0, y_total = 0;
-        bool empty() const { return x_total == 0 || mid_total == 0 || y_total == 0; }
-    };
-    ExpertLayout lay_out_experts(std::span<const ExpertWeights* const> weights, std::span<const std::int64_t> rows,
-                                 std::int64_t h) const {
-        const std::size_t align = std::max<std::size_t>(1, info_->base_align_bytes / storage_bytes());
-        // Padded to whole rows as well, so a region's rows are rows of the buffer (kv_moe_gather / kv_moe_combine).
-        const auto padded = [&](std::int64_t n, std::int64_t row) {
-            return round_up(static_cast<std::size_t>(n), std::lcm(align, static_cast<std::size_t>(std::max<std::int64_t>(row, 1))));
-        };
-        ExpertLayout out;
-        for (std::size_t n = 0; n < weights.size(); ++n) {
-            const ExpertWeights& ew = *weights[n];
-            ExpertRegion r{out.x_total, out.mid_total, out.y_total, rows[n], h, ew.gate.dim(0), ew.down.dim(0)};
-            KVASIR_CHECK(ew.up.dim(0) == r.i && ew.down.dim(1) == r.i, ErrorCode::bad_input,
-                         "moe: expert gate/up/down shapes disagree ({} / {} / {}x{})", r.i, ew.up.dim(0), r.out, ew.down.dim(1));
-            check_int_range("moe", {r.rows, r.h, r.i, r.out, r.rows * r.h, r.rows * r.i, r.rows * r.out});
-            check_expert_shapes(ew, r.rows, r.i);
-            out.x_total += padded(r.rows * r.h, r.h);
-            out.mid_total += padded(r.rows * r.i, r.i);
-            out.y_total += padded(r.rows * r.out, r.out);
-            out.regions.push_back(r);
-        }
-        return out;
+    // The block's buffers laid out as backend.hpp lay_out_experts does, each
+    // slice on the device's base alignment (it is bound as a sub-buffer).
+    ExpertLayout lay_out(std::span<const ExpertWeights* const> weights, std::span<const std::int64_t> rows,
+                         std::int64_t h) const {
+        return lay_out_experts(weights, rows, h, std::max<std::size_t>(1, info_->base_align_bytes / storage_bytes()));
     }
     // Every expert's gate, up, (clamped) SwiGLU and down on its region of xb,
     // with matmul's and swiglu's kernels; returns the y buffer. Under the lock.
@@ -1083,7 +1037,7 @@ private:
                         ab = device_buffer(layout.mid_total * eb);
         PooledMem yb = device_buffer(layout.y_total * eb);
         for (std::size_t n = 0; n < weights.size(); ++n) {
-            const ExpertRegion& r = layout.regions[n];
+            const ExpertSlice& r = layout.slices[n];
             if (r.rows == 0) continue;
             const ExpertWeights& ew = *weights[n];
             const ClMem xs = region(xb, r.x * eb, static_cast<std::size_t>(r.rows * r.h) * eb);
