@@ -171,8 +171,13 @@ inline void yield() { swapcontext(&fibers[current].context, &scheduler); }
 // launch_any_order runs the blocks in an order drawn from `seed` (a
 // permutation of the grid), as a GPU may: what a kernel's result owes to the
 // order blocks finish in (split-K's atomicAdd) then shows.
+// Kernel launches so far on this thread (the GPU node's transfer_stats()
+// launches, for the emulation: a test reads the difference around a call).
+inline thread_local std::uint64_t launches = 0;
+
 template <typename Kernel, typename... Args>
 void launch_any_order(std::uint64_t seed, Dim3 grid, unsigned threads, Kernel kernel, Args... args) {
+    ++launches;
     const std::function<void()> run = [&] { kernel(args...); };
     detail::body = &run;
     grid_dim = grid;
@@ -380,18 +385,21 @@ public:
         gpu_host::expert_matmul_jobs(layout, on_device.data(), xb.data(), g.data(), u.data(), a.data(), yb.data(), gate_up,
                                      down);
         launch_grouped(gate_up);
-        for (std::size_t n = 0; n < layout.slices.size(); ++n) {
-            const ExpertSlice& sl = layout.slices[n];
-            const ExpertActivation& act = chosen.weights[n]->activation;
-            const std::size_t count = static_cast<std::size_t>(sl.rows * sl.i);
+        // One activation over the whole intermediate buffer when every expert
+        // shares it (its padding is zeros here, garbage on the device: never read).
+        const auto activate = [&](const ExpertActivation& act, std::size_t at, std::size_t count) {
             if (act.clamped)
-                launch_elementwise(count, gpu_host::clamped_swiglu_kernel, g.data() + sl.mid, u.data() + sl.mid,
-                                   a.data() + sl.mid, count, static_cast<float>(act.alpha), static_cast<float>(act.limit),
-                                   storage_);
+                launch_elementwise(count, gpu_host::clamped_swiglu_kernel, g.data() + at, u.data() + at, a.data() + at, count,
+                                   static_cast<float>(act.alpha), static_cast<float>(act.limit), storage_);
             else
-                launch_elementwise(count, gpu_host::swiglu_kernel, g.data() + sl.mid, u.data() + sl.mid, a.data() + sl.mid,
-                                   count, storage_);
-        }
+                launch_elementwise(count, gpu_host::swiglu_kernel, g.data() + at, u.data() + at, a.data() + at, count, storage_);
+        };
+        if (one_activation(chosen.weights))
+            activate(chosen.weights.front()->activation, 0, layout.mid_total);
+        else
+            for (std::size_t n = 0; n < layout.slices.size(); ++n)
+                activate(chosen.weights[n]->activation, layout.slices[n].mid,
+                         static_cast<std::size_t>(layout.slices[n].rows * layout.slices[n].i));
         launch_grouped(down);
         std::vector<float> out(static_cast<std::size_t>(t_count * h));
         launch_elementwise(out.size(), gpu_host::moe_combine_kernel, yb.data(), table.data(), out.data(), chosen.g_count,

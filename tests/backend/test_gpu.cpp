@@ -522,6 +522,42 @@ TEST(EmulatedKernels, AMoeBlockOnTheKernelsGivesTheHostCombinesBits) {
         [](const std::string& spec) -> std::unique_ptr<Backend> { return std::make_unique<test::EmulatedGpuBackend>(spec); });
 }
 
+namespace {
+// Issue #38 item 2, as the GPU node runs a MoE block in a DeviceResidency
+// scope: gather, every expert's gate and up (one grouped launch), the
+// activation, every down (one grouped launch), combine — 5 launches for 2
+// experts or 8, SwiGLU or the clamped one, each block the bits of the
+// default's per-op experts. `launches` reads the node's launch counter.
+void expect_five_launches_per_moe_block(const std::function<std::unique_ptr<Backend>()>& make,
+                                        const std::function<std::uint64_t(Backend&)>& launches) {
+    const std::int64_t E = 8, H = 64, I = 24, T = 12;
+    const test::SeededExperts seeded(44, "launch/", E, H, I, DType::f32);
+    for (const bool clamped : {false, true}) {
+        const std::vector<ExpertWeights> experts = seeded.experts(clamped);
+        for (const std::int64_t used : {2, 8}) {
+            const auto node = make();
+            const Tensor x = seeded_normal(44, "launch/x", {T, H}, 0, 1);
+            RoutingPlan plan{Tensor(DType::i32, {T, 2}), seeded_normal(44, "launch/w", {T, 2}, 0.5, 0.2)};
+            for (std::int64_t t = 0; t < T; ++t)
+                for (std::int64_t j = 0; j < 2; ++j)
+                    plan.ids.as<std::int32_t>()[t * 2 + j] = static_cast<std::int32_t>((t + j * (used / 2)) % used);
+            const Tensor host = node->moe_block(x, experts, plan);  // also makes the weights resident
+            const DeviceResidency scope;
+            const std::uint64_t before = launches(*node);
+            const Tensor here = node->moe_block(x, experts, plan);
+            const std::string what = fmt::format("{} experts{}", used, clamped ? " clamped" : "");
+            EXPECT_EQ(launches(*node) - before, 5u) << what;
+            EXPECT_TRUE(test::same_tensor_bits(here, host)) << what;
+        }
+    }
+}
+}  // namespace
+
+TEST(EmulatedKernels, AMoeBlockIsFiveLaunchesWhateverItsExpertCount) {
+    expect_five_launches_per_moe_block([] { return std::make_unique<test::EmulatedGpuBackend>("gpu-emu"); },
+                                       [](Backend&) { return emu::launches; });
+}
+
 TEST(EmulatedKernels, RopeBothLayoutsTakeTheCpuNodesAngles) {
     const std::int64_t T = 6, H = 3, D = 64;
     const Tensor x = seeded_normal(13, "emu/p/x", {T, H, D}, 0, 1);
@@ -886,6 +922,11 @@ TEST_P(GpuOps, APartOfAResultIsReadWhereItIsAndGivesTheBitsOfItsUpload) {
 
 TEST_P(GpuOps, AMoeBlockOnTheDeviceGivesTheHostCombinesBitsAndReadsNothingBack) {
     test::expect_resident_moe_block_matches_host({GetParam(), GetParam() + ":storage=f16", GetParam() + ":storage=bf16"});
+}
+
+TEST_P(GpuOps, AMoeBlockIsFiveLaunchesWhateverItsExpertCount) {
+    expect_five_launches_per_moe_block([&] { return node(); },
+                                       [](Backend& b) { return b.transfer_stats()->launches; });
 }
 
 TEST_P(GpuOps, AResultOutlivesItsNodeAndAnotherNodeReadsItThroughTheHost) {

@@ -374,6 +374,15 @@ RoutedExperts routed_experts(std::span<const ExpertWeights> experts, std::span<c
     return out;
 }
 
+bool one_activation(std::span<const ExpertWeights* const> weights) {
+    if (weights.empty()) return false;
+    const ExpertActivation& first = weights.front()->activation;
+    return std::all_of(weights.begin(), weights.end(), [&](const ExpertWeights* ew) {
+        const ExpertActivation& a = ew->activation;
+        return a.clamped == first.clamped && (!a.clamped || (a.alpha == first.alpha && a.limit == first.limit));
+    });
+}
+
 ExpertLayout lay_out_experts(std::span<const ExpertWeights* const> weights, std::span<const std::int64_t> rows,
                              std::int64_t h, std::size_t align) {
     KVASIR_ASSERT(weights.size() == rows.size() && align > 0);

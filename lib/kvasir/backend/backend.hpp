@@ -362,6 +362,10 @@ struct RoutedExperts {
     std::size_t g_count = 0;
 };
 RoutedExperts routed_experts(std::span<const ExpertWeights> experts, std::span<const ExpertRows> routed, std::int64_t h);
+// Whether every expert has the first one's activation (SwiGLU, or the
+// clamped one with the same alpha and limit): a device node then runs it
+// once over the whole intermediate buffer. False for none.
+bool one_activation(std::span<const ExpertWeights* const> weights);
 
 // Views [rows, cols] that are consecutive parts of one device result, part
 // g at byte g·rows·cols·size from the first (a device KV cache's heads:
