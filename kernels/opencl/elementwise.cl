@@ -70,6 +70,20 @@ __kernel void kv_cache_rows(__global const kv_store_t* cache, __global const kv_
         KV_STORE(KV_LOAD(rows, ((s - (size_t)keep) * (size_t)heads + g) * (size_t)d + j), y, i);
 }
 
+// Data movement (Backend::copy_columns / last_rows / join_columns): rows × n
+// stored values of src [*, src_cols] from row src_r0, column src_c0 on
+// (every src_step-th column: 0 repeats one, broadcast_columns), to y
+// [*, y_cols] from row y_r0, column y_c0 on — moved as they are.
+__kernel void kv_copy_block(__global const kv_store_t* src, __global kv_store_t* y, const int rows, const int n,
+                            const int src_cols, const int src_r0, const int src_c0, const int src_step, const int y_cols,
+                            const int y_r0, const int y_c0) {
+    const size_t i = get_global_id(0);
+    if (i >= (size_t)rows * (size_t)n) return;
+    const size_t r = i / (size_t)n, c = i % (size_t)n;
+    KV_STORE(KV_LOAD(src, ((size_t)src_r0 + r) * (size_t)src_cols + (size_t)src_c0 + c * (size_t)src_step), y,
+             ((size_t)y_r0 + r) * (size_t)y_cols + (size_t)y_c0 + c);
+}
+
 // A MoE block on the device (OpenclBackend::moe_block). The table: per
 // gathered row g its token table[2g] and its row table[2g+1] in the experts'
 // x buffer; then per token t its terms' start table[2G + t] (G + T + 1 words

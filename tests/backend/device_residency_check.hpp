@@ -171,6 +171,68 @@ inline void expect_combine_ops_match_the_defaults(
     }
 }
 
+// copy_columns, last_rows, join_columns and broadcast_columns (the forward
+// pass's data movement: Gated DeltaNet's q | k | v and conv history, gated
+// attention's query | gate, a partial rope's parts, a shared expert's gate)
+// give the default's bits (a host copy, Backend's) on the node's own results
+// inside a DeviceResidency scope — and, on a device node, stay there: no
+// read, no upload, one launch per block moved (a zero fill for last_rows'
+// missing history counts as one). Outside a scope, on host tensors, the
+// default's bits too. Ragged sizes: 5 rows of 37 columns, blocks at odd offsets.
+inline void expect_data_movement_matches_the_defaults(
+    const std::vector<std::string>& specs,
+    const std::function<std::unique_ptr<Backend>(const std::string&)>& make = [](const std::string& s) {
+        return create_backend(s);
+    }) {
+    auto host = create_backend("cpu-ref");  // Backend's defaults
+    const Tensor x = seeded_normal(38, "dm/x", {5, 37}, 0, 2), p = seeded_normal(38, "dm/p", {3, 37}, 0, 2);
+    const Tensor one = seeded_normal(38, "dm/one", {2, 37}, 0, 2), g = seeded_normal(38, "dm/g", {5, 1}, 0, 1);
+    const Tensor b = seeded_normal(38, "dm/b", {5, 11}, 0, 2);
+    for (const std::string& spec : specs) {
+        SCOPED_TRACE(spec);
+        auto be = make(spec);
+        const bool device = be->transfer_stats().has_value();
+        // The node's storage format: what its results hold.
+        const auto stored = [&](const Tensor& t) {
+            return Tensor::convert(Tensor::convert(t, be->capabilities().storage), DType::f32);
+        };
+        const Tensor sx = stored(x), sp = stored(p), sone = stored(one), sg = stored(g), sb = stored(b);
+        const TensorView spv = sp.view();
+        EXPECT_TRUE(same_tensor_bits(be->copy_columns(x, 3, 17), host->copy_columns(x, 3, 17)));
+        EXPECT_TRUE(same_tensor_bits(be->last_rows(&spv, sone, 3), host->last_rows(&spv, sone, 3)));
+        const DeviceResidency scope;
+        const Tensor rx = be->scale(sx, 1.0), rp = be->scale(sp, 1.0), rone = be->scale(sone, 1.0), rg = be->scale(sg, 1.0),
+                     rb = be->scale(sb, 1.0);  // resident (on a device node), the bits of sx ...
+        const TensorView rpv = rp.view();
+        struct Case {
+            const char* what;
+            std::function<Tensor(Backend&, bool)> run;  // bool: the node's own results, or host copies
+            std::uint64_t launches;
+        };
+        const std::vector<Case> cases{
+            {"copy_columns 3..20", [&](Backend& n, bool own) { return n.copy_columns(own ? rx : sx, 3, 17); }, 1},
+            {"copy_columns all", [&](Backend& n, bool own) { return n.copy_columns(own ? rx : sx, 0, 37); }, 1},
+            {"last_rows 3 of prev + 2", [&](Backend& n, bool own) { return n.last_rows(own ? &rpv : &spv, own ? rone : sone, 3); }, 2},
+            {"last_rows 3 of prev + 5", [&](Backend& n, bool own) { return n.last_rows(own ? &rpv : &spv, own ? rx : sx, 3); }, 1},
+            {"last_rows 3 of zeros + 2", [&](Backend& n, bool own) { return n.last_rows(nullptr, own ? rone : sone, 3); }, 2},
+            {"join_columns 37 + 11", [&](Backend& n, bool own) { return n.join_columns(own ? rx : sx, own ? rb : sb); }, 2},
+            {"broadcast_columns 1 to 9", [&](Backend& n, bool own) { return n.broadcast_columns(own ? rg : sg, 9); }, 1},
+        };
+        for (const Case& c : cases) {
+            const TransferStats before = device ? *be->transfer_stats() : TransferStats{};
+            const Tensor got = c.run(*be, true);
+            const TransferStats moved = device ? *be->transfer_stats() - before : TransferStats{};
+            const Tensor want = c.run(*host, false);
+            EXPECT_TRUE(same_tensor_bits(got, want)) << c.what;
+            if (!device) continue;
+            EXPECT_NE(got.device(), nullptr) << c.what;
+            EXPECT_EQ(moved.downloads, 0u) << c.what;
+            EXPECT_EQ(moved.uploads, 0u) << c.what;
+            EXPECT_EQ(moved.launches, c.launches) << c.what;
+        }
+    }
+}
+
 // A MoE block inside a DeviceResidency scope (gather, experts and combine on
 // the device) against the same node's block outside one (the default's
 // gather and combine on the host): the same bits for f32 and bf16 weights,

@@ -514,6 +514,13 @@ TEST(EmulatedKernels, AddMulAndScaleGiveTheDefaultsBitsOnEveryStorage) {
         [](const std::string& spec) -> std::unique_ptr<Backend> { return std::make_unique<test::EmulatedGpuBackend>(spec); });
 }
 
+TEST(EmulatedKernels, DataMovementGivesTheDefaultsBits) {
+    // copy_block_kernel (ops.cuh), as the GPU node runs copy_columns, last_rows, join_columns, broadcast_columns.
+    test::expect_data_movement_matches_the_defaults(
+        {"gpu-emu", "gpu-emu:storage=f16", "gpu-emu:storage=bf16"},
+        [](const std::string& spec) -> std::unique_ptr<Backend> { return std::make_unique<test::EmulatedGpuBackend>(spec); });
+}
+
 TEST(EmulatedKernels, AMoeBlockOnTheKernelsGivesTheHostCombinesBits) {
     // moe_gather_kernel / moe_combine_kernel (ops.cuh) on backend.hpp's moe_device_table, as the GPU node's
     // moe_block runs them inside a DeviceResidency scope, against the default's host gather and combine.
@@ -922,6 +929,10 @@ TEST_P(GpuOps, APartOfAResultIsReadWhereItIsAndGivesTheBitsOfItsUpload) {
 
 TEST_P(GpuOps, AMoeBlockOnTheDeviceGivesTheHostCombinesBitsAndReadsNothingBack) {
     test::expect_resident_moe_block_matches_host({GetParam(), GetParam() + ":storage=f16", GetParam() + ":storage=bf16"});
+}
+
+TEST_P(GpuOps, DataMovementGivesTheDefaultsBitsWhereTheResultsAre) {
+    test::expect_data_movement_matches_the_defaults({GetParam(), GetParam() + ":storage=f16", GetParam() + ":storage=bf16"});
 }
 
 TEST_P(GpuOps, AMoeBlockIsFiveLaunchesWhateverItsExpertCount) {

@@ -265,6 +265,11 @@ TEST_F(Opencl, AddMulAndScaleGiveTheDefaultsBitsOnEveryStorage) {
     test::expect_combine_ops_match_the_defaults({"opencl:0", "opencl:0:storage=f16", "opencl:0:storage=bf16"});
 }
 
+TEST_F(Opencl, DataMovementGivesTheDefaultsBitsWhereTheResultsAre) {
+    // kv_copy_block (elementwise.cl): copy_columns, last_rows, join_columns, broadcast_columns.
+    test::expect_data_movement_matches_the_defaults({"opencl:0", "opencl:0:storage=f16", "opencl:0:storage=bf16"});
+}
+
 TEST_F(Opencl, ExpertsOnTheDeviceGiveEachExpertsOpsBitsInOneRoundTrip) {
     // OpenclBackend::expert_ffns; half storage moves half bits both ways.
     test::expect_device_experts_match_their_ops(

@@ -678,7 +678,10 @@ INSTANTIATE_TEST_SUITE_P(HybridAndDense, ForwardOpencl, ::testing::ValuesIn(hybr
 // A decode step on opencl:0 moves O(1) between host and device (issue #38
 // item 4) on the families whose whole layer runs on the device — standard
 // attention over the device KV cache, the MoE block (gather, experts,
-// combine) or the dense MLP: the token's embedding row goes up (one host
+// combine) or the dense MLP, and the hybrids (Gated DeltaNet with its conv
+// history and recurrent state, gated attention with its partial rope, the
+// shared expert's gate: copy_columns, last_rows, join_columns and
+// broadcast_columns on the device): the token's embedding row goes up (one host
 // wait), each MoE layer's slice of the authority's routing goes up (no
 // wait), and the logits the caller reads come back — nothing per op, nothing
 // per expert (weights resident: a first pass uploaded them). The embedding
@@ -690,7 +693,7 @@ std::vector<Fixture> device_side_fixtures() {
     std::vector<Fixture> out;
     for (const Fixture& f : fixtures())
         if (f.name == "qwen3_moe_tiny" || f.name == "mixtral_tiny" || f.name == "olmoe_tiny" || f.name == "llama_tiny" ||
-            f.name == "qwen3_tiny")
+            f.name == "qwen3_tiny" || f.name == "qwen3_5_moe_tiny" || f.name == "qwen3_5_tiny")
             out.push_back(f);
     return out;
 }

@@ -38,17 +38,6 @@ TensorView row_slice(const TensorView& v, std::int64_t r0, std::int64_t n) {
     return v.part(static_cast<std::size_t>(r0 * cols) * esize(v), {n, cols});
 }
 
-// out[r, c] = col[r] for c < cols: a [rows, 1] column repeated along the row.
-Tensor broadcast_cols(const TensorView& col, std::int64_t cols) {
-    const std::int64_t rows = col.numel();
-    Tensor out(col.dtype, {rows, cols});
-    const std::size_t es = esize(col);
-    for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t c = 0; c < cols; ++c)
-            std::memcpy(bytes_of(out) + static_cast<std::size_t>(r * cols + c) * es, bytes_of(col) + static_cast<std::size_t>(r) * es, es);
-    return out;
-}
-
 // The embedding rows of `tokens`, widened (exactly) to `out` when possible.
 Tensor gather_embeddings(const TensorView& table, std::span<const std::int32_t> tokens, DType out) {
     const std::int64_t t_count = static_cast<std::int64_t>(tokens.size());
@@ -252,8 +241,8 @@ Tensor LayerGraph::mla_attention(const LayerWeights& w, const TensorView& x, std
                          .reshaped({t * nh, d});
     // The latent and the one shared rope key: kv_a_proj_with_mqa(x) = [latent (r) | k_rot (dr)].
     const Tensor kv_a = linear(x, w.kv_a_proj, w.kv_a_bias);
-    const Tensor latent = be.rmsnorm(columns(kv_a, 0, r), w.kv_a_norm, m.latent_norm_eps);
-    Tensor q_rot = columns(q, d - dr, dr), k_rot = columns(kv_a, r, dr);
+    const Tensor latent = be.rmsnorm(be.copy_columns(kv_a, 0, r), w.kv_a_norm, m.latent_norm_eps);
+    Tensor q_rot = be.copy_columns(q, d - dr, dr), k_rot = be.copy_columns(kv_a, r, dr);
     if (m.rope_interleave) {
         q_rot = deinterleave(q_rot);
         k_rot = deinterleave(k_rot);
@@ -266,12 +255,12 @@ Tensor LayerGraph::mla_attention(const LayerWeights& w, const TensorView& x, std
     }
     // Per head keys [k_nope | k_rot] and values from kv_b_proj(latent) = [k_nope (dn) | v (dv)].
     const Tensor kv = std::move(linear(latent, w.kv_b_proj, none)).reshaped({t * nh, dn + dv});
-    const Tensor k_nope = columns(kv, 0, dn);
-    Tensor v = columns(kv, dn, dv);
+    const Tensor k_nope = be.copy_columns(kv, 0, dn);
+    Tensor v = be.copy_columns(kv, dn, dv);
     const TensorView q_rot_rows{q_rot.dtype(), q_rot.raw(), {t * nh, dr}}, k_rot_rows{k_rot.dtype(), k_rot.raw(), {t, dr}};
     // The narrower of q·k (d) and v (dv) is zero-padded to `width`: zeros add nothing to a dot product and
     // give zero output columns, exactly, in any order of summation — every backend's own kernel runs it.
-    Tensor qq = concat_columns(columns(q, 0, dn), &q_rot_rows, dr);
+    Tensor qq = concat_columns(be.copy_columns(q, 0, dn), &q_rot_rows, dr);
     Tensor kk = concat_columns(k_nope, &k_rot_rows, dr, nh);
     Tensor vv = width > dv ? concat_columns(v, nullptr, width - dv) : std::move(v);
     if (width > d) {
@@ -281,7 +270,7 @@ Tensor LayerGraph::mla_attention(const LayerWeights& w, const TensorView& x, std
 
     const Tensor o = attend_each(std::move(qq).reshaped({t, nh, width}), std::move(kk).reshaped({t, nh, width}),
                                  std::move(vv).reshaped({t, nh * width}), segs);
-    const Tensor heads = std::move(columns(TensorView{o.dtype(), o.raw(), {t * nh, width}}, 0, dv)).reshaped({t, nh * dv});
+    const Tensor heads = std::move(be.copy_columns(TensorView{o.dtype(), o.raw(), {t * nh, width}}, 0, dv)).reshaped({t, nh * dv});
     return linear(heads, w.o_proj, w.o_bias);
 }
 
@@ -361,7 +350,7 @@ Tensor LayerGraph::feed_forward(const LayerWeights& w, const Tensor& own_input, 
             Tensor s = swiglu_mlp(x2, w.shared_gate, w.shared_up, w.shared_down);
             if (present(w.shared_expert_gate)) {
                 const Tensor g = be.sigmoid(be.matmul(x2, w.shared_expert_gate));  // [T, 1]
-                s = be.mul(broadcast_cols(g, s.dim(1)), s);
+                s = be.mul(be.broadcast_columns(g, s.dim(1)), s);
             }
             m = be.add(m, s);
         }
@@ -369,18 +358,6 @@ Tensor LayerGraph::feed_forward(const LayerWeights& w, const Tensor& own_input, 
     if (io.mlp_input != nullptr) *io.mlp_input = own_input;
     if (io.mlp_output != nullptr) *io.mlp_output = m;
     return m;
-}
-
-// Columns [c0, c0 + n) of every row of x [rows, cols] as a [rows, n] tensor (a host copy).
-Tensor columns(const TensorView& x, std::int64_t c0, std::int64_t n) {
-    const std::int64_t rows = rows_of(x), cols = x.shape.back();
-    const std::size_t es = dtype_size(x.dtype);
-    Tensor out(x.dtype, {rows, n});
-    for (std::int64_t r = 0; r < rows; ++r)
-        std::memcpy(bytes_of(out) + static_cast<std::size_t>(r * n) * es,
-                    bytes_of(x) + static_cast<std::size_t>(r * cols + c0) * es,
-                    static_cast<std::size_t>(n) * es);
-    return out;
 }
 
 Tensor leading_rows(const TensorView& x, std::int64_t r0, std::int64_t n) {
@@ -421,14 +398,11 @@ Tensor LayerGraph::rope_partial(const Tensor& x, std::span<const std::int64_t> p
     // Rotate the first rd dimensions of every head (transformers'
     // apply_rotary_pos_emb with rotary_dim < head_dim); the rest pass through.
     const std::int64_t t_count = x.dim(0), heads = x.dim(1);
-    const Tensor rot = be.rope(std::move(columns(x, 0, rd)).reshaped({t_count, heads, rd}), pos, rope);
-    Tensor out = Tensor::convert(x, rot.dtype());
-    const std::size_t es = dtype_size(rot.dtype());
-    for (std::int64_t r = 0; r < t_count * heads; ++r)
-        std::memcpy(bytes_of(out) + static_cast<std::size_t>(r * d) * es,
-                    static_cast<const std::byte*>(rot.raw()) + static_cast<std::size_t>(r * rd) * es,
-                    static_cast<std::size_t>(rd) * es);
-    return out;
+    Tensor rot = be.rope(std::move(be.copy_columns(x, 0, rd)).reshaped({t_count, heads, rd}), pos, rope);
+    rot = std::move(rot).reshaped({t_count * heads, rd});
+    Tensor pass = be.copy_columns(x, rd, d - rd);  // [T·heads, d − rd], x's dtype
+    if (pass.dtype() != rot.dtype()) pass = Tensor::convert(pass, rot.dtype());
+    return std::move(be.join_columns(rot, pass)).reshaped({t_count, heads, d});
 }
 
 Tensor LayerGraph::gated_attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos,
@@ -436,8 +410,8 @@ Tensor LayerGraph::gated_attention(const LayerWeights& w, const TensorView& x, s
     const std::int64_t t_count = x.shape[0], nh = c.num_heads, nkv = c.num_kv_heads, d = c.head_dim;
     // q_proj yields, per head, D query values then D gate values.
     const Tensor qg = std::move(linear(x, w.q_proj, w.q_bias)).reshaped({t_count * nh, 2 * d});
-    Tensor q = std::move(columns(qg, 0, d)).reshaped({t_count, nh, d});
-    const Tensor gate = std::move(columns(qg, d, d)).reshaped({t_count, nh * d});
+    Tensor q = std::move(be.copy_columns(qg, 0, d)).reshaped({t_count, nh, d});
+    const Tensor gate = std::move(be.copy_columns(qg, d, d)).reshaped({t_count, nh * d});
     Tensor k = std::move(linear(x, w.k_proj, w.k_bias)).reshaped({t_count, nkv, d});
     const Tensor v = linear(x, w.v_proj, w.v_bias);
     q = be.rmsnorm(q, scale_of(w.q_norm), c.rms_norm_eps);
@@ -467,12 +441,12 @@ Tensor LayerGraph::gated_deltanet(const LayerWeights& w, const TensorView& x, st
         const std::int64_t gq = 2 * dk + 2 * rep * dv, gb = 2 * rep;
         std::vector<Tensor> qs, ks, vs, zs, bs, as;
         for (std::int64_t g = 0; g < nk; ++g) {
-            qs.push_back(columns(qkvz, g * gq, dk));
-            ks.push_back(columns(qkvz, g * gq + dk, dk));
-            vs.push_back(columns(qkvz, g * gq + 2 * dk, rep * dv));
-            zs.push_back(columns(qkvz, g * gq + 2 * dk + rep * dv, rep * dv));
-            bs.push_back(columns(ba, g * gb, rep));
-            as.push_back(columns(ba, g * gb + rep, rep));
+            qs.push_back(be.copy_columns(qkvz, g * gq, dk));
+            ks.push_back(be.copy_columns(qkvz, g * gq + dk, dk));
+            vs.push_back(be.copy_columns(qkvz, g * gq + 2 * dk, rep * dv));
+            zs.push_back(be.copy_columns(qkvz, g * gq + 2 * dk + rep * dv, rep * dv));
+            bs.push_back(be.copy_columns(ba, g * gb, rep));
+            as.push_back(be.copy_columns(ba, g * gb + rep, rep));
         }
         const auto cat = [&](const std::vector<Tensor>& parts) {  // concatenate along columns
             std::int64_t cols = 0;
@@ -525,27 +499,12 @@ Tensor LayerGraph::deltanet_core(const LayerWeights& w, const Tensor& qkv, const
     const TensorView conv_w{w.conv1d.dtype, w.conv1d.data, {conv_dim, kk}};
     const TensorView hist = state.conv_history.view();
     const Tensor conv = be.causal_conv1d_silu(qkv, conv_w, state.seen > 0 ? &hist : nullptr);
-    // Keep the last K−1 inputs (data movement).
-    {
-        Tensor next(qkv.dtype(), {kk - 1, conv_dim});
-        const std::size_t row = static_cast<std::size_t>(conv_dim) * dtype_size(qkv.dtype());
-        for (std::int64_t r = 0; r < kk - 1; ++r) {
-            const std::int64_t src = t_count - (kk - 1) + r;  // row of the inputs seen so far, counted from this call
-            std::byte* dst = bytes_of(next) + static_cast<std::size_t>(r) * row;
-            if (src >= 0)
-                std::memcpy(dst, static_cast<const std::byte*>(qkv.raw()) + static_cast<std::size_t>(src) * row, row);
-            else if (state.seen > 0)
-                std::memcpy(dst, static_cast<const std::byte*>(state.conv_history.raw()) +
-                                     static_cast<std::size_t>(kk - 1 + src) * row, row);
-            else
-                std::memset(dst, 0, row);
-        }
-        state.conv_history = std::move(next);
-    }
+    // Keep the last K−1 inputs (data movement, where the node keeps them).
+    state.conv_history = be.last_rows(state.seen > 0 ? &hist : nullptr, qkv, kk - 1);
     GatedDeltaInputs in;
-    const Tensor q = std::move(columns(conv, 0, kd)).reshaped({t_count, nk, dk});
-    const Tensor k = std::move(columns(conv, kd, kd)).reshaped({t_count, nk, dk});
-    const Tensor v = std::move(columns(conv, 2 * kd, vd)).reshaped({t_count, nv, dv});
+    const Tensor q = std::move(be.copy_columns(conv, 0, kd)).reshaped({t_count, nk, dk});
+    const Tensor k = std::move(be.copy_columns(conv, kd, kd)).reshaped({t_count, nk, dk});
+    const Tensor v = std::move(be.copy_columns(conv, 2 * kd, vd)).reshaped({t_count, nv, dv});
     in.q = q;
     in.k = k;
     in.v = v;

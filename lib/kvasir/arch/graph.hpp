@@ -46,10 +46,6 @@ Tensor windowed_attention(Backend& be, const TensorView& q, std::span<const Tens
 
 // Rows [r0, r0 + n) of a tensor viewed as [rows, last dim]: zero copy.
 TensorView row_slice(const TensorView& v, std::int64_t r0, std::int64_t n);
-// out[r, c] = col[r] for c < cols: a [rows, 1] column repeated along the row.
-Tensor broadcast_cols(const TensorView& col, std::int64_t cols);
-// Columns [c0, c0 + n) of every row of x (last dim) as a [rows, n] tensor (a host copy).
-Tensor columns(const TensorView& x, std::int64_t c0, std::int64_t n);
 // Entries [r0, r0 + n) of x's FIRST dim, the others kept (a host copy):
 // [T, H, D] → [n, H, D].
 Tensor leading_rows(const TensorView& x, std::int64_t r0, std::int64_t n);

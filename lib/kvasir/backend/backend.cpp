@@ -625,6 +625,87 @@ std::optional<TensorView> consecutive_parts(std::span<const TensorView> parts) {
 
 std::optional<Tensor> Backend::kv_rows(const TensorView*, std::int64_t, const TensorView&) { return std::nullopt; }
 
+void check_copy_columns_args(const TensorView& x, std::int64_t c0, std::int64_t n) {
+    KVASIR_CHECK(x.rank() >= 1 && c0 >= 0 && n >= 0 && c0 + n <= x.shape.back(), ErrorCode::internal,
+                 "copy_columns: columns [{}, {}) of {}", c0, c0 + n, shape_str(x.shape));
+}
+
+void check_last_rows_args(const TensorView* prev, const TensorView& x, std::int64_t n) {
+    KVASIR_CHECK(x.rank() == 2 && n >= 0 &&
+                     (prev == nullptr || (prev->rank() == 2 && prev->dim(1) == x.dim(1) && prev->dtype == x.dtype)),
+                 ErrorCode::internal, "last_rows: {} rows of [{}; {}]", n, prev != nullptr ? shape_str(prev->shape) : "zeros",
+                 shape_str(x.shape));
+    KVASIR_CHECK((prev != nullptr ? prev->dim(0) : n) + x.dim(0) >= n, ErrorCode::internal, "last_rows: {} rows of {} + {}",
+                 n, prev != nullptr ? prev->dim(0) : n, x.dim(0));
+}
+
+void check_join_columns_args(const TensorView& a, const TensorView& b) {
+    KVASIR_CHECK(a.rank() >= 1 && b.rank() >= 1 && a.dtype == b.dtype && rows_of(a) == rows_of(b), ErrorCode::internal,
+                 "join_columns: {} {} and {} {}", dtype_name(a.dtype), shape_str(a.shape), dtype_name(b.dtype), shape_str(b.shape));
+}
+
+Tensor Backend::join_columns(const TensorView& a, const TensorView& b) {
+    check_join_columns_args(a, b);
+    const std::int64_t rows = rows_of(a), ca = a.shape.back(), cb = b.shape.back();
+    const std::size_t es = dtype_size(a.dtype);
+    Tensor out(a.dtype, {rows, ca + cb});
+    const auto* pa = static_cast<const std::byte*>(a.host_data());
+    const auto* pb = static_cast<const std::byte*>(b.host_data());
+    auto* dst = static_cast<std::byte*>(out.raw());
+    for (std::int64_t r = 0; r < rows; ++r) {
+        std::memcpy(dst + static_cast<std::size_t>(r * (ca + cb)) * es, pa + static_cast<std::size_t>(r * ca) * es,
+                    static_cast<std::size_t>(ca) * es);
+        std::memcpy(dst + static_cast<std::size_t>(r * (ca + cb) + ca) * es, pb + static_cast<std::size_t>(r * cb) * es,
+                    static_cast<std::size_t>(cb) * es);
+    }
+    return out;
+}
+
+Tensor Backend::broadcast_columns(const TensorView& col, std::int64_t cols) {
+    KVASIR_CHECK(cols >= 0 && col.rank() >= 1 && col.shape.back() == 1, ErrorCode::internal,
+                 "broadcast_columns: {} over {} columns", shape_str(col.shape), cols);
+    const std::int64_t rows = rows_of(col);
+    const std::size_t es = dtype_size(col.dtype);
+    Tensor out(col.dtype, {rows, cols});
+    const auto* src = static_cast<const std::byte*>(col.host_data());
+    auto* dst = static_cast<std::byte*>(out.raw());
+    for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c)
+            std::memcpy(dst + static_cast<std::size_t>(r * cols + c) * es, src + static_cast<std::size_t>(r) * es, es);
+    return out;
+}
+
+Tensor Backend::copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n) {
+    check_copy_columns_args(x, c0, n);
+    const std::int64_t rows = rows_of(x), cols = x.shape.back();
+    const std::size_t es = dtype_size(x.dtype);
+    Tensor out(x.dtype, {rows, n});
+    const auto* src = static_cast<const std::byte*>(x.host_data());
+    auto* dst = static_cast<std::byte*>(out.raw());
+    for (std::int64_t r = 0; r < rows; ++r)
+        std::memcpy(dst + static_cast<std::size_t>(r * n) * es, src + static_cast<std::size_t>(r * cols + c0) * es,
+                    static_cast<std::size_t>(n) * es);
+    return out;
+}
+
+Tensor Backend::last_rows(const TensorView* prev, const TensorView& x, std::int64_t n) {
+    check_last_rows_args(prev, x, n);
+    const std::int64_t t_count = x.dim(0), p_count = prev != nullptr ? prev->dim(0) : n;
+    const std::size_t row = static_cast<std::size_t>(x.dim(1)) * dtype_size(x.dtype);
+    Tensor out(x.dtype, {n, x.dim(1)});  // zero-filled: the rows of a null prev
+    auto* dst = static_cast<std::byte*>(out.raw());
+    for (std::int64_t r = 0; r < n; ++r) {
+        const std::int64_t src = t_count - n + r;  // row of x; negative: row p_count + src of prev
+        if (src >= 0)
+            std::memcpy(dst + static_cast<std::size_t>(r) * row,
+                        static_cast<const std::byte*>(x.host_data()) + static_cast<std::size_t>(src) * row, row);
+        else if (prev != nullptr)
+            std::memcpy(dst + static_cast<std::size_t>(r) * row,
+                        static_cast<const std::byte*>(prev->host_data()) + static_cast<std::size_t>(p_count + src) * row, row);
+    }
+    return out;
+}
+
 Tensor Backend::add(const TensorView& a, const TensorView& b) {
     check_same_shape("add", a, b);
     const Capabilities& caps = capabilities();

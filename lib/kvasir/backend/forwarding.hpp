@@ -51,6 +51,14 @@ public:
     std::optional<Tensor> kv_rows(const TensorView* cache, std::int64_t keep, const TensorView& rows) override {
         return inner_.kv_rows(cache, keep, rows);
     }
+    Tensor copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n) override {
+        return inner_.copy_columns(x, c0, n);
+    }
+    Tensor last_rows(const TensorView* prev, const TensorView& x, std::int64_t n) override {
+        return inner_.last_rows(prev, x, n);
+    }
+    Tensor join_columns(const TensorView& a, const TensorView& b) override { return inner_.join_columns(a, b); }
+    Tensor broadcast_columns(const TensorView& col, std::int64_t cols) override { return inner_.broadcast_columns(col, cols); }
 
 protected:
     Backend& inner() { return inner_; }

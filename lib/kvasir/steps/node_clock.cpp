@@ -69,6 +69,18 @@ public:
     std::optional<Tensor> kv_rows(const TensorView* cache, std::int64_t keep, const TensorView& rows) override {
         return timed([&] { return inner().kv_rows(cache, keep, rows); });
     }
+    Tensor copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n) override {
+        return timed([&] { return inner().copy_columns(x, c0, n); });
+    }
+    Tensor last_rows(const TensorView* prev, const TensorView& x, std::int64_t n) override {
+        return timed([&] { return inner().last_rows(prev, x, n); });
+    }
+    Tensor join_columns(const TensorView& a, const TensorView& b) override {
+        return timed([&] { return inner().join_columns(a, b); });
+    }
+    Tensor broadcast_columns(const TensorView& col, std::int64_t cols) override {
+        return timed([&] { return inner().broadcast_columns(col, cols); });
+    }
 
 private:
     std::size_t index_;

@@ -839,6 +839,72 @@ public:
         return result(std::move(yb), {heads, s_out, d});
     }
 
+    // Columns of one of this node's results, inside a DeviceResidency scope:
+    // moved on the device (kv_copy_block). Anything else: the default.
+    Tensor copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n) override {
+        check_copy_columns_args(x, c0, n);
+        if (!resident_ || !DeviceResidency::active() || ours(x) == nullptr) return Backend::copy_columns(x, c0, n);
+        const std::int64_t rows = rows_of(x), cols = x.shape.back();
+        check_int_range("copy_columns", {rows * cols, rows * n});
+        if (rows * n == 0) return Tensor(DType::f32, {rows, n});
+        const std::lock_guard lock(shared_->mutex);
+        const DeviceArg xb = upload(x);
+        PooledMem yb = output(rows * n);
+        copy_block(xb.get(), yb.get(), rows, n, cols, 0, c0, n, 0);
+        return result(std::move(yb), {rows, n});
+    }
+    // A conv history from this node's results (prev too, or none), inside a
+    // DeviceResidency scope: moved on the device. Anything else: the default.
+    Tensor last_rows(const TensorView* prev, const TensorView& x, std::int64_t n) override {
+        check_last_rows_args(prev, x, n);
+        if (!resident_ || !DeviceResidency::active() || ours(x) == nullptr || (prev != nullptr && ours(*prev) == nullptr))
+            return Backend::last_rows(prev, x, n);
+        const std::int64_t t_count = x.dim(0), cols = x.dim(1), from_x = std::min(t_count, n), from_prev = n - from_x;
+        check_int_range("last_rows", {t_count * cols, n * cols});
+        if (n * cols == 0) return Tensor(DType::f32, {n, cols});
+        const std::lock_guard lock(shared_->mutex);
+        PooledMem yb = output(n * cols);
+        const DeviceArg xb = upload(x);
+        copy_block(xb.get(), yb.get(), from_x, cols, cols, t_count - from_x, 0, cols, from_prev);
+        if (prev != nullptr) {
+            const DeviceArg pb = upload(*prev);
+            copy_block(pb.get(), yb.get(), from_prev, cols, cols, prev->dim(0) - from_prev, 0, cols, 0);
+        } else {
+            fill_zero(yb, static_cast<std::size_t>(from_prev * cols) * storage_bytes());
+        }
+        return result(std::move(yb), {n, cols});
+    }
+    // A column of this node's results over `cols` columns, inside a
+    // DeviceResidency scope: moved on the device. Anything else: the default.
+    Tensor broadcast_columns(const TensorView& col, std::int64_t cols) override {
+        if (!resident_ || !DeviceResidency::active() || ours(col) == nullptr || col.rank() < 1 || col.shape.back() != 1)
+            return Backend::broadcast_columns(col, cols);
+        const std::int64_t rows = rows_of(col);
+        check_int_range("broadcast_columns", {rows * cols});
+        if (rows * cols == 0) return Tensor(DType::f32, {rows, cols});
+        const std::lock_guard lock(shared_->mutex);
+        PooledMem yb = output(rows * cols);
+        const DeviceArg cb = upload(col);
+        copy_block(cb.get(), yb.get(), rows, cols, 1, 0, 0, cols, 0, 0, 0);
+        return result(std::move(yb), {rows, cols});
+    }
+    // Two of this node's results side by side, inside a DeviceResidency
+    // scope: moved on the device. Anything else: the default.
+    Tensor join_columns(const TensorView& a, const TensorView& b) override {
+        check_join_columns_args(a, b);
+        if (!resident_ || !DeviceResidency::active() || ours(a) == nullptr || ours(b) == nullptr)
+            return Backend::join_columns(a, b);
+        const std::int64_t rows = rows_of(a), ca = a.shape.back(), cb = b.shape.back();
+        check_int_range("join_columns", {rows * (ca + cb)});
+        if (rows * (ca + cb) == 0) return Tensor(DType::f32, {rows, ca + cb});
+        const std::lock_guard lock(shared_->mutex);
+        PooledMem yb = output(rows * (ca + cb));
+        const DeviceArg ab = upload(a), bb = upload(b);
+        copy_block(ab.get(), yb.get(), rows, ca, ca, 0, 0, ca + cb, 0, 0);
+        copy_block(bb.get(), yb.get(), rows, cb, cb, 0, 0, ca + cb, 0, ca);
+        return result(std::move(yb), {rows, ca + cb});
+    }
+
     Tensor sigmoid(const TensorView& x) override { return unary_elementwise("kv_sigmoid", x); }
 
     Tensor softmax(const TensorView& x) override {
@@ -1502,6 +1568,19 @@ private:
     void enqueue(cl_kernel k, cl_uint dims, const std::size_t* global, const std::size_t* local) const {
         KVCL_CHECK(clEnqueueNDRangeKernel(runtime_->queue(), k, dims, nullptr, global, local, 0, nullptr, nullptr));
         ++shared_->transfers.launches;
+    }
+
+    // kv_copy_block: rows × n values of src (row src_r0, column src_c0 on,
+    // every src_step-th; src_cols wide) to y (row y_r0, column y_c0 on; y_cols wide).
+    void copy_block(cl_mem src, cl_mem y, std::int64_t rows, std::int64_t n, std::int64_t src_cols, std::int64_t src_r0,
+                    std::int64_t src_c0, std::int64_t y_cols, std::int64_t y_r0, std::int64_t y_c0 = 0,
+                    std::int64_t src_step = 1) {
+        if (rows * n == 0) return;
+        const cl_kernel k = kernel("elementwise.cl", "kv_copy_block", 0);
+        set_args(k, src, y, static_cast<cl_int>(rows), static_cast<cl_int>(n), static_cast<cl_int>(src_cols),
+                 static_cast<cl_int>(src_r0), static_cast<cl_int>(src_c0), static_cast<cl_int>(src_step),
+                 static_cast<cl_int>(y_cols), static_cast<cl_int>(y_r0), static_cast<cl_int>(y_c0));
+        launch_1d(k, rows * n);
     }
 
     void launch_1d(cl_kernel k, std::int64_t n) const {
