@@ -32,7 +32,8 @@ inline bool same_tensor_bits(const Tensor& a, const Tensor& b) {
 // results — five launches, nothing read back until the host reads z (one
 // read of 4·32 elements of `element_bytes(spec)` each); the intermediates
 // are never read at all. The bits are those of the same chain outside the
-// scope (every result read back after its op).
+// scope (every result read back after its op). x goes up without a wait:
+// the read is the host's one wait for the device.
 inline void expect_resident_chain_reads_back_once(const std::vector<std::string>& specs,
                                                   const std::function<std::uint64_t(const std::string&)>& element_bytes) {
     const Tensor x = seeded_normal(29, "r/x", {4, 64}, 0, 1);
@@ -63,11 +64,13 @@ inline void expect_resident_chain_reads_back_once(const std::vector<std::string>
             EXPECT_EQ(inside.downloads, 0u) << "a result came back to the host before it was read";
             EXPECT_EQ(inside.uploads, 1u) << "only x goes up (the weights are resident)";
             EXPECT_EQ(inside.launches, 5u);
+            EXPECT_EQ(inside.syncs, 0u) << "the host waited for the device before it read anything";
         }
         EXPECT_TRUE(same_tensor_bits(z, host));
         const TransferStats after = *be->transfer_stats() - before;
         EXPECT_EQ(after.downloads, 1u);
         EXPECT_EQ(after.download_bytes, 4u * 32 * element_bytes(spec));
+        EXPECT_EQ(after.syncs, 1u) << "the read is the one wait";
     }
 }
 

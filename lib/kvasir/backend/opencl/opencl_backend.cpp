@@ -213,6 +213,14 @@ struct NodeShared {
     std::recursive_mutex mutex;
     TransferStats transfers;
     std::unique_ptr<DevicePool> pool;
+    // Host bytes of writes enqueued without a wait (an activation inside a
+    // DeviceResidency scope): kept until the in-order queue's next wait,
+    // which finishes them.
+    std::vector<std::vector<std::byte>> in_flight;
+    void waited() {
+        ++transfers.syncs;
+        in_flight.clear();
+    }
 };
 
 // --- device queries -------------------------------------------------------------------
@@ -474,7 +482,7 @@ private:
         KVCL_CHECK(clEnqueueReadBuffer(queue_, buffer_.get(), CL_TRUE, 0, bytes, half_ ? static_cast<void*>(halves.data()) : dst,
                                        0, nullptr, nullptr));
         ++node_->transfers.downloads;
-        ++node_->transfers.syncs;
+        node_->waited();
         node_->transfers.download_bytes += bytes;
         if (half_)
             for (std::size_t i = 0; i < n; ++i) static_cast<float*>(dst)[i] = f16_bits_to_f32(halves[i]);
@@ -624,6 +632,16 @@ public:
             {"weight_cache", describe_weight_cache(weights_->stats().budget_bytes, cache_budget.has_value(),
                                                    "CL_DEVICE_GLOBAL_MEM_SIZE")},
         };
+    }
+
+    // Writes still in flight read NodeShared::in_flight, which may go with
+    // the node: they finish first (the queue is the device's, shared).
+    ~OpenclBackend() override {
+        if (runtime_ == nullptr) return;
+        const std::lock_guard lock(shared_->mutex);
+        if (shared_->in_flight.empty()) return;
+        (void)clFinish(runtime_->queue());
+        shared_->in_flight.clear();
     }
 
     const Capabilities& capabilities() const override { return caps_; }
@@ -1274,7 +1292,7 @@ private:
         ++shared_->transfers.allocations;
         void* host = KVCL_CREATE(clEnqueueMapBuffer, runtime_->queue(), buffer.get(), CL_TRUE, CL_MAP_WRITE_INVALIDATE_REGION,
                                  0, bytes, 0, nullptr, nullptr);
-        ++shared_->transfers.syncs;  // a blocking map waits for the queue
+        shared_->waited();  // a blocking map waits for the queue
         fill(static_cast<std::byte*>(host));
         KVCL_CHECK(clEnqueueUnmapMemObject(runtime_->queue(), buffer.get(), host, 0, nullptr, nullptr));
         ++shared_->transfers.uploads;
@@ -1295,13 +1313,30 @@ private:
     DeviceArg upload(const TensorView& v) const {
         if (std::optional<DeviceArg> here = on_device(v)) return std::move(*here);
         const std::size_t bytes = static_cast<std::size_t>(v.numel()) * storage_bytes();
+        if (resident_ && DeviceResidency::active() && bytes > 0) {
+            // Inside a forward pass: staged in the device's format and written
+            // without a wait (the queue keeps the order; NodeShared::in_flight
+            // keeps the bytes).
+            std::vector<std::byte> staged(bytes);
+            if (caps_.storage == DType::f32 && v.dtype == DType::f32)
+                std::memcpy(staged.data(), v.host_data(), bytes);
+            else
+                to_device_format(v, staged.data());
+            PooledMem b = device_buffer(bytes);
+            shared_->in_flight.push_back(std::move(staged));
+            KVCL_CHECK(clEnqueueWriteBuffer(runtime_->queue(), b.get(), CL_FALSE, 0, bytes, shared_->in_flight.back().data(), 0,
+                                            nullptr, nullptr));
+            ++shared_->transfers.uploads;
+            shared_->transfers.upload_bytes += bytes;
+            return DeviceArg(std::move(b));
+        }
         if (caps_.storage != DType::f32 || v.dtype != DType::f32)
             return DeviceArg(upload_pooled(bytes, [&](std::byte* host) { to_device_format(v, host); }));
         PooledMem b = device_buffer(bytes);
         if (bytes == 0) return DeviceArg(std::move(b));
         KVCL_CHECK(clEnqueueWriteBuffer(runtime_->queue(), b.get(), CL_TRUE, 0, bytes, v.host_data(), 0, nullptr, nullptr));
         ++shared_->transfers.uploads;
-        ++shared_->transfers.syncs;  // a blocking write waits for the queue
+        shared_->waited();  // a blocking write waits for the queue
         shared_->transfers.upload_bytes += bytes;
         return DeviceArg(std::move(b));
     }
@@ -1360,7 +1395,7 @@ private:
         }
         KVCL_CHECK(clEnqueueUnmapMemObject(runtime_->queue(), b.get(), host, 0, nullptr, nullptr));
         ++shared_->transfers.uploads;
-        ++shared_->transfers.syncs;  // the blocking map waited for the queue
+        shared_->waited();  // the blocking map waited for the queue
         shared_->transfers.upload_bytes += bytes;
         return b;
     }
@@ -1508,7 +1543,7 @@ private:
     void read(const Buffer& buffer, std::size_t bytes, void* dst) const {
         KVCL_CHECK(clEnqueueReadBuffer(runtime_->queue(), buffer.get(), CL_TRUE, 0, bytes, dst, 0, nullptr, nullptr));
         ++shared_->transfers.downloads;
-        ++shared_->transfers.syncs;
+        shared_->waited();
         shared_->transfers.download_bytes += bytes;
     }
 
