@@ -306,12 +306,32 @@ Tensor windowed_attention(Backend& be, const TensorView& q, std::span<const Tens
     KVASIR_CHECK(!keys.empty() && keys.size() == values.size() && q.rank() == 3, ErrorCode::bad_input,
                  "attention: q {} with {} key / {} value caches", shape_str(q.shape), keys.size(), values.size());
     const std::int64_t len = keys[0].dim(0);
-    // Keys [k0, k1) of every kv head: views into the cache.
+    // A device KV cache (Backend::kv_rows: the heads one after another in one
+    // result): a window of it is moved on the device into a result of its
+    // own, [heads, k1 − k0, D] — the heads' rows [k0, k1) are columns
+    // [k0·D, k1·D) of the cache seen as [heads, S·D] — which attention then
+    // reads in place; anywhere else the window is views into the cache. With
+    // sinks, attention is the node's composition (Backend::compose_attention),
+    // which reads the values on the host: views into the cache (fetched once)
+    // cost less there than a copy per window.
+    const std::optional<TensorView> kall = sinks == nullptr ? consecutive_parts(keys) : std::nullopt;
+    const std::optional<TensorView> vall = sinks == nullptr ? consecutive_parts(values) : std::nullopt;
     const auto attend_rows = [&](const TensorView& qr, std::int64_t k0, std::int64_t k1) {
         std::vector<TensorView> ks, vs;
-        for (std::size_t g = 0; g < keys.size(); ++g) {
-            ks.push_back(row_slice(keys[g], k0, k1 - k0));
-            vs.push_back(row_slice(values[g], k0, k1 - k0));
+        Tensor kw, vw;
+        if (kall && vall && (k0 > 0 || k1 < len)) {
+            const std::int64_t heads = kall->dim(0), dk = kall->dim(2), dv = vall->dim(2);
+            kw = be.copy_columns(kall->part(0, {heads, len * dk}), k0 * dk, (k1 - k0) * dk);
+            vw = be.copy_columns(vall->part(0, {heads, len * dv}), k0 * dv, (k1 - k0) * dv);
+            for (std::int64_t g = 0; g < heads; ++g) {
+                ks.push_back(kw.view().part(static_cast<std::size_t>(g * (k1 - k0) * dk) * esize(kw.view()), {k1 - k0, dk}));
+                vs.push_back(vw.view().part(static_cast<std::size_t>(g * (k1 - k0) * dv) * esize(vw.view()), {k1 - k0, dv}));
+            }
+        } else {
+            for (std::size_t g = 0; g < keys.size(); ++g) {
+                ks.push_back(row_slice(keys[g], k0, k1 - k0));
+                vs.push_back(row_slice(values[g], k0, k1 - k0));
+            }
         }
         return sinks != nullptr ? be.causal_attention_sinks(qr, ks, vs, scale, *sinks) : be.causal_attention(qr, ks, vs, scale);
     };
@@ -319,12 +339,15 @@ Tensor windowed_attention(Backend& be, const TensorView& q, std::span<const Tens
     KVASIR_CHECK(first >= 0, ErrorCode::bad_input, "attention: {} queries over {} cached keys", t_count, len);
     if (window <= 0 || len <= window) return attend_rows(q, 0, len);
     // Rows r < window − first see their whole prefix; each later row p = first + r its last `window` keys.
+    // Rows of q are views (zero copy; a device result's rows stay where they are).
+    const std::size_t q_row = static_cast<std::size_t>(q.dim(1) * q.dim(2)) * esize(q);
+    const auto q_rows = [&](std::int64_t r, std::int64_t n) { return q.part(static_cast<std::size_t>(r) * q_row, {n, q.dim(1), q.dim(2)}); };
     const std::int64_t full_rows = std::clamp<std::int64_t>(window - first, 0, t_count);
     std::vector<Tensor> parts;
-    if (full_rows > 0) parts.push_back(attend_rows(leading_rows(q, 0, full_rows), 0, first + full_rows));
+    if (full_rows > 0) parts.push_back(attend_rows(q_rows(0, full_rows), 0, first + full_rows));
     for (std::int64_t r = full_rows; r < t_count; ++r) {
         const std::int64_t p = first + r;
-        parts.push_back(attend_rows(leading_rows(q, r, 1), p - window + 1, p + 1));
+        parts.push_back(attend_rows(q_rows(r, 1), p - window + 1, p + 1));
     }
     return parts.size() == 1 ? std::move(parts.front()) : stack_rows(parts);
 }
