@@ -218,7 +218,12 @@ inline void expect_data_movement_matches_the_defaults(
             {"last_rows 3 of prev + 2", [&](Backend& n, bool own) { return n.last_rows(own ? &rpv : &spv, own ? rone : sone, 3); }, 2},
             {"last_rows 3 of prev + 5", [&](Backend& n, bool own) { return n.last_rows(own ? &rpv : &spv, own ? rx : sx, 3); }, 1},
             {"last_rows 3 of zeros + 2", [&](Backend& n, bool own) { return n.last_rows(nullptr, own ? rone : sone, 3); }, 2},
-            {"join_columns 37 + 11", [&](Backend& n, bool own) { return n.join_columns(own ? rx : sx, own ? rb : sb); }, 2},
+            {"join_columns 37 + 11 + 37",
+             [&](Backend& n, bool own) {
+                 const TensorView parts[] = {own ? rx.view() : sx.view(), own ? rb.view() : sb.view(), own ? rx.view() : sx.view()};
+                 return n.join_columns(parts);
+             },
+             3},
             {"broadcast_columns 1 to 9", [&](Backend& n, bool own) { return n.broadcast_columns(own ? rg : sg, 9); }, 1},
         };
         for (const Case& c : cases) {

@@ -464,15 +464,18 @@ public:
         }
         return Tensor::from_f32(y, {n, cols});
     }
-    Tensor join_columns(const TensorView& a, const TensorView& b) override {
-        check_join_columns_args(a, b);
-        if (!moves_on_the_kernel({&a, &b})) return Backend::join_columns(a, b);
-        const std::int64_t rows = rows_of(a), ca = a.shape.back(), cb = b.shape.back();
-        const std::vector<float> as = stage(a), bs = stage(b);
-        std::vector<float> y(static_cast<std::size_t>(rows * (ca + cb)));
-        copy_block(as.data(), y.data(), rows, ca, ca, 0, 0, ca + cb, 0, 0);
-        copy_block(bs.data(), y.data(), rows, cb, cb, 0, 0, ca + cb, 0, ca);
-        return Tensor::from_f32(y, {rows, ca + cb});
+    Tensor join_columns(std::span<const TensorView> parts) override {
+        const std::int64_t cols = check_join_columns_args(parts), rows = rows_of(parts.front());
+        if (!DeviceResidency::active() || caps_.storage != DType::f32 || parts.front().dtype != DType::f32)
+            return Backend::join_columns(parts);
+        std::vector<float> y(static_cast<std::size_t>(rows * cols));
+        std::int64_t c0 = 0;
+        for (const TensorView& p : parts) {
+            const std::vector<float> ps = stage(p);
+            copy_block(ps.data(), y.data(), rows, p.shape.back(), p.shape.back(), 0, 0, cols, 0, c0);
+            c0 += p.shape.back();
+        }
+        return Tensor::from_f32(y, {rows, cols});
     }
     Tensor broadcast_columns(const TensorView& col, std::int64_t cols) override {
         if (!moves_on_the_kernel({&col}) || col.rank() < 1 || col.shape.back() != 1) return Backend::broadcast_columns(col, cols);

@@ -695,7 +695,7 @@ std::vector<Fixture> device_side_fixtures() {
     for (const Fixture& f : fixtures())
         if (f.name == "qwen3_moe_tiny" || f.name == "mixtral_tiny" || f.name == "olmoe_tiny" || f.name == "llama_tiny" ||
             f.name == "qwen3_tiny" || f.name == "qwen3_5_moe_tiny" || f.name == "qwen3_5_tiny" || f.name == "mistral_tiny" ||
-            f.name == "qwen2_tiny")
+            f.name == "qwen2_tiny" || f.name == "glm4_moe_tiny" || f.name == "qwen3_next_tiny")
             out.push_back(f);
     return out;
 }

@@ -425,7 +425,8 @@ Tensor LayerGraph::rope_partial(const Tensor& x, std::span<const std::int64_t> p
     rot = std::move(rot).reshaped({t_count * heads, rd});
     Tensor pass = be.copy_columns(x, rd, d - rd);  // [T·heads, d − rd], x's dtype
     if (pass.dtype() != rot.dtype()) pass = Tensor::convert(pass, rot.dtype());
-    return std::move(be.join_columns(rot, pass)).reshaped({t_count, heads, d});
+    const TensorView both[] = {rot.view(), pass.view()};
+    return std::move(be.join_columns(both)).reshaped({t_count, heads, d});
 }
 
 Tensor LayerGraph::gated_attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos,
@@ -472,19 +473,9 @@ Tensor LayerGraph::gated_deltanet(const LayerWeights& w, const TensorView& x, st
             as.push_back(be.copy_columns(ba, g * gb + rep, rep));
         }
         const auto cat = [&](const std::vector<Tensor>& parts) {  // concatenate along columns
-            std::int64_t cols = 0;
-            for (const Tensor& p : parts) cols += p.dim(1);
-            Tensor out(parts.front().dtype(), {t_count, cols});
-            const std::size_t es = dtype_size(out.dtype());
-            std::int64_t c0 = 0;
-            for (const Tensor& p : parts) {
-                for (std::int64_t t = 0; t < t_count; ++t)
-                    std::memcpy(bytes_of(out) + static_cast<std::size_t>(t * cols + c0) * es,
-                                static_cast<const std::byte*>(p.raw()) + static_cast<std::size_t>(t * p.dim(1)) * es,
-                                static_cast<std::size_t>(p.dim(1)) * es);
-                c0 += p.dim(1);
-            }
-            return out;
+            std::vector<TensorView> views;
+            for (const Tensor& p : parts) views.push_back(p.view());
+            return be.join_columns(views);
         };
         std::vector<Tensor> all = qs;
         all.insert(all.end(), ks.begin(), ks.end());

@@ -639,24 +639,31 @@ void check_last_rows_args(const TensorView* prev, const TensorView& x, std::int6
                  n, prev != nullptr ? prev->dim(0) : n, x.dim(0));
 }
 
-void check_join_columns_args(const TensorView& a, const TensorView& b) {
-    KVASIR_CHECK(a.rank() >= 1 && b.rank() >= 1 && a.dtype == b.dtype && rows_of(a) == rows_of(b), ErrorCode::internal,
-                 "join_columns: {} {} and {} {}", dtype_name(a.dtype), shape_str(a.shape), dtype_name(b.dtype), shape_str(b.shape));
+std::int64_t check_join_columns_args(std::span<const TensorView> parts) {
+    KVASIR_CHECK(!parts.empty(), ErrorCode::internal, "join_columns: no parts");
+    std::int64_t cols = 0;
+    for (const TensorView& p : parts) {
+        KVASIR_CHECK(p.rank() >= 1 && p.dtype == parts.front().dtype && rows_of(p) == rows_of(parts.front()),
+                     ErrorCode::internal, "join_columns: {} {} and {} {}", dtype_name(parts.front().dtype),
+                     shape_str(parts.front().shape), dtype_name(p.dtype), shape_str(p.shape));
+        cols += p.shape.back();
+    }
+    return cols;
 }
 
-Tensor Backend::join_columns(const TensorView& a, const TensorView& b) {
-    check_join_columns_args(a, b);
-    const std::int64_t rows = rows_of(a), ca = a.shape.back(), cb = b.shape.back();
-    const std::size_t es = dtype_size(a.dtype);
-    Tensor out(a.dtype, {rows, ca + cb});
-    const auto* pa = static_cast<const std::byte*>(a.host_data());
-    const auto* pb = static_cast<const std::byte*>(b.host_data());
+Tensor Backend::join_columns(std::span<const TensorView> parts) {
+    const std::int64_t cols = check_join_columns_args(parts), rows = rows_of(parts.front());
+    const std::size_t es = dtype_size(parts.front().dtype);
+    Tensor out(parts.front().dtype, {rows, cols});
     auto* dst = static_cast<std::byte*>(out.raw());
-    for (std::int64_t r = 0; r < rows; ++r) {
-        std::memcpy(dst + static_cast<std::size_t>(r * (ca + cb)) * es, pa + static_cast<std::size_t>(r * ca) * es,
-                    static_cast<std::size_t>(ca) * es);
-        std::memcpy(dst + static_cast<std::size_t>(r * (ca + cb) + ca) * es, pb + static_cast<std::size_t>(r * cb) * es,
-                    static_cast<std::size_t>(cb) * es);
+    std::int64_t c0 = 0;
+    for (const TensorView& p : parts) {
+        const std::int64_t cp = p.shape.back();
+        const auto* src = static_cast<const std::byte*>(p.host_data());
+        for (std::int64_t r = 0; r < rows; ++r)
+            std::memcpy(dst + static_cast<std::size_t>(r * cols + c0) * es, src + static_cast<std::size_t>(r * cp) * es,
+                        static_cast<std::size_t>(cp) * es);
+        c0 += cp;
     }
     return out;
 }

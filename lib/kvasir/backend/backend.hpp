@@ -274,13 +274,14 @@ public:
     //    gated attention's query | gate, a partial rope's rotated part).
     //  last_rows: the last n rows of [prev; x] — prev [P, C] (null: zero rows
     //    in its place), x [T, C] — as [n, C] (a causal conv's history).
-    //  join_columns: [rows, ca] ‖ [rows, cb] → [rows, ca + cb], one dtype (a
-    //    partial rope's rotated and passed-through parts).
+    //  join_columns: [rows, c0] ‖ [rows, c1] ‖ … → [rows, c0 + c1 + …], one
+    //    dtype (a partial rope's rotated and passed-through parts, a fused
+    //    projection's interleaved groups regrouped).
     //  broadcast_columns: out[r, c] = col[r] for c < cols, col [rows, 1] (a
     //    shared expert's gate, one per token, over the expert's output).
     virtual Tensor copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n);
     virtual Tensor last_rows(const TensorView* prev, const TensorView& x, std::int64_t n);
-    virtual Tensor join_columns(const TensorView& a, const TensorView& b);
+    virtual Tensor join_columns(std::span<const TensorView> parts);
     virtual Tensor broadcast_columns(const TensorView& col, std::int64_t cols);
 
 protected:
@@ -321,10 +322,11 @@ void check_attention_args(const TensorView& q, std::span<const TensorView> keys,
 // for `rows` tokens of an expert of width `inner`: for a device node that runs
 // the experts without those calls (expert_ffns overridden).
 void check_expert_shapes(const ExpertWeights& ew, std::int64_t rows, std::int64_t inner);
-void check_sinks_args(const TensorView& q, const TensorView& sinks);
+void check_sinks_args(const TensorView& q, const TensorView& sinks);  // sinks [nh] for q [T, nh, D]
 void check_copy_columns_args(const TensorView& x, std::int64_t c0, std::int64_t n);
 void check_last_rows_args(const TensorView* prev, const TensorView& x, std::int64_t n);
-void check_join_columns_args(const TensorView& a, const TensorView& b);  // sinks [nh] for q [T, nh, D]
+// Returns the joined width; at least one part.
+std::int64_t check_join_columns_args(std::span<const TensorView> parts);
 
 // y = x·wᵀ + bias (bias [N], or absent: data null) with be's matmul and add:
 // nn.Linear on one node — the decoder layer's projections and the experts'.

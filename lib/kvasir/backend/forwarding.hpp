@@ -57,7 +57,7 @@ public:
     Tensor last_rows(const TensorView* prev, const TensorView& x, std::int64_t n) override {
         return inner_.last_rows(prev, x, n);
     }
-    Tensor join_columns(const TensorView& a, const TensorView& b) override { return inner_.join_columns(a, b); }
+    Tensor join_columns(std::span<const TensorView> parts) override { return inner_.join_columns(parts); }
     Tensor broadcast_columns(const TensorView& col, std::int64_t cols) override { return inner_.broadcast_columns(col, cols); }
 
 protected:

@@ -908,19 +908,22 @@ public:
     }
     // Two of this node's results side by side, inside a DeviceResidency
     // scope: moved on the device. Anything else: the default.
-    Tensor join_columns(const TensorView& a, const TensorView& b) override {
-        check_join_columns_args(a, b);
-        if (!resident_ || !DeviceResidency::active() || ours(a) == nullptr || ours(b) == nullptr)
-            return Backend::join_columns(a, b);
-        const std::int64_t rows = rows_of(a), ca = a.shape.back(), cb = b.shape.back();
-        check_int_range("join_columns", {rows * (ca + cb)});
-        if (rows * (ca + cb) == 0) return Tensor(DType::f32, {rows, ca + cb});
+    Tensor join_columns(std::span<const TensorView> parts) override {
+        const std::int64_t cols = check_join_columns_args(parts), rows = rows_of(parts.front());
+        if (!resident_ || !DeviceResidency::active() ||
+            std::any_of(parts.begin(), parts.end(), [&](const TensorView& p) { return ours(p) == nullptr; }))
+            return Backend::join_columns(parts);
+        check_int_range("join_columns", {rows * cols});
+        if (rows * cols == 0) return Tensor(DType::f32, {rows, cols});
         const std::lock_guard lock(shared_->mutex);
-        PooledMem yb = output(rows * (ca + cb));
-        const DeviceArg ab = upload(a), bb = upload(b);
-        copy_block(ab.get(), yb.get(), rows, ca, ca, 0, 0, ca + cb, 0, 0);
-        copy_block(bb.get(), yb.get(), rows, cb, cb, 0, 0, ca + cb, 0, ca);
-        return result(std::move(yb), {rows, ca + cb});
+        PooledMem yb = output(rows * cols);
+        std::int64_t c0 = 0;
+        for (const TensorView& p : parts) {
+            const DeviceArg pb = upload(p);
+            copy_block(pb.get(), yb.get(), rows, p.shape.back(), p.shape.back(), 0, 0, cols, 0, c0);
+            c0 += p.shape.back();
+        }
+        return result(std::move(yb), {rows, cols});
     }
 
     Tensor sigmoid(const TensorView& x) override { return unary_elementwise("kv_sigmoid", x); }
