@@ -248,6 +248,27 @@ TEST_F(Opencl, AChainOfOpsInAResidencyScopeStaysOnTheDeviceUntilTheHostReadsIt) 
         [](const std::string& spec) -> std::uint64_t { return spec == "opencl:0:storage=f16" ? 2 : 4; });
 }
 
+TEST_F(Opencl, AsyncUploadsZeroMakesAForwardPassUploadWait) {
+    // Inside a DeviceResidency scope x goes up without a wait (the default)
+    // or with one (async_uploads=0, the behaviour before stop 48); the bits
+    // are the same, the name keeps the option, a bad value is bad input.
+    const Tensor x = seeded_normal(24, "async/x", {3, 50}, 0, 1);
+    auto on = node(), off = node("opencl:0:async_uploads=0");
+    EXPECT_EQ(off->capabilities().node, "opencl:0:async_uploads=0");
+    EXPECT_EQ(on->capabilities().node, "opencl:0");
+    std::vector<Tensor> out;
+    for (Backend* b : {on.get(), off.get()}) {
+        const TransferStats before = *b->transfer_stats();
+        const DeviceResidency scope;
+        out.push_back(b->scale(x, 0.5));
+        const TransferStats moved = *b->transfer_stats() - before;
+        EXPECT_EQ(moved.uploads, 1u) << b->capabilities().node;
+        EXPECT_EQ(moved.syncs, b == on.get() ? 0u : 1u) << b->capabilities().node;
+    }
+    EXPECT_TRUE(test::same_tensor_bits(out[0], out[1]));
+    EXPECT_EQ(code_of([] { create_backend("opencl:0:async_uploads=2"); }), ErrorCode::bad_input);
+}
+
 TEST_F(Opencl, APartOfAResultIsReadWhereItIsAndGivesTheBitsOfItsUpload) {
     // A sub-buffer where the offset is aligned for one, else a device-to-device copy.
     test::expect_resident_parts_read_in_place("opencl:0");

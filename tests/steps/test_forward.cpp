@@ -683,7 +683,8 @@ INSTANTIATE_TEST_SUITE_P(HybridAndDense, ForwardOpencl, ::testing::ValuesIn(hybr
 // shared expert's gate: copy_columns, last_rows, join_columns and
 // broadcast_columns on the device): the token's embedding row goes up, each
 // MoE layer's slice of the authority's routing goes up, none of them waiting
-// (NodeShared::in_flight keeps their bytes), and the logits the caller reads
+// (NodeShared::in_flight keeps their bytes; async_uploads=0 makes them wait),
+// and the logits the caller reads
 // come back: the step's one host wait — nothing per op, nothing per expert
 // (weights resident: a first pass uploaded them). The embedding row is a host
 // tensor, so it goes up twice (for layer 0's norm and its residual add). The

@@ -548,6 +548,11 @@ public:
                              "backend '{}': resident={} (0: every result comes back to the host, 1: a forward pass's "
                              "results stay on the device)", spec.canonical(), value);
                 resident_ = value == "1";
+            } else if (key == "async_uploads") {
+                KVASIR_CHECK(value == "0" || value == "1", ErrorCode::bad_input,
+                             "backend '{}': async_uploads={} (1: a forward pass's uploads do not wait; 0: they do)",
+                             spec.canonical(), value);
+                async_uploads_ = value == "1";
             } else if (!apply_precision_option(spec, key, value, caps_)) {
                 fail(ErrorCode::bad_input,
                      "backend '{}': unknown option '{}' (opencl takes storage=, acc=, weight_cache=, resident=)",
@@ -576,7 +581,6 @@ public:
             caps_.storage == DType::f16 ? 1 : 0, caps_.storage == DType::bf16 ? 1 : 0,
             caps_.accumulation == DType::f16 ? 1 : 0, tile_, kMatmulOutputsPerItem, row_wg_);
         runtime_ = &runtime_for(*info_);
-
         BackendSpec canonical;
         canonical.name = "opencl";
         canonical.device = info_->index;
@@ -586,6 +590,7 @@ public:
         // Kept in the name when given, so a child process of the audit gets it too.
         if (cache_budget) canonical.options["weight_cache"] = std::to_string(*cache_budget >> 20);
         if (!resident_) canonical.options["resident"] = "0";  // the results' bits are the same either way
+        if (!async_uploads_) canonical.options["async_uploads"] = "0";
         caps_.node = canonical.canonical();
         caps_.backend = "opencl";
         caps_.device = info_->name;
@@ -629,6 +634,8 @@ public:
             {"build_options", fmt::format("{} {}", cl_std_option(info_->opencl_c), defines_)},
             {"resident", resident_ ? "a forward pass's results stay on the device; the host reads back what it uses"
                                    : "off (resident=0): every result is read back after its op"},
+            {"async_uploads", async_uploads_ ? "on: a forward pass's uploads do not wait (their bytes are kept until the queue's next wait)"
+                                              : "off (async_uploads=0): every upload waits for its copy"},
             {"weight_cache", describe_weight_cache(weights_->stats().budget_bytes, cache_budget.has_value(),
                                                    "CL_DEVICE_GLOBAL_MEM_SIZE")},
         };
@@ -1316,7 +1323,7 @@ private:
     DeviceArg upload(const TensorView& v) const {
         if (std::optional<DeviceArg> here = on_device(v)) return std::move(*here);
         const std::size_t bytes = static_cast<std::size_t>(v.numel()) * storage_bytes();
-        if (resident_ && DeviceResidency::active() && bytes > 0) {
+        if (async_uploads_ && resident_ && DeviceResidency::active() && bytes > 0) {
             // Inside a forward pass: staged in the device's format and written
             // without a wait (the queue keeps the order; NodeShared::in_flight
             // keeps the bytes).
@@ -1652,6 +1659,7 @@ private:
     // node's device results, which may outlive it.
     std::shared_ptr<NodeShared> shared_ = std::make_shared<NodeShared>();
     bool resident_ = true;  // resident=1: results stay on the device inside a DeviceResidency scope
+    bool async_uploads_ = true;  // async_uploads=1: a forward pass's uploads do not wait (0: they do, as before)
     std::map<std::string, ClKernel> kernels_;
     std::unique_ptr<WeightCache<ClMem>> weights_;  // device-resident weights
 };
