@@ -281,27 +281,6 @@ TEST(GpuMath, SinCosWithinHalfUlpOfTheF32Angle) {
 
 // ---- 1b. the kernels themselves, on the CPU emulation ---------------------------------
 
-TEST(EmulatedKernels, MatmulIsOneFmaChainPerOutputInAscendingK) {
-    // The order the kernel promises (ops.cuh), whatever the tiling: acc = 0,
-    // then acc = fmaf(x_k, w_k, acc) for k = 0, 1, ... — every output, every
-    // edge of the 64×64 tile and of the 16-deep K stage.
-    test::EmulatedGpuBackend emu("gpu-emu");
-    for (const auto& [T, N, K] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
-             {1, 1, 1}, {5, 7, 13}, {70, 130, 100}, {3, 65, 33}, {64, 70, 1000}}) {
-        const Tensor x = seeded_normal(7, "emu/x", {T, K}, 0, 1);
-        const Tensor w = seeded_normal(7, "emu/w", {N, K}, 0, 1 / std::sqrt(static_cast<double>(K)));
-        const Tensor y = emu.matmul(x, w);
-        std::vector<float> want(static_cast<std::size_t>(T * N));
-        for (std::int64_t t = 0; t < T; ++t)
-            for (std::int64_t n = 0; n < N; ++n) {
-                float acc = 0.0f;
-                for (std::int64_t k = 0; k < K; ++k) acc = std::fmaf(x.as<float>()[t * K + k], w.as<float>()[n * K + k], acc);
-                want[static_cast<std::size_t>(t * N + n)] = acc;
-            }
-        EXPECT_EQ(std::memcmp(y.raw(), want.data(), y.nbytes()), 0) << T << "x" << N << "x" << K;
-    }
-}
-
 namespace {
 // y = x·wᵀ by the kernel with tiling Tl, launched on the emulation over the
 // whole shape (one K slice).
@@ -327,6 +306,22 @@ std::vector<float> fma_chains(const Tensor& x, const Tensor& w) {
     return want;
 }
 }  // namespace
+
+TEST(EmulatedKernels, MatmulIsOneFmaChainPerOutputInAscendingK) {
+    // The order the kernel promises (ops.cuh), whatever the tiling: acc = 0,
+    // then acc = fmaf(x_k, w_k, acc) for k = 0, 1, ... — every output, every
+    // edge of the 64×64 tile and of the 16-deep K stage.
+    test::EmulatedGpuBackend emu("gpu-emu");
+    for (const auto& [T, N, K] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+             {1, 1, 1}, {5, 7, 13}, {70, 130, 100}, {3, 65, 33}, {64, 70, 1000}}) {
+        const Tensor x = seeded_normal(7, "emu/x", {T, K}, 0, 1);
+        const Tensor w = seeded_normal(7, "emu/w", {N, K}, 0, 1 / std::sqrt(static_cast<double>(K)));
+        const Tensor y = emu.matmul(x, w);
+        const std::vector<float> want = fma_chains(x, w);
+        EXPECT_EQ(std::memcmp(y.raw(), want.data(), y.nbytes()), 0) << T << "x" << N << "x" << K;
+    }
+}
+
 
 TEST(EmulatedKernels, EveryTilingIsTheSameChainPerOutput) {
     // The tiling is speed, never bits (ops.cuh): wide (128×128, 8×8 per
