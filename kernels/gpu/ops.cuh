@@ -19,7 +19,7 @@
 //   attention_kernel causal GQA attention, one block per (query row, head) over the keys
 //                    it sees: this node's matmul/scale/softmax/matmul composition bit for bit
 //   store_kernel     round a buffer to the storage format (after split-K atomics)
-//   copy_block_kernel  a block of rows × columns moved as it is (copy_columns, last_rows, join_columns, broadcast_columns)
+//   copy_block_kernel  a block of rows × columns moved as it is (copy_columns, last_rows, join_columns, repeat_columns)
 //   causal_conv1d_silu_kernel   y[t,c] = silu(Σ_j w[c,j]·xx[t+j,c]), one Accum chain in
 //                    ascending j (linear_attention.hpp; Gated DeltaNet)
 //   gated_delta_kernel          the gated delta rule, one block per value head, tokens
@@ -668,20 +668,21 @@ __global__ void moe_combine_kernel(const float* y, const std::uint32_t* table, f
     }
 }
 
-// Data movement (Backend::copy_columns / last_rows / join_columns): rows × n
-// values of src [*, src_cols] from row src_r0, column src_c0 on (every
-// src_step-th column: 0 repeats one, broadcast_columns), to y [*, y_cols]
-// from row y_r0, column y_c0 on — moved as they are (already in storage
-// format).
+// Data movement (Backend::copy_columns / last_rows / join_columns /
+// repeat_columns): rows × n values to y [*, y_cols] from row y_r0, column
+// y_c0 on; value (r, c) is src [*, src_cols]'s row src_r0 + r, column
+// src_c0 + c'·src_step with c' = c mod src_wrap (src_wrap 0: c' = c) —
+// moved as they are (already in storage format).
 __global__ void copy_block_kernel(const float* src, float* y, int rows, int n, int src_cols, int src_r0, int src_c0,
-                                  int src_step, int y_cols, int y_r0, int y_c0) {
+                                  int src_step, int src_wrap, int y_cols, int y_r0, int y_c0) {
     const std::size_t count = static_cast<std::size_t>(rows) * static_cast<std::size_t>(n);
     for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
          i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
         const std::size_t r = i / static_cast<std::size_t>(n), c = i % static_cast<std::size_t>(n);
+        const std::size_t cs = src_wrap > 0 ? c % static_cast<std::size_t>(src_wrap) : c;
         y[(static_cast<std::size_t>(y_r0) + r) * static_cast<std::size_t>(y_cols) + static_cast<std::size_t>(y_c0) + c] =
             src[(static_cast<std::size_t>(src_r0) + r) * static_cast<std::size_t>(src_cols) + static_cast<std::size_t>(src_c0) +
-                c * static_cast<std::size_t>(src_step)];
+                cs * static_cast<std::size_t>(src_step)];
     }
 }
 

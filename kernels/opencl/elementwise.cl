@@ -70,17 +70,19 @@ __kernel void kv_cache_rows(__global const kv_store_t* cache, __global const kv_
         KV_STORE(KV_LOAD(rows, ((s - (size_t)keep) * (size_t)heads + g) * (size_t)d + j), y, i);
 }
 
-// Data movement (Backend::copy_columns / last_rows / join_columns): rows × n
-// stored values of src [*, src_cols] from row src_r0, column src_c0 on
-// (every src_step-th column: 0 repeats one, broadcast_columns), to y
-// [*, y_cols] from row y_r0, column y_c0 on — moved as they are.
+// Data movement (Backend::copy_columns / last_rows / join_columns /
+// repeat_columns): rows × n stored values to y [*, y_cols] from row y_r0,
+// column y_c0 on; value (r, c) is src [*, src_cols]'s row src_r0 + r, column
+// src_c0 + c'·src_step with c' = c mod src_wrap (src_wrap 0: c' = c) —
+// moved as they are.
 __kernel void kv_copy_block(__global const kv_store_t* src, __global kv_store_t* y, const int rows, const int n,
-                            const int src_cols, const int src_r0, const int src_c0, const int src_step, const int y_cols,
-                            const int y_r0, const int y_c0) {
+                            const int src_cols, const int src_r0, const int src_c0, const int src_step, const int src_wrap,
+                            const int y_cols, const int y_r0, const int y_c0) {
     const size_t i = get_global_id(0);
     if (i >= (size_t)rows * (size_t)n) return;
     const size_t r = i / (size_t)n, c = i % (size_t)n;
-    KV_STORE(KV_LOAD(src, ((size_t)src_r0 + r) * (size_t)src_cols + (size_t)src_c0 + c * (size_t)src_step), y,
+    const size_t cs = src_wrap > 0 ? c % (size_t)src_wrap : c;
+    KV_STORE(KV_LOAD(src, ((size_t)src_r0 + r) * (size_t)src_cols + (size_t)src_c0 + cs * (size_t)src_step), y,
              ((size_t)y_r0 + r) * (size_t)y_cols + (size_t)y_c0 + c);
 }
 

@@ -174,13 +174,14 @@ inline void expect_combine_ops_match_the_defaults(
     }
 }
 
-// copy_columns, last_rows, join_columns and broadcast_columns (the forward
-// pass's data movement: Gated DeltaNet's q | k | v and conv history, gated
-// attention's query | gate, a partial rope's parts, a shared expert's gate)
+// copy_columns (also strided), last_rows, join_columns (also with zero
+// parts) and repeat_columns (the forward pass's data movement: Gated
+// DeltaNet's q | k | v and conv history, gated attention's query | gate, a
+// partial rope's parts, a shared expert's gate, MLA's per-head keys)
 // give the default's bits (a host copy, Backend's) on the node's own results
 // inside a DeviceResidency scope — and, on a device node, stay there: no
-// read, no upload, one launch per block moved (a zero fill for last_rows'
-// missing history counts as one). Outside a scope, on host tensors, the
+// read, no upload, one launch per block moved (a zero fill — last_rows'
+// missing history, join_columns' zero parts — counts as one). Outside a scope, on host tensors, the
 // default's bits too. Ragged sizes: 5 rows of 37 columns, blocks at odd offsets.
 inline void expect_data_movement_matches_the_defaults(
     const std::vector<std::string>& specs,
@@ -224,7 +225,17 @@ inline void expect_data_movement_matches_the_defaults(
                  return n.join_columns(parts);
              },
              3},
-            {"broadcast_columns 1 to 9", [&](Backend& n, bool own) { return n.broadcast_columns(own ? rg : sg, 9); }, 1},
+            {"repeat_columns 1 column 9 times", [&](Backend& n, bool own) { return n.repeat_columns(own ? rg : sg, 9); }, 1},
+            {"repeat_columns 11 columns 3 times", [&](Backend& n, bool own) { return n.repeat_columns(own ? rb : sb, 3); }, 1},
+            {"copy_columns every 2nd from 1", [&](Backend& n, bool own) { return n.copy_columns(own ? rx : sx, 1, 18, 2); }, 1},
+            {"copy_columns every 3rd from 0", [&](Backend& n, bool own) { return n.copy_columns(own ? rx : sx, 0, 13, 3); }, 1},
+            {"join_columns 37 + zeros 4 + 11",
+             [&](Backend& n, bool own) {
+                 const TensorView parts[] = {own ? rx.view() : sx.view(), TensorView{DType::f32, nullptr, {5, 4}},
+                                             own ? rb.view() : sb.view()};
+                 return n.join_columns(parts);
+             },
+             3},
         };
         for (const Case& c : cases) {
             const TransferStats before = device ? *be->transfer_stats() : TransferStats{};

@@ -427,40 +427,41 @@ public:
         });
     }
 
-    // The GPU node's copy_columns / last_rows / join_columns /
-    // broadcast_columns inside a DeviceResidency scope on copy_block_kernel
-    // (the device moves its own results, already in storage format: here,
-    // f32 on an f32 node).
+    // The GPU node's data movement (copy_columns, last_rows, join_columns,
+    // repeat_columns) inside a DeviceResidency scope, on copy_block_kernel
+    // block by block (backend.hpp BlockCopy); the device moves its own
+    // results, already in storage format: here, f32 on an f32 node.
     bool moves_on_the_kernel(std::initializer_list<const TensorView*> in) const {
         return DeviceResidency::active() && caps_.storage == DType::f32 &&
                std::all_of(in.begin(), in.end(), [](const TensorView* v) { return v == nullptr || v->dtype == DType::f32; });
     }
-    static void copy_block(const float* src, float* y, std::int64_t rows, std::int64_t n, std::int64_t src_cols,
-                           std::int64_t src_r0, std::int64_t src_c0, std::int64_t y_cols, std::int64_t y_r0,
-                           std::int64_t y_c0 = 0, std::int64_t src_step = 1) {
-        launch_elementwise(static_cast<std::size_t>(rows * n), gpu_host::copy_block_kernel, src, y, static_cast<int>(rows),
-                           static_cast<int>(n), static_cast<int>(src_cols), static_cast<int>(src_r0), static_cast<int>(src_c0),
-                           static_cast<int>(src_step), static_cast<int>(y_cols), static_cast<int>(y_r0), static_cast<int>(y_c0));
+    static void copy_block(const float* src, float* y, const BlockCopy& b) {
+        launch_elementwise(static_cast<std::size_t>(b.rows * b.n), gpu_host::copy_block_kernel, src, y, static_cast<int>(b.rows),
+                           static_cast<int>(b.n), static_cast<int>(b.src_cols), static_cast<int>(b.src_r0),
+                           static_cast<int>(b.src_c0), static_cast<int>(b.src_step), static_cast<int>(b.src_wrap),
+                           static_cast<int>(b.y_cols), static_cast<int>(b.y_r0), static_cast<int>(b.y_c0));
     }
-    Tensor copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n) override {
-        check_copy_columns_args(x, c0, n);
-        if (!moves_on_the_kernel({&x})) return Backend::copy_columns(x, c0, n);
-        const std::int64_t rows = rows_of(x), cols = x.shape.back();
+    using Backend::copy_columns;
+    Tensor copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n, std::int64_t step) override {
+        check_copy_columns_args(x, c0, n, step);
+        if (!moves_on_the_kernel({&x})) return Backend::copy_columns(x, c0, n, step);
+        const std::int64_t rows = rows_of(x);
         const std::vector<float> xs = stage(x);
         std::vector<float> y(static_cast<std::size_t>(rows * n));
-        copy_block(xs.data(), y.data(), rows, n, cols, 0, c0, n, 0);
+        copy_block(xs.data(), y.data(), copy_columns_block(x, c0, n, step));
         return Tensor::from_f32(y, {rows, n});
     }
     Tensor last_rows(const TensorView* prev, const TensorView& x, std::int64_t n) override {
         check_last_rows_args(prev, x, n);
         if (!moves_on_the_kernel({prev, &x})) return Backend::last_rows(prev, x, n);
-        const std::int64_t t_count = x.dim(0), cols = x.dim(1), from_x = std::min(t_count, n), from_prev = n - from_x;
+        const std::int64_t cols = x.dim(1);
+        const std::array<BlockCopy, 2> blocks = last_rows_blocks(prev, x, n);
         const std::vector<float> xs = stage(x);
         std::vector<float> y(static_cast<std::size_t>(n * cols));  // zeros: the rows of a null prev
-        copy_block(xs.data(), y.data(), from_x, cols, cols, t_count - from_x, 0, cols, from_prev);
+        copy_block(xs.data(), y.data(), blocks[0]);
         if (prev != nullptr) {
             const std::vector<float> ps = stage(*prev);
-            copy_block(ps.data(), y.data(), from_prev, cols, cols, prev->dim(0) - from_prev, 0, cols, 0);
+            copy_block(ps.data(), y.data(), blocks[1]);
         }
         return Tensor::from_f32(y, {n, cols});
     }
@@ -468,21 +469,22 @@ public:
         const std::int64_t cols = check_join_columns_args(parts), rows = rows_of(parts.front());
         if (!DeviceResidency::active() || caps_.storage != DType::f32 || parts.front().dtype != DType::f32)
             return Backend::join_columns(parts);
-        std::vector<float> y(static_cast<std::size_t>(rows * cols));
-        std::int64_t c0 = 0;
-        for (const TensorView& p : parts) {
-            const std::vector<float> ps = stage(p);
-            copy_block(ps.data(), y.data(), rows, p.shape.back(), p.shape.back(), 0, 0, cols, 0, c0);
-            c0 += p.shape.back();
+        std::vector<float> y(static_cast<std::size_t>(rows * cols));  // zeros: the zero parts
+        const std::vector<BlockCopy> blocks = join_columns_blocks(parts);
+        for (std::size_t i = 0; i < parts.size(); ++i) {
+            if (zero_part(parts[i])) continue;
+            const std::vector<float> ps = stage(parts[i]);
+            copy_block(ps.data(), y.data(), blocks[i]);
         }
         return Tensor::from_f32(y, {rows, cols});
     }
-    Tensor broadcast_columns(const TensorView& col, std::int64_t cols) override {
-        if (!moves_on_the_kernel({&col}) || col.rank() < 1 || col.shape.back() != 1) return Backend::broadcast_columns(col, cols);
-        const std::int64_t rows = rows_of(col);
-        const std::vector<float> cs = stage(col);
+    Tensor repeat_columns(const TensorView& x, std::int64_t times) override {
+        check_repeat_columns_args(x, times);
+        if (!moves_on_the_kernel({&x})) return Backend::repeat_columns(x, times);
+        const std::int64_t rows = rows_of(x), cols = times * x.shape.back();
+        const std::vector<float> xs = stage(x);
         std::vector<float> y(static_cast<std::size_t>(rows * cols));
-        copy_block(cs.data(), y.data(), rows, cols, 1, 0, 0, cols, 0, 0, 0);
+        copy_block(xs.data(), y.data(), repeat_columns_block(x, times));
         return Tensor::from_f32(y, {rows, cols});
     }
 

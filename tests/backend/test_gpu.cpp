@@ -510,7 +510,7 @@ TEST(EmulatedKernels, AddMulAndScaleGiveTheDefaultsBitsOnEveryStorage) {
 }
 
 TEST(EmulatedKernels, DataMovementGivesTheDefaultsBits) {
-    // copy_block_kernel (ops.cuh), as the GPU node runs copy_columns, last_rows, join_columns, broadcast_columns.
+    // copy_block_kernel (ops.cuh), as the GPU node runs copy_columns, last_rows, join_columns, repeat_columns.
     test::expect_data_movement_matches_the_defaults(
         {"gpu-emu", "gpu-emu:storage=f16", "gpu-emu:storage=bf16"},
         [](const std::string& spec) -> std::unique_ptr<Backend> { return std::make_unique<test::EmulatedGpuBackend>(spec); });

@@ -287,7 +287,7 @@ TEST_F(Opencl, AddMulAndScaleGiveTheDefaultsBitsOnEveryStorage) {
 }
 
 TEST_F(Opencl, DataMovementGivesTheDefaultsBitsWhereTheResultsAre) {
-    // kv_copy_block (elementwise.cl): copy_columns, last_rows, join_columns, broadcast_columns.
+    // kv_copy_block (elementwise.cl): copy_columns, last_rows, join_columns, repeat_columns.
     test::expect_data_movement_matches_the_defaults({"opencl:0", "opencl:0:storage=f16", "opencl:0:storage=bf16"});
 }
 

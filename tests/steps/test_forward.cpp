@@ -680,8 +680,8 @@ INSTANTIATE_TEST_SUITE_P(HybridAndDense, ForwardOpencl, ::testing::ValuesIn(hybr
 // attention over the device KV cache, the MoE block (gather, experts,
 // combine) or the dense MLP, and the hybrids (Gated DeltaNet with its conv
 // history and recurrent state, gated attention with its partial rope, the
-// shared expert's gate: copy_columns, last_rows, join_columns and
-// broadcast_columns on the device): the token's embedding row goes up, each
+// shared expert's gate, MLA's per-head keys: copy_columns, last_rows,
+// join_columns and repeat_columns on the device): the token's embedding row goes up, each
 // MoE layer's slice of the authority's routing goes up, none of them waiting
 // (NodeShared::in_flight keeps their bytes; async_uploads=0 makes them wait),
 // and the logits the caller reads
@@ -696,7 +696,8 @@ std::vector<Fixture> device_side_fixtures() {
     for (const Fixture& f : fixtures())
         if (f.name == "qwen3_moe_tiny" || f.name == "mixtral_tiny" || f.name == "olmoe_tiny" || f.name == "llama_tiny" ||
             f.name == "qwen3_tiny" || f.name == "qwen3_5_moe_tiny" || f.name == "qwen3_5_tiny" || f.name == "mistral_tiny" ||
-            f.name == "qwen2_tiny" || f.name == "glm4_moe_tiny" || f.name == "qwen3_next_tiny")
+            f.name == "qwen2_tiny" || f.name == "glm4_moe_tiny" || f.name == "qwen3_next_tiny" || f.name == "deepseek_v3_tiny" ||
+            f.name == "kimi_k2_tiny")
             out.push_back(f);
     return out;
 }

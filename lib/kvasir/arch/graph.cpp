@@ -188,44 +188,6 @@ Tensor LayerGraph::attention(const LayerWeights& w, const TensorView& x, std::sp
                   w.o_bias);
 }
 
-namespace {
-
-// [rows, ca] ‖ [rows / rep, cb] → [rows, ca + cb]: row r of b extends rows r·rep … r·rep + rep − 1 of a
-// (MLA's one rope key shared by every head); b null: cb zero columns. Exact host data movement.
-Tensor concat_columns(const TensorView& a, const TensorView* b, std::int64_t cb, std::int64_t rep = 1) {
-    const std::int64_t rows = rows_of(a), ca = a.shape.back();
-    KVASIR_CHECK(b == nullptr || (b->dtype == a.dtype && b->shape.back() == cb && rows_of(*b) * rep == rows),
-                 ErrorCode::backend_failure, "attention: cannot join {} and {} column blocks", shape_str(a.shape),
-                 b ? shape_str(b->shape) : std::string("zero"));
-    Tensor out(a.dtype, {rows, ca + cb});
-    const std::size_t es = dtype_size(a.dtype);
-    const auto* pa = bytes_of(a);
-    const auto* pb = b ? bytes_of(*b) : nullptr;
-    for (std::int64_t r = 0; r < rows; ++r) {
-        std::byte* o = bytes_of(out) + static_cast<std::size_t>(r * (ca + cb)) * es;
-        std::memcpy(o, pa + static_cast<std::size_t>(r * ca) * es, static_cast<std::size_t>(ca) * es);
-        if (pb) std::memcpy(o + static_cast<std::size_t>(ca) * es, pb + static_cast<std::size_t>((r / rep) * cb) * es,
-                            static_cast<std::size_t>(cb) * es);
-    }
-    return out;
-}
-
-// The rope dims of every row of x [rows, d] from interleaved pairs (x0, x1), (x2, x3), … to the halves
-// layout [x0, x2, … | x1, x3, …] that a NEOX (rotate_half) rope turns pair by pair: transformers'
-// apply_rotary_pos_emb_interleave returns cat(even′, odd′), exactly this layout after the rotation.
-Tensor deinterleave(const TensorView& x) {
-    const std::int64_t rows = rows_of(x), d = x.shape.back();
-    Tensor out(x.dtype, x.shape);
-    const std::size_t es = dtype_size(x.dtype);
-    const auto* in = bytes_of(x);
-    for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t i = 0; i < d; ++i)
-            std::memcpy(bytes_of(out) + static_cast<std::size_t>(r * d + (i % 2) * (d / 2) + i / 2) * es,
-                        in + static_cast<std::size_t>(r * d + i) * es, es);
-    return out;
-}
-
-}  // namespace
 
 Tensor LayerGraph::mla_attention(const LayerWeights& w, const TensorView& x, std::span<const std::int64_t> pos,
                                  std::span<const Segment> segs) {
@@ -242,35 +204,43 @@ Tensor LayerGraph::mla_attention(const LayerWeights& w, const TensorView& x, std
     // The latent and the one shared rope key: kv_a_proj_with_mqa(x) = [latent (r) | k_rot (dr)].
     const Tensor kv_a = linear(x, w.kv_a_proj, w.kv_a_bias);
     const Tensor latent = be.rmsnorm(be.copy_columns(kv_a, 0, r), w.kv_a_norm, m.latent_norm_eps);
-    Tensor q_rot = be.copy_columns(q, d - dr, dr), k_rot = be.copy_columns(kv_a, r, dr);
-    if (m.rope_interleave) {
-        q_rot = deinterleave(q_rot);
-        k_rot = deinterleave(k_rot);
-    }
+    // The rope dims; with interleaved pairs (x0, x1), (x2, x3), … they go to the halves layout
+    // [x0, x2, … | x1, x3, …] that a NEOX (rotate_half) rope turns pair by pair: transformers'
+    // apply_rotary_pos_emb_interleave returns cat(even′, odd′), exactly this layout after the rotation.
+    const auto rope_dims = [&](const Tensor& from, std::int64_t c0) {
+        if (!m.rope_interleave) return be.copy_columns(from, c0, dr);
+        const Tensor even = be.copy_columns(from, c0, dr / 2, 2), odd = be.copy_columns(from, c0 + 1, dr / 2, 2);
+        const TensorView halves[] = {even.view(), odd.view()};
+        return be.join_columns(halves);
+    };
+    Tensor q_rot = rope_dims(q, d - dr), k_rot = rope_dims(kv_a, r);
     q_rot = be.rope(std::move(q_rot).reshaped({t, nh, dr}), pos, rope);
     k_rot = be.rope(std::move(k_rot).reshaped({t, 1, dr}), pos, rope);
     if (attention_factor != 1.0) {  // yarn's cos/sin scale, on the rope part only
         q_rot = be.scale(q_rot, attention_factor);
         k_rot = be.scale(k_rot, attention_factor);
     }
-    // Per head keys [k_nope | k_rot] and values from kv_b_proj(latent) = [k_nope (dn) | v (dv)].
+    // Per head keys [k_nope | k_rot] (the one rope key repeated for every head) and values from
+    // kv_b_proj(latent) = [k_nope (dn) | v (dv)].
     const Tensor kv = std::move(linear(latent, w.kv_b_proj, none)).reshaped({t * nh, dn + dv});
-    const Tensor k_nope = be.copy_columns(kv, 0, dn);
-    Tensor v = be.copy_columns(kv, dn, dv);
-    const TensorView q_rot_rows{q_rot.dtype(), q_rot.raw(), {t * nh, dr}}, k_rot_rows{k_rot.dtype(), k_rot.raw(), {t, dr}};
+    const Tensor k_nope = be.copy_columns(kv, 0, dn), v = be.copy_columns(kv, dn, dv), q_nope = be.copy_columns(q, 0, dn);
+    const Tensor k_rot_heads = be.repeat_columns(k_rot.view().part(0, {t, dr}), nh);  // [t, nh·dr]
     // The narrower of q·k (d) and v (dv) is zero-padded to `width`: zeros add nothing to a dot product and
     // give zero output columns, exactly, in any order of summation — every backend's own kernel runs it.
-    Tensor qq = concat_columns(be.copy_columns(q, 0, dn), &q_rot_rows, dr);
-    Tensor kk = concat_columns(k_nope, &k_rot_rows, dr, nh);
-    Tensor vv = width > dv ? concat_columns(v, nullptr, width - dv) : std::move(v);
-    if (width > d) {
-        qq = concat_columns(qq, nullptr, width - d);
-        kk = concat_columns(kk, nullptr, width - d);
-    }
+    const TensorView qk_pad{q.dtype(), nullptr, {t * nh, width - d}}, v_pad{v.dtype(), nullptr, {t * nh, width - dv}};
+    const auto joined = [&](std::initializer_list<TensorView> parts) {
+        std::vector<TensorView> kept;
+        for (const TensorView& p : parts)
+            if (p.shape.back() > 0) kept.push_back(p);
+        return be.join_columns(kept);
+    };
+    Tensor qq = joined({q_nope.view(), q_rot.view().part(0, {t * nh, dr}), qk_pad});
+    Tensor kk = joined({k_nope.view(), k_rot_heads.view().part(0, {t * nh, dr}), qk_pad});
+    Tensor vv = joined({v.view(), v_pad});
 
     const Tensor o = attend_each(std::move(qq).reshaped({t, nh, width}), std::move(kk).reshaped({t, nh, width}),
                                  std::move(vv).reshaped({t, nh * width}), segs);
-    const Tensor heads = std::move(be.copy_columns(TensorView{o.dtype(), o.raw(), {t * nh, width}}, 0, dv)).reshaped({t, nh * dv});
+    const Tensor heads = std::move(be.copy_columns(o.view().part(0, {t * nh, width}), 0, dv)).reshaped({t, nh * dv});
     return linear(heads, w.o_proj, w.o_bias);
 }
 
@@ -373,7 +343,7 @@ Tensor LayerGraph::feed_forward(const LayerWeights& w, const Tensor& own_input, 
             Tensor s = swiglu_mlp(x2, w.shared_gate, w.shared_up, w.shared_down);
             if (present(w.shared_expert_gate)) {
                 const Tensor g = be.sigmoid(be.matmul(x2, w.shared_expert_gate));  // [T, 1]
-                s = be.mul(be.broadcast_columns(g, s.dim(1)), s);
+                s = be.mul(be.repeat_columns(g, s.dim(1)), s);
             }
             m = be.add(m, s);
         }

@@ -625,9 +625,44 @@ std::optional<TensorView> consecutive_parts(std::span<const TensorView> parts) {
 
 std::optional<Tensor> Backend::kv_rows(const TensorView*, std::int64_t, const TensorView&) { return std::nullopt; }
 
-void check_copy_columns_args(const TensorView& x, std::int64_t c0, std::int64_t n) {
-    KVASIR_CHECK(x.rank() >= 1 && c0 >= 0 && n >= 0 && c0 + n <= x.shape.back(), ErrorCode::internal,
-                 "copy_columns: columns [{}, {}) of {}", c0, c0 + n, shape_str(x.shape));
+void check_copy_columns_args(const TensorView& x, std::int64_t c0, std::int64_t n, std::int64_t step) {
+    KVASIR_CHECK(x.rank() >= 1 && c0 >= 0 && n >= 0 && step >= 1 && (n == 0 || c0 + (n - 1) * step < x.shape.back()),
+                 ErrorCode::internal, "copy_columns: {} columns from {} by {} of {}", n, c0, step, shape_str(x.shape));
+}
+
+void check_repeat_columns_args(const TensorView& x, std::int64_t times) {
+    KVASIR_CHECK(times >= 0 && x.rank() >= 1, ErrorCode::internal, "repeat_columns: {} {} times", shape_str(x.shape), times);
+}
+
+bool zero_part(const TensorView& part) { return part.data == nullptr && part.device == nullptr; }
+
+BlockCopy copy_columns_block(const TensorView& x, std::int64_t c0, std::int64_t n, std::int64_t step) {
+    return {.rows = rows_of(x), .n = n, .src_cols = x.shape.back(), .src_c0 = c0, .src_step = step, .y_cols = n};
+}
+
+std::array<BlockCopy, 2> last_rows_blocks(const TensorView* prev, const TensorView& x, std::int64_t n) {
+    const std::int64_t t_count = x.dim(0), cols = x.dim(1), from_x = std::min(t_count, n), from_prev = n - from_x;
+    return {BlockCopy{.rows = from_x, .n = cols, .src_cols = cols, .src_r0 = t_count - from_x, .y_cols = cols, .y_r0 = from_prev},
+            BlockCopy{.rows = prev != nullptr ? from_prev : 0, .n = cols, .src_cols = cols,
+                      .src_r0 = prev != nullptr ? prev->dim(0) - from_prev : 0, .y_cols = cols}};
+}
+
+std::vector<BlockCopy> join_columns_blocks(std::span<const TensorView> parts) {
+    std::int64_t cols = 0;
+    for (const TensorView& p : parts) cols += p.shape.back();
+    const std::int64_t rows = rows_of(parts.front());
+    std::vector<BlockCopy> out;
+    std::int64_t c0 = 0;
+    for (const TensorView& p : parts) {
+        out.push_back({.rows = zero_part(p) ? 0 : rows, .n = p.shape.back(), .src_cols = p.shape.back(), .y_cols = cols, .y_c0 = c0});
+        c0 += p.shape.back();
+    }
+    return out;
+}
+
+BlockCopy repeat_columns_block(const TensorView& x, std::int64_t times) {
+    const std::int64_t c = x.shape.back();
+    return {.rows = rows_of(x), .n = times * c, .src_cols = c, .src_wrap = c, .y_cols = times * c};
 }
 
 void check_last_rows_args(const TensorView* prev, const TensorView& x, std::int64_t n) {
@@ -659,6 +694,10 @@ Tensor Backend::join_columns(std::span<const TensorView> parts) {
     std::int64_t c0 = 0;
     for (const TensorView& p : parts) {
         const std::int64_t cp = p.shape.back();
+        if (zero_part(p)) {  // out is zero-filled
+            c0 += cp;
+            continue;
+        }
         const auto* src = static_cast<const std::byte*>(p.host_data());
         for (std::int64_t r = 0; r < rows; ++r)
             std::memcpy(dst + static_cast<std::size_t>(r * cols + c0) * es, src + static_cast<std::size_t>(r * cp) * es,
@@ -668,30 +707,36 @@ Tensor Backend::join_columns(std::span<const TensorView> parts) {
     return out;
 }
 
-Tensor Backend::broadcast_columns(const TensorView& col, std::int64_t cols) {
-    KVASIR_CHECK(cols >= 0 && col.rank() >= 1 && col.shape.back() == 1, ErrorCode::internal,
-                 "broadcast_columns: {} over {} columns", shape_str(col.shape), cols);
-    const std::int64_t rows = rows_of(col);
-    const std::size_t es = dtype_size(col.dtype);
-    Tensor out(col.dtype, {rows, cols});
-    const auto* src = static_cast<const std::byte*>(col.host_data());
+Tensor Backend::repeat_columns(const TensorView& x, std::int64_t times) {
+    check_repeat_columns_args(x, times);
+    const std::int64_t rows = rows_of(x), c = x.shape.back();
+    const std::size_t es = dtype_size(x.dtype), row = static_cast<std::size_t>(c) * es;
+    Tensor out(x.dtype, {rows, times * c});
+    const auto* src = static_cast<const std::byte*>(x.host_data());
     auto* dst = static_cast<std::byte*>(out.raw());
     for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t c = 0; c < cols; ++c)
-            std::memcpy(dst + static_cast<std::size_t>(r * cols + c) * es, src + static_cast<std::size_t>(r) * es, es);
+        for (std::int64_t j = 0; j < times; ++j)
+            std::memcpy(dst + static_cast<std::size_t>(r * times + j) * row, src + static_cast<std::size_t>(r) * row, row);
     return out;
 }
 
-Tensor Backend::copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n) {
-    check_copy_columns_args(x, c0, n);
+Tensor Backend::copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n, std::int64_t step) {
+    check_copy_columns_args(x, c0, n, step);
     const std::int64_t rows = rows_of(x), cols = x.shape.back();
     const std::size_t es = dtype_size(x.dtype);
     Tensor out(x.dtype, {rows, n});
     const auto* src = static_cast<const std::byte*>(x.host_data());
     auto* dst = static_cast<std::byte*>(out.raw());
-    for (std::int64_t r = 0; r < rows; ++r)
-        std::memcpy(dst + static_cast<std::size_t>(r * n) * es, src + static_cast<std::size_t>(r * cols + c0) * es,
-                    static_cast<std::size_t>(n) * es);
+    for (std::int64_t r = 0; r < rows; ++r) {
+        if (step == 1) {
+            std::memcpy(dst + static_cast<std::size_t>(r * n) * es, src + static_cast<std::size_t>(r * cols + c0) * es,
+                        static_cast<std::size_t>(n) * es);
+            continue;
+        }
+        for (std::int64_t j = 0; j < n; ++j)
+            std::memcpy(dst + static_cast<std::size_t>(r * n + j) * es, src + static_cast<std::size_t>(r * cols + c0 + j * step) * es,
+                        es);
+    }
     return out;
 }
 

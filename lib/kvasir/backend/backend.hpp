@@ -24,6 +24,7 @@
 #include "kvasir/backend/linear_attention.hpp"
 #include "kvasir/core/tensor.hpp"
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -269,20 +270,23 @@ public:
     // Data movement inside a forward pass, exact (values moved as they are),
     // done where the node keeps its results: the default copies on the host
     // in x's dtype; a device node moves its own results on the device.
-    //  copy_columns: columns [c0, c0 + n) of every row of x [rows, cols], as
-    //    [rows, n] (a fused projection's parts: Gated DeltaNet's q | k | v,
-    //    gated attention's query | gate, a partial rope's rotated part).
+    //  copy_columns: n columns c0, c0 + step, … of every row of x [rows,
+    //    cols], as [rows, n] (a fused projection's parts: Gated DeltaNet's
+    //    q | k | v, gated attention's query | gate, a partial rope's rotated
+    //    part; step 2: MLA's interleaved rope pairs split).
     //  last_rows: the last n rows of [prev; x] — prev [P, C] (null: zero rows
     //    in its place), x [T, C] — as [n, C] (a causal conv's history).
     //  join_columns: [rows, c0] ‖ [rows, c1] ‖ … → [rows, c0 + c1 + …], one
     //    dtype (a partial rope's rotated and passed-through parts, a fused
-    //    projection's interleaved groups regrouped).
-    //  broadcast_columns: out[r, c] = col[r] for c < cols, col [rows, 1] (a
-    //    shared expert's gate, one per token, over the expert's output).
-    virtual Tensor copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n);
+    //    projection's interleaved groups regrouped, MLA's per-head keys); a
+    //    part with neither data nor device is zeros of its shape (padding).
+    //  repeat_columns: x [rows, c] `times` over, [rows, times·c] (a shared
+    //    expert's gate over its output; MLA's one rope key for every head).
+    virtual Tensor copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n, std::int64_t step);
+    Tensor copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n) { return copy_columns(x, c0, n, 1); }
     virtual Tensor last_rows(const TensorView* prev, const TensorView& x, std::int64_t n);
     virtual Tensor join_columns(std::span<const TensorView> parts);
-    virtual Tensor broadcast_columns(const TensorView& col, std::int64_t cols);
+    virtual Tensor repeat_columns(const TensorView& x, std::int64_t times);
 
 protected:
     // dtype in which the default moe_block/add accumulate.
@@ -323,7 +327,27 @@ void check_attention_args(const TensorView& q, std::span<const TensorView> keys,
 // the experts without those calls (expert_ffns overridden).
 void check_expert_shapes(const ExpertWeights& ew, std::int64_t rows, std::int64_t inner);
 void check_sinks_args(const TensorView& q, const TensorView& sinks);  // sinks [nh] for q [T, nh, D]
-void check_copy_columns_args(const TensorView& x, std::int64_t c0, std::int64_t n);
+void check_copy_columns_args(const TensorView& x, std::int64_t c0, std::int64_t n, std::int64_t step);
+void check_repeat_columns_args(const TensorView& x, std::int64_t times);
+bool zero_part(const TensorView& part);  // join_columns' zeros: neither data nor device
+// One block moved by a device node's copy kernel (OpenCL kv_copy_block,
+// CUDA/HIP copy_block_kernel): rows × n values to y [*, y_cols] from row
+// y_r0, column y_c0 on; value (r, c) from src [*, src_cols] row src_r0 + r,
+// column src_c0 + c'·src_step, c' = c mod src_wrap (src_wrap 0: c' = c).
+struct BlockCopy {
+    std::int64_t rows = 0, n = 0;
+    std::int64_t src_cols = 0, src_r0 = 0, src_c0 = 0, src_step = 1, src_wrap = 0;
+    std::int64_t y_cols = 0, y_r0 = 0, y_c0 = 0;
+};
+// The blocks of each data-movement op for a device node (the default's
+// result, moved block by block; a block of rows·n = 0 moves nothing):
+// copy_columns and repeat_columns one; last_rows [0] from x, [1] from prev
+// (its rows 0 of a null prev: zeros there); join_columns one per part (a
+// zeros part moves nothing: the output is zeroed first).
+BlockCopy copy_columns_block(const TensorView& x, std::int64_t c0, std::int64_t n, std::int64_t step);
+std::array<BlockCopy, 2> last_rows_blocks(const TensorView* prev, const TensorView& x, std::int64_t n);
+std::vector<BlockCopy> join_columns_blocks(std::span<const TensorView> parts);
+BlockCopy repeat_columns_block(const TensorView& x, std::int64_t times);
 void check_last_rows_args(const TensorView* prev, const TensorView& x, std::int64_t n);
 // Returns the joined width; at least one part.
 std::int64_t check_join_columns_args(std::span<const TensorView> parts);

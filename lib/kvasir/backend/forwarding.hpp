@@ -51,14 +51,15 @@ public:
     std::optional<Tensor> kv_rows(const TensorView* cache, std::int64_t keep, const TensorView& rows) override {
         return inner_.kv_rows(cache, keep, rows);
     }
-    Tensor copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n) override {
-        return inner_.copy_columns(x, c0, n);
+    using Backend::copy_columns;
+    Tensor copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n, std::int64_t step) override {
+        return inner_.copy_columns(x, c0, n, step);
     }
     Tensor last_rows(const TensorView* prev, const TensorView& x, std::int64_t n) override {
         return inner_.last_rows(prev, x, n);
     }
     Tensor join_columns(std::span<const TensorView> parts) override { return inner_.join_columns(parts); }
-    Tensor broadcast_columns(const TensorView& col, std::int64_t cols) override { return inner_.broadcast_columns(col, cols); }
+    Tensor repeat_columns(const TensorView& x, std::int64_t times) override { return inner_.repeat_columns(x, times); }
 
 protected:
     Backend& inner() { return inner_; }

@@ -69,8 +69,9 @@ public:
     std::optional<Tensor> kv_rows(const TensorView* cache, std::int64_t keep, const TensorView& rows) override {
         return timed([&] { return inner().kv_rows(cache, keep, rows); });
     }
-    Tensor copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n) override {
-        return timed([&] { return inner().copy_columns(x, c0, n); });
+    using Backend::copy_columns;
+    Tensor copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n, std::int64_t step) override {
+        return timed([&] { return inner().copy_columns(x, c0, n, step); });
     }
     Tensor last_rows(const TensorView* prev, const TensorView& x, std::int64_t n) override {
         return timed([&] { return inner().last_rows(prev, x, n); });
@@ -78,8 +79,8 @@ public:
     Tensor join_columns(std::span<const TensorView> parts) override {
         return timed([&] { return inner().join_columns(parts); });
     }
-    Tensor broadcast_columns(const TensorView& col, std::int64_t cols) override {
-        return timed([&] { return inner().broadcast_columns(col, cols); });
+    Tensor repeat_columns(const TensorView& x, std::int64_t times) override {
+        return timed([&] { return inner().repeat_columns(x, times); });
     }
 
 private:

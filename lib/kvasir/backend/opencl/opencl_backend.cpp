@@ -864,72 +864,61 @@ public:
         return result(std::move(yb), {heads, s_out, d});
     }
 
-    // Columns of one of this node's results, inside a DeviceResidency scope:
-    // moved on the device (kv_copy_block). Anything else: the default.
-    Tensor copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n) override {
-        check_copy_columns_args(x, c0, n);
-        if (!resident_ || !DeviceResidency::active() || ours(x) == nullptr) return Backend::copy_columns(x, c0, n);
-        const std::int64_t rows = rows_of(x), cols = x.shape.back();
-        check_int_range("copy_columns", {rows * cols, rows * n});
-        if (rows * n == 0) return Tensor(DType::f32, {rows, n});
+    // Data movement (Backend::copy_columns, last_rows, join_columns,
+    // repeat_columns) of this node's own results inside a DeviceResidency
+    // scope: kv_copy_block, block by block (backend.hpp BlockCopy); anything
+    // else takes the default (a host copy).
+    bool moves_here(std::initializer_list<const TensorView*> in) const {
+        return resident_ && DeviceResidency::active() &&
+               std::all_of(in.begin(), in.end(), [&](const TensorView* v) { return v == nullptr || ours(*v) != nullptr; });
+    }
+    using Backend::copy_columns;
+    Tensor copy_columns(const TensorView& x, std::int64_t c0, std::int64_t n, std::int64_t step) override {
+        check_copy_columns_args(x, c0, n, step);
+        if (!moves_here({&x})) return Backend::copy_columns(x, c0, n, step);
+        const std::int64_t rows = rows_of(x);
+        check_int_range("copy_columns", {x.numel(), rows * n});
         const std::lock_guard lock(shared_->mutex);
-        const DeviceArg xb = upload(x);
         PooledMem yb = output(rows * n);
-        copy_block(xb.get(), yb.get(), rows, n, cols, 0, c0, n, 0);
+        if (rows * n > 0) copy_block(upload(x).get(), yb.get(), copy_columns_block(x, c0, n, step));
         return result(std::move(yb), {rows, n});
     }
-    // A conv history from this node's results (prev too, or none), inside a
-    // DeviceResidency scope: moved on the device. Anything else: the default.
     Tensor last_rows(const TensorView* prev, const TensorView& x, std::int64_t n) override {
         check_last_rows_args(prev, x, n);
-        if (!resident_ || !DeviceResidency::active() || ours(x) == nullptr || (prev != nullptr && ours(*prev) == nullptr))
-            return Backend::last_rows(prev, x, n);
-        const std::int64_t t_count = x.dim(0), cols = x.dim(1), from_x = std::min(t_count, n), from_prev = n - from_x;
-        check_int_range("last_rows", {t_count * cols, n * cols});
-        if (n * cols == 0) return Tensor(DType::f32, {n, cols});
+        if (!moves_here({prev, &x})) return Backend::last_rows(prev, x, n);
+        const std::int64_t cols = x.dim(1);
+        check_int_range("last_rows", {x.numel(), n * cols});
         const std::lock_guard lock(shared_->mutex);
         PooledMem yb = output(n * cols);
-        const DeviceArg xb = upload(x);
-        copy_block(xb.get(), yb.get(), from_x, cols, cols, t_count - from_x, 0, cols, from_prev);
-        if (prev != nullptr) {
-            const DeviceArg pb = upload(*prev);
-            copy_block(pb.get(), yb.get(), from_prev, cols, cols, prev->dim(0) - from_prev, 0, cols, 0);
-        } else {
-            fill_zero(yb, static_cast<std::size_t>(from_prev * cols) * storage_bytes());
-        }
+        const std::array<BlockCopy, 2> blocks = last_rows_blocks(prev, x, n);
+        if (prev == nullptr) fill_zero(yb, static_cast<std::size_t>(blocks[0].y_r0 * cols) * storage_bytes());
+        copy_block(upload(x).get(), yb.get(), blocks[0]);
+        if (prev != nullptr) copy_block(upload(*prev).get(), yb.get(), blocks[1]);
         return result(std::move(yb), {n, cols});
     }
-    // A column of this node's results over `cols` columns, inside a
-    // DeviceResidency scope: moved on the device. Anything else: the default.
-    Tensor broadcast_columns(const TensorView& col, std::int64_t cols) override {
-        if (!resident_ || !DeviceResidency::active() || ours(col) == nullptr || col.rank() < 1 || col.shape.back() != 1)
-            return Backend::broadcast_columns(col, cols);
-        const std::int64_t rows = rows_of(col);
-        check_int_range("broadcast_columns", {rows * cols});
-        if (rows * cols == 0) return Tensor(DType::f32, {rows, cols});
-        const std::lock_guard lock(shared_->mutex);
-        PooledMem yb = output(rows * cols);
-        const DeviceArg cb = upload(col);
-        copy_block(cb.get(), yb.get(), rows, cols, 1, 0, 0, cols, 0, 0, 0);
-        return result(std::move(yb), {rows, cols});
-    }
-    // Two of this node's results side by side, inside a DeviceResidency
-    // scope: moved on the device. Anything else: the default.
     Tensor join_columns(std::span<const TensorView> parts) override {
         const std::int64_t cols = check_join_columns_args(parts), rows = rows_of(parts.front());
         if (!resident_ || !DeviceResidency::active() ||
-            std::any_of(parts.begin(), parts.end(), [&](const TensorView& p) { return ours(p) == nullptr; }))
+            !std::all_of(parts.begin(), parts.end(), [&](const TensorView& p) { return zero_part(p) || ours(p) != nullptr; }))
             return Backend::join_columns(parts);
         check_int_range("join_columns", {rows * cols});
-        if (rows * cols == 0) return Tensor(DType::f32, {rows, cols});
         const std::lock_guard lock(shared_->mutex);
         PooledMem yb = output(rows * cols);
-        std::int64_t c0 = 0;
-        for (const TensorView& p : parts) {
-            const DeviceArg pb = upload(p);
-            copy_block(pb.get(), yb.get(), rows, p.shape.back(), p.shape.back(), 0, 0, cols, 0, c0);
-            c0 += p.shape.back();
-        }
+        if (std::any_of(parts.begin(), parts.end(), zero_part))
+            fill_zero(yb, static_cast<std::size_t>(rows * cols) * storage_bytes());
+        const std::vector<BlockCopy> blocks = join_columns_blocks(parts);
+        for (std::size_t i = 0; i < parts.size(); ++i)
+            if (!zero_part(parts[i]) && blocks[i].rows * blocks[i].n > 0) copy_block(upload(parts[i]).get(), yb.get(), blocks[i]);
+        return result(std::move(yb), {rows, cols});
+    }
+    Tensor repeat_columns(const TensorView& x, std::int64_t times) override {
+        check_repeat_columns_args(x, times);
+        if (!moves_here({&x})) return Backend::repeat_columns(x, times);
+        const std::int64_t rows = rows_of(x), cols = times * x.shape.back();
+        check_int_range("repeat_columns", {x.numel(), rows * cols});
+        const std::lock_guard lock(shared_->mutex);
+        PooledMem yb = output(rows * cols);
+        if (rows * cols > 0) copy_block(upload(x).get(), yb.get(), repeat_columns_block(x, times));
         return result(std::move(yb), {rows, cols});
     }
 
@@ -1615,17 +1604,15 @@ private:
         ++shared_->transfers.launches;
     }
 
-    // kv_copy_block: rows × n values of src (row src_r0, column src_c0 on,
-    // every src_step-th; src_cols wide) to y (row y_r0, column y_c0 on; y_cols wide).
-    void copy_block(cl_mem src, cl_mem y, std::int64_t rows, std::int64_t n, std::int64_t src_cols, std::int64_t src_r0,
-                    std::int64_t src_c0, std::int64_t y_cols, std::int64_t y_r0, std::int64_t y_c0 = 0,
-                    std::int64_t src_step = 1) {
-        if (rows * n == 0) return;
+    // One kv_copy_block launch (nothing for an empty block).
+    void copy_block(cl_mem src, cl_mem y, const BlockCopy& b) {
+        if (b.rows * b.n == 0) return;
         const cl_kernel k = kernel("elementwise.cl", "kv_copy_block", 0);
-        set_args(k, src, y, static_cast<cl_int>(rows), static_cast<cl_int>(n), static_cast<cl_int>(src_cols),
-                 static_cast<cl_int>(src_r0), static_cast<cl_int>(src_c0), static_cast<cl_int>(src_step),
-                 static_cast<cl_int>(y_cols), static_cast<cl_int>(y_r0), static_cast<cl_int>(y_c0));
-        launch_1d(k, rows * n);
+        set_args(k, src, y, static_cast<cl_int>(b.rows), static_cast<cl_int>(b.n), static_cast<cl_int>(b.src_cols),
+                 static_cast<cl_int>(b.src_r0), static_cast<cl_int>(b.src_c0), static_cast<cl_int>(b.src_step),
+                 static_cast<cl_int>(b.src_wrap), static_cast<cl_int>(b.y_cols), static_cast<cl_int>(b.y_r0),
+                 static_cast<cl_int>(b.y_c0));
+        launch_1d(k, b.rows * b.n);
     }
 
     void launch_1d(cl_kernel k, std::int64_t n) const {
