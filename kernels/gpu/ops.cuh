@@ -243,6 +243,23 @@ inline long long number_tiles(MatmulJob* jobs, int& job_count, Tiling t) {
 // rows (a MoE layer's experts: a few rows each, rarely enough for wide tiles).
 inline Tiling grouped_tiling(long long rows) { return rows <= SkinnyTiling::tm ? Tiling::skinny : Tiling::square; }
 
+// Host side: a grouped launch of `jobs` — its tiling (grouped_tiling of the
+// largest job's rows), the jobs numbered for it (number_tiles: empty ones
+// dropped) and its block count.
+struct GroupedLaunch {
+    Tiling tiling = Tiling::skinny;
+    long long tiles = 0;
+};
+inline GroupedLaunch plan_grouped(std::vector<MatmulJob>& jobs) {
+    long long max_rows = 0;
+    for (const MatmulJob& j : jobs) max_rows = max_rows > j.t_count ? max_rows : j.t_count;
+    GroupedLaunch out{grouped_tiling(max_rows), 0};
+    int count = static_cast<int>(jobs.size());
+    out.tiles = number_tiles(jobs.data(), count, out.tiling);
+    jobs.resize(static_cast<std::size_t>(count));
+    return out;
+}
+
 // Host side: a MoE block's experts as two grouped launches (backend.hpp
 // ExpertLayout: slices with x/mid/y offsets, rows, h, i, out). gate_up gets
 // every expert's gate (x → g) and up (x → u) job, down every expert's down

@@ -410,14 +410,11 @@ public:
     // One grouped_matmul_kernel launch of `jobs` with the tiling the device
     // picks for them.
     void launch_grouped(std::vector<gpu_host::MatmulJob> jobs) {
-        long long max_rows = 0;
-        for (const gpu_host::MatmulJob& j : jobs) max_rows = std::max<long long>(max_rows, j.t_count);
-        const gpu_host::Tiling tiling = gpu_host::grouped_tiling(max_rows);
-        int count = static_cast<int>(jobs.size());
-        const long long tiles = gpu_host::number_tiles(jobs.data(), count, tiling);
-        if (tiles == 0) return;
-        gpu_host::with_tiling(tiling, [&]<class Tl>(Tl) {
-            const emu::Dim3 grid{static_cast<unsigned>(tiles), 1, 1};
+        const gpu_host::GroupedLaunch launch = gpu_host::plan_grouped(jobs);
+        const int count = static_cast<int>(jobs.size());
+        if (launch.tiles == 0) return;
+        gpu_host::with_tiling(launch.tiling, [&]<class Tl>(Tl) {
+            const emu::Dim3 grid{static_cast<unsigned>(launch.tiles), 1, 1};
             if (caps_.accumulation == DType::f16)
                 emu::launch(grid, gpu_host::kMatmulThreads, gpu_host::grouped_matmul_kernel<Tl, true>,
                             static_cast<const gpu_host::MatmulJob*>(jobs.data()), count, storage_);
