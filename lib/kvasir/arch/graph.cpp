@@ -223,7 +223,8 @@ Tensor LayerGraph::mla_attention(const LayerWeights& w, const TensorView& x, std
     // Per head keys [k_nope | k_rot] (the one rope key repeated for every head) and values from
     // kv_b_proj(latent) = [k_nope (dn) | v (dv)].
     const Tensor kv = std::move(linear(latent, w.kv_b_proj, none)).reshaped({t * nh, dn + dv});
-    const Tensor k_nope = be.copy_columns(kv, 0, dn), v = be.copy_columns(kv, dn, dv), q_nope = be.copy_columns(q, 0, dn);
+    const Tensor k_nope = be.copy_columns(kv, 0, dn), q_nope = be.copy_columns(q, 0, dn);
+    Tensor v = be.copy_columns(kv, dn, dv);
     const Tensor k_rot_heads = be.repeat_columns(k_rot.view().part(0, {t, dr}), nh);  // [t, nh·dr]
     // The narrower of q·k (d) and v (dv) is zero-padded to `width`: zeros add nothing to a dot product and
     // give zero output columns, exactly, in any order of summation — every backend's own kernel runs it.
@@ -236,7 +237,7 @@ Tensor LayerGraph::mla_attention(const LayerWeights& w, const TensorView& x, std
     };
     Tensor qq = joined({q_nope.view(), q_rot.view().part(0, {t * nh, dr}), qk_pad});
     Tensor kk = joined({k_nope.view(), k_rot_heads.view().part(0, {t * nh, dr}), qk_pad});
-    Tensor vv = joined({v.view(), v_pad});
+    Tensor vv = width > dv ? joined({v.view(), v_pad}) : std::move(v);
 
     const Tensor o = attend_each(std::move(qq).reshaped({t, nh, width}), std::move(kk).reshaped({t, nh, width}),
                                  std::move(vv).reshaped({t, nh * width}), segs);
