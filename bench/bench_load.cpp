@@ -109,7 +109,7 @@ void read_layer(benchmark::State& state, bool cold) {
 void widen(const TensorView& v, std::vector<float>& out) {
     const auto n = v.numel();
     if (static_cast<std::int64_t>(out.size()) < n) out.resize(static_cast<std::size_t>(n));
-    kernels::convert_avx2(v.data, kernels::weight_format_of(v.dtype), kernels::WeightRounding::none, out.data(), n);
+    kernels::convert_rounded(v.data, kernels::weight_format_of(v.dtype), kernels::WeightRounding::none, out.data(), n);
     benchmark::DoNotOptimize(out.data());
 }
 
@@ -128,7 +128,7 @@ void load_layer(benchmark::State& state, bool cold, bool to_f32) {
     LayerExtent e;
     std::string why;
     if (!extent_of_layer0(e, why)) return state.SkipWithError(why.c_str());
-    if (to_f32 && !kernels::cpu_has_avx2_fma()) return state.SkipWithError("no AVX2/F16C on this CPU");
+    if (to_f32 && !kernels::cpu_has_fma_kernels()) return state.SkipWithError("no fused kernels (AVX2/F16C, NEON) on this CPU");
     std::vector<float> f32;
     std::uint64_t loaded = 0;
     for (auto _ : state) {
@@ -149,7 +149,7 @@ void widen_resident(benchmark::State& state) {
     LayerExtent e;
     std::string why;
     if (!extent_of_layer0(e, why)) return state.SkipWithError(why.c_str());
-    if (!kernels::cpu_has_avx2_fma()) return state.SkipWithError("no AVX2/F16C on this CPU");
+    if (!kernels::cpu_has_fma_kernels()) return state.SkipWithError("no fused kernels (AVX2/F16C, NEON) on this CPU");
     const Model m = Model::open(model_dir());
     (void)m.load_layer(0);
     std::vector<float> f32;

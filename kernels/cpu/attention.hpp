@@ -53,4 +53,10 @@ struct AttentionArgs {
 // AVX2 + FMA + F16C.
 void attention_avx2(const AttentionArgs& a);
 
+// The fused attention of this CPU: attention_avx2 where cpu_has_avx2_fma();
+// none elsewhere yet (AArch64: the cpu node runs the composition, whose
+// matmul is the fused NEON one — the same bits, more memory traffic).
+bool cpu_has_attention_kernel() noexcept;
+void attention(const AttentionArgs& a);  // only where cpu_has_attention_kernel()
+
 }  // namespace kvasir::kernels

@@ -47,10 +47,6 @@ inline float round1(float v) {
     else return _mm256_cvtss_f32(round_w<R>(_mm256_set1_ps(v)));
 }
 
-inline float fma1(float a, float b, float c) {
-    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
-}
-
 // Scores of m query rows q[r] (dim floats each) against keys 0 … n−1 of k
 // [S, dim]: sc[r·ld + s] = R(dot), for s < n (and up to the next multiple of
 // 8 when those keys exist; they are computed and never used).

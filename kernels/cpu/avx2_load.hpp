@@ -2,6 +2,12 @@
 // files compiled with -mavx2 -mfma -mf16c): reading weights as f32 from their
 // stored format, rounding to a narrower storage format, and in-register
 // transposes of 8-row blocks.
+//
+// It is also the AVX2 side of the vocabulary the fused-f32 kernels
+// (fma_kernels_impl.hpp) are written in — vf8 (8 f32 lanes), vzero, vload,
+// vstore, vbroadcast, vfma, vadd, store6, load8, load1, load_transposed4_f32,
+// load_transposed8, store_panel8, store_panel1, fma1, wide_tile — which
+// neon_load.hpp gives for AArch64 AdvSIMD with the same meaning lane for lane.
 #pragma once
 
 #include "kernels/cpu/matmul.hpp"
@@ -9,10 +15,32 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace kvasir::kernels::avx2 {
 
 using i64 = std::int64_t;
+
+// ---------------------------------------------------------------------------
+// Eight f32 lanes and the operations the kernels use on them.
+// ---------------------------------------------------------------------------
+
+using vf8 = __m256;
+[[gnu::always_inline]] inline vf8 vzero() { return _mm256_setzero_ps(); }
+[[gnu::always_inline]] inline vf8 vload(const float* p) { return _mm256_loadu_ps(p); }
+[[gnu::always_inline]] inline void vstore(float* p, vf8 v) { _mm256_storeu_ps(p, v); }
+[[gnu::always_inline]] inline vf8 vbroadcast(const float* p) { return _mm256_broadcast_ss(p); }
+// a·b + c, rounded once (the contract's chain step).
+[[gnu::always_inline]] inline vf8 vfma(vf8 a, vf8 b, vf8 c) { return _mm256_fmadd_ps(a, b, c); }
+[[gnu::always_inline]] inline vf8 vadd(vf8 a, vf8 b) { return _mm256_add_ps(a, b); }
+// Lanes 0 … 5 of v to p[0 … 5].
+[[gnu::always_inline]] inline void store6(float* p, vf8 v) {
+    _mm_storeu_ps(p, _mm256_castps256_ps128(v));
+    _mm_storel_pi(reinterpret_cast<__m64*>(p + 4), _mm256_extractf128_ps(v, 1));
+}
+inline float fma1(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
 
 // ---------------------------------------------------------------------------
 // Reading weights as f32: conversion from the stored format, then optional
@@ -138,6 +166,46 @@ template <WeightFormat F, WeightRounding R>
         for (int i = 0; i < 8; ++i) r[i] = load8<F, R>(w, (row + i) * k_count + k);
         transpose8(r);
     }
+}
+
+// ---------------------------------------------------------------------------
+// Panels of the packed decode GEMV: values the panel format P holds exactly
+// (f32, f16 or bf16), stored in P.
+// ---------------------------------------------------------------------------
+
+template <WeightFormat P>
+inline void store_panel8(void* dst, vf8 c) {
+    if constexpr (P == WeightFormat::f32) {
+        _mm256_storeu_ps(static_cast<float*>(dst), c);
+    } else if constexpr (P == WeightFormat::f16) {
+        _mm_storeu_si128(static_cast<__m128i*>(dst), _mm256_cvtps_ph(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {  // the upper halves: the value is a bf16 value, the lower half is zero
+        const __m256i u = _mm256_srli_epi32(_mm256_castps_si256(c), 16);
+        _mm_storeu_si128(static_cast<__m128i*>(dst),
+                         _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)));
+    }
+}
+template <WeightFormat P>
+inline void store_panel1(void* dst, float v) {
+    if constexpr (P == WeightFormat::f32) {
+        *static_cast<float*>(dst) = v;
+    } else if constexpr (P == WeightFormat::f16) {
+        const __m128i h = _mm_cvtps_ph(_mm_set_ss(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        *static_cast<std::uint16_t*>(dst) = static_cast<std::uint16_t>(_mm_extract_epi16(h, 0));
+    } else {
+        std::uint32_t u;
+        std::memcpy(&u, &v, 4);
+        *static_cast<std::uint16_t*>(dst) = static_cast<std::uint16_t>(u >> 16);
+    }
+}
+
+// The GEMM tile of a wider ISA with the same bits, where the CPU has one:
+// AVX-512's one zmm a row (matmul_tile_avx512). Returns false where it has none.
+inline bool wide_tile(int m, i64 kc, const float* a, const float* b, float* c, i64 ldc, bool add) {
+    static const bool avx512 = cpu_has_avx512();
+    if (!avx512) return false;
+    matmul_tile_avx512(m, kc, a, b, c, ldc, add);
+    return true;
 }
 
 }  // namespace kvasir::kernels::avx2

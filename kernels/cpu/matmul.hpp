@@ -3,10 +3,12 @@
 // Both operands are K-contiguous (activations row-major, weights in the
 // nn.Linear [out, in] layout).
 //
-// AVX2 + FMA (matmul_avx2.cpp): a packed, cache-blocked GEMM in the manner
-// described by Goto & van de Geijn ("Anatomy of high-performance matrix
-// multiplication") and the BLIS papers, plus an in-register-transpose GEMV
-// for very few rows. In every path each output element is summed in the
+// The fused kernels (fma_kernels_impl.hpp, compiled for AVX2 + FMA by
+// matmul_avx2.cpp and for AArch64 AdvSIMD by matmul_neon.cpp): a packed,
+// cache-blocked GEMM in the manner described by Goto & van de Geijn
+// ("Anatomy of high-performance matrix multiplication") and the BLIS papers,
+// plus an in-register-transpose GEMV for very few rows and a GEMV on weights
+// packed for decoding. In every path and on every ISA each output element is summed in the
 // same order: K is cut into blocks of kMatmulKBlock; each block is ONE
 // sequential chain of fused multiply-adds in ascending k started from +0,
 // and the block sums are added in ascending order:
@@ -17,8 +19,9 @@
 // or N (a token gives the same bits alone or inside a batch), nor on the
 // path.
 //
-// Generic (matmul_generic.cpp): CPUs without AVX2/FMA; products rounded before
-// they are added, 8 interleaved partial sums folded pairwise at the end.
+// Generic (matmul_generic.cpp): CPUs with neither (no AVX2/FMA on x86-64, or
+// another architecture); products rounded before they are added, 8
+// interleaved partial sums folded pairwise at the end.
 #pragma once
 
 #include "kvasir/core/dtype.hpp"
@@ -29,15 +32,20 @@
 namespace kvasir::kernels {
 
 // The instruction sets the kernels are dispatched on: the best this CPU and
-// its OS support (AVX-512 = F, DQ, BW, VL with the zmm state enabled; AVX2 =
-// AVX2, FMA and F16C), capped by the environment variable KVASIR_CPU_ISA
-// (generic | avx2 | avx512) so every path can be run and compared on one
+// its OS support — on x86-64 AVX-512 (F, DQ, BW, VL with the zmm state
+// enabled) > AVX2 (AVX2, FMA and F16C) > generic; on AArch64 AdvSIMD (neon,
+// part of every AArch64 CPU) > generic — capped by the environment variable
+// KVASIR_CPU_ISA (generic | avx2 | avx512 | neon; a cap the CPU does not
+// have leaves the best) so every path can be run and compared on one
 // machine. Read once.
-enum class CpuIsa : std::uint8_t { generic, avx2, avx512 };
+enum class CpuIsa : std::uint8_t { generic, avx2, avx512, neon };
 CpuIsa cpu_isa() noexcept;
 const char* cpu_isa_name(CpuIsa isa) noexcept;
-bool cpu_has_avx2_fma() noexcept;  // cpu_isa() >= avx2
-bool cpu_has_avx512() noexcept;    // cpu_isa() >= avx512
+bool cpu_has_avx2_fma() noexcept;  // avx2 or avx512
+bool cpu_has_avx512() noexcept;    // avx512
+// The fused kernels below run on this CPU (avx2, avx512 or neon); false: the
+// generic kernels only.
+bool cpu_has_fma_kernels() noexcept;
 
 // Cores the rest of the machine leaves us: the machine's cores minus what
 // other processes used over the last sampling window (≥ 100 ms; /proc/stat's
@@ -77,7 +85,7 @@ inline int threads_for_work(int threads, double flops) noexcept {
 // K block of the AVX2 kernels' summation order (see above).
 constexpr std::int64_t kMatmulKBlock = 64;
 // The GEMM's packed panels: x in panels of kGemmMR rows, w in panels of
-// kGemmNR columns, both k-major (matmul_avx2.cpp).
+// kGemmNR columns, both k-major (fma_kernels_impl.hpp).
 constexpr std::int64_t kGemmMR = 6, kGemmNR = 16;
 // The GEMM's micro-tile on AVX-512 (matmul_avx512.cpp): rows 1 … kGemmMR of
 // a packed x panel `a` against one packed w panel `b` over kc k — per K
@@ -103,22 +111,32 @@ inline WeightRounding rounding_to(DType storage) {
     return storage == DType::f16 ? WeightRounding::f16 : storage == DType::bf16 ? WeightRounding::bf16 : WeightRounding::none;
 }
 
-// AVX2 + FMA + F16C: the weights are converted (f16 with F16C, bf16 by a
-// 16-bit shift) and rounded with `rounding` while they are packed, never in a
-// separate pass over the matrix. With io_rounding (a storage=f16|bf16 node)
-// x is rounded while it is packed and every result when its job ends. The
-// result equals "round x, convert/round w, matmul_f32_avx2, round y" bit for
-// bit.
-void matmul_avx2(const float* x, const void* w, WeightFormat format, WeightRounding rounding, float* y,
-                 std::int64_t t_count, std::int64_t n_count, std::int64_t k_count, int threads,
-                 WeightRounding io_rounding = WeightRounding::none);
+// Rounding a format to itself is the identity (the kernels skip the work).
+inline WeightRounding effective_rounding(WeightFormat format, WeightRounding rounding) {
+    const bool same = (format == WeightFormat::f16 && rounding == WeightRounding::f16) ||
+                      (format == WeightFormat::bf16 && rounding == WeightRounding::bf16);
+    return same ? WeightRounding::none : rounding;
+}
+
+// ---------------------------------------------------------------------------
+// The fused kernels, dispatched on cpu_isa() (only where cpu_has_fma_kernels()).
+// ---------------------------------------------------------------------------
+
+// The weights are converted (f16 exactly, bf16 by a 16-bit shift) and
+// rounded with `rounding` while they are packed, never in a separate pass
+// over the matrix. With io_rounding (a storage=f16|bf16 node) x is rounded
+// while it is packed and every result when its job ends. The result equals
+// "round x, convert/round w, matmul_f32_fma, round y" bit for bit.
+void matmul_fma(const float* x, const void* w, WeightFormat format, WeightRounding rounding, float* y,
+                std::int64_t t_count, std::int64_t n_count, std::int64_t k_count, int threads,
+                WeightRounding io_rounding = WeightRounding::none);
 
 // The GEMV (t_count ≤ 3) on weights packed once for decoding: groups of
 // kGemvPackRows rows, k-major, converted and rounded as above —
 //   packed[(g·K + k)·kGemvPackRows + i] = R(w[g·kGemvPackRows + i, k]), 0 past N
 // — so that a decode step streams one contiguous run of memory instead of
 // 8·G row streams through register transposes. Same arithmetic as
-// matmul_avx2's GEMV (each output's K blocks of 64 as FMA chains from +0,
+// matmul_fma's GEMV (each output's K blocks of 64 as FMA chains from +0,
 // block sums added in order, x and y rounded with io_rounding): the same
 // bits. The panels hold R(w) in the narrowest format that holds every value
 // exactly (gemv_panel_format): a bf16 checkpoint's weights stay bf16 (on an
@@ -129,43 +147,62 @@ constexpr std::int64_t kGemvPackRows = 32;
 constexpr std::int64_t kGemvPackMaxRows = 3;
 WeightFormat gemv_panel_format(WeightFormat format, WeightRounding rounding);
 std::int64_t gemv_packed_bytes(std::int64_t n_count, std::int64_t k_count, WeightFormat panel);
+constexpr std::int64_t gemv_panel_bytes(WeightFormat panel) { return panel == WeightFormat::f32 ? 4 : 2; }
 // Writes gemv_packed_bytes(n, k, gemv_panel_format(format, rounding)) bytes,
 // the row groups shared among `threads` (each group written by one thread,
 // in write order: the packing is a first touch of fresh memory).
-void pack_gemv_avx2(const void* w, WeightFormat format, WeightRounding rounding, std::int64_t n_count, std::int64_t k_count,
-                    void* packed, int threads = 1);
-void gemv_packed_avx2(const float* x, const void* packed, WeightFormat panel, float* y, std::int64_t t_count,
-                      std::int64_t n_count, std::int64_t k_count, int threads,
-                      WeightRounding io_rounding = WeightRounding::none);
+void pack_gemv(const void* w, WeightFormat format, WeightRounding rounding, std::int64_t n_count, std::int64_t k_count,
+               void* packed, int threads = 1);
+void gemv_packed(const float* x, const void* packed, WeightFormat panel, float* y, std::int64_t t_count,
+                 std::int64_t n_count, std::int64_t k_count, int threads, WeightRounding io_rounding = WeightRounding::none);
 
 // Several packed GEMVs in ONE parallel region (a decode step's MoE experts:
 // every chosen expert's gate and up projections, then every down
 // projection): the (job, row group) pairs are handed out together, so the
 // threads meet once instead of once per matmul. Each job's y has the bits
-// gemv_packed_avx2 gives it alone (a group's arithmetic never depends on
+// gemv_packed gives it alone (a group's arithmetic never depends on
 // the thread or on the other jobs). x is read as given: a node that rounds
 // its activations rounds each job's x first.
 struct PackedGemvJob {
     const float* x = nullptr;      // [t_count, k_count]
-    const void* packed = nullptr;  // pack_gemv_avx2 of the [n_count, k_count] weight
+    const void* packed = nullptr;  // pack_gemv of the [n_count, k_count] weight
     float* y = nullptr;            // [t_count, n_count]
     std::int64_t t_count = 0, n_count = 0, k_count = 0;  // t_count ≤ kGemvPackMaxRows
     WeightFormat panel = WeightFormat::f32;               // the panels' format (gemv_panel_format)
 };
-void gemv_packed_batch_avx2(std::span<const PackedGemvJob> jobs, int threads,
-                            WeightRounding io_rounding = WeightRounding::none);
+void gemv_packed_batch(std::span<const PackedGemvJob> jobs, int threads, WeightRounding io_rounding = WeightRounding::none);
 
-// dst[i] = src[i] read as f32 and rounded as above (AVX2 + F16C); the
-// element-wise counterpart of what matmul_avx2 does to its weights, used for
-// the activations and results of storage=f16|bf16 nodes. dst may equal src
-// when the format is f32.
-void convert_avx2(const void* src, WeightFormat format, WeightRounding rounding, float* dst, std::int64_t n);
+// dst[i] = src[i] read as f32 and rounded as above; the element-wise
+// counterpart of what matmul_fma does to its weights, used for the
+// activations and results of storage=f16|bf16 nodes. dst may equal src when
+// the format is f32.
+void convert_rounded(const void* src, WeightFormat format, WeightRounding rounding, float* dst, std::int64_t n);
+
+// One ISA's fused kernels (fma_kernels_impl.hpp): avx2::kFmaKernels in
+// x86-64 builds, neon::kFmaKernels in AArch64 builds; the functions above
+// call the one cpu_isa() picks.
+struct FmaKernels {
+    void (*matmul)(const float*, const void*, WeightFormat, WeightRounding, float*, std::int64_t, std::int64_t,
+                   std::int64_t, int, WeightRounding);
+    void (*pack_gemv)(const void*, WeightFormat, WeightRounding, std::int64_t, std::int64_t, void*, int);
+    void (*gemv_packed)(const float*, const void*, WeightFormat, float*, std::int64_t, std::int64_t, std::int64_t, int,
+                        WeightRounding);
+    void (*gemv_packed_batch)(std::span<const PackedGemvJob>, int, WeightRounding);
+    void (*convert)(const void*, WeightFormat, WeightRounding, float*, std::int64_t);
+};
+namespace avx2 {
+extern const FmaKernels kFmaKernels;
+}
+namespace neon {
+extern const FmaKernels kFmaKernels;
+}
 
 // The f32-operand matmuls below: y[T, N] = x[T, K] · w[N, K]ᵀ on `threads`.
 using MatmulF32 = void(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
                        std::int64_t k_count, int threads);
 
-MatmulF32 matmul_f32_avx2, matmul_f32_generic;
+// matmul_fma on f32 operands, no rounding.
+MatmulF32 matmul_f32_fma, matmul_f32_generic;
 
 // f16 accumulation, emulated exactly: every product is exact in double
 // (24+24 bits) and the running sum is rounded to half after every add, the
@@ -193,6 +230,11 @@ void matmul_f64_avx512(const double* x, const void* w, DType w_dtype, double* y,
 // y (row stride ldy) = (first ? +0 : y) + the block's sum, `valid` columns.
 void matmul_f64_tile_avx512(int rows, const double* x, std::int64_t ldx, const double* bp, std::int64_t kc, double* y,
                             std::int64_t ldy, std::int64_t valid, bool first);
+// The blocked version this CPU runs (generic where there is none), and the
+// matmul that runs it.
+CpuIsa matmul_f64_isa() noexcept;
+void matmul_f64(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count, std::int64_t n_count,
+                std::int64_t k_count, int threads);
 void matmul_f64_generic(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count,
                         std::int64_t n_count, std::int64_t k_count, int threads);
 

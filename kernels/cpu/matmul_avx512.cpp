@@ -1,4 +1,4 @@
-// The f32 GEMM's micro-tile on AVX-512 (matmul_avx2.cpp runs the driver,
+// The f32 GEMM's micro-tile on AVX-512 (fma_kernels_impl.hpp runs the driver,
 // the packing and every other path): rows 1 … 6 of a packed x panel against
 // one packed 16-column w panel, one zmm a row. Per K summation block each
 // element is one FMA chain in k order from +0, then stored or added to c —

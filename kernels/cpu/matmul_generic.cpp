@@ -33,6 +33,8 @@ CpuIsa detect_isa() noexcept {
         __builtin_cpu_supports("avx512vl"))
         return CpuIsa::avx512;
     return CpuIsa::avx2;
+#elif defined(__aarch64__)
+    return CpuIsa::neon;  // AdvSIMD with FMLA and FCVTL/FCVTN is part of every AArch64 CPU
 #else
     return CpuIsa::generic;
 #endif
@@ -47,8 +49,10 @@ CpuIsa cpu_isa() noexcept {
         CpuIsa best = detect_isa();
         if (const char* cap = std::getenv("KVASIR_CPU_ISA"); cap != nullptr && *cap != 0) {
             const std::string_view v(cap);
-            const CpuIsa want = v == "generic" ? CpuIsa::generic : v == "avx2" ? CpuIsa::avx2 : CpuIsa::avx512;
-            if (want < best) best = want;
+            // A cap lowers the x86 level (avx512 → avx2 → generic) or turns
+            // any ISA off (generic); it never picks an ISA the CPU lacks.
+            if (v == "generic") best = CpuIsa::generic;
+            else if (v == "avx2" && best == CpuIsa::avx512) best = CpuIsa::avx2;
         }
         return best;
     }();
@@ -59,22 +63,42 @@ const char* cpu_isa_name(CpuIsa isa) noexcept {
     switch (isa) {
         case CpuIsa::avx512: return "avx512";
         case CpuIsa::avx2: return "avx2";
+        case CpuIsa::neon: return "neon";
         case CpuIsa::generic: break;
     }
     return "generic";
 }
 
-bool cpu_has_avx2_fma() noexcept { return cpu_isa() >= CpuIsa::avx2; }
-bool cpu_has_avx512() noexcept { return cpu_isa() >= CpuIsa::avx512; }
+bool cpu_has_avx2_fma() noexcept { return cpu_isa() == CpuIsa::avx2 || cpu_isa() == CpuIsa::avx512; }
+bool cpu_has_avx512() noexcept { return cpu_isa() == CpuIsa::avx512; }
 
 void matmul_f16acc(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,
                    std::int64_t k_count, int threads) {
     switch (cpu_isa()) {
+#if defined(__x86_64__)
         case CpuIsa::avx512: return matmul_f16acc_avx512(x, w, y, t_count, n_count, k_count, threads);
         case CpuIsa::avx2: return matmul_f16acc_avx2(x, w, y, t_count, n_count, k_count, threads);
-        case CpuIsa::generic: break;
+#endif
+        default: break;  // (no NEON version: the generic one gives the same bits)
     }
     matmul_f16acc_generic(x, w, y, t_count, n_count, k_count, threads);
+}
+
+CpuIsa matmul_f64_isa() noexcept {
+    const CpuIsa isa = cpu_isa();
+    return isa == CpuIsa::avx2 || isa == CpuIsa::avx512 ? isa : CpuIsa::generic;
+}
+
+void matmul_f64(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count, std::int64_t n_count,
+                std::int64_t k_count, int threads) {
+    switch (matmul_f64_isa()) {
+#if defined(__x86_64__)
+        case CpuIsa::avx512: return matmul_f64_avx512(x, w, w_dtype, y, t_count, n_count, k_count, threads);
+        case CpuIsa::avx2: return matmul_f64_avx2(x, w, w_dtype, y, t_count, n_count, k_count, threads);
+#endif
+        default: break;  // (no NEON version yet: the generic one gives the same bits)
+    }
+    matmul_f64_generic(x, w, w_dtype, y, t_count, n_count, k_count, threads);
 }
 
 void matmul_f32_generic(const float* x, const float* w, float* y, std::int64_t t_count, std::int64_t n_count,

@@ -148,16 +148,11 @@ TEST(CpuRefMatmul, BlockedKernelsAreTheTextbookLoopBitForBit) {
                 std::vector<double> got(want.size(), -1.0);
                 kernels::matmul_f64_generic(x64.as<double>(), w.raw(), wd, got.data(), T, N, K, threads);
                 EXPECT_TRUE(same_bits(got, want)) << "generic T=" << T << " N=" << N << " K=" << K << " w " << dtype_name(wd);
-                if (!kernels::cpu_has_avx2_fma()) continue;
+                // The blocked version this CPU runs (cpu_kernels_isa_* rerun this with the dispatch capped).
                 std::fill(got.begin(), got.end(), -1.0);
-                kernels::matmul_f64_avx2(x64.as<double>(), w.raw(), wd, got.data(), T, N, K, threads);
-                EXPECT_TRUE(same_bits(got, want)) << "avx2 T=" << T << " N=" << N << " K=" << K << " w " << dtype_name(wd)
-                                                  << " threads " << threads;
-                if (!kernels::cpu_has_avx512()) continue;
-                std::fill(got.begin(), got.end(), -1.0);
-                kernels::matmul_f64_avx512(x64.as<double>(), w.raw(), wd, got.data(), T, N, K, threads);
-                EXPECT_TRUE(same_bits(got, want)) << "avx512 T=" << T << " N=" << N << " K=" << K << " w " << dtype_name(wd)
-                                                  << " threads " << threads;
+                kernels::matmul_f64(x64.as<double>(), w.raw(), wd, got.data(), T, N, K, threads);
+                EXPECT_TRUE(same_bits(got, want)) << kernels::cpu_isa_name(kernels::matmul_f64_isa()) << " T=" << T
+                                                  << " N=" << N << " K=" << K << " w " << dtype_name(wd) << " threads " << threads;
             }
         }
     }
@@ -189,21 +184,20 @@ TEST(CpuRefMatmul, ZeroKGivesZeros) {
     const float w = 0;
     kernels::matmul_f64_generic(&x, &w, DType::f32, y.data(), 2, 3, 0, 1);
     EXPECT_EQ(y, std::vector<double>(6, 0.0));
-    if (!kernels::cpu_has_avx2_fma()) return;
     std::fill(y.begin(), y.end(), -1.0);
-    kernels::matmul_f64_avx2(&x, &w, DType::f32, y.data(), 2, 3, 0, 1);
+    kernels::matmul_f64(&x, &w, DType::f32, y.data(), 2, 3, 0, 1);
     EXPECT_EQ(y, std::vector<double>(6, 0.0));
 }
 
 // ---- cpu (f32): AVX2 vs portable kernels, thread counts --------------------------
 
 TEST(Cpu, GenericAndAvx2KernelsAgreeWithinBound) {
-    if (!kernels::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
+    if (!kernels::cpu_has_fma_kernels()) GTEST_SKIP() << "no fused kernels (AVX2/FMA, NEON) on this CPU";
     const std::int64_t T = 5, N = 11, K = 517;
     const Tensor x = seeded_normal(3, "k/x", {T, K}, 0, 1);
     const Tensor w = seeded_normal(3, "k/w", {N, K}, 0, 1);
     std::vector<float> a(static_cast<std::size_t>(T * N)), b(a.size());
-    kernels::matmul_f32_avx2(x.as<float>(), w.as<float>(), a.data(), T, N, K, 2);
+    kernels::matmul_f32_fma(x.as<float>(), w.as<float>(), a.data(), T, N, K, 2);
     kernels::matmul_f32_generic(x.as<float>(), w.as<float>(), b.data(), T, N, K, 2);
     for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2 * gamma(K, kU32) * K) << i;
 }
@@ -218,7 +212,7 @@ TEST(Cpu, ResultsDoNotDependOnThreadCount) {
     EXPECT_EQ(std::memcmp(a.raw(), c.raw(), a.nbytes()), 0);
 }
 
-// ---- the packed AVX2 GEMM / GEMV (kernels/cpu/matmul_avx2.cpp) ------------------
+// ---- the packed AVX2 GEMM / GEMV (kernels/cpu/matmul_fma.cpp) ------------------
 
 namespace {
 
@@ -270,14 +264,14 @@ TEST(CpuPacked, AwkwardShapesWithinGammaKBoundAndThreadInvariant) {
 }
 
 TEST(CpuPacked, EveryElementIsSummedInTheContractOrder) {
-    if (!kernels::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
+    if (!kernels::cpu_has_fma_kernels()) GTEST_SKIP() << "no fused kernels (AVX2/FMA, NEON) on this CPU";
     for (const auto& [T, N, K] : awkward_shapes()) {
         const Tensor x = seeded_normal(43, "ch/x", {T, K}, 0, 1);
         const Tensor w = seeded_normal(43, "ch/w", {N, K}, 0, 1);
         const std::vector<float> want = fma_chain(x.as<float>(), w.as<float>(), T, N, K);
         for (int threads : {1, 2}) {
             std::vector<float> got(want.size(), -1.0f);
-            kernels::matmul_f32_avx2(x.as<float>(), w.as<float>(), got.data(), T, N, K, threads);
+            kernels::matmul_f32_fma(x.as<float>(), w.as<float>(), got.data(), T, N, K, threads);
             ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
                 << "T=" << T << " N=" << N << " K=" << K << " threads=" << threads;
         }
@@ -298,15 +292,15 @@ TEST(CpuPacked, ATokenGivesTheSameBitsAloneAsInABatch) {
     }
 }
 
-// The decode GEMV on weights packed once (kernels::pack_gemv_avx2 +
-// gemv_packed_avx2) gives the GEMV's bits: T = 1 … 3, N and K around the group
+// The decode GEMV on weights packed once (kernels::pack_gemv +
+// gemv_packed) gives the GEMV's bits: T = 1 … 3, N and K around the group
 // (32), the vector width (8) and the summation block (64), f32/f16/bf16
 // weights, every rounding, 1 and 2 threads — with the panels in the
 // narrowest exact format: 2 bytes a weight unless f32 weights meet no
 // rounding, and exactly the bytes gemv_packed_bytes names (a sentinel past
 // them stays untouched).
 TEST(CpuPacked, DecodeGemvOnPackedWeightsGivesTheGemvsBits) {
-    if (!kernels::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
+    if (!kernels::cpu_has_fma_kernels()) GTEST_SKIP() << "no fused kernels (AVX2/FMA, NEON) on this CPU";
     for (const auto& [N, K] : std::vector<std::pair<std::int64_t, std::int64_t>>{
              {1, 1}, {7, 9}, {32, 64}, {33, 65}, {70, 600}, {64, 128}, {257, 1024}, {96, 17}}) {
         for (std::int64_t T = 1; T <= kernels::kGemvPackMaxRows; ++T) {
@@ -317,7 +311,7 @@ TEST(CpuPacked, DecodeGemvOnPackedWeightsGivesTheGemvsBits) {
                 for (auto r : {kernels::WeightRounding::none, kernels::WeightRounding::f16, kernels::WeightRounding::bf16})
                     for (int threads : {1, 2}) {
                         std::vector<float> want(static_cast<std::size_t>(T * N)), got(want.size(), NAN);
-                        kernels::matmul_avx2(x.as<float>(), wn.raw(), kernels::weight_format_of(wd), r, want.data(), T, N, K, threads, r);
+                        kernels::matmul_fma(x.as<float>(), wn.raw(), kernels::weight_format_of(wd), r, want.data(), T, N, K, threads, r);
                         const kernels::WeightFormat panel = kernels::gemv_panel_format(kernels::weight_format_of(wd), r);
                         const kernels::WeightFormat expected =
                             r == kernels::WeightRounding::f16    ? kernels::WeightFormat::f16
@@ -327,11 +321,11 @@ TEST(CpuPacked, DecodeGemvOnPackedWeightsGivesTheGemvsBits) {
                         const auto bytes = static_cast<std::size_t>(kernels::gemv_packed_bytes(N, K, panel));
                         ASSERT_EQ(bytes, static_cast<std::size_t>((N + 31) / 32 * 32 * K * (panel == kernels::WeightFormat::f32 ? 4 : 2)));
                         std::vector<unsigned char> packed(bytes + 64, 0xA5);
-                        kernels::pack_gemv_avx2(wn.raw(), kernels::weight_format_of(wd), r, N, K, packed.data(), threads);
+                        kernels::pack_gemv(wn.raw(), kernels::weight_format_of(wd), r, N, K, packed.data(), threads);
                         ASSERT_TRUE(std::all_of(packed.begin() + static_cast<std::ptrdiff_t>(bytes), packed.end(),
                                                 [](unsigned char c) { return c == 0xA5; }))
-                            << "pack_gemv_avx2 wrote past gemv_packed_bytes";
-                        kernels::gemv_packed_avx2(x.as<float>(), packed.data(), panel, got.data(), T, N, K, threads, r);
+                            << "pack_gemv wrote past gemv_packed_bytes";
+                        kernels::gemv_packed(x.as<float>(), packed.data(), panel, got.data(), T, N, K, threads, r);
                         ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
                             << "T " << T << " N " << N << " K " << K << " " << dtype_name(wd) << " rounding " << static_cast<int>(r)
                             << " threads " << threads;
@@ -344,7 +338,7 @@ TEST(CpuPacked, DecodeGemvOnPackedWeightsGivesTheGemvsBits) {
 TEST(CpuPacked, BatchedGemvsGiveEachGemvsBits) {
     // Jobs of different shapes and row counts in one region: each y equals
     // the GEMV run alone, for 1 and 2 threads and every rounding.
-    if (!kernels::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
+    if (!kernels::cpu_has_fma_kernels()) GTEST_SKIP() << "no fused kernels (AVX2/FMA, NEON) on this CPU";
     struct Shape3 { std::int64_t t, n, k; };
     // Weights f32, bf16 and f16 (panels of 4 and 2 bytes side by side in one region).
     const std::vector<Shape3> shapes{{1, 256, 1024}, {2, 70, 600}, {3, 33, 65}, {1, 1, 1}, {1, 1024, 256}};
@@ -363,25 +357,25 @@ TEST(CpuPacked, BatchedGemvsGiveEachGemvsBits) {
                 const auto [t, n, k] = shapes[i];
                 panels.push_back(kernels::gemv_panel_format(kernels::weight_format_of(wdt[i]), r));
                 packs.emplace_back(static_cast<std::size_t>(kernels::gemv_packed_bytes(n, k, panels.back())));
-                kernels::pack_gemv_avx2(ws[i].raw(), kernels::weight_format_of(wdt[i]), r, n, k, packs.back().data());
+                kernels::pack_gemv(ws[i].raw(), kernels::weight_format_of(wdt[i]), r, n, k, packs.back().data());
             }
             std::vector<Tensor> alone, together;
-            std::vector<Tensor> xr;  // x rounded as gemv_packed_avx2 rounds it itself
+            std::vector<Tensor> xr;  // x rounded as gemv_packed rounds it itself
             std::vector<kernels::PackedGemvJob> jobs;
             for (std::size_t i = 0; i < shapes.size(); ++i) {
                 const auto [t, n, k] = shapes[i];
                 alone.emplace_back(DType::f32, Shape{t, n});
-                kernels::gemv_packed_avx2(xs[i].as<float>(), packs[i].data(), panels[i], alone.back().as<float>(), t, n, k,
+                kernels::gemv_packed(xs[i].as<float>(), packs[i].data(), panels[i], alone.back().as<float>(), t, n, k,
                                           threads, r);
                 xr.emplace_back(DType::f32, Shape{t, k});
-                kernels::convert_avx2(xs[i].as<float>(), kernels::WeightFormat::f32, r, xr.back().as<float>(), t * k);
+                kernels::convert_rounded(xs[i].as<float>(), kernels::WeightFormat::f32, r, xr.back().as<float>(), t * k);
                 together.emplace_back(DType::f32, Shape{t, n});
                 std::fill(together.back().as<float>(), together.back().as<float>() + t * n, NAN);
             }
             for (std::size_t i = 0; i < shapes.size(); ++i)
                 jobs.push_back({xr[i].as<float>(), packs[i].data(), together[i].as<float>(), shapes[i].t, shapes[i].n,
                                 shapes[i].k, panels[i]});
-            kernels::gemv_packed_batch_avx2(jobs, threads, r);
+            kernels::gemv_packed_batch(jobs, threads, r);
             for (std::size_t i = 0; i < shapes.size(); ++i)
                 ASSERT_EQ(std::memcmp(alone[i].raw(), together[i].raw(), alone[i].nbytes()), 0)
                     << "job " << i << " threads " << threads << " rounding " << static_cast<int>(r);
@@ -396,7 +390,7 @@ TEST(CpuPacked, BatchedExpertsGiveTheDefaultsBits) {
     // with one expert chosen twice across tokens, f32, bf16 and f16 weights
     // (panels of 4 and 2 bytes) on f32, bf16 and f16 storage and 1 or 2
     // threads; and the packed path must have run (the cache's counters).
-    if (!kernels::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
+    if (!kernels::cpu_has_fma_kernels()) GTEST_SKIP() << "no fused kernels (AVX2/FMA, NEON) on this CPU";
     const std::int64_t E = 6, H = 96, I = 40, k = 3;
     for (const DType wd : {DType::f32, DType::bf16, DType::f16}) {
     std::vector<std::byte> weights;  // one block registered as immutable, as a checkpoint's mapping
@@ -480,7 +474,7 @@ TEST(CpuPacked, HalfAndBf16WeightsAreConvertedInTheKernelExactly) {
 }
 
 TEST(CpuPacked, InKernelRoundingMatchesRoundTo) {
-    if (!kernels::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
+    if (!kernels::cpu_has_fma_kernels()) GTEST_SKIP() << "no fused kernels (AVX2/FMA, NEON) on this CPU";
     // Rounding ties, subnormals of both formats, values near their largest
     // finite, and (K = 1 only, the scalar path) overflow, inf and NaN.
     std::vector<float> finite = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -(1.0f + 0x1p-8f), 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f,
@@ -500,7 +494,7 @@ TEST(CpuPacked, InKernelRoundingMatchesRoundTo) {
                 w[static_cast<std::size_t>(n * K + k)] = vals[static_cast<std::size_t>((n + k) % N)] * (k % 3 == 0 ? -1.0f : 1.0f);
         for (std::int64_t k = 0; k < K; ++k) x[static_cast<std::size_t>(k * K + k)] = 1.0f;
         std::vector<float> y(static_cast<std::size_t>(K * N));
-        kernels::matmul_avx2(x.data(), w.data(), kernels::WeightFormat::f32, r, y.data(), K, N, K, 1);
+        kernels::matmul_fma(x.data(), w.data(), kernels::WeightFormat::f32, r, y.data(), K, N, K, 1);
         for (std::int64_t t = 0; t < K; ++t)
             for (std::int64_t n = 0; n < N; ++n) {
                 const float want = static_cast<float>(round_to(d, w[static_cast<std::size_t>(n * K + t)]));
@@ -511,7 +505,7 @@ TEST(CpuPacked, InKernelRoundingMatchesRoundTo) {
         for (float v : {65520.0f, -70000.0f, 3.4e38f, INFINITY, -INFINITY, NAN}) special.push_back(v);
         std::vector<float> ys(special.size());
         const float one = 1.0f;
-        kernels::matmul_avx2(&one, special.data(), kernels::WeightFormat::f32, r, ys.data(), 1,
+        kernels::matmul_fma(&one, special.data(), kernels::WeightFormat::f32, r, ys.data(), 1,
                              static_cast<std::int64_t>(special.size()), 1, 1);
         for (std::size_t i = 0; i < special.size(); ++i) {
             const double want = round_to(d, special[i]);
@@ -555,8 +549,10 @@ std::vector<float> f16acc_by_definition(const std::vector<float>& x, const std::
 // Every f16-accumulation kernel this CPU can run, by name.
 std::vector<std::pair<const char*, kernels::MatmulF32*>> f16acc_isas() {
     std::vector<std::pair<const char*, kernels::MatmulF32*>> isas{{"generic", kernels::matmul_f16acc_generic}};
+#if defined(__x86_64__)
     if (kernels::cpu_has_avx2_fma()) isas.emplace_back("avx2", kernels::matmul_f16acc_avx2);
     if (kernels::cpu_has_avx512()) isas.emplace_back("avx512", kernels::matmul_f16acc_avx512);
+#endif
     return isas;
 }
 
@@ -629,8 +625,13 @@ TEST(F16Accumulation, DispatchIsTheBestIsaOfThisCpu) {
     // What cpu_isa() picks is what the CPU has (KVASIR_CPU_ISA unset in the tests).
     ASSERT_EQ(std::getenv("KVASIR_CPU_ISA"), nullptr);
     EXPECT_EQ(kernels::cpu_has_avx512(), kernels::cpu_isa() == kernels::CpuIsa::avx512);
-    EXPECT_EQ(kernels::cpu_has_avx2_fma(), kernels::cpu_isa() >= kernels::CpuIsa::avx2);
+    EXPECT_EQ(kernels::cpu_has_avx2_fma(), kernels::cpu_isa() == kernels::CpuIsa::avx2 || kernels::cpu_isa() == kernels::CpuIsa::avx512);
     EXPECT_STREQ(kernels::cpu_isa_name(kernels::CpuIsa::avx512), "avx512");
+    EXPECT_STREQ(kernels::cpu_isa_name(kernels::CpuIsa::neon), "neon");
+#if defined(__aarch64__)
+    EXPECT_EQ(kernels::cpu_isa(), kernels::CpuIsa::neon);  // AdvSIMD is part of every AArch64 CPU
+#endif
+    EXPECT_EQ(kernels::cpu_has_fma_kernels(), kernels::cpu_isa() != kernels::CpuIsa::generic);
 }
 
 TEST(Threads, TinyWorkRunsOnTheCallingThreadAndLargeWorkOnEvery) {

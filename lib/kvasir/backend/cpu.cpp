@@ -36,8 +36,9 @@ std::string host_cpu_description() {
             break;
         }
     }
+    const kernels::CpuIsa isa = kernels::cpu_isa();
     return fmt::format("{} ({} hw threads{})", model, std::thread::hardware_concurrency(),
-                       kernels::cpu_has_avx2_fma() ? ", avx2 fma f16c" : "");
+                       kernels::cpu_has_avx2_fma() ? ", avx2 fma f16c" : isa == kernels::CpuIsa::neon ? ", neon" : "");
 }
 
 namespace {
@@ -107,7 +108,8 @@ public:
                      ErrorCode::bad_input,
                      "backend '{}': qdot=llamacpp is llama.cpp's f32 arithmetic (no storage=, acc= or split_k= with it)",
                      spec.canonical());
-        avx2_ = kernels::cpu_has_avx2_fma();
+        fma_ = kernels::cpu_has_fma_kernels();
+        attention_ = kernels::cpu_has_attention_kernel();
         BackendSpec canonical;
         canonical.name = "cpu";
         if (caps_.storage != DType::f32) canonical.options["storage"] = dtype_name(caps_.storage);
@@ -120,9 +122,9 @@ public:
         caps_.backend = "cpu";
         caps_.device = host_cpu_description();
         caps_.runtime = fmt::format("kvasir {} {} kernels, OpenMP {}", KVASIR_VERSION,
-                                    avx2_ ? "avx2+fma" : "generic", _OPENMP);
+                                    kernels::cpu_has_avx2_fma() ? "avx2+fma" : fma_ ? "neon+fma" : "generic", _OPENMP);
         caps_.output = DType::f32;
-        caps_.fma = caps_.accumulation == DType::f16 || avx2_;
+        caps_.fma = caps_.accumulation == DType::f16 || fma_;
         caps_.threads = threads;
         caps_.deterministic = true;
         if (split_k_)
@@ -132,9 +134,9 @@ public:
         if (qdot_)
             caps_.extra.emplace_back("qdot", "llama.cpp's CPU dot products: activations quantised to Q8_0 / Q8_K (or "
                                              "rounded to f16 / bf16) for the weight's stored format, as its vec_dot_type");
-        // Decode weights packed once (kernels::pack_gemv_avx2): only where the f32 AVX2 GEMV runs.
+        // Decode weights packed once (kernels::pack_gemv): only where the f32 AVX2 GEMV runs.
         const std::uint64_t budget = pack_budget.value_or(default_pack_budget());
-        pack_ = caps_.accumulation == DType::f32 && avx2_ && budget > 0;
+        pack_ = caps_.accumulation == DType::f32 && fma_ && budget > 0;
         packed_ = std::make_unique<WeightCache<PackedWeights>>(pack_ ? budget : 0);
         caps_.extra.emplace_back(
             "weight_cache",
@@ -163,13 +165,13 @@ public:
 private:
     struct PackedWeights {
         kernels::WeightFormat panel = kernels::WeightFormat::f32;  // kernels::gemv_panel_format
-        // Pages of its own (packed_pages), written first by pack_gemv_avx2's threads.
+        // Pages of its own (packed_pages), written first by pack_gemv's threads.
         std::shared_ptr<std::byte[]> data;
     };
     // Memory for packed weights: pages of their own, long-lived (as long as
     // the cache keeps them) and handed back to the system when it evicts
     // them, apart from malloc's heap of short-lived tensors. Their first
-    // touch (by pack_gemv_avx2's threads) is most of what a copy costs on a
+    // touch (by pack_gemv's threads) is most of what a copy costs on a
     // VM (BENCHMARKS.md "Stop 36").
     static std::shared_ptr<std::byte[]> packed_pages(std::size_t bytes) {
         void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -254,7 +256,7 @@ private:
             PackedWeights p;
             p.panel = panel;
             p.data = packed_pages(static_cast<std::size_t>(bytes));
-            kernels::pack_gemv_avx2(w.data, format, rounding, n_count, k_count, p.data.get(), caps_.threads);
+            kernels::pack_gemv(w.data, format, rounding, n_count, k_count, p.data.get(), caps_.threads);
             return p;
         });
     }
@@ -263,7 +265,7 @@ private:
     // checkpoint weights: every gate and up GEMV in one parallel region, this
     // node's swiglu per expert, every down GEMV in a second region — two
     // thread meetings per MoE block instead of three per expert. Each GEMV is
-    // the one matmul() runs (x rounded as gemv_packed_avx2 rounds it, the
+    // the one matmul() runs (x rounded as gemv_packed rounds it, the
     // same groups), the activation this node's swiglu: the default's bits
     // (tests/backend/test_cpu_backends.cpp, CpuPacked.BatchedExpertsGiveTheDefaultsBits).
     void expert_ffns(std::span<ExpertJob> jobs) override {
@@ -283,10 +285,10 @@ private:
                 if (!packs.back()) return Backend::expert_ffns(jobs);
             }
         const kernels::WeightRounding rounding = kernels::rounding_to(caps_.storage);
-        const auto rounded = [&](const Tensor& x) {  // gemv_packed_avx2's own rounding of x
+        const auto rounded = [&](const Tensor& x) {  // gemv_packed's own rounding of x
             if (rounding == kernels::WeightRounding::none) return Tensor();
             Tensor r(DType::f32, x.shape());
-            kernels::convert_avx2(x.as<float>(), kernels::WeightFormat::f32, rounding, r.as<float>(), r.numel());
+            kernels::convert_rounded(x.as<float>(), kernels::WeightFormat::f32, rounding, r.as<float>(), r.numel());
             return r;
         };
         const std::size_t n = jobs.size();
@@ -302,7 +304,7 @@ private:
             gemvs.push_back({xp, packs[3 * i]->data.get(), gate[i].as<float>(), t, inter, k, packs[3 * i]->panel});
             gemvs.push_back({xp, packs[3 * i + 1]->data.get(), up[i].as<float>(), t, up[i].dim(1), k, packs[3 * i + 1]->panel});
         }
-        kernels::gemv_packed_batch_avx2(gemvs, caps_.threads, rounding);
+        kernels::gemv_packed_batch(gemvs, caps_.threads, rounding);
         std::vector<Tensor> act(n);
         gemvs.clear();
         for (std::size_t i = 0; i < n; ++i) {
@@ -314,7 +316,7 @@ private:
             jobs[i].y = Tensor(DType::f32, {t, hid});
             gemvs.push_back({ap, packs[3 * i + 2]->data.get(), jobs[i].y.as<float>(), t, hid, act[i].dim(1), packs[3 * i + 2]->panel});
         }
-        kernels::gemv_packed_batch_avx2(gemvs, caps_.threads, rounding);
+        kernels::gemv_packed_batch(gemvs, caps_.threads, rounding);
     }
 
     Tensor whole_matmul(const TensorView& x, const TensorView& w) {
@@ -322,7 +324,7 @@ private:
         Shape shape = x.shape;
         shape.back() = n_count;
         Tensor y(DType::f32, shape);
-        if (caps_.accumulation == DType::f32 && avx2_) {
+        if (caps_.accumulation == DType::f32 && fma_) {
             // The weights are read where they lie (f32, f16 or bf16, e.g. a
             // memory-mapped checkpoint): the kernel converts them and rounds
             // them to the storage format while it packs them, no extra pass.
@@ -337,7 +339,7 @@ private:
                 xp = x.as<float>();
             } else if (kernels::kernel_readable(x.dtype)) {
                 xs = Tensor(DType::f32, x.shape);
-                kernels::convert_avx2(x.data, kernels::weight_format_of(x.dtype), rounding, xs.as<float>(), xs.numel());
+                kernels::convert_rounded(x.data, kernels::weight_format_of(x.dtype), rounding, xs.as<float>(), xs.numel());
                 xp = xs.as<float>();
             } else {
                 xs = stored(x);
@@ -354,11 +356,11 @@ private:
             // Decoding from a checkpoint's weights: their packed copy.
             if (t_count <= kernels::kGemvPackMaxRows)
                 if (const auto packed = packed_weight(w, t_count == 1)) {
-                    kernels::gemv_packed_avx2(xp, packed->data.get(), packed->panel, y.as<float>(), t_count, n_count,
+                    kernels::gemv_packed(xp, packed->data.get(), packed->panel, y.as<float>(), t_count, n_count,
                                               k_count, caps_.threads, rounding);
                     return y;
                 }
-            kernels::matmul_avx2(xp, wp, format, rounding, y.as<float>(), t_count, n_count, k_count, caps_.threads,
+            kernels::matmul_fma(xp, wp, format, rounding, y.as<float>(), t_count, n_count, k_count, caps_.threads,
                                  rounding);
             return y;
         }
@@ -457,14 +459,14 @@ public:
     // default): its matmul/softmax already accumulate as those variants promise.
     Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
                             double scale) override {
-        if (caps_.accumulation != DType::f32 || !avx2_) return Backend::causal_attention(q, keys, values, scale);
+        if (caps_.accumulation != DType::f32 || !attention_) return Backend::causal_attention(q, keys, values, scale);
         return fused_attention(q, keys, values, scale, nullptr);
     }
 
     // The fused kernel takes sinks too (attention.hpp: the composition's bits, sink column included).
     Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
                                   double scale, const TensorView& sinks) override {
-        if (caps_.accumulation != DType::f32 || !avx2_) return Backend::causal_attention_sinks(q, keys, values, scale, sinks);
+        if (caps_.accumulation != DType::f32 || !attention_) return Backend::causal_attention_sinks(q, keys, values, scale, sinks);
         check_sinks_args(q, sinks);
         const Tensor s32 = Tensor::convert(sinks, DType::f32);  // as the composition writes them: the f32 value
         return fused_attention(q, keys, values, scale, &s32);
@@ -505,7 +507,7 @@ private:
         a.rounding = kernels::rounding_to(caps_.storage);
         a.threads = caps_.threads;
         a.sinks = sinks != nullptr ? sinks->as<float>() : nullptr;
-        kernels::attention_avx2(a);
+        kernels::attention(a);
         return y;
     }
 
@@ -587,17 +589,18 @@ private:
     void round_stored(Tensor& t) const {
         if (caps_.storage == DType::f32) return;
         float* p = t.as<float>();
-        if (avx2_) {
+        if (fma_) {
             // The kernels' vector rounding, in place: the same bits as
             // round_to (tested: CpuPacked.InKernelRoundingMatchesRoundTo).
-            kernels::convert_avx2(p, kernels::WeightFormat::f32, kernels::rounding_to(caps_.storage), p, t.numel());
+            kernels::convert_rounded(p, kernels::WeightFormat::f32, kernels::rounding_to(caps_.storage), p, t.numel());
             return;
         }
         for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(round_to(caps_.storage, p[i]));
     }
 
     Capabilities caps_;
-    bool avx2_ = false;
+    bool fma_ = false;        // the fused kernels run here (kernels::cpu_has_fma_kernels)
+    bool attention_ = false;  // and the fused attention (kernels::cpu_has_attention_kernel)
     bool split_k_ = false;
     bool qdot_ = false;  // qdot=llamacpp (llamacpp_activations.hpp)
 };

@@ -30,12 +30,11 @@ public:
         caps_.node = "cpu-ref";
         caps_.backend = "cpu-ref";
         caps_.device = host_cpu_description();
-        avx2_ = kernels::cpu_has_avx2_fma();
-        // The arithmetic is the textbook loop either way (matmul.hpp); only
+        // The arithmetic is the textbook loop on every ISA (matmul.hpp); only
         // the matmul's blocking differs.
-        avx512_ = kernels::cpu_has_avx512();
+        const kernels::CpuIsa isa = kernels::matmul_f64_isa();
         caps_.runtime = fmt::format("kvasir {} f64 textbook order{}", KVASIR_VERSION,
-                                    avx512_ ? ", blocked avx512 matmul" : avx2_ ? ", blocked avx2 matmul" : "");
+                                    isa == kernels::CpuIsa::generic ? "" : fmt::format(", blocked {} matmul", kernels::cpu_isa_name(isa)));
         caps_.storage = DType::f64;
         caps_.accumulation = DType::f64;
         caps_.output = DType::f64;
@@ -56,15 +55,7 @@ public:
         // x widened once (T×K); w is read in place, widened panel by panel
         // inside the kernel: never a full-size f64 copy of the weights.
         const Tensor xd = Tensor::convert(x, DType::f64);
-        if (avx512_)
-            kernels::matmul_f64_avx512(xd.as<double>(), w.data, w.dtype, y.as<double>(), t_count, n_count, k_count,
-                                       caps_.threads);
-        else if (avx2_)
-            kernels::matmul_f64_avx2(xd.as<double>(), w.data, w.dtype, y.as<double>(), t_count, n_count, k_count,
-                                     caps_.threads);
-        else
-            kernels::matmul_f64_generic(xd.as<double>(), w.data, w.dtype, y.as<double>(), t_count, n_count, k_count,
-                                        caps_.threads);
+        kernels::matmul_f64(xd.as<double>(), w.data, w.dtype, y.as<double>(), t_count, n_count, k_count, caps_.threads);
         return y;
     }
 
@@ -210,7 +201,6 @@ public:
 
 private:
     Capabilities caps_;
-    bool avx2_ = false, avx512_ = false;
 };
 
 }  // namespace

@@ -1269,9 +1269,9 @@ private:
         const std::int64_t n = v.numel();
         if (caps_.storage == DType::f32 && v.dtype == DType::f32) {
             std::memcpy(dst, v.host_data(), static_cast<std::size_t>(n) * 4);
-        } else if (caps_.storage != DType::f16 && kernels::kernel_readable(v.dtype) && kernels::cpu_has_avx2_fma()) {
-            kernels::convert_avx2(v.host_data(), kernels::weight_format_of(v.dtype), kernels::rounding_to(caps_.storage),
-                                  static_cast<float*>(dst), n);
+        } else if (caps_.storage != DType::f16 && kernels::kernel_readable(v.dtype) && kernels::cpu_has_fma_kernels()) {
+            kernels::convert_rounded(v.host_data(), kernels::weight_format_of(v.dtype), kernels::rounding_to(caps_.storage),
+                                     static_cast<float*>(dst), n);
         } else {
             Tensor staged;
             if (caps_.storage == DType::f16)
