@@ -21,7 +21,7 @@ KVASIR_ARM64_PACKAGES=(
   libfmt-dev:arm64 libssl-dev:arm64 libpcre2-dev:arm64 libutf8proc-dev:arm64 libgtest-dev:arm64
 )
 # What the AArch64 side builds: the tool and the tests that prove its kernels.
-KVASIR_ARM64_TARGETS=(kvasir-equiv test_cpu_backends)
+KVASIR_ARM64_TARGETS=(kvasir-equiv test_cpu_backends test_conformance)
 
 kvasir_setup_arm64() {
   local log="$KVASIR_ARM64_BUILD_DIR.log"

@@ -50,13 +50,15 @@ struct AttentionArgs {
     int threads = 1;
 };
 
-// AVX2 + FMA + F16C.
-void attention_avx2(const AttentionArgs& a);
-
-// The fused attention of this CPU: attention_avx2 where cpu_has_avx2_fma();
-// none elsewhere yet (AArch64: the cpu node runs the composition, whose
-// matmul is the fused NEON one — the same bits, more memory traffic).
-bool cpu_has_attention_kernel() noexcept;
-void attention(const AttentionArgs& a);  // only where cpu_has_attention_kernel()
+// The fused attention of this CPU (attention_impl.hpp, compiled per ISA:
+// avx2::attention on x86-64 with AVX2 + FMA + F16C, neon::attention on
+// AArch64); none on other CPUs, whose cpu node runs the composition.
+void attention(const AttentionArgs& a);  // only where cpu_has_fma_kernels()
+namespace avx2 {
+void attention(const AttentionArgs& a);
+}
+namespace neon {
+void attention(const AttentionArgs& a);
+}
 
 }  // namespace kvasir::kernels

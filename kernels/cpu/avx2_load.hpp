@@ -4,8 +4,9 @@
 // transposes of 8-row blocks.
 //
 // It is also the AVX2 side of the vocabulary the fused-f32 kernels
-// (fma_kernels_impl.hpp) are written in — vf8 (8 f32 lanes), vzero, vload,
-// vstore, vbroadcast, vfma, vadd, store6, load8, load1, load_transposed4_f32,
+// (fma_kernels_impl.hpp, attention_impl.hpp) are written in — vf8 (8 f32
+// lanes), vzero, vset1, vload, vstore, vbroadcast, vfma, vadd, vmul, vdiv,
+// vmax, vfirst, store6, round_w, load8, load1, load_transposed4_f32,
 // load_transposed8, store_panel8, store_panel1, fma1, wide_tile — which
 // neon_load.hpp gives for AArch64 AdvSIMD with the same meaning lane for lane.
 #pragma once
@@ -33,6 +34,12 @@ using vf8 = __m256;
 // a·b + c, rounded once (the contract's chain step).
 [[gnu::always_inline]] inline vf8 vfma(vf8 a, vf8 b, vf8 c) { return _mm256_fmadd_ps(a, b, c); }
 [[gnu::always_inline]] inline vf8 vadd(vf8 a, vf8 b) { return _mm256_add_ps(a, b); }
+[[gnu::always_inline]] inline vf8 vmul(vf8 a, vf8 b) { return _mm256_mul_ps(a, b); }
+[[gnu::always_inline]] inline vf8 vdiv(vf8 a, vf8 b) { return _mm256_div_ps(a, b); }
+// a > b ? a : b per lane (MAXPS: b where either is NaN).
+[[gnu::always_inline]] inline vf8 vmax(vf8 a, vf8 b) { return _mm256_max_ps(a, b); }
+[[gnu::always_inline]] inline vf8 vset1(float v) { return _mm256_set1_ps(v); }
+[[gnu::always_inline]] inline float vfirst(vf8 v) { return _mm256_cvtss_f32(v); }  // lane 0
 // Lanes 0 … 5 of v to p[0 … 5].
 [[gnu::always_inline]] inline void store6(float* p, vf8 v) {
     _mm_storeu_ps(p, _mm256_castps256_ps128(v));

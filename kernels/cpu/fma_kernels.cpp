@@ -67,14 +67,14 @@ std::int64_t gemv_packed_bytes(std::int64_t n_count, std::int64_t k_count, Weigh
     return (n_count + kGemvPackRows - 1) / kGemvPackRows * kGemvPackRows * k_count * gemv_panel_bytes(panel);
 }
 
-bool cpu_has_attention_kernel() noexcept { return cpu_has_avx2_fma(); }
-
 void attention(const AttentionArgs& a) {
 #if defined(__x86_64__)
-    if (cpu_has_avx2_fma()) return attention_avx2(a);
+    if (cpu_has_avx2_fma()) return avx2::attention(a);
+#elif defined(__aarch64__)
+    if (cpu_isa() == CpuIsa::neon) return neon::attention(a);
 #endif
     (void)a;
-    std::abort();  // a caller's bug: cpu_has_attention_kernel() is false
+    std::abort();  // a caller's bug: cpu_has_fma_kernels() is false
 }
 
 }  // namespace kvasir::kernels

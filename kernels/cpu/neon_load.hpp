@@ -39,6 +39,14 @@ struct vf8 {
 // a·b + c, rounded once (FMLA: c + a·b).
 [[gnu::always_inline]] inline vf8 vfma(vf8 a, vf8 b, vf8 c) { return {vfmaq_f32(c.lo, a.lo, b.lo), vfmaq_f32(c.hi, a.hi, b.hi)}; }
 [[gnu::always_inline]] inline vf8 vadd(vf8 a, vf8 b) { return {vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
+[[gnu::always_inline]] inline vf8 vmul(vf8 a, vf8 b) { return {vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)}; }
+[[gnu::always_inline]] inline vf8 vdiv(vf8 a, vf8 b) { return {vdivq_f32(a.lo, b.lo), vdivq_f32(a.hi, b.hi)}; }
+// a > b ? a : b per lane, as MAXPS (b where either is NaN) — not FMAX, which
+// returns the NaN.
+[[gnu::always_inline]] inline float32x4_t max4(float32x4_t a, float32x4_t b) { return vbslq_f32(vcgtq_f32(a, b), a, b); }
+[[gnu::always_inline]] inline vf8 vmax(vf8 a, vf8 b) { return {max4(a.lo, b.lo), max4(a.hi, b.hi)}; }
+[[gnu::always_inline]] inline vf8 vset1(float v) { return {vdupq_n_f32(v), vdupq_n_f32(v)}; }
+[[gnu::always_inline]] inline float vfirst(vf8 v) { return vgetq_lane_f32(v.lo, 0); }
 [[gnu::always_inline]] inline void store6(float* p, vf8 v) {
     vst1q_f32(p, v.lo);
     vst1_f32(p + 4, vget_low_f32(v.hi));

@@ -5,7 +5,7 @@
 # (default build-arm64).
 #   1. one statically linked AArch64 executable that runs with nothing
 #      installed (qemu with an empty library root);
-#   2. its CPU kernel tests under qemu: the NEON kernels give the contract's
+#   2. its CPU kernel and conformance tests under qemu: the NEON kernels give the contract's
 #      bits (one FMA chain per output per K block of 64, block sums in order:
 #      the bits of the x86-64 kernels), for every shape, thread count,
 #      weight format and rounding those tests cover; the generic ones too;
@@ -19,8 +19,8 @@ bin="$1"
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 arm="${KVASIR_ARM64_BUILD_DIR:-build-arm64}"
 qemu=qemu-aarch64-static
-if [ ! -x "$arm/kvasir-equiv" ] || [ ! -x "$arm/test_cpu_backends" ] || ! command -v "$qemu" >/dev/null; then
-  skip "the AArch64 build under qemu" "no $arm/kvasir-equiv, $arm/test_cpu_backends or $qemu (scripts/setup_arm64.sh makes them)"
+if [ ! -x "$arm/kvasir-equiv" ] || [ ! -x "$arm/test_cpu_backends" ] || [ ! -x "$arm/test_conformance" ] || ! command -v "$qemu" >/dev/null; then
+  skip "the AArch64 build under qemu" "no $arm/kvasir-equiv, test_cpu_backends, test_conformance or $qemu (scripts/setup_arm64.sh makes them)"
   [ "$failures" -eq 0 ] && exit 77 || exit 1
 fi
 py=$(test_python numpy)
@@ -48,6 +48,13 @@ KVASIR_CPU_ISA=generic arm_run "$arm/test_cpu_backends" \
   >"$tmp/generic.out" 2>&1; rc=$?
 check "the generic kernels pass on AArch64 too" test $rc -eq 0
 [ $rc -eq 0 ] || tail -40 "$tmp/generic.out"
+# The conformance suite on the cpu nodes (cpu-ref, cpu and its variants):
+# every op by hand, within its bound of the oracle, the fused attention its
+# own composition bit for bit, non-finite values never passing.
+arm_run "$arm/test_conformance" "--gtest_filter=*/cpu*" >"$tmp/conformance.out" 2>&1; rc=$?
+check "the conformance suite passes on AArch64's cpu nodes ($(grep -oE '[0-9]+ tests from [0-9]+ test suites ran' "$tmp/conformance.out"))" test $rc -eq 0
+check "... and skips nothing" bash -c "! grep -q SKIPPED '$tmp/conformance.out'"
+[ $rc -eq 0 ] || grep -E "FAILED|Failure" -A5 "$tmp/conformance.out" | head -60
 
 # 3. The fixture (trained protocol) on both architectures. Every step but the
 # task, whose 250 items take minutes under emulation (its numbers come from

@@ -109,7 +109,6 @@ public:
                      "backend '{}': qdot=llamacpp is llama.cpp's f32 arithmetic (no storage=, acc= or split_k= with it)",
                      spec.canonical());
         fma_ = kernels::cpu_has_fma_kernels();
-        attention_ = kernels::cpu_has_attention_kernel();
         BackendSpec canonical;
         canonical.name = "cpu";
         if (caps_.storage != DType::f32) canonical.options["storage"] = dtype_name(caps_.storage);
@@ -454,19 +453,19 @@ public:
     }
 
     // The fused kernel (kernels/cpu/attention.hpp: the default composition's
-    // bits, computed on the unmasked part only) for acc=f32 on AVX2 + FMA.
-    // acc=f16 and CPUs without AVX2 run the composition itself (Backend's
+    // bits, computed on the unmasked part only) for acc=f32 on AVX2 + FMA or
+    // NEON. acc=f16 and CPUs without either run the composition itself (Backend's
     // default): its matmul/softmax already accumulate as those variants promise.
     Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
                             double scale) override {
-        if (caps_.accumulation != DType::f32 || !attention_) return Backend::causal_attention(q, keys, values, scale);
+        if (caps_.accumulation != DType::f32 || !fma_) return Backend::causal_attention(q, keys, values, scale);
         return fused_attention(q, keys, values, scale, nullptr);
     }
 
     // The fused kernel takes sinks too (attention.hpp: the composition's bits, sink column included).
     Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
                                   double scale, const TensorView& sinks) override {
-        if (caps_.accumulation != DType::f32 || !attention_) return Backend::causal_attention_sinks(q, keys, values, scale, sinks);
+        if (caps_.accumulation != DType::f32 || !fma_) return Backend::causal_attention_sinks(q, keys, values, scale, sinks);
         check_sinks_args(q, sinks);
         const Tensor s32 = Tensor::convert(sinks, DType::f32);  // as the composition writes them: the f32 value
         return fused_attention(q, keys, values, scale, &s32);
@@ -599,8 +598,7 @@ private:
     }
 
     Capabilities caps_;
-    bool fma_ = false;        // the fused kernels run here (kernels::cpu_has_fma_kernels)
-    bool attention_ = false;  // and the fused attention (kernels::cpu_has_attention_kernel)
+    bool fma_ = false;  // the fused kernels run here (kernels::cpu_has_fma_kernels)
     bool split_k_ = false;
     bool qdot_ = false;  // qdot=llamacpp (llamacpp_activations.hpp)
 };

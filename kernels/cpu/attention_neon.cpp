@@ -1,0 +1,6 @@
+// The fused attention (attention_impl.hpp) for AArch64 AdvSIMD:
+// neon::attention. Compiled in AArch64 builds only (CMakeLists.txt).
+#include "kernels/cpu/neon_load.hpp"
+
+#define KVASIR_FMA_ISA neon
+#include "kernels/cpu/attention_impl.hpp"
