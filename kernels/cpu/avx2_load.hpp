@@ -45,6 +45,19 @@ using vf8 = __m256;
     _mm_storeu_ps(p, _mm256_castps256_ps128(v));
     _mm_storel_pi(reinterpret_cast<__m64*>(p + 4), _mm256_extractf128_ps(v, 1));
 }
+// Four f64 lanes (the f64 oracle's matmul, matmul_f64_impl.hpp): separate
+// multiply and add, never fused.
+using vd4 = __m256d;
+[[gnu::always_inline]] inline vd4 vdzero() { return _mm256_setzero_pd(); }
+[[gnu::always_inline]] inline vd4 vdload(const double* p) { return _mm256_loadu_pd(p); }
+[[gnu::always_inline]] inline void vdstore(double* p, vd4 v) { _mm256_storeu_pd(p, v); }
+[[gnu::always_inline]] inline vd4 vdbroadcast(const double* p) { return _mm256_broadcast_sd(p); }
+[[gnu::always_inline]] inline vd4 vdadd(vd4 a, vd4 b) { return _mm256_add_pd(a, b); }
+[[gnu::always_inline]] inline vd4 vdmul(vd4 a, vd4 b) { return _mm256_mul_pd(a, b); }
+// Lanes 0-3 / 4-7 of an f32 vector widened to double (exact).
+[[gnu::always_inline]] inline vd4 widen_lo(vf8 v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
+[[gnu::always_inline]] inline vd4 widen_hi(vf8 v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
+
 inline float fma1(float a, float b, float c) {
     return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
 }
@@ -213,6 +226,14 @@ inline bool wide_tile(int m, i64 kc, const float* a, const float* b, float* c, i
     if (!avx512) return false;
     matmul_tile_avx512(m, kc, a, b, c, ldc, add);
     return true;
+}
+
+// The f64 matmul's 8-row tile of a wider ISA: AVX-512 (matmul_f64_tile_avx512),
+// which the f64 driver runs where the dispatch says the CPU has it.
+constexpr bool kHasWideF64Tile = true;
+inline void wide_f64_tile(int rows, const double* x, i64 ldx, const double* bp, i64 kc, double* y, i64 ldy, i64 valid,
+                          bool first) {
+    matmul_f64_tile_avx512(rows, x, ldx, bp, kc, y, ldy, valid, first);
 }
 
 }  // namespace kvasir::kernels::avx2

@@ -214,25 +214,28 @@ MatmulF32 matmul_f16acc, matmul_f16acc_generic, matmul_f16acc_avx2, matmul_f16ac
 // The f64 oracle's matmul (cpu-ref): the textbook loop, bit for bit —
 //     s = +0;  for k ascending:  s = s + x[t,k]·w[n,k];  y[t,n] = s
 // with every product and every sum rounded to double, never fused. w is f64,
-// f32, f16 or bf16 (widened exactly). The AVX2 version packs w into panels of
-// 8 columns per K block (converting while it packs, never a separate pass or
-// a full-size f64 copy) and runs 4×8 register tiles whose lanes are
+// f32, f16 or bf16 (widened exactly). The blocked versions
+// (matmul_f64_impl.hpp, compiled for AVX2 and for NEON) pack w into panels
+// of 8 columns per K block (converting while they pack, never a separate
+// pass or a full-size f64 copy) and run 4×8 register tiles whose lanes are
 // different outputs: blocking moves operands, never the order of a sum, so
-// both versions give the same bits as the loop above for any thread count.
-void matmul_f64_avx2(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count,
-                     std::int64_t n_count, std::int64_t k_count, int threads);
-// The same driver and packing with AVX-512 tiles of 8 rows × 8 columns (one
-// zmm a row): the same bits. Only where cpu_has_avx512().
-void matmul_f64_avx512(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count,
-                       std::int64_t n_count, std::int64_t k_count, int threads);
-// matmul_f64_avx512's tile (matmul_f64_avx512.cpp): rows 1 … 8 of x (row
+// every version gives the same bits as the loop above for any thread count.
+// wide_tiles: AVX-512's tiles of 8 rows × 8 columns (one zmm a row; only
+// where cpu_has_avx512()), the same bits.
+namespace avx2 {
+void matmul_f64(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count, std::int64_t n_count,
+                std::int64_t k_count, int threads, bool wide_tiles);
+}
+namespace neon {
+void matmul_f64(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count, std::int64_t n_count,
+                std::int64_t k_count, int threads, bool wide_tiles);
+}
+// The AVX-512 tile (matmul_f64_avx512.cpp): rows 1 … 8 of x (row
 // stride ldx, offset to the K block) against one packed panel bp[kc][8];
 // y (row stride ldy) = (first ? +0 : y) + the block's sum, `valid` columns.
 void matmul_f64_tile_avx512(int rows, const double* x, std::int64_t ldx, const double* bp, std::int64_t kc, double* y,
                             std::int64_t ldy, std::int64_t valid, bool first);
-// The blocked version this CPU runs (generic where there is none), and the
-// matmul that runs it.
-CpuIsa matmul_f64_isa() noexcept;
+// The blocked version of cpu_isa() (the loop itself where it is generic).
 void matmul_f64(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count, std::int64_t n_count,
                 std::int64_t k_count, int threads);
 void matmul_f64_generic(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count,

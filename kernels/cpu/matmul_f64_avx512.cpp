@@ -1,4 +1,4 @@
-// The f64 oracle's micro-tile on AVX-512 (matmul_f64_avx2.cpp runs the
+// The f64 oracle's micro-tile on AVX-512 (matmul_f64_impl.hpp runs the
 // driver: jobs, K blocks, panel packing): up to 8 rows of x against one
 // packed panel of 8 columns, one zmm per row, a separate multiply and add per
 // k ascending (never fused: the textbook loop's bits, as the AVX2 tile's).

@@ -84,19 +84,16 @@ void matmul_f16acc(const float* x, const float* w, float* y, std::int64_t t_coun
     matmul_f16acc_generic(x, w, y, t_count, n_count, k_count, threads);
 }
 
-CpuIsa matmul_f64_isa() noexcept {
-    const CpuIsa isa = cpu_isa();
-    return isa == CpuIsa::avx2 || isa == CpuIsa::avx512 ? isa : CpuIsa::generic;
-}
-
 void matmul_f64(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count, std::int64_t n_count,
                 std::int64_t k_count, int threads) {
-    switch (matmul_f64_isa()) {
+    switch (cpu_isa()) {
 #if defined(__x86_64__)
-        case CpuIsa::avx512: return matmul_f64_avx512(x, w, w_dtype, y, t_count, n_count, k_count, threads);
-        case CpuIsa::avx2: return matmul_f64_avx2(x, w, w_dtype, y, t_count, n_count, k_count, threads);
+        case CpuIsa::avx512: return avx2::matmul_f64(x, w, w_dtype, y, t_count, n_count, k_count, threads, true);
+        case CpuIsa::avx2: return avx2::matmul_f64(x, w, w_dtype, y, t_count, n_count, k_count, threads, false);
+#elif defined(__aarch64__)
+        case CpuIsa::neon: return neon::matmul_f64(x, w, w_dtype, y, t_count, n_count, k_count, threads, false);
 #endif
-        default: break;  // (no NEON version yet: the generic one gives the same bits)
+        default: break;
     }
     matmul_f64_generic(x, w, w_dtype, y, t_count, n_count, k_count, threads);
 }

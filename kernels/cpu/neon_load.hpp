@@ -51,6 +51,24 @@ struct vf8 {
     vst1q_f32(p, v.lo);
     vst1_f32(p + 4, vget_low_f32(v.hi));
 }
+struct vd4 {
+    float64x2_t lo, hi;
+};
+[[gnu::always_inline]] inline vd4 vdzero() { return {vdupq_n_f64(0.0), vdupq_n_f64(0.0)}; }
+[[gnu::always_inline]] inline vd4 vdload(const double* p) { return {vld1q_f64(p), vld1q_f64(p + 2)}; }
+[[gnu::always_inline]] inline void vdstore(double* p, vd4 v) {
+    vst1q_f64(p, v.lo);
+    vst1q_f64(p + 2, v.hi);
+}
+[[gnu::always_inline]] inline vd4 vdbroadcast(const double* p) {
+    const float64x2_t b = vld1q_dup_f64(p);
+    return {b, b};
+}
+[[gnu::always_inline]] inline vd4 vdadd(vd4 a, vd4 b) { return {vaddq_f64(a.lo, b.lo), vaddq_f64(a.hi, b.hi)}; }
+[[gnu::always_inline]] inline vd4 vdmul(vd4 a, vd4 b) { return {vmulq_f64(a.lo, b.lo), vmulq_f64(a.hi, b.hi)}; }
+[[gnu::always_inline]] inline vd4 widen_lo(vf8 v) { return {vcvt_f64_f32(vget_low_f32(v.lo)), vcvt_high_f64_f32(v.lo)}; }
+[[gnu::always_inline]] inline vd4 widen_hi(vf8 v) { return {vcvt_f64_f32(vget_low_f32(v.hi)), vcvt_high_f64_f32(v.hi)}; }
+
 inline float fma1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }  // FMADD: AArch64 has it always
 
 // ---------------------------------------------------------------------------
@@ -196,5 +214,7 @@ inline void store_panel1(void* dst, float v) {
 
 // No wider tile on AArch64 AdvSIMD (SVE would be its own file).
 inline bool wide_tile(int, i64, const float*, const float*, float*, i64, bool) { return false; }
+constexpr bool kHasWideF64Tile = false;
+inline void wide_f64_tile(int, const double*, i64, const double*, i64, double*, i64, i64, bool) {}
 
 }  // namespace kvasir::kernels::neon

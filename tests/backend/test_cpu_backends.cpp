@@ -151,7 +151,7 @@ TEST(CpuRefMatmul, BlockedKernelsAreTheTextbookLoopBitForBit) {
                 // The blocked version this CPU runs (cpu_kernels_isa_* rerun this with the dispatch capped).
                 std::fill(got.begin(), got.end(), -1.0);
                 kernels::matmul_f64(x64.as<double>(), w.raw(), wd, got.data(), T, N, K, threads);
-                EXPECT_TRUE(same_bits(got, want)) << kernels::cpu_isa_name(kernels::matmul_f64_isa()) << " T=" << T
+                EXPECT_TRUE(same_bits(got, want)) << kernels::cpu_isa_name(kernels::cpu_isa()) << " T=" << T
                                                   << " N=" << N << " K=" << K << " w " << dtype_name(wd) << " threads " << threads;
             }
         }

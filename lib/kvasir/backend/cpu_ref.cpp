@@ -32,7 +32,7 @@ public:
         caps_.device = host_cpu_description();
         // The arithmetic is the textbook loop on every ISA (matmul.hpp); only
         // the matmul's blocking differs.
-        const kernels::CpuIsa isa = kernels::matmul_f64_isa();
+        const kernels::CpuIsa isa = kernels::cpu_isa();
         caps_.runtime = fmt::format("kvasir {} f64 textbook order{}", KVASIR_VERSION,
                                     isa == kernels::CpuIsa::generic ? "" : fmt::format(", blocked {} matmul", kernels::cpu_isa_name(isa)));
         caps_.storage = DType::f64;
