@@ -1,5 +1,4 @@
 // The fused attention (attention_impl.hpp) for AVX2 + FMA + F16C: avx2::attention.
 #include "kernels/cpu/avx2_load.hpp"
 
-#define KVASIR_FMA_ISA avx2
 #include "kernels/cpu/attention_impl.hpp"

@@ -6,7 +6,7 @@
 // keys (scores) or different output dims (P·V), never along a sum, so every
 // sum keeps the matmul contract's order on every ISA.
 #ifndef KVASIR_FMA_ISA
-#error "include the ISA's vocabulary (avx2_load.hpp, neon_load.hpp) and define KVASIR_FMA_ISA first"
+#error "include the ISA's vocabulary (avx2_load.hpp, neon_load.hpp) first: it defines KVASIR_FMA_ISA"
 #endif
 
 #include "kernels/cpu/attention.hpp"

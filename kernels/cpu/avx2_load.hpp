@@ -176,18 +176,6 @@ template <WeightRounding R>
     r[3] = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
 }
 
-template <WeightFormat F, WeightRounding R>
-[[gnu::always_inline]] inline void load_transposed8(const void* w, i64 row, i64 k_count, i64 k, __m256 r[8]) {
-    if constexpr (F == WeightFormat::f32) {
-        load_transposed4_f32<R>(static_cast<const float*>(w), row, k_count, k, r);
-        load_transposed4_f32<R>(static_cast<const float*>(w), row, k_count, k + 4, r + 4);
-    } else {
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) r[i] = load8<F, R>(w, (row + i) * k_count + k);
-        transpose8(r);
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Panels of the packed decode GEMV: values the panel format P holds exactly
 // (f32, f16 or bf16), stored in P.
@@ -237,3 +225,7 @@ inline void wide_f64_tile(int rows, const double* x, i64 ldx, const double* bp, 
 }
 
 }  // namespace kvasir::kernels::avx2
+
+// What the kernels derive from the vocabulary, in this ISA's namespace.
+#define KVASIR_FMA_ISA avx2
+#include "kernels/cpu/simd_derived.hpp"

@@ -49,7 +49,7 @@
 // element is computed start to finish by one job with the arithmetic above,
 // so neither the thread count nor the schedule shows in the result.
 #ifndef KVASIR_FMA_ISA
-#error "include the ISA's vocabulary (avx2_load.hpp, neon_load.hpp) and define KVASIR_FMA_ISA first"
+#error "include the ISA's vocabulary (avx2_load.hpp, neon_load.hpp) first: it defines KVASIR_FMA_ISA"
 #endif
 
 #include "kernels/cpu/matmul.hpp"

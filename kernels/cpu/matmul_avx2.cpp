@@ -2,5 +2,4 @@
 // AVX-512's tile where the CPU has it: avx2::kFmaKernels.
 #include "kernels/cpu/avx2_load.hpp"
 
-#define KVASIR_FMA_ISA avx2
 #include "kernels/cpu/fma_kernels_impl.hpp"

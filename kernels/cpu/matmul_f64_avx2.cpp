@@ -2,5 +2,4 @@
 // AVX-512's 8-row tiles where asked: avx2::matmul_f64.
 #include "kernels/cpu/avx2_load.hpp"
 
-#define KVASIR_FMA_ISA avx2
 #include "kernels/cpu/matmul_f64_impl.hpp"

@@ -26,7 +26,7 @@
 // ever allocated (the previous version widened all of w to f64 first: 2.5 GB
 // for a 151936×2048 lm_head, per call).
 #ifndef KVASIR_FMA_ISA
-#error "include the ISA's vocabulary (avx2_load.hpp, neon_load.hpp) and define KVASIR_FMA_ISA first"
+#error "include the ISA's vocabulary (avx2_load.hpp, neon_load.hpp) first: it defines KVASIR_FMA_ISA"
 #endif
 
 #include "kernels/cpu/matmul.hpp"
@@ -50,8 +50,7 @@ void pack_panel(const void* w, i64 k_count, i64 n0, i64 valid, i64 k0, i64 kc, d
     if (valid == kNR) {
         for (; k + 8 <= kc; k += 8) {
             vf8 r[8];
-            for (int i = 0; i < 8; ++i) r[i] = load8<F, WeightRounding::none>(w, (n0 + i) * k_count + k0 + k);
-            transpose8(r);  // r[j] = column k+j: lane i = row n0+i
+            load_transposed8<F, WeightRounding::none>(w, n0, k_count, k0 + k, r);  // r[j] = column k+j: lane i = row n0+i
             for (int j = 0; j < 8; ++j) {
                 vdstore(dst + (k + j) * kNR, widen_lo(r[j]));
                 vdstore(dst + (k + j) * kNR + 4, widen_hi(r[j]));

@@ -2,5 +2,4 @@
 // neon::matmul_f64. Compiled in AArch64 builds only (CMakeLists.txt).
 #include "kernels/cpu/neon_load.hpp"
 
-#define KVASIR_FMA_ISA neon
 #include "kernels/cpu/matmul_f64_impl.hpp"

@@ -2,5 +2,4 @@
 // neon::kFmaKernels. Compiled in AArch64 builds only (CMakeLists.txt).
 #include "kernels/cpu/neon_load.hpp"
 
-#define KVASIR_FMA_ISA neon
 #include "kernels/cpu/fma_kernels_impl.hpp"

@@ -172,19 +172,6 @@ template <WeightRounding R>
     for (int j = 0; j < 4; ++j) r[j] = round_w<R>(vf8{a[j], a[4 + j]});
 }
 
-// The 8×8 block w[row … row+7, k … k+7] transposed into r[0..7], converted and rounded.
-template <WeightFormat F, WeightRounding R>
-[[gnu::always_inline]] inline void load_transposed8(const void* w, i64 row, i64 k_count, i64 k, vf8 r[8]) {
-    if constexpr (F == WeightFormat::f32) {
-        load_transposed4_f32<R>(static_cast<const float*>(w), row, k_count, k, r);
-        load_transposed4_f32<R>(static_cast<const float*>(w), row, k_count, k + 4, r + 4);
-    } else {
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) r[i] = load8<F, R>(w, (row + i) * k_count + k);
-        transpose8(r);
-    }
-}
-
 // Panels of the packed decode GEMV (avx2_load.hpp's store_panel8/1).
 template <WeightFormat P>
 inline void store_panel8(void* dst, vf8 c) {
@@ -218,3 +205,7 @@ constexpr bool kHasWideF64Tile = false;
 inline void wide_f64_tile(int, const double*, i64, const double*, i64, double*, i64, i64, bool) {}
 
 }  // namespace kvasir::kernels::neon
+
+// What the kernels derive from the vocabulary, in this ISA's namespace.
+#define KVASIR_FMA_ISA neon
+#include "kernels/cpu/simd_derived.hpp"
