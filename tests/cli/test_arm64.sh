@@ -9,7 +9,8 @@
 #      bits (one FMA chain per output per K block of 64, block sums in order:
 #      the bits of the x86-64 kernels), for every shape, thread count,
 #      weight format and rounding those tests cover; the generic ones too;
-#   3. a capture of the trained fixture by the AArch64 cpu node against the
+#   3. a capture of the trained fixture by the AArch64 cpu node, run from the
+#      folder scripts/phone-bundle.sh stages for a phone, against the
 #      x86-64 cpu node's: `compare` judges it fit against the x86-64 cpu-ref,
 #      and every tensor of the two cpu captures has the same bits (the
 #      contract fixes every order the cpu node's kernels use; glibc's libm
@@ -64,8 +65,13 @@ steps=ops,drift,logits,decide,generate,perplexity,determinism,invariance
   || { cat "$tmp/ref.out"; echo "FAIL: x86-64 cpu-ref capture"; exit 1; }
 "$bin" capture -b cpu --steps $steps -o "$tmp/x86.safetensors" >"$tmp/x86.out" 2>&1 \
   || { cat "$tmp/x86.out"; echo "FAIL: x86-64 cpu capture"; exit 1; }
-arm_run "$arm/kvasir-equiv" capture -b cpu --name cpu@aarch64 --steps $steps -o "$tmp/arm.safetensors" >"$tmp/arm.out" 2>&1; rc=$?
-check "the AArch64 cpu node captures the fixture under qemu" test $rc -eq 0
+# As on a phone: the folder scripts/phone-bundle.sh stages for `adb push`, run
+# from inside it (README "Auditing a phone or an ARM server").
+KVASIR_ARM64_BUILD_DIR="$arm" scripts/phone-bundle.sh "$tmp/phone" >"$tmp/bundle.out" 2>&1 \
+  || { cat "$tmp/bundle.out"; echo "FAIL: scripts/phone-bundle.sh"; exit 1; }
+(cd "$tmp/phone" && arm_run ./kvasir-equiv capture -p protocols/trained.json -b cpu --name cpu@aarch64 --steps $steps \
+  -o "$tmp/arm.safetensors") >"$tmp/arm.out" 2>&1; rc=$?
+check "the AArch64 cpu node captures the fixture under qemu, from the phone bundle ($(cat "$tmp/bundle.out"))" test $rc -eq 0
 [ $rc -eq 0 ] || cat "$tmp/arm.out"
 "$bin" compare --only-steps $steps "$tmp/ref.safetensors" "$tmp/x86.safetensors" "$tmp/arm.safetensors" >"$tmp/cmp.out" 2>&1; rc=$?
 check "compare cpu-ref (x86-64), cpu (x86-64), cpu@aarch64 exits 0" test $rc -eq 0
