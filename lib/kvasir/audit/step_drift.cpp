@@ -21,6 +21,7 @@
 // protocol writes drift.final_rel relative to a floor node and the floor
 // ran (its delta > 0), else DriftConfig::threshold.
 #include "kvasir/audit/audit_plan.hpp"
+#include "kvasir/core/nonfinite.hpp"
 #include "kvasir/audit/step.hpp"
 
 #include "kvasir/core/error.hpp"
@@ -38,8 +39,6 @@
 namespace kvasir {
 
 namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // α for the verdict: the fitted exponent; 0 when fewer than two layers have
 // a nonzero delta (a bit-identical node has no growth); NaN when a delta is

@@ -1,4 +1,5 @@
 #include "kvasir/audit/verdict.hpp"
+#include "kvasir/core/nonfinite.hpp"
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/metrics/metrics.hpp"
@@ -58,9 +59,6 @@ NodeInput node_input(const Capabilities& caps, bool is_reference) {
 }
 
 namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 double margin_of(double value, double tol, Direction dir, MarginScale scale) {
     if (std::isnan(value) || std::isnan(tol)) return kNaN;

@@ -1,4 +1,5 @@
 #include "kvasir/metrics/llamacpp_kld.hpp"
+#include "kvasir/core/nonfinite.hpp"
 
 #include "kvasir/core/dtype.hpp"
 #include "kvasir/core/error.hpp"
@@ -21,8 +22,6 @@ BaseRounding parse_base_rounding(std::string_view s) {
 const char* to_string(BaseRounding r) noexcept { return r == BaseRounding::exact ? "exact" : "llamacpp-u16"; }
 
 namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 
 // One row's log-probabilities as the base file of llama-perplexity holds

@@ -1,4 +1,5 @@
 #include "kvasir/metrics/metrics.hpp"
+#include "kvasir/core/nonfinite.hpp"
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/metrics/stats.hpp"
@@ -10,9 +11,6 @@
 
 namespace kvasir {
 namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 enum class Cls : std::uint8_t { finite, nan, pos_inf, neg_inf };
 
@@ -211,6 +209,12 @@ nlohmann::ordered_json json_double(double x) {
     if (std::isnan(x)) return "nan";
     if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
     return x;
+}
+
+nlohmann::ordered_json json_doubles(const std::vector<double>& xs) {
+    nlohmann::ordered_json a = nlohmann::ordered_json::array();
+    for (double x : xs) a.push_back(json_double(x));
+    return a;
 }
 
 nlohmann::ordered_json to_json(const CompareStats& s) {

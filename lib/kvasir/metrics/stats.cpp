@@ -1,4 +1,5 @@
 #include "kvasir/metrics/stats.hpp"
+#include "kvasir/core/nonfinite.hpp"
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/metrics/metrics.hpp"
@@ -10,9 +11,6 @@
 
 namespace kvasir {
 namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 bool any_nan(std::span<const double> xs) noexcept {
     return std::any_of(xs.begin(), xs.end(), [](double x) { return std::isnan(x); });

@@ -3,6 +3,7 @@
 // percentile plot (the only chart drawn here: the heatmaps and the drift
 // plot come from heatmap_svg.cpp and drift_svg.cpp).
 #include "kvasir/report/audit_html.hpp"
+#include "kvasir/core/nonfinite.hpp"
 
 #include "kvasir/backend/capabilities_json.hpp"
 #include "kvasir/core/error.hpp"
@@ -29,8 +30,6 @@ using namespace writers_detail;
 using Json = nlohmann::ordered_json;
 
 namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 std::string h(std::string_view text) { return xml_escape(text); }
 

@@ -18,12 +18,6 @@ void GenerateConfig::validate() const {
 
 namespace {
 
-nlohmann::ordered_json doubles_json(const std::vector<double>& xs) {
-    nlohmann::ordered_json a = nlohmann::ordered_json::array();
-    for (double x : xs) a.push_back(json_double(x));
-    return a;
-}
-
 // Row i of [n, V] logits as a [1, V] view.
 TensorView row_view(const Tensor& t, std::int64_t i) {
     const TensorView r = t.view().row(i);
@@ -129,7 +123,7 @@ nlohmann::ordered_json to_json(const GenerateReport& r) {
     for (const Capabilities& cap : r.nodes) j["nodes"].push_back(to_json(cap));
     j["reference_tokens"] = r.reference_tokens;
     if (r.reference_text) j["reference_text"] = *r.reference_text;
-    j["reference_margins"] = doubles_json(r.reference_margins);
+    j["reference_margins"] = json_doubles(r.reference_margins);
     j["results"] = nlohmann::ordered_json::array();
     for (const NodeGenerate& ng : r.results) {
         nlohmann::ordered_json o;
@@ -142,7 +136,7 @@ nlohmann::ordered_json to_json(const GenerateReport& r) {
         nlohmann::ordered_json f;
         f["tokens"] = ng.tokens;
         if (ng.text) f["text"] = *ng.text;
-        f["margins"] = doubles_json(ng.margins);
+        f["margins"] = json_doubles(ng.margins);
         f["first_divergence"] = ng.first_divergence;
         f["ref_margin_at_divergence"] = json_double(ng.ref_margin_at_divergence);
         f["cand_margin_at_divergence"] = json_double(ng.cand_margin_at_divergence);
@@ -153,8 +147,8 @@ nlohmann::ordered_json to_json(const GenerateReport& r) {
         p["steps"] = r.config.new_tokens;
         p["divergence_steps"] = ng.divergence_steps;
         p["sequence_identical"] = ng.sequence_identical;
-        p["step_max_abs"] = doubles_json(ng.step_max_abs);
-        p["step_kl"] = doubles_json(ng.step_kl);
+        p["step_max_abs"] = json_doubles(ng.step_max_abs);
+        p["step_kl"] = json_doubles(ng.step_kl);
         p["max_abs"] = json_double(ng.max_abs);
         o["pinned"] = p;
         j["results"].push_back(std::move(o));

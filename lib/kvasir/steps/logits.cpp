@@ -6,16 +6,6 @@
 
 namespace kvasir {
 
-namespace {
-
-nlohmann::ordered_json doubles_json(const std::vector<double>& xs) {
-    nlohmann::ordered_json a = nlohmann::ordered_json::array();
-    for (double x : xs) a.push_back(json_double(x));
-    return a;
-}
-
-}  // namespace
-
 LogitsReport run_logits(const LogitsConfig& config, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference) {
     config.validate();
     KVASIR_CHECK(reference < nodes.size(), ErrorCode::bad_input, "reference index {} of {} nodes", reference, nodes.size());
@@ -92,10 +82,10 @@ nlohmann::ordered_json to_json(const LogitsReport& r) {
         o["kl"] = to_json(nl.kl);
         o["top_dp_rms"] = json_double(nl.top_dp_rms);
         o["stats"] = to_json(nl.stats);
-        o["positions"] = {{"linf", doubles_json(nl.positions.linf)},
-                          {"l2", doubles_json(nl.positions.l2)},
-                          {"kl", doubles_json(nl.positions.kl)},
-                          {"dp_top", doubles_json(nl.positions.dp_top)}};
+        o["positions"] = {{"linf", json_doubles(nl.positions.linf)},
+                          {"l2", json_doubles(nl.positions.l2)},
+                          {"kl", json_doubles(nl.positions.kl)},
+                          {"dp_top", json_doubles(nl.positions.dp_top)}};
         j["results"].push_back(std::move(o));
     }
     j["repeat"] = nlohmann::ordered_json::array();

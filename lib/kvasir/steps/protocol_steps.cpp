@@ -30,7 +30,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool is_space(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f'; }
 
 // The offending text, printable and short, so the error stays one line.
 std::string printable(std::string_view s) {
@@ -53,7 +52,7 @@ std::vector<std::int32_t> parse_token_ids(std::string_view text, const std::stri
     std::vector<std::int32_t> ids;
     std::size_t i = 0, line = 1, line_start = 0;
     while (i < text.size()) {
-        if (is_space(text[i])) {
+        if (is_ascii_space(text[i])) {
             if (text[i] == '\n') {
                 ++line;
                 line_start = i + 1;
@@ -62,7 +61,7 @@ std::vector<std::int32_t> parse_token_ids(std::string_view text, const std::stri
             continue;
         }
         const std::size_t begin = i;
-        while (i < text.size() && !is_space(text[i])) ++i;
+        while (i < text.size() && !is_ascii_space(text[i])) ++i;
         const std::string_view tok = text.substr(begin, i - begin);
         const std::size_t col = begin - line_start + 1;
         const std::size_t index = ids.size() + 1;
@@ -497,5 +496,7 @@ std::vector<double> token_nll(const TensorView& logits, std::span<const std::int
     }
     return out;
 }
+
+bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
 }  // namespace kvasir

@@ -228,4 +228,7 @@ std::vector<double> router_gaps(const TensorView& router_logits, const RouterCon
 // every target in [0, V) (bad_input otherwise). NaN logits → NaN.
 std::vector<double> token_nll(const TensorView& logits, std::span<const std::int32_t> targets);
 
+// ' ', \t, \n, \r, \v, \f: the C locale's whitespace, whatever the locale.
+bool is_ascii_space(char c);
+
 }  // namespace kvasir

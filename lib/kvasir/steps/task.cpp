@@ -8,6 +8,7 @@
 #include "kvasir/core/tool_info.hpp"
 #include "kvasir/metrics/metrics.hpp"
 #include "kvasir/steps/forward.hpp"
+#include "kvasir/steps/protocol_steps.hpp"
 
 #include <fmt/format.h>
 
@@ -22,8 +23,6 @@ namespace {
 constexpr std::size_t kMaxItems = 100000;
 constexpr std::size_t kMaxChoices = 64;
 constexpr std::size_t kMaxString = 64u << 10;
-
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
 std::size_t argmax_first(const std::vector<double>& v) {
     std::size_t best = 0;
@@ -44,7 +43,7 @@ std::vector<TaskItem> parse_task_items(std::string_view text, const std::string&
         const std::string_view line = text.substr(pos, nl - pos);
         pos = nl + 1;
         ++line_no;
-        if (std::all_of(line.begin(), line.end(), is_space)) {
+        if (std::all_of(line.begin(), line.end(), is_ascii_space)) {
             if (nl == text.size()) break;
             continue;
         }
@@ -91,7 +90,7 @@ std::vector<std::vector<TaskRequest>> encode_task(const Tokenizer& tok, const st
         const TaskItem& it = items[i];
         // lm-eval _encode_pair: the context's trailing whitespace goes with the continuation.
         std::size_t k = it.context.size();
-        while (k > 0 && is_space(it.context[k - 1])) --k;
+        while (k > 0 && is_ascii_space(it.context[k - 1])) --k;
         const std::string context = it.context.substr(0, k), moved = it.context.substr(k);
         const std::vector<std::int32_t> ctx = tok.encode(context, false);  // the same for every choice
         std::vector<TaskRequest> reqs;
