@@ -133,7 +133,7 @@ public:
         if (qdot_)
             caps_.extra.emplace_back("qdot", "llama.cpp's CPU dot products: activations quantised to Q8_0 / Q8_K (or "
                                              "rounded to f16 / bf16) for the weight's stored format, as its vec_dot_type");
-        // Decode weights packed once (kernels::pack_gemv): only where the f32 AVX2 GEMV runs.
+        // Decode weights packed once (kernels::pack_gemv): only where the fused f32 GEMV runs (AVX2, NEON).
         const std::uint64_t budget = pack_budget.value_or(default_pack_budget());
         pack_ = caps_.accumulation == DType::f32 && fma_ && budget > 0;
         packed_ = std::make_unique<WeightCache<PackedWeights>>(pack_ ? budget : 0);
