@@ -48,6 +48,6 @@ PairMatrix pair_matrix(const OpsReport& report, const std::string& op) {
     fail(ErrorCode::internal, "step 1 report has no op '{}'", op);
 }
 
-ProtocolRef protocol_ref(const Protocol& p) { return ProtocolRef{p.id, p.version, p.content_hash, p.source}; }
+ProtocolRef protocol_ref(const Protocol& p) { return ProtocolRef{p.id, p.version, p.content_hash, p.source, {}}; }
 
 }  // namespace kvasir
