@@ -24,6 +24,7 @@
 // interleaved partial sums folded pairwise at the end.
 #pragma once
 
+#include "kvasir/core/cpu_isa.hpp"
 #include "kvasir/core/dtype.hpp"
 
 #include <cstdint>
@@ -31,16 +32,10 @@
 
 namespace kvasir::kernels {
 
-// The instruction sets the kernels are dispatched on: the best this CPU and
-// its OS support — on x86-64 AVX-512 (F, DQ, BW, VL with the zmm state
-// enabled) > AVX2 (AVX2, FMA and F16C) > generic; on AArch64 AdvSIMD (neon,
-// part of every AArch64 CPU) > generic — capped by the environment variable
-// KVASIR_CPU_ISA (generic | avx2 | avx512 | neon; a cap the CPU does not
-// have leaves the best) so every path can be run and compared on one
-// machine. Read once.
-enum class CpuIsa : std::uint8_t { generic, avx2, avx512, neon };
-CpuIsa cpu_isa() noexcept;
-const char* cpu_isa_name(CpuIsa isa) noexcept;
+// The instruction set the kernels are dispatched on (core/cpu_isa.hpp).
+using ::kvasir::CpuIsa;
+using ::kvasir::cpu_isa;
+using ::kvasir::cpu_isa_name;
 bool cpu_has_avx2_fma() noexcept;  // avx2 or avx512
 bool cpu_has_avx512() noexcept;    // avx512
 // The fused kernels below run on this CPU (avx2, avx512 or neon); false: the

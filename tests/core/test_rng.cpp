@@ -3,7 +3,9 @@
 // calls and thread counts, stream separation, statistics, and the accuracy of
 // the libm-free log/sincos against long-double libm.
 #include "kvasir/core/error.hpp"
+#include "kvasir/core/cpu_isa.hpp"
 #include "kvasir/core/rng.hpp"
+#include "kvasir/core/rng_math.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -98,6 +100,52 @@ TEST(Philox, ElementMappingMatchesDefinition) {
         EXPECT_EQ(st.bits(i), blk[i % 4]) << "i=" << i;
         EXPECT_EQ(st.uniform(i), (static_cast<double>(blk[i % 4]) + 0.5) / 4294967296.0) << "i=" << i;
     }
+}
+
+// The tensor fill's block kernel (core/rng_math.hpp), each ISA's copy this CPU
+// can run, against the scalar stream (Random123's Philox, the scalar
+// log/sincos) block by block: across the 2^32 carry of the block counter,
+// odd counts (a partial last group of lanes) and both draws.
+TEST(BlockKernel, EveryIsaGivesTheScalarStreamsBits) {
+    struct Isa {
+        const char* name;
+        kvasir::CpuIsa needs;
+        kvasir::rng_detail::DrawBlocks fn;
+    };
+    std::vector<Isa> isas = {{"generic", kvasir::CpuIsa::generic,
+                              [](std::uint64_t seed, std::uint64_t stream, bool normal, double a, double scale, std::uint64_t b0,
+                                 std::uint64_t count, double* out) noexcept {
+                                  kvasir::rng_detail::draw_blocks_kernel(seed, stream, normal, a, scale, b0, count, out);
+                              }}};
+#if defined(__x86_64__)
+    isas.push_back({"avx2", kvasir::CpuIsa::avx2, kvasir::rng_detail::draw_blocks_avx2});
+    isas.push_back({"avx512", kvasir::CpuIsa::avx512, kvasir::rng_detail::draw_blocks_avx512});
+#endif
+    const auto runs = [](kvasir::CpuIsa need) {
+        const kvasir::CpuIsa have = kvasir::cpu_isa();
+        return need == kvasir::CpuIsa::generic || have == need ||
+               (need == kvasir::CpuIsa::avx2 && have == kvasir::CpuIsa::avx512);
+    };
+    const SeededStream st(0xfeedface12345678ull, "blocks");
+    std::string ran;
+    for (const Isa& isa : isas) {
+        if (!runs(isa.needs)) continue;
+        ran += std::string(ran.empty() ? "" : " ") + isa.name;
+        for (const std::uint64_t b0 : {std::uint64_t{0}, std::uint64_t{0xffffffffu} - 20, std::uint64_t{1} << 40}) {
+            for (const std::uint64_t count : {std::uint64_t{1}, std::uint64_t{17}, std::uint64_t{77}}) {
+                std::vector<double> nrm(4 * count), uni(4 * count);
+                isa.fn(st.seed(), st.stream(), true, 0.25, 3.0, b0, count, nrm.data());
+                isa.fn(st.seed(), st.stream(), false, -1.0, 2.0, b0, count, uni.data());
+                for (std::uint64_t e = 0; e < 4 * count; ++e) {
+                    const std::uint64_t i = 4 * b0 + e;
+                    ASSERT_EQ(bits_of(nrm[e]), bits_of(0.25 + 3.0 * st.normal(i))) << isa.name << " element " << i;
+                    ASSERT_EQ(bits_of(uni[e]), bits_of(-1.0 + 2.0 * st.uniform(i))) << isa.name << " element " << i;
+                }
+            }
+        }
+    }
+    RecordProperty("isas", ran);
+    std::printf("[ isas     ] %s (this CPU: %s)\n", ran.c_str(), kvasir::cpu_isa_name(kvasir::cpu_isa()));
 }
 
 // --- the Python reference -----------------------------------------------------

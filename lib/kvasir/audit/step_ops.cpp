@@ -700,7 +700,9 @@ public:
         nodes.push_back(std::make_unique<ForwardingBackend>(node));
         const std::size_t me = nodes.size() - 1;
         OpsOutputs keep;
-        const OpsReport r = run_op_delta(*env.plan->ops, nodes, 0, &keep, self);  // the authority's bound data only where it is kept
+        // Beside a candidate the authority only decides (routing, the MoE
+        // input): its outputs and bound data are the authority's own capture's.
+        const OpsReport r = run_op_delta(*env.plan->ops, nodes, 0, &keep, self ? ReferenceRole::full : ReferenceRole::decides_only);
         StepOutput out;
         nlohmann::ordered_json inputs = nlohmann::ordered_json::object(), errors = nlohmann::ordered_json::object();
         for (const OpResult& op : r.ops) {

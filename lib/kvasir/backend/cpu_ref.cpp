@@ -126,29 +126,45 @@ public:
             kd.push_back(Tensor::convert(keys[g], DType::f64));
             vd.push_back(Tensor::convert(values[g], DType::f64));
         }
+        // Keys transposed (kt[j·S + s]) so the dots of consecutive keys are
+        // independent vector lanes, and each output row's d sums advance
+        // together over the keys: every sum still runs in ascending index
+        // from +0, so the bits are the textbook loop's.
+        std::vector<std::vector<double>> kt(keys.size(), std::vector<double>(static_cast<std::size_t>(s_count * d)));
+        for (std::size_t g = 0; g < keys.size(); ++g) {
+            const double* k = kd[g].as<double>();
+            for (std::int64_t s = 0; s < s_count; ++s)
+                for (std::int64_t j = 0; j < d; ++j) kt[g][static_cast<std::size_t>(j * s_count + s)] = k[s * d + j];
+        }
         const double* qp = qd.as<double>();
         const int team = kernels::threads_for_work(
             caps_.threads, 4.0 * static_cast<double>(t_count * nh * d) * static_cast<double>(s_count - t_count / 2));
 #pragma omp parallel for schedule(dynamic) num_threads(team) if (team > 1)
         for (std::int64_t row = 0; row < t_count * nh; ++row) {
             const std::int64_t t = row / nh, h = row % nh, n = p0 + t + 1;
-            const double* k = kd[static_cast<std::size_t>(h / rep)].as<double>();
+            const double* k = kt[static_cast<std::size_t>(h / rep)].data();
             const double* v = vd[static_cast<std::size_t>(h / rep)].as<double>();
-            std::vector<double> p(static_cast<std::size_t>(n));
+            std::vector<double> p(static_cast<std::size_t>(n), 0.0);
+            double* pp = p.data();
+            for (std::int64_t j = 0; j < d; ++j) {
+                const double qj = qp[row * d + j];
+                const double* kj = k + j * s_count;
+                for (std::int64_t s = 0; s < n; ++s) pp[s] += qj * kj[s];
+            }
             double m = -INFINITY;
             for (std::int64_t s = 0; s < n; ++s) {
-                double dot = 0.0;
-                for (std::int64_t j = 0; j < d; ++j) dot += qp[row * d + j] * k[s * d + j];
-                p[static_cast<std::size_t>(s)] = dot * scale;
-                m = std::fmax(m, p[static_cast<std::size_t>(s)]);
+                pp[s] *= scale;
+                m = std::fmax(m, pp[s]);
             }
             double sum = 0.0;
-            for (std::int64_t s = 0; s < n; ++s) sum += (p[static_cast<std::size_t>(s)] = std::exp(p[static_cast<std::size_t>(s)] - m));
-            for (std::int64_t s = 0; s < n; ++s) p[static_cast<std::size_t>(s)] /= sum;
-            for (std::int64_t i = 0; i < d; ++i) {
-                double o = 0.0;
-                for (std::int64_t s = 0; s < n; ++s) o += p[static_cast<std::size_t>(s)] * v[s * d + i];
-                yp[row * d + i] = o;
+            for (std::int64_t s = 0; s < n; ++s) sum += (pp[s] = std::exp(pp[s] - m));
+            for (std::int64_t s = 0; s < n; ++s) pp[s] /= sum;
+            double* o = yp + row * d;
+            for (std::int64_t i = 0; i < d; ++i) o[i] = 0.0;
+            for (std::int64_t s = 0; s < n; ++s) {
+                const double ps = pp[s];
+                const double* vs = v + s * d;
+                for (std::int64_t i = 0; i < d; ++i) o[i] += ps * vs[i];
             }
         }
         return y;

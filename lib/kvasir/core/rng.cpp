@@ -1,6 +1,8 @@
 #include "kvasir/core/rng.hpp"
 
+#include "kvasir/core/cpu_isa.hpp"
 #include "kvasir/core/error.hpp"
+#include "kvasir/core/rng_math.hpp"
 
 #include <Random123/philox.h>
 
@@ -36,39 +38,9 @@ static_assert(PHILOX_M4x32_0 == 0xD2511F53u && PHILOX_M4x32_1 == 0xCD9E8D57u, "P
 static_assert(PHILOX_W32_0 == 0x9E3779B9u && PHILOX_W32_1 == 0xBB67AE85u, "Philox Weyl key increments changed");
 static_assert(Philox::rounds == 10, "Philox4x32-10 must run 10 rounds");
 
-// det_log reduces x to m*2^k with m in [kSqrtHalf, 2*kSqrtHalf). The boundary
-// only picks between two equally accurate reductions; it must merely be the
-// same constant in every implementation.
-constexpr double kSqrtHalf = 0x1.6a09e667f3bcdp-1;
-// ln 2 truncated to 32 significant bits: k*kLn2Hi is exact for |k| < 2^21.
-constexpr double kLn2Hi = 0x1.62e42feep-1;
-constexpr double kLn2Lo = 0x1.a39ef35793c76p-33;
-// 2/(2j+1), j = 1..11, each the nearest double: the atanh series of
-// log((1+s)/(1-s)) = 2s + sum 2 s^(2j+1)/(2j+1). With |s| <= 0.1716 the first
-// dropped term is < 1e-18 relative, far below half an ulp.
-constexpr double kL[11] = {
-    0x1.5555555555555p-1, 0x1.999999999999ap-2, 0x1.2492492492492p-2, 0x1.c71c71c71c71cp-3,
-    0x1.745d1745d1746p-3, 0x1.3b13b13b13b14p-3, 0x1.1111111111111p-3, 0x1.e1e1e1e1e1e1ep-4,
-    0x1.af286bca1af28p-4, 0x1.8618618618618p-4, 0x1.642c8590b2164p-4,
-};
-
-// Taylor coefficients of sin(2 pi f) and cos(2 pi f) in powers of f, i.e.
-// (-1)^j (2 pi)^n / n!, each the nearest double. |2 pi f| <= pi/4, so the
-// first dropped terms (n = 21, 22) are < 1e-20 relative. The leading product
-// f*2pi would dominate the error, so 2 pi is split into a 20-bit head, whose
-// product with any f on the 2^-33 grid of uniform() is exact, and a tail.
-constexpr double kTwoPiHead = 0x1.921fap+2;
-constexpr double kTwoPiTail = 0x1.54442d184698ap-18;
-constexpr double kS[9] = {
-    -0x1.4abbce625be53p+5, 0x1.466bc6775aae2p+6,  -0x1.32d2cce62bd86p+6,
-    0x1.50783487ee782p+5,  -0x1.e3074fde8871fp+3, 0x1.e8f434d018d63p+1,
-    -0x1.6fadb9f155744p-1, 0x1.aaec32af93359p-4,  -0x1.8a404211f9547p-7,
-};  // n = 3, 5, ..., 19
-constexpr double kC[10] = {
-    -0x1.3bd3cc9be45dep+4, 0x1.03c1f081b5ac4p+6, -0x1.55d3c7e3cbffap+6, 0x1.e1f506891babbp+5,
-    -0x1.a6d1f2a204a8cp+4, 0x1.f9d38a3763cc3p+2, -0x1.b6e24f44b128fp+0, 0x1.20c62c2f2d7f5p-2,
-    -0x1.2a0c591af8314p-5, 0x1.ef6e308d6d1c4p-9,
-};  // n = 2, 4, ..., 20
+static_assert(rng_detail::kPhiloxM0 == PHILOX_M4x32_0 && rng_detail::kPhiloxM1 == PHILOX_M4x32_1 &&
+                  rng_detail::kPhiloxW0 == PHILOX_W32_0 && rng_detail::kPhiloxW1 == PHILOX_W32_1,
+              "the block kernel's Philox constants are Random123's");
 
 }  // namespace
 
@@ -88,57 +60,8 @@ std::uint64_t tensor_stream_id(std::string_view name) noexcept {
     return h;
 }
 
-namespace {
-
-// log(m * 2^k) for m in [kSqrtHalf, 2*kSqrtHalf); shared by the scalar and the
-// batched paths so the two cannot drift apart.
-inline double log_reduced(double m, double dk) noexcept {
-    const double f = m - 1.0;  // exact (Sterbenz)
-    const double s = f / (2.0 + f);
-    const double z = s * s;
-    const double hfsq = 0.5 * f * f;
-    // Horner, innermost coefficient first (written out: the order of the
-    // operations is part of the definition, and it lets the batch vectorise).
-    const double p = kL[0] + z * (kL[1] + z * (kL[2] + z * (kL[3] + z * (kL[4] + z * (kL[5] + z * (kL[6] +
-                     z * (kL[7] + z * (kL[8] + z * (kL[9] + z * kL[10])))))))));
-    const double R = z * p;
-    // log(1+f) = f - hfsq + s*(hfsq + R): f is exact and carries the bulk, the
-    // small corrections are rounded at their own (smaller) magnitude.
-    return dk * kLn2Hi + (f - (hfsq - (s * (hfsq + R) + dk * kLn2Lo)));
-}
-
-// log of a positive normal x times 2^k_offset: the frexp-style reduction
-// (exact) by bit manipulation, then log_reduced. The biased exponent becomes a
-// double by the 2^52 trick, which vectorises where int64->double would not.
-inline double log_positive_normal(double x, double k_offset) noexcept {
-    const std::uint64_t bits = std::bit_cast<std::uint64_t>(x);
-    const double biased = std::bit_cast<double>(0x4330000000000000ull | (bits >> 52)) - 0x1p52;
-    const double mf = std::bit_cast<double>((bits & 0x000fffffffffffffull) | (std::uint64_t{1022} << 52));
-    const bool below = mf < kSqrtHalf;  // mf in [0.5, 1): x = mf * 2^(biased - 1022)
-    const double m = below ? mf * 2.0 : mf;
-    const double dk = ((biased - 1022.0) + k_offset) - (below ? 1.0 : 0.0);  // small integers: exact
-    return log_reduced(m, dk);
-}
-
-// sin and cos of 2 pi f for |f| <= 1/8, then rotated by quadrant q (mod 4).
-// The rotation is written with selects and exact sign flips so that the
-// batched loop stays branch-free.
-inline void sincos_reduced(double f, std::int64_t q, double& sin_out, double& cos_out) noexcept {
-    const double z = f * f;
-    const double ps = kS[0] + z * (kS[1] + z * (kS[2] + z * (kS[3] + z * (kS[4] + z * (kS[5] + z * (kS[6] +
-                      z * (kS[7] + z * kS[8])))))));
-    const double sn = f * kTwoPiHead + f * (kTwoPiTail + z * ps);
-    const double pc = kC[0] + z * (kC[1] + z * (kC[2] + z * (kC[3] + z * (kC[4] + z * (kC[5] + z * (kC[6] +
-                      z * (kC[7] + z * (kC[8] + z * kC[9]))))))));
-    const double cs = 1.0 + z * pc;
-    const bool swap = (q & 1) != 0;
-    const double s = swap ? cs : sn;
-    const double c = swap ? sn : cs;
-    sin_out = (q & 2) != 0 ? -s : s;
-    cos_out = ((q + 1) & 2) != 0 ? -c : c;
-}
-
-}  // namespace
+using rng_detail::log_positive_normal;
+using rng_detail::sincos_reduced;
 
 double det_log(double x) noexcept {
     if (std::isnan(x)) return x;
@@ -158,7 +81,7 @@ void det_sincos_2pi(double u, double& sin_out, double& cos_out) noexcept {
     sincos_reduced(f, static_cast<std::int64_t>(qf), sin_out, cos_out);
 }
 
-double uniform_from_bits(std::uint32_t bits) noexcept { return (static_cast<double>(bits) + 0.5) * 0x1p-32; }
+double uniform_from_bits(std::uint32_t bits) noexcept { return rng_detail::uniform_of(bits); }
 
 SeededStream::SeededStream(std::uint64_t seed, std::string_view tensor_name) noexcept
     : seed_(seed), stream_(tensor_stream_id(tensor_name)) {}
@@ -232,49 +155,20 @@ namespace {
 
 enum class Draw { normal, uniform };
 
-// The tensor fill works on batches of blocks laid out structure-of-arrays, so
-// the compiler can vectorise across blocks. Every element still goes through
-// exactly the operations of the scalar SeededStream path (IEEE operations give
-// the same bits in SIMD lanes; contraction is off), which test_rng checks.
-constexpr int kBatchBlocks = 8;
-constexpr int kBatchPairs = 2 * kBatchBlocks;
-constexpr int kBatchElems = 4 * kBatchBlocks;
-
-// w[l][j] = lane l of block b0 + j.
-void philox_batch(const SeededStream& st, std::uint64_t b0, std::uint32_t (&w)[4][kBatchBlocks]) noexcept {
-    const Philox philox;
-    const Philox::key_type key = {{static_cast<std::uint32_t>(st.seed()), static_cast<std::uint32_t>(st.seed() >> 32)}};
-    const auto s0 = static_cast<std::uint32_t>(st.stream());
-    const auto s1 = static_cast<std::uint32_t>(st.stream() >> 32);
-    for (int j = 0; j < kBatchBlocks; ++j) {
-        const std::uint64_t b = b0 + static_cast<std::uint64_t>(j);
-        const Philox::ctr_type out =
-            philox(Philox::ctr_type{{static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(b >> 32), s0, s1}}, key);
-        for (int l = 0; l < 4; ++l) w[l][j] = out.v[l];
-    }
+// The block kernel (rng_math.hpp) for this CPU: its ISA's copy, each giving
+// the scalar path's bits (test_rng, on every ISA via KVASIR_CPU_ISA).
+void draw_blocks_generic(std::uint64_t seed, std::uint64_t stream, bool normal, double a, double scale, std::uint64_t b0,
+                         std::uint64_t count, double* out) noexcept {
+    rng_detail::draw_blocks_kernel(seed, stream, normal, a, scale, b0, count, out);
 }
 
-void normals_batch(const SeededStream& st, std::uint64_t b0, double (&out)[kBatchElems]) noexcept {
-    std::uint32_t w[4][kBatchBlocks];
-    philox_batch(st, b0, w);
-    double ua[kBatchPairs], ub[kBatchPairs];
-    for (int j = 0; j < kBatchBlocks; ++j)
-        for (int pair = 0; pair < 2; ++pair) {
-            ua[2 * j + pair] = uniform_from_bits(w[2 * pair][j]);
-            ub[2 * j + pair] = uniform_from_bits(w[2 * pair + 1][j]);
-        }
-    double lr[kBatchPairs];
-    for (int p = 0; p < kBatchPairs; ++p) lr[p] = log_positive_normal(ua[p], 0.0);  // ua >= 2^-33
-    double sn[kBatchPairs], cs[kBatchPairs];
-    for (int p = 0; p < kBatchPairs; ++p) {
-        const auto q = static_cast<std::int32_t>(4.0 * ub[p] + 0.5);  // positive: truncation is floor
-        const double f = ub[p] - static_cast<double>(q) * 0.25;
-        sincos_reduced(f, q, sn[p], cs[p]);
-    }
-    for (int p = 0; p < kBatchPairs; ++p) {
-        const double r = std::sqrt(-2.0 * lr[p]);
-        out[2 * p] = r * cs[p];
-        out[2 * p + 1] = r * sn[p];
+rng_detail::DrawBlocks draw_blocks_for_this_cpu() noexcept {
+    switch (cpu_isa()) {
+#if defined(__x86_64__)
+        case CpuIsa::avx512: return rng_detail::draw_blocks_avx512;
+        case CpuIsa::avx2: return rng_detail::draw_blocks_avx2;
+#endif
+        default: return draw_blocks_generic;
     }
 }
 
@@ -283,34 +177,15 @@ void normals_batch(const SeededStream& st, std::uint64_t b0, double (&out)[kBatc
 template <typename Store>
 void fill_blocks(const SeededStream& st, Draw draw, double a, double scale, std::uint64_t b0, std::uint64_t b1,
                  std::uint64_t n, Store store) {
-    std::uint64_t b = b0;
-    double v[kBatchElems];
-    for (; b1 - b >= kBatchBlocks; b += kBatchBlocks) {
-        if (draw == Draw::normal) {
-            normals_batch(st, b, v);
-            for (int e = 0; e < kBatchElems; ++e) v[e] = a + scale * v[e];
-        } else {
-            std::uint32_t w[4][kBatchBlocks];
-            philox_batch(st, b, w);
-            for (int j = 0; j < kBatchBlocks; ++j)
-                for (int l = 0; l < 4; ++l) v[4 * j + l] = a + scale * uniform_from_bits(w[l][j]);
-        }
+    static const rng_detail::DrawBlocks kernel = draw_blocks_for_this_cpu();
+    constexpr std::uint64_t kChunk = 512;  // blocks: 16 KiB of doubles, L1-resident
+    double v[4 * kChunk];
+    for (std::uint64_t b = b0; b < b1; b += kChunk) {
+        const std::uint64_t count = std::min(kChunk, b1 - b);
+        kernel(st.seed(), st.stream(), draw == Draw::normal, a, scale, b, count, v);
         const std::uint64_t base = 4 * b;
-        const int count = static_cast<int>(std::min<std::uint64_t>(kBatchElems, n - base));
-        for (int e = 0; e < count; ++e) store(base + static_cast<std::uint64_t>(e), v[e]);
-    }
-    for (; b < b1; ++b) {
-        const auto bits = st.block(b);
-        std::array<double, 4> z{};
-        if (draw == Draw::normal) {
-            z = SeededStream::normals_of_block(bits);
-            for (int l = 0; l < 4; ++l) z[l] = a + scale * z[l];
-        } else {
-            for (int l = 0; l < 4; ++l) z[l] = a + scale * uniform_from_bits(bits[l]);
-        }
-        const std::uint64_t base = 4 * b;
-        const int lanes = static_cast<int>(std::min<std::uint64_t>(4, n - base));
-        for (int l = 0; l < lanes; ++l) store(base + static_cast<std::uint64_t>(l), z[l]);
+        const std::uint64_t elems = std::min(4 * count, n - base);
+        for (std::uint64_t e = 0; e < elems; ++e) store(base + e, v[e]);
     }
 }
 

@@ -20,7 +20,9 @@
 //   where hi/lo are the upper/lower 32 bits of the 64-bit product; the key is
 //   bumped (k0 += W0, k1 += W1, mod 2^32) between rounds (9 bumps in all).
 //   rng.cpp calls Random123's r123::Philox4x32_R<10> (Debian librandom123-dev)
-//   for it; the definition is spelled out here for scripts/rng_reference.py.
+//   for it; the tensor fill's block kernel (rng_math.hpp, compiled per ISA)
+//   runs the same rounds in SIMD lanes and is tested against it; the
+//   definition is spelled out here for scripts/rng_reference.py.
 //
 // Stream of a tensor: stream = tensor_stream_id(name) = FNV-1a 64 over the
 //   name's bytes (UTF-8 as given, no normalisation, no terminator):

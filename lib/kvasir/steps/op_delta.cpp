@@ -503,7 +503,7 @@ OpResult op_result_from_outputs(const std::string& op, const std::string& inputs
 }
 
 OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference,
-                       OpsOutputs* outputs, bool bound_data) {
+                       OpsOutputs* outputs, ReferenceRole role) {
     const OpsConfig c = requested.resolved();
     c.validate();
     KVASIR_CHECK(!nodes.empty() && reference < nodes.size(), ErrorCode::internal, "run_op_delta: bad reference index");
@@ -787,7 +787,9 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
         const std::size_t n = nodes.size();
         std::vector<std::string> errors(n);
         std::vector<std::optional<NodeOutput>> outs(n);
+        const auto runs = [&](std::size_t i) { return i != reference || role == ReferenceRole::full; };
         for (std::size_t i = 0; i < n; ++i) {
+            if (!runs(i)) continue;
             // The node's failure is this op's error; a bug of this tool propagates.
             if (auto why = as_node_failure([&] { outs[i] = plan.run(*nodes[i]); })) errors[i] = *why;
         }
@@ -798,7 +800,7 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
                 (*outputs)[i]["ops." + op + ".out"] = outs[i]->value;
                 if (!outs[i]->ids.empty()) (*outputs)[i]["ops." + op + ".ids"] = outs[i]->ids;
             }
-            if (bound_data && plan.bound_data && outs[reference])
+            if (role == ReferenceRole::full && plan.bound_data && outs[reference])
                 for (auto& [name, t] : plan.bound_data()) (*outputs)[reference]["ops." + op + "." + name] = std::move(t);
         }
         std::vector<std::optional<TensorView>> values(n), ids(n);
@@ -813,6 +815,7 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
         if (moe_inputs) {
             const MoeInputs& in = *moe_inputs;
             for (std::size_t i = 0; i < n; ++i) {
+                if (!runs(i)) continue;
                 ShardCheck sc;
                 sc.node = report.nodes[i].node;
                 sc.shards = c.shards;

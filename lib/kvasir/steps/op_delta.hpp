@@ -95,10 +95,14 @@ struct OpsReport {
 // "ops.moe.shard_combined" (the shard check's recombined block) — what a
 // capture stores (protocols/CAPTURE.md).
 using OpsOutputs = std::vector<std::map<std::string, Tensor>>;
-// With outputs, the reference's entry also gets what the a-priori error
-// bounds need (bound_data; off for a run that keeps only a candidate's).
+// What the run asks of the reference: everything (it runs every op and, with
+// outputs, its entry also gets what the a-priori error bounds need), or only
+// its decisions — the MoE op's routing and a model layer's MoE input — for a
+// run that keeps only a candidate's outputs (a node's capture, audit/step_ops):
+// then no op runs on the reference and its row of the report stays empty.
+enum class ReferenceRole : std::uint8_t { full, decides_only };
 OpsReport run_op_delta(const OpsConfig& config, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference,
-                       OpsOutputs* outputs = nullptr, bool bound_data = true);
+                       OpsOutputs* outputs = nullptr, ReferenceRole role = ReferenceRole::full);
 
 // The pair matrices of one op from the nodes' outputs (nullopt: the node did
 // not produce it): what run_op_delta does after running the op, exposed for
