@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -35,6 +36,7 @@ struct CaptureOptions {
     std::string output;
     PerplexityFlags perplexity;
     bool timings = false;
+    std::string decisions_out, decisions_in;
 };
 
 void run_capture(const CaptureOptions& o) {
@@ -58,7 +60,18 @@ void run_capture(const CaptureOptions& o) {
     cfg.protocol = &protocol;
     cfg.model = &model;
     cfg.seed = o.seed;
-    CaptureData data = capture_node(cfg, *node, *auth, split_commas(o.steps));
+    SharedDecisions shared;
+    KVASIR_CHECK(o.decisions_out.empty() || o.decisions_in.empty(), ErrorCode::bad_input,
+                 "--decisions-out and --decisions-in: a capture either decides or reads decisions");
+    if (!o.decisions_out.empty()) {
+        std::filesystem::create_directories(o.decisions_out);
+        shared = {SharedDecisions::Mode::write, o.decisions_out};
+    } else if (!o.decisions_in.empty()) {
+        KVASIR_CHECK(std::filesystem::is_directory(o.decisions_in), ErrorCode::bad_input, "--decisions-in {}: not a folder",
+                     o.decisions_in);
+        shared = {SharedDecisions::Mode::read, o.decisions_in};
+    }
+    CaptureData data = capture_node(cfg, *node, *auth, split_commas(o.steps), shared);
     if (!o.name.empty()) data.metadata["node"] = o.name;
     write_capture(o.output, data);
     if (o.timings)  // from the metadata written, not the file: -o /dev/null discards it
@@ -131,6 +144,12 @@ void set_capture_command(CLI::App& app) {
     add_perplexity_flags(*cmd, opt->perplexity, "; overrides the protocol's steps.perplexity (compare needs the same)");
     add_timings_flag(*cmd, opt->timings,
                      "per step the node's wall seconds (the authority's share included), as recorded in the capture");
+    cmd->add_option("--decisions-out", opt->decisions_out,
+                    "Folder to write the authority's decisions into, step by step, for other captures of the same "
+                    "protocol, seed and model to read");
+    cmd->add_option("--decisions-in", opt->decisions_in,
+                    "Folder to read the authority's decisions from (written by --decisions-out, waited for step by "
+                    "step) instead of running the authority's passes here; what the isolated audit's node processes do");
     cmd->callback([opt] { run_capture(*opt); });
 }
 

@@ -113,6 +113,37 @@ check "-j 3: reference crash → the message names the reference and the signal"
 check "-j 3: reference crash → no report" test ! -e "$tmp/jref.json"
 expect_usage_error "--jobs" audit -p $ci --jobs 0
 
+# Shared decisions (capture --decisions-out / --decisions-in, what every
+# isolated audit's node processes do): the reference's process decides once;
+# a capture that reads its decisions has the bits of one that runs the
+# authority itself. Decisions of another seed, a reader that is the authority
+# and both flags at once are refused by name; a writer that failed ends a
+# waiting reader.
+py=$(test_python numpy)
+dec="$tmp/decisions"
+"$bin" capture -p $ci -b cpu-ref --decisions-out "$dec" -o "$tmp/dref.safetensors" >/dev/null 2>&1; rc=$?
+check "capture --decisions-out → exit 0" test $rc -eq 0
+check "--decisions-out: one file per sharing step ($(ls "$dec" | tr '\n' ' '))" test "$(ls "$dec" | grep -c '\.decisions$')" -ge 5
+"$bin" capture -p $ci -b cpu:acc=f16 --decisions-in "$dec" -o "$tmp/din.safetensors" >/dev/null 2>&1; rc=$?
+check "capture --decisions-in → exit 0" test $rc -eq 0
+"$bin" capture -p $ci -b cpu:acc=f16 -o "$tmp/dplain.safetensors" >/dev/null 2>&1
+"$py" tests/cli/capture_agree.py "$tmp/dplain.safetensors" "$tmp/din.safetensors" --bits >"$tmp/dbits.out" 2>&1; rc=$?
+check "decisions read from the reference's folder give the bits of deciding here ($(tail -1 "$tmp/dbits.out"))" test $rc -eq 0
+# The task step's (only in the trained protocol): every request's routing.
+"$bin" capture -b cpu-ref --steps task --decisions-out "$tmp/dect" -o /dev/null >/dev/null 2>&1
+"$bin" capture -b cpu --steps task --decisions-in "$tmp/dect" -o "$tmp/tin.safetensors" >/dev/null 2>&1; rc=$?
+"$bin" capture -b cpu --steps task -o "$tmp/tplain.safetensors" >/dev/null 2>&1
+"$py" tests/cli/capture_agree.py "$tmp/tplain.safetensors" "$tmp/tin.safetensors" --bits >"$tmp/tbits.out" 2>&1 && [ $rc -eq 0 ]; rc=$?
+check "the task's shared routing gives the bits of deciding here ($(tail -1 "$tmp/tbits.out"))" test $rc -eq 0
+"$bin" capture -p $ci -b cpu-ref --seed 7 --decisions-out "$tmp/dec7" -o /dev/null >/dev/null 2>&1
+expect_usage_error "seed is '7'" capture -p $ci -b cpu --decisions-in "$tmp/dec7" -o "$tmp/x.safetensors"
+expect_usage_error "is the authority" capture -p $ci -b cpu-ref --decisions-in "$dec" -o "$tmp/x.safetensors"
+expect_usage_error "either decides or reads" capture -p $ci -b cpu --decisions-in "$dec" --decisions-out "$dec" -o "$tmp/x.safetensors"
+mkdir -p "$tmp/decf" && touch "$tmp/decf/failed"
+err=$("$bin" capture -p $ci -b cpu --decisions-in "$tmp/decf" -o "$tmp/x.safetensors" 2>&1 >/dev/null); rc=$?
+check "a failed writer ends the waiting reader (exit $rc, not 0)" test $rc -ne 0
+check "... naming the step it waited for" grep -q "failed before deciding step" <<<"$err"
+
 # The default run: the f16-accumulation contrast is shown, not gated.
 "$bin" audit -p $ci -b cpu-ref,cpu >/dev/null 2>&1
 "$bin" audit -p $ci -o "$tmp/default.json" >"$tmp/default.out" 2>&1; rc=$?

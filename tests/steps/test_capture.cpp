@@ -16,6 +16,7 @@
 #include "kvasir/audit/verdict.hpp"
 #include "kvasir/audit/audit.hpp"
 #include "kvasir/audit/capture.hpp"
+#include "kvasir/audit/step.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -347,3 +348,62 @@ TEST(CaptureCompare, ANodeFailureIsRecordedInTheCapture) {
 }
 
 }  // namespace
+
+// The shared decisions' encoding (audit/step.cpp): routing sets with dense
+// layers, sets of different lengths and a set without a plan round-trip
+// bit for bit through a decisions file; a file whose stored rows do not add
+// up, or whose weights are integers, is bad input.
+TEST(SharedDecisions, RoutingSetsRoundTripThroughAFile) {
+    const auto plan = [](std::vector<std::int32_t> ids, std::vector<double> w) {
+        const auto rows = static_cast<std::int64_t>(ids.size() / 2);
+        Tensor i(DType::i32, {rows, 2}), v(DType::f64, {rows, 2});
+        std::copy(ids.begin(), ids.end(), i.as<std::int32_t>());
+        std::copy(w.begin(), w.end(), v.as<double>());
+        return RoutingPlan{std::move(i), std::move(v)};
+    };
+    // 3 layers, layer 1 dense; set 1 has no plan on layer 2.
+    const std::vector<std::vector<RoutingPlan>> sets = {
+        {plan({0, 3, 1, 2}, {0.75, 0.25, 0.5, 0.5}), RoutingPlan{}, plan({2, 1}, {0.875, 0.125})},
+        {plan({1, 0}, {0.6, 0.4}), RoutingPlan{}, RoutingPlan{}},
+    };
+    NamedTensors out;
+    save_routing_sets(out, "routing", sets);
+    save_tensor_list(out, "hidden", {Tensor::from_f64(std::vector<double>{1.5, -2.0}, {1, 2}), Tensor{}});
+    const std::string path = ::testing::TempDir() + "/kvasir-shared.decisions";
+    std::map<std::string, TensorView> views;
+    for (const auto& [name, t] : out) views.emplace(name, t.view());
+    write_safetensors(path, views, {{"format", "kvasir-equiv/decisions/1"}});
+    const auto file = open_decisions_file(path);
+    const auto back = load_routing_sets(*file, "routing", 3);
+    ASSERT_EQ(back.size(), 2u);
+    for (std::size_t s = 0; s < 2; ++s)
+        for (std::size_t l = 0; l < 3; ++l) {
+            ASSERT_EQ(back[s][l].ids.empty(), sets[s][l].ids.empty()) << s << " " << l;
+            if (sets[s][l].ids.empty()) continue;
+            EXPECT_EQ(back[s][l].ids.shape(), sets[s][l].ids.shape());
+            for (std::int64_t i = 0; i < sets[s][l].ids.numel(); ++i) {
+                EXPECT_EQ(back[s][l].ids.at(i), sets[s][l].ids.at(i));
+                EXPECT_EQ(back[s][l].weights.at(i), sets[s][l].weights.at(i));
+            }
+        }
+    const auto hidden = load_tensor_list(*file, "hidden", 2);
+    ASSERT_EQ(hidden.size(), 2u);
+    EXPECT_EQ(hidden[0].at(0), 1.5);
+    EXPECT_EQ(hidden[0].at(1), -2.0);
+    EXPECT_TRUE(hidden[1].empty());
+
+    // Rows that claim more than is stored; integer weights.
+    NamedTensors bad = out;
+    bad.insert_or_assign("routing.0.rows", i32_tensor({2, 2}));
+    std::map<std::string, TensorView> bad_views;
+    for (const auto& [name, t] : bad) bad_views.emplace(name, t.view());
+    write_safetensors(path, bad_views, {});
+    EXPECT_THROW((void)load_routing_sets(*open_decisions_file(path), "routing", 3), Error);
+    bad = out;
+    bad.insert_or_assign("routing.0.weights", Tensor(DType::i32, {3, 2}));
+    bad_views.clear();
+    for (const auto& [name, t] : bad) bad_views.emplace(name, t.view());
+    write_safetensors(path, bad_views, {});
+    EXPECT_THROW((void)load_routing_sets(*open_decisions_file(path), "routing", 3), Error);
+    fs::remove(path);
+}

@@ -12,6 +12,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
 #include <cstring>
 
 namespace kvasir {
@@ -162,7 +165,85 @@ std::optional<std::string> Capture::note(const std::string& key) const {
     return it->second;
 }
 
-CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authority, const std::vector<std::string>& steps) {
+namespace {
+
+constexpr const char* kDecisionsFormat = "kvasir-equiv/decisions/1";
+
+// A decisions file read back, as the NodeOutputs Step::load_decisions reads.
+class DecisionsFile final : public NodeOutputs {
+public:
+    explicit DecisionsFile(const std::string& path)
+        : path_(path), file_(std::make_shared<SafetensorsFile>(SafetensorsFile::open(path))) {}
+    const std::string& node() const override { return node_; }
+    const std::string& origin() const override { return path_; }
+    bool has(const std::string& tensor) const override { return file_->contains(tensor); }
+    TensorView view(const std::string& tensor) const override {
+        KVASIR_CHECK(file_->contains(tensor), ErrorCode::bad_input, "{}: no tensor '{}'", path_, tensor);
+        return file_->view(tensor);
+    }
+    std::optional<std::string> note(const std::string& key) const override {
+        const auto& meta = file_->metadata();
+        const auto it = meta.find(key);
+        if (it == meta.end()) return std::nullopt;
+        return it->second;
+    }
+
+private:
+    std::string path_, node_ = "decisions";
+    std::shared_ptr<SafetensorsFile> file_;
+};
+
+// What a decisions file must say to be this capture's.
+std::map<std::string, std::string> decisions_identity(const Protocol& p, std::uint64_t seed, const Model& model, Backend& authority,
+                                                      const std::string& step) {
+    return {{"format", kDecisionsFormat},
+            {"step", step},
+            {"protocol_hash", p.content_hash},
+            {"seed", std::to_string(seed)},
+            {"model_fingerprint", model.fingerprint()},
+            {"authority", authority.capabilities().node}};
+}
+
+std::string decisions_path(const SharedDecisions& shared, const std::string& step) {
+    return (std::filesystem::path(shared.dir) / (step + ".decisions")).string();
+}
+
+std::any read_shared_decisions(const SharedDecisions& shared, const Step& step, const StepEnv& env,
+                               const std::map<std::string, std::string>& identity) {
+    const std::string path = decisions_path(shared, step.name());
+    const std::string failed = (std::filesystem::path(shared.dir) / "failed").string();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (;;) {
+        if (std::filesystem::exists(path)) break;
+        KVASIR_CHECK(!std::filesystem::exists(failed), ErrorCode::backend_failure,
+                     "the authority's process failed before deciding step {} ({})", step.name(), shared.dir);
+        KVASIR_CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < shared.wait_s,
+                     ErrorCode::backend_failure, "no decisions for step {} in {} after {} s", step.name(), shared.dir, shared.wait_s);
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const auto file = open_decisions_file(path);
+    for (const auto& [key, want] : identity) {
+        const std::optional<std::string> got = file->note(key);
+        KVASIR_CHECK(got && *got == want, ErrorCode::bad_input, "{}: {} is '{}', this capture's is '{}'", path, key,
+                     got.value_or("(absent)"), want);
+    }
+    return step.load_decisions(env, *file);
+}
+
+void write_shared_decisions(const SharedDecisions& shared, const Step& step, const std::any& decisions,
+                            const std::map<std::string, std::string>& identity) {
+    const NamedTensors tensors = step.save_decisions(decisions);
+    std::map<std::string, TensorView> views;
+    for (const auto& [name, t] : tensors) views.emplace(name, t.view());
+    write_safetensors(decisions_path(shared, step.name()), views, identity);
+}
+
+}  // namespace
+
+std::unique_ptr<NodeOutputs> open_decisions_file(const std::string& path) { return std::make_unique<DecisionsFile>(path); }
+
+CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authority, const std::vector<std::string>& steps,
+                         const SharedDecisions& shared) {
     KVASIR_ASSERT(ac.protocol != nullptr && ac.model != nullptr);
     const Protocol& p = *ac.protocol;
     AuditConfig narrowed = ac;  // only the steps asked for are planned (their token streams read)
@@ -174,37 +255,68 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
     const bool self = &node == &authority || node.capabilities().node == authority.capabilities().node;
     const Model& model = *ac.model;
     const StepEnv env{&p, &plan, &model};
+    using Mode = SharedDecisions::Mode;
+    KVASIR_CHECK(shared.mode != Mode::read || !self, ErrorCode::bad_input,
+                 "{} is the authority: it decides, it does not read decisions", node.capabilities().node);
+    KVASIR_CHECK(shared.mode == Mode::none || !shared.dir.empty(), ErrorCode::bad_input, "no folder for shared decisions");
+
+    // The authority's decisions, step by step: decided here, or read from
+    // the reference's process. A writer decides every step before it
+    // collects any, so that the readers wait as little as possible.
+    std::vector<std::any> decided(selected.size());
+    std::vector<double> seconds_of(selected.size(), 0.0);
+    const auto decide = [&](std::size_t k) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const Step& step = step_named(selected[k]);
+        const bool shares = shared.mode != Mode::none && step.shares_decisions();
+        const auto identity = shares ? decisions_identity(p, plan.seed, model, authority, selected[k]) : std::map<std::string, std::string>{};
+        // The authority's failure is not the node's: it ends the capture.
+        if (shares && shared.mode == Mode::read) {
+            decided[k] = read_shared_decisions(shared, step, env, identity);
+        } else {
+            decided[k] = step.decide(env, authority);
+            if (shares) write_shared_decisions(shared, step, decided[k], identity);
+        }
+        seconds_of[k] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    if (shared.mode == Mode::write) {
+        try {
+            for (std::size_t k = 0; k < selected.size(); ++k) decide(k);
+        } catch (...) {
+            std::ofstream((std::filesystem::path(shared.dir) / "failed").string()) << "failed\n";
+            throw;
+        }
+    }
 
     CaptureData cd;
     nlohmann::ordered_json errors = nlohmann::ordered_json::object();
     nlohmann::ordered_json seconds = nlohmann::ordered_json::object();
     nlohmann::ordered_json faults = nlohmann::ordered_json::object();
     nlohmann::ordered_json step_transfers = nlohmann::ordered_json::object();
-    int index = 0;
-    for (const std::string& name : selected) {
-        ++index;
-        if (ac.progress) ac.progress({name, index, static_cast<int>(selected.size()), node.capabilities().node, 1, 1});
+    for (std::size_t k = 0; k < selected.size(); ++k) {
+        const std::string& name = selected[k];
+        if (ac.progress) ac.progress({name, static_cast<int>(k + 1), static_cast<int>(selected.size()), node.capabilities().node, 1, 1});
+        if (shared.mode != Mode::write) decide(k);
         const auto t0 = std::chrono::steady_clock::now();
         const Step& step = step_named(name);
-        // The authority's failure is not the node's: it ends the capture.
-        const std::any decisions = step.decide(env, authority);
         StepOutput out;
         const std::optional<std::int64_t> faults_before = node.injected_faults();
         const std::optional<TransferStats> transfers_before = node.transfer_stats();
         // A device node's results left on the device come back inside their
         // step, so its time and traffic count reading them.
         if (auto why = as_node_failure([&] {
-                out = step.collect(env, node, decisions, self);
+                out = step.collect(env, node, decided[k], self);
                 for (const auto& [key, t] : out.tensors) (void)t.raw();
             })) {
             errors[name] = *why;
         } else {
             if (faults_before) faults[name] = *node.injected_faults() - *faults_before;
             if (self) detail::check_reference_finite(out, node.capabilities().node, name, &model);
-            for (auto& [k, t] : out.tensors) cd.tensors.insert_or_assign(k, std::move(t));
-            for (auto& [k, v] : out.notes) cd.metadata.insert_or_assign(k, std::move(v));
+            for (auto& [key, t] : out.tensors) cd.tensors.insert_or_assign(key, std::move(t));
+            for (auto& [key, v] : out.notes) cd.metadata.insert_or_assign(key, std::move(v));
         }
-        seconds[name] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        decided[k] = std::any{};  // (a step's decisions can be large: routing of every request)
+        seconds[name] = seconds_of[k] + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (transfers_before) step_transfers[name] = to_json(*node.transfer_stats() - *transfers_before);
     }
 

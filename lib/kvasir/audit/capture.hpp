@@ -97,8 +97,28 @@ std::string capture_content_hash(const std::map<std::string, std::string>& metad
 // Metadata "step_seconds" records each step's wall seconds and, for a node
 // with a weight cache, "weight_cache" its counters at the end (the isolated
 // audit's timings; not compared). `config.failed_nodes` is ignored.
+//
+// `shared` (the isolated audit's node processes; capture --decisions-out /
+// --decisions-in): the reference's capture decides every step first and
+// writes each sharing step's decisions (Step::shares_decisions) into
+// `shared.dir` as "<step>.decisions" before it collects anything; another
+// node's capture reads them from there — waiting for each, up to
+// `shared.wait_s` — instead of running the authority's passes again. Each
+// file names the protocol, seed, model and authority it was decided for, and
+// a file that does not match this capture is Error(bad_input); a writer that
+// fails leaves "failed" in the folder, which ends a waiting reader
+// (Error(backend_failure)).
+struct SharedDecisions {
+    enum class Mode : std::uint8_t { none, write, read };
+    Mode mode = Mode::none;
+    std::string dir;
+    double wait_s = 3600;
+};
 CaptureData capture_node(const AuditConfig& config, Backend& node, Backend& authority,
-                         const std::vector<std::string>& steps = {});
+                         const std::vector<std::string>& steps = {}, const SharedDecisions& shared = {});
+// One step's decisions file (untrusted: a folder named on the command line),
+// as the NodeOutputs Step::load_decisions reads; its metadata as notes.
+std::unique_ptr<NodeOutputs> open_decisions_file(const std::string& path);
 
 // The timings recorded in captures (their "step_seconds" and "weight_cache"
 // metadata), one node per capture, for the steps `steps`: what the isolated

@@ -199,6 +199,8 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
                  "--node-memory must be a positive number of GiB");
     const detail::AuditPlan plan = detail::make_audit_plan(ac);  // bad input refused before any child starts
     const TempFolder dir;
+    const std::string decisions = (dir.path / "decisions").string();
+    fs::create_directories(decisions);
     const int n = static_cast<int>(specs.size());
 
     // The reference first: if it cannot run, nothing can be compared. Then,
@@ -236,6 +238,9 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
                                       "--seed",       std::to_string(plan.seed),
                                       "--output",     file};
         if (!ac.only_steps.empty()) argv.insert(argv.end(), {"--steps", fmt::format("{}", fmt::join(plan.steps, ","))});
+        // The reference's process decides once for all: the others read its
+        // decisions (routing, anchors, tokens) instead of running it again.
+        argv.insert(argv.end(), {i == reference ? "--decisions-out" : "--decisions-in", decisions});
         argv.insert(argv.end(), opt.protocol_arguments.begin(), opt.protocol_arguments.end());
         const std::string failure = (dir.path / fmt::format("node{}.failure", i)).string();
         outcomes[i] = run_child(argv, (dir.path / fmt::format("node{}.err", i)).string(), opt.node_timeout_s,

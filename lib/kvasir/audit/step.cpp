@@ -1,7 +1,10 @@
 #include "kvasir/audit/step.hpp"
 
+#include "kvasir/arch/graph.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/metrics/metrics.hpp"
+#include "kvasir/steps/forward.hpp"
+#include "kvasir/model/model.hpp"
 #include "kvasir/steps/protocol_steps.hpp"
 
 #include <fmt/format.h>
@@ -172,6 +175,112 @@ std::vector<TensorView> numbered(const NodeOutputs& n, const std::string& prefix
     std::vector<TensorView> out;
     for (std::size_t l = 0; n.has(prefix + std::to_string(l)); ++l) out.push_back(n.view(prefix + std::to_string(l)));
     return out;
+}
+
+NamedTensors Step::save_decisions(const std::any&) const {
+    fail(ErrorCode::internal, "step {} does not share its decisions", name());
+}
+
+std::any Step::load_decisions(const StepEnv&, const NodeOutputs&) const {
+    fail(ErrorCode::internal, "step {} does not share its decisions", name());
+}
+
+void save_routing_sets(NamedTensors& out, const std::string& prefix, const std::vector<std::vector<RoutingPlan>>& sets) {
+    std::size_t layers = 0;
+    for (const auto& set : sets) layers = std::max(layers, set.size());
+    out.insert_or_assign(prefix + ".sets", i32_tensor({static_cast<std::int32_t>(sets.size())}));
+    for (std::size_t l = 0; l < layers; ++l) {
+        std::vector<std::int32_t> rows;  // -1: no plan (a dense layer)
+        std::vector<Tensor> ids, weights;
+        for (const auto& set : sets) {
+            const bool has = l < set.size() && !set[l].ids.empty();
+            rows.push_back(has ? static_cast<std::int32_t>(set[l].ids.dim(0)) : -1);
+            if (!has) continue;
+            ids.push_back(set[l].ids);
+            weights.push_back(set[l].weights);
+        }
+        if (ids.empty()) continue;
+        const std::string at = fmt::format("{}.{}", prefix, l);
+        out.insert_or_assign(at + ".rows", i32_tensor(rows));
+        out.insert_or_assign(at + ".ids", arch::stack_rows(ids));
+        out.insert_or_assign(at + ".weights", arch::stack_rows(weights));
+    }
+}
+
+std::vector<std::vector<RoutingPlan>> load_routing_sets(const NodeOutputs& saved, const std::string& prefix, std::int64_t layers) {
+    const std::vector<std::int32_t> count = int_vector(saved.view(prefix + ".sets"));
+    KVASIR_CHECK(count.size() == 1 && count[0] >= 0, ErrorCode::bad_input, "{}: {}.sets is not one count", saved.origin(), prefix);
+    std::vector<std::vector<RoutingPlan>> sets(static_cast<std::size_t>(count[0]), std::vector<RoutingPlan>(static_cast<std::size_t>(layers)));
+    for (std::int64_t l = 0; l < layers; ++l) {
+        const std::string at = fmt::format("{}.{}", prefix, l);
+        if (!saved.has(at + ".rows")) continue;
+        const std::vector<std::int32_t> rows = int_vector(saved.view(at + ".rows"));
+        const TensorView ids = saved.view(at + ".ids"), weights = saved.view(at + ".weights");
+        KVASIR_CHECK(rows.size() == sets.size() && ids.rank() == 2 && ids.dtype == DType::i32 && weights.shape == ids.shape &&
+                         dtype_is_float(weights.dtype),
+                     ErrorCode::bad_input, "{}: {}: {} row counts for {} sets, ids {}, weights {}", saved.origin(), at, rows.size(),
+                     sets.size(), shape_str(ids.shape), shape_str(weights.shape));
+        std::int64_t r0 = 0;
+        for (std::size_t s = 0; s < sets.size(); ++s) {
+            if (rows[s] < 0) continue;
+            KVASIR_CHECK(r0 + rows[s] <= ids.dim(0), ErrorCode::bad_input, "{}: {}: the sets' rows exceed the {} stored",
+                         saved.origin(), at, ids.dim(0));
+            sets[s][static_cast<std::size_t>(l)] = RoutingPlan{arch::leading_rows(ids, r0, rows[s]), arch::leading_rows(weights, r0, rows[s])};
+            r0 += rows[s];
+        }
+        KVASIR_CHECK(r0 == ids.dim(0), ErrorCode::bad_input, "{}: {}: {} rows stored, the sets use {}", saved.origin(), at,
+                     ids.dim(0), r0);
+    }
+    return sets;
+}
+
+void save_tensor_list(NamedTensors& out, const std::string& prefix, const std::vector<Tensor>& list) {
+    for (std::size_t k = 0; k < list.size(); ++k)
+        if (!list[k].empty()) out.insert_or_assign(fmt::format("{}.{}", prefix, k), list[k]);
+}
+
+std::vector<Tensor> load_tensor_list(const NodeOutputs& saved, const std::string& prefix, std::size_t count) {
+    std::vector<Tensor> list(count);
+    for (std::size_t k = 0; k < count; ++k) {
+        const std::string name = fmt::format("{}.{}", prefix, k);
+        if (!saved.has(name)) continue;
+        const TensorView v = saved.view(name);
+        list[k] = v.rank() == 0 ? Tensor::convert(v, v.dtype) : arch::leading_rows(v, 0, v.dim(0));
+    }
+    return list;
+}
+
+NamedTensors save_forward_decisions(const std::any& decisions, bool anchors) {
+    const ForwardResult& r = *std::any_cast<std::shared_ptr<const ForwardResult>>(decisions);
+    NamedTensors out;
+    save_routing_sets(out, "routing", {r.routing});
+    if (anchors) {
+        save_tensor_list(out, "hidden", r.hidden);
+        save_tensor_list(out, "mlp_input", r.mlp_input);
+    }
+    return out;
+}
+
+std::any load_forward_decisions(const StepEnv& env, const NodeOutputs& saved, std::int64_t anchor_rows) {
+    const std::int64_t layers = env.model->config().num_layers, hidden = env.model->config().hidden_size;
+    const bool anchors = anchor_rows > 0;
+    auto r = std::make_shared<ForwardResult>();
+    auto sets = load_routing_sets(saved, "routing", layers);
+    KVASIR_CHECK(sets.size() == 1, ErrorCode::bad_input, "{}: {} routing sets, one forward pass has one", saved.origin(), sets.size());
+    r->routing = std::move(sets.front());
+    if (anchors) {
+        r->hidden = load_tensor_list(saved, "hidden", static_cast<std::size_t>(layers + 1));
+        r->mlp_input = load_tensor_list(saved, "mlp_input", static_cast<std::size_t>(layers));
+        // Anchors are fed to the node as its layers' inputs: [T, hidden] floats.
+        for (const std::vector<Tensor>* list : {&r->hidden, &r->mlp_input})
+            for (const Tensor& t : *list)
+                KVASIR_CHECK(t.empty() || (t.view().rank() == 2 && t.dim(0) == anchor_rows && t.dim(1) == hidden &&
+                                           dtype_is_float(t.dtype())),
+                             ErrorCode::bad_input, "{}: an anchor of shape {} {}, the step feeds [{}, {}]", saved.origin(),
+                             shape_str(t.shape()), dtype_name(t.dtype()), anchor_rows, hidden);
+        KVASIR_CHECK(!r->hidden.empty() && !r->hidden.front().empty(), ErrorCode::bad_input, "{}: no anchors", saved.origin());
+    }
+    return std::shared_ptr<const ForwardResult>(std::move(r));
 }
 
 }  // namespace kvasir

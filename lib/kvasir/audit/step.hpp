@@ -160,12 +160,40 @@ public:
     // What `node` computes given `decisions`; `self`: the node IS the
     // authority (its outputs come from the decisions, not computed twice).
     virtual StepOutput collect(const StepEnv& env, Backend& node, const std::any& decisions, bool self) const = 0;
+    // Decisions shared between processes (capture --decisions-out/-in: the
+    // isolated audit's reference process decides once, the other node
+    // processes read them instead of running the authority again). A step
+    // that shares writes what collect needs of its decisions on a node other
+    // than the authority as named tensors, and reads them back (the same
+    // bits). A step that does not (its decisions are cheap or are the
+    // authority itself) decides in every process.
+    virtual bool shares_decisions() const { return false; }
+    virtual NamedTensors save_decisions(const std::any& decisions) const;
+    virtual std::any load_decisions(const StepEnv& env, const NodeOutputs& saved) const;
     // Pure: the measurements of every present candidate into `ledger`
     // (per-candidate problems, e.g. a shape mismatch, are that node's error),
     // pair matrices / drift into `report`, and the step's JSON section.
     virtual nlohmann::ordered_json compare(const Protocol& protocol, const StepNodes& in, Ledger& ledger,
                                            AuditReport& report) const = 0;
 };
+
+// Encodings of shared decisions (Step::save_decisions): a list of routing
+// sets — one plan per layer each (empty for dense layers), e.g. one set per
+// task request — as per-layer concatenations "<prefix>.<l>.ids", ".weights"
+// and the rows of each set ".rows"; a list of tensors as "<prefix>.<k>"
+// (an empty tensor: absent). The loaders copy out of `saved` and check
+// every size against it (Error(bad_input) for a file that does not fit).
+void save_routing_sets(NamedTensors& out, const std::string& prefix, const std::vector<std::vector<RoutingPlan>>& sets);
+std::vector<std::vector<RoutingPlan>> load_routing_sets(const NodeOutputs& saved, const std::string& prefix, std::int64_t layers);
+void save_tensor_list(NamedTensors& out, const std::string& prefix, const std::vector<Tensor>& list);
+std::vector<Tensor> load_tensor_list(const NodeOutputs& saved, const std::string& prefix, std::size_t count);
+
+// The shared decisions of a step whose authority runs one forward pass
+// (drift, logits, decide: a std::shared_ptr<const ForwardResult>): its
+// routing, and with anchors its hidden states and MLP inputs (drift's; read
+// back with anchor_rows > 0, each [anchor_rows, hidden]).
+NamedTensors save_forward_decisions(const std::any& decisions, bool anchors);
+std::any load_forward_decisions(const StepEnv& env, const NodeOutputs& saved, std::int64_t anchor_rows);
 
 // Every step, in protocol order.
 const std::vector<const Step*>& audit_steps();

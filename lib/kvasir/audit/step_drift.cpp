@@ -121,6 +121,12 @@ public:
         return relative_l2(ref.view(name), c.view(name));
     }
 
+    bool shares_decisions() const override { return true; }
+    NamedTensors save_decisions(const std::any& d) const override { return save_forward_decisions(d, true); }
+    std::any load_decisions(const StepEnv& env, const NodeOutputs& saved) const override {
+        return load_forward_decisions(env, saved, static_cast<std::int64_t>(env.plan->drift->tokens.ids.size()));
+    }
+
     nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport& out) const override {
         const NodeOutputs& ref = *in.nodes[in.reference];
         const std::vector<TensorView> rh = numbered(ref, "drift.hidden.");

@@ -59,6 +59,23 @@ public:
         return out;
     }
 
+    bool shares_decisions() const override { return true; }
+    NamedTensors save_decisions(const std::any& d) const override {
+        const GenerateResult& r = *std::any_cast<std::shared_ptr<const GenerateResult>>(d);
+        NamedTensors out{{"tokens", i32_tensor(r.tokens)}};
+        save_routing_sets(out, "routing", r.routing);
+        return out;
+    }
+    std::any load_decisions(const StepEnv& env, const NodeOutputs& saved) const override {
+        auto r = std::make_shared<GenerateResult>();
+        r->tokens = int_vector(saved.view("tokens"));
+        r->routing = load_routing_sets(saved, "routing", env.model->config().num_layers);
+        KVASIR_CHECK(r->tokens.size() == static_cast<std::size_t>(env.plan->generate->new_tokens) && r->routing.size() == r->tokens.size(),
+                     ErrorCode::bad_input, "{}: {} tokens and {} routing steps for {} new tokens", saved.origin(), r->tokens.size(),
+                     r->routing.size(), env.plan->generate->new_tokens);
+        return std::shared_ptr<const GenerateResult>(std::move(r));
+    }
+
     nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
         const NodeOutputs& ref = *in.nodes[in.reference];
         const std::vector<std::int32_t> rt = int_vector(ref.view("generate.tokens"));

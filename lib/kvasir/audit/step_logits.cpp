@@ -46,6 +46,12 @@ public:
         return out;
     }
 
+    bool shares_decisions() const override { return true; }
+    NamedTensors save_decisions(const std::any& d) const override { return save_forward_decisions(d, false); }
+    std::any load_decisions(const StepEnv& env, const NodeOutputs& saved) const override {
+        return load_forward_decisions(env, saved, 0);
+    }
+
     nlohmann::ordered_json compare(const Protocol&, const StepNodes& in, Ledger& led, AuditReport&) const override {
         const NodeOutputs& ref = *in.nodes[in.reference];
         const TensorView rl = ref.view("logits.logits");

@@ -67,6 +67,22 @@ public:
         return out;
     }
 
+    bool shares_decisions() const override { return true; }
+    NamedTensors save_decisions(const std::any& d) const override {
+        NamedTensors out;
+        save_routing_sets(out, "routing", std::any_cast<std::shared_ptr<const PerplexityDecision>>(d)->pass.routing);
+        return out;
+    }
+    std::any load_decisions(const StepEnv& env, const NodeOutputs& saved) const override {
+        const PerplexityConfig& c = *env.plan->perplexity;
+        auto d = std::make_shared<PerplexityDecision>();
+        d->windows = perplexity_windows(static_cast<std::int64_t>(c.tokens.ids.size()), c.context);
+        d->pass.routing = load_routing_sets(saved, "routing", env.model->config().num_layers);
+        KVASIR_CHECK(d->pass.routing.size() == d->windows.size(), ErrorCode::bad_input, "{}: {} routing windows, the plan has {}",
+                     saved.origin(), d->pass.routing.size(), d->windows.size());
+        return std::shared_ptr<const PerplexityDecision>(std::move(d));
+    }
+
     nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
         const NodeOutputs& ref = *in.nodes[in.reference];
         const std::vector<double> rn = double_vector(ref.view("perplexity.nll"));

@@ -112,6 +112,22 @@ public:
         return out;
     }
 
+    bool shares_decisions() const override { return true; }
+    NamedTensors save_decisions(const std::any& d) const override {
+        NamedTensors out;
+        save_routing_sets(out, "routing", std::any_cast<std::shared_ptr<const TaskPass>>(d)->routing);
+        return out;
+    }
+    std::any load_decisions(const StepEnv& env, const NodeOutputs& saved) const override {
+        auto p = std::make_shared<TaskPass>();
+        p->routing = load_routing_sets(saved, "routing", env.model->config().num_layers);
+        std::size_t requests = 0;
+        for (const auto& rs : env.plan->task->requests) requests += rs.size();
+        KVASIR_CHECK(p->routing.size() == requests, ErrorCode::bad_input, "{}: {} routed requests, the task has {}", saved.origin(),
+                     p->routing.size(), requests);
+        return std::shared_ptr<const TaskPass>(std::move(p));
+    }
+
     nlohmann::ordered_json compare(const Protocol&, const StepNodes& in, Ledger& led, AuditReport&) const override {
         const TaskView rv = read_view(*in.nodes[in.reference]);
         const TaskScores rs = score_task(rv.ll, rv.items, rv.requests);
