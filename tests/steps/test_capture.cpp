@@ -374,7 +374,7 @@ TEST(SharedDecisions, RoutingSetsRoundTripThroughAFile) {
     for (const auto& [name, t] : out) views.emplace(name, t.view());
     write_safetensors(path, views, {{"format", "kvasir-equiv/decisions/1"}});
     const auto file = open_decisions_file(path);
-    const auto back = load_routing_sets(*file, "routing", 3);
+    const auto back = load_routing_sets(*file, "routing", 3, 2);
     ASSERT_EQ(back.size(), 2u);
     for (std::size_t s = 0; s < 2; ++s)
         for (std::size_t l = 0; l < 3; ++l) {
@@ -392,18 +392,19 @@ TEST(SharedDecisions, RoutingSetsRoundTripThroughAFile) {
     EXPECT_EQ(hidden[0].at(1), -2.0);
     EXPECT_TRUE(hidden[1].empty());
 
+    EXPECT_THROW((void)load_routing_sets(*file, "routing", 3, 1000000000), Error);  // a count the step does not have
     // Rows that claim more than is stored; integer weights.
     NamedTensors bad = out;
     bad.insert_or_assign("routing.0.rows", i32_tensor({2, 2}));
     std::map<std::string, TensorView> bad_views;
     for (const auto& [name, t] : bad) bad_views.emplace(name, t.view());
     write_safetensors(path, bad_views, {});
-    EXPECT_THROW((void)load_routing_sets(*open_decisions_file(path), "routing", 3), Error);
+    EXPECT_THROW((void)load_routing_sets(*open_decisions_file(path), "routing", 3, 2), Error);
     bad = out;
     bad.insert_or_assign("routing.0.weights", Tensor(DType::i32, {3, 2}));
     bad_views.clear();
     for (const auto& [name, t] : bad) bad_views.emplace(name, t.view());
     write_safetensors(path, bad_views, {});
-    EXPECT_THROW((void)load_routing_sets(*open_decisions_file(path), "routing", 3), Error);
+    EXPECT_THROW((void)load_routing_sets(*open_decisions_file(path), "routing", 3, 2), Error);
     fs::remove(path);
 }

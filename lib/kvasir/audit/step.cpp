@@ -207,9 +207,13 @@ void save_routing_sets(NamedTensors& out, const std::string& prefix, const std::
     }
 }
 
-std::vector<std::vector<RoutingPlan>> load_routing_sets(const NodeOutputs& saved, const std::string& prefix, std::int64_t layers) {
-    const std::vector<std::int32_t> count = int_vector(saved.view(prefix + ".sets"));
-    KVASIR_CHECK(count.size() == 1 && count[0] >= 0, ErrorCode::bad_input, "{}: {}.sets is not one count", saved.origin(), prefix);
+std::vector<std::vector<RoutingPlan>> load_routing_sets(const NodeOutputs& saved, const std::string& prefix, std::int64_t layers,
+                                                        std::size_t expected) {
+    const TensorView count_view = saved.view(prefix + ".sets");
+    KVASIR_CHECK(count_view.numel() == 1, ErrorCode::bad_input, "{}: {}.sets is not one count", saved.origin(), prefix);
+    const std::vector<std::int32_t> count = int_vector(count_view);
+    KVASIR_CHECK(count[0] >= 0 && static_cast<std::size_t>(count[0]) == expected, ErrorCode::bad_input,
+                 "{}: {} routing sets, the step has {}", saved.origin(), count[0], expected);
     std::vector<std::vector<RoutingPlan>> sets(static_cast<std::size_t>(count[0]), std::vector<RoutingPlan>(static_cast<std::size_t>(layers)));
     for (std::int64_t l = 0; l < layers; ++l) {
         const std::string at = fmt::format("{}.{}", prefix, l);
@@ -265,9 +269,7 @@ std::any load_forward_decisions(const StepEnv& env, const NodeOutputs& saved, st
     const std::int64_t layers = env.model->config().num_layers, hidden = env.model->config().hidden_size;
     const bool anchors = anchor_rows > 0;
     auto r = std::make_shared<ForwardResult>();
-    auto sets = load_routing_sets(saved, "routing", layers);
-    KVASIR_CHECK(sets.size() == 1, ErrorCode::bad_input, "{}: {} routing sets, one forward pass has one", saved.origin(), sets.size());
-    r->routing = std::move(sets.front());
+    r->routing = std::move(load_routing_sets(saved, "routing", layers, 1).front());
     if (anchors) {
         r->hidden = load_tensor_list(saved, "hidden", static_cast<std::size_t>(layers + 1));
         r->mlp_input = load_tensor_list(saved, "mlp_input", static_cast<std::size_t>(layers));

@@ -182,9 +182,12 @@ public:
 // task request — as per-layer concatenations "<prefix>.<l>.ids", ".weights"
 // and the rows of each set ".rows"; a list of tensors as "<prefix>.<k>"
 // (an empty tensor: absent). The loaders copy out of `saved` and check
-// every size against it (Error(bad_input) for a file that does not fit).
+// every size against it and the count of sets against `expected` (what the
+// step's plan has) before allocating: Error(bad_input) for a file that does
+// not fit.
 void save_routing_sets(NamedTensors& out, const std::string& prefix, const std::vector<std::vector<RoutingPlan>>& sets);
-std::vector<std::vector<RoutingPlan>> load_routing_sets(const NodeOutputs& saved, const std::string& prefix, std::int64_t layers);
+std::vector<std::vector<RoutingPlan>> load_routing_sets(const NodeOutputs& saved, const std::string& prefix, std::int64_t layers,
+                                                        std::size_t expected);
 void save_tensor_list(NamedTensors& out, const std::string& prefix, const std::vector<Tensor>& list);
 std::vector<Tensor> load_tensor_list(const NodeOutputs& saved, const std::string& prefix, std::size_t count);
 

@@ -69,10 +69,9 @@ public:
     std::any load_decisions(const StepEnv& env, const NodeOutputs& saved) const override {
         auto r = std::make_shared<GenerateResult>();
         r->tokens = int_vector(saved.view("tokens"));
-        r->routing = load_routing_sets(saved, "routing", env.model->config().num_layers);
-        KVASIR_CHECK(r->tokens.size() == static_cast<std::size_t>(env.plan->generate->new_tokens) && r->routing.size() == r->tokens.size(),
-                     ErrorCode::bad_input, "{}: {} tokens and {} routing steps for {} new tokens", saved.origin(), r->tokens.size(),
-                     r->routing.size(), env.plan->generate->new_tokens);
+        const auto n = static_cast<std::size_t>(env.plan->generate->new_tokens);
+        KVASIR_CHECK(r->tokens.size() == n, ErrorCode::bad_input, "{}: {} tokens for {} new tokens", saved.origin(), r->tokens.size(), n);
+        r->routing = load_routing_sets(saved, "routing", env.model->config().num_layers, n);
         return std::shared_ptr<const GenerateResult>(std::move(r));
     }
 

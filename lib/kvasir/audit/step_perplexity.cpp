@@ -77,9 +77,7 @@ public:
         const PerplexityConfig& c = *env.plan->perplexity;
         auto d = std::make_shared<PerplexityDecision>();
         d->windows = perplexity_windows(static_cast<std::int64_t>(c.tokens.ids.size()), c.context);
-        d->pass.routing = load_routing_sets(saved, "routing", env.model->config().num_layers);
-        KVASIR_CHECK(d->pass.routing.size() == d->windows.size(), ErrorCode::bad_input, "{}: {} routing windows, the plan has {}",
-                     saved.origin(), d->pass.routing.size(), d->windows.size());
+        d->pass.routing = load_routing_sets(saved, "routing", env.model->config().num_layers, d->windows.size());
         return std::shared_ptr<const PerplexityDecision>(std::move(d));
     }
 
