@@ -216,6 +216,16 @@ inline bool wide_tile(int m, i64 kc, const float* a, const float* b, float* c, i
     return true;
 }
 
+// The packed decode GEMV's group of a wider ISA with the same bits, where the
+// CPU has one: AVX-512's two zmm a k (gemv_packed_group_avx512).
+inline bool wide_gemv_group(int tt, WeightFormat panel, const float* x, const void* pg, float* y, i64 n0, i64 valid, i64 n_count,
+                            i64 k_count) {
+    static const bool avx512 = cpu_has_avx512();
+    if (!avx512) return false;
+    gemv_packed_group_avx512(tt, panel, x, pg, y, n0, valid, n_count, k_count);
+    return true;
+}
+
 // The f64 matmul's 8-row tile of a wider ISA: AVX-512 (matmul_f64_tile_avx512),
 // which the f64 driver runs where the dispatch says the CPU has it.
 constexpr bool kHasWideF64Tile = true;

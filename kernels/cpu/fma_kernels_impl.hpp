@@ -683,6 +683,10 @@ void gemv_packed_batch(std::span<const PackedGemvJob> jobs, int threads, WeightR
         const i64 g = work[static_cast<std::size_t>(i)].second;
         const i64 n0 = g * kGemvPackRows, valid = std::min(kGemvPackRows, job.n_count - n0);
         const void* pg = static_cast<const char*>(job.packed) + g * job.k_count * kGemvPackRows * gemv_panel_bytes(job.panel);
+        if (wide_gemv_group(static_cast<int>(job.t_count), job.panel, job.x, pg, job.y, n0, valid, job.n_count, job.k_count)) {
+            for (i64 t = 0; t < job.t_count; ++t) round_run(io_rounding, job.y + t * job.n_count + n0, valid);
+            continue;
+        }
         const auto rows = [&](auto pf) {
             constexpr WeightFormat P = decltype(pf)::value;
             switch (job.t_count) {

@@ -230,6 +230,14 @@ void matmul_f64(const double* x, const void* w, DType w_dtype, double* y, std::i
 // y (row stride ldy) = (first ? +0 : y) + the block's sum, `valid` columns.
 void matmul_f64_tile_avx512(int rows, const double* x, std::int64_t ldx, const double* bp, std::int64_t kc, double* y,
                             std::int64_t ldy, std::int64_t valid, bool first);
+// One group of the packed decode GEMV on AVX-512 (matmul_avx512.cpp): tt
+// (1 … kGemvPackMaxRows) rows of x against the kGemvPackRows outputs of one
+// packed group `pg` (panel format `panel`), y[t·n_count + n0 …] = its
+// `valid` outputs. Two zmm a k where the AVX2 group takes four ymm: per
+// output the same FMA chain per summation block and the block sums in
+// order, so the same bits.
+void gemv_packed_group_avx512(int tt, WeightFormat panel, const float* x, const void* pg, float* y, std::int64_t n0,
+                              std::int64_t valid, std::int64_t n_count, std::int64_t k_count);
 // The blocked version of cpu_isa() (the loop itself where it is generic).
 void matmul_f64(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count, std::int64_t n_count,
                 std::int64_t k_count, int threads);
