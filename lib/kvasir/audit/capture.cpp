@@ -280,6 +280,7 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
         seconds_of[k] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
     if (shared.mode == Mode::write) {
+        std::filesystem::remove(std::filesystem::path(shared.dir) / "failed");  // a marker an earlier writer left
         try {
             for (std::size_t k = 0; k < selected.size(); ++k) decide(k);
         } catch (...) {
