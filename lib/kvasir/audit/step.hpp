@@ -4,8 +4,10 @@
 //
 //   plan     reads the step's protocol section into the AuditPlan (validated:
 //            Error(bad_input) before anything runs)
-//   decide   the authority's part, computed once per process: routing plans,
-//            anchors, reference tokens (opaque to everyone but the step)
+//   decide   the authority's part, computed once per audit: routing plans,
+//            anchors, reference tokens (opaque to everyone but the step; a
+//            step that shares them writes them for the other node
+//            processes, which read them instead: save/load_decisions)
 //   collect  what one node computes, given those decisions: named tensors,
 //            exactly the capture format's names (protocols/CAPTURE.md)
 //   compare  pure: every node's tensors (from memory or from capture files)
