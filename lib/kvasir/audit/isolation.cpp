@@ -199,8 +199,9 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
                  "--node-memory must be a positive number of GiB");
     const detail::AuditPlan plan = detail::make_audit_plan(ac);  // bad input refused before any child starts
     const TempFolder dir;
-    const std::string decisions = (dir.path / "decisions").string();
-    fs::create_directories(decisions);
+    // The reference's decisions lie beside the captures, in the folder
+    // itself: the signal handler that removes it empties one level only.
+    const std::string decisions = dir.path.string();
     const int n = static_cast<int>(specs.size());
 
     // The reference first: if it cannot run, nothing can be compared. Then,
