@@ -12,6 +12,7 @@
 //
 //   ./bench_cpu --benchmark_filter='^(matmul/cpu:threads|openblas)' --benchmark_min_time=0.3
 //   ./bench_cpu --benchmark_filter='^moe_layer' --benchmark_min_time=1
+//   ./bench_cpu --benchmark_filter='^memory_read' --benchmark_min_time=2   (the machine's read GB/s)
 //
 // The matmul inputs are seeded normals; the weights of the bf16/f16 rows are
 // the same values converted to that dtype before timing (the form a
@@ -23,6 +24,7 @@
 #include "kvasir/core/rng.hpp"
 
 #include <benchmark/benchmark.h>
+#include <omp.h>
 
 #if defined(KVASIR_BENCH_OPENBLAS)
 #include <cblas.h>
@@ -30,6 +32,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -146,10 +149,12 @@ void moe_layer(benchmark::State& state, std::string spec, std::int64_t T) {
 // T = 512 at p0 = 0, a decode step T = 1 at p0 = 511. GFLOP/s counts the
 // unmasked multiply-adds of Q·Kᵀ and P·V (2·2·D per visible pair).
 // sinks: the same with gpt-oss's attention sinks (causal_attention_sinks, one
-// logit per query head).
-void attention(benchmark::State& state, std::string spec, bool fused, std::int64_t T, std::int64_t p0, bool sinks) {
+// logit per query head). heads: the query heads (kHeads; 16 = four per kv
+// head, the bench GGUF's attention, which decodes with keys in the lanes).
+void attention(benchmark::State& state, std::string spec, bool fused, std::int64_t T, std::int64_t p0, bool sinks,
+               std::int64_t heads) {
     const std::int64_t S = p0 + T;
-    const Tensor& q = input("bench/attn/q", {T, kHeads, kHeadDim}, 1);
+    const Tensor& q = input("bench/attn/q" + std::to_string(heads), {T, heads, kHeadDim}, 1);
     std::vector<TensorView> k, v;
     for (std::int64_t g = 0; g < kKvHeads; ++g) {
         k.push_back(input("bench/attn/k" + std::to_string(g), {S, kHeadDim}, 1));
@@ -157,7 +162,7 @@ void attention(benchmark::State& state, std::string spec, bool fused, std::int64
     }
     Backend& b = node(spec);
     const double scale = 1 / std::sqrt(double(kHeadDim));
-    const Tensor& sk = input("bench/attn/sinks", {kHeads}, 1);
+    const Tensor& sk = input("bench/attn/sinks" + std::to_string(heads), {heads}, 1);
     for (auto _ : state) {
         if (sinks)
             benchmark::DoNotOptimize(fused ? b.causal_attention_sinks(q, k, v, scale, sk)
@@ -166,7 +171,7 @@ void attention(benchmark::State& state, std::string spec, bool fused, std::int64
             benchmark::DoNotOptimize(fused ? b.causal_attention(q, k, v, scale) : b.Backend::causal_attention(q, k, v, scale));
     }
     const double pairs = double(T) * double(p0) + double(T) * double(T + 1) / 2;  // Σ_t (p0 + t + 1)
-    state.counters["GFLOP/s"] = gflops(4.0 * double(kHeadDim) * double(kHeads) * pairs);
+    state.counters["GFLOP/s"] = gflops(4.0 * double(kHeadDim) * double(heads) * pairs);
 }
 
 // Seeded input generation (Philox + libm-free Box–Muller), all threads.
@@ -175,6 +180,48 @@ void seeded(benchmark::State& state, bool normal) {
         benchmark::DoNotOptimize(normal ? seeded_normal(1, "bench/rng", {1 << 22}, 0, 1)
                                         : seeded_uniform(1, "bench/rng", {1 << 22}, 0, 1));
     state.SetItemsProcessed(state.iterations() * (1 << 22));
+}
+
+// The machine's read bandwidth: a 1 GiB buffer (larger than any L3 here)
+// summed by `threads` threads, each its own contiguous share, 64-byte lines
+// added into four independent line-wide sums so the loads, not the adds, set
+// the pace. One core pulls more from DRAM with wider loads (fewer
+// instructions per line in flight), so the summing loop is compiled for the
+// widest vectors the CPU has (target_clones: AVX-512, AVX2 or the baseline,
+// picked at load time). The roof a decode step's weight streaming
+// (bench_model's "tg GB/s") is read against: counters GB/s (bytes per second).
+using Line = std::uint64_t __attribute__((vector_size(64)));
+#if defined(__x86_64__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+std::uint64_t sum_lines(const Line* p, std::size_t n) {
+    Line s[4] = {};
+    for (std::size_t i = 0; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; ++j) s[j] += p[i + j];
+    const Line all = (s[0] + s[1]) + (s[2] + s[3]);
+    std::uint64_t total = 0;
+    for (int j = 0; j < 8; ++j) total += all[j];
+    return total;
+}
+
+void memory_read(benchmark::State& state, int threads) {
+    constexpr std::size_t kLines = (std::size_t{1} << 30) / sizeof(Line);
+    static const std::vector<Line> buffer = [] {
+        std::vector<Line> b(kLines);
+        for (std::size_t i = 0; i < kLines; ++i) b[i] = Line{} + i;
+        return b;
+    }();
+    for (auto _ : state) {
+        std::uint64_t total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+        {
+            const std::size_t share = kLines / static_cast<std::size_t>(omp_get_num_threads());
+            total += sum_lines(buffer.data() + share * static_cast<std::size_t>(omp_get_thread_num()), share);
+        }
+        benchmark::DoNotOptimize(total);
+    }
+    state.counters["GB/s"] = benchmark::Counter(double(kLines * sizeof(Line)) * double(state.iterations()) / 1e9,
+                                               benchmark::Counter::kIsRate);
 }
 
 // ---- registration ------------------------------------------------------------------
@@ -237,10 +284,17 @@ void register_all() {
                 for (auto [t, p0] : {std::pair<std::int64_t, std::int64_t>{512, 0}, {1, 511}})
                     add(std::string(sinks ? "attention_sinks/" : "attention/") + spec + (fused ? "/fused" : "/composed") +
                             "/T:" + std::to_string(t) + "/p0:" + std::to_string(p0),
-                        attention, std::string(spec), fused, t, p0, sinks)
+                        attention, std::string(spec), fused, t, p0, sinks, kHeads)
                         ->Unit(benchmark::kMillisecond);
+    // Decode steps at the bench GGUF's 16 / 4 heads, at the mean cache of
+    // bench_model --prompt 512 --gen 384 (S = 704).
+    for (const char* spec : {"cpu:threads=2", "cpu:threads=1"})
+        add(std::string("attention/") + spec + "/fused/H:16/T:1/p0:703", attention, std::string(spec), true, 1, 703, false,
+            std::int64_t{16})
+            ->Unit(benchmark::kMillisecond);
     add("seeded/normal_f32", seeded, true)->Unit(benchmark::kMillisecond);
     add("seeded/uniform_f32", seeded, false)->Unit(benchmark::kMillisecond);
+    for (int threads : {1, 2}) add("memory_read/threads:" + std::to_string(threads), memory_read, threads)->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace
