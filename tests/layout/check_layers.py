@@ -27,6 +27,46 @@ LAYERS = {
 INCLUDE = re.compile(r'^\s*#\s*include\s+"kvasir/([a-z_]+)/')
 
 
+def unit_cycles(lib: pathlib.Path) -> list:
+    """Circles between the files of one folder. A unit is a file's stem (foo.hpp
+    and foo.cpp together, so a header and its implementation count as one):
+    unit A depends on unit B when a file of A includes one of B's. A circle
+    (gguf includes quant, quant's implementation includes gguf) means neither
+    can be understood, tested or moved without the other."""
+    problems = []
+    local = re.compile(r'^\s*#\s*include\s+"kvasir/([a-z_]+)/([A-Za-z0-9_]+)\.[a-z]+"')
+    for folder in sorted(p for p in lib.iterdir() if p.is_dir()):
+        deps = {}
+        for path in sorted(folder.rglob("*")):
+            if path.suffix not in {".hpp", ".cpp", ".inc", ".h", ".cuh"}:
+                continue
+            unit = path.stem
+            deps.setdefault(unit, set())
+            for line in path.read_text(errors="replace").splitlines():
+                m = local.match(line)
+                if m and m.group(1) == folder.name and m.group(2) != unit:
+                    deps[unit].add(m.group(2))
+        state, reported = {}, set()
+
+        def visit(u, stack):
+            state[u] = 1
+            for d in sorted(deps.get(u, ())):
+                if state.get(d) == 1:
+                    cycle = stack[stack.index(d):] + [d]
+                    key = frozenset(cycle)
+                    if key not in reported:
+                        reported.add(key)
+                        problems.append(f"include circle inside lib/kvasir/{folder.name}/: " + " -> ".join(cycle))
+                elif state.get(d) is None and d in deps:
+                    visit(d, stack + [d])
+            state[u] = 2
+
+        for u in sorted(deps):
+            if state.get(u) is None:
+                visit(u, [u])
+    return problems
+
+
 def main() -> int:
     root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
     lib = root / "lib" / "kvasir"
@@ -65,6 +105,7 @@ def main() -> int:
     for f in graph:
         if state.get(f) is None:
             visit(f, [f])
+    problems += unit_cycles(lib)
     readme = (root / "README.md").read_text()
     section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0] if "## Layout" in readme else ""
     if not section:

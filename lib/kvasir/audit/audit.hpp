@@ -54,6 +54,7 @@
 
 #include "kvasir/backend/backend.hpp"
 #include "kvasir/model/model.hpp"
+#include "kvasir/audit/audit_config.hpp"
 #include "kvasir/audit/protocol.hpp"
 #include "kvasir/audit/verdict.hpp"
 #include "kvasir/audit/results.hpp"
@@ -70,47 +71,6 @@
 
 namespace kvasir {
 
-// Where the audit is, for a progress line: step `step` (1-based index of
-// `steps`), node `node` (1-based of `nodes`; 0 = the step is starting). The
-// node is the one computing now: reported whenever the step's calls move to
-// another node (steps may alternate, e.g. reference then candidate per token).
-struct AuditProgress {
-    std::string step;
-    int step_index = 0, steps = 0;
-    std::string node;
-    int node_index = 0, nodes = 0;
-};
-
-struct AuditConfig {
-    const Protocol* protocol = nullptr;  // required
-    const Model* model = nullptr;        // required
-    Gate gate = Gate::sensitive;
-    // Overrides the protocol's seed (seeded op inputs, seeded perturbations).
-    // The report records the seed actually used next to the protocol's hash.
-    std::optional<std::uint64_t> seed;
-    // Called at the start of each step and whenever computing moves to
-    // another node. Optional; must not throw.
-    std::function<void(const AuditProgress&)> progress;
-    // Read the weights the steps will use before the first step (the "load"
-    // phase of the timings) unless they exceed half the memory available.
-    // Off: weights are read lazily by the first computation that touches
-    // them (results are the same either way).
-    bool load_first = true;
-    // Nodes that were asked for but could not be created (a device that
-    // failed to initialise, an OpenCL program that did not build): judged
-    // as error, listed after the nodes that ran. Each needs errors set.
-    std::vector<NodeInput> failed_nodes;
-    // Contrast nodes: shown with their verdict but not gated (exit_code()
-    // ignores them) — the cpu:acc=f16 precision-mismatch node the default
-    // run shows unless the user names it.
-    std::vector<std::string> contrast_nodes;
-    // Steps to run and judge (a subset of the protocol's, any order; run in
-    // protocol order); empty: every step the protocol runs. The report names
-    // them (ProtocolRef::steps_judged); other steps' tolerances are not
-    // applied. Error(bad_input) for a step the protocol does not run.
-    std::vector<std::string> only_steps;
-};
-
 struct AuditRun {
     AuditReport report;                  // verdicts, pairs, drift, per-step JSON
     std::vector<std::string> step_order; // the steps that ran, in order
@@ -124,17 +84,6 @@ struct AuditRun {
 // Error(bad_input) for a bad configuration (see the top of this file).
 AuditRun run_audit(const AuditConfig& config, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference);
 
-// The steps a run asked for (`option` names where: "--steps",
-// "--only-steps"), validated against the protocol and put in protocol
-// order; empty stays empty (every step). Error(bad_input) "<option>:
-// protocol '<id>' does not run step "<name>" (it runs: …)" for a name the
-// protocol does not run (unknown names included: they come from the user).
-std::vector<std::string> select_steps(const Protocol& protocol, const std::vector<std::string>& asked, const char* option);
-// `steps` empty: every step. Otherwise whether `step` is among them.
-bool step_selected(const std::vector<std::string>& steps, std::string_view step);
-// A tier's tolerances restricted to the criteria of `steps` (empty: all):
-// a subset run judges only what it measured.
-Tolerances tolerances_of_steps(const Tolerances& tier, const std::vector<std::string>& steps);
 
 class Capture;  // capture.hpp
 

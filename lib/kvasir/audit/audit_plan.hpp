@@ -4,7 +4,7 @@
 // same thing.
 #pragma once
 
-#include "kvasir/audit/audit.hpp"
+#include "kvasir/audit/audit_config.hpp"
 #include "kvasir/audit/step.hpp"
 #include "kvasir/steps/decide.hpp"
 #include "kvasir/steps/drift.hpp"

@@ -18,8 +18,9 @@
 #include "kvasir/backend/backend.hpp"
 #include "kvasir/core/tensor.hpp"
 #include "kvasir/model/safetensors.hpp"
-#include "kvasir/audit/audit.hpp"
+#include "kvasir/audit/audit_config.hpp"
 #include "kvasir/audit/step.hpp"
+#include "kvasir/steps/node_clock.hpp"
 
 #include <map>
 #include <memory>

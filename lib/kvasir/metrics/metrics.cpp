@@ -205,18 +205,6 @@ IndexAgreement compare_indices(const TensorView& reference_ids, const TensorView
     return out;
 }
 
-nlohmann::ordered_json json_double(double x) {
-    if (std::isnan(x)) return "nan";
-    if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-    return x;
-}
-
-nlohmann::ordered_json json_doubles(const std::vector<double>& xs) {
-    nlohmann::ordered_json a = nlohmann::ordered_json::array();
-    for (double x : xs) a.push_back(json_double(x));
-    return a;
-}
-
 nlohmann::ordered_json to_json(const CompareStats& s) {
     nlohmann::ordered_json j;
     j["count"] = s.count;

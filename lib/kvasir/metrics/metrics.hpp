@@ -25,6 +25,7 @@
 #pragma once
 
 #include "kvasir/core/tensor.hpp"
+#include "kvasir/metrics/stats.hpp"  // json_double
 
 #include <nlohmann/json.hpp>
 
@@ -145,12 +146,6 @@ struct IndexAgreement {
 // Error(bad_input) naming the shapes.
 IndexAgreement compare_indices(const TensorView& reference_ids, const TensorView& candidate_ids);
 
-// A double as JSON: finite values as numbers (shortest round-trip form),
-// NaN / +inf / -inf as the strings "nan" / "inf" / "-inf" (JSON has no
-// non-finite numbers, and silently writing null would hide a failure).
-nlohmann::ordered_json json_double(double x);
-// A JSON array of doubles, each as json_double writes it.
-nlohmann::ordered_json json_doubles(const std::vector<double>& xs);
 
 // Stable key order: count, max_abs, max_abs_index, max_rel, rel_guard,
 // mean_abs, rms, nmse, cosine, max_ulp, nan_ref, nan_cand, inf_ref, inf_cand,

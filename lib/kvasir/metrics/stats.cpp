@@ -2,7 +2,6 @@
 #include "kvasir/core/nonfinite.hpp"
 
 #include "kvasir/core/error.hpp"
-#include "kvasir/metrics/metrics.hpp"
 
 #include <numbers>
 #include <algorithm>
@@ -356,6 +355,18 @@ double perplexity_from_nll(std::span<const double> nll) { return std::exp(mean_n
 
 double perplexity_ratio_minus_one(std::span<const double> candidate, std::span<const double> reference) {
     return std::expm1(mean_nll(candidate) - mean_nll(reference));
+}
+
+nlohmann::ordered_json json_double(double x) {
+    if (std::isnan(x)) return "nan";
+    if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+    return x;
+}
+
+nlohmann::ordered_json json_doubles(const std::vector<double>& xs) {
+    nlohmann::ordered_json a = nlohmann::ordered_json::array();
+    for (double x : xs) a.push_back(json_double(x));
+    return a;
 }
 
 nlohmann::ordered_json to_json(const Summary& s) {

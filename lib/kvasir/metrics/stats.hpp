@@ -167,6 +167,13 @@ double mean_nll(std::span<const double> nll);
 // would cancel.
 double perplexity_ratio_minus_one(std::span<const double> candidate, std::span<const double> reference);
 
+// A double as JSON: finite values as numbers (shortest round-trip form),
+// NaN / +inf / -inf as the strings "nan" / "inf" / "-inf" (JSON has no
+// non-finite numbers, and silently writing null would hide a failure).
+nlohmann::ordered_json json_double(double x);
+// A JSON array of doubles, each as json_double writes it.
+nlohmann::ordered_json json_doubles(const std::vector<double>& xs);
+
 // JSON views (doubles via json_double: non-finite as "nan"/"inf"/"-inf").
 // Keys in declaration order.
 nlohmann::ordered_json to_json(const Summary& s);

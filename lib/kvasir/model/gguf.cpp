@@ -581,4 +581,29 @@ const GgufTensor& GgufFile::tensor(std::string_view tensor_name) const {
     return *t;
 }
 
+Tensor dequantize(const GgufTensor& t) {
+    const GgmlTypeTraits tr = ggml_traits(t.type);
+    if (!ggml_type_dequantizable(t.type))
+        fail(ErrorCode::unsupported, "{}: tensor '{}' has type {}, which cannot be dequantised (supported: {})", t.file,
+             t.name, tr.name, ggml_dequantizable_types());
+    // Re-validate the geometry rather than trust the struct: a GgufTensor can
+    // be built by hand, and a wrong nbytes here would mean an out-of-bounds read.
+    KVASIR_CHECK(!t.ne.empty() && t.ne[0] >= 0 && t.ne[0] % tr.block_size == 0, ErrorCode::bad_input,
+                 "{}: tensor '{}' row length is not a multiple of the {} block size {}", t.file, t.name, tr.name,
+                 tr.block_size);
+    const std::int64_t numel = shape_numel(t.shape);
+    const std::int64_t row = t.ne[0];
+    const std::int64_t rows = row == 0 ? 0 : numel / row;
+    const auto row_bytes = static_cast<std::size_t>(row / tr.block_size) * tr.block_bytes;
+    KVASIR_CHECK(numel == t.numel && (row == 0 || static_cast<std::size_t>(rows) * row_bytes == t.nbytes) &&
+                     (t.nbytes == 0 || t.data != nullptr),
+                 ErrorCode::bad_input, "{}: tensor '{}' byte size {} does not match its shape {} and type {}", t.file,
+                 t.name, t.nbytes, shape_str(t.shape), tr.name);
+    Tensor out(DType::f32, t.shape);
+    float* dst = out.as<float>();
+    for (std::int64_t r = 0; r < rows; ++r)
+        dequantize_row(t.type, t.data + static_cast<std::size_t>(r) * row_bytes, dst + r * row, row);
+    return out;
+}
+
 }  // namespace kvasir

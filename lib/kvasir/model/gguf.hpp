@@ -217,4 +217,12 @@ private:
     std::map<std::string, std::size_t, std::less<>> tensor_index_;
 };
 
+// A whole GGUF tensor as an owning f32 Tensor with the row-major shape
+// (`tensor.shape`, i.e. ggml's ne reversed). F32 is copied bit for bit (NaN
+// payloads included); F16/BF16 widen exactly.
+// Throws Error(unsupported) "FILE: tensor 'NAME' has type T; ..." for a type
+// that cannot be dequantised, and Error(bad_input) if the tensor's geometry is
+// inconsistent (not possible for a tensor produced by GgufFile).
+Tensor dequantize(const GgufTensor& tensor);
+
 }  // namespace kvasir

@@ -42,8 +42,6 @@
 
 namespace kvasir {
 
-struct GgufTensor;  // gguf.hpp
-
 // ggml's type ids as stored in a GGUF tensor info. Ids that no current ggml
 // assigns (4 and 5 were the removed Q4_2/Q4_3, 31–33 and 36–38 the removed
 // repacked variants) are not listed: a file using them is rejected.
@@ -72,7 +70,7 @@ GgmlTypeTraits ggml_traits(GgmlType type) noexcept;
 // "Q4_K" etc.; "?" for a value outside the enumeration.
 std::string_view ggml_type_name(GgmlType type) noexcept;
 
-// Whether dequantize() / dequantize_row() handle `type`: F32, F16, BF16,
+// Whether dequantize_row() (and gguf.hpp's dequantize()) handle `type`: F32, F16, BF16,
 // Q8_0, Q4_K, Q6_K and MXFP4. Other known types can be listed (inspect) but not
 // expanded.
 bool ggml_type_dequantizable(GgmlType type) noexcept;
@@ -127,12 +125,5 @@ Mxfp4Pair check_mxfp4_pair(const std::string& file, const SafetensorsTensorInfo&
                            const SafetensorsTensorInfo& scales, std::span<const std::byte> scales_raw,
                            const Shape& blocks_shape);
 
-// A whole GGUF tensor as an owning f32 Tensor with the row-major shape
-// (`tensor.shape`, i.e. ggml's ne reversed). F32 is copied bit for bit (NaN
-// payloads included); F16/BF16 widen exactly.
-// Throws Error(unsupported) "FILE: tensor 'NAME' has type T; ..." for a type
-// that cannot be dequantised, and Error(bad_input) if the tensor's geometry is
-// inconsistent (not possible for a tensor produced by GgufFile).
-Tensor dequantize(const GgufTensor& tensor);
 
 }  // namespace kvasir

@@ -26,7 +26,7 @@
 // series in colour and marker shape — all readable without colour.
 #pragma once
 
-#include "kvasir/report/writers.hpp"
+#include "kvasir/audit/results.hpp"
 #include "kvasir/steps/op_delta.hpp"
 
 #include <nlohmann/json.hpp>
@@ -34,6 +34,14 @@
 #include <string>
 
 namespace kvasir {
+
+// When and where an HTML page was written, shown in its header; empty
+// fields are left out. The caller decides (the CLI: the clock, or
+// SOURCE_DATE_EPOCH, and the host name), so the builders stay pure.
+struct HtmlStamp {
+    std::string date;
+    std::string machine;
+};
 
 // The audit's (or compare's) page. Pure: the same report and stamp give the
 // same bytes. Error(internal) for a pair matrix that is not square.

@@ -14,7 +14,7 @@
 // measured" (the node errored on that comparison).
 #pragma once
 
-#include "kvasir/report/writers.hpp"
+#include "kvasir/audit/results.hpp"
 
 #include <nlohmann/json.hpp>
 

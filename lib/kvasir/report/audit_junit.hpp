@@ -15,7 +15,7 @@
 // <error> per step error of the reference when gated).
 #pragma once
 
-#include "kvasir/report/writers.hpp"
+#include "kvasir/audit/results.hpp"
 
 #include <string>
 

@@ -1,7 +1,7 @@
 // The Markdown report of an audit, for hardware reports.
 #pragma once
 
-#include "kvasir/report/writers.hpp"
+#include "kvasir/audit/results.hpp"
 
 #include <string>
 

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "kvasir/report/text.hpp"
-#include "kvasir/report/writers.hpp"
+#include "kvasir/audit/results.hpp"
 #include "kvasir/steps/node_clock.hpp"
 
 #include <string>

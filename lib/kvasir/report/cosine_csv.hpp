@@ -1,7 +1,7 @@
 // The headline cosine pair matrix as CSV, for spreadsheets and scripts.
 #pragma once
 
-#include "kvasir/report/writers.hpp"
+#include "kvasir/audit/results.hpp"
 
 #include <string>
 

@@ -1,7 +1,7 @@
 // Drift against depth drawn as an SVG plot.
 #pragma once
 
-#include "kvasir/report/writers.hpp"
+#include "kvasir/audit/results.hpp"
 
 #include <cstddef>
 #include <string>

@@ -4,7 +4,7 @@
 // candidate, labels rotated over the columns).
 #pragma once
 
-#include "kvasir/report/writers.hpp"
+#include "kvasir/audit/results.hpp"
 
 #include <string>
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include "kvasir/audit/results.hpp"
+#include "kvasir/report/audit_html.hpp"  // HtmlStamp
 
 #include <string>
 
@@ -32,14 +33,6 @@ struct OutputPaths {
     std::string heatmap_svg;  // of pairs.front()
     std::string drift_svg;
     std::string html;         // the self-contained HTML report
-};
-
-// When and where an HTML page was written, shown in its header; empty
-// fields are left out. The caller decides (the CLI: the clock, or
-// SOURCE_DATE_EPOCH, and the host name), so the builders stay pure.
-struct HtmlStamp {
-    std::string date;
-    std::string machine;
 };
 
 // Builds every requested document first, then writes each atomically (so a

@@ -5,7 +5,7 @@
 // plots (colour and marker shape).
 #pragma once
 
-#include "kvasir/report/writers.hpp"
+#include "kvasir/audit/results.hpp"
 
 #include <nlohmann/json.hpp>
 
