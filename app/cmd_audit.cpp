@@ -84,32 +84,6 @@ std::string self_executable() {
     return p.string();
 }
 
-// Like create_nodes(), but a node whose backend exists and fails to start
-// (Error(backend_failure): a device that does not initialise) becomes an
-// error node of the audit instead of stopping it. Bad specs and absent
-// backends named explicitly stay exit 2.
-Nodes create_audit_nodes(const NodeOptions& options, std::vector<NodeInput>& failed) {
-    NodeOptions ok = options;
-    ok.backends.clear();
-    const std::vector<std::string> specs = options.backends.empty() ? default_nodes() : split_node_list(options.backends);
-    for (const std::string& s : specs) {
-        try {
-            (void)create_backend(s);
-            ok.backends.push_back(s);
-        } catch (const Error& e) {
-            if (e.code() != ErrorCode::backend_failure) throw;
-            NodeInput n;
-            n.node = s;
-            n.capabilities["node"] = s;
-            n.errors["create"] = e.what();
-            failed.push_back(std::move(n));
-        }
-    }
-    // A list that became empty must not fall back to the defaults.
-    if (ok.backends.empty()) ok.backends.push_back(options.reference);
-    return create_nodes(ok);
-}
-
 void run_audit_command(const AuditOptions& opt) {
     check_report_outputs(opt.report);  // before anything runs: a misused output costs no audit
     const Protocol protocol = load_run_protocol(opt.protocol, !opt.model.empty(), opt.perplexity);
@@ -143,7 +117,7 @@ void run_audit_command(const AuditOptions& opt) {
             floor_added = true;
         }
     }
-    Nodes nodes = create_audit_nodes(node_opts, cfg.failed_nodes);
+    Nodes nodes = create_nodes(node_opts, &cfg.failed_nodes);
     if (floor_added) cfg.contrast_nodes.push_back(protocol.floor);
     cfg.progress = progress_printer();
     // The default list's precision-mismatch contrast is shown, not gated,

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
 namespace kvasir::app {
 
@@ -25,25 +26,46 @@ std::vector<std::string> split_node_list(const std::vector<std::string>& args) {
     return out;
 }
 
-Nodes create_nodes(const NodeOptions& options) {
-    std::vector<std::string> specs = options.backends.empty() ? default_nodes() : split_node_list(options.backends);
+Nodes create_nodes(const NodeOptions& options, std::vector<NodeInput>* failed) {
+    const std::vector<std::string> specs = options.backends.empty() ? default_nodes() : split_node_list(options.backends);
+    const std::string ref_text = BackendSpec::parse(options.reference).canonical();
     Nodes out;
-    const std::string ref_name = create_backend(options.reference)->capabilities().node;
     std::vector<std::string> names;
+    std::optional<std::size_t> reference;
     for (const std::string& s : specs) {
-        auto node = create_backend(s);
+        std::unique_ptr<Backend> node;
+        try {
+            node = create_backend(s);
+        } catch (const Error& e) {
+            if (failed == nullptr || e.code() != ErrorCode::backend_failure) throw;
+            NodeInput n;
+            n.node = s;
+            n.capabilities["node"] = s;
+            n.errors["create"] = e.what();
+            failed->push_back(std::move(n));
+            continue;
+        }
         const std::string name = node->capabilities().node;
         KVASIR_CHECK(std::find(names.begin(), names.end(), name) == names.end(), ErrorCode::bad_input,
                      "node '{}' given twice", name);
+        if (!reference && BackendSpec::parse(s).canonical() == ref_text) reference = names.size();
         names.push_back(name);
         out.nodes.push_back(std::move(node));
     }
-    const auto it = std::find(names.begin(), names.end(), ref_name);
-    if (it == names.end()) {
-        out.nodes.insert(out.nodes.begin(), create_backend(options.reference));
-        out.reference = 0;
-    } else {
+    if (reference) {
+        out.reference = *reference;
+        return out;
+    }
+    // The reference is not listed under its own spelling: started here (the
+    // one node started without being listed), unless it is a listed node
+    // under another spelling ("cpu:acc=f32" is "cpu"), then that one is it.
+    auto ref = create_backend(options.reference);
+    const auto it = std::find(names.begin(), names.end(), ref->capabilities().node);
+    if (it != names.end()) {
         out.reference = static_cast<std::size_t>(it - names.begin());
+    } else {
+        out.nodes.insert(out.nodes.begin(), std::move(ref));
+        out.reference = 0;
     }
     return out;
 }

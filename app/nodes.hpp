@@ -3,6 +3,7 @@
 
 #include "commands.hpp"
 
+#include "kvasir/audit/verdict.hpp"
 #include "kvasir/backend/backend.hpp"
 #include "kvasir/steps/node_clock.hpp"
 
@@ -18,10 +19,14 @@ struct Nodes {
     std::size_t reference = 0;
 };
 
-// Creates every requested node (the reference first if it was not listed).
-// Duplicate nodes are refused. An absent backend named explicitly is an
-// error (exit 2); absent backends are simply not in the default list.
-Nodes create_nodes(const NodeOptions& options);
+// Creates every requested node (the reference first if it was not listed),
+// each started once. Duplicate nodes are refused. An absent backend named
+// explicitly is an error (exit 2); absent backends are simply not in the
+// default list. With `failed`: a node whose backend exists and fails to
+// start (Error(backend_failure): a device that does not initialise) becomes
+// an error node there (the audit's) instead of stopping the command; bad
+// specs and absent backends named explicitly stay exit 2.
+Nodes create_nodes(const NodeOptions& options, std::vector<NodeInput>* failed = nullptr);
 
 // Runs one measuring step, `run(nodes)`, on timing decorators of the nodes
 // (NodeClock: the same results) and, when `print` (--timings), writes on

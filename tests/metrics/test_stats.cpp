@@ -628,3 +628,14 @@ TEST(ErrorBound, SoftmaxAndRmsnormBoundsHoldForRealImplementationsInAnyOrder) {
                 EXPECT_GT(worst_n, f32 ? 1e-3 : 0.02) << storage << " " << K << " " << sigma;
             }
 }
+
+TEST(NanMax, StickyNaNAndTheLargerOtherwise) {
+    const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+    EXPECT_EQ(kvasir::nan_max(1.0, 2.0), 2.0);
+    EXPECT_EQ(kvasir::nan_max(2.0, 1.0), 2.0);
+    EXPECT_EQ(kvasir::nan_max(-inf, -1.0), -1.0);
+    EXPECT_EQ(kvasir::nan_max(1.0, inf), inf);
+    EXPECT_TRUE(std::isnan(kvasir::nan_max(nan, 1.0)));  // std::max(nan, 1) would be nan, std::max(1, nan) 1
+    EXPECT_TRUE(std::isnan(kvasir::nan_max(1.0, nan)));
+    EXPECT_TRUE(std::isnan(kvasir::nan_max(nan, inf)));
+}

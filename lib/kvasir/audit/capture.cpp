@@ -158,12 +158,7 @@ TensorView Capture::view(const std::string& tensor) const {
     return file_->view(tensor);
 }
 
-std::optional<std::string> Capture::note(const std::string& key) const {
-    const auto& meta = file_->metadata();
-    const auto it = meta.find(key);
-    if (it == meta.end()) return std::nullopt;
-    return it->second;
-}
+std::optional<std::string> Capture::note(const std::string& key) const { return file_->metadata_value(key); }
 
 namespace {
 
@@ -181,12 +176,7 @@ public:
         KVASIR_CHECK(file_->contains(tensor), ErrorCode::bad_input, "{}: no tensor '{}'", path_, tensor);
         return file_->view(tensor);
     }
-    std::optional<std::string> note(const std::string& key) const override {
-        const auto& meta = file_->metadata();
-        const auto it = meta.find(key);
-        if (it == meta.end()) return std::nullopt;
-        return it->second;
-    }
+    std::optional<std::string> note(const std::string& key) const override { return file_->metadata_value(key); }
 
 private:
     std::string path_, node_ = "decisions";

@@ -143,10 +143,6 @@ SelfDelta self_delta(const TensorView& a, const TensorView& b) {
     return {s.max_rel, s.max_abs};
 }
 
-double worse_max(double a, double b) {
-    return (std::isnan(a) || std::isnan(b)) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b);
-}
-
 Tensor i32_tensor(const std::vector<std::int32_t>& v) {
     Tensor t(DType::i32, {static_cast<std::int64_t>(v.size())});
     if (!v.empty()) std::memcpy(t.raw(), v.data(), v.size() * sizeof(std::int32_t));

@@ -223,8 +223,6 @@ struct SelfDelta {
 };
 SelfDelta self_delta(const TensorView& a, const TensorView& b);
 inline double self_max_rel(const TensorView& a, const TensorView& b) { return self_delta(a, b).max_rel; }
-// NaN-sticky maximum.
-double worse_max(double a, double b);
 // "<prefix>0", "<prefix>1", … until the first absent one.
 std::vector<TensorView> numbered(const NodeOutputs& n, const std::string& prefix);
 

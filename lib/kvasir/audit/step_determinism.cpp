@@ -53,10 +53,10 @@ public:
         double rows = 0;
         for (int r = 1; r < env.plan->repeats; ++r) {
             const ForwardResult again = forward(node, *env.model, ids);
-            worst = worse_max(worst, self_max_rel(first.logits.view(), again.logits.view()));
-            worst = worse_max(worst, self_max_rel(first.final_hidden.view(), again.final_hidden.view()));
+            worst = nan_max(worst, self_max_rel(first.logits.view(), again.logits.view()));
+            worst = nan_max(worst, self_max_rel(first.final_hidden.view(), again.final_hidden.view()));
             for (std::size_t k = 0; k < first.hidden.size() && k < again.hidden.size(); ++k)
-                worst = worse_max(worst, self_max_rel(first.hidden[k].view(), again.hidden[k].view()));
+                worst = nan_max(worst, self_max_rel(first.hidden[k].view(), again.hidden[k].view()));
             rows += static_cast<double>(run_to_run_delta(first, again).routing_rows_differing);
         }
         StepOutput out;

@@ -87,7 +87,7 @@ std::vector<double> op_rows_rel(Backend& node, std::uint64_t seed, std::int64_t 
         double worst = 0.0;
         for (const std::int64_t r : {std::int64_t{0}, rows / 2, rows - 1}) {
             const Tensor alone = run(op, arch::row_slice(x, r, 1));
-            worst = worse_max(worst, self_max_rel(alone.view(), arch::row_slice(all, r, 1)));
+            worst = nan_max(worst, self_max_rel(alone.view(), arch::row_slice(all, r, 1)));
         }
         out.push_back(worst);
     }
@@ -199,7 +199,7 @@ public:
                              "{}: invariance.ops_max_rel has {} entries, not {}", n.origin(), ops.size(), std::size(kOps));
                 for (std::size_t k = 0; k < ops.size(); ++k) {
                     opj[kOps[k]] = json_double(ops[k]);
-                    worst_op = worse_max(worst_op, ops[k]);
+                    worst_op = nan_max(worst_op, ops[k]);
                 }
             }
             const std::vector<double> sizes = double_vector(n.view("invariance.batch_sizes"));
@@ -213,7 +213,7 @@ public:
             for (std::size_t k = 0; k < sizes.size(); ++k) {
                 bj.push_back({{"B", sizes[k]}, {"max_rel", json_double(rel[k])}, {"max_abs", json_double(abs[k])},
                               {"bit_identical", rel[k] == 0.0}});
-                worst_batch = worse_max(worst_batch, rel[k]);
+                worst_batch = nan_max(worst_batch, rel[k]);
             }
             const std::vector<double> pd = double_vector(n.view("invariance.prefill_decode"));
             const std::vector<double> rep = double_vector(n.view("invariance.repeat"));

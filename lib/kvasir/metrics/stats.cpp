@@ -357,6 +357,10 @@ double perplexity_ratio_minus_one(std::span<const double> candidate, std::span<c
     return std::expm1(mean_nll(candidate) - mean_nll(reference));
 }
 
+double nan_max(double a, double b) noexcept {
+    return (std::isnan(a) || std::isnan(b)) ? std::numeric_limits<double>::quiet_NaN() : (a > b ? a : b);
+}
+
 nlohmann::ordered_json json_double(double x) {
     if (std::isnan(x)) return "nan";
     if (std::isinf(x)) return x > 0 ? "inf" : "-inf";

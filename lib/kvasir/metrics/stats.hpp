@@ -174,6 +174,10 @@ nlohmann::ordered_json json_double(double x);
 // A JSON array of doubles, each as json_double writes it.
 nlohmann::ordered_json json_doubles(const std::vector<double>& xs);
 
+// The larger of a and b, NaN-sticky: once a NaN is seen nothing can look
+// better (a running "worst" over measurements that may be non-finite).
+double nan_max(double a, double b) noexcept;
+
 // JSON views (doubles via json_double: non-finite as "nan"/"inf"/"-inf").
 // Keys in declaration order.
 nlohmann::ordered_json to_json(const Summary& s);

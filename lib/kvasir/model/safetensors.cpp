@@ -475,6 +475,11 @@ std::uint64_t SafetensorsFile::header_size() const { return impl_->header_len; }
 std::uint64_t SafetensorsFile::data_offset() const { return 8 + impl_->header_len; }
 const std::vector<std::string>& SafetensorsFile::names() const { return impl_->names; }
 const std::map<std::string, std::string>& SafetensorsFile::metadata() const { return impl_->metadata; }
+std::optional<std::string> SafetensorsFile::metadata_value(const std::string& key) const {
+    const auto it = impl_->metadata.find(key);
+    if (it == impl_->metadata.end()) return std::nullopt;
+    return it->second;
+}
 const MappedFile* SafetensorsFile::mapping() const { return impl_->map.get(); }
 
 bool SafetensorsFile::contains(std::string_view name) const { return impl_->tensors.find(name) != impl_->tensors.end(); }

@@ -128,6 +128,8 @@ public:
     // Throws Error(bad_input) "FILE: no tensor named 'x'" when absent.
     const SafetensorsTensorInfo& info(std::string_view name) const;
     const std::map<std::string, std::string>& metadata() const;  // __metadata__, empty when absent
+    // One __metadata__ value; nullopt when the key is absent.
+    std::optional<std::string> metadata_value(const std::string& key) const;
 
     // A typed view of the tensor. Zero copy: `data` points into the mapping
     // (or the caller's buffer), except for a misaligned tensor (see above).

@@ -3,6 +3,7 @@
 #include "kvasir/arch/architecture.hpp"
 #include "kvasir/arch/graph.hpp"
 #include "kvasir/core/error.hpp"
+#include "kvasir/metrics/logits.hpp"
 
 #include <fmt/format.h>
 
@@ -171,15 +172,10 @@ std::vector<Tensor> forward_batch(Backend& backend, const Model& model,
 
 namespace {
 
-// Bits of two tensors equal (dtype, shape and bytes).
-bool same_bits(const Tensor& a, const Tensor& b) {
-    return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-           (a.nbytes() == 0 || std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
-}
 bool same_bits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
     if (a.size() != b.size()) return false;
     for (std::size_t i = 0; i < a.size(); ++i)
-        if (!same_bits(a[i], b[i])) return false;
+        if (!same_bits(a[i].view(), b[i].view())) return false;
     return true;
 }
 
@@ -187,21 +183,7 @@ bool same_bits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
 double max_abs_delta(const Tensor& a, const Tensor& b, const char* what) {
     KVASIR_CHECK(a.shape() == b.shape(), ErrorCode::bad_input, "run-to-run: {} shapes {} and {} differ", what,
                  shape_str(a.shape()), shape_str(b.shape()));
-    double worst = 0.0;
-    for (std::int64_t i = 0; i < a.numel(); ++i) {
-        const double x = a.at(i), y = b.at(i);
-        if (std::isnan(x) || std::isnan(y)) {
-            if (std::isnan(x) != std::isnan(y)) return std::numeric_limits<double>::quiet_NaN();
-            continue;
-        }
-        if (std::isinf(x) || std::isinf(y)) {
-            if (x != y) return std::numeric_limits<double>::quiet_NaN();
-            continue;
-        }
-        const double d = std::fabs(x - y);
-        if (d > worst) worst = d;
-    }
-    return worst;
+    return max_abs_difference(a.view(), b.view());
 }
 
 }  // namespace

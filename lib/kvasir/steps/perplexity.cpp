@@ -114,11 +114,7 @@ SelfCheck compare_passes(const std::string& node, const Pass& a, const Pass& b) 
     s.bit_identical = true;
     for (std::size_t w = 0; w < a.logits.size(); ++w) {
         s.bit_identical = s.bit_identical && same_bits(a.logits[w], b.logits[w]);
-        const double d = max_abs_difference(a.logits[w], b.logits[w]);
-        if (std::isnan(d) || std::isnan(s.max_abs))
-            s.max_abs = std::numeric_limits<double>::quiet_NaN();
-        else if (d > s.max_abs)
-            s.max_abs = d;
+        s.max_abs = nan_max(s.max_abs, max_abs_difference(a.logits[w], b.logits[w]));
     }
     return s;
 }
@@ -178,11 +174,7 @@ PerplexityReport run_perplexity(const PerplexityConfig& config, std::vector<std:
                 np.kl_divergence = llamacpp_kl_divergence(ref_logits->view(), scored_logits(p, scored).view(), targets,
                                                           parse_base_rounding(config.kl_divergence));
             for (std::size_t k = 0; k < nll.size(); ++k) {
-                const double d = std::fabs(nll[k] - ref_nll[k]);
-                if (std::isnan(d) || std::isnan(np.nll_max_abs_delta))
-                    np.nll_max_abs_delta = std::numeric_limits<double>::quiet_NaN();
-                else if (d > np.nll_max_abs_delta)
-                    np.nll_max_abs_delta = d;
+                np.nll_max_abs_delta = nan_max(np.nll_max_abs_delta, std::fabs(nll[k] - ref_nll[k]));
             }
             if (config.repeat) {
                 try {

@@ -260,9 +260,7 @@ TaskComparison compare_task(const TaskScores& ref, const TaskScores& cand) {
         t.agree += cand.chosen[k] == ref.chosen[k];
         t.agree_norm += cand.chosen_norm[k] == ref.chosen_norm[k];
         for (std::size_t c = 0; c < ref.ll[k].size(); ++c) {
-            const double d = std::fabs(cand.ll[k][c] - ref.ll[k][c]);
-            t.ll_max_abs_delta = std::isnan(d) || std::isnan(t.ll_max_abs_delta) ? std::numeric_limits<double>::quiet_NaN()
-                                                                                   : std::max(t.ll_max_abs_delta, d);
+            t.ll_max_abs_delta = nan_max(t.ll_max_abs_delta, std::fabs(cand.ll[k][c] - ref.ll[k][c]));
         }
     }
     return t;
