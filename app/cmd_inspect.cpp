@@ -142,126 +142,139 @@ Ignored ignored_tensors(const ModelConfig& c, const std::vector<ModelTensorEntry
     return out;
 }
 
-void run_inspect(const InspectOptions& opt) {
-    const Model model = Model::open(opt.model);
-    model.check_tensor_shapes();  // a config that disagrees with its tensors is an error, not a description
+// The dtypes of each layer's tensors.
+struct LayerDtypes {
+    std::map<std::int64_t, std::set<std::string>> dtypes;
+    std::set<std::string> of(std::int64_t layer) const {
+        const auto it = dtypes.find(layer);
+        return it != dtypes.end() ? it->second : std::set<std::string>{};
+    }
+};
+
+// The "config" object of inspect --json: the audited decoder as the tool
+// understood it (every rule the forward pass follows).
+nlohmann::ordered_json config_json(const Model& model) {
     const ModelConfig& c = model.config();
-    const std::vector<ModelTensorEntry> table = model.tensor_table();
-    const Ignored ignored = model.format() == "safetensors" ? ignored_tensors(c, table) : Ignored{};
-    std::map<std::int64_t, std::set<std::string>> layer_dtypes;
-    std::map<std::string, std::uint64_t> dtype_bytes;
+    nlohmann::ordered_json a;
+    a["architecture"] = architecture_name(c.architecture);
+    a["layers"] = c.num_layers;
+    a["hidden_size"] = c.hidden_size;
+    a["heads"] = c.num_heads;
+    a["kv_heads"] = c.num_kv_heads;
+    a["head_dim"] = c.head_dim;
+    a["vocab_size"] = c.vocab_size;
+    a["rope_theta"] = c.rope_theta;
+    a["rope_type"] = c.rope_type;
+    if (c.rope_type == "llama3")
+        a["rope_scaling"] = {{"factor", c.rope_scaling.factor},
+                             {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                             {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                             {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+    if (!c.rope_freq_factors.empty()) a["rope_freq_factors"] = c.rope_freq_factors;
+    if (c.rope_type == "yarn")
+        a["rope_yarn"] = {{"factor", c.rope_scaling.factor},
+                          {"beta_fast", c.rope_scaling.beta_fast},
+                          {"beta_slow", c.rope_scaling.beta_slow},
+                          {"truncate", c.rope_scaling.truncate},
+                          {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings},
+                          {"mscale", c.rope_scaling.mscale},
+                          {"mscale_all_dim", c.rope_scaling.mscale_all_dim},
+                          {"attention_factor", rope_attention_factor(c)}};
+    a["attention_scale"] = attention_scale(c);
+    a["rotary_dims"] = c.rotary_dims();
+    if (c.has_mla())
+        a["mla"] = {{"q_lora_rank", c.mla.q_lora_rank},           {"kv_lora_rank", c.mla.kv_lora_rank},
+                    {"qk_nope_head_dim", c.mla.qk_nope_head_dim}, {"qk_rope_head_dim", c.mla.qk_rope_head_dim},
+                    {"v_head_dim", c.mla.v_head_dim},             {"rope_interleave", c.mla.rope_interleave}};
+    a["sliding_window"] = c.sliding_window;
+    a["attention_output_bias"] = c.attention_out_bias;
+    a["rms_norm_eps"] = c.rms_norm_eps;
+    a["qk_norm"] = c.qk_norm;
+    a["attention_bias"] = c.attention_bias;
+    a["tie_word_embeddings"] = c.tie_word_embeddings;
+    a["experts"] = c.num_experts();
+    a["top_k"] = c.top_k();
+    a["norm_topk_prob"] = c.norm_topk_prob();
+    a["router_scoring"] = router_scoring_name(c.router.scoring);
+    a["moe_intermediate_size"] = c.moe_intermediate_size;
+    a["intermediate_size"] = c.intermediate_size;
+    a["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+    a["shared_expert_gate"] = c.shared_expert_gate;
+    a["router_rule"] = router_rule(c);
+    a["router"] = {{"scoring", router_scoring_name(c.router.scoring)},
+                   {"score_correction_bias", c.router.score_correction_bias},
+                   {"n_group", c.router.n_group},
+                   {"topk_group", c.router.topk_group},
+                   {"routed_scaling_factor", c.router.routed_scaling_factor},
+                   {"renormalise", c.norm_topk_prob()},
+                   {"first_k_dense_replace", c.first_k_dense_replace}};
+    a["layer_kinds"] = c.layer_kinds();
+    if (!c.linear_attention_layers.empty()) {
+        a["layer_types"] = nlohmann::ordered_json::array();
+        for (std::int64_t l = 0; l < c.num_layers; ++l)
+            a["layer_types"].push_back(c.is_linear_attention(l) ? "linear_attention" : "full_attention");
+        a["linear_attention"] = {{"conv_kernel", c.linear.conv_kernel},       {"key_heads", c.linear.key_heads},
+                                 {"value_heads", c.linear.value_heads},       {"key_head_dim", c.linear.key_head_dim},
+                                 {"value_head_dim", c.linear.value_head_dim}};
+        a["partial_rotary_factor"] = c.partial_rotary_factor;
+        a["attention_output_gate"] = c.attention_output_gate;
+        a["norm_weight_offset"] = c.norm_weight_offset;
+    }
+    a["fused_experts"] = c.fused_experts;
+    if (c.architecture == Architecture::gpt_oss) {
+        a["expert_format"] = oss_expert_format(model);
+        a["attention_sinks"] = c.attention_sinks;
+        a["swiglu_alpha"] = c.swiglu_alpha;
+        a["swiglu_limit"] = c.swiglu_limit;
+    }
+    a["multimodal_wrapper"] = c.multimodal_wrapper;
+    a["full_forward"] = full_forward(c);
+    return a;
+}
+
+// inspect --json: schema kvasir-equiv/inspect/1.
+nlohmann::ordered_json inspect_json(const Model& model, const std::vector<ModelTensorEntry>& table, const Ignored& ignored,
+                                    const LayerDtypes& layer_dtypes) {
+    const ModelConfig& c = model.config();
+    nlohmann::ordered_json j;
+    j["schema"] = "kvasir-equiv/inspect/1";
+    j["tool"] = tool_json();
+    j["path"] = model.path();
+    j["format"] = model.format();
+    j["fingerprint"] = model.fingerprint();
+    j["config"] = config_json(model);
+    j["ignored"] = {{"tensors", ignored.count}, {"bytes", ignored.bytes}, {"examples", ignored.examples}};
+    j["layers"] = nlohmann::ordered_json::array();
+    for (std::int64_t l = 0; l < c.num_layers; ++l) {
+        nlohmann::ordered_json lj;
+        lj["layer"] = l;
+        lj["kind"] = c.is_moe(l) ? "moe" : "dense";
+        if (!c.is_linear_attention(l)) lj["attention_window"] = c.attention_window(l);
+        if (!c.linear_attention_layers.empty())
+            lj["attention"] = c.is_linear_attention(l) ? "linear (Gated DeltaNet)" : "full";
+        lj["bytes"] = model.layer_bytes(l);
+        lj["dtypes"] = layer_dtypes.of(l);
+        j["layers"].push_back(std::move(lj));
+    }
+    j["tensors"] = nlohmann::ordered_json::array();
     for (const ModelTensorEntry& t : table) {
-        layer_dtypes[t.layer].insert(t.dtype);
-        dtype_bytes[t.dtype] += t.bytes;
+        nlohmann::ordered_json tj;
+        tj["name"] = t.name;
+        tj["dtype"] = t.dtype;
+        tj["shape"] = t.shape;
+        tj["bytes"] = t.bytes;
+        tj["layer"] = t.layer;
+        j["tensors"].push_back(std::move(tj));
     }
-    if (opt.json) {
-        nlohmann::ordered_json j;
-        j["schema"] = "kvasir-equiv/inspect/1";
-        j["tool"] = tool_json();
-        j["path"] = model.path();
-        j["format"] = model.format();
-        j["fingerprint"] = model.fingerprint();
-        nlohmann::ordered_json a;
-        a["architecture"] = architecture_name(c.architecture);
-        a["layers"] = c.num_layers;
-        a["hidden_size"] = c.hidden_size;
-        a["heads"] = c.num_heads;
-        a["kv_heads"] = c.num_kv_heads;
-        a["head_dim"] = c.head_dim;
-        a["vocab_size"] = c.vocab_size;
-        a["rope_theta"] = c.rope_theta;
-        a["rope_type"] = c.rope_type;
-        if (c.rope_type == "llama3")
-            a["rope_scaling"] = {{"factor", c.rope_scaling.factor},
-                                 {"low_freq_factor", c.rope_scaling.low_freq_factor},
-                                 {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                                 {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
-        if (!c.rope_freq_factors.empty()) a["rope_freq_factors"] = c.rope_freq_factors;
-        if (c.rope_type == "yarn")
-            a["rope_yarn"] = {{"factor", c.rope_scaling.factor},
-                              {"beta_fast", c.rope_scaling.beta_fast},
-                              {"beta_slow", c.rope_scaling.beta_slow},
-                              {"truncate", c.rope_scaling.truncate},
-                              {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings},
-                              {"mscale", c.rope_scaling.mscale},
-                              {"mscale_all_dim", c.rope_scaling.mscale_all_dim},
-                              {"attention_factor", rope_attention_factor(c)}};
-        a["attention_scale"] = attention_scale(c);
-        a["rotary_dims"] = c.rotary_dims();
-        if (c.has_mla())
-            a["mla"] = {{"q_lora_rank", c.mla.q_lora_rank},           {"kv_lora_rank", c.mla.kv_lora_rank},
-                        {"qk_nope_head_dim", c.mla.qk_nope_head_dim}, {"qk_rope_head_dim", c.mla.qk_rope_head_dim},
-                        {"v_head_dim", c.mla.v_head_dim},             {"rope_interleave", c.mla.rope_interleave}};
-        a["sliding_window"] = c.sliding_window;
-        a["attention_output_bias"] = c.attention_out_bias;
-        a["rms_norm_eps"] = c.rms_norm_eps;
-        a["qk_norm"] = c.qk_norm;
-        a["attention_bias"] = c.attention_bias;
-        a["tie_word_embeddings"] = c.tie_word_embeddings;
-        a["experts"] = c.num_experts();
-        a["top_k"] = c.top_k();
-        a["norm_topk_prob"] = c.norm_topk_prob();
-        a["router_scoring"] = router_scoring_name(c.router.scoring);
-        a["moe_intermediate_size"] = c.moe_intermediate_size;
-        a["intermediate_size"] = c.intermediate_size;
-        a["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
-        a["shared_expert_gate"] = c.shared_expert_gate;
-        a["router_rule"] = router_rule(c);
-        a["router"] = {{"scoring", router_scoring_name(c.router.scoring)},
-                       {"score_correction_bias", c.router.score_correction_bias},
-                       {"n_group", c.router.n_group},
-                       {"topk_group", c.router.topk_group},
-                       {"routed_scaling_factor", c.router.routed_scaling_factor},
-                       {"renormalise", c.norm_topk_prob()},
-                       {"first_k_dense_replace", c.first_k_dense_replace}};
-        a["layer_kinds"] = c.layer_kinds();
-        if (!c.linear_attention_layers.empty()) {
-            a["layer_types"] = nlohmann::ordered_json::array();
-            for (std::int64_t l = 0; l < c.num_layers; ++l)
-                a["layer_types"].push_back(c.is_linear_attention(l) ? "linear_attention" : "full_attention");
-            a["linear_attention"] = {{"conv_kernel", c.linear.conv_kernel},       {"key_heads", c.linear.key_heads},
-                                     {"value_heads", c.linear.value_heads},       {"key_head_dim", c.linear.key_head_dim},
-                                     {"value_head_dim", c.linear.value_head_dim}};
-            a["partial_rotary_factor"] = c.partial_rotary_factor;
-            a["attention_output_gate"] = c.attention_output_gate;
-            a["norm_weight_offset"] = c.norm_weight_offset;
-        }
-        a["fused_experts"] = c.fused_experts;
-        if (c.architecture == Architecture::gpt_oss) {
-            a["expert_format"] = oss_expert_format(model);
-            a["attention_sinks"] = c.attention_sinks;
-            a["swiglu_alpha"] = c.swiglu_alpha;
-            a["swiglu_limit"] = c.swiglu_limit;
-        }
-        a["multimodal_wrapper"] = c.multimodal_wrapper;
-        a["full_forward"] = full_forward(c);
-        j["config"] = a;
-        j["ignored"] = {{"tensors", ignored.count}, {"bytes", ignored.bytes}, {"examples", ignored.examples}};
-        j["layers"] = nlohmann::ordered_json::array();
-        for (std::int64_t l = 0; l < c.num_layers; ++l) {
-            nlohmann::ordered_json lj;
-            lj["layer"] = l;
-            lj["kind"] = c.is_moe(l) ? "moe" : "dense";
-            if (!c.is_linear_attention(l)) lj["attention_window"] = c.attention_window(l);
-            if (!c.linear_attention_layers.empty())
-                lj["attention"] = c.is_linear_attention(l) ? "linear (Gated DeltaNet)" : "full";
-            lj["bytes"] = model.layer_bytes(l);
-            lj["dtypes"] = layer_dtypes[l];
-            j["layers"].push_back(std::move(lj));
-        }
-        j["tensors"] = nlohmann::ordered_json::array();
-        for (const ModelTensorEntry& t : table) {
-            nlohmann::ordered_json tj;
-            tj["name"] = t.name;
-            tj["dtype"] = t.dtype;
-            tj["shape"] = t.shape;
-            tj["bytes"] = t.bytes;
-            tj["layer"] = t.layer;
-            j["tensors"].push_back(std::move(tj));
-        }
-        std::cout << j.dump(2) << '\n';
-        return;
-    }
+    return j;
+}
+
+// inspect's text: the model in a few lines, a table of layers, the bytes
+// per dtype, and with `tensors` every tensor.
+void print_inspect(const Model& model, const std::vector<ModelTensorEntry>& table, const Ignored& ignored,
+                   const LayerDtypes& layer_dtypes,
+                   const std::map<std::string, std::uint64_t>& dtype_bytes, bool tensors) {
+    const ModelConfig& c = model.config();
     const Style st = style_for(stdout);
     std::cout << st.bold(model.path()) << "  " << model.format() << "  fingerprint " << model.fingerprint() << "\n";
     std::cout << fmt::format(
@@ -314,7 +327,7 @@ void run_inspect(const InspectOptions& opt) {
         std::vector<std::string> row{std::to_string(l)};
         if (hybrid) row.push_back(c.is_linear_attention(l) ? "linear" : "full");
         for (std::string cell : {std::string(c.is_moe(l) ? "moe" : "dense"), human_bytes(model.layer_bytes(l)),
-                                 fmt::format("{}", fmt::join(layer_dtypes[l], " "))})
+                                 fmt::format("{}", fmt::join(layer_dtypes.of(l), " "))})
             row.push_back(std::move(cell));
         lt.add_row(row);
     }
@@ -324,13 +337,30 @@ void run_inspect(const InspectOptions& opt) {
     std::cout << fmt::format("\n{} tensors, {} in all", table.size(), human_bytes(total));
     for (const auto& [d, b] : dtype_bytes) std::cout << fmt::format("; {} {}", d, human_bytes(b));
     std::cout << "\n";
-    if (opt.tensors) {
+    if (tensors) {
         TextTable tt({"tensor", "dtype", "shape", "bytes"});
         for (const ModelTensorEntry& t : table) tt.add_row({t.name, t.dtype, shape_str(t.shape), std::to_string(t.bytes)});
         std::cout << "\n" << tt.render();
     } else {
         std::cout << st.dim("(--tensors lists every tensor)") << "\n";
     }
+}
+
+void run_inspect(const InspectOptions& opt) {
+    const Model model = Model::open(opt.model);
+    model.check_tensor_shapes();  // a config that disagrees with its tensors is an error, not a description
+    const std::vector<ModelTensorEntry> table = model.tensor_table();
+    const Ignored ignored = model.format() == "safetensors" ? ignored_tensors(model.config(), table) : Ignored{};
+    LayerDtypes layer_dtypes;
+    std::map<std::string, std::uint64_t> dtype_bytes;
+    for (const ModelTensorEntry& t : table) {
+        layer_dtypes.dtypes[t.layer].insert(t.dtype);
+        dtype_bytes[t.dtype] += t.bytes;
+    }
+    if (opt.json)
+        std::cout << inspect_json(model, table, ignored, layer_dtypes).dump(2) << '\n';
+    else
+        print_inspect(model, table, ignored, layer_dtypes, dtype_bytes, opt.tensors);
 }
 
 }  // namespace

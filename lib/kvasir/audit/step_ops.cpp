@@ -449,6 +449,183 @@ ElementBounds gated_delta_bounds(const TensorView& cols, const TensorView& heads
     };
 }
 
+// One op's rigorous bound, read from the reference's outputs: its longest
+// reduction K (whether a node's formats bound it at all) and its element
+// bounds.
+struct BoundOp {
+    std::string op;
+    std::int64_t K = 0;
+    ElementBounds bounds;
+};
+
+// Reads the bound data the reference kept for each op (ops.<op>.<name>,
+// op_delta.cpp): one reader per op. An op without them (a capture from before
+// its bound) has none. Error(bad_input) for data that do not fit the op's
+// output.
+class BoundReader {
+public:
+    explicit BoundReader(const NodeOutputs& reference) : ref(reference) {}
+    // In report order.
+    std::vector<BoundOp> all() const {
+        std::vector<BoundOp> ops;
+        for (const std::optional<BoundOp>& op : {matmul(), softmax(), rmsnorm(), causal_conv1d(), moe(), gated_delta(),
+                                                 attention("attention"), attention("attention_sinks")})
+            if (op) ops.push_back(*op);
+        return ops;
+    }
+
+private:
+    const NodeOutputs& ref;
+
+    bool has_all(const char* op, std::initializer_list<const char*> names) const {
+        for (const char* n : names)
+            if (!ref.has(fmt::format("ops.{}.{}", op, n))) return false;
+        return true;
+    }
+    TensorView data(const char* op, const char* name) const { return ref.view(fmt::format("ops.{}.{}", op, name)); }
+    void shapes_fit(const char* op, const TensorView& y, std::initializer_list<std::pair<const char*, Shape>> want) const {
+        for (const auto& [name, shape] : want) {
+            const std::string key = fmt::format("ops.{}.{}", op, name);
+            KVASIR_CHECK(ref.view(key).shape == shape, ErrorCode::bad_input, "{}: {} has shape {}, not {} for ops.{}.out {}",
+                         ref.origin(), key, shape_str(ref.view(key).shape), shape_str(shape), op, shape_str(y.shape));
+        }
+    }
+    std::optional<BoundOp> matmul() const;
+    std::optional<BoundOp> softmax() const;
+    std::optional<BoundOp> rmsnorm() const;
+    std::optional<BoundOp> causal_conv1d() const;
+    std::optional<BoundOp> moe() const;
+    std::optional<BoundOp> gated_delta() const;
+    std::optional<BoundOp> attention(const char* op) const;  // attention, attention_sinks
+};
+
+std::optional<BoundOp> BoundReader::matmul() const {
+    if (!ref.has("ops.matmul.abs_dot") || !ref.has("ops.matmul.out")) return std::nullopt;
+    const auto k_note = ref.note("ops_matmul_k");
+    std::int64_t K = 0;
+    if (k_note) K = std::strtoll(k_note->c_str(), nullptr, 10);
+    KVASIR_CHECK(K > 0 && K <= (std::int64_t{1} << 24), ErrorCode::bad_input, "{}: ops_matmul_k {} is not an inner dimension",
+                 ref.origin(), k_note.value_or("(absent)"));
+    const TensorView yr = ref.view("ops.matmul.out");
+    KVASIR_CHECK(yr.shape.size() == 2, ErrorCode::bad_input, "{}: ops.matmul.out {} is not [T, N]", ref.origin(), shape_str(yr.shape));
+    shapes_fit("matmul", yr, {{"abs_dot", yr.shape}, {"abs_x", Shape{yr.shape[0]}}, {"abs_w", Shape{yr.shape[1]}}});
+    return BoundOp{"matmul", K, matmul_bounds(ref.view("ops.matmul.abs_dot"), yr, ref.view("ops.matmul.abs_x"),
+                                              ref.view("ops.matmul.abs_w"), K)};
+}
+
+std::optional<BoundOp> BoundReader::softmax() const {
+    if (!has_all("softmax", {"out", "row_max", "log_sum"})) return std::nullopt;
+    const TensorView yr = data("softmax", "out");
+    KVASIR_CHECK(yr.rank() >= 1 && yr.numel() > 0, ErrorCode::bad_input, "{}: ops.softmax.out is empty", ref.origin());
+    const std::int64_t cols = yr.dim(-1), rows = yr.numel() / cols;
+    shapes_fit("softmax", yr, {{"row_max", Shape{rows}}, {"log_sum", Shape{rows}}});
+    return BoundOp{"softmax", cols, softmax_bounds(yr, data("softmax", "row_max"), data("softmax", "log_sum"))};
+}
+
+std::optional<BoundOp> BoundReader::rmsnorm() const {
+    if (!has_all("rmsnorm", {"out", "mean_square", "scale_cond", "abs_scale"})) return std::nullopt;
+    const TensorView yr = data("rmsnorm", "out");
+    KVASIR_CHECK(yr.rank() >= 1 && yr.numel() > 0, ErrorCode::bad_input, "{}: ops.rmsnorm.out is empty", ref.origin());
+    const std::int64_t cols = yr.dim(-1), rows = yr.numel() / cols;
+    shapes_fit("rmsnorm", yr, {{"mean_square", Shape{rows}}, {"scale_cond", Shape{cols}}, {"abs_scale", Shape{cols}}});
+    return BoundOp{"rmsnorm", cols,
+                   rmsnorm_bounds(yr, data("rmsnorm", "mean_square"), data("rmsnorm", "scale_cond"), data("rmsnorm", "abs_scale"))};
+}
+
+std::optional<BoundOp> BoundReader::causal_conv1d() const {
+    if (!has_all("causal_conv1d", {"out", "pre", "abs_dot", "abs_in", "kernel"})) return std::nullopt;
+    const TensorView yr = data("causal_conv1d", "out");
+    KVASIR_CHECK(yr.rank() == 2 && yr.numel() > 0, ErrorCode::bad_input, "{}: ops.causal_conv1d.out {} is not [T, C]", ref.origin(),
+                 shape_str(yr.shape));
+    shapes_fit("causal_conv1d", yr, {{"pre", yr.shape}, {"abs_dot", yr.shape}, {"abs_in", yr.shape}, {"kernel", Shape{1}}});
+    const double kk = data("causal_conv1d", "kernel").at(0);
+    KVASIR_CHECK(kk >= 1 && kk <= 1024 && kk == std::floor(kk), ErrorCode::bad_input, "{}: ops.causal_conv1d.kernel {} is not a kernel size",
+                 ref.origin(), kk);
+    const auto K = static_cast<std::int64_t>(kk);
+    return BoundOp{"causal_conv1d", K,
+                   conv_bounds(data("causal_conv1d", "abs_dot"), data("causal_conv1d", "pre"), data("causal_conv1d", "abs_in"), yr, K)};
+}
+
+std::optional<BoundOp> BoundReader::moe() const {
+    if (!has_all("moe", {"out", "abs_terms", "abs_sums", "abs_combine", "abs_weights", "dims", "sq_terms"})) return std::nullopt;
+    const TensorView yr = data("moe", "out"), dims = data("moe", "dims");
+    KVASIR_CHECK(yr.rank() == 2 && yr.numel() > 0, ErrorCode::bad_input, "{}: ops.moe.out {} is not [T, H]", ref.origin(),
+                 shape_str(yr.shape));
+    const std::int64_t T = yr.shape[0], H = yr.shape[1];
+    shapes_fit("moe", yr, {{"abs_terms", Shape{6, T, H}}, {"abs_sums", Shape{T, 6}}, {"abs_combine", yr.shape}, {"abs_weights", Shape{T}},
+                           {"dims", Shape{4}}, {"sq_terms", Shape{2, T, H}}});
+    const auto dim = [&](std::int64_t i, double lo, double hi) {
+        const double v = dims.at(i);
+        KVASIR_CHECK(v >= lo && v <= hi && v == std::floor(v), ErrorCode::bad_input, "{}: ops.moe.dims[{}] = {} is outside {}..{}",
+                     ref.origin(), i, v, lo, hi);
+        return static_cast<std::int64_t>(v);
+    };
+    KVASIR_CHECK(dim(0, 1, 1 << 20) == H, ErrorCode::bad_input, "{}: ops.moe.dims[0] is not ops.moe.out's width {}", ref.origin(), H);
+    const std::int64_t I = dim(1, 1, 1 << 20), k = dim(2, 1, 1024);
+    const double amax = dims.at(3);
+    KVASIR_CHECK(std::isfinite(amax) && amax >= 0, ErrorCode::bad_input, "{}: ops.moe.dims[3] = {} is not a magnitude", ref.origin(), amax);
+    // The longest reduction decides whether a node's formats bound it at all.
+    return BoundOp{"moe", std::max(H, I),
+                   moe_bounds(data("moe", "abs_terms"), data("moe", "abs_sums"), data("moe", "abs_combine"), data("moe", "abs_weights"),
+                              data("moe", "sq_terms"), yr, H, I, k, amax)};
+}
+
+std::optional<BoundOp> BoundReader::gated_delta() const {
+    if (!has_all("gated_delta", {"out", "cols", "heads", "params", "dims"})) return std::nullopt;
+    const TensorView yr = data("gated_delta", "out"), cols = data("gated_delta", "cols"), dims = data("gated_delta", "dims");
+    KVASIR_CHECK(yr.rank() == 3 && yr.numel() > 0 && dims.numel() == 1, ErrorCode::bad_input,
+                 "{}: ops.gated_delta.out {} is not [T, nv, dv] (or dims is not [1])", ref.origin(), shape_str(yr.shape));
+    const std::int64_t T = yr.shape[0], nv = yr.shape[1], dv = yr.shape[2];
+    const double dkd = dims.at(0);
+    KVASIR_CHECK(dkd >= 1 && dkd <= (1 << 20) && dkd == std::floor(dkd), ErrorCode::bad_input, "{}: ops.gated_delta.dims[0] = {} is not a head dim",
+                 ref.origin(), dkd);
+    shapes_fit("gated_delta", yr, {{"cols", Shape{T, nv, dv, 6}}, {"heads", Shape{T, nv, 4}}, {"params", Shape{nv, 2}}});
+    const auto dk = static_cast<std::int64_t>(dkd);
+    return BoundOp{"gated_delta", dk, gated_delta_bounds(cols, data("gated_delta", "heads"), data("gated_delta", "params"), yr, dk)};
+}
+
+std::optional<BoundOp> BoundReader::attention(const char* op) const {
+    if (!has_all(op, {"out", "probs", "abs_dot", "row_max", "log_sum", "abs_in", "abs_v", "dims"})) return std::nullopt;
+    const TensorView yr = data(op, "out"), pr = data(op, "probs"), dims = data(op, "dims"), av = data(op, "abs_v");
+    KVASIR_CHECK(pr.rank() == 3 && av.rank() == 3 && dims.numel() == 3, ErrorCode::bad_input,
+                 "{}: ops.{}.probs {}, abs_v {}, dims {} are not [T, nh, S+1], [nkv, S, D], [3]", ref.origin(), op, shape_str(pr.shape),
+                 shape_str(av.shape), shape_str(dims.shape));
+    const std::int64_t T = pr.shape[0], nh = pr.shape[1], S = pr.shape[2] - 1, nkv = av.shape[0], D = av.shape[2];
+    KVASIR_CHECK(S >= 1 && nkv >= 1 && nh % nkv == 0 && av.shape[1] == S && dims.at(0) == static_cast<double>(D) &&
+                     dims.at(1) == static_cast<double>(S) && std::isfinite(dims.at(2)) && dims.at(2) > 0,
+                 ErrorCode::bad_input, "{}: ops.{}'s bound data disagree: probs {}, abs_v {}, dims [{}, {}, {}]", ref.origin(), op,
+                 shape_str(pr.shape), shape_str(av.shape), dims.at(0), dims.at(1), dims.at(2));
+    shapes_fit(op, yr, {{"abs_dot", pr.shape}, {"row_max", Shape{T, nh}}, {"log_sum", Shape{T, nh}}, {"abs_in", Shape{T, nh}}});
+    KVASIR_CHECK(yr.shape == (Shape{T, nh * D}), ErrorCode::bad_input, "{}: ops.{}.out {} is not [{}, {}]", ref.origin(), op,
+                 shape_str(yr.shape), T, nh * D);
+    return BoundOp{op, std::max(D, S + 1),
+                   attention_bounds(pr, data(op, "abs_dot"), data(op, "row_max"), data(op, "log_sum"), data(op, "abs_in"), av, yr, D, S,
+                                    dims.at(2))};
+}
+
+// A node's output y of `op` against its bound at `gamma` (the worst case or
+// the probabilistic one) plus the oracle's own share `ref_bound`: the count
+// of elements outside (NaN is outside), and into `out` gamma(K), that count,
+// the largest |Δ| / bound and the first element outside.
+std::int64_t count_violations(const BoundOp& op, const OpFormats& f, const Gamma& gamma, std::vector<double> bound,
+                              const TensorView& y, const TensorView& yr, nlohmann::ordered_json& out) {
+    op.bounds(f, gamma, bound);
+    std::int64_t violations = 0, first = -1;
+    double worst = 0;  // the largest |Δ| / bound
+    for (std::int64_t x = 0; x < y.numel(); ++x) {
+        const double bd = bound[static_cast<std::size_t>(x)] * (1.0 + 1e-9);
+        const double d = std::fabs(y.at(x) - yr.at(x));
+        if (!(d <= bd)) {  // NaN is a violation
+            if (first < 0) first = x;
+            ++violations;
+        }
+        if (bd > 0 && std::isfinite(bd)) worst = std::max(worst, d / bd);
+    }
+    out = {{"gamma", json_double(gamma(op.K))}, {"violations", violations}, {"worst_fraction_of_bound", json_double(worst)}};
+    if (first >= 0) out["first"] = first;
+    return violations;
+}
+
 // Rigorous a-priori bounds, element by element, of the ops that have one:
 // matmul, softmax, rmsnorm, causal_conv1d, moe, gated_delta, attention and
 // attention_sinks (the derivations beside each bound above and in
@@ -475,116 +652,7 @@ ElementBounds gated_delta_bounds(const TensorView& cols, const TensorView& heads
 // measurable for that node, with why.
 nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
     const NodeOutputs& ref = *in.nodes[in.reference];
-    struct Op {
-        std::string op;
-        std::int64_t K = 0;
-        ElementBounds bounds;
-    };
-    std::vector<Op> ops;
-    const auto shapes_fit = [&](const char* op, const TensorView& y, std::initializer_list<std::pair<const char*, Shape>> want) {
-        for (const auto& [name, shape] : want) {
-            const std::string key = fmt::format("ops.{}.{}", op, name);
-            KVASIR_CHECK(ref.view(key).shape == shape, ErrorCode::bad_input, "{}: {} has shape {}, not {} for ops.{}.out {}",
-                         ref.origin(), key, shape_str(ref.view(key).shape), shape_str(shape), op, shape_str(y.shape));
-        }
-    };
-    if (ref.has("ops.matmul.abs_dot") && ref.has("ops.matmul.out")) {  // absent in a capture from before the bound
-        const auto k_note = ref.note("ops_matmul_k");
-        std::int64_t K = 0;
-        if (k_note) K = std::strtoll(k_note->c_str(), nullptr, 10);
-        KVASIR_CHECK(K > 0 && K <= (std::int64_t{1} << 24), ErrorCode::bad_input, "{}: ops_matmul_k {} is not an inner dimension",
-                     ref.origin(), k_note.value_or("(absent)"));
-        const TensorView yr = ref.view("ops.matmul.out");
-        KVASIR_CHECK(yr.shape.size() == 2, ErrorCode::bad_input, "{}: ops.matmul.out {} is not [T, N]", ref.origin(), shape_str(yr.shape));
-        shapes_fit("matmul", yr, {{"abs_dot", yr.shape}, {"abs_x", Shape{yr.shape[0]}}, {"abs_w", Shape{yr.shape[1]}}});
-        ops.push_back({"matmul", K, matmul_bounds(ref.view("ops.matmul.abs_dot"), yr, ref.view("ops.matmul.abs_x"),
-                                                  ref.view("ops.matmul.abs_w"), K)});
-    }
-    const auto has_all = [&](const char* op, std::initializer_list<const char*> names) {
-        for (const char* n : names)
-            if (!ref.has(fmt::format("ops.{}.{}", op, n))) return false;
-        return true;
-    };
-    const auto data = [&](const char* op, const char* name) { return ref.view(fmt::format("ops.{}.{}", op, name)); };
-    if (has_all("softmax", {"out", "row_max", "log_sum"})) {
-        const TensorView yr = data("softmax", "out");
-        KVASIR_CHECK(yr.rank() >= 1 && yr.numel() > 0, ErrorCode::bad_input, "{}: ops.softmax.out is empty", ref.origin());
-        const std::int64_t cols = yr.dim(-1), rows = yr.numel() / cols;
-        shapes_fit("softmax", yr, {{"row_max", Shape{rows}}, {"log_sum", Shape{rows}}});
-        ops.push_back({"softmax", cols, softmax_bounds(yr, data("softmax", "row_max"), data("softmax", "log_sum"))});
-    }
-    if (has_all("rmsnorm", {"out", "mean_square", "scale_cond", "abs_scale"})) {
-        const TensorView yr = data("rmsnorm", "out");
-        KVASIR_CHECK(yr.rank() >= 1 && yr.numel() > 0, ErrorCode::bad_input, "{}: ops.rmsnorm.out is empty", ref.origin());
-        const std::int64_t cols = yr.dim(-1), rows = yr.numel() / cols;
-        shapes_fit("rmsnorm", yr, {{"mean_square", Shape{rows}}, {"scale_cond", Shape{cols}}, {"abs_scale", Shape{cols}}});
-        ops.push_back({"rmsnorm", cols,
-                       rmsnorm_bounds(yr, data("rmsnorm", "mean_square"), data("rmsnorm", "scale_cond"), data("rmsnorm", "abs_scale"))});
-    }
-    if (has_all("causal_conv1d", {"out", "pre", "abs_dot", "abs_in", "kernel"})) {
-        const TensorView yr = data("causal_conv1d", "out");
-        KVASIR_CHECK(yr.rank() == 2 && yr.numel() > 0, ErrorCode::bad_input, "{}: ops.causal_conv1d.out {} is not [T, C]", ref.origin(),
-                     shape_str(yr.shape));
-        shapes_fit("causal_conv1d", yr, {{"pre", yr.shape}, {"abs_dot", yr.shape}, {"abs_in", yr.shape}, {"kernel", Shape{1}}});
-        const double kk = data("causal_conv1d", "kernel").at(0);
-        KVASIR_CHECK(kk >= 1 && kk <= 1024 && kk == std::floor(kk), ErrorCode::bad_input, "{}: ops.causal_conv1d.kernel {} is not a kernel size",
-                     ref.origin(), kk);
-        const auto K = static_cast<std::int64_t>(kk);
-        ops.push_back({"causal_conv1d", K,
-                       conv_bounds(data("causal_conv1d", "abs_dot"), data("causal_conv1d", "pre"), data("causal_conv1d", "abs_in"), yr, K)});
-    }
-    if (has_all("moe", {"out", "abs_terms", "abs_sums", "abs_combine", "abs_weights", "dims", "sq_terms"})) {
-        const TensorView yr = data("moe", "out"), dims = data("moe", "dims");
-        KVASIR_CHECK(yr.rank() == 2 && yr.numel() > 0, ErrorCode::bad_input, "{}: ops.moe.out {} is not [T, H]", ref.origin(),
-                     shape_str(yr.shape));
-        const std::int64_t T = yr.shape[0], H = yr.shape[1];
-        shapes_fit("moe", yr, {{"abs_terms", Shape{6, T, H}}, {"abs_sums", Shape{T, 6}}, {"abs_combine", yr.shape}, {"abs_weights", Shape{T}},
-                               {"dims", Shape{4}}, {"sq_terms", Shape{2, T, H}}});
-        const auto dim = [&](std::int64_t i, double lo, double hi) {
-            const double v = dims.at(i);
-            KVASIR_CHECK(v >= lo && v <= hi && v == std::floor(v), ErrorCode::bad_input, "{}: ops.moe.dims[{}] = {} is outside {}..{}",
-                         ref.origin(), i, v, lo, hi);
-            return static_cast<std::int64_t>(v);
-        };
-        KVASIR_CHECK(dim(0, 1, 1 << 20) == H, ErrorCode::bad_input, "{}: ops.moe.dims[0] is not ops.moe.out's width {}", ref.origin(), H);
-        const std::int64_t I = dim(1, 1, 1 << 20), k = dim(2, 1, 1024);
-        const double amax = dims.at(3);
-        KVASIR_CHECK(std::isfinite(amax) && amax >= 0, ErrorCode::bad_input, "{}: ops.moe.dims[3] = {} is not a magnitude", ref.origin(), amax);
-        // The longest reduction decides whether a node's formats bound it at all.
-        ops.push_back({"moe", std::max(H, I),
-                       moe_bounds(data("moe", "abs_terms"), data("moe", "abs_sums"), data("moe", "abs_combine"), data("moe", "abs_weights"),
-                                  data("moe", "sq_terms"), yr, H, I, k, amax)});
-    }
-    if (has_all("gated_delta", {"out", "cols", "heads", "params", "dims"})) {
-        const TensorView yr = data("gated_delta", "out"), cols = data("gated_delta", "cols"), dims = data("gated_delta", "dims");
-        KVASIR_CHECK(yr.rank() == 3 && yr.numel() > 0 && dims.numel() == 1, ErrorCode::bad_input,
-                     "{}: ops.gated_delta.out {} is not [T, nv, dv] (or dims is not [1])", ref.origin(), shape_str(yr.shape));
-        const std::int64_t T = yr.shape[0], nv = yr.shape[1], dv = yr.shape[2];
-        const double dkd = dims.at(0);
-        KVASIR_CHECK(dkd >= 1 && dkd <= (1 << 20) && dkd == std::floor(dkd), ErrorCode::bad_input, "{}: ops.gated_delta.dims[0] = {} is not a head dim",
-                     ref.origin(), dkd);
-        shapes_fit("gated_delta", yr, {{"cols", Shape{T, nv, dv, 6}}, {"heads", Shape{T, nv, 4}}, {"params", Shape{nv, 2}}});
-        const auto dk = static_cast<std::int64_t>(dkd);
-        ops.push_back({"gated_delta", dk, gated_delta_bounds(cols, data("gated_delta", "heads"), data("gated_delta", "params"), yr, dk)});
-    }
-    for (const char* op : {"attention", "attention_sinks"}) {
-        if (!has_all(op, {"out", "probs", "abs_dot", "row_max", "log_sum", "abs_in", "abs_v", "dims"})) continue;
-        const TensorView yr = data(op, "out"), pr = data(op, "probs"), dims = data(op, "dims"), av = data(op, "abs_v");
-        KVASIR_CHECK(pr.rank() == 3 && av.rank() == 3 && dims.numel() == 3, ErrorCode::bad_input,
-                     "{}: ops.{}.probs {}, abs_v {}, dims {} are not [T, nh, S+1], [nkv, S, D], [3]", ref.origin(), op, shape_str(pr.shape),
-                     shape_str(av.shape), shape_str(dims.shape));
-        const std::int64_t T = pr.shape[0], nh = pr.shape[1], S = pr.shape[2] - 1, nkv = av.shape[0], D = av.shape[2];
-        KVASIR_CHECK(S >= 1 && nkv >= 1 && nh % nkv == 0 && av.shape[1] == S && dims.at(0) == static_cast<double>(D) &&
-                         dims.at(1) == static_cast<double>(S) && std::isfinite(dims.at(2)) && dims.at(2) > 0,
-                     ErrorCode::bad_input, "{}: ops.{}'s bound data disagree: probs {}, abs_v {}, dims [{}, {}, {}]", ref.origin(), op,
-                     shape_str(pr.shape), shape_str(av.shape), dims.at(0), dims.at(1), dims.at(2));
-        shapes_fit(op, yr, {{"abs_dot", pr.shape}, {"row_max", Shape{T, nh}}, {"log_sum", Shape{T, nh}}, {"abs_in", Shape{T, nh}}});
-        KVASIR_CHECK(yr.shape == (Shape{T, nh * D}), ErrorCode::bad_input, "{}: ops.{}.out {} is not [{}, {}]", ref.origin(), op,
-                     shape_str(yr.shape), T, nh * D);
-        ops.push_back({op, std::max(D, S + 1),
-                       attention_bounds(pr, data(op, "abs_dot"), data(op, "row_max"), data(op, "log_sum"), data(op, "abs_in"), av, yr, D, S,
-                                        dims.at(2))});
-    }
+    const std::vector<BoundOp> ops = BoundReader(ref).all();
     if (ops.empty()) return nullptr;
     nlohmann::ordered_json j = nlohmann::ordered_json::array();
     struct Count {
@@ -593,7 +661,7 @@ nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
         std::vector<std::string> why;
     };
     std::vector<Count> counts(in.nodes.size());
-    for (const Op& op : ops) {
+    for (const BoundOp& op : ops) {
         const TensorView yr = ref.view("ops." + op.op + ".out");
         nlohmann::ordered_json o{{"op", op.op}, {"k", op.K}, {"lambda", kProbLambda}, {"results", nlohmann::ordered_json::array()}};
         // The oracle's own share of every bound, at its formats and worst-case γ_K.
@@ -623,23 +691,8 @@ nlohmann::ordered_json bound_violations(const StepNodes& in, Ledger& led) {
             nlohmann::ordered_json e{{"node", in.nodes[i]->node()}, {"elements", y.numel()}};
             for (const bool probable : {false, true}) {
                 const Gamma gamma{f->accumulation.u, probable, kProbLambda};
-                const double gk = gamma(op.K);
-                std::vector<double> bound = ref_bound;
-                op.bounds(*f, gamma, bound);
-                std::int64_t violations = 0, first = -1;
-                double worst = 0;  // the largest |Δ| / bound
-                for (std::int64_t x = 0; x < y.numel(); ++x) {
-                    const double bd = bound[static_cast<std::size_t>(x)] * (1.0 + 1e-9);
-                    const double d = std::fabs(y.at(x) - yr.at(x));
-                    if (!(d <= bd)) {  // NaN is a violation
-                        if (first < 0) first = x;
-                        ++violations;
-                    }
-                    if (bd > 0 && std::isfinite(bd)) worst = std::max(worst, d / bd);
-                }
-                (probable ? counts[i].probable : counts[i].worst) += violations;
-                nlohmann::ordered_json b{{"gamma", json_double(gk)}, {"violations", violations}, {"worst_fraction_of_bound", json_double(worst)}};
-                if (first >= 0) b["first"] = first;
+                nlohmann::ordered_json b;
+                (probable ? counts[i].probable : counts[i].worst) += count_violations(op, *f, gamma, ref_bound, y, yr, b);
                 e[probable ? "probabilistic" : "worst_case"] = std::move(b);
             }
             ++counts[i].measured;

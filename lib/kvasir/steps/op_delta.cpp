@@ -17,14 +17,6 @@
 
 namespace kvasir {
 
-const std::vector<std::string>& all_op_names() {
-    static const std::vector<std::string> names = {"matmul",         "swiglu",         "softmax",       "rmsnorm",
-                                                   "rope_neox",      "rope_normal",    "rope_yarn",    "router_softmax", "router_sigmoid",
-                                                   "moe",            "causal_conv1d",  "gated_delta",    "attention",
-                                                   "attention_sinks", "clamped_swiglu"};
-    return names;
-}
-
 OpsConfig OpsConfig::resolved() const {
     if (model == nullptr) return *this;
     const ModelConfig& m = model->config();
@@ -101,13 +93,18 @@ struct NodeOutput {
     Tensor ids;    // router ops: chosen ids
 };
 
+struct MoeInputs;
+
+// One op of step 1, planned once and run on every node: what its inputs are
+// (one line for the report), how a node runs it, and what its a-priori bound
+// needs of the exact inputs (matmul, softmax, rmsnorm, causal_conv1d, …: in
+// f64, kept on the reference's outputs under ops.<op>.<name>, e.g.
+// ops.matmul.abs_dot; audit/step_ops.cpp). The closures hold the inputs.
 struct OpPlan {
     std::string inputs;
     std::function<NodeOutput(Backend&)> run;
-    // matmul, softmax, rmsnorm, causal_conv1d: what their a-priori error bounds need of the
-    // exact inputs, in f64 (kept on the reference's outputs under these
-    // names: ops.matmul.abs_dot, ops.softmax.row_max, …; audit/step_ops.cpp).
     std::function<std::map<std::string, Tensor>()> bound_data;
+    std::shared_ptr<const MoeInputs> moe;  // the moe op's inputs, for the shard check
 };
 
 // The bound scales of y = x·wᵀ under their capture names (metrics/error_bound.hpp).
@@ -473,7 +470,372 @@ MoeInputs make_moe_inputs(const OpsConfig& c, Backend& reference) {
     return m;
 }
 
+// Plans the ops of step 1, one member per op (or per family of ops sharing
+// their inputs' construction). Reads the resolved config, the model layer
+// (null: seeded inputs only) and the reference node (a model layer's
+// real-statistics inputs and the moe op's pinned routing come from it).
+struct OpPlanner {
+    const OpsConfig& c;
+    const LayerWeights* lw;
+    Backend& ref;
+    std::string where;  // "<model> layer <l>", for the inputs' line
+    std::int64_t T, H, I, E;
+    double sh;  // 1/√H
+    std::vector<std::int64_t> positions;
+
+    OpPlan matmul(const std::string& op) const;
+    OpPlan swiglu(const std::string& op) const;
+    OpPlan softmax(const std::string& op) const;
+    OpPlan rmsnorm(const std::string& op) const;
+    OpPlan rope(const std::string& op) const;  // rope_neox, rope_normal
+    OpPlan rope_yarn(const std::string& op) const;
+    OpPlan router(const std::string& op) const;  // router_softmax, router_sigmoid
+    OpPlan linear_attention(const std::string& op) const;  // causal_conv1d, gated_delta
+    OpPlan attention(const std::string& op) const;  // attention, attention_sinks
+    OpPlan clamped_swiglu(const std::string& op) const;
+    OpPlan moe(const std::string& op) const;
+};
+
+OpPlan OpPlanner::matmul(const std::string& op) const {
+    OpPlan plan;
+    if (lw != nullptr) {
+        const TensorView w = lw->moe ? lw->experts[0].gate : lw->mlp_gate;
+        auto in = std::make_shared<std::pair<Tensor, Tensor>>(model_moe_input(c, *lw, ref, op), Tensor());
+        plan.inputs = fmt::format("x[{},{}] real-statistics · {}ᵀ {} of {}", T, H, lw->moe ? "expert 0 gate" : "mlp gate",
+                                  shape_str(w.shape), where);
+        plan.run = [in, w](Backend& b) { return NodeOutput{b.matmul(in->first, w), {}}; };
+        plan.bound_data = [in, w] { return bound_scales(in->first.view(), w); };
+        return plan;
+    }
+    auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "x", {T, H}, 0, 1),
+                                                          input(c, op, "w", {I, H}, 0, sh));
+    plan.inputs = fmt::format("x[{},{}]~N(0,1) · w[{},{}]ᵀ~N(0,1/√{})", T, H, I, H, H);
+    plan.run = [in](Backend& b) { return NodeOutput{b.matmul(in->first, in->second), {}}; };
+    plan.bound_data = [in] { return bound_scales(in->first.view(), in->second.view()); };
+    return plan;
+}
+
+OpPlan OpPlanner::swiglu(const std::string& op) const {
+    OpPlan plan;
+    auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "gate", {T, I}, 0, 2),
+                                                          input(c, op, "up", {T, I}, 0, 1));
+    plan.inputs = fmt::format("silu(gate[{},{}]~N(0,2)) · up~N(0,1)", T, I);
+    plan.run = [in](Backend& b) { return NodeOutput{b.swiglu(in->first, in->second), {}}; };
+    return plan;
+}
+
+OpPlan OpPlanner::softmax(const std::string& op) const {
+    OpPlan plan;
+    auto in = std::make_shared<Tensor>(input(c, op, "x", {T, c.vocab}, 0, 3));
+    plan.inputs = fmt::format("x[{},{}]~N(0,3), row-wise", T, c.vocab);
+    plan.run = [in](Backend& b) { return NodeOutput{b.softmax(*in), {}}; };
+    plan.bound_data = [in] { return softmax_bound_data(in->view()); };
+    return plan;
+}
+
+OpPlan OpPlanner::rmsnorm(const std::string& op) const {
+    OpPlan plan;
+    if (lw != nullptr) {
+        auto in = std::make_shared<Tensor>(input(c, op, "x", {T, H}, 0, 1));
+        const double eps = c.rms_eps;
+        const TensorView w = lw->post_attention_norm;
+        const bool offset = c.model->config().norm_weight_offset;
+        plan.inputs = fmt::format("x[{},{}]~N(0,1), post-attention norm of {}{}, eps {}", T, H, where,
+                                  offset ? " (scale 1 + w)" : "", eps);
+        plan.run = [in, w, eps, offset](Backend& b) {
+            return NodeOutput{b.rmsnorm(*in, arch::norm_scale(b, w, offset), eps), {}};
+        };
+        plan.bound_data = [in, w, eps, offset] { return rmsnorm_bound_data(in->view(), w, eps, offset); };
+        return plan;
+    }
+    auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "x", {T, H}, 0, 1),
+                                                          input(c, op, "weight", {H}, 1, 0.1));
+    const double eps = c.rms_eps;
+    plan.inputs = fmt::format("x[{},{}]~N(0,1), weight~N(1,0.1), eps {}", T, H, eps);
+    plan.run = [in, eps](Backend& b) { return NodeOutput{b.rmsnorm(in->first, in->second, eps), {}}; };
+    plan.bound_data = [in, eps] { return rmsnorm_bound_data(in->first.view(), in->second.view(), eps, false); };
+    return plan;
+}
+
+OpPlan OpPlanner::rope(const std::string& op) const {
+    OpPlan plan;
+    auto in = std::make_shared<Tensor>(input(c, op, "x", {T, c.heads, c.head_dim}, 0, 1));
+    RopeParams rp{c.rope_theta, op == "rope_neox" ? RopeLayout::neox : RopeLayout::normal, nullptr};
+    plan.inputs = fmt::format("x[{},{},{}]~N(0,1), positions {}..{}, theta {}", T, c.heads, c.head_dim,
+                              c.position_offset, c.position_offset + T - 1, c.rope_theta);
+    plan.run = [in, rp, positions = positions](Backend& b) { return NodeOutput{b.rope(*in, positions, rp), {}}; };
+    return plan;
+}
+
+OpPlan OpPlanner::rope_yarn(const std::string& op) const {
+    OpPlan plan;
+    // A frequency table computed once in f64 (model/rope_frequencies.hpp) that every node's rope
+    // consumes in its own precision: the model's own yarn when it has one, else DeepSeek-V3's
+    // (factor 40, original context 4096, beta 32/1, theta 1e4) on this head width.
+    ModelConfig y;
+    const bool own = c.model != nullptr && c.model->config().rope_type == "yarn";
+    if (own) {
+        y = c.model->config();
+    } else {
+        y.source = "rope_yarn";
+        y.head_dim = c.head_dim;
+        y.rope_theta = 10000.0;
+        y.rope_type = "yarn";
+        y.rope_scaling.factor = 40.0;
+        y.rope_scaling.original_max_position_embeddings = 4096.0;
+    }
+    auto in = std::make_shared<Tensor>(input(c, op, "x", {T, c.heads, c.head_dim}, 0, 1));
+    RopeParams rp{y.rope_theta, RopeLayout::neox,
+                  std::make_shared<const std::vector<double>>(rope_inverse_frequencies(y))};
+    plan.inputs = fmt::format("x[{},{},{}]~N(0,1), positions {}..{}, yarn {} (theta {:g}, factor {:g}, original "
+                              "context {:g}, beta {:g}/{:g})",
+                              T, c.heads, c.head_dim, c.position_offset, c.position_offset + T - 1,
+                              own ? "of the model" : "of DeepSeek-V3", y.rope_theta, y.rope_scaling.factor,
+                              y.rope_scaling.original_max_position_embeddings, y.rope_scaling.beta_fast,
+                              y.rope_scaling.beta_slow);
+    plan.run = [in, rp, positions = positions](Backend& b) { return NodeOutput{b.rope(*in, positions, rp), {}}; };
+    return plan;
+}
+
+OpPlan OpPlanner::router(const std::string& op) const {
+    OpPlan plan;
+    if (lw != nullptr) {
+        const Tensor x = model_moe_input(c, *lw, ref, op);
+        auto in = std::make_shared<std::pair<Tensor, TensorView>>(
+            Tensor::convert(ref.matmul(x, lw->router), DType::f32), lw->router_bias);
+        const RouterParams base = model_router_params(c.model->config(), nullptr);
+        plan.inputs = fmt::format("real router logits [{},{}] of {}, {} top-{}{}{}{}{}", T, E, where,
+                                  op == "router_softmax" ? "softmax" : "sigmoid", c.top_k,
+                                  present(lw->router_bias) ? " on score + e_score_correction_bias" : "",
+                                  base.n_group > 1 ? fmt::format(" within the best {} of {} groups", base.topk_group,
+                                                                 base.n_group)
+                                                   : std::string(),
+                                  base.renormalize ? ", renormalised" : "",
+                                  base.scaling != 1.0 ? fmt::format(" × {:g}", base.scaling) : std::string());
+        plan.run = [in, base](Backend& b) {
+            RouterParams rp = base;
+            if (present(in->second)) rp.bias = &in->second;
+            RouterOutput r = b.route(in->first, rp);
+            return NodeOutput{std::move(r.scores), std::move(r.ids)};
+        };
+        return plan;
+    }
+    if (op == "router_softmax") {
+        auto in = std::make_shared<Tensor>(input(c, op, "logits", {T, E}, 0, 1));
+        RouterParams rp;
+        rp.top_k = static_cast<int>(c.top_k);
+        plan.inputs = fmt::format("logits[{},{}]~N(0,1), softmax, top-{}, renormalised", T, E, c.top_k);
+        plan.run = [in, rp](Backend& b) {
+            RouterOutput r = b.route(*in, rp);
+            return NodeOutput{std::move(r.scores), std::move(r.ids)};
+        };
+        return plan;
+    }
+    auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "logits", {T, E}, 0, 1),
+                                                          input(c, op, "bias", {E}, 0, 0.1));
+    RouterParams rp;
+    rp.top_k = static_cast<int>(c.top_k);
+    rp.scoring = RouterScoring::sigmoid;
+    rp.scaling = 2.5;
+    // Grouped selection as in DeepSeek-V3 where the shape allows it.
+    if (E % 4 == 0 && E / 4 >= 2 && c.top_k <= 2 * (E / 4)) {
+        rp.n_group = 4;
+        rp.topk_group = 2;
+    }
+    plan.inputs = fmt::format("logits[{},{}]~N(0,1), sigmoid + bias~N(0,0.1), {} groups keep {}, top-{}, ×2.5",
+                              T, E, rp.n_group, rp.topk_group, c.top_k);
+    plan.run = [in, rp](Backend& b) mutable {
+        const TensorView bias = in->second.view();
+        rp.bias = &bias;
+        RouterOutput r = b.route(in->first, rp);
+        return NodeOutput{std::move(r.scores), std::move(r.ids)};
+    };
+    return plan;
+}
+
+OpPlan OpPlanner::linear_attention(const std::string& op) const {
+    OpPlan plan;
+    // Gated DeltaNet (qwen3_5_moe, qwen3_next; linear_attention.hpp).
+    // Dimensions: the model's linear-attention heads when it has them,
+    // else nk = max(1, heads/4) key heads and nv = 2·nk value heads of
+    // head_dim; kernel 4. Inputs continue a decode: a seeded conv
+    // history and a seeded recurrent state, so the carried state is
+    // exercised too.
+    const ModelConfig* mc = c.model != nullptr ? &c.model->config() : nullptr;
+    const bool hybrid = mc != nullptr && !mc->linear_attention_layers.empty();
+    const std::int64_t nk = hybrid ? mc->linear.key_heads : std::max<std::int64_t>(1, c.heads / 4);
+    const std::int64_t nv = hybrid ? mc->linear.value_heads : 2 * nk;
+    const std::int64_t dk = hybrid ? mc->linear.key_head_dim : c.head_dim;
+    const std::int64_t dv = hybrid ? mc->linear.value_head_dim : c.head_dim;
+    const std::int64_t K = hybrid ? mc->linear.conv_kernel : 4;
+    if (op == "causal_conv1d") {
+        const std::int64_t C = 2 * nk * dk + nv * dv;
+        auto in = std::make_shared<std::vector<Tensor>>();
+        in->push_back(input(c, op, "x", {T, C}, 0, 1));
+        in->push_back(input(c, op, "weight", {C, K}, 0, 1.0 / std::sqrt(static_cast<double>(K))));
+        in->push_back(input(c, op, "history", {K - 1, C}, 0, 1));
+        plan.inputs = fmt::format("silu(causal depthwise conv) x[{},{}]~N(0,1), weight[{},{}]~N(0,1/√{}), history of "
+                                  "{} inputs~N(0,1)",
+                                  T, C, C, K, K, K - 1);
+        plan.run = [in](Backend& b) {
+            const TensorView h = (*in)[2];
+            return NodeOutput{b.causal_conv1d_silu((*in)[0], (*in)[1], &h), {}};
+        };
+        plan.bound_data = [in] { return conv_bound_data((*in)[0].view(), (*in)[1].view(), (*in)[2].view()); };
+    } else {
+        auto in = std::make_shared<std::vector<Tensor>>();
+        in->push_back(input(c, op, "q", {T, nk, dk}, 0, 1));
+        in->push_back(input(c, op, "k", {T, nk, dk}, 0, 1));
+        in->push_back(input(c, op, "v", {T, nv, dv}, 0, 1));
+        in->push_back(input(c, op, "a", {T, nv}, 0, 1));
+        in->push_back(input(c, op, "b", {T, nv}, 0, 1));
+        in->push_back(input(c, op, "A_log", {nv}, 1, 0.5));
+        in->push_back(input(c, op, "dt_bias", {nv}, 0, 1));
+        in->push_back(input(c, op, "state", {nv, dk, dv}, 0, 0.1));
+        plan.inputs = fmt::format("gated delta rule: q,k[{},{},{}] v[{},{},{}] a,b[{},{}]~N(0,1), A_log~N(1,0.5), "
+                                  "dt_bias~N(0,1), state[{},{},{}]~N(0,0.1)",
+                                  T, nk, dk, T, nv, dv, T, nv, nv, dk, dv);
+        plan.run = [in](Backend& b) {
+            const auto& v = *in;
+            const TensorView st = v[7];
+            GatedDeltaInputs g{v[0], v[1], v[2], v[3], v[4], v[5], v[6], &st};
+            return NodeOutput{b.gated_delta_rule(g).out, {}};
+        };
+        plan.bound_data = [in] {
+            const auto& v = *in;
+            const TensorView st = v[7];
+            return gated_delta_bound_data(GatedDeltaInputs{v[0], v[1], v[2], v[3], v[4], v[5], v[6], &st});
+        };
+    }
+    return plan;
+}
+
+OpPlan OpPlanner::attention(const std::string& op) const {
+    OpPlan plan;
+    // Causal GQA attention over a cache: T queries at positions T..2T−1 of 2T cached keys, nkv =
+    // heads/2 kv heads (heads when odd), scale 1/√head_dim, through each node's own attention op.
+    // attention_sinks (gpt-oss): a sliding window of max(1, T/2) keys (each row its own call on its
+    // window) and a sink logit per head (the layer's own when the model has them).
+    const std::int64_t nh = c.heads, nkv = nh % 2 == 0 ? nh / 2 : nh, D = c.head_dim, S = 2 * T;
+    struct AttnInputs {
+        Tensor q, sinks;
+        std::vector<Tensor> k, v;
+    };
+    auto in = std::make_shared<AttnInputs>();
+    in->q = input(c, op, "q", {T, nh, D}, 0, 1);
+    for (std::int64_t g = 0; g < nkv; ++g) {
+        in->k.push_back(input(c, op, fmt::format("k{}", g), {S, D}, 0, 1));
+        in->v.push_back(input(c, op, fmt::format("v{}", g), {S, D}, 0, 1));
+    }
+    const bool sinks = op == "attention_sinks";
+    const bool model_sinks = sinks && lw != nullptr && present(lw->sinks) && lw->sinks.dim(0) == nh;
+    if (sinks) in->sinks = model_sinks ? Tensor::convert(lw->sinks, DType::f32) : input(c, op, "sinks", {nh}, 0, 1);
+    const std::int64_t window = sinks ? std::max<std::int64_t>(1, T / 2) : 0;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    plan.inputs = fmt::format("q[{},{},{}] over a cache of {} keys × {} kv heads~N(0,1), scale 1/√{}{}", T, nh, D, S,
+                              nkv, D,
+                              sinks ? fmt::format(", sliding window {}, sinks[{}] {}", window, nh,
+                                                  model_sinks ? "of " + where : "~N(0,1)")
+                                    : std::string(", causal"));
+    plan.run = [in, scale, window, sinks](Backend& b) {
+        const std::vector<TensorView> ks(in->k.begin(), in->k.end()), vs(in->v.begin(), in->v.end());
+        const TensorView sv = in->sinks.view();
+        return NodeOutput{arch::windowed_attention(b, in->q, ks, vs, scale, window, sinks ? &sv : nullptr), {}};
+    };
+    plan.bound_data = [in, scale, window, sinks] {
+        const TensorView sv = in->sinks.view();
+        return attention_bound_data(in->q.view(), in->k, in->v, scale, window, sinks ? &sv : nullptr);
+    };
+    return plan;
+}
+
+OpPlan OpPlanner::clamped_swiglu(const std::string& op) const {
+    OpPlan plan;
+    // gpt-oss's expert activation with its own alpha and limit (the model's when it has them); inputs
+    // wide enough (sd 4) that the clamps fire on ~8 % of the elements.
+    const bool oss = lw != nullptr && c.model->config().clamped_swiglu;
+    const double alpha = oss ? c.model->config().swiglu_alpha : 1.702, limit = oss ? c.model->config().swiglu_limit : 7.0;
+    auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "gate", {T, I}, 0, 4),
+                                                          input(c, op, "up", {T, I}, 0, 4));
+    plan.inputs = fmt::format("clamped SwiGLU gate, up[{},{}]~N(0,4), alpha {}, limit {}", T, I, alpha, limit);
+    plan.run = [in, alpha, limit](Backend& b) {
+        return NodeOutput{b.clamped_swiglu(in->first, in->second, alpha, limit), {}};
+    };
+    return plan;
+}
+
+OpPlan OpPlanner::moe(const std::string&) const {
+    OpPlan plan;
+    auto in = std::make_shared<MoeInputs>(make_moe_inputs(c, ref));
+    plan.inputs = lw != nullptr
+                      ? fmt::format("x[{},{}] real-statistics, {} real experts of {}×{} of {}, top-{} pinned by {}", T,
+                                    H, E, I, H, where, c.top_k, ref.capabilities().node)
+                      : fmt::format("x[{},{}]~N(0,1), {} experts of {}×{}, top-{} pinned by {}", T, H, E, I, H,
+                                    c.top_k, ref.capabilities().node);
+    plan.run = [in](Backend& b) { return NodeOutput{b.moe_block(in->x, in->experts, in->plan), {}}; };
+    plan.bound_data = [in] { return moe_bound_data(*in); };
+    plan.moe = in;
+
+    return plan;
+}
+
+using PlanOp = OpPlan (OpPlanner::*)(const std::string&) const;
+
+// Every op of step 1 in report order, with its planner: the one list of ops.
+const std::vector<std::pair<std::string, PlanOp>>& op_table() {
+    static const std::vector<std::pair<std::string, PlanOp>> table = {
+        {"matmul", &OpPlanner::matmul},
+        {"swiglu", &OpPlanner::swiglu},
+        {"softmax", &OpPlanner::softmax},
+        {"rmsnorm", &OpPlanner::rmsnorm},
+        {"rope_neox", &OpPlanner::rope},
+        {"rope_normal", &OpPlanner::rope},
+        {"rope_yarn", &OpPlanner::rope_yarn},
+        {"router_softmax", &OpPlanner::router},
+        {"router_sigmoid", &OpPlanner::router},
+        {"moe", &OpPlanner::moe},
+        {"causal_conv1d", &OpPlanner::linear_attention},
+        {"gated_delta", &OpPlanner::linear_attention},
+        {"attention", &OpPlanner::attention},
+        {"attention_sinks", &OpPlanner::attention},
+        {"clamped_swiglu", &OpPlanner::clamped_swiglu},
+    };
+    return table;
+}
+
+// The moe op's shard check on one node: the same block split over `shards`
+// expert-parallel nodes, each summing only its experts (expert e on shard
+// e·shards/E), then the partials added in shard order; compared with the
+// node's monolithic output. The node's failure is the check's error. With
+// `keep`, the combined output is kept as ops.moe.shard_combined.
+ShardCheck shard_check(Backend& node, const MoeInputs& in, int shards, const Tensor& whole, std::map<std::string, Tensor>* keep) {
+    ShardCheck sc;
+    const std::int64_t experts = static_cast<std::int64_t>(in.experts.size());
+    const auto why = as_node_failure([&] {
+        Tensor combined;
+        for (int s = 0; s < shards; ++s) {
+            std::vector<bool> mine(static_cast<std::size_t>(experts));
+            for (std::int64_t e = 0; e < experts; ++e) mine[static_cast<std::size_t>(e)] = (e * shards / experts) == s;
+            Tensor partial = node.moe_block(in.x, in.experts, in.plan, &mine);
+            combined = s == 0 ? std::move(partial) : node.add(combined, partial);
+        }
+        sc.stats = compare(whole, combined);
+        if (keep != nullptr) (*keep)["ops.moe.shard_combined"] = std::move(combined);
+    });
+    if (why) sc.error = *why;
+    return sc;
+}
+
 }  // namespace
+
+const std::vector<std::string>& all_op_names() {
+    static const std::vector<std::string> names = [] {
+        std::vector<std::string> out;
+        for (const auto& [name, plan] : op_table()) out.push_back(name);
+        return out;
+    }();
+    return names;
+}
 
 OpResult op_result_from_outputs(const std::string& op, const std::string& inputs,
                                 const std::vector<std::optional<TensorView>>& values,
@@ -522,268 +884,14 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
             return op == (sigmoid ? "router_softmax" : "router_sigmoid");
         });
     }
-    const std::string where = lw != nullptr ? fmt::format("{} layer {}", c.model->path(), c.layer) : "";
-    const auto wants = [&](const std::string& op) { return std::find(selected.begin(), selected.end(), op) != selected.end(); };
-    const std::int64_t T = c.tokens, H = c.hidden, I = c.intermediate, E = c.experts;
-    const double sh = 1.0 / std::sqrt(static_cast<double>(H));
+    OpPlanner planner{c, lw, *nodes[reference], lw != nullptr ? fmt::format("{} layer {}", c.model->path(), c.layer) : "",
+                      c.tokens, c.hidden, c.intermediate, c.experts, 1.0 / std::sqrt(static_cast<double>(c.hidden)), {}};
+    for (std::int64_t t = 0; t < c.tokens; ++t) planner.positions.push_back(c.position_offset + t);
 
-    std::vector<std::int64_t> positions(static_cast<std::size_t>(T));
-    for (std::int64_t t = 0; t < T; ++t) positions[static_cast<std::size_t>(t)] = c.position_offset + t;
-
-    for (const std::string& op : all_op_names()) {
-        if (!wants(op)) continue;
-        OpPlan plan;
+    for (const auto& [op, plan_op] : op_table()) {
+        if (std::find(selected.begin(), selected.end(), op) == selected.end()) continue;
         // Inputs are generated once per op and shared by every node.
-        std::shared_ptr<void> keep;
-        std::shared_ptr<MoeInputs> moe_inputs;
-        if (op == "matmul" && lw != nullptr) {
-            const TensorView w = lw->moe ? lw->experts[0].gate : lw->mlp_gate;
-            auto in = std::make_shared<std::pair<Tensor, Tensor>>(model_moe_input(c, *lw, *nodes[reference], op), Tensor());
-            keep = in;
-            plan.inputs = fmt::format("x[{},{}] real-statistics · {}ᵀ {} of {}", T, H, lw->moe ? "expert 0 gate" : "mlp gate",
-                                      shape_str(w.shape), where);
-            plan.run = [in, w](Backend& b) { return NodeOutput{b.matmul(in->first, w), {}}; };
-            plan.bound_data = [in, w] { return bound_scales(in->first.view(), w); };
-        } else if (op == "matmul") {
-            auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "x", {T, H}, 0, 1),
-                                                                  input(c, op, "w", {I, H}, 0, sh));
-            keep = in;
-            plan.inputs = fmt::format("x[{},{}]~N(0,1) · w[{},{}]ᵀ~N(0,1/√{})", T, H, I, H, H);
-            plan.run = [in](Backend& b) { return NodeOutput{b.matmul(in->first, in->second), {}}; };
-            plan.bound_data = [in] { return bound_scales(in->first.view(), in->second.view()); };
-        } else if (op == "swiglu") {
-            auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "gate", {T, I}, 0, 2),
-                                                                  input(c, op, "up", {T, I}, 0, 1));
-            keep = in;
-            plan.inputs = fmt::format("silu(gate[{},{}]~N(0,2)) · up~N(0,1)", T, I);
-            plan.run = [in](Backend& b) { return NodeOutput{b.swiglu(in->first, in->second), {}}; };
-        } else if (op == "softmax") {
-            auto in = std::make_shared<Tensor>(input(c, op, "x", {T, c.vocab}, 0, 3));
-            keep = in;
-            plan.inputs = fmt::format("x[{},{}]~N(0,3), row-wise", T, c.vocab);
-            plan.run = [in](Backend& b) { return NodeOutput{b.softmax(*in), {}}; };
-            plan.bound_data = [in] { return softmax_bound_data(in->view()); };
-        } else if (op == "rmsnorm" && lw != nullptr) {
-            auto in = std::make_shared<Tensor>(input(c, op, "x", {T, H}, 0, 1));
-            keep = in;
-            const double eps = c.rms_eps;
-            const TensorView w = lw->post_attention_norm;
-            const bool offset = c.model->config().norm_weight_offset;
-            plan.inputs = fmt::format("x[{},{}]~N(0,1), post-attention norm of {}{}, eps {}", T, H, where,
-                                      offset ? " (scale 1 + w)" : "", eps);
-            plan.run = [in, w, eps, offset](Backend& b) {
-                return NodeOutput{b.rmsnorm(*in, arch::norm_scale(b, w, offset), eps), {}};
-            };
-            plan.bound_data = [in, w, eps, offset] { return rmsnorm_bound_data(in->view(), w, eps, offset); };
-        } else if (op == "rmsnorm") {
-            auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "x", {T, H}, 0, 1),
-                                                                  input(c, op, "weight", {H}, 1, 0.1));
-            keep = in;
-            const double eps = c.rms_eps;
-            plan.inputs = fmt::format("x[{},{}]~N(0,1), weight~N(1,0.1), eps {}", T, H, eps);
-            plan.run = [in, eps](Backend& b) { return NodeOutput{b.rmsnorm(in->first, in->second, eps), {}}; };
-            plan.bound_data = [in, eps] { return rmsnorm_bound_data(in->first.view(), in->second.view(), eps, false); };
-        } else if (op == "rope_neox" || op == "rope_normal") {
-            auto in = std::make_shared<Tensor>(input(c, op, "x", {T, c.heads, c.head_dim}, 0, 1));
-            keep = in;
-            RopeParams rp{c.rope_theta, op == "rope_neox" ? RopeLayout::neox : RopeLayout::normal, nullptr};
-            plan.inputs = fmt::format("x[{},{},{}]~N(0,1), positions {}..{}, theta {}", T, c.heads, c.head_dim,
-                                      c.position_offset, c.position_offset + T - 1, c.rope_theta);
-            plan.run = [in, rp, positions](Backend& b) { return NodeOutput{b.rope(*in, positions, rp), {}}; };
-        } else if (op == "rope_yarn") {
-            // A frequency table computed once in f64 (model/rope_frequencies.hpp) that every node's rope
-            // consumes in its own precision: the model's own yarn when it has one, else DeepSeek-V3's
-            // (factor 40, original context 4096, beta 32/1, theta 1e4) on this head width.
-            ModelConfig y;
-            const bool own = c.model != nullptr && c.model->config().rope_type == "yarn";
-            if (own) {
-                y = c.model->config();
-            } else {
-                y.source = "rope_yarn";
-                y.head_dim = c.head_dim;
-                y.rope_theta = 10000.0;
-                y.rope_type = "yarn";
-                y.rope_scaling.factor = 40.0;
-                y.rope_scaling.original_max_position_embeddings = 4096.0;
-            }
-            auto in = std::make_shared<Tensor>(input(c, op, "x", {T, c.heads, c.head_dim}, 0, 1));
-            keep = in;
-            RopeParams rp{y.rope_theta, RopeLayout::neox,
-                          std::make_shared<const std::vector<double>>(rope_inverse_frequencies(y))};
-            plan.inputs = fmt::format("x[{},{},{}]~N(0,1), positions {}..{}, yarn {} (theta {:g}, factor {:g}, original "
-                                      "context {:g}, beta {:g}/{:g})",
-                                      T, c.heads, c.head_dim, c.position_offset, c.position_offset + T - 1,
-                                      own ? "of the model" : "of DeepSeek-V3", y.rope_theta, y.rope_scaling.factor,
-                                      y.rope_scaling.original_max_position_embeddings, y.rope_scaling.beta_fast,
-                                      y.rope_scaling.beta_slow);
-            plan.run = [in, rp, positions](Backend& b) { return NodeOutput{b.rope(*in, positions, rp), {}}; };
-        } else if ((op == "router_softmax" || op == "router_sigmoid") && lw != nullptr) {
-            const Tensor x = model_moe_input(c, *lw, *nodes[reference], op);
-            auto in = std::make_shared<std::pair<Tensor, TensorView>>(
-                Tensor::convert(nodes[reference]->matmul(x, lw->router), DType::f32), lw->router_bias);
-            keep = in;
-            const RouterParams base = model_router_params(c.model->config(), nullptr);
-            plan.inputs = fmt::format("real router logits [{},{}] of {}, {} top-{}{}{}{}{}", T, E, where,
-                                      op == "router_softmax" ? "softmax" : "sigmoid", c.top_k,
-                                      present(lw->router_bias) ? " on score + e_score_correction_bias" : "",
-                                      base.n_group > 1 ? fmt::format(" within the best {} of {} groups", base.topk_group,
-                                                                     base.n_group)
-                                                       : std::string(),
-                                      base.renormalize ? ", renormalised" : "",
-                                      base.scaling != 1.0 ? fmt::format(" × {:g}", base.scaling) : std::string());
-            plan.run = [in, base](Backend& b) {
-                RouterParams rp = base;
-                if (present(in->second)) rp.bias = &in->second;
-                RouterOutput r = b.route(in->first, rp);
-                return NodeOutput{std::move(r.scores), std::move(r.ids)};
-            };
-        } else if (op == "router_softmax") {
-            auto in = std::make_shared<Tensor>(input(c, op, "logits", {T, E}, 0, 1));
-            keep = in;
-            RouterParams rp;
-            rp.top_k = static_cast<int>(c.top_k);
-            plan.inputs = fmt::format("logits[{},{}]~N(0,1), softmax, top-{}, renormalised", T, E, c.top_k);
-            plan.run = [in, rp](Backend& b) {
-                RouterOutput r = b.route(*in, rp);
-                return NodeOutput{std::move(r.scores), std::move(r.ids)};
-            };
-        } else if (op == "router_sigmoid") {
-            auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "logits", {T, E}, 0, 1),
-                                                                  input(c, op, "bias", {E}, 0, 0.1));
-            keep = in;
-            RouterParams rp;
-            rp.top_k = static_cast<int>(c.top_k);
-            rp.scoring = RouterScoring::sigmoid;
-            rp.scaling = 2.5;
-            // Grouped selection as in DeepSeek-V3 where the shape allows it.
-            if (E % 4 == 0 && E / 4 >= 2 && c.top_k <= 2 * (E / 4)) {
-                rp.n_group = 4;
-                rp.topk_group = 2;
-            }
-            plan.inputs = fmt::format("logits[{},{}]~N(0,1), sigmoid + bias~N(0,0.1), {} groups keep {}, top-{}, ×2.5",
-                                      T, E, rp.n_group, rp.topk_group, c.top_k);
-            plan.run = [in, rp](Backend& b) mutable {
-                const TensorView bias = in->second.view();
-                rp.bias = &bias;
-                RouterOutput r = b.route(in->first, rp);
-                return NodeOutput{std::move(r.scores), std::move(r.ids)};
-            };
-        } else if (op == "causal_conv1d" || op == "gated_delta") {
-            // Gated DeltaNet (qwen3_5_moe, qwen3_next; linear_attention.hpp).
-            // Dimensions: the model's linear-attention heads when it has them,
-            // else nk = max(1, heads/4) key heads and nv = 2·nk value heads of
-            // head_dim; kernel 4. Inputs continue a decode: a seeded conv
-            // history and a seeded recurrent state, so the carried state is
-            // exercised too.
-            const ModelConfig* mc = c.model != nullptr ? &c.model->config() : nullptr;
-            const bool hybrid = mc != nullptr && !mc->linear_attention_layers.empty();
-            const std::int64_t nk = hybrid ? mc->linear.key_heads : std::max<std::int64_t>(1, c.heads / 4);
-            const std::int64_t nv = hybrid ? mc->linear.value_heads : 2 * nk;
-            const std::int64_t dk = hybrid ? mc->linear.key_head_dim : c.head_dim;
-            const std::int64_t dv = hybrid ? mc->linear.value_head_dim : c.head_dim;
-            const std::int64_t K = hybrid ? mc->linear.conv_kernel : 4;
-            if (op == "causal_conv1d") {
-                const std::int64_t C = 2 * nk * dk + nv * dv;
-                auto in = std::make_shared<std::vector<Tensor>>();
-                in->push_back(input(c, op, "x", {T, C}, 0, 1));
-                in->push_back(input(c, op, "weight", {C, K}, 0, 1.0 / std::sqrt(static_cast<double>(K))));
-                in->push_back(input(c, op, "history", {K - 1, C}, 0, 1));
-                keep = in;
-                plan.inputs = fmt::format("silu(causal depthwise conv) x[{},{}]~N(0,1), weight[{},{}]~N(0,1/√{}), history of "
-                                          "{} inputs~N(0,1)",
-                                          T, C, C, K, K, K - 1);
-                plan.run = [in](Backend& b) {
-                    const TensorView h = (*in)[2];
-                    return NodeOutput{b.causal_conv1d_silu((*in)[0], (*in)[1], &h), {}};
-                };
-                plan.bound_data = [in] { return conv_bound_data((*in)[0].view(), (*in)[1].view(), (*in)[2].view()); };
-            } else {
-                auto in = std::make_shared<std::vector<Tensor>>();
-                in->push_back(input(c, op, "q", {T, nk, dk}, 0, 1));
-                in->push_back(input(c, op, "k", {T, nk, dk}, 0, 1));
-                in->push_back(input(c, op, "v", {T, nv, dv}, 0, 1));
-                in->push_back(input(c, op, "a", {T, nv}, 0, 1));
-                in->push_back(input(c, op, "b", {T, nv}, 0, 1));
-                in->push_back(input(c, op, "A_log", {nv}, 1, 0.5));
-                in->push_back(input(c, op, "dt_bias", {nv}, 0, 1));
-                in->push_back(input(c, op, "state", {nv, dk, dv}, 0, 0.1));
-                keep = in;
-                plan.inputs = fmt::format("gated delta rule: q,k[{},{},{}] v[{},{},{}] a,b[{},{}]~N(0,1), A_log~N(1,0.5), "
-                                          "dt_bias~N(0,1), state[{},{},{}]~N(0,0.1)",
-                                          T, nk, dk, T, nv, dv, T, nv, nv, dk, dv);
-                plan.run = [in](Backend& b) {
-                    const auto& v = *in;
-                    const TensorView st = v[7];
-                    GatedDeltaInputs g{v[0], v[1], v[2], v[3], v[4], v[5], v[6], &st};
-                    return NodeOutput{b.gated_delta_rule(g).out, {}};
-                };
-                plan.bound_data = [in] {
-                    const auto& v = *in;
-                    const TensorView st = v[7];
-                    return gated_delta_bound_data(GatedDeltaInputs{v[0], v[1], v[2], v[3], v[4], v[5], v[6], &st});
-                };
-            }
-        } else if (op == "attention" || op == "attention_sinks") {
-            // Causal GQA attention over a cache: T queries at positions T..2T−1 of 2T cached keys, nkv =
-            // heads/2 kv heads (heads when odd), scale 1/√head_dim, through each node's own attention op.
-            // attention_sinks (gpt-oss): a sliding window of max(1, T/2) keys (each row its own call on its
-            // window) and a sink logit per head (the layer's own when the model has them).
-            const std::int64_t nh = c.heads, nkv = nh % 2 == 0 ? nh / 2 : nh, D = c.head_dim, S = 2 * T;
-            struct AttnInputs {
-                Tensor q, sinks;
-                std::vector<Tensor> k, v;
-            };
-            auto in = std::make_shared<AttnInputs>();
-            in->q = input(c, op, "q", {T, nh, D}, 0, 1);
-            for (std::int64_t g = 0; g < nkv; ++g) {
-                in->k.push_back(input(c, op, fmt::format("k{}", g), {S, D}, 0, 1));
-                in->v.push_back(input(c, op, fmt::format("v{}", g), {S, D}, 0, 1));
-            }
-            const bool sinks = op == "attention_sinks";
-            const bool model_sinks = sinks && lw != nullptr && present(lw->sinks) && lw->sinks.dim(0) == nh;
-            if (sinks) in->sinks = model_sinks ? Tensor::convert(lw->sinks, DType::f32) : input(c, op, "sinks", {nh}, 0, 1);
-            const std::int64_t window = sinks ? std::max<std::int64_t>(1, T / 2) : 0;
-            const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-            keep = in;
-            plan.inputs = fmt::format("q[{},{},{}] over a cache of {} keys × {} kv heads~N(0,1), scale 1/√{}{}", T, nh, D, S,
-                                      nkv, D,
-                                      sinks ? fmt::format(", sliding window {}, sinks[{}] {}", window, nh,
-                                                          model_sinks ? "of " + where : "~N(0,1)")
-                                            : std::string(", causal"));
-            plan.run = [in, scale, window, sinks](Backend& b) {
-                const std::vector<TensorView> ks(in->k.begin(), in->k.end()), vs(in->v.begin(), in->v.end());
-                const TensorView sv = in->sinks.view();
-                return NodeOutput{arch::windowed_attention(b, in->q, ks, vs, scale, window, sinks ? &sv : nullptr), {}};
-            };
-            plan.bound_data = [in, scale, window, sinks] {
-                const TensorView sv = in->sinks.view();
-                return attention_bound_data(in->q.view(), in->k, in->v, scale, window, sinks ? &sv : nullptr);
-            };
-        } else if (op == "clamped_swiglu") {
-            // gpt-oss's expert activation with its own alpha and limit (the model's when it has them); inputs
-            // wide enough (sd 4) that the clamps fire on ~8 % of the elements.
-            const bool oss = lw != nullptr && c.model->config().clamped_swiglu;
-            const double alpha = oss ? c.model->config().swiglu_alpha : 1.702, limit = oss ? c.model->config().swiglu_limit : 7.0;
-            auto in = std::make_shared<std::pair<Tensor, Tensor>>(input(c, op, "gate", {T, I}, 0, 4),
-                                                                  input(c, op, "up", {T, I}, 0, 4));
-            keep = in;
-            plan.inputs = fmt::format("clamped SwiGLU gate, up[{},{}]~N(0,4), alpha {}, limit {}", T, I, alpha, limit);
-            plan.run = [in, alpha, limit](Backend& b) {
-                return NodeOutput{b.clamped_swiglu(in->first, in->second, alpha, limit), {}};
-            };
-        } else if (op == "moe") {
-            auto in = std::make_shared<MoeInputs>(make_moe_inputs(c, *nodes[reference]));
-            keep = in;
-            plan.inputs = lw != nullptr
-                              ? fmt::format("x[{},{}] real-statistics, {} real experts of {}×{} of {}, top-{} pinned by {}", T,
-                                            H, E, I, H, where, c.top_k, nodes[reference]->capabilities().node)
-                              : fmt::format("x[{},{}]~N(0,1), {} experts of {}×{}, top-{} pinned by {}", T, H, E, I, H,
-                                            c.top_k, nodes[reference]->capabilities().node);
-            plan.run = [in](Backend& b) { return NodeOutput{b.moe_block(in->x, in->experts, in->plan), {}}; };
-            plan.bound_data = [in] { return moe_bound_data(*in); };
-            moe_inputs = in;
-        }
-
+        const OpPlan plan = (planner.*plan_op)(op);
         const std::size_t n = nodes.size();
         std::vector<std::string> errors(n);
         std::vector<std::optional<NodeOutput>> outs(n);
@@ -810,35 +918,18 @@ OpsReport run_op_delta(const OpsConfig& requested, std::vector<std::unique_ptr<B
             if (!outs[i]->ids.empty()) ids[i] = outs[i]->ids.view();
         }
         OpResult res = op_result_from_outputs(op, plan.inputs, values, ids, std::move(errors));
-        // Shard check on every node: the same block split over N expert-parallel
-        // nodes, each summing only its experts, then the partials combined.
-        if (moe_inputs) {
-            const MoeInputs& in = *moe_inputs;
+        // Shard check on every node that ran the moe op.
+        if (plan.moe)
             for (std::size_t i = 0; i < n; ++i) {
                 if (!runs(i)) continue;
-                ShardCheck sc;
+                ShardCheck sc = outs[i] ? shard_check(*nodes[i], *plan.moe, c.shards, outs[i]->value,
+                                                      outputs != nullptr ? &(*outputs)[i] : nullptr)
+                                        : ShardCheck{};
                 sc.node = report.nodes[i].node;
                 sc.shards = c.shards;
-                if (!outs[i]) {
-                    sc.error = res.errors[i];
-                    report.shard_checks.push_back(std::move(sc));
-                    continue;
-                }
-                const auto why = as_node_failure([&] {
-                    Tensor combined;
-                    for (int s = 0; s < c.shards; ++s) {
-                        std::vector<bool> mine(static_cast<std::size_t>(E));
-                        for (std::int64_t e = 0; e < E; ++e) mine[static_cast<std::size_t>(e)] = (e * c.shards / E) == s;
-                        Tensor partial = nodes[i]->moe_block(in.x, in.experts, in.plan, &mine);
-                        combined = s == 0 ? std::move(partial) : nodes[i]->add(combined, partial);
-                    }
-                    sc.stats = compare(outs[i]->value, combined);
-                    if (outputs != nullptr) (*outputs)[i]["ops.moe.shard_combined"] = std::move(combined);
-                });
-                if (why) sc.error = *why;
+                if (!outs[i]) sc.error = res.errors[i];
                 report.shard_checks.push_back(std::move(sc));
             }
-        }
         report.ops.push_back(std::move(res));
     }
     return report;
