@@ -347,5 +347,17 @@ TEST(Json, StableKeysAndNonFiniteAsStrings) {
     EXPECT_EQ(a["set_overlap_rate"].get<double>(), 0.5);
 }
 
+TEST(IdSetsDiffer, ByRowAsSetsAnyIntegerDtypeAndShapesChecked) {
+    // Row 0 reordered (no decision), row 1 one id swapped, row 2 a repeat that is not the same multiset.
+    const Tensor a = ids({3, 7, 1, 2, 5, 5}, 3, 2), b = ids({7, 3, 1, 4, 5, 6}, 3, 2);
+    EXPECT_EQ(id_sets_differ(a, b), (std::vector<bool>{false, true, true}));
+    EXPECT_EQ(id_sets_differ(a, a), (std::vector<bool>{false, false, false}));
+    // Any dtype the view reads (routing ids kept in f64 by a capture).
+    EXPECT_EQ(id_sets_differ(Tensor::convert(a.view(), DType::f64), b), (std::vector<bool>{false, true, true}));
+    EXPECT_THROW(id_sets_differ(a, ids({3, 7, 1, 2}, 2, 2)), Error);
+    const Tensor flat = Tensor::from_f64(std::vector<double>{1, 2, 3, 4}, Shape{4}, DType::i32);
+    EXPECT_THROW(id_sets_differ(flat, flat), Error);  // one [rows, k] table, not a list
+}
+
 }  // namespace
 }  // namespace kvasir

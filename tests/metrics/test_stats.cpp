@@ -639,3 +639,21 @@ TEST(NanMax, StickyNaNAndTheLargerOtherwise) {
     EXPECT_TRUE(std::isnan(kvasir::nan_max(1.0, nan)));
     EXPECT_TRUE(std::isnan(kvasir::nan_max(nan, inf)));
 }
+
+// The exponent a drift series is judged by (audit and `drift` alike): the fit
+// where it has a slope, 0 where nothing grows, NaN where a delta blew up.
+TEST(GrowthAlpha, TheFitWhereItHasASlopeZeroWhereNothingMovedNanWhereSomethingBlewUp) {
+    const std::vector<double> depth{1, 2, 3, 4};
+    const std::vector<double> sqrt_growth{1e-7, 1.4142135623730951e-7, 1.7320508075688772e-7, 2e-7};
+    const kvasir::PowerFit f = kvasir::fit_power_law(depth, sqrt_growth);
+    EXPECT_NEAR(kvasir::growth_alpha(f, sqrt_growth), 0.5, 1e-12);
+    for (const std::vector<double>& still : {std::vector<double>{0, 0, 0, 0}, std::vector<double>{0, 3e-7, 0, 0}}) {
+        const kvasir::PowerFit g = kvasir::fit_power_law(depth, still);
+        EXPECT_TRUE(std::isnan(g.alpha));  // the raw fit has no slope…
+        EXPECT_EQ(kvasir::growth_alpha(g, still), 0.0);  // …and the judged exponent says: no growth
+    }
+    const std::vector<double> blown{1e-7, std::numeric_limits<double>::infinity(), 0, 0};
+    EXPECT_TRUE(std::isnan(kvasir::growth_alpha(kvasir::fit_power_law(depth, blown), blown)));
+    const std::vector<double> lone_nan{0, std::numeric_limits<double>::quiet_NaN(), 0, 0};
+    EXPECT_TRUE(std::isnan(kvasir::growth_alpha(kvasir::fit_power_law(depth, lone_nan), lone_nan)));
+}

@@ -27,6 +27,7 @@
 #include "kvasir/audit/step.hpp"
 #include "kvasir/model/safetensors.hpp"
 #include "kvasir/model/safetensors_writer.hpp"
+#include "kvasir/steps/drift.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -837,6 +838,37 @@ TEST(FaultVariants, DriftNamesTheLayerAndBlockOfTheFault) {
         ASSERT_FALSE(e["layers"].empty());
         EXPECT_TRUE(e["layers"][0].contains("attention_block_rel")) << e.dump();
         EXPECT_TRUE(e["layers"][0].contains("mlp_block_rel")) << e.dump();
+    }
+}
+
+// Issue #41: the `drift` command (run_drift) and the audit's drift step give
+// the same figures — every layer's free-running relative delta and the growth
+// exponent, one definition (growth_alpha) — for a node that barely moves (cpu)
+// and one that drifts (f16 accumulation), on the same tokens (the plan's).
+TEST(DriftBothWays, TheCommandAndTheAuditStepGiveTheSameFigures) {
+    const Protocol p = ci_protocol_with_only("drift");
+    const AuditRun run = audit_fixture_on(p, {"cpu-ref", "cpu", "cpu:acc=f16"});
+    AuditConfig cfg;
+    cfg.protocol = &p;
+    cfg.model = &fixture();
+    const detail::AuditPlan plan = detail::make_audit_plan(cfg);
+    ASSERT_TRUE(plan.drift.has_value());
+    std::vector<std::unique_ptr<Backend>> nodes;
+    for (const char* s : {"cpu-ref", "cpu", "cpu:acc=f16"}) nodes.push_back(create_backend(s));
+    const DriftReport standalone = run_drift(*plan.drift, nodes, 0);
+    ASSERT_EQ(standalone.results.size(), 2u);
+    ASSERT_EQ(run.report.drift.size(), 2u);
+    for (const NodeDrift& nd : standalone.results) {
+        const auto series = std::find_if(run.report.drift.begin(), run.report.drift.end(),
+                                         [&](const DriftSeries& d) { return d.node == nd.node; });
+        ASSERT_NE(series, run.report.drift.end()) << nd.node;
+        ASSERT_EQ(series->rel.size(), nd.layers.size()) << nd.node;
+        for (std::size_t l = 0; l < nd.layers.size(); ++l) {
+            EXPECT_GT(nd.layers[l].free_rel, 0.0) << nd.node << " layer " << l;  // both nodes move: not 0 = 0
+            EXPECT_EQ(series->rel[l], nd.layers[l].free_rel) << nd.node << " layer " << l;
+        }
+        EXPECT_EQ(series->alpha, nd.alpha) << nd.node;
+        EXPECT_TRUE(std::isfinite(nd.alpha)) << nd.node;
     }
 }
 

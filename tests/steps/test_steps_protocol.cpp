@@ -252,6 +252,7 @@ TEST(StepRuns, ReferenceAgainstItselfIsExactlyZero) {
     EXPECT_EQ(dr.results[0].first_over, -1);
     EXPECT_EQ(dr.results[0].fit.points_excluded, 4);  // log 0 does not exist: no exponent
     EXPECT_TRUE(std::isnan(dr.results[0].fit.alpha));
+    EXPECT_EQ(dr.results[0].alpha, 0.0);  // reported as the audit judges it: no growth (issue #41: one definition)
 
     const LogitsReport lr = run_logits(config_for<LogitsConfig>("qwen3_moe_tiny"), nodes, 0);
     EXPECT_EQ(lr.results[0].kl.max, 0.0);

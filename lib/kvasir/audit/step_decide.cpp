@@ -27,25 +27,6 @@ namespace kvasir {
 
 namespace {
 
-// Per row: do the two expert SETS differ (order within a row is not a
-// decision)?
-std::vector<bool> rows_differing(const TensorView& a, const TensorView& b) {
-    KVASIR_CHECK(a.shape == b.shape && a.shape.size() == 2, ErrorCode::bad_input, "routing ids of different shapes");
-    const std::int64_t rows = a.shape[0], k = a.shape[1];
-    std::vector<bool> out(static_cast<std::size_t>(rows));
-    std::vector<std::int64_t> x(static_cast<std::size_t>(k)), y(static_cast<std::size_t>(k));
-    for (std::int64_t r = 0; r < rows; ++r) {
-        for (std::int64_t j = 0; j < k; ++j) {
-            x[static_cast<std::size_t>(j)] = static_cast<std::int64_t>(a.at(r * k + j));
-            y[static_cast<std::size_t>(j)] = static_cast<std::int64_t>(b.at(r * k + j));
-        }
-        std::sort(x.begin(), x.end());
-        std::sort(y.begin(), y.end());
-        out[static_cast<std::size_t>(r)] = x != y;
-    }
-    return out;
-}
-
 class DecideAudit final : public Step {
 public:
     const char* name() const override { return "decide"; }
@@ -80,7 +61,7 @@ public:
             exact += a.exact_matches;
             nlohmann::ordered_json lj = to_json(a);
             if (l < gaps.size()) {
-                const std::vector<bool> flipped = rows_differing(rids[l], cids[l]);
+                const std::vector<bool> flipped = id_sets_differ(rids[l], cids[l]);
                 std::int64_t lb = 0, lbf = 0, lof = 0;
                 for (std::size_t t = 0; t < flipped.size() && static_cast<std::int64_t>(t) < gaps[l].numel(); ++t) {
                     const bool is_border = gaps[l].at(static_cast<std::int64_t>(t)) < border;

@@ -40,16 +40,6 @@ namespace kvasir {
 
 namespace {
 
-// α for the verdict: the fitted exponent; 0 when fewer than two layers have
-// a nonzero delta (a bit-identical node has no growth); NaN when a delta is
-// not finite.
-double drift_alpha(const PowerFit& fit, const std::vector<double>& rel) {
-    if (fit.points_used >= 2) return fit.alpha;  // NaN only if the fit itself failed
-    for (double r : rel)
-        if (!std::isfinite(r)) return kNaN;
-    return 0.0;
-}
-
 class DriftAudit final : public Step {
 public:
     const char* name() const override { return "drift"; }
@@ -194,7 +184,7 @@ public:
                 layers.push_back(std::move(lj));
             }
             const PowerFit fit = fit_power_law(depth, rel);
-            DriftSeries s{c.node(), rel, drift_alpha(fit, rel)};
+            DriftSeries s{c.node(), rel, growth_alpha(fit, rel)};
             led.measure(i, "drift", "drift.final_rel", rel.empty() ? kNaN : rel.back());
             led.measure(i, "drift", "drift.alpha_max", s.alpha);
             out.drift.push_back(std::move(s));

@@ -205,6 +205,24 @@ IndexAgreement compare_indices(const TensorView& reference_ids, const TensorView
     return out;
 }
 
+std::vector<bool> id_sets_differ(const TensorView& a, const TensorView& b) {
+    KVASIR_CHECK(a.shape == b.shape && a.rank() == 2, ErrorCode::bad_input, "routing ids of shapes {} and {}: not one [rows, k]",
+                 shape_str(a.shape), shape_str(b.shape));
+    const std::int64_t rows = a.shape[0], k = a.shape[1];
+    std::vector<bool> out(static_cast<std::size_t>(rows));
+    std::vector<double> x(static_cast<std::size_t>(k)), y(static_cast<std::size_t>(k));
+    for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t j = 0; j < k; ++j) {
+            x[static_cast<std::size_t>(j)] = a.at(r * k + j);
+            y[static_cast<std::size_t>(j)] = b.at(r * k + j);
+        }
+        std::sort(x.begin(), x.end());
+        std::sort(y.begin(), y.end());
+        out[static_cast<std::size_t>(r)] = x != y;
+    }
+    return out;
+}
+
 nlohmann::ordered_json to_json(const CompareStats& s) {
     nlohmann::ordered_json j;
     j["count"] = s.count;

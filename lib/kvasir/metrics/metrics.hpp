@@ -146,6 +146,12 @@ struct IndexAgreement {
 // Error(bad_input) naming the shapes.
 IndexAgreement compare_indices(const TensorView& reference_ids, const TensorView& candidate_ids);
 
+// Per row of two [rows, k] id tensors (any integer dtype): do their id SETS
+// differ? The order within a row is not a decision; a repeated id counts as
+// often as it appears. Error(bad_input) for different shapes or a rank
+// other than 2.
+std::vector<bool> id_sets_differ(const TensorView& a, const TensorView& b);
+
 
 // Stable key order: count, max_abs, max_abs_index, max_rel, rel_guard,
 // mean_abs, rms, nmse, cosine, max_ulp, nan_ref, nan_cand, inf_ref, inf_cand,

@@ -346,6 +346,13 @@ PowerFit fit_power_law(std::span<const double> x, std::span<const double> y) {
     return fit;
 }
 
+double growth_alpha(const PowerFit& fit, std::span<const double> y) noexcept {
+    if (fit.points_used >= 2) return fit.alpha;  // NaN only if the fit itself failed
+    for (double v : y)
+        if (!std::isfinite(v)) return std::numeric_limits<double>::quiet_NaN();
+    return 0.0;
+}
+
 double mean_nll(std::span<const double> nll) {
     KVASIR_CHECK(!nll.empty(), ErrorCode::bad_input, "perplexity over zero tokens");
     return compensated_sum(nll) / static_cast<double>(nll.size());

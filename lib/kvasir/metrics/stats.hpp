@@ -155,6 +155,11 @@ struct PowerFit {
 // the lengths equal, else Error(bad_input). A NaN or ±inf y → α, c, R² NaN:
 // a backend that blew up at some layer must not get a plausible exponent.
 PowerFit fit_power_law(std::span<const double> x, std::span<const double> y);
+// The growth exponent a drift series is judged and reported by: the fitted α
+// of `fit` (fit_power_law of `y`); 0 when fewer than two points are > 0 (a
+// bit-identical node, or one whose error sits in a single layer, has no
+// growth); NaN when a y is not finite (a blown-up layer has no exponent).
+double growth_alpha(const PowerFit& fit, std::span<const double> y) noexcept;
 
 // exp(mean NLL) over per-token negative log-likelihoods (nats); values used as
 // given (NaN → NaN). Empty → Error(bad_input).

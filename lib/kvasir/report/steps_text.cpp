@@ -82,7 +82,7 @@ std::string render_drift_text(const DriftReport& r, const Style& st) {
         }
         out += st.bold(nd.node) +
                fmt::format("  α {} (R² {}, {} layers)  first over threshold: {} (local: {})  logits rel {}\n",
-                           fmt_fixed(nd.fit.alpha, 2), fmt_fixed(nd.fit.r2, 3), nd.fit.points_used,
+                           fmt_fixed(nd.alpha, 2), fmt_fixed(nd.fit.r2, 3), nd.fit.points_used,
                            nd.first_over < 0 ? fmt_layer(-1) : st.yellow(fmt_layer(nd.first_over)),
                            nd.first_over_local < 0 ? fmt_layer(-1) : st.yellow(fmt_layer(nd.first_over_local)),
                            fmt_sci(nd.logits_rel));

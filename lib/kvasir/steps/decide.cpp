@@ -37,22 +37,12 @@ RouterOutput RouterPerturbedBackend::route(const TensorView& logits, const Route
 
 namespace {
 
-// Rows of two [T, k] id tables whose SETS differ.
+// The rows (tokens) whose expert sets differ.
 std::vector<std::int64_t> differing_rows(const Tensor& a, const Tensor& b) {
-    KVASIR_CHECK(a.shape() == b.shape() && a.view().rank() == 2, ErrorCode::internal, "routing shapes {} / {}",
-                 shape_str(a.shape()), shape_str(b.shape()));
-    const std::int64_t rows = a.dim(0), k = a.dim(1);
+    const std::vector<bool> differ = id_sets_differ(a, b);
     std::vector<std::int64_t> out;
-    for (std::int64_t t = 0; t < rows; ++t) {
-        std::vector<std::int32_t> sa, sb;
-        for (std::int64_t j = 0; j < k; ++j) {
-            sa.push_back(static_cast<std::int32_t>(a.at(t * k + j)));
-            sb.push_back(static_cast<std::int32_t>(b.at(t * k + j)));
-        }
-        std::sort(sa.begin(), sa.end());
-        std::sort(sb.begin(), sb.end());
-        if (sa != sb) out.push_back(t);
-    }
+    for (std::size_t t = 0; t < differ.size(); ++t)
+        if (differ[t]) out.push_back(static_cast<std::int64_t>(t));
     return out;
 }
 

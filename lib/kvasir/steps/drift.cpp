@@ -73,6 +73,7 @@ DriftReport run_drift(const DriftConfig& config, std::vector<std::unique_ptr<Bac
                 nd.layers.push_back(ld);
             }
             nd.fit = fit_power_law(depth, delta);
+            nd.alpha = growth_alpha(nd.fit, delta);
             nd.logits_rel = relative_l2(ref.logits, fr.logits);
             if (config.repeat) {
                 try {
@@ -124,6 +125,7 @@ nlohmann::ordered_json to_json(const DriftReport& r) {
             l["anchored"] = {{"rel", json_double(ld.anchored_rel)}, {"max_abs", json_double(ld.anchored_max_abs)}};
             o["layers"].push_back(std::move(l));
         }
+        o["alpha"] = json_double(nd.alpha);
         o["fit"] = to_json(nd.fit);
         o["first_over"] = nd.first_over;
         o["first_over_local"] = nd.first_over_local;

@@ -66,6 +66,7 @@ struct NodeDrift {
     double embedding_rel = 0;         // hidden[0] (the embedding gather: exact widening, 0 unless a backend rounds it)
     std::vector<LayerDrift> layers;   // one per decoder layer
     PowerFit fit;                     // Δ_free(d) ∝ d^α over d = 1 … L
+    double alpha = 0;                 // growth_alpha of the fit: as the audit judges it (0: no growth)
     std::int64_t first_over = -1;     // first layer with free_rel > threshold (−1: none)
     std::int64_t first_over_local = -1;  // first layer with anchored_rel > threshold
     double logits_rel = 0;            // ‖Δ logits‖₂/‖ref logits‖₂ at the end of the free run
@@ -86,7 +87,7 @@ DriftReport run_drift(const DriftConfig& config, std::vector<std::unique_ptr<Bac
 // Schema "kvasir-equiv/drift/1": schema, tool, config {common…, threshold,
 // routing}, reference, nodes[], results[{node, error | embedding_rel,
 // layers[{layer, depth, moe, free{rel, max_abs, cosine}, anchored{rel,
-// max_abs}}], fit{alpha, c, r2, points_used, points_excluded}, first_over,
+// max_abs}}], alpha, fit{alpha, c, r2, points_used, points_excluded}, first_over,
 // first_over_local, logits_rel}], repeat[].
 nlohmann::ordered_json to_json(const DriftReport& report);
 

@@ -4,6 +4,7 @@
 #include "kvasir/arch/graph.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/metrics/logits.hpp"
+#include "kvasir/metrics/metrics.hpp"
 
 #include <fmt/format.h>
 
@@ -355,12 +356,7 @@ RunToRunDelta run_to_run_delta(const ForwardResult& a, const ForwardResult& b) {
         if (ia.empty() && ib.empty()) continue;
         KVASIR_CHECK(ia.shape() == ib.shape(), ErrorCode::bad_input, "run-to-run: routing shapes {} and {} differ at layer {}",
                      shape_str(ia.shape()), shape_str(ib.shape()), l);
-        const std::int64_t rows = ia.dim(0), k = ia.dim(1);
-        for (std::int64_t t = 0; t < rows; ++t) {
-            std::multiset<std::int32_t> sa(ia.as<std::int32_t>() + t * k, ia.as<std::int32_t>() + (t + 1) * k);
-            std::multiset<std::int32_t> sb(ib.as<std::int32_t>() + t * k, ib.as<std::int32_t>() + (t + 1) * k);
-            if (sa != sb) ++d.routing_rows_differing;
-        }
+        for (const bool differ : id_sets_differ(ia, ib)) d.routing_rows_differing += differ;
     }
     return d;
 }
