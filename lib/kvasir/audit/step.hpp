@@ -200,6 +200,25 @@ std::vector<Tensor> load_tensor_list(const NodeOutputs& saved, const std::string
 NamedTensors save_forward_decisions(const std::any& decisions, bool anchors);
 std::any load_forward_decisions(const StepEnv& env, const NodeOutputs& saved, std::int64_t anchor_rows);
 
+// A step whose authority's decisions are one forward pass (drift, logits,
+// decide: a std::shared_ptr<const ForwardResult>), shared between processes
+// as save_forward_decisions writes them. A step that keeps anchors (drift:
+// the authority's hidden states) says how many rows each has.
+class ForwardPassStep : public Step {
+public:
+    bool shares_decisions() const override { return true; }
+    NamedTensors save_decisions(const std::any& decisions) const override {
+        return save_forward_decisions(decisions, keeps_anchors());
+    }
+    std::any load_decisions(const StepEnv& env, const NodeOutputs& saved) const override {
+        return load_forward_decisions(env, saved, keeps_anchors() ? anchor_rows(env) : 0);
+    }
+
+protected:
+    virtual bool keeps_anchors() const { return false; }
+    virtual std::int64_t anchor_rows(const StepEnv&) const { return 0; }
+};
+
 // Every step, in protocol order.
 const std::vector<const Step*>& audit_steps();
 // Error(internal) for an unknown name.

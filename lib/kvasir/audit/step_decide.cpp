@@ -27,7 +27,7 @@ namespace kvasir {
 
 namespace {
 
-class DecideAudit final : public Step {
+class DecideAudit final : public ForwardPassStep {
 public:
     const char* name() const override { return "decide"; }
 
@@ -154,12 +154,6 @@ public:
             ++m;
         }
         return out;
-    }
-
-    bool shares_decisions() const override { return true; }
-    NamedTensors save_decisions(const std::any& d) const override { return save_forward_decisions(d, false); }
-    std::any load_decisions(const StepEnv& env, const NodeOutputs& saved) const override {
-        return load_forward_decisions(env, saved, 0);
     }
 
     nlohmann::ordered_json compare(const Protocol&, const StepNodes& in, Ledger& led, AuditReport&) const override {

@@ -40,7 +40,7 @@ namespace kvasir {
 
 namespace {
 
-class DriftAudit final : public Step {
+class DriftAudit final : public ForwardPassStep {
 public:
     const char* name() const override { return "drift"; }
 
@@ -111,10 +111,11 @@ public:
         return relative_l2(ref.view(name), c.view(name));
     }
 
-    bool shares_decisions() const override { return true; }
-    NamedTensors save_decisions(const std::any& d) const override { return save_forward_decisions(d, true); }
-    std::any load_decisions(const StepEnv& env, const NodeOutputs& saved) const override {
-        return load_forward_decisions(env, saved, static_cast<std::int64_t>(env.plan->drift->tokens.ids.size()));
+
+    // The anchors: the authority's hidden states, one row per token.
+    bool keeps_anchors() const override { return true; }
+    std::int64_t anchor_rows(const StepEnv& env) const override {
+        return static_cast<std::int64_t>(env.plan->drift->tokens.ids.size());
     }
 
     nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport& out) const override {

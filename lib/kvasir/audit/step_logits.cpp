@@ -14,7 +14,7 @@ namespace kvasir {
 
 namespace {
 
-class LogitsAudit final : public Step {
+class LogitsAudit final : public ForwardPassStep {
 public:
     const char* name() const override { return "logits"; }
 
@@ -44,12 +44,6 @@ public:
         opt.routing = &ref.routing;
         out.tensors.emplace("logits.logits", forward(node, *env.model, env.plan->logits->tokens.ids, opt).logits);
         return out;
-    }
-
-    bool shares_decisions() const override { return true; }
-    NamedTensors save_decisions(const std::any& d) const override { return save_forward_decisions(d, false); }
-    std::any load_decisions(const StepEnv& env, const NodeOutputs& saved) const override {
-        return load_forward_decisions(env, saved, 0);
     }
 
     nlohmann::ordered_json compare(const Protocol&, const StepNodes& in, Ledger& led, AuditReport&) const override {
