@@ -18,7 +18,7 @@
 namespace kvasir {
 namespace {
 
-struct Entry {
+struct BackendEntry {
     const char* name;
     const char* description;
     bool compiled;
@@ -29,8 +29,8 @@ struct Entry {
 
 std::vector<BackendDevice> host_device(std::string&) { return {BackendDevice{0, host_cpu_description()}}; }
 
-const std::vector<Entry>& entries() {
-    static const std::vector<Entry> table = {
+const std::vector<BackendEntry>& entries() {
+    static const std::vector<BackendEntry> table = {
         {"cpu-ref", "f64 oracle: plain loops, f64 accumulation", true, "", host_device, make_cpu_ref_backend},
         {"cpu", "f32 SIMD + threads, FMA; variants storage=f32|f16|bf16, acc=f32|f16, fault=… (injection)", true, "",
          host_device, make_cpu_with_fault},
@@ -56,8 +56,8 @@ const std::vector<Entry>& entries() {
     return table;
 }
 
-const Entry* find_entry(std::string_view name) {
-    for (const Entry& e : entries())
+const BackendEntry* find_entry(std::string_view name) {
+    for (const BackendEntry& e : entries())
         if (name == e.name) return &e;
     return nullptr;
 }
@@ -66,13 +66,13 @@ const Entry* find_entry(std::string_view name) {
 
 std::string known_backend_names() {
     std::string out;
-    for (const Entry& e : entries()) out += (out.empty() ? "" : ", ") + std::string(e.name);
+    for (const BackendEntry& e : entries()) out += (out.empty() ? "" : ", ") + std::string(e.name);
     return out;
 }
 
 std::vector<BackendStatus> list_backends() {
     std::vector<BackendStatus> out;
-    for (const Entry& e : entries()) {
+    for (const BackendEntry& e : entries()) {
         BackendStatus s;
         s.name = e.name;
         s.description = e.description;
@@ -95,7 +95,7 @@ std::vector<BackendStatus> list_backends() {
 }
 
 std::unique_ptr<Backend> create_backend(const BackendSpec& spec) {
-    const Entry* e = find_entry(spec.name);
+    const BackendEntry* e = find_entry(spec.name);
     if (e == nullptr)
         fail(ErrorCode::bad_input, "unknown backend '{}' (known: {})", spec.canonical(), known_backend_names());
     if (!e->compiled) fail(ErrorCode::unsupported, "backend '{}' is absent: {}", spec.canonical(), e->not_compiled_reason);
