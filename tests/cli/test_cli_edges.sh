@@ -49,7 +49,9 @@ expect_usage_error "--reference: an empty value" logits --reference ""
 mkdir "$tmp/bigvocab" && ln -s "$PWD/$M/model.safetensors" "$tmp/bigvocab/model.safetensors"
 python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["vocab_size"] = 1 << 20; json.dump(c, open(sys.argv[2], "w"))' \
   $M/config.json "$tmp/bigvocab/config.json"
-expect_usage_error "logits: 1048576 tokens (2 node runs held at once) need at least" logits -m "$tmp/bigvocab" --tokens 1048576
+# The view runs in this process: every node's logits are held until they are compared.
+expect_usage_error "logits: 1048576 tokens (2 node runs held at once) need at least" logits -m "$tmp/bigvocab" --tokens 1048576 \
+  -b cpu-ref,cpu
 expect_usage_error "logits: 1048576 tokens (3 node runs held at once) need at least" logits -m "$tmp/bigvocab" --tokens 1048576 \
   --repeat -b cpu-ref,cpu,cpu:acc=f16
 # A healthy node whose drift has no power-law fit (bit-identical to the reference: every delta 0) is not "non-finite".

@@ -65,9 +65,9 @@ for s in ('ops','drift','logits','decide','generate','perplexity','determinism')
     grep -q "not judged: decide.routing_agreement_min does not apply to this model" "$tmp/$m.out"
   check "audit of dense $m: the markdown says so too" grep -q "Not judged: \`decide.routing_agreement_min\`" "$tmp/$m.md"
 done
-out=$("$bin" decide --model fixtures/models/mistral_tiny -b cpu-ref,cpu 2>&1)
+"$bin" decide --model fixtures/models/mistral_tiny -b cpu-ref,cpu >"$tmp/dense_decide.txt" 2>&1
 check "decide on a dense model: top-1 only, no routing tables" \
-  bash -c "grep -q 'no MoE layers: routing agreement and border tokens do not apply' <<<'$out' && ! grep -q 'per MoE layer' <<<'$out'"
+  bash -c "grep -q 'no MoE layers: routing agreement and border tokens do not apply' '$tmp/dense_decide.txt' && ! grep -q 'per MoE layer' '$tmp/dense_decide.txt'"
 out=$("$bin" inspect fixtures/models/qwen2_tiny 2>&1)
 check "inspect qwen2_tiny: the sliding layers and no router" \
   bash -c "grep -q 'sliding-window attention (8 keys) on layers 1, 2' <<<'$out' && grep -q 'router: none: no MoE layers' <<<'$out'"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Protocol steps 2–6 as subcommands: each runs on the default fixture with
-# exit 0, its --json parses and carries its schema, -o writes the same
-# document; bad token files and unknown backends are one-line usage errors
-# (exit 2).
+# exit 0, its --json parses and carries its schema (drift, logits, decide,
+# generate, perplexity: views of the audit, so the audit report's), -o writes
+# the same document; bad token
+# files and unknown backends are one-line usage errors (exit 2).
 # Usage: test_cli_steps.sh PATH/TO/kvasir-equiv   (run from the repo root)
 set -u
 bin="$1"
@@ -23,7 +24,9 @@ for step in drift logits decide generate perplexity; do
   rc=$?
   check "$step --json exits 0" test "$rc" -eq 0
   check "$step --json parses" json_parses "$tmp/$step.json"
-  check "$step --json has schema kvasir-equiv/$step/1" grep -q "\"schema\": \"kvasir-equiv/$step/1\"" "$tmp/$step.json"
+  schema="kvasir-equiv/$step/1"
+  case $step in drift|logits|decide|generate|perplexity) schema="kvasir-equiv/audit/1" ;; esac
+  check "$step --json has schema $schema" grep -q "\"schema\": \"$schema\"" "$tmp/$step.json"
   check "$step -o writes the same document" cmp -s "$tmp/$step.json" "$tmp/$step.o.json"
   # shellcheck disable=SC2086
   "$bin" "$step" --backends "$nodes" $extra >"$tmp/$step.txt"
@@ -32,20 +35,42 @@ done
 check "drift json has the fitted exponent" grep -q '"alpha"' "$tmp/drift.json"
 check "drift table states the routing" grep -q "routing pinned by the reference" "$tmp/drift.txt"
 check "logits json has KL p99" grep -q '"p99"' "$tmp/logits.json"
-check "decide json shows both authorities" grep -q '"with_authority"' "$tmp/decide.json"
+check "decide json shows both authorities" bash -c "grep -q '\"top1_pinned\"' '$tmp/decide.json' && grep -q '\"routing_free\"' '$tmp/decide.json'"
 check "decide table lists the planted border token" grep -q "L3/t23" "$tmp/decide.txt"
 check "generate json has the first divergence" grep -q '"first_divergence"' "$tmp/generate.json"
 check "perplexity json has the ratio" grep -q '"ratio"' "$tmp/perplexity.json"
+
+# task: the audit's task step on --items (judged by trained.json's task tolerances), 20 items of the cloze file.
+head -20 fixtures/tasks/qwen3_moe_trained_cloze.jsonl >"$tmp/items.jsonl"
+"$bin" task -m fixtures/models/qwen3_moe_trained --items "$tmp/items.jsonl" --backends "$nodes" --json >"$tmp/task.json"
+check "task --json exits 0" test $? -eq 0
+check "task: the audit's task step, its view named, the items pinned by their sha256" python3 -c '
+import json, sys, hashlib
+d = json.load(open(sys.argv[1])); t = d["steps"]["task"]; v = d["protocol"]["view"]
+assert d["schema"] == "kvasir-equiv/audit/1" and v["view"] == "task" and v["of"]["id"] == "trained", v
+assert v["settings"]["sha256"] == hashlib.sha256(open(sys.argv[2], "rb").read()).hexdigest(), v
+assert t["items"] == 20 and t["results"][0]["node"] == "cpu" and t["results"][0]["agreement"] == 1.0, t' "$tmp/task.json" "$tmp/items.jsonl"
+expect_usage_error "--items is required" task
 
 "$bin" drift --backends "$nodes" --repeat --json >"$tmp/repeat.json"
 check "--repeat reports bit-identical runs" grep -q '"bit_identical": true' "$tmp/repeat.json"
 "$bin" decide --backends "$nodes" --perturb-router 0.03 --json >"$tmp/perturb.json"
 check "--perturb-router flips a border token" grep -q '"border_flipped": [1-9]' "$tmp/perturb.json"
 printf '1 2 3\n4 5 6 7 8\n' >"$tmp/ok.txt"
+view_tokens() {  # file count: the view's tokens, and the logits step's positions, are COUNT
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); n=int(sys.argv[2])
+assert d["protocol"]["view"]["tokens"]["count"] == n and d["steps"]["logits"]["positions"] == n, d["protocol"]["view"]' "$1" "$2"
+}
 "$bin" logits --backends "$nodes" --tokens-file "$tmp/ok.txt" --json >"$tmp/file.json"
-check "--tokens-file is used" grep -q '"token_count": 8' "$tmp/file.json"
+check "--tokens-file is used" view_tokens "$tmp/file.json" 8
 "$bin" logits --backends "$nodes" --tokens 5 --json >"$tmp/seeded.json"
-check "--tokens N gives N seeded ids" grep -q '"token_count": 5' "$tmp/seeded.json"
+check "--tokens N gives N seeded ids" view_tokens "$tmp/seeded.json" 5
+# A view gates as audit does when asked: cpu:acc=f16 fails default.json's drift tolerances; by default it is shown, exit 0.
+"$bin" drift --backends cpu-ref,cpu:acc=f16 >/dev/null 2>&1
+check "drift: a view exits 0 by default (--gate none)" test $? -eq 0
+"$bin" drift --backends cpu-ref,cpu:acc=f16 --gate sensitive >"$tmp/gated.txt" 2>&1
+check "drift --gate sensitive: exit 1 for the f16 accumulator" test $? -eq 1
+check "drift --gate sensitive: the verdict names drift.final_rel" grep -q "unfit-sensitive.*drift.final_rel" "$tmp/gated.txt"
 
 printf '1 2\n3 oops 4\n' >"$tmp/bad.txt"
 expect_usage_error "bad.txt:2:3: token 4 'oops'" logits --backends "$nodes" --tokens-file "$tmp/bad.txt"
@@ -58,6 +83,8 @@ expect_usage_error "unknown backend" decide --backends cpu-ref,warp-drive
 expect_usage_error "exclude each other" logits --tokens 4 --tokens-file "$tmp/ok.txt"
 expect_usage_error "--tokens" drift --tokens 0
 expect_usage_error "--threshold must be > 0" drift --threshold -1
+expect_usage_error "--new-tokens must be in 1..4096" generate --new-tokens 0
+expect_usage_error "--perturb-router must be ≥ 0" decide --perturb-router -1
 expect_usage_error "--context must be in 2..65536" perplexity --context 1
 # Step 6 scored as llama-perplexity scores (second half of each window) with its --kl-divergence statistics:
 # audit and capture + compare agree, the counts are the windows' second halves, f32 vs the oracle is tiny.
@@ -98,11 +125,11 @@ want=json.load(open(sys.argv[1]))['steps']['perplexity']['results'][0]
 for f in sys.argv[2:4]:
     got=json.load(open(f))['steps']['perplexity']['results'][0]
     assert got==want, (f, got, want)
-cmd=json.load(open(sys.argv[4]))
-assert cmd['config']['scored'].startswith('second half') and cmd['config']['kl_divergence_base_rounding']=='exact', cmd['config']
+cmd=json.load(open(sys.argv[4]))['steps']['perplexity']
+assert cmd['scored'].startswith('second half') and cmd['kl_divergence_base_rounding']=='exact', cmd
 r=[x for x in cmd['results'] if x['node']=='cpu'][0]
-assert r['llamacpp_kl_divergence']==want['llamacpp_kl_divergence'], (r['llamacpp_kl_divergence'], want['llamacpp_kl_divergence'])
-assert r['perplexity']==want['perplexity'] and cmd['predictions']==want['llamacpp_kl_divergence']['predictions'], (r, want)
+assert r==want, (r, want)  # the view is the audit's step: the same entry, every figure
+assert cmd['predictions']==want['llamacpp_kl_divergence']['predictions'], (cmd['predictions'], want)
 print('identical; predictions', cmd['predictions'])" "$tmp/kld_audit.json" "$tmp/kld_flags.json" "$tmp/kld_flags_cmp.json" \
   "$tmp/kld_cmd.json"
 check "compare without the flags names them (the captures' hash is the flags' protocol)" bash -c \

@@ -234,7 +234,7 @@ print(' '.join(ids[d['offset']:d['offset']+d['count']]))" >"$tmp/ci_tokens.txt"
   --no-authority --json >"$tmp/qfree.json" 2>/dev/null
 check "gpt_oss_tiny_mxfp4.gguf: cpu:qdot=llamacpp running its own router lands where llama.cpp does" python3 -c "
 import json,sys
-q=[r for r in json.load(open(sys.argv[1]))['results'] if r['node']!='cpu-ref'][0]['linf']
+q=[r for r in json.load(open(sys.argv[1]))['steps']['logits']['results'] if r['node']!='cpu-ref'][0]['linf']
 l=json.load(open(sys.argv[2]))['steps']['logits']['results'][0]['linf']
 print('linf vs cpu-ref: llama.cpp max %.7g mean %.7g, qdot free max %.7g mean %.7g' % (l['max'], l['mean'], q['max'], q['mean']))
 assert l['max'] > 1 and abs(q['max']-l['max']) < 1e-3*l['max'] and abs(q['mean']-l['mean']) < 1e-3*l['mean'], (q, l)" \

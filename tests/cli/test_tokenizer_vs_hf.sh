@@ -36,15 +36,15 @@ printf 'The quick brown fox, Привет мир! 日本語' > "$work/prompt.txt
 want=$("$py" -c "from tokenizers import Tokenizer; import sys; print(len(Tokenizer.from_file(sys.argv[1]).encode(open(sys.argv[2]).read()).ids))" "$work/m/tokenizer.json" "$work/prompt.txt")
 out=$("$bin" logits -m "$work/m" --backends cpu --text "$work/prompt.txt" --json)
 check "logits --text: the prompt is tokenizers' $want ids" \
-  "$py" -c "import json,sys; c=json.loads(sys.stdin.read())['config']; s=c['tokens_source']; assert c['token_count'] == $want and '$want tokens' in s and 'sha256' in s, s" <<<"$out"
+  "$py" -c "import json,sys; c=json.loads(sys.stdin.read())['protocol']['view']['tokens']; s=c['source']; assert c['count'] == $want and '$want tokens' in s and 'sha256' in s, s" <<<"$out"
 gen=$("$bin" generate -m "$work/m" --backends cpu --text "$work/prompt.txt" -n 6 --json)
 check "generate --text: the reference's continuation decoded as tokenizers decodes it" \
   "$py" -c "
 import json,sys
 from tokenizers import Tokenizer
-j=json.loads(sys.stdin.read()); t=Tokenizer.from_file(sys.argv[1])
+j=json.loads(sys.stdin.read())['steps']['generate']; t=Tokenizer.from_file(sys.argv[1])
 assert j['reference_text'] == t.decode(j['reference_tokens']), (j['reference_text'],)
-for r in j['results']: assert r['free']['text'] == t.decode(r['free']['tokens'])
+for r in j['results']: assert r['text'] == t.decode(r['tokens'])
 " "$work/m/tokenizer.json" <<<"$gen"
 check "generate prints the decoded text" bash -c "'$bin' generate -m '$work/m' --backends cpu --text '$work/prompt.txt' -n 4 | grep -q 'reference text:'"
 check "perplexity --text runs" bash -c "'$bin' perplexity -m '$work/m' --backends cpu --text '$root/fixtures/tokenizers/multilingual.txt' --context 32 >/dev/null"

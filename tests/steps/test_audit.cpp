@@ -27,7 +27,7 @@
 #include "kvasir/audit/step.hpp"
 #include "kvasir/model/safetensors.hpp"
 #include "kvasir/model/safetensors_writer.hpp"
-#include "kvasir/steps/drift.hpp"
+#include "kvasir/audit/step_view.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -841,34 +841,58 @@ TEST(FaultVariants, DriftNamesTheLayerAndBlockOfTheFault) {
     }
 }
 
-// Issue #41: the `drift` command (run_drift) and the audit's drift step give
-// the same figures — every layer's free-running relative delta and the growth
-// exponent, one definition (growth_alpha) — for a node that barely moves (cpu)
-// and one that drifts (f16 accumulation), on the same tokens (the plan's).
-TEST(DriftBothWays, TheCommandAndTheAuditStepGiveTheSameFigures) {
-    const Protocol p = ci_protocol_with_only("drift");
-    const AuditRun run = audit_fixture_on(p, {"cpu-ref", "cpu", "cpu:acc=f16"});
-    AuditConfig cfg;
-    cfg.protocol = &p;
-    cfg.model = &fixture();
-    const detail::AuditPlan plan = detail::make_audit_plan(cfg);
-    ASSERT_TRUE(plan.drift.has_value());
-    std::vector<std::unique_ptr<Backend>> nodes;
-    for (const char* s : {"cpu-ref", "cpu", "cpu:acc=f16"}) nodes.push_back(create_backend(s));
-    const DriftReport standalone = run_drift(*plan.drift, nodes, 0);
-    ASSERT_EQ(standalone.results.size(), 2u);
-    ASSERT_EQ(run.report.drift.size(), 2u);
-    for (const NodeDrift& nd : standalone.results) {
-        const auto series = std::find_if(run.report.drift.begin(), run.report.drift.end(),
-                                         [&](const DriftSeries& d) { return d.node == nd.node; });
-        ASSERT_NE(series, run.report.drift.end()) << nd.node;
-        ASSERT_EQ(series->rel.size(), nd.layers.size()) << nd.node;
-        for (std::size_t l = 0; l < nd.layers.size(); ++l) {
-            EXPECT_GT(nd.layers[l].free_rel, 0.0) << nd.node << " layer " << l;  // both nodes move: not 0 = 0
-            EXPECT_EQ(series->rel[l], nd.layers[l].free_rel) << nd.node << " layer " << l;
+// Issue #41: a step command is a view of the audit (step_view.hpp). On the
+// tokens of ci.json's stream, `kvasir-equiv <step>` (view_protocol + run_view)
+// and `audit --steps <step>` give the same step section byte for byte, the
+// same drift series and the same judged figures — for a node that barely
+// moves (cpu) and one that drifts (f16 accumulation).
+TEST(StepView, EachViewGivesTheAuditStepsFigures) {
+    for (const std::string step : {"drift", "logits", "decide"}) {
+        SCOPED_TRACE(step);
+        const Protocol only = ci_protocol_with_only(step);
+        const AuditRun audited = audit_fixture_on(only, {"cpu-ref", "cpu", "cpu:acc=f16"});
+        const TokenStream& stream = step == "drift" ? only.drift.tokens : step == "logits" ? only.logits.tokens : only.decide.tokens;
+        const TokenSequence tokens{read_token_stream(stream, fixture().path()), "ci.json's stream"};
+        const Protocol view = view_protocol(ci_protocol(), StepView{step, false, {}, {}}, tokens);
+        EXPECT_EQ(view.id, step);
+        EXPECT_NE(view.content_hash, ci_protocol().content_hash);  // a view never claims the base protocol's hash
+        const auto names = [](const Tolerances& t) {
+            std::vector<std::string> out;
+            for (const auto& [name, tol] : t) out.push_back(name + "=" + std::to_string(tol.value));
+            return out;
+        };
+        EXPECT_EQ(names(view.sensitive), names(tolerances_of_steps(ci_protocol().sensitive, {step})));
+        std::vector<std::unique_ptr<Backend>> nodes;
+        for (const char* s : {"cpu-ref", "cpu", "cpu:acc=f16"}) nodes.push_back(create_backend(s));
+        const AuditRun viewed = run_view(view, fixture(), tokens, nodes, 0, Gate::sensitive, only.seed);
+        EXPECT_EQ(viewed.step_order, std::vector<std::string>{step});
+        EXPECT_EQ(viewed.report.steps.at(step).dump(), audited.report.steps.at(step).dump());
+        ASSERT_EQ(viewed.report.drift.size(), audited.report.drift.size());
+        for (std::size_t i = 0; i < viewed.report.drift.size(); ++i) {
+            EXPECT_EQ(viewed.report.drift[i].rel, audited.report.drift[i].rel);
+            EXPECT_EQ(viewed.report.drift[i].alpha, audited.report.drift[i].alpha);
         }
-        EXPECT_EQ(series->alpha, nd.alpha) << nd.node;
-        EXPECT_TRUE(std::isfinite(nd.alpha)) << nd.node;
+        ASSERT_EQ(viewed.report.nodes.size(), 3u);
+        for (std::size_t i = 0; i < 3; ++i) {
+            const NodeVerdict &v = viewed.report.nodes[i], &a = audited.report.nodes[i];
+            EXPECT_EQ(v.verdict, a.verdict) << v.node;
+            ASSERT_EQ(v.sensitive.size(), a.sensitive.size()) << v.node;
+            for (std::size_t c = 0; c < v.sensitive.size(); ++c) {
+                EXPECT_EQ(v.sensitive[c].criterion, a.sensitive[c].criterion);
+                EXPECT_EQ(nlohmann::json(v.sensitive[c].value).dump(), nlohmann::json(a.sensitive[c].value).dump());
+            }
+        }
+        if (step == "drift") {  // both candidates move, and f16 accumulation crosses the threshold where cpu does not
+            const auto& res = viewed.report.steps.at("drift").at("results");
+            EXPECT_EQ(res[0]["first_over"], -1);
+            EXPECT_GE(res[1]["first_over"].get<int>(), 0);
+            // `drift --threshold 0.5` (the protocol's drift.threshold): nothing crosses it.
+            const Protocol loose = view_protocol(ci_protocol(), StepView{step, false, {{"threshold", 0.5}}, [](Protocol& v) { v.drift.threshold = 0.5; }}, tokens);
+            const AuditRun lr = run_view(loose, fixture(), tokens, nodes, 0, Gate::sensitive, only.seed);
+            EXPECT_EQ(lr.report.steps.at("drift")["threshold"], 0.5);
+            EXPECT_EQ(lr.report.steps.at("drift")["results"][1]["first_over"], -1);
+            EXPECT_NE(loose.content_hash, view.content_hash);
+        }
     }
 }
 
@@ -918,6 +942,15 @@ TEST(TaskStep, JudgesTheTaskScoreAndItsLogLikelihoods) {
     const nlohmann::ordered_json& task = run.report.steps.at("task");
     EXPECT_EQ(task.at("items").get<int>(), 100);
     EXPECT_GT(task.at("reference_acc").get<double>(), 0.0);
+    // `kvasir-equiv task --items …` is this step's view: the same section, figure for figure.
+    const std::string items = (tmp / "items.jsonl").string();
+    const Protocol view = view_protocol(p, StepView{"task", false, {}, [&](Protocol& v) {
+                                                        v.task.path = v.task.resolved_path = items;
+                                                        v.task.sha256 = sha256_hex(slice);
+                                                    }},
+                                        TokenSequence{{}, "none"});
+    const AuditRun viewed = run_view(view, m, TokenSequence{{}, "none"}, nodes, 0, Gate::none, p.seed);
+    EXPECT_EQ(viewed.report.steps.at("task").dump(), task.dump());
     // A sha256 that is not the file's is refused before anything runs.
     doc["steps"]["task"]["items"]["sha256"] = std::string(64, '0');
     const Protocol bad = parse_protocol(doc, "trained.json (task only)", (kRoot / "protocols").string());

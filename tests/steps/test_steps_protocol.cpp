@@ -15,16 +15,17 @@
 //     flips.
 //
 // Measured figures are printed ("[ measured ] ...") so they appear in CI logs.
+#include "kvasir/audit/step_view.hpp"
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/rng.hpp"
 #include "kvasir/model/model.hpp"
 #include "kvasir/model/safetensors.hpp"
-#include "kvasir/report/steps_text.hpp"
-#include "kvasir/steps/decide.hpp"
-#include "kvasir/steps/drift.hpp"
-#include "kvasir/steps/generate.hpp"
-#include "kvasir/steps/logits.hpp"
+#include "kvasir/core/io.hpp"
+#include "kvasir/core/json_schema.hpp"
+#include "kvasir/report/audit_json.hpp"
+#include "kvasir/report/step_text.hpp"
+#include "kvasir/backend/router_perturbed.hpp"
 #include "kvasir/steps/op_delta.hpp"
 #include "kvasir/steps/perplexity.hpp"
 #include "kvasir/steps/protocol_steps.hpp"
@@ -73,6 +74,47 @@ Config config_for(const std::string& fixture) {
     c.model = &model(fixture);
     c.tokens = resolve_tokens(*c.model, TokenOptions{});
     return c;
+}
+
+// `kvasir-equiv <step>` on a fixture: the audit's step alone (a view of
+// protocols/default.json, step_view.hpp) on the fixture's reference prompt;
+// its section of the report.
+const Protocol& base_protocol() {
+    static const Protocol p = load_protocol((fs::path(KVASIR_SOURCE_DIR) / "protocols" / "default.json").string());
+    return p;
+}
+AuditRun view_run(const std::string& step, const std::string& fx, std::vector<std::unique_ptr<Backend>>& nodes,
+                  bool repeat = false, std::size_t reference = 0, std::function<void(Protocol&)> configure = {},
+                  std::optional<TokenSequence> given = std::nullopt) {
+    const TokenSequence tokens = given ? *given : resolve_tokens(model(fx), TokenOptions{});
+    const Protocol p = view_protocol(base_protocol(), StepView{step, repeat, {}, std::move(configure)}, tokens);
+    return run_view(p, model(fx), tokens, nodes, reference, Gate::none, 20261129);
+}
+using Json = nlohmann::ordered_json;
+// The decide command's --perturb-router EPS on a candidate (the fixture's MoE layers).
+std::unique_ptr<Backend> perturbed(const std::string& spec, double eps, const std::string& fx) {
+    std::int64_t moe = 0;
+    for (std::int64_t l = 0; l < model(fx).config().num_layers; ++l) moe += model(fx).config().is_moe(l) ? 1 : 0;
+    return std::make_unique<RouterPerturbedBackend>(create_backend(spec), eps, 20261129, moe);
+}
+// The number of a decide entry's border / other flips.
+std::int64_t flips(const Json& e, const char* which) { return e.at("border").at(which).get<std::int64_t>(); }
+double rate(const Json& f) { return f.at("rate").get<double>(); }
+Json view_of(const std::string& step, const std::string& fx, std::vector<std::unique_ptr<Backend>>& nodes) {
+    return view_run(step, fx, nodes).report.steps.at(step);
+}
+// `kvasir-equiv perplexity --context C` on `tokens`.
+AuditRun perplexity_run(const std::string& fx, std::vector<std::unique_ptr<Backend>>& nodes, const TokenSequence& tokens,
+                        std::int64_t context, bool repeat = false) {
+    return view_run("perplexity", fx, nodes, repeat, 0, [context](Protocol& p) { p.perplexity.context = context; }, tokens);
+}
+Json perplexity_of(const std::string& fx, std::vector<std::unique_ptr<Backend>>& nodes, const TokenSequence& tokens,
+                   std::int64_t context) {
+    return perplexity_run(fx, nodes, tokens, context).report.steps.at("perplexity");
+}
+// `kvasir-equiv generate -n N`.
+Json generate_of(const std::string& fx, std::vector<std::unique_ptr<Backend>>& nodes, int n) {
+    return view_run("generate", fx, nodes, false, 0, [n](Protocol& p) { p.generate.n = n; }).report.steps.at("generate");
 }
 
 Tensor logits_from(const std::vector<std::vector<double>>& rows) {
@@ -240,131 +282,125 @@ TEST(StepTokens, ResolvesTheReferencePromptAndTheOptions) {
 TEST(StepRuns, ReferenceAgainstItselfIsExactlyZero) {
     // Two independent cpu-ref nodes: deterministic f64 oracle, same inputs → every delta exactly 0.
     auto nodes = make_nodes({"cpu-ref", "cpu-ref"});
-    const DriftReport dr = run_drift(config_for<DriftConfig>("qwen3_moe_tiny"), nodes, 0);
-    ASSERT_EQ(dr.results.size(), 1u);
-    ASSERT_EQ(dr.results[0].error, "");
-    for (const LayerDrift& l : dr.results[0].layers) {
-        EXPECT_EQ(l.free_rel, 0.0);
-        EXPECT_EQ(l.free_max_abs, 0.0);
-        EXPECT_EQ(l.anchored_rel, 0.0);
-        EXPECT_EQ(l.anchored_max_abs, 0.0);
+    const Json dr = view_of("drift", "qwen3_moe_tiny", nodes);
+    ASSERT_EQ(dr["results"].size(), 1u);
+    const Json& d = dr["results"][0];
+    ASSERT_FALSE(d.contains("error")) << d.dump();
+    ASSERT_EQ(d["layers"].size(), 4u);
+    for (const Json& l : d["layers"]) {
+        EXPECT_EQ(l["free_rel"], 0.0);
+        EXPECT_EQ(l["free_max_abs"], 0.0);
+        EXPECT_EQ(l["anchored_rel"], 0.0);
+        EXPECT_EQ(l["anchored_max_abs"], 0.0);
     }
-    EXPECT_EQ(dr.results[0].first_over, -1);
-    EXPECT_EQ(dr.results[0].fit.points_excluded, 4);  // log 0 does not exist: no exponent
-    EXPECT_TRUE(std::isnan(dr.results[0].fit.alpha));
-    EXPECT_EQ(dr.results[0].alpha, 0.0);  // reported as the audit judges it: no growth (issue #41: one definition)
+    EXPECT_EQ(d["embedding_rel"], 0.0);
+    EXPECT_EQ(d["first_over"], -1);
+    EXPECT_EQ(d["fit"]["points_excluded"], 4);  // log 0 does not exist: no exponent
+    EXPECT_EQ(d["fit"]["alpha"], "nan");
+    EXPECT_EQ(d["alpha"], 0.0);  // as the audit judges it: no growth (issue #41: one definition)
 
-    const LogitsReport lr = run_logits(config_for<LogitsConfig>("qwen3_moe_tiny"), nodes, 0);
-    EXPECT_EQ(lr.results[0].kl.max, 0.0);
-    EXPECT_EQ(lr.results[0].linf.max, 0.0);
-    EXPECT_EQ(lr.results[0].l2.max, 0.0);
-    EXPECT_EQ(lr.results[0].top_dp_rms, 0.0);
+    const Json lr = view_of("logits", "qwen3_moe_tiny", nodes)["results"][0];
+    EXPECT_EQ(lr["kl"]["max"], 0.0);
+    EXPECT_EQ(lr["linf"]["max"], 0.0);
+    EXPECT_EQ(lr["l2"]["max"], 0.0);
+    EXPECT_EQ(lr["top_dp_rms"], 0.0);
 
-    const DecideReport de = run_decide(config_for<DecideConfig>("qwen3_moe_tiny"), nodes, 0);
-    EXPECT_EQ(de.results[0].top1_free.rate, 1.0);
-    EXPECT_EQ(de.results[0].routing_free.exact_match_rate, 1.0);
-    EXPECT_EQ(de.results[0].border_flipped + de.results[0].other_flipped, 0);
+    const Json de = view_of("decide", "qwen3_moe_tiny", nodes)["results"][0];
+    EXPECT_EQ(rate(de["top1_free"]), 1.0);
+    EXPECT_EQ(rate(de["top1_pinned"]), 1.0);
+    EXPECT_EQ(de["routing_free"]["exact_match_rate"], 1.0);
+    EXPECT_EQ(flips(de, "border_flipped") + flips(de, "other_flipped"), 0);
 
-    GenerateConfig gc = config_for<GenerateConfig>("qwen3_moe_tiny");
-    gc.new_tokens = 8;
-    const GenerateReport ge = run_generate(gc, nodes, 0);
-    EXPECT_EQ(ge.results[0].first_divergence, -1);
-    EXPECT_EQ(ge.results[0].divergences, 0);
-    EXPECT_EQ(ge.results[0].max_abs, 0.0);
+    const Json ge = generate_of("qwen3_moe_tiny", nodes, 8)["results"][0];
+    EXPECT_EQ(ge["first_divergence"], -1);
+    EXPECT_EQ(ge["teacher_forced_divergences"], 0);
+    EXPECT_EQ(ge["tokens"].size(), 8u);
 
-    PerplexityConfig pc = config_for<PerplexityConfig>("qwen3_moe_tiny");
-    pc.tokens = seeded_tokens(3, 96, 384);
-    pc.context = 32;
-    const PerplexityReport pe = run_perplexity(pc, nodes, 0);
-    ASSERT_EQ(pe.results.size(), 2u);
-    EXPECT_EQ(pe.results[1].delta, 0.0);
-    EXPECT_EQ(pe.results[1].ratio, 1.0);
-    EXPECT_EQ(pe.results[1].nll_max_abs_delta, 0.0);
+    const Json pe = perplexity_of("qwen3_moe_tiny", nodes, seeded_tokens(3, 96, 384), 32);
+    ASSERT_EQ(pe["results"].size(), 1u);
+    EXPECT_EQ(pe["predictions"], 93);  // windows of 32, 32, 32: 31 predictions each
+    EXPECT_EQ(pe["results"][0]["delta"], 0.0);
+    EXPECT_EQ(pe["results"][0]["ratio"], 1.0);
+    EXPECT_EQ(pe["results"][0]["nll_max_abs_delta"], 0.0);
+    EXPECT_EQ(pe["results"][0]["mean_nll"], pe["reference_mean_nll"]);
 }
 
 TEST(StepRuns, CpuAgainstCpuRefIsSmall) {
     auto nodes = make_nodes({"cpu-ref", "cpu"});
     for (const char* fx : {"qwen3_moe_tiny", "mixtral_tiny"}) {
         SCOPED_TRACE(fx);
-        const DriftReport dr = run_drift(config_for<DriftConfig>(fx), nodes, 0);
-        const NodeDrift& d = dr.results[0];
-        ASSERT_EQ(d.error, "");
-        for (const LayerDrift& l : d.layers) {
-            EXPECT_LT(l.free_rel, 2e-6);  // measured ≤ 2.7e-7: f32 rounding, ~2 ulp
-            EXPECT_LT(l.anchored_rel, 2e-6);
+        const Json d = view_of("drift", fx, nodes)["results"][0];
+        ASSERT_FALSE(d.contains("error")) << d.dump();
+        for (const Json& l : d["layers"]) {
+            EXPECT_LT(l["free_rel"].get<double>(), 2e-6);  // measured ≤ 2.7e-7: f32 rounding, ~2 ulp
+            EXPECT_LT(l["anchored_rel"].get<double>(), 2e-6);
         }
-        EXPECT_EQ(d.first_over, -1);
-        measured(fmt::format("{} cpu drift: last layer rel {:.3e}, α {:.2f} (R² {:.3f})", fx, d.layers.back().free_rel,
-                             d.fit.alpha, d.fit.r2));
+        EXPECT_EQ(d["first_over"], -1);
+        measured(fmt::format("{} cpu drift: last layer rel {:.3e}, α {:.2f} (R² {:.3f})", fx,
+                             d["layers"].back()["free_rel"].get<double>(), d["fit"]["alpha"].get<double>(),
+                             d["fit"]["r2"].get<double>()));
 
-        const LogitsReport lr = run_logits(config_for<LogitsConfig>(fx), nodes, 0);
-        EXPECT_LT(lr.results[0].kl.max, 1e-10);    // measured ~1.8e-12
-        EXPECT_LT(lr.results[0].linf.max, 5e-5);   // measured ~4e-6
-        measured(fmt::format("{} cpu logits: KL p99 {:.3e}, L∞ max {:.3e}", fx, lr.results[0].kl.p99, lr.results[0].linf.max));
+        const Json lr = view_of("logits", fx, nodes)["results"][0];
+        EXPECT_LT(lr["kl"]["max"].get<double>(), 1e-10);   // measured ~1.8e-12
+        EXPECT_LT(lr["linf"]["max"].get<double>(), 5e-5);  // measured ~4e-6
+        measured(fmt::format("{} cpu logits: KL p99 {:.3e}, L∞ max {:.3e}", fx, lr["kl"]["p99"].get<double>(),
+                             lr["linf"]["max"].get<double>()));
 
-        const DecideReport de = run_decide(config_for<DecideConfig>(fx), nodes, 0);
+        const Json de = view_of("decide", fx, nodes)["results"][0];
         // An f32 router's error (~1e-7) is two orders below the smallest planted gap (2e-5): nothing flips.
-        EXPECT_EQ(de.results[0].top1_free.rate, 1.0);
-        EXPECT_EQ(de.results[0].routing_free.exact_match_rate, 1.0);
-        EXPECT_EQ(de.results[0].border_flipped, 0);
+        EXPECT_EQ(rate(de["top1_free"]), 1.0);
+        EXPECT_EQ(de["routing_free"]["exact_match_rate"], 1.0);
+        EXPECT_EQ(flips(de, "border_flipped"), 0);
 
-        const GenerateReport ge = run_generate(config_for<GenerateConfig>(fx), nodes, 0);
-        EXPECT_EQ(ge.results[0].first_divergence, -1);
-        EXPECT_EQ(ge.results[0].divergences, 0);
-        EXPECT_LT(ge.results[0].max_abs, 5e-5);
-        EXPECT_TRUE(ge.results[0].sequence_identical);
+        const Json ge = generate_of(fx, nodes, 16);
+        EXPECT_EQ(ge["results"][0]["first_divergence"], -1);
+        EXPECT_EQ(ge["results"][0]["teacher_forced_divergences"], 0);
+        EXPECT_EQ(ge["results"][0]["tokens"], ge["reference_tokens"]);
 
-        PerplexityConfig pc = config_for<PerplexityConfig>(fx);
-        pc.tokens = read_token_file((fs::path(KVASIR_SOURCE_DIR) / "fixtures/tokens/default.txt").string(), 320);
-        const PerplexityReport pe = run_perplexity(pc, nodes, 0);
-        EXPECT_NEAR(pe.results[1].ratio, 1.0, 2e-6);  // measured |ratio − 1| ≤ 1.9e-7
-        measured(fmt::format("{} cpu perplexity {:.6f} vs {:.6f}, ratio − 1 = {:.3e}", fx, pe.results[1].perplexity,
-                             pe.results[0].perplexity, pe.results[1].ratio - 1.0));
+        const Json pe = perplexity_of(fx, nodes, read_token_file((fs::path(KVASIR_SOURCE_DIR) / "fixtures/tokens/default.txt").string(), 320), 64);
+        const double ratio = pe["results"][0]["ratio"].get<double>();
+        EXPECT_NEAR(ratio, 1.0, 2e-6);  // measured |ratio − 1| ≤ 1.9e-7
+        measured(fmt::format("{} cpu perplexity {:.6f} vs {:.6f}, ratio − 1 = {:.3e}", fx,
+                             pe["results"][0]["perplexity"].get<double>(), pe["reference_perplexity"].get<double>(), ratio - 1.0));
     }
 }
 
 TEST(StepRuns, CpuGreedyEqualsTheTransformersContinuation) {
     // The reference continuation of step 5 is the one transformers produced (greedy.tokens).
     auto nodes = make_nodes({"cpu-ref", "cpu"});
-    const GenerateReport ge = run_generate(config_for<GenerateConfig>("qwen3_moe_tiny"), nodes, 0);
+    const SafetensorsFile fixture_ref = SafetensorsFile::open((kModels / "qwen3_moe_tiny" / "reference.safetensors").string());
+    const Json ge = generate_of("qwen3_moe_tiny", nodes, static_cast<int>(fixture_ref.view("greedy.tokens").numel()));
     const SafetensorsFile ref = SafetensorsFile::open((kModels / "qwen3_moe_tiny" / "reference.safetensors").string());
     const TensorView g = ref.view("greedy.tokens");
-    ASSERT_EQ(ge.reference_tokens.size(), static_cast<std::size_t>(g.numel()));
-    for (std::int64_t i = 0; i < g.numel(); ++i) EXPECT_EQ(ge.reference_tokens[static_cast<std::size_t>(i)], g.at(i));
-    EXPECT_EQ(ge.results[0].tokens, ge.reference_tokens);
+    ASSERT_EQ(ge["reference_tokens"].size(), static_cast<std::size_t>(g.numel()));
+    for (std::int64_t i = 0; i < g.numel(); ++i) EXPECT_EQ(ge["reference_tokens"][static_cast<std::size_t>(i)].get<double>(), g.at(i));
+    EXPECT_EQ(ge["results"][0]["tokens"], ge["reference_tokens"]);
 }
 
 TEST(StepRuns, RepeatOnCpuIsBitIdentical) {
     auto nodes = make_nodes({"cpu-ref", "cpu"});
-    const auto check = [](const std::vector<SelfCheck>& r, const char* step) {
-        ASSERT_EQ(r.size(), 2u) << step;
-        for (const SelfCheck& s : r) {
-            EXPECT_EQ(s.error, "") << step;
-            EXPECT_TRUE(s.bit_identical) << step << " " << s.node;
-            EXPECT_EQ(s.max_abs, 0.0) << step;
-            EXPECT_EQ(s.routing_rows_differing, 0) << step;
-            EXPECT_EQ(s.tokens_differing, 0) << step;
+    // drift, logits, generate --repeat: the determinism step on the same tokens.
+    for (const char* step : {"drift", "logits", "generate"}) {
+        const AuditRun run = view_run(step, "qwen3_moe_tiny", nodes, true);
+        EXPECT_EQ(run.step_order, (std::vector<std::string>{step, "determinism"}));
+        const Json& det = run.report.steps.at("determinism");
+        ASSERT_EQ(det["nodes"].size(), 2u) << step;
+        for (const Json& n : det["nodes"]) {
+            EXPECT_EQ(n["bit_identical"], true) << step << " " << n.dump();
+            EXPECT_EQ(n["routing_rows_differing"], 0.0) << step;
         }
-    };
-    DriftConfig dc = config_for<DriftConfig>("qwen3_moe_tiny");
-    dc.repeat = true;
-    check(run_drift(dc, nodes, 0).repeat, "drift");
-    LogitsConfig lc = config_for<LogitsConfig>("qwen3_moe_tiny");
-    lc.repeat = true;
-    check(run_logits(lc, nodes, 0).repeat, "logits");
-    DecideConfig de = config_for<DecideConfig>("qwen3_moe_tiny");
-    de.repeat = true;
-    de.perturb_router = 1e-3;  // the seeded noise is part of the run: it must repeat too
-    check(run_decide(de, nodes, 0).repeat, "decide");
-    GenerateConfig gc = config_for<GenerateConfig>("qwen3_moe_tiny");
-    gc.repeat = true;
-    gc.new_tokens = 6;
-    check(run_generate(gc, nodes, 0).repeat, "generate");
-    PerplexityConfig pc = config_for<PerplexityConfig>("qwen3_moe_tiny");
-    pc.repeat = true;
-    pc.tokens = seeded_tokens(1, 80, 384);
-    pc.context = 40;
-    check(run_perplexity(pc, nodes, 0).repeat, "perplexity");
+    }
+    {  // decide --repeat --perturb-router: the seeded noise is part of the run, so it repeats too
+        std::vector<std::unique_ptr<Backend>> pn;
+        pn.push_back(create_backend("cpu-ref"));
+        pn.push_back(perturbed("cpu", 1e-3, "qwen3_moe_tiny"));
+        const AuditRun run = view_run("decide", "qwen3_moe_tiny", pn, true);
+        for (const Json& n : run.report.steps.at("determinism")["nodes"]) EXPECT_EQ(n["bit_identical"], true) << n.dump();
+    }
+    {  // perplexity --repeat
+        const AuditRun run = perplexity_run("qwen3_moe_tiny", nodes, seeded_tokens(1, 80, 384), 40, true);
+        for (const Json& n : run.report.steps.at("determinism")["nodes"]) EXPECT_EQ(n["bit_identical"], true) << n.dump();
+    }
 }
 
 TEST(StepRuns, ReferenceBorderTokensAreThePlantedOnes) {
@@ -372,15 +408,25 @@ TEST(StepRuns, ReferenceBorderTokensAreThePlantedOnes) {
     // layer.{l}.router_gap (transformers' f32 router logits, gap in f64) and the
     // border tokens below 1e-3 are the five REFERENCE.md lists.
     auto nodes = make_nodes({"cpu-ref", "cpu"});
-    const DecideReport de = run_decide(config_for<DecideConfig>("qwen3_moe_tiny"), nodes, 0);
+    const Json de = view_of("decide", "qwen3_moe_tiny", nodes);
     const SafetensorsFile ref = SafetensorsFile::open((kModels / "qwen3_moe_tiny" / "reference.safetensors").string());
-    std::set<std::pair<std::int64_t, std::int64_t>> border;
-    for (const RouterGapsLayer& g : de.reference_gaps) {
-        const TensorView want = ref.view(fmt::format("f64.layer.{}.router_gap", g.layer));
-        for (std::size_t t = 0; t < g.gaps.size(); ++t)
-            EXPECT_NEAR(g.gaps[t], want.at(static_cast<std::int64_t>(t)), 1e-9) << g.layer << "/" << t;
-        for (std::int64_t t : g.border_tokens) border.insert({g.layer, t});
+    std::set<std::pair<std::int64_t, std::int64_t>> border, want_border;
+    std::size_t moe_layers = 0;
+    for (std::int64_t l = 0; l < model("qwen3_moe_tiny").config().num_layers; ++l) moe_layers += model("qwen3_moe_tiny").config().is_moe(l);
+    ASSERT_EQ(de["border_tokens"].size(), moe_layers);  // one entry per MoE layer
+    for (const Json& g : de["border_tokens"]) {
+        const std::int64_t l = g["layer"];
+        for (const Json& t : g["tokens"]) {
+            const std::int64_t tok = t["token"];
+            EXPECT_NEAR(t["gap"].get<double>(), ref.view(fmt::format("f64.layer.{}.router_gap", l)).at(tok), 1e-9) << l << "/" << tok;
+            border.insert({l, tok});
+        }
+        // transformers' own gaps say the same tokens are the border ones.
+        const TensorView want = ref.view(fmt::format("f64.layer.{}.router_gap", l));
+        for (std::int64_t t = 0; t < want.numel(); ++t)
+            if (want.at(t) < 1e-3) want_border.insert({l, t});
     }
+    EXPECT_EQ(border, want_border);
     EXPECT_EQ(border, (std::set<std::pair<std::int64_t, std::int64_t>>{{0, 7}, {1, 0}, {1, 2}, {1, 12}, {3, 23}}));
 }
 
@@ -413,77 +459,71 @@ TEST(StepRuns, AFailingCandidateIsRecordedAndTheOthersGoOn) {
     nodes.push_back(create_backend("cpu-ref"));
     nodes.push_back(std::make_unique<FailingBackend>());
     nodes.push_back(create_backend("cpu"));
-    const DriftReport dr = run_drift(config_for<DriftConfig>("qwen3_moe_tiny"), nodes, 0);
-    ASSERT_EQ(dr.results.size(), 2u);
-    EXPECT_NE(dr.results[0].error.find("device lost"), std::string::npos);
-    EXPECT_EQ(dr.results[1].error, "");
-    EXPECT_EQ(to_json(dr)["results"][0]["error"], dr.results[0].error);
-    const PerplexityReport pe = [&] {
-        PerplexityConfig pc = config_for<PerplexityConfig>("qwen3_moe_tiny");
-        pc.tokens = seeded_tokens(1, 40, 384);
-        return run_perplexity(pc, nodes, 0);
-    }();
-    EXPECT_NE(pe.results[1].error, "");
-    EXPECT_EQ(pe.results[2].error, "");
-    // A failing reference fails the step: there is nothing to compare with.
-    EXPECT_THROW(run_drift(config_for<DriftConfig>("qwen3_moe_tiny"), nodes, 1), Error);
+    // The failed node's error is its verdict; the others are compared.
+    const AuditRun run = view_run("drift", "qwen3_moe_tiny", nodes);
+    const Json& dr = run.report.steps.at("drift");
+    ASSERT_EQ(dr["results"].size(), 1u);
+    EXPECT_EQ(dr["results"][0]["node"], "cpu");
+    EXPECT_FALSE(dr["results"][0].contains("error"));
+    ASSERT_EQ(run.report.nodes.size(), 3u);
+    EXPECT_EQ(run.report.nodes[1].node, "failing");
+    EXPECT_EQ(run.report.nodes[1].verdict, Verdict::error);
+    EXPECT_NE(run.report.nodes[1].errors.at("drift").find("device lost"), std::string::npos);
+    EXPECT_EQ(run.report.nodes[2].verdict, Verdict::fit);
+    const AuditRun pe = perplexity_run("qwen3_moe_tiny", nodes, seeded_tokens(1, 40, 384), 64);
+    EXPECT_EQ(pe.report.nodes[1].verdict, Verdict::error);
+    EXPECT_NE(pe.report.nodes[1].errors.at("perplexity").find("device lost"), std::string::npos);
+    ASSERT_EQ(pe.report.steps.at("perplexity")["results"].size(), 1u);
+    EXPECT_EQ(pe.report.steps.at("perplexity")["results"][0]["node"], "cpu");
+    // A failing reference fails the step: there is nothing to compare with, every node's verdict is error.
+    const AuditRun failed_ref = view_run("drift", "qwen3_moe_tiny", nodes, false, 1);
+    EXPECT_NE(failed_ref.report.steps.at("drift").value("error", std::string()).find("device lost"), std::string::npos);
+    for (const NodeVerdict& v : failed_ref.report.nodes) {
+        if (v.node != "failing") {
+            EXPECT_EQ(v.verdict, Verdict::error) << v.node;
+        }
+    }
 }
 
-TEST(StepRuns, JsonSchemasAndStableKeys) {
+TEST(StepRuns, AViewsReportIsAnAuditReportThatSaysWhatItViewed) {
+    // One JSON form of a step's result: a view's report is the audit's, its protocol names the view.
     auto nodes = make_nodes({"cpu-ref", "cpu"});
-    GenerateConfig gc = config_for<GenerateConfig>("qwen3_moe_tiny");
-    gc.new_tokens = 4;
-    PerplexityConfig pc = config_for<PerplexityConfig>("qwen3_moe_tiny");
-    pc.tokens = seeded_tokens(1, 40, 384);
-    const std::vector<std::pair<std::string, nlohmann::ordered_json>> docs = {
-        {"drift", to_json(run_drift(config_for<DriftConfig>("qwen3_moe_tiny"), nodes, 0))},
-        {"logits", to_json(run_logits(config_for<LogitsConfig>("qwen3_moe_tiny"), nodes, 0))},
-        {"decide", to_json(run_decide(config_for<DecideConfig>("qwen3_moe_tiny"), nodes, 0))},
-        {"generate", to_json(run_generate(gc, nodes, 0))},
-        {"perplexity", to_json(run_perplexity(pc, nodes, 0))},
-    };
-    for (const auto& [step, j] : docs) {
-        SCOPED_TRACE(step);
-        std::vector<std::string> keys;
-        for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
-        ASSERT_GE(keys.size(), 6u);
-        EXPECT_EQ(std::vector<std::string>(keys.begin(), keys.begin() + 5),
-                  (std::vector<std::string>{"schema", "tool", "config", "reference", "nodes"}));
-        EXPECT_EQ(j["schema"], "kvasir-equiv/" + step + "/1");
-        EXPECT_EQ(j["config"]["model_fingerprint"], model("qwen3_moe_tiny").fingerprint());
-        EXPECT_EQ(j["reference"], "cpu-ref");
-        EXPECT_EQ(j.dump(), nlohmann::ordered_json::parse(j.dump()).dump());  // valid JSON: no raw NaN
-    }
-    // No divergence → the margin there is NaN, written as the string "nan".
-    EXPECT_EQ(docs[3].second["results"][0]["free"]["ref_margin_at_divergence"], "nan");
+    const AuditRun run = perplexity_run("qwen3_moe_tiny", nodes, seeded_tokens(1, 40, 384), 64);
+    const Json j = audit_report_json(run.report);
+    EXPECT_EQ(j["schema"], "kvasir-equiv/audit/1");
+    EXPECT_EQ(j["protocol"]["id"], "perplexity");
+    EXPECT_EQ(j["protocol"]["view"]["view"], "perplexity");
+    EXPECT_EQ(j["protocol"]["view"]["of"]["id"], base_protocol().id);
+    EXPECT_EQ(j["protocol"]["view"]["tokens"]["count"], 40);
+    EXPECT_NE(j["protocol"]["content_hash"], base_protocol().content_hash);
+    EXPECT_EQ(j["model"]["fingerprint"], model("qwen3_moe_tiny").fingerprint());
+    EXPECT_EQ(j["reference"], "cpu-ref");
+    EXPECT_EQ(j.dump(), nlohmann::ordered_json::parse(j.dump()).dump());  // valid JSON: no raw NaN
+    const nlohmann::json schema =
+        nlohmann::json::parse(read_text_file((fs::path(KVASIR_SOURCE_DIR) / "protocols/report.schema.json").string()));
+    EXPECT_TRUE(schema_violations(schema, nlohmann::json::parse(j.dump())).empty());
 }
 
 TEST(StepRuns, ValidationErrors) {
     auto nodes = make_nodes({"cpu-ref", "cpu"});
-    DriftConfig dc = config_for<DriftConfig>("qwen3_moe_tiny");
-    dc.threshold = 0;
-    EXPECT_THROW(run_drift(dc, nodes, 0), Error);
-    DecideConfig de = config_for<DecideConfig>("qwen3_moe_tiny");
-    de.perturb_router = -1;
-    EXPECT_THROW(run_decide(de, nodes, 0), Error);
-    GenerateConfig gc = config_for<GenerateConfig>("qwen3_moe_tiny");
-    gc.new_tokens = 0;
-    EXPECT_THROW(run_generate(gc, nodes, 0), Error);
-    LogitsConfig lc = config_for<LogitsConfig>("qwen3_moe_tiny");
-    lc.tokens.ids.push_back(384);
-    EXPECT_THROW(run_logits(lc, nodes, 0), Error);
-    PerplexityConfig pc = config_for<PerplexityConfig>("qwen3_moe_tiny");
-    pc.tokens.ids = {5};
-    EXPECT_THROW(run_perplexity(pc, nodes, 0), Error);
+    EXPECT_THROW(perturbed("cpu", -1, "qwen3_moe_tiny"), Error);
+    EXPECT_THROW(RouterPerturbedBackend(create_backend("cpu"), 1e-3, 1, 0), Error);  // a dense model: no router
+    // A token outside the vocabulary is refused by the view's plan, before any node runs.
+    TokenSequence bad = resolve_tokens(model("qwen3_moe_tiny"), TokenOptions{});
+    bad.ids.push_back(384);
+    const Protocol lp = view_protocol(base_protocol(), StepView{"logits", false, {}, {}}, bad);
+    EXPECT_THROW(run_view(lp, model("qwen3_moe_tiny"), bad, nodes, 0, Gate::none, 1), Error);
+    // One token predicts nothing: refused by the view's plan.
+    EXPECT_THROW(perplexity_run("qwen3_moe_tiny", nodes, TokenSequence{{5}, "one token"}, 64), Error);
 }
 
 TEST(StepRuns, TextRenderersMentionEveryNode) {
     auto nodes = make_nodes({"cpu-ref", "cpu"});
     const Style plain;
-    DecideConfig de = config_for<DecideConfig>("qwen3_moe_tiny");
-    de.repeat = true;
-    const std::string t = render_decide_text(run_decide(de, nodes, 0), plain);
+    const AuditRun run = view_run("decide", "qwen3_moe_tiny", nodes, true);
+    const std::string t = render_step_text(run.report, "decide", plain);
     EXPECT_NE(t.find("Step 4"), std::string::npos);
+    EXPECT_NE(t.find("cpu"), std::string::npos);
     EXPECT_NE(t.find("L3/t23"), std::string::npos);  // the planted 2e-5 border token is listed
     EXPECT_NE(t.find("Self non-determinism"), std::string::npos);
     EXPECT_EQ(t.find("\x1b["), std::string::npos);  // no colour without a TTY
@@ -502,42 +542,41 @@ TEST(StepPhysics, F16AccumulationDriftsAndDivergesMoreThanF32) {
     auto nodes = make_nodes({"cpu-ref", "cpu", "cpu:acc=f16"});
     for (const char* fx : {"qwen3_moe_tiny", "mixtral_tiny"}) {
         SCOPED_TRACE(fx);
-        const DriftReport dr = run_drift(config_for<DriftConfig>(fx), nodes, 0);
-        const NodeDrift &f32 = dr.results[0], &f16 = dr.results[1];
-        for (std::size_t l = 0; l < f32.layers.size(); ++l) {
-            EXPECT_GT(f16.layers[l].free_rel, 100 * f32.layers[l].free_rel) << l;
-            EXPECT_GT(f16.layers[l].anchored_rel, 100 * f32.layers[l].anchored_rel) << l;
+        const Json dr = view_of("drift", fx, nodes);
+        const Json &f32 = dr["results"][0], &f16 = dr["results"][1];
+        const auto num = [](const Json& j) { return j.get<double>(); };
+        for (std::size_t l = 0; l < f32["layers"].size(); ++l) {
+            EXPECT_GT(num(f16["layers"][l]["free_rel"]), 100 * num(f32["layers"][l]["free_rel"])) << l;
+            EXPECT_GT(num(f16["layers"][l]["anchored_rel"]), 100 * num(f32["layers"][l]["anchored_rel"])) << l;
         }
-        EXPECT_EQ(f32.first_over, -1);
-        EXPECT_GE(f16.first_over, 0);  // the f16 accumulator crosses 1e-3 relative residual error
+        EXPECT_EQ(f32["first_over"], -1);
+        EXPECT_GE(f16["first_over"].get<int>(), 0);  // the f16 accumulator crosses 1e-3 relative residual error
 
-        const LogitsReport lr = run_logits(config_for<LogitsConfig>(fx), nodes, 0);
-        EXPECT_GT(lr.results[1].kl.p99, 1e4 * lr.results[0].kl.p99);
-        EXPECT_GT(lr.results[1].kl.mean, 1e4 * lr.results[0].kl.mean);
-        EXPECT_GT(lr.results[1].top_dp_rms, 100 * lr.results[0].top_dp_rms);
+        const Json lr = view_of("logits", fx, nodes)["results"];
+        EXPECT_GT(num(lr[1]["kl"]["p99"]), 1e4 * num(lr[0]["kl"]["p99"]));
+        EXPECT_GT(num(lr[1]["kl"]["mean"]), 1e4 * num(lr[0]["kl"]["mean"]));
+        EXPECT_GT(num(lr[1]["top_dp_rms"]), 100 * num(lr[0]["top_dp_rms"]));
 
-        const DecideReport de = run_decide(config_for<DecideConfig>(fx), nodes, 0);
-        EXPECT_LE(de.results[1].top1_pinned.rate, de.results[0].top1_pinned.rate);
-        EXPECT_LE(de.results[1].top1_free.rate, de.results[0].top1_free.rate);
+        const Json de = view_of("decide", fx, nodes)["results"];
+        EXPECT_LE(rate(de[1]["top1_pinned"]), rate(de[0]["top1_pinned"]));
+        EXPECT_LE(rate(de[1]["top1_free"]), rate(de[0]["top1_free"]));
 
-        GenerateConfig gc = config_for<GenerateConfig>(fx);
-        const GenerateReport ge = run_generate(gc, nodes, 0);
-        EXPECT_GE(ge.results[1].divergences, ge.results[0].divergences);
-        EXPECT_GT(ge.results[1].max_abs, 100 * ge.results[0].max_abs);
+        const int n = 16;
+        const Json ge = generate_of(fx, nodes, n)["results"];
+        EXPECT_GE(ge[1]["teacher_forced_divergences"].get<int>(), ge[0]["teacher_forced_divergences"].get<int>());
+        EXPECT_EQ(ge[0]["teacher_forced_divergences"], 0);
 
-        PerplexityConfig pc = config_for<PerplexityConfig>(fx);
-        pc.tokens = seeded_tokens(11, 96, model(fx).config().vocab_size);
-        pc.context = 48;
-        const PerplexityReport pe = run_perplexity(pc, nodes, 0);
-        EXPECT_GT(std::fabs(pe.results[2].ratio - 1.0), 100 * std::fabs(pe.results[1].ratio - 1.0));
+        const Json pe = perplexity_of(fx, nodes, seeded_tokens(11, 96, model(fx).config().vocab_size), 48)["results"];
+        const double r32 = pe[0]["ratio"].get<double>(), r16 = pe[1]["ratio"].get<double>();
+        EXPECT_GT(std::fabs(r16 - 1.0), 100 * std::fabs(r32 - 1.0));
 
         measured(fmt::format("{}: drift last layer cpu {:.2e} / acc=f16 {:.2e}; α {:.2f} / {:.2f}; KL p99 {:.2e} / {:.2e}; "
                              "top-1 (authority) {:.1f}% / {:.1f}%; teacher-forced divergences {}/{} / {}/{}; "
                              "ppl ratio−1 {:.2e} / {:.2e}",
-                             fx, f32.layers.back().free_rel, f16.layers.back().free_rel, f32.fit.alpha, f16.fit.alpha,
-                             lr.results[0].kl.p99, lr.results[1].kl.p99, 100 * de.results[0].top1_pinned.rate,
-                             100 * de.results[1].top1_pinned.rate, ge.results[0].divergences, gc.new_tokens,
-                             ge.results[1].divergences, gc.new_tokens, pe.results[1].ratio - 1, pe.results[2].ratio - 1));
+                             fx, num(f32["layers"].back()["free_rel"]), num(f16["layers"].back()["free_rel"]),
+                             num(f32["fit"]["alpha"]), num(f16["fit"]["alpha"]), num(lr[0]["kl"]["p99"]), num(lr[1]["kl"]["p99"]), 100 * rate(de[0]["top1_pinned"]),
+                             100 * rate(de[1]["top1_pinned"]), ge[0]["teacher_forced_divergences"].get<int>(), n,
+                             ge[1]["teacher_forced_divergences"].get<int>(), n, r32 - 1, r16 - 1));
     }
 }
 
@@ -552,32 +591,33 @@ TEST(StepPhysics, WithoutAuthorityReducedPrecisionFlipsBorderTokensWithAuthority
     // ("one node accumulates in F16"). With the reference's routing imposed
     // there is no decision left to flip: agreement 100%, 0 flips.
     auto nodes = make_nodes({"cpu-ref", "cpu", "cpu:acc=f16"});
-    const DecideReport de = run_decide(config_for<DecideConfig>("qwen3_moe_tiny"), nodes, 0);
-    const NodeDecide &f32 = de.results[0], &f16 = de.results[1];
-    EXPECT_EQ(f32.border_flipped, 0);
-    EXPECT_GT(f16.border_flipped, 0);
-    EXPECT_LT(f16.routing_free.exact_match_rate, 1.0);
-    EXPECT_EQ(f16.pinned_flipped, 0);
-    EXPECT_EQ(f16.routing_pinned.exact_match_rate, 1.0);
+    const Json de = view_of("decide", "qwen3_moe_tiny", nodes);
+    const Json &f32 = de["results"][0], &f16 = de["results"][1];
+    EXPECT_EQ(flips(f32, "border_flipped"), 0);
+    EXPECT_GT(flips(f16, "border_flipped"), 0);
+    EXPECT_LT(f16["routing_free"]["exact_match_rate"].get<double>(), 1.0);
+    EXPECT_LE(rate(f16["top1_pinned"]), rate(f32["top1_pinned"]));
     // Every flip at a non-border token is downstream of a border flip of the
     // same token in an earlier layer (the cascade): a flip never starts at a
     // token whose gap exceeds the error.
+    std::map<std::int64_t, std::set<std::int64_t>> border;  // layer → its border tokens
+    for (const Json& g : de["border_tokens"])
+        for (const Json& t : g["tokens"]) border[g["layer"].get<std::int64_t>()].insert(t["token"].get<std::int64_t>());
     std::set<std::int64_t> flipped_border_tokens;
-    for (const LayerAgreement& la : f16.layers)
-        for (std::int64_t t : la.flipped_tokens) {
-            const RouterGapsLayer& g = *std::find_if(de.reference_gaps.begin(), de.reference_gaps.end(),
-                                                     [&](const RouterGapsLayer& x) { return x.layer == la.layer; });
-            const bool border = std::count(g.border_tokens.begin(), g.border_tokens.end(), t) > 0;
-            if (border) {
+    for (const Json& la : f16["routing_free"]["per_moe_layer"])
+        for (const Json& tok : la["flipped_tokens"]) {
+            const std::int64_t l = la["layer"], t = tok;
+            if (border[l].count(t)) {
                 flipped_border_tokens.insert(t);
             } else {
-                EXPECT_TRUE(flipped_border_tokens.count(t)) << "layer " << la.layer << " token " << t;
+                EXPECT_TRUE(flipped_border_tokens.count(t)) << "layer " << l << " token " << t;
             }
         }
+    EXPECT_FALSE(flipped_border_tokens.empty());
     measured(fmt::format("qwen3_moe_tiny decide: cpu:acc=f16 border flipped {}/{} (+{} downstream), routing exact "
-                         "without authority {:.1f}%, with authority {:.1f}%",
-                         f16.border_flipped, f16.border_tokens, f16.other_flipped, 100 * f16.routing_free.exact_match_rate,
-                         100 * f16.routing_pinned.exact_match_rate));
+                         "without authority {:.1f}%, with authority 100% (imposed)",
+                         flips(f16, "border_flipped"), flips(f16, "border_tokens"), flips(f16, "other_flipped"),
+                         100 * f16["routing_free"]["exact_match_rate"].get<double>()));
 }
 
 TEST(StepPhysics, SeededRouterPerturbationFlipsBorderTokensOnlyWithoutAuthority) {
@@ -588,26 +628,25 @@ TEST(StepPhysics, SeededRouterPerturbationFlipsBorderTokensOnlyWithoutAuthority)
     // router logits. Measured: ±1e-3 is not enough, ±3e-3 flips it. The noise
     // of one seed only scales with EPS, so the flips grow with it; router
     // authority removes them all.
-    auto nodes = make_nodes({"cpu-ref", "cpu"});
     std::int64_t prev = -1;
     for (double eps : {0.0, 1e-3, 3e-3, 3e-2}) {
-        DecideConfig c = config_for<DecideConfig>("mixtral_tiny");
-        c.perturb_router = eps;
-        const DecideReport de = run_decide(c, nodes, 0);
-        const NodeDecide& n = de.results[0];
-        const std::int64_t flips = n.border_flipped + n.other_flipped;
+        std::vector<std::unique_ptr<Backend>> nodes;
+        nodes.push_back(create_backend("cpu-ref"));
+        nodes.push_back(perturbed("cpu", eps, "mixtral_tiny"));
+        const Json n = view_of("decide", "mixtral_tiny", nodes)["results"][0];
+        const std::int64_t all = flips(n, "border_flipped") + flips(n, "other_flipped");
         if (eps == 0.0) {
-            EXPECT_EQ(flips, 0);
+            EXPECT_EQ(all, 0);
         } else if (eps >= 3e-3) {
-            EXPECT_EQ(n.border_flipped, 1);
+            EXPECT_EQ(flips(n, "border_flipped"), 1);
         }
-        EXPECT_GE(flips, prev);
-        EXPECT_EQ(n.pinned_flipped, 0);
-        EXPECT_EQ(n.routing_pinned.exact_match_rate, 1.0);
+        EXPECT_GE(all, prev);
+        EXPECT_EQ(rate(n["top1_pinned"]), 1.0);  // with authority the noise has no top-k to act on
         measured(fmt::format("mixtral_tiny decide cpu --perturb-router {:.0e}: border flipped {}/{}, other flips {}, "
                              "top-1 without authority {:.1f}%",
-                             eps, n.border_flipped, n.border_tokens, n.other_flipped, 100 * n.top1_free.rate));
-        prev = flips;
+                             eps, flips(n, "border_flipped"), flips(n, "border_tokens"), flips(n, "other_flipped"),
+                             100 * rate(n["top1_free"])));
+        prev = all;
     }
 }
 
@@ -618,37 +657,34 @@ TEST(StepPhysics, DeepSeekGroupMarginsAreBorderTokensAndFlipUnderF16WithoutAutho
     // accumulation flips routing exactly there (and downstream of a flipped token) on its own router;
     // with the reference's routing imposed every decision agrees.
     auto nodes = make_nodes({"cpu-ref", "cpu", "cpu:acc=f16"});
-    DecideConfig c = config_for<DecideConfig>("deepseek_v3_tiny");
-    const DecideReport de = run_decide(c, nodes, 0);
+    const Json de = view_of("decide", "deepseek_v3_tiny", nodes);
     std::vector<std::pair<std::int64_t, std::int64_t>> border;
-    for (const RouterGapsLayer& g : de.reference_gaps)
-        for (std::int64_t t : g.border_tokens) border.emplace_back(g.layer, t);
+    for (const Json& g : de["border_tokens"])
+        for (const Json& t : g["tokens"]) border.emplace_back(g["layer"].get<std::int64_t>(), t["token"].get<std::int64_t>());
     EXPECT_EQ(border, (std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 17}, {2, 12}, {2, 18}}));
-    const NodeDecide& f32 = de.results[0];
-    EXPECT_EQ(f32.border_flipped + f32.other_flipped, 0);
-    const NodeDecide& f16 = de.results[1];
-    EXPECT_GE(f16.border_flipped, 1);
-    EXPECT_EQ(f16.pinned_flipped, 0);
-    EXPECT_EQ(f16.routing_pinned.exact_match_rate, 1.0);
+    const Json &f32 = de["results"][0], &f16 = de["results"][1];
+    EXPECT_EQ(flips(f32, "border_flipped") + flips(f32, "other_flipped"), 0);
+    EXPECT_GE(flips(f16, "border_flipped"), 1);
     measured(fmt::format("deepseek_v3_tiny decide cpu:acc=f16: border flipped {}/{}, other flips {}, routing exact without "
-                         "authority {:.1f}%, with 100%", f16.border_flipped, f16.border_tokens, f16.other_flipped,
-                         100 * f16.routing_free.exact_match_rate));
+                         "authority {:.1f}%, with 100% (imposed)", flips(f16, "border_flipped"), flips(f16, "border_tokens"),
+                         flips(f16, "other_flipped"), 100 * f16["routing_free"]["exact_match_rate"].get<double>()));
 }
 
-TEST(StepPhysics, RouterPerturbedBackendIsSeededAndResettable) {
-    auto inner = create_backend("cpu");
-    RouterPerturbedBackend p(*inner, 0.5, 9);
+TEST(StepPhysics, RouterPerturbedBackendIsSeededPerMoELayer) {
+    // Two MoE layers: route() calls 0, 1, 2, 3 are layers 0, 1, 0, 1 of two forward passes — the same noise
+    // at the same layer of every pass, another at the other layer.
+    const auto plain = create_backend("cpu");
+    RouterPerturbedBackend p(create_backend("cpu"), 0.5, 9, 2);
     const Tensor logits = seeded_normal(1, "test/router", {4, 8}, 0.0, 1.0);
     RouterParams rp;
     rp.top_k = 2;
     const RouterOutput a = p.route(logits, rp);
-    const RouterOutput b = p.route(logits, rp);  // second call: another noise stream
-    p.reset();
-    const RouterOutput c = p.route(logits, rp);
+    const RouterOutput b = p.route(logits, rp);  // layer 1: another noise stream
+    const RouterOutput c = p.route(logits, rp);  // the next pass's layer 0
     EXPECT_TRUE(same_bits(a.scores, c.scores));
     EXPECT_FALSE(same_bits(a.scores, b.scores));
-    EXPECT_FALSE(same_bits(a.scores, inner->route(logits, rp).scores));
-    EXPECT_EQ(p.capabilities().node, inner->capabilities().node);
+    EXPECT_FALSE(same_bits(a.scores, plain->route(logits, rp).scores));
+    EXPECT_EQ(p.capabilities().node, plain->capabilities().node);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 // log-likelihood and the accuracies equal transformers' float64 to ≤ 1e-9
 // relative (the answers exactly), cpu's float32 close to transformers'
 // float32.
+#include "kvasir/audit/step_view.hpp"
 #include "kvasir/backend/cpu_backends.hpp"
 #include "kvasir/core/io.hpp"
 #include "kvasir/model/model.hpp"
@@ -83,28 +84,30 @@ TEST_P(TrainedFixture, PerplexityEqualsTransformersFloat64) {
     for (const std::int64_t context : {64, 128}) {
         SCOPED_TRACE(context);
         const nlohmann::json& want = p.at("contexts").at(std::to_string(context));
-        PerplexityConfig c;
-        c.model = &model();
-        c.tokens.ids = p.at("token_ids").get<std::vector<std::int32_t>>();
-        c.tokens.source = "held-out text";
-        c.context = context;
+        // `kvasir-equiv perplexity --context C` on the held-out text's ids: the audit's perplexity step.
+        const TokenSequence tokens{p.at("token_ids").get<std::vector<std::int32_t>>(), "held-out text"};
+        const Protocol view = view_protocol(load_protocol((kRoot / "protocols/default.json").string()),
+                                            StepView{"perplexity", false, {}, [context](Protocol& pr) { pr.perplexity.context = context; }},
+                                            tokens);
         auto n = nodes();
-        const PerplexityReport r = run_perplexity(c, n, 0);
-        EXPECT_EQ(r.predictions, want.at("n_predictions").get<std::int64_t>());
-        EXPECT_LE(rel(r.results[0].mean_nll, want.at("f64").at("mean_nll").get<double>()), 1e-9);
-        EXPECT_LE(rel(r.results[0].perplexity, want.at("f64").at("perplexity").get<double>()), 1e-9);
+        const nlohmann::ordered_json r =
+            run_view(view, model(), tokens, n, 0, Gate::none, 1).report.steps.at("perplexity");
+        const auto num = [](const nlohmann::ordered_json& v) { return v.get<double>(); };
+        const double ref_ppl = num(r["reference_perplexity"]), cpu_ppl = num(r["results"][0]["perplexity"]);
+        EXPECT_EQ(r["predictions"].get<std::int64_t>(), want.at("n_predictions").get<std::int64_t>());
+        EXPECT_LE(rel(num(r["reference_mean_nll"]), want.at("f64").at("mean_nll").get<double>()), 1e-9);
+        EXPECT_LE(rel(ref_ppl, want.at("f64").at("perplexity").get<double>()), 1e-9);
         // cpu (f32) against transformers' float32: both f32 arithmetic, different reduction orders.
-        EXPECT_LE(rel(r.results[1].mean_nll, want.at("f32").at("mean_nll").get<double>()), 1e-5);
+        EXPECT_LE(rel(num(r["results"][0]["mean_nll"]), want.at("f32").at("mean_nll").get<double>()), 1e-5);
         // A trained model: far below the vocabulary size (a uniform guess scores exactly V).
-        EXPECT_LT(r.results[0].perplexity, 0.1 * static_cast<double>(model().config().vocab_size));
+        EXPECT_LT(ref_ppl, 0.1 * static_cast<double>(model().config().vocab_size));
         // The measured differences, for the record (test XML and stdout).
-        const double d64 = rel(r.results[0].perplexity, want.at("f64").at("perplexity").get<double>());
-        const double d32 = rel(r.results[1].perplexity, want.at("f32").at("perplexity").get<double>());
+        const double d64 = rel(ref_ppl, want.at("f64").at("perplexity").get<double>());
+        const double d32 = rel(cpu_ppl, want.at("f32").at("perplexity").get<double>());
         RecordProperty("ppl" + std::to_string(context) + "_rel_cpu_ref_vs_f64", std::to_string(d64));
         RecordProperty("ppl" + std::to_string(context) + "_rel_cpu_vs_f32", std::to_string(d32));
         std::printf("%s context %lld: perplexity cpu-ref %.10g (rel vs transformers f64 %.3e), cpu %.10g (rel vs "
-                    "f32 %.3e)\n", GetParam().c_str(), static_cast<long long>(context), r.results[0].perplexity, d64,
-                    r.results[1].perplexity, d32);
+                    "f32 %.3e)\n", GetParam().c_str(), static_cast<long long>(context), ref_ppl, d64, cpu_ppl, d32);
     }
 }
 
@@ -126,15 +129,18 @@ TEST_P(TrainedFixture, ClozeTaskEqualsTransformersFloat64) {
             ASSERT_EQ(c.requests[i][k].chars, items[i].at("choices").at(k).at("n_chars").get<std::size_t>());
         }
     }
+    // The passes and scoring the audit's task step runs (its view, the task command, compares what
+    // score_task gives; the figures per choice are checked here).
     auto n = nodes();
-    const TaskReport r = run_task(c, n, 0);
-    const TaskScores& s = r.results.at(0).scores;
+    const TaskPass ref = run_task_passes(*n[0], c, nullptr);
+    const TaskScores s = score_task(ref.ll, c.items, c.requests);
+    const TaskScores s32 = score_task(run_task_passes(*n[1], c, &ref).ll, c.items, c.requests);
     double worst = 0, worst32 = 0;
     for (std::size_t i = 0; i < items.size(); ++i) {
         for (std::size_t k = 0; k < s.ll[i].size(); ++k) {
             const nlohmann::json& ch = items[i].at("choices").at(k);
             worst = std::max(worst, rel(s.ll[i][k], ch.at("ll_f64").get<double>()));
-            worst32 = std::max(worst32, rel(r.results.at(1).scores.ll[i][k], ch.at("ll_f32").get<double>()));
+            worst32 = std::max(worst32, rel(s32.ll[i][k], ch.at("ll_f32").get<double>()));
         }
         EXPECT_EQ(s.chosen[i], items[i].at("pred_f64").get<std::int64_t>()) << "item " << i;
         EXPECT_EQ(s.chosen_norm[i], items[i].at("pred_norm_f64").get<std::int64_t>()) << "item " << i;
@@ -152,7 +158,7 @@ TEST_P(TrainedFixture, ClozeTaskEqualsTransformersFloat64) {
     const double chance = 1.0 / static_cast<double>(c.items.front().choices.size());
     EXPECT_GT(s.acc - chance, 3 * s.acc_stderr);
     // The f32 node against the reference: same answers on (nearly) every item.
-    EXPECT_GE(r.results.at(1).vs_reference.agree, static_cast<std::int64_t>(items.size()) - 2);
+    EXPECT_GE(compare_task(s, s32).agree, static_cast<std::int64_t>(items.size()) - 2);
 }
 
 // The task step shares each item's context among its choices (the KV cache,

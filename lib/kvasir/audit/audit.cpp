@@ -67,7 +67,8 @@ AuditRun run_audit(const AuditConfig& ac, std::vector<std::unique_ptr<Backend>>&
     KVASIR_ASSERT(ac.protocol != nullptr && ac.model != nullptr);
     KVASIR_ASSERT(reference < nodes.size());
     const Protocol& p = *ac.protocol;
-    const detail::AuditPlan plan = detail::make_audit_plan(ac);  // every bad input is refused here, before any work
+    // Every bad input is refused here, before any work; in this process every node's outputs of a step are held at once.
+    const detail::AuditPlan plan = detail::make_audit_plan(ac, std::max<std::size_t>(nodes.size(), 2));
 
     AuditRun run;
     run.step_order = plan.steps;

@@ -8,6 +8,7 @@
 #include "kvasir/audit/protocol.hpp"
 #include "kvasir/audit/verdict.hpp"
 #include "kvasir/model/model.hpp"
+#include "kvasir/steps/protocol_steps.hpp"  // TokenSequence
 
 #include <cstdint>
 #include <functional>
@@ -57,6 +58,16 @@ struct AuditConfig {
     // them (ProtocolRef::steps_judged); other steps' tolerances are not
     // applied. Error(bad_input) for a step the protocol does not run.
     std::vector<std::string> only_steps;
+    // The tokens every token step reads (drift, logits, decide, generate's
+    // prompt, perplexity's stream, determinism, invariance) instead of the
+    // protocol's streams: a step command's --tokens / --tokens-file / --text
+    // (step_view.hpp). In-process runs only: a node process or a capture
+    // reads its protocol's streams.
+    std::optional<TokenSequence> tokens;
+    // The tokenizer.json that decodes generate's continuations and scores
+    // the task (a step command's --tokenizer); empty: the one beside the
+    // model.
+    std::string tokenizer;
 };
 
 // The steps a run asked for (`option` names where: "--steps",

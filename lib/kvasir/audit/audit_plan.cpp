@@ -13,26 +13,28 @@ namespace kvasir {
 
 namespace detail {
 
-TokenSequence stream_tokens(const TokenStream& s, const Model& model) {
+TokenSequence stream_tokens(const AuditConfig& ac, const TokenStream& s) {
+    if (ac.tokens) return *ac.tokens;
+    const Model& model = *ac.model;
     return {read_token_stream(s, model.path()),
             fmt::format("{}{} [{}, {})", s.text ? "text " : "", s.path, s.offset, s.offset + s.count)};
 }
 
-AuditPlan make_audit_plan(const AuditConfig& ac) {
+AuditPlan make_audit_plan(const AuditConfig& ac, std::size_t held) {
     KVASIR_ASSERT(ac.protocol != nullptr && ac.model != nullptr);
     AuditPlan plan;
     plan.seed = ac.seed.value_or(ac.protocol->seed);
     const std::vector<std::string> only = select_steps(*ac.protocol, ac.only_steps, "--steps");
     for (const Step* s : audit_steps())
         if (step_selected(only, s->name()) && s->plan(ac, plan)) plan.steps.push_back(s->name());
-    // What each node's process holds at once: its own outputs and the
-    // authority's beside it (two nodes), for the longest token stream.
+    // What one process holds at once, for the longest token stream: `held`
+    // nodes' outputs (audit_plan.hpp).
     const std::pair<const char*, const StepCommon*> forward[] = {
         {"drift", plan.drift ? &*plan.drift : nullptr},       {"logits", plan.logits ? &*plan.logits : nullptr},
         {"decide", plan.decide ? &*plan.decide : nullptr},    {"generate", plan.generate ? &*plan.generate : nullptr},
         {"perplexity", plan.perplexity ? &*plan.perplexity : nullptr}};
     for (const auto& [name, common] : forward)
-        if (common != nullptr) check_step_memory(*common, 2, fmt::format("{}: /steps/{}", ac.protocol->source, name));
+        if (common != nullptr) check_step_memory(*common, held, fmt::format("{}: /steps/{}", ac.protocol->source, name));
     return plan;
 }
 

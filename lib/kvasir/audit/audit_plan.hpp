@@ -6,10 +6,7 @@
 
 #include "kvasir/audit/audit_config.hpp"
 #include "kvasir/audit/step.hpp"
-#include "kvasir/steps/decide.hpp"
-#include "kvasir/steps/drift.hpp"
-#include "kvasir/steps/generate.hpp"
-#include "kvasir/steps/logits.hpp"
+#include "kvasir/model/tokenizer.hpp"
 #include "kvasir/steps/op_delta.hpp"
 #include "kvasir/steps/perplexity.hpp"
 #include "kvasir/steps/task.hpp"
@@ -20,14 +17,28 @@
 #include <string>
 #include <vector>
 
+namespace kvasir {
+// Step 3's configuration: the tokens, and whether the authority's routing is
+// imposed on every node (the protocol's logits.router_authority).
+struct LogitsConfig : StepCommon {
+    bool router_authority = true;
+};
+// Step 5's: the prompt, the tokens to decode and, when there is one, the
+// tokenizer that gives every continuation as text too.
+struct GenerateConfig : StepCommon {
+    int new_tokens = 16;
+    std::optional<Tokenizer> tokenizer;
+};
+}  // namespace kvasir
+
 namespace kvasir::detail {
 
 struct AuditPlan {
     std::uint64_t seed = 0;
     std::optional<OpsConfig> ops;
-    std::optional<DriftConfig> drift;
+    std::optional<StepCommon> drift;
     std::optional<LogitsConfig> logits;
-    std::optional<DecideConfig> decide;
+    std::optional<StepCommon> decide;
     std::optional<GenerateConfig> generate;
     std::optional<PerplexityConfig> perplexity;
     std::optional<TaskConfig> task;
@@ -45,20 +56,23 @@ struct AuditPlan {
 };
 
 // Every step's configuration, validated (token streams read and checked):
-// Error(bad_input) before anything runs.
-AuditPlan make_audit_plan(const AuditConfig& config);
+// Error(bad_input) before anything runs — a forward step whose outputs of
+// `held` nodes at once (a node process: its own and the authority's; an
+// in-process audit: every node's, kept until the step is compared) would not
+// fit in the memory available included.
+AuditPlan make_audit_plan(const AuditConfig& config, std::size_t held = 2);
 
-// A token stream of the protocol, read and verified.
-TokenSequence stream_tokens(const TokenStream& s, const Model& model);
+// A token stream of the protocol, read and verified — or the run's own
+// tokens (AuditConfig::tokens: a step command's) when it has them.
+TokenSequence stream_tokens(const AuditConfig& config, const TokenStream& s);
 
 // The common part of a forward step's configuration (steps 2–6).
 template <class C>
 C token_step(const AuditConfig& ac, std::uint64_t seed, const TokenStream& s) {
     C c;
     c.model = ac.model;
-    c.tokens = stream_tokens(s, *ac.model);
+    c.tokens = stream_tokens(ac, s);
     c.seed = seed;
-    c.repeat = false;  // self non-determinism is the determinism step's business
     return c;
 }
 

@@ -193,6 +193,8 @@ int default_isolation_jobs(std::size_t nodes, std::uint64_t model_bytes) {
 AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string>& specs, std::size_t reference,
                             const IsolationOptions& opt) {
     KVASIR_ASSERT(ac.protocol != nullptr && ac.model != nullptr && reference < specs.size());
+    // A node process reads its protocol's streams: a step command's own tokens do not reach it.
+    KVASIR_ASSERT(!ac.tokens);
     KVASIR_CHECK(opt.node_timeout_s > 0 && std::isfinite(opt.node_timeout_s), ErrorCode::bad_input,
                  "--node-timeout must be a positive number of seconds");
     KVASIR_CHECK(opt.node_memory_gib > 0 && std::isfinite(opt.node_memory_gib), ErrorCode::bad_input,

@@ -129,18 +129,25 @@ const std::vector<std::string>& protocol_step_names() {
     return names;
 }
 
-bool Protocol::runs(std::string_view step) const {
-    if (step == "ops") return ops.enabled;
-    if (step == "drift") return drift.enabled;
-    if (step == "logits") return logits.enabled;
-    if (step == "decide") return decide.enabled;
-    if (step == "generate") return generate.enabled;
-    if (step == "perplexity") return perplexity.enabled;
-    if (step == "determinism") return determinism.enabled;
-    if (step == "invariance") return invariance.enabled;
-    if (step == "task") return task.enabled;
+namespace {
+// The enabled flag of a step, for a const and a mutable protocol alike.
+template <class P>
+auto& step_flag(P& p, std::string_view step) {
+    if (step == "ops") return p.ops.enabled;
+    if (step == "drift") return p.drift.enabled;
+    if (step == "logits") return p.logits.enabled;
+    if (step == "decide") return p.decide.enabled;
+    if (step == "generate") return p.generate.enabled;
+    if (step == "perplexity") return p.perplexity.enabled;
+    if (step == "determinism") return p.determinism.enabled;
+    if (step == "invariance") return p.invariance.enabled;
+    if (step == "task") return p.task.enabled;
     fail(ErrorCode::internal, "unknown protocol step '{}'", step);
 }
+}  // namespace
+
+bool Protocol::runs(std::string_view step) const { return step_flag(*this, step); }
+bool& Protocol::enabled(std::string_view step) { return step_flag(*this, step); }
 
 OpsConfig Protocol::ops_config() const {
     OpsConfig c;
@@ -469,15 +476,27 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
     const auto& steps = r.object(doc.at("steps"), "/steps", {}, protocol_step_names());
     if (steps.empty()) r.bad("/steps", "names no step (nothing compared is never a pass)");
     if (steps.contains("ops")) read_ops(r, steps["ops"], "/steps/ops", pr.ops);
-    const std::array<std::pair<const char*, TokenStep*>, 3> token_steps = {
-        {{"drift", &pr.drift}, {"logits", &pr.logits}, {"decide", &pr.decide}}};
-    for (const auto& [name, step] : token_steps) {
-        if (!steps.contains(name)) continue;
+    // drift, logits, decide: a token stream and each its optional setting —
+    // drift's threshold (where an error starts), decide's border (of a router
+    // gap), logits' router authority (false: each node runs its own router).
+    const auto token_step = [&](const char* name, TokenStep& step, const char* setting) -> const nlohmann::json* {
+        if (!steps.contains(name)) return nullptr;
         const std::string p = json_pointer_child("/steps", name);
-        r.object(steps[name], p, {"tokens"});
-        step->enabled = true;
-        step->tokens = read_stream(r, steps[name], "tokens", p, base_dir);
-    }
+        r.object(steps[name], p, {"tokens"}, {setting});
+        step.enabled = true;
+        step.tokens = read_stream(r, steps[name], "tokens", p, base_dir);
+        return steps[name].contains(setting) ? &steps[name] : nullptr;
+    };
+    const auto positive = [&](const nlohmann::json& j, const char* step, const char* key) {
+        const std::string p = json_pointer_child("/steps", step);
+        const double v = r.number(j, key, p);
+        if (!(v > 0) || !std::isfinite(v)) r.bad(json_pointer_child(p, key), "must be a finite number > 0");
+        return v;
+    };
+    if (const auto* j = token_step("drift", pr.drift, "threshold")) pr.drift.threshold = positive(*j, "drift", "threshold");
+    if (const auto* j = token_step("decide", pr.decide, "border")) pr.decide.border = positive(*j, "decide", "border");
+    if (const auto* j = token_step("logits", pr.logits, "router_authority"))
+        pr.logits.router_authority = r.boolean(*j, "router_authority", "/steps/logits");
     if (steps.contains("generate")) {
         const std::string p = "/steps/generate";
         const auto& g = r.object(steps["generate"], p, {"prompt", "n", "teacher_forcing"});
@@ -488,7 +507,8 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
     }
     if (steps.contains("perplexity")) {
         const std::string p = "/steps/perplexity";
-        const auto& g = r.object(steps["perplexity"], p, {"tokens", "context"}, {"score", "kl_divergence"});
+        const auto& g = r.object(steps["perplexity"], p, {"tokens", "context"}, {"score", "kl_divergence", "router_authority"});
+        if (g.contains("router_authority")) pr.perplexity.router_authority = r.boolean(g, "router_authority", p);
         pr.perplexity.enabled = true;
         pr.perplexity.tokens = read_stream(r, g, "tokens", p, base_dir);
         if (pr.perplexity.tokens.count < 2)
@@ -537,7 +557,8 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
     }
     if (steps.contains("task")) {
         const std::string p = "/steps/task";
-        const auto& g = r.object(steps["task"], p, {"items"});
+        const auto& g = r.object(steps["task"], p, {"items"}, {"router_authority"});
+        if (g.contains("router_authority")) pr.task.router_authority = r.boolean(g, "router_authority", p);
         const auto& it = r.object(g.at("items"), p + "/items", {"path", "sha256"});
         pr.task.enabled = true;
         pr.task.path = r.string(it, "path", p + "/items");

@@ -30,14 +30,14 @@
 //       "ops":        {"tokens", "shapes": {hidden, intermediate, experts, top_k,
 //                      vocab, heads, head_dim}, "rope_theta", "rms_eps", "shards",
 //                      "ops": [names], "weights": "seeded"|"model", "layer"},
-//       "drift":      {"tokens": STREAM},
-//       "logits":     {"tokens": STREAM},
-//       "decide":     {"tokens": STREAM},
+//       "drift":      {"tokens": STREAM, "threshold"?},
+//       "logits":     {"tokens": STREAM, "router_authority"?},
+//       "decide":     {"tokens": STREAM, "border"?},
 //       "generate":   {"prompt": STREAM, "n", "teacher_forcing"},
-//       "perplexity": {"tokens": STREAM, "context"},
+//       "perplexity": {"tokens": STREAM, "context", "score"?, "kl_divergence"?, "router_authority"?},
 //       "determinism": {"repeats"},
 //       "invariance": {"tokens": STREAM, "batch_sizes": [B...], "op_rows", "repeats", "decode"},
-//       "task": {"items": {"path", "sha256"}}
+//       "task": {"items": {"path", "sha256"}, "router_authority"?}
 //     },
 //     "tiers": {
 //       "sensitive": {CRITERION: {"value": number, "why": "one line"[, "x_floor": M]}, ...},
@@ -195,6 +195,21 @@ struct TokenStep {  // drift, logits, decide: a forward over `tokens`
     bool enabled = false;
     TokenStream tokens;
 };
+struct DriftStep : TokenStep {
+    // "threshold": the relative residual delta that marks where an error
+    // starts (first_over, and the localisation's yardstick without a floor).
+    double threshold = 1e-3;
+};
+struct LogitsStep : TokenStep {
+    // "router_authority": false — every node runs its own router (its
+    // logits then hold its routing flips too); default: the reference's
+    // routing imposed, so the logits differ by arithmetic alone.
+    bool router_authority = true;
+};
+struct DecideStep : TokenStep {
+    // "border": the router gap below which a token is a border token.
+    double border = 1e-3;
+};
 struct GenerateStep {
     bool enabled = false;
     TokenStream prompt;
@@ -212,6 +227,8 @@ struct PerplexityStep {
     // (metrics/llamacpp_kld.hpp), the base rounded as its base file rounds it or not.
     bool kl_divergence = false;
     std::string base_rounding = "exact";
+    // "router_authority": false — every node routes each window itself.
+    bool router_authority = true;
 };
 struct DeterminismStep {
     bool enabled = false;
@@ -223,6 +240,8 @@ struct DeterminismStep {
 struct TaskStep {
     bool enabled = false;
     std::string path, resolved_path, sha256;
+    // "router_authority": false — every node routes each request itself.
+    bool router_authority = true;
 };
 
 // The invariance step: the same node, the same request, different company.
@@ -267,7 +286,9 @@ struct Protocol {
     bool uses_floor() const;
 
     OpsStep ops;
-    TokenStep drift, logits, decide;
+    DriftStep drift;
+    LogitsStep logits;
+    DecideStep decide;
     GenerateStep generate;
     PerplexityStep perplexity;
     DeterminismStep determinism;
@@ -283,6 +304,8 @@ struct Protocol {
     // "ops", "drift", "logits", "decide", "generate", "perplexity",
     // "determinism", "invariance"; Error(internal) for another name.
     bool runs(std::string_view step) const;
+    // The flag runs() reads (a view protocol switches steps: step_view.hpp).
+    bool& enabled(std::string_view step);
     // Step 1's configuration (seed from the protocol; model/layer left for the
     // caller to set when weights == "model").
     OpsConfig ops_config() const;

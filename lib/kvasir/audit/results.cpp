@@ -48,6 +48,10 @@ PairMatrix pair_matrix(const OpsReport& report, const std::string& op) {
     fail(ErrorCode::internal, "step 1 report has no op '{}'", op);
 }
 
-ProtocolRef protocol_ref(const Protocol& p) { return ProtocolRef{p.id, p.version, p.content_hash, p.source, {}}; }
+ProtocolRef protocol_ref(const Protocol& p) {
+    ProtocolRef r{p.id, p.version, p.content_hash, p.source, {}, nullptr};
+    if (p.document.contains("view")) r.view = p.document;
+    return r;
+}
 
 }  // namespace kvasir

@@ -52,6 +52,9 @@ struct ProtocolRef {
     // The steps judged when a run asked for a subset (audit --steps, compare
     // --only-steps), in protocol order; empty: every step the protocol runs.
     std::vector<std::string> steps_judged;
+    // A step command's view protocol (step_view.hpp): its document — the
+    // step, the base protocol, the tokens, the settings. Null otherwise.
+    nlohmann::ordered_json view;
 };
 ProtocolRef protocol_ref(const Protocol& p);
 

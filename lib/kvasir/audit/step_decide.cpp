@@ -1,16 +1,49 @@
-// Step 4 as an audit step: decision agreement (steps/decide.hpp explains the
-// measurement). Top-1 agreement is measured WITH router authority (how a
-// swarm runs); routing agreement WITHOUT it (each node's own router: why the
-// authority is needed).
+// Protocol step 4 — decision agreement (the audit step; the decide command
+// is its view: step_view.hpp).
+//
+// The network makes two kinds of discrete decisions: which experts each MoE
+// layer routes a token to, and which token the decoder emits. Both flip
+// only where the quantity being compared is closer than the error. This
+// step counts the flips.
+//
+// Runs. The reference runs the prompt with its own router (its routing is
+// the plan an authority would dispatch). Every candidate runs the prompt
+// twice:
+//   * WITHOUT authority — its own router (ForwardOptions::routing = null):
+//     what happens if every node re-runs the router;
+//   * WITH authority — the reference's plan imposed: the swarm's rule.
+//     Routing agreement is then 100% by construction (the report says so);
+//     side by side with the free run it is the evidence for why authority
+//     is needed.
+//
+// Per MoE layer (without authority): exact top-k SET match rate and mean set
+// overlap |A∩B|/k over tokens (compare_indices: order within a row is not a
+// decision). Border tokens: the reference's router gap (k-th minus (k+1)-th
+// selection score, router_gaps()) below the protocol's decide.border
+// (default 1e-3, the scale of the per-op error); the number of them whose expert set flipped; flips
+// at non-border tokens are counted separately (they come from upstream
+// flips changing the layer's input, or from an error larger than `border`).
+// Without authority layer l's input already carries the consequences of
+// flips in layers < l: that cascade is part of what is measured.
+//
+// Top-1 agreement: argmax of the prompt logits at every position vs the
+// reference's — judged WITH router authority (how a swarm runs), reported
+// without it too.
 //
 // Tensors: decide.pinned.logits [T, V] (routing pinned by the authority),
 // decide.free.top1 [T] i32 (argmax of the node's own free-routing logits),
 // decide.free.ids.<m> [T, k] (the node's own expert choice in its m-th MoE
 // layer, routing free) and, from the authority only, decide.gaps.<m> [T] f64
-// (its router gap: k-th minus (k+1)-th selection score). Border tokens are
-// those with a gap below DecideConfig::border (1e-3, the per-op error scale):
-// the report counts how many of them flipped expert set without authority,
-// and how many non-border tokens did (SPEC §2 step 4).
+// (its router gap: k-th minus (k+1)-th selection score) and decide.moe_layers
+// [M] i32 (the model layer of each MoE layer m). Border tokens are those
+// with a gap below the protocol's decide.border (default 1e-3, the per-op
+// error scale): the report lists them with their gaps, and counts per node
+// how many of them flipped expert set without authority and how many
+// non-border tokens did, naming every flipped token (SPEC §2 step 4).
+//
+// The decide command is this step's view (step_view.hpp); its
+// --perturb-router wraps the candidates in RouterPerturbedBackend
+// (backend/router_perturbed.hpp).
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/step.hpp"
 
@@ -33,7 +66,7 @@ public:
 
     bool plan(const AuditConfig& ac, detail::AuditPlan& plan) const override {
         if (!ac.protocol->decide.enabled) return false;
-        plan.decide = detail::token_step<DecideConfig>(ac, plan.seed, ac.protocol->decide.tokens);
+        plan.decide = detail::token_step<StepCommon>(ac, plan.seed, ac.protocol->decide.tokens);
         plan.decide->validate();
         return true;
     }
@@ -49,7 +82,8 @@ public:
     // the flips at rows whose authority gap is at least the border (a flip
     // there is no near-tie). Into the node's entry `e`.
     static void free_routing(const std::vector<TensorView>& rids, const std::vector<TensorView>& gaps, double border,
-                             const NodeOutputs& c, std::size_t i, Ledger& led, nlohmann::ordered_json& e) {
+                             const std::vector<std::int64_t>& layers, const NodeOutputs& c, std::size_t i, Ledger& led,
+                             nlohmann::ordered_json& e) {
         const std::vector<TensorView> cids = numbered(c, "decide.free.ids.");
         KVASIR_CHECK(cids.size() == rids.size(), ErrorCode::bad_input, "{}: routing of {} MoE layers, the reference has {}",
                      c.origin(), cids.size(), rids.size());
@@ -59,19 +93,23 @@ public:
             const IndexAgreement a = compare_indices(rids[l], cids[l]);
             rows += a.rows;
             exact += a.exact_matches;
-            nlohmann::ordered_json lj = to_json(a);
+            nlohmann::ordered_json lj{{"layer", layers[l]}};
+            lj.update(to_json(a));
             if (l < gaps.size()) {
                 const std::vector<bool> flipped = id_sets_differ(rids[l], cids[l]);
                 std::int64_t lb = 0, lbf = 0, lof = 0;
+                std::vector<std::int64_t> tokens;
                 for (std::size_t t = 0; t < flipped.size() && static_cast<std::int64_t>(t) < gaps[l].numel(); ++t) {
                     const bool is_border = gaps[l].at(static_cast<std::int64_t>(t)) < border;
                     lb += is_border;
                     lbf += is_border && flipped[t];
                     lof += !is_border && flipped[t];
+                    if (flipped[t]) tokens.push_back(static_cast<std::int64_t>(t));
                 }
                 lj["border_tokens"] = lb;
                 lj["border_flipped"] = lbf;
                 lj["other_flipped"] = lof;
+                lj["flipped_tokens"] = tokens;
                 border_tokens += lb;
                 border_flipped += lbf;
                 other_flipped += lof;
@@ -112,7 +150,8 @@ public:
     }
 
     static nlohmann::ordered_json free_running_node(const NodeOutputs& ref, const NodeOutputs& c, const std::vector<TensorView>& rids,
-                                                    const std::vector<TensorView>& gaps, double border, std::size_t i, Ledger& led) {
+                                                    const std::vector<TensorView>& gaps, double border,
+                                                    const std::vector<std::int64_t>& layers, std::size_t i, Ledger& led) {
         const Fraction top1 = free_top1(ref, c);
         led.measure_rate(i, "decide", "decide.top1_agreement_min", top1);
         nlohmann::ordered_json e{{"node", c.node()}, {"free_running", true}, {"top1_free", to_json(top1)}};
@@ -123,7 +162,7 @@ public:
             e["routing_free"] = "not exposed by this node";
             return e;
         }
-        free_routing(rids, gaps, border, c, i, led, e);
+        free_routing(rids, gaps, border, layers, c, i, led, e);
         return e;
     }
 
@@ -141,10 +180,12 @@ public:
         const ForwardResult& own = self ? ref : fr;
         out.tensors.emplace("decide.free.top1", i32_tensor(argmax_rows(own.logits.view())));
         const ModelConfig& mc = env.model->config();
+        std::vector<std::int32_t> moe_layers;
         std::size_t m = 0;
         for (std::int64_t l = 0; l < mc.num_layers; ++l) {
             if (!mc.is_moe(l)) continue;
             const auto ul = static_cast<std::size_t>(l);
+            moe_layers.push_back(static_cast<std::int32_t>(l));
             out.tensors.emplace(fmt::format("decide.free.ids.{}", m), own.routing[ul].ids);
             if (self) {
                 const TensorView bias = env.model->layer(l).router_bias;
@@ -153,19 +194,36 @@ public:
             }
             ++m;
         }
+        if (self && !moe_layers.empty()) out.tensors.emplace("decide.moe_layers", i32_tensor(moe_layers));
         return out;
     }
 
-    nlohmann::ordered_json compare(const Protocol&, const StepNodes& in, Ledger& led, AuditReport&) const override {
+    nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
         const NodeOutputs& ref = *in.nodes[in.reference];
         const TensorView rl = ref.view("decide.pinned.logits");
         const std::vector<TensorView> rids = numbered(ref, "decide.free.ids.");
         const std::vector<TensorView> gaps = numbered(ref, "decide.gaps.");
-        const double border = DecideConfig{}.border;
+        const double border = p.decide.border;
+        // The model layer of each MoE layer (a capture without decide.moe_layers: their indices).
+        std::vector<std::int64_t> layers;
+        if (ref.has("decide.moe_layers"))
+            for (std::int32_t l : int_vector(ref.view("decide.moe_layers"))) layers.push_back(l);
+        KVASIR_CHECK(layers.empty() || layers.size() == rids.size(), ErrorCode::bad_input,
+                     "{}: decide.moe_layers names {} layers, the routing has {}", ref.origin(), layers.size(), rids.size());
+        for (std::size_t m = layers.size(); m < rids.size(); ++m) layers.push_back(static_cast<std::int64_t>(m));
         nlohmann::ordered_json j;
         j["reference"] = ref.node();
         j["moe_layers"] = rids.size();
         j["border"] = border;
+        // The reference's border tokens, with their gaps: where a node's own router may decide otherwise.
+        nlohmann::ordered_json border_tokens = nlohmann::ordered_json::array();
+        for (std::size_t m = 0; m < gaps.size() && m < layers.size(); ++m) {
+            nlohmann::ordered_json tokens = nlohmann::ordered_json::array();
+            for (std::int64_t t = 0; t < gaps[m].numel(); ++t)
+                if (gaps[m].at(t) < border) tokens.push_back({{"token", t}, {"gap", json_double(gaps[m].at(t))}});
+            border_tokens.push_back({{"layer", layers[m]}, {"tokens", std::move(tokens)}});
+        }
+        if (!gaps.empty()) j["border_tokens"] = std::move(border_tokens);
         j["compared"] = "top-1 with router authority; exact expert-set agreement without it (each node's own router)";
         // A dense model has no router: routing agreement does not apply (the
         // reference's outputs say so — it routed no layer).
@@ -174,12 +232,12 @@ public:
                 led.not_applicable(crit, "no MoE layers: the model has no router");
         j["results"] = for_each_candidate(in, led, "decide", [&](std::size_t i) {
             const NodeOutputs& c = *in.nodes[i];
-            if (in.free_running[i]) return free_running_node(ref, c, rids, gaps, border, i, led);
+            if (in.free_running[i]) return free_running_node(ref, c, rids, gaps, border, layers, i, led);
             const Fraction top1 = top1_agreement(rl, c.view("decide.pinned.logits"));
             nlohmann::ordered_json e{{"node", c.node()}, {"top1_pinned", to_json(top1)}};
             if (ref.has("decide.free.top1") && c.has("decide.free.top1")) e["top1_free"] = to_json(free_top1(ref, c));
             led.measure_rate(i, "decide", "decide.top1_agreement_min", top1);
-            free_routing(rids, gaps, border, c, i, led, e);
+            free_routing(rids, gaps, border, layers, c, i, led, e);
             return e;
         });
         return j;

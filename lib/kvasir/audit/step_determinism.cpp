@@ -37,7 +37,7 @@ public:
                                                   : nullptr;
         StepCommon c;
         c.model = ac.model;
-        c.tokens = s ? detail::stream_tokens(*s, *ac.model) : seeded_tokens(plan.seed, 16, ac.model->config().vocab_size);
+        c.tokens = s || ac.tokens ? detail::stream_tokens(ac, s ? *s : TokenStream{}) : seeded_tokens(plan.seed, 16, ac.model->config().vocab_size);
         c.validate();
         plan.determinism_tokens = c.tokens;
         plan.repeats = p.determinism.repeats;

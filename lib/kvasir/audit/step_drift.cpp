@@ -1,7 +1,42 @@
-// Step 2 as an audit step: layer drift (steps/drift.hpp explains the
-// measurement). The authority runs the prompt once; its routing is imposed
-// on every node (router authority) and its hidden states are the anchors of
-// the re-anchored run.
+// Protocol step 2 — layer-boundary drift (the audit step, and the drift
+// command as its view: step_view.hpp).
+//
+// How the residual stream of each candidate drifts away from the reference
+// with depth. The reference runs the whole prompt once with its own router;
+// its routing plan is then imposed on every candidate (router authority), so
+// that what is measured is pure arithmetic error, never a different choice of
+// experts (routing flips are step 4's subject). Two views per layer l:
+//
+//  * free-running: the candidate carries its own residual stream through all
+//    layers. delta_free(l) = ‖h_cand[l+1] − h_ref[l+1]‖₂ / ‖h_ref[l+1]‖₂ over
+//    the whole [T, H] residual after layer l: the ACCUMULATED error of layers
+//    0 … l (what the next layer, and finally lm_head, actually receives).
+//  * re-anchored: layer l is fed the reference's input of layer l
+//    (ForwardOptions::anchor_inputs = the reference's hidden states), so
+//    delta_anchored(l) is the LOCAL error of layer l alone. A layer whose
+//    local error is much larger than its neighbours' is where precision is
+//    lost; free-running ≫ anchored means the error is amplified downstream.
+//
+// Growth with depth. Δ(L) ∝ L^α is fitted by least squares in log-log space
+// over depths d = 1 … L (d = l + 1) of the FREE-running deltas
+// (fit_power_law: layers with a delta of exactly 0 are excluded and counted).
+// α ≈ 0.5 says errors of successive layers add incoherently (√L); α ≈ 1
+// coherent, linear growth; α ≈ 0 a fixed error that depth neither grows nor
+// damps (e.g. one dominant early layer). R² says how well a power law
+// describes the curve at all — with the fixtures' 3–4 layers the fit has 1–2
+// degrees of freedom and R² is a rough guide, not a test statistic.
+// Measured on the fixtures (cpu, cpu:acc=f16, cpu:storage=bf16, opencl vs
+// cpu-ref): α ≈ 0.2 on qwen3_moe_tiny (layer 0 contributes most of the
+// error) and α ≈ 0.4–0.5 on mixtral_tiny — sub-linear, as incoherent
+// per-layer errors under F32 boundaries should be.
+//
+// "Where it went wrong": the first layer whose free-running delta exceeds
+// the protocol's drift.threshold (default 1e-3, a relative residual error), and the first
+// layer whose LOCAL (anchored) delta does; −1 when none does.
+//
+// The authority runs the prompt once; its routing is imposed on every node
+// (router authority) and its hidden states are the anchors of the
+// re-anchored run.
 //
 // Tensors: drift.hidden.<k> (k = 0 … L: the residual stream, free-running,
 // routing pinned) and drift.anchored.<k> (k = 1 … L: the output of layer k−1
@@ -19,12 +54,13 @@
 // crosses its yardstick is named in the node's verdict — the yardstick is
 // x_floor × the floor node's delta of the same block and layer when the
 // protocol writes drift.final_rel relative to a floor node and the floor
-// ran (its delta > 0), else DriftConfig::threshold.
+// ran (its delta > 0), else the protocol's drift.threshold.
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/core/nonfinite.hpp"
 #include "kvasir/audit/step.hpp"
 
 #include "kvasir/core/error.hpp"
+#include "kvasir/metrics/logits.hpp"
 #include "kvasir/metrics/metrics.hpp"
 #include "kvasir/steps/forward.hpp"
 
@@ -46,7 +82,7 @@ public:
 
     bool plan(const AuditConfig& ac, detail::AuditPlan& plan) const override {
         if (!ac.protocol->drift.enabled) return false;
-        plan.drift = detail::token_step<DriftConfig>(ac, plan.seed, ac.protocol->drift.tokens);
+        plan.drift = detail::token_step<StepCommon>(ac, plan.seed, ac.protocol->drift.tokens);
         plan.drift->validate();
         return true;
     }
@@ -122,7 +158,7 @@ public:
         const NodeOutputs& ref = *in.nodes[in.reference];
         const std::vector<TensorView> rh = numbered(ref, "drift.hidden.");
         KVASIR_CHECK(rh.size() >= 2, ErrorCode::bad_input, "{}: drift step without hidden states", ref.origin());
-        const double threshold = DriftConfig{}.threshold;
+        const double threshold = p.drift.threshold;
         // The localisation's yardstick: x_floor × the floor node's delta of
         // the same block, when drift.final_rel is written relative to a
         // floor that ran; else the absolute threshold.
@@ -138,7 +174,7 @@ public:
         j["reference"] = ref.node();
         j["threshold"] = threshold;
         j["compared"] = "‖Δ‖₂/‖ref‖₂ of the residual after each layer: free-running (accumulated) and re-anchored (local), "
-                        "and of each block of the re-anchored layer";
+                        "and of each block of the re-anchored layer; routing pinned by the reference in every run";
         if (floor) j["localisation_floor"] = {{"node", p.floor}, {"x_floor", *multiple}};
         j["results"] = for_each_candidate(in, led, "drift", [&](std::size_t i) {
             const NodeOutputs& c = *in.nodes[i];
@@ -152,14 +188,21 @@ public:
             for (std::size_t k = 1; k < rh.size(); ++k) {
                 const std::int64_t layer = static_cast<std::int64_t>(k) - 1;
                 const double free_rel = relative_l2(rh[k], ch[k]);
+                const CompareStats free = kvasir::compare(rh[k], ch[k]);
                 depth.push_back(static_cast<double>(k));
                 rel.push_back(free_rel);
-                nlohmann::ordered_json lj{{"layer", layer}, {"depth", k}, {"free_rel", json_double(free_rel)}};
+                nlohmann::ordered_json lj{{"layer", layer},
+                                          {"depth", k},
+                                          {"free_rel", json_double(free_rel)},
+                                          {"free_max_abs", json_double(free.max_abs)},
+                                          {"free_cosine", json_double(free.cosine)}};
                 if (!(free_rel <= threshold) && first_over < 0) first_over = layer;
                 const std::string anchored = fmt::format("drift.anchored.{}", k);
                 if (c.has(anchored)) {
-                    const double local = relative_l2(rh[k], c.view(anchored));
+                    const TensorView av = c.view(anchored);
+                    const double local = relative_l2(rh[k], av);
                     lj["anchored_rel"] = json_double(local);
+                    lj["anchored_max_abs"] = json_double(max_abs_difference(rh[k], av));
                     if (!(local <= threshold) && first_over_local < 0) first_over_local = layer;
                 }
                 for (const Block& b : kBlocks) {
@@ -185,12 +228,17 @@ public:
                 layers.push_back(std::move(lj));
             }
             const PowerFit fit = fit_power_law(depth, rel);
-            DriftSeries s{c.node(), rel, growth_alpha(fit, rel)};
+            const double alpha = growth_alpha(fit, rel);
             led.measure(i, "drift", "drift.final_rel", rel.empty() ? kNaN : rel.back());
-            led.measure(i, "drift", "drift.alpha_max", s.alpha);
-            out.drift.push_back(std::move(s));
-            return nlohmann::ordered_json{{"node", c.node()},        {"layers", std::move(layers)},
-                                          {"fit", to_json(fit)},      {"first_over", first_over},
+            led.measure(i, "drift", "drift.alpha_max", alpha);
+            out.drift.push_back(DriftSeries{c.node(), rel, alpha});
+            return nlohmann::ordered_json{{"node", c.node()},
+                                          // the embedding gather: exact widening, 0 unless a backend rounds it
+                                          {"embedding_rel", json_double(relative_l2(rh[0], ch[0]))},
+                                          {"layers", std::move(layers)},
+                                          {"fit", to_json(fit)},
+                                          {"alpha", json_double(alpha)},  // as drift.alpha_max judges it: 0 when nothing grew
+                                          {"first_over", first_over},
                                           {"first_over_local", first_over_local}, {"localisation", std::move(where)}};
         });
         return j;

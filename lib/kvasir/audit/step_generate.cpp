@@ -1,6 +1,27 @@
-// Step 5 as an audit step: generation stability (steps/generate.hpp explains
-// the measurement). Free greedy decoding on every node, and decoding pinned
-// to the authority's tokens and routing (teacher forcing).
+// Protocol step 5 — generation stability (the audit step; the generate
+// command is its view: step_view.hpp).
+//
+// Greedy decoding (argmax, ties to the lower id, KV cache, no sampling, no
+// EOS stop) of the protocol's n tokens after the prompt, on every node. Two
+// runs per candidate:
+//
+//  * FREE: the candidate decodes entirely on its own — its own router, its
+//    own argmax fed back. Once one token differs the two sequences fork and
+//    every later position is a different computation, so only the FIRST
+//    divergence index is meaningful: the step i where the candidate's token
+//    differs from the reference's (−1: none in n), with the reference's
+//    logit margin (top1 − top2) there — small margins are where a ~1e-3
+//    logit error flips argmax — and the candidate's own margin there.
+//
+//  * PINNED: decoding pinned to the reference (the authority's tokens are
+//    fed: greedy_generate's pinned_tokens) and its routing imposed step by
+//    step (valid because the candidate now sees exactly the reference's
+//    tokens). This is TEACHER FORCING: after each step the candidate is
+//    resynchronised to the reference prefix, so every step where its own
+//    argmax differs from the reference's token is an independent
+//    divergence: the divergences over n (a rate, unlike the free run's
+//    single index) and the steps where they happen. The logit error a
+//    pinned deployment carries is the logits step's subject.
 //
 // Tensors: generate.tokens [n] (own greedy tokens), generate.pinned_own [n]
 // (own argmax when fed the authority's tokens), generate.margins [n] (top1 −
@@ -26,9 +47,11 @@ public:
     bool plan(const AuditConfig& ac, detail::AuditPlan& plan) const override {
         if (!ac.protocol->generate.enabled) return false;
         plan.generate = detail::token_step<GenerateConfig>(ac, plan.seed, ac.protocol->generate.prompt);
-        plan.generate->new_tokens = static_cast<int>(ac.protocol->generate.n);
-        if (!tokenizer_path_for(ac.model->path()).empty()) plan.generate->tokenizer = load_tokenizer_for(ac.model->path());
-        plan.generate->validate();
+        plan.generate->new_tokens = static_cast<int>(ac.protocol->generate.n);  // 1 … 65536, as parsed
+        // The continuations as text where the model has a tokenizer (or the run names one).
+        if (!ac.tokenizer.empty() || !tokenizer_path_for(ac.model->path()).empty())
+            plan.generate->tokenizer = load_tokenizer_for(ac.model->path(), ac.tokenizer);
+        plan.generate->validate();  // the prompt's ids
         return true;
     }
 
@@ -104,7 +127,13 @@ public:
                                        "free-running node captured without the reference's tokens (no generate.pinned_own)");
             nlohmann::ordered_json e{{"node", c.node()}, {"first_divergence", first}, {"tokens", ct}};
             if (const auto text = c.note("generate.text")) e["text"] = *text;
-            if (forced) e["teacher_forced_divergences"] = divergences;
+            if (forced) {
+                e["teacher_forced_divergences"] = divergences;
+                std::vector<std::int64_t> steps;
+                for (std::size_t st = 0; st < rt.size(); ++st)
+                    if (pinned[st] != rt[st]) steps.push_back(static_cast<std::int64_t>(st));
+                e["teacher_forced_divergence_steps"] = steps;
+            }
             if (in.free_running[i]) e["free_running"] = true;
             if (first >= 0 && c.has("generate.margins") && ref.has("generate.margins")) {
                 const TensorView rm = ref.view("generate.margins"), cm = c.view("generate.margins");

@@ -103,7 +103,7 @@ public:
         if (!p.enabled) return false;
         StepCommon c;
         c.model = ac.model;
-        c.tokens = detail::stream_tokens(p.tokens, *ac.model);
+        c.tokens = detail::stream_tokens(ac, p.tokens);
         c.validate();
         plan.invariance = detail::AuditPlan::Invariance{c.tokens, p.batch_sizes, p.op_rows, p.repeats, p.decode};
         return true;

@@ -35,7 +35,7 @@ public:
         if (!ac.protocol->perplexity.enabled) return false;
         plan.perplexity = detail::token_step<PerplexityConfig>(ac, plan.seed, ac.protocol->perplexity.tokens);
         plan.perplexity->context = ac.protocol->perplexity.context;
-        plan.perplexity->router_authority = true;
+        plan.perplexity->router_authority = ac.protocol->perplexity.router_authority;
         plan.perplexity->second_half = ac.protocol->perplexity.second_half;
         if (ac.protocol->perplexity.kl_divergence) plan.perplexity->kl_divergence = ac.protocol->perplexity.base_rounding;
         plan.perplexity->validate();
@@ -54,7 +54,7 @@ public:
         const PerplexityDecision& ref = *std::any_cast<std::shared_ptr<const PerplexityDecision>>(decisions);
         const PerplexityConfig& pc = *env.plan->perplexity;
         PerplexityPass own;
-        if (!self) own = run_perplexity_windows(node, pc, ref.windows, &ref.pass);
+        if (!self) own = run_perplexity_windows(node, pc, ref.windows, pc.router_authority ? &ref.pass : nullptr);
         const PerplexityPass& pass = self ? ref.pass : own;
         const std::vector<ScoredPrediction> scored = scored_predictions(ref.windows, pc.second_half);
         StepOutput out;
@@ -88,7 +88,11 @@ public:
         nlohmann::ordered_json j;
         j["reference"] = ref.node();
         j["predictions"] = rn.size();
+        j["context"] = p.perplexity.context;
         j["scored"] = p.perplexity.second_half ? "second half of each window (llama-perplexity)" : "every prediction";
+        j["routing"] = p.perplexity.router_authority ? "pinned by the reference per window (router authority)"
+                                                     : "each node runs its own router (no authority)";
+        j["reference_mean_nll"] = json_double(mean_nll(rn));
         j["reference_perplexity"] = json_double(ref_ppl);
         const bool kld = p.perplexity.kl_divergence;
         if (kld) j["kl_divergence_base_rounding"] = p.perplexity.base_rounding;
@@ -99,7 +103,14 @@ public:
                          cn.size(), rn.size());
             const double ppl = perplexity_from_nll(cn), ratio_m1 = perplexity_ratio_minus_one(cn, rn), ratio = 1.0 + ratio_m1;
             led.measure(i, "perplexity", "perplexity.ratio_max", std::abs(ratio_m1));
-            nlohmann::ordered_json e{{"node", c.node()}, {"perplexity", json_double(ppl)}, {"ratio", json_double(ratio)}};
+            double nll_delta = 0;  // the largest per-prediction |ΔNLL| (NaN-sticky)
+            for (std::size_t k = 0; k < cn.size(); ++k) nll_delta = nan_max(nll_delta, std::abs(cn[k] - rn[k]));
+            nlohmann::ordered_json e{{"node", c.node()},
+                                     {"mean_nll", json_double(mean_nll(cn))},
+                                     {"perplexity", json_double(ppl)},
+                                     {"delta", json_double(ppl - ref_ppl)},
+                                     {"ratio", json_double(ratio)},
+                                     {"nll_max_abs_delta", json_double(nll_delta)}};
             if (in.free_running[i]) e["free_running"] = true;  // its own router in every window
             if (kld) {
                 const std::vector<std::int32_t> rt = int_vector(ref.view("perplexity.targets")),

@@ -1,7 +1,9 @@
-// Step 6's task score as an audit step (steps/task.hpp): the protocol's JSONL
-// items (sha256-pinned) tokenized by the model's own tokenizer.json, every
-// (item, choice) request one forward pass with the authority's routing
-// imposed, scored with lm-eval's acc / acc_norm.
+// Step 6's task score as an audit step (steps/task.hpp explains the scoring;
+// the task command is this step's view: step_view.hpp): the protocol's JSONL
+// items (sha256-pinned) tokenized by the model's own tokenizer.json (or the
+// run's --tokenizer), every (item, choice) request one forward pass with the
+// authority's routing imposed (unless the protocol's task.router_authority
+// is false), scored with lm-eval's acc / acc_norm.
 //
 // Tensors (each node carries the task's shape, so compare needs no plan and
 // a capture is self-contained): task.ll [R] f64 (every choice's
@@ -79,8 +81,9 @@ public:
         KVASIR_CHECK(actual == t.sha256, ErrorCode::bad_input,
                      "{}: sha256 is {}, the protocol pins {} (the task items changed: update the protocol)", t.resolved_path,
                      actual, t.sha256);
-        plan.task = make_task_config(*ac.model, text, t.path, load_tokenizer_for(ac.model->path()));
+        plan.task = make_task_config(*ac.model, text, t.path, load_tokenizer_for(ac.model->path(), ac.tokenizer));
         plan.task->seed = plan.seed;
+        plan.task->router_authority = t.router_authority;
         plan.task->validate();
         return true;
     }
@@ -92,7 +95,7 @@ public:
     StepOutput collect(const StepEnv& env, Backend& node, const std::any& decisions, bool self) const override {
         const TaskConfig& c = *env.plan->task;
         const auto& ref = *std::any_cast<std::shared_ptr<const TaskPass>>(decisions);
-        const TaskPass own = self ? TaskPass{} : run_task_passes(node, c, &ref);
+        const TaskPass own = self ? TaskPass{} : run_task_passes(node, c, c.router_authority ? &ref : nullptr);
         const TaskPass& p = self ? ref : own;
         std::vector<double> ll;
         std::vector<std::int32_t> choices, gold, chars;
@@ -126,13 +129,15 @@ public:
         return std::shared_ptr<const TaskPass>(std::move(p));
     }
 
-    nlohmann::ordered_json compare(const Protocol&, const StepNodes& in, Ledger& led, AuditReport&) const override {
+    nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
         const TaskView rv = read_view(*in.nodes[in.reference]);
         const TaskScores rs = score_task(rv.ll, rv.items, rv.requests);
         const std::size_t n = rv.items.size();
         nlohmann::ordered_json j;
         j["reference"] = in.nodes[in.reference]->node();
         j["items"] = n;
+        j["routing"] = p.task.router_authority ? "pinned by the reference per request (router authority)"
+                                               : "each node runs its own router (no authority)";
         j["reference_acc"] = json_double(rs.acc);
         j["reference_acc_stderr"] = json_double(rs.acc_stderr);
         j["reference_acc_norm"] = json_double(rs.acc_norm);
@@ -155,7 +160,9 @@ public:
                                           {"acc_norm", json_double(s.acc_norm)},
                                           {"acc_norm_stderr", json_double(s.acc_norm_stderr)},
                                           {"acc_ratio", json_double(v.acc_ratio)},
+                                          {"acc_norm_ratio", json_double(v.acc_norm_ratio)},
                                           {"agreement", json_double(static_cast<double>(v.agree) / static_cast<double>(n))},
+                                          {"agreement_norm", json_double(static_cast<double>(v.agree_norm) / static_cast<double>(n))},
                                           {"ll_max_abs_delta", json_double(v.ll_max_abs_delta)}};
         });
         return j;

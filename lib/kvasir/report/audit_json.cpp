@@ -37,6 +37,7 @@ nlohmann::ordered_json audit_report_json(const AuditReport& r) {
     proto["content_hash"] = r.protocol.content_hash;
     proto["path"] = r.protocol.path;
     if (!r.protocol.steps_judged.empty()) proto["steps_judged"] = r.protocol.steps_judged;
+    if (!r.protocol.view.is_null()) proto["view"] = r.protocol.view;
     j["protocol"] = proto;
     j["model"] = r.model;
     j["reference"] = r.reference;

@@ -171,7 +171,14 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
     std::string model = r.model.value("path", std::string());
     if (model.empty()) model = "fingerprint " + r.model.value("fingerprint", std::string("?"));
     if (r.model.contains("architecture")) model += " (" + r.model["architecture"].get<std::string>() + ")";
-    out += fmt::format("model {}  reference {}  gate {}\n\n", model, r.reference, to_string(r.gate));
+    out += fmt::format("model {}  reference {}  gate {}\n", model, r.reference, to_string(r.gate));
+    // A step command's view: which protocol's tolerances judged it, and on which tokens.
+    if (const auto& v = r.protocol.view; !v.is_null())
+        out += st.dim(fmt::format("the audit's {} step on {} tokens ({}), judged by protocol {} v{}", v.value("view", std::string()),
+                                  v["tokens"].value("count", 0), v["tokens"].value("source", std::string()),
+                                  v["of"].value("id", std::string()), v["of"].value("version", 0))) +
+               "\n";
+    out += "\n";
 
     TextTable t({"node", "verdict", "gate", "why (worst criterion: value vs tolerance, margin)"});
     t.left_aligned(4);

@@ -19,6 +19,10 @@
 // Routing: pinned by the reference (router authority, per window) by
 // default, as a swarm runs; router_authority = false lets each node route
 // for itself.
+//
+// The audit's perplexity step (audit/step_perplexity.cpp) runs these
+// windows on every node and compares them; the perplexity command is its
+// view (audit/step_view.hpp).
 #pragma once
 
 #include "kvasir/metrics/llamacpp_kld.hpp"
@@ -54,29 +58,6 @@ struct PerplexityConfig : StepCommon {
 // The windows [begin, end) of a stream of n tokens (pure, for tests).
 std::vector<std::pair<std::int64_t, std::int64_t>> perplexity_windows(std::int64_t n, std::int64_t context);
 
-struct NodePerplexity {
-    std::string node;
-    std::string error;
-    bool reference = false;
-    std::int64_t predictions = 0;
-    double mean_nll = 0;          // nats
-    double perplexity = 0;
-    double delta = 0;             // perplexity − reference perplexity
-    double ratio = 1;             // perplexity / reference perplexity
-    double nll_max_abs_delta = 0; // max over predictions |NLL − NLL_ref| (0 for the reference)
-    std::optional<LlamaCppKld> kl_divergence;  // with config.kl_divergence, for every node but the reference
-};
-
-struct PerplexityReport {
-    PerplexityConfig config;
-    std::vector<Capabilities> nodes;
-    std::size_t reference = 0;
-    std::int64_t windows = 0;
-    std::int64_t predictions = 0;
-    std::vector<NodePerplexity> results;  // one per node, reference INCLUDED, in node order
-    std::vector<SelfCheck> repeat;        // per node: every window twice (logits compared)
-};
-
 // One backend's pass over the windows (exposed for capture): per window the
 // logits and the routing used, and the NLL of every prediction in order.
 // `authority` (may be null) pins each window's routing to its plans.
@@ -104,15 +85,5 @@ Tensor scored_logits(const PerplexityPass& pass, const std::vector<ScoredPredict
 std::vector<std::int32_t> scored_targets(const std::vector<std::int32_t>& ids,
                                          const std::vector<std::pair<std::int64_t, std::int64_t>>& windows,
                                          const std::vector<ScoredPrediction>& scored);
-
-PerplexityReport run_perplexity(const PerplexityConfig& config, std::vector<std::unique_ptr<Backend>>& nodes,
-                                std::size_t reference);
-
-// Schema "kvasir-equiv/perplexity/1": schema, tool, config {common…,
-// context, routing, scored, kl_divergence_base_rounding?}, reference, nodes[],
-// windows, predictions (the scored ones), results[{node, reference, error |
-// predictions, mean_nll, perplexity, delta, ratio, nll_max_abs_delta,
-// llamacpp_kl_divergence?}], repeat[].
-nlohmann::ordered_json to_json(const PerplexityReport& report);
 
 }  // namespace kvasir

@@ -206,54 +206,13 @@ void check_step_memory(const StepCommon& c, std::size_t nodes, const std::string
                  what, tokens, nodes, static_cast<double>(need) / gib, c.model->path(), static_cast<double>(avail) / gib);
 }
 
-nlohmann::ordered_json common_json(const StepCommon& c) {
-    nlohmann::ordered_json j;
-    j["model"] = c.model->path();
-    j["model_fingerprint"] = c.model->fingerprint();
-    j["architecture"] = architecture_name(c.model->config().architecture);
-    j["layers"] = c.model->config().num_layers;
-    j["tokens_source"] = c.tokens.source;
-    j["token_count"] = c.tokens.ids.size();
-    j["seed"] = c.seed;
-    j["repeat"] = c.repeat;
-    return j;
-}
 
 // ---------------------------------------------------------------------------
 // Self non-determinism
 // ---------------------------------------------------------------------------
 
-SelfCheck self_check_of(const std::string& node, const RunToRunDelta& d) {
-    SelfCheck s;
-    s.node = node;
-    s.bit_identical = d.bit_identical;
-    s.max_abs = nan_max(nan_max(d.logits_max_abs, d.final_max_abs), nan_max(d.hidden_max_abs, d.router_logits_max_abs));
-    s.routing_rows_differing = d.routing_rows_differing;
-    s.compared = "forward pass: hidden states, router logits, routing, final hidden, logits";
-    return s;
-}
 
-SelfCheck self_check_error(const std::string& node, const std::string& error) {
-    SelfCheck s;
-    s.node = node;
-    s.error = error;
-    return s;
-}
 
-nlohmann::ordered_json to_json(const SelfCheck& s) {
-    nlohmann::ordered_json j;
-    j["node"] = s.node;
-    if (!s.error.empty()) {
-        j["error"] = s.error;
-        return j;
-    }
-    j["bit_identical"] = s.bit_identical;
-    j["max_abs"] = json_double(s.max_abs);
-    j["routing_rows_differing"] = s.routing_rows_differing;
-    j["tokens_differing"] = s.tokens_differing;
-    j["compared"] = s.compared;
-    return j;
-}
 
 namespace {
 

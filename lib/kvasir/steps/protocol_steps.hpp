@@ -1,20 +1,9 @@
-// What protocol steps 2–6 (drift, logits, decide, generate, perplexity)
-// share: where their token ids come from, the common part of their
-// configuration, the self non-determinism record (each backend run twice),
-// and the pure statistics they are built from.
-//
-// Every step compares each CANDIDATE node with the REFERENCE node (index
-// `reference` into the node list; the f64 oracle cpu-ref unless the user names
-// another). A candidate whose run throws kvasir::Error is recorded as an
-// error for that step and the others go on; a failing reference fails the
-// step (there is nothing to compare with), and the exception propagates.
-// Backend-pair matrices are step 1's business (`ops`, `matrix`); a pair of two
-// candidates is measured here by naming one of them as the reference.
-//
-// The pure functions at the bottom take logits/ids and no model, so the
-// statistics are tested on constructed cases (identical logits → KL 0, a
-// planted flip at position k → first divergence k, ...), and the step runs
-// only glue them to forward passes.
+// What the audit's forward steps (drift, logits, decide, generate,
+// perplexity, task: audit/step_*.cpp) share below the audit: where their
+// token ids come from (resolve_tokens, the step commands' --tokens /
+// --tokens-file / --text), the common part of their configuration
+// (StepCommon), the memory a run of them needs, and the router gaps the
+// decide step reads.
 //
 // All statistics are f64 (inputs are widened exactly through TensorView::at)
 // and NaN never disappears: a NaN logit makes the KL, the L∞, the agreement
@@ -109,9 +98,6 @@ struct StepCommon {
     const Model* model = nullptr;  // required; must outlive the run
     TokenSequence tokens;          // the prompt (perplexity: the stream)
     std::uint64_t seed = 20261129; // seeded token ids and perturbations
-    // Self non-determinism: run every node (the reference included) a second
-    // time and compare the two runs bit for bit.
-    bool repeat = false;
 
     // Throws Error(bad_input): no model, a model whose full forward pass is
     // not implemented (deepseek_v3: Error(unsupported)), no tokens, an id
@@ -134,35 +120,10 @@ std::uint64_t step_memory_estimate(const ModelConfig& c, std::int64_t tokens, st
 
 // Refuses, before anything is allocated, a token count the run cannot hold:
 // Error(bad_input) "WHAT: N tokens need at least X GiB (...), Y GiB is
-// available". `nodes_held`: the node runs a step keeps at once — the steps
-// compare the reference with one candidate at a time, so min(nodes, 2), plus
-// one for --repeat's second run. Nothing is refused when the available
-// memory is unknown.
+// available". `nodes_held`: the node runs whose outputs one process keeps
+// at once (audit/audit_plan.hpp: a node process 2, an in-process audit every
+// node). Nothing is refused when the available memory is unknown.
 void check_step_memory(const StepCommon& c, std::size_t nodes_held, const std::string& what, std::int64_t window = 0);
-
-// { model, model_fingerprint, architecture, layers, tokens_source,
-//   token_count, seed, repeat }. Shared first keys of every step's "config".
-nlohmann::ordered_json common_json(const StepCommon& c);
-
-// ---------------------------------------------------------------------------
-// Self non-determinism (item: the same backend run twice)
-// ---------------------------------------------------------------------------
-
-struct SelfCheck {
-    std::string node;
-    std::string error;            // the second (or first) run threw: the check did not happen
-    bool bit_identical = false;   // every compared output has the same bits
-    double max_abs = 0;           // run-to-run max|Δ| over the compared outputs (NaN: non-finite patterns differ)
-    std::string compared;         // what was compared, one line
-    std::int64_t routing_rows_differing = 0;  // (layer, token) rows whose expert SETS differ
-    std::int64_t tokens_differing = 0;        // generated / argmax tokens that differ
-};
-// From forward_pass results: max_abs is the largest of the logits, final
-// hidden and hidden-state deltas.
-SelfCheck self_check_of(const std::string& node, const RunToRunDelta& d);
-// The record of a repeat that threw (error = the message).
-SelfCheck self_check_error(const std::string& node, const std::string& error);
-nlohmann::ordered_json to_json(const SelfCheck& s);
 
 // Router "gap" of each token: the k-th minus the (k+1)-th largest SELECTION
 // score, from router logits [T, E] in f64, where the score is what the

@@ -85,8 +85,8 @@ struct TaskScores {
 TaskScores score_task(const std::vector<std::vector<double>>& ll, const std::vector<TaskItem>& items,
                       const std::vector<std::vector<TaskRequest>>& requests);
 
-// A node's scores against the reference's (pure; the task command and the
-// audit step both judge through it): accuracy ratios (1 when both are 0, +inf
+// A node's scores against the reference's (pure; the audit step judges
+// through it): accuracy ratios (1 when both are 0, +inf
 // when only the reference's is), the items whose chosen answer is the
 // reference's, and the largest |ll − ll_ref| over every choice (NaN-sticky).
 // Error(bad_input) when the two were scored on different tasks.
@@ -104,28 +104,5 @@ struct TaskPass {
     std::vector<std::vector<RoutingPlan>> routing;  // per request, in order
 };
 TaskPass run_task_passes(Backend& backend, const TaskConfig& config, const TaskPass* authority);
-
-struct NodeTask {
-    std::string node;
-    std::string error;
-    bool reference = false;
-    TaskScores scores;
-    TaskComparison vs_reference;  // the reference's own: ratios 1, every item agreeing, Δ 0
-};
-
-struct TaskReport {
-    TaskConfig config;
-    std::vector<Capabilities> nodes;
-    std::size_t reference = 0;
-    std::vector<NodeTask> results;  // one per node, the reference included
-};
-
-TaskReport run_task(const TaskConfig& config, std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference);
-
-// Schema "kvasir-equiv/task/1": schema, tool, config {common…, items,
-// source, routing}, reference, nodes[], results[{node, reference, error |
-// acc, acc_stderr, acc_norm, acc_norm_stderr, acc_ratio, acc_norm_ratio,
-// agreement, agreement_norm, ll_max_abs_delta, chosen[], chosen_norm[]}].
-nlohmann::ordered_json to_json(const TaskReport& report);
 
 }  // namespace kvasir

@@ -1,0 +1,19 @@
+// Terminal rendering of one step's section of an audit report — what a step
+// command (kvasir-equiv drift, logits, …: audit/step_view.hpp) prints under
+// the verdicts: the step's figures per node, read from the step's JSON
+// section (the one form of a step's result), and the determinism step's
+// table when the view ran with --repeat. Tables only (TextTable); colour via
+// Style, never needed to read the figures.
+#pragma once
+
+#include "kvasir/audit/results.hpp"
+#include "kvasir/report/text.hpp"
+
+#include <string>
+
+namespace kvasir {
+
+// "" for a step the report does not hold.
+std::string render_step_text(const AuditReport& report, const std::string& step, const Style& style);
+
+}  // namespace kvasir
