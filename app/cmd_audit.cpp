@@ -106,18 +106,15 @@ void run_audit_command(const AuditOptions& opt) {
     cfg.only_steps = steps;
     // x_floor tolerances need their floor node measured in this run: added
     // when not listed, and then shown but not gated.
+    std::vector<std::string> specs = node_specs(node_opts);  // --backends split once, here
     bool floor_added = false;
-    if (protocol.uses_floor() && !node_opts.backends.empty()) {
-        const std::vector<std::string> listed = split_node_list(node_opts.backends);
-        const bool listed_floor = std::any_of(listed.begin(), listed.end(), [&](const std::string& spec) {
+    if (protocol.uses_floor() && std::none_of(specs.begin(), specs.end(), [&](const std::string& spec) {
             return BackendSpec::parse(spec).canonical() == protocol.floor;
-        });
-        if (!listed_floor) {
-            node_opts.backends.push_back(protocol.floor);
-            floor_added = true;
-        }
+        })) {
+        specs.push_back(protocol.floor);
+        floor_added = true;
     }
-    Nodes nodes = create_nodes(node_opts, &cfg.failed_nodes);
+    Nodes nodes = create_nodes(specs, node_opts.reference, &cfg.failed_nodes);
     if (floor_added) cfg.contrast_nodes.push_back(protocol.floor);
     cfg.progress = progress_printer();
     // The default list's precision-mismatch contrast is shown, not gated,

@@ -26,9 +26,16 @@ std::vector<std::string> split_node_list(const std::vector<std::string>& args) {
     return out;
 }
 
+std::vector<std::string> node_specs(const NodeOptions& options) {
+    return options.backends.empty() ? default_nodes() : split_node_list(options.backends);
+}
+
 Nodes create_nodes(const NodeOptions& options, std::vector<NodeInput>* failed) {
-    const std::vector<std::string> specs = options.backends.empty() ? default_nodes() : split_node_list(options.backends);
-    const std::string ref_text = BackendSpec::parse(options.reference).canonical();
+    return create_nodes(node_specs(options), options.reference, failed);
+}
+
+Nodes create_nodes(const std::vector<std::string>& specs, const std::string& reference_spec, std::vector<NodeInput>* failed) {
+    const std::string ref_text = BackendSpec::parse(reference_spec).canonical();
     Nodes out;
     std::vector<std::string> names;
     std::optional<std::size_t> reference;
@@ -59,7 +66,7 @@ Nodes create_nodes(const NodeOptions& options, std::vector<NodeInput>* failed) {
     // The reference is not listed under its own spelling: started here (the
     // one node started without being listed), unless it is a listed node
     // under another spelling ("cpu:acc=f32" is "cpu"), then that one is it.
-    auto ref = create_backend(options.reference);
+    auto ref = create_backend(reference_spec);
     const auto it = std::find(names.begin(), names.end(), ref->capabilities().node);
     if (it != names.end()) {
         out.reference = static_cast<std::size_t>(it - names.begin());

@@ -27,6 +27,11 @@ struct Nodes {
 // an error node there (the audit's) instead of stopping the command; bad
 // specs and absent backends named explicitly stay exit 2.
 Nodes create_nodes(const NodeOptions& options, std::vector<NodeInput>* failed = nullptr);
+// The same from node specs already split (node_specs, plus what a command adds).
+Nodes create_nodes(const std::vector<std::string>& specs, const std::string& reference, std::vector<NodeInput>* failed = nullptr);
+// The node specs --backends names (split once: split_node_list), or the
+// registry's defaults when it names none.
+std::vector<std::string> node_specs(const NodeOptions& options);
 
 // Runs one measuring step, `run(nodes)`, on timing decorators of the nodes
 // (NodeClock: the same results) and, when `print` (--timings), writes on

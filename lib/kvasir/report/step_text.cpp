@@ -52,6 +52,16 @@ bool failed_entry(const StepJson& e, std::string& out, const Style& st) {
     return true;
 }
 
+// A node's entry that holds an error instead of figures: one row of the
+// table, the message in its second column. False for an entry with figures.
+bool error_row(TextTable& t, const StepJson& e, std::size_t columns, const Style& st) {
+    if (!e.contains("error")) return false;
+    std::vector<std::string> row{e.value("node", std::string("?")), st.red("error: " + e["error"].get<std::string>())};
+    row.resize(columns);
+    t.add_row(row);
+    return true;
+}
+
 std::string drift_text(const StepJson& s, const Style& st) {
     std::string out = section_title("Step 2 — layer-boundary drift", s, st);
     out += st.dim(fmt::format("free = own residual stream (accumulated error); local = each layer fed the reference's "
@@ -88,11 +98,8 @@ std::string logits_text(const StepJson& s, const Style& st) {
     out += st.dim(fmt::format("{} positions; KL(P_ref ‖ P) in nats", s.value("positions", 0))) + "\n";
     TextTable t({"node", "KL mean", "KL p99", "KL max", "L∞ mean", "L∞ max", "L2 max", "RMS Δp(top)"});
     for (const StepJson& e : s.value("results", StepJson::array())) {
+        if (error_row(t, e, 8, st)) continue;
         const std::string node = e.value("node", std::string("?"));
-        if (e.contains("error")) {
-            t.add_row({node, st.red("error: " + e["error"].get<std::string>()), "", "", "", "", "", ""});
-            continue;
-        }
         const StepJson kl = e.value("kl", StepJson::object()), linf = e.value("linf", StepJson::object()), l2 = e.value("l2", StepJson::object());
         t.add_row({node, sci_of(kl, "mean"), sci_of(kl, "p99"), sci_of(kl, "max"), sci_of(linf, "mean"), sci_of(linf, "max"), sci_of(l2, "max"),
                    sci_of(e, "top_dp_rms")});
@@ -128,13 +135,8 @@ std::string decide_text(const StepJson& s, const Style& st) {
     TextTable t(header);
     std::string layers;
     for (const StepJson& e : s.value("results", StepJson::array())) {
+        if (error_row(t, e, header.size(), st)) continue;
         const std::string node = e.value("node", std::string("?"));
-        if (e.contains("error")) {
-            std::vector<std::string> row{node, st.red("error: " + e["error"].get<std::string>())};
-            row.resize(header.size());
-            t.add_row(row);
-            continue;
-        }
         std::vector<std::string> row{node, fraction_of(e, "top1_pinned"), fraction_of(e, "top1_free")};
         const StepJson routing = e.value("routing_free", StepJson());
         const StepJson b = e.value("border", StepJson::object());
@@ -196,11 +198,8 @@ std::string generate_text(const StepJson& s, const Style& st) {
     TextTable t({"node", "first divergence", "ref margin there", "own margin there", "teacher-forced divergences", "at steps"});
     std::string texts;
     for (const StepJson& e : s.value("results", StepJson::array())) {
+        if (error_row(t, e, 6, st)) continue;
         const std::string node = e.value("node", std::string("?"));
-        if (e.contains("error")) {
-            t.add_row({node, st.red("error: " + e["error"].get<std::string>()), "", "", "", ""});
-            continue;
-        }
         const std::int64_t first = e.value("first_divergence", std::int64_t{-1});
         const std::string div = e.contains("teacher_forced_divergences")
                                     ? fmt::format("{}/{}", e["teacher_forced_divergences"].get<std::int64_t>(), s.value("new_tokens", 0))
@@ -231,13 +230,8 @@ std::string perplexity_text(const StepJson& s, const Style& st) {
     ref.resize(header.size(), "·");
     t.add_row(ref);
     for (const StepJson& e : s.value("results", StepJson::array())) {
+        if (error_row(t, e, header.size(), st)) continue;
         const std::string node = e.value("node", std::string("?"));
-        if (e.contains("error")) {
-            std::vector<std::string> row{node, st.red("error: " + e["error"].get<std::string>())};
-            row.resize(header.size());
-            t.add_row(row);
-            continue;
-        }
         std::vector<std::string> row{node, sci_of(e, "mean_nll"), sci_of(e, "perplexity"), sci_of(e, "delta"),
                                      fixed_of(e, "ratio", 9),
                                      sci_of(e, "nll_max_abs_delta")};
@@ -263,11 +257,8 @@ std::string task_text(const StepJson& s, const Style& st) {
     t.add_row({s.value("reference", std::string("?")) + " (ref)", pm(s, "reference_acc", "reference_acc_stderr"),
                pm(s, "reference_acc_norm", "reference_acc_norm_stderr"), "·", "·", "·", "·"});
     for (const StepJson& e : s.value("results", StepJson::array())) {
+        if (error_row(t, e, 7, st)) continue;
         const std::string node = e.value("node", std::string("?"));
-        if (e.contains("error")) {
-            t.add_row({node, st.red("error: " + e["error"].get<std::string>()), "", "", "", "", ""});
-            continue;
-        }
         t.add_row({node, pm(e, "acc", "acc_stderr"), pm(e, "acc_norm", "acc_norm_stderr"), fixed_of(e, "acc_ratio", 6),
                    fixed_of(e, "acc_norm_ratio", 6), fixed_of(e, "agreement", 4), sci_of(e, "ll_max_abs_delta")});
     }
@@ -280,11 +271,8 @@ std::string self_determinism_table(const StepJson& s, const Style& st) {
                       st.dim(fmt::format("  each node run {} times on the same tokens", s.value("repeats", 2))) + "\n";
     TextTable t({"node", "bit-identical", "run-to-run max rel", "routing rows ≠"});
     for (const StepJson& e : s.value("nodes", StepJson::array())) {
+        if (error_row(t, e, 4, st)) continue;
         const std::string node = e.value("node", std::string("?"));
-        if (e.contains("error")) {
-            t.add_row({node, st.red("error: " + e["error"].get<std::string>()), "", ""});
-            continue;
-        }
         const bool same = e.value("bit_identical", false);
         t.add_row({node, same ? st.green("yes") : st.red("no"), sci_of(e, "run_to_run_max_rel"), sci_of(e, "routing_rows_differing")});
     }
