@@ -52,6 +52,22 @@ assert v["settings"]["sha256"] == hashlib.sha256(open(sys.argv[2], "rb").read())
 assert t["items"] == 20 and t["results"][0]["node"] == "cpu" and t["results"][0]["agreement"] == 1.0, t' "$tmp/task.json" "$tmp/items.jsonl"
 expect_usage_error "--items is required" task
 
+# Issue #41: each step command is a view of the audit's step — on ci.json's stream, `drift` (and the other
+# token steps) and `audit --steps drift` write the same section of the report, figure for figure.
+for step in drift logits decide; do
+  python3 -c "import json,sys; d=json.load(open('protocols/ci.json'))['steps'][sys.argv[1]]['tokens']; ids=open('protocols/'+d['path']).read().split()
+print(' '.join(ids[d['offset']:d['offset']+d['count']]))" "$step" >"$tmp/$step.ids"
+  "$bin" "$step" -b cpu-ref,cpu,cpu:acc=f16 --tokens-file "$tmp/$step.ids" --seed 20261129 -p protocols/ci.json \
+    -o "$tmp/$step.view.json" >/dev/null 2>&1
+  "$bin" audit -p protocols/ci.json --steps "$step" -b cpu-ref,cpu,cpu:acc=f16 --in-process -o "$tmp/$step.audit.json" >/dev/null 2>&1
+  check "$step command == audit --steps $step: the same section of the report, the same verdicts" python3 -c '
+import json, sys
+v, a = (json.load(open(f)) for f in sys.argv[1:3]); s = sys.argv[3]
+assert v["steps"][s] == a["steps"][s], (v["steps"][s], a["steps"][s])
+assert [(n["node"], n["verdict"]) for n in v["nodes"]] == [(n["node"], n["verdict"]) for n in a["nodes"]], (v["nodes"], a["nodes"])' \
+    "$tmp/$step.view.json" "$tmp/$step.audit.json" "$step"
+done
+
 "$bin" drift --backends "$nodes" --repeat --json >"$tmp/repeat.json"
 check "--repeat reports bit-identical runs" grep -q '"bit_identical": true' "$tmp/repeat.json"
 "$bin" decide --backends "$nodes" --perturb-router 0.03 --json >"$tmp/perturb.json"
