@@ -12,6 +12,7 @@
 #include "kvasir/steps/task.hpp"
 #include "kvasir/steps/protocol_steps.hpp"
 
+#include <any>
 #include <map>
 #include <optional>
 #include <string>
@@ -52,6 +53,8 @@ struct AuditPlan {
         std::int64_t decode = 0;
     };
     std::optional<Invariance> invariance;
+    // What registered steps (step.hpp register_step) planned: step → its own config.
+    std::map<std::string, std::any> registered;
     std::vector<std::string> steps;  // protocol order
 };
 

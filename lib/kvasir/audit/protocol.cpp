@@ -28,10 +28,12 @@ const char* margin_unit(MarginScale s) noexcept { return s == MarginScale::linea
 
 const char* to_string(Tier t) noexcept { return t == Tier::sensitive ? "sensitive" : "tolerant"; }
 
-const std::vector<CriterionInfo>& criterion_catalog() {
+namespace {
+// The built-in catalogue, then what registered steps declare (register_protocol_step).
+std::vector<CriterionInfo>& catalog_storage() {
     using D = Direction;
     using S = MarginScale;
-    static const std::vector<CriterionInfo> catalog = {
+    static std::vector<CriterionInfo> catalog = {
         {"ops.max_rel", "ops", D::max, S::log, false, true,
          "step 1: guarded per-element max relative delta of each op's output vs the reference (worst op unless a per-op tolerance names it)"},
         {"ops.cosine_min", "ops", D::min, S::complement_log, false, true,
@@ -84,6 +86,34 @@ const std::vector<CriterionInfo>& criterion_catalog() {
     return catalog;
 }
 
+std::vector<std::string>& step_name_storage() {
+    static std::vector<std::string> names = {"ops",      "drift",      "logits",     "decide",
+                                             "generate", "perplexity", "determinism", "invariance", "task"};
+    return names;
+}
+constexpr std::size_t kBuiltInSteps = 9;
+
+bool built_in_step(std::string_view step) {
+    const auto& names = step_name_storage();
+    return std::find(names.begin(), names.begin() + kBuiltInSteps, step) != names.begin() + kBuiltInSteps;
+}
+}  // namespace
+
+const std::vector<CriterionInfo>& criterion_catalog() { return catalog_storage(); }
+
+void register_protocol_step(const std::string& step, const std::vector<CriterionInfo>& criteria) {
+    auto& names = step_name_storage();
+    KVASIR_CHECK(std::find(names.begin(), names.end(), step) == names.end(), ErrorCode::internal,
+                 "protocol step '{}' registered twice", step);
+    for (const CriterionInfo& c : criteria) {
+        KVASIR_CHECK(c.step == step && !find_criterion(c.name) && criterion_family(c.name) == c.name, ErrorCode::internal,
+                     "step '{}' registers criterion '{}': not its own, or already known", step, c.name);
+    }
+    names.push_back(step);
+    auto& catalog = catalog_storage();
+    catalog.insert(catalog.end(), criteria.begin(), criteria.end());
+}
+
 std::string criterion_op(std::string_view name) {
     // ops.<op>.<metric> with exactly two dots.
     if (name.rfind("ops.", 0) != 0) return "";
@@ -123,11 +153,7 @@ std::optional<CriterionInfo> find_criterion(std::string_view name) {
 // Protocol
 // ============================================================================
 
-const std::vector<std::string>& protocol_step_names() {
-    static const std::vector<std::string> names = {"ops",      "drift",      "logits",     "decide",
-                                                   "generate", "perplexity", "determinism", "invariance", "task"};
-    return names;
-}
+const std::vector<std::string>& protocol_step_names() { return step_name_storage(); }
 
 namespace {
 // The enabled flag of a step, for a const and a mutable protocol alike.
@@ -146,8 +172,27 @@ auto& step_flag(P& p, std::string_view step) {
 }
 }  // namespace
 
-bool Protocol::runs(std::string_view step) const { return step_flag(*this, step); }
-bool& Protocol::enabled(std::string_view step) { return step_flag(*this, step); }
+bool Protocol::runs(std::string_view step) const {
+    if (built_in_step(step)) return step_flag(*this, step);
+    const auto it = registered.find(std::string(step));
+    if (it != registered.end()) return it->second.enabled;
+    const auto& names = protocol_step_names();
+    KVASIR_CHECK(std::find(names.begin(), names.end(), step) != names.end(), ErrorCode::internal, "unknown protocol step '{}'", step);
+    return false;
+}
+
+bool& Protocol::enabled(std::string_view step) {
+    if (built_in_step(step)) return step_flag(*this, step);
+    const auto& names = protocol_step_names();
+    KVASIR_CHECK(std::find(names.begin(), names.end(), step) != names.end(), ErrorCode::internal, "unknown protocol step '{}'", step);
+    return registered[std::string(step)].enabled;
+}
+
+const nlohmann::json& Protocol::section(std::string_view step) const {
+    const auto it = registered.find(std::string(step));
+    KVASIR_CHECK(it != registered.end(), ErrorCode::internal, "protocol step '{}' has no registered section", step);
+    return it->second.section;
+}
 
 OpsConfig Protocol::ops_config() const {
     OpsConfig c;
@@ -566,6 +611,13 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
         pr.task.sha256 = r.string(it, "sha256", p + "/items");
         if (!is_lower_hex(pr.task.sha256, 64))
             r.bad(p + "/items/sha256", "expected 64 lowercase hex digits (sha256 of the file)");
+    }
+    // A registered step's section is its own to read (Step::plan validates it); here it must be an object.
+    for (const std::string& name : protocol_step_names()) {
+        if (built_in_step(name) || !steps.contains(name)) continue;
+        const std::string p = json_pointer_child("/steps", name);
+        if (!steps[name].is_object()) r.bad(p, fmt::format("expected an object, got {}", describe_json_value(steps[name])));
+        pr.registered[name] = Protocol::RegisteredStep{true, steps[name]};
     }
     if (pr.ops.enabled) {
         try {

@@ -295,6 +295,17 @@ struct Protocol {
     InvarianceStep invariance;
     TaskStep task;
 
+    // Steps registered beyond the built-in ones (step.hpp register_step):
+    // whether the protocol runs each, and its section as written (the step's
+    // plan() reads and validates it).
+    struct RegisteredStep {
+        bool enabled = false;
+        nlohmann::json section;
+    };
+    std::map<std::string, RegisteredStep> registered;
+    // A registered step's section; Error(internal) for another name.
+    const nlohmann::json& section(std::string_view step) const;
+
     Tolerances sensitive, tolerant;
     const Tolerances& tier(Tier t) const { return t == Tier::sensitive ? sensitive : tolerant; }
 
@@ -311,8 +322,16 @@ struct Protocol {
     OpsConfig ops_config() const;
 };
 
-// Names of the steps, in protocol order.
+// Names of the steps, in protocol order: the built-in ones, then the
+// registered ones in the order they registered.
 const std::vector<std::string>& protocol_step_names();
+
+// A step beyond the built-in ones (step.hpp register_step, which calls this):
+// its name becomes a protocol section, its criteria join the catalogue.
+// Error(internal) for a name already known or a criterion that is not the
+// step's own or already in the catalogue. Call before any protocol is parsed
+// (a step file's static registration, or a test's set-up).
+void register_protocol_step(const std::string& step, const std::vector<CriterionInfo>& criteria);
 
 // Parse and check a protocol document (see the top of this file). `source`
 // prefixes every message; `base_dir` resolves relative paths (no file is

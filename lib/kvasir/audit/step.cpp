@@ -28,11 +28,20 @@ const Step& determinism_step();
 const Step& invariance_step();
 const Step& task_step();
 
-const std::vector<const Step*>& audit_steps() {
-    static const std::vector<const Step*> steps{&ops_step(),      &drift_step(),      &logits_step(),
-                                                &decide_step(),   &generate_step(),   &perplexity_step(),
-                                                &determinism_step(), &invariance_step(), &task_step()};
+namespace {
+std::vector<const Step*>& step_storage() {
+    static std::vector<const Step*> steps{&ops_step(),      &drift_step(),      &logits_step(),
+                                          &decide_step(),   &generate_step(),   &perplexity_step(),
+                                          &determinism_step(), &invariance_step(), &task_step()};
     return steps;
+}
+}  // namespace
+
+const std::vector<const Step*>& audit_steps() { return step_storage(); }
+
+void register_step(const Step& step) {
+    register_protocol_step(step.name(), step.declared_criteria());
+    step_storage().push_back(&step);
 }
 
 const Step& step_named(std::string_view name) {

@@ -17,8 +17,11 @@
 // The three commands are then one driver (audit.cpp): audit = decide +
 // collect on every node + compare (in this process, or each node in a child
 // process that writes a capture); capture = decide + collect + write;
-// compare = read + compare. A new step is one file that defines its Step
-// plus its line in audit_steps() and its protocol entry.
+// compare = read + compare. A new step is one file: its Step, its protocol
+// section (read by its plan() from Protocol::section), its criteria
+// (declared_criteria) and its register_step() call; its result is its JSON
+// section of the report (and a text section where report/step_text.hpp
+// registers one).
 //
 // One failure policy, everywhere (node_failure, core/error.hpp):
 // kvasir::Error other than internal and std::bad_alloc are the NODE's
@@ -154,6 +157,9 @@ public:
     virtual const char* name() const = 0;
     // The catalogue's criteria this step measures (protocol.hpp).
     std::vector<CriterionInfo> criteria() const;
+    // The criteria a registered step brings to the catalogue (register_step);
+    // the built-in steps' are in the catalogue already.
+    virtual std::vector<CriterionInfo> declared_criteria() const { return {}; }
     // Reads the step's protocol section into `plan`; false when the protocol
     // does not run it. Error(bad_input) for a bad section.
     virtual bool plan(const AuditConfig& config, detail::AuditPlan& plan) const = 0;
@@ -219,8 +225,15 @@ protected:
     virtual std::int64_t anchor_rows(const StepEnv&) const { return 0; }
 };
 
-// Every step, in protocol order.
+// Every step, in protocol order: the built-in ones, then the registered ones.
 const std::vector<const Step*>& audit_steps();
+// A step beyond the built-in ones, from its own file: its name becomes a
+// protocol section (read by its plan() from Protocol::section), its
+// declared_criteria() join the catalogue, and the audit, capture and compare
+// run it like any other (tests/steps/test_audit.cpp `ToyStep`). `step` must
+// outlive every audit (a static). Error(internal) for a name or criterion
+// already known.
+void register_step(const Step& step);
 // Error(internal) for an unknown name.
 const Step& step_named(std::string_view name);
 

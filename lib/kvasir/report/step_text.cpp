@@ -1,5 +1,7 @@
 #include "kvasir/report/step_text.hpp"
 
+#include "kvasir/core/error.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -281,12 +283,23 @@ std::string self_determinism_table(const StepJson& s, const Style& st) {
 
 }  // namespace
 
+namespace {
+std::map<std::string, StepTextRenderer>& renderers() {
+    static std::map<std::string, StepTextRenderer> r = {{"drift", drift_text},           {"logits", logits_text},
+                                                        {"decide", decide_text},         {"generate", generate_text},
+                                                        {"perplexity", perplexity_text}, {"task", task_text}};
+    return r;
+}
+}  // namespace
+
+void register_step_text(const std::string& step, StepTextRenderer render) {
+    KVASIR_CHECK(renderers().emplace(step, render).second, ErrorCode::internal, "step '{}' has a text section already", step);
+}
+
 std::string render_step_text(const AuditReport& r, const std::string& step, const Style& st) {
-    using Render = std::string (*)(const StepJson&, const Style&);
-    static const std::map<std::string, Render> renderers = {{"drift", drift_text}, {"logits", logits_text}, {"decide", decide_text}, {"generate", generate_text}, {"perplexity", perplexity_text}, {"task", task_text}};
     const auto section = r.steps.find(step);
-    const auto render = renderers.find(step);
-    if (section == r.steps.end() || render == renderers.end()) return "";
+    const auto render = renderers().find(step);
+    if (section == r.steps.end() || render == renderers().end()) return "";
     std::string out = render->second(*section, st);
     if (const auto d = r.steps.find("determinism"); d != r.steps.end()) out += self_determinism_table(*d, st);
     return out;

@@ -13,7 +13,12 @@
 
 namespace kvasir {
 
-// "" for a step the report does not hold.
+// "" for a step the report does not hold or that has no text section.
 std::string render_step_text(const AuditReport& report, const std::string& step, const Style& style);
+
+// A registered step's text section (audit/step.hpp register_step): from its
+// JSON section of the report. Error(internal) for a step that has one.
+using StepTextRenderer = std::string (*)(const nlohmann::ordered_json& section, const Style& style);
+void register_step_text(const std::string& step, StepTextRenderer render);
 
 }  // namespace kvasir
