@@ -74,7 +74,7 @@ void add_view_options(CLI::App& cmd, ViewOptions& o, const char* tokens_help) {
                          "which runs a task); its items are not read — the step scores --items");
     o.report.gate = "none";  // a measurement: exit 0 unless asked to gate (or a node failed / went non-finite)
     add_report_options(cmd, o.report);
-    add_timings_flag(cmd, o.timings, "where the step's time went: inside each node and comparing (as audit --timings)");
+    add_timings_flag(cmd, o.timings, "loading, the seconds inside each node and comparing (as audit --timings)");
 }
 
 // Runs `view` on the command's model, tokens and nodes in this process and
