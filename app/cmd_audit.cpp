@@ -45,6 +45,7 @@ struct AuditOptions {
     bool in_process = false;
     std::optional<double> node_timeout_s, node_memory_gib;
     std::optional<int> jobs;
+    std::string resume;  // --resume DIR
     PerplexityFlags perplexity;
     ReportOptions report;
 };
@@ -135,12 +136,13 @@ void run_audit_command(const AuditOptions& opt) {
         iso.node_timeout_s = opt.node_timeout_s.value_or(protocol.limits.node_timeout_s > 0 ? protocol.limits.node_timeout_s : 1800.0);
         iso.node_memory_gib =
             opt.node_memory_gib.value_or(protocol.limits.node_memory_gib > 0 ? protocol.limits.node_memory_gib : default_node_memory_gib());
-        std::vector<std::string> specs;
-        for (const auto& n : nodes.nodes) specs.push_back(n->capabilities().node);
-        iso.jobs = opt.jobs.value_or(default_isolation_jobs(specs.size(), model_weight_bytes(model)));
+        iso.resume_dir = opt.resume;
+        std::vector<std::string> started;  // the nodes as they named themselves
+        for (const auto& n : nodes.nodes) started.push_back(n->capabilities().node);
+        iso.jobs = opt.jobs.value_or(default_isolation_jobs(started.size(), model_weight_bytes(model)));
         const std::size_t reference = nodes.reference;
         nodes.nodes.clear();  // the children create their own; no device is held here meanwhile
-        run = run_audit_isolated(cfg, specs, reference, iso);
+        run = run_audit_isolated(cfg, started, reference, iso);
     }
     if (cfg.progress) end_progress();
     if (opt.timings) {
@@ -225,6 +227,12 @@ void set_audit_command(CLI::App& app) {
                     "each node has the machine to itself, so --timings shows its own seconds. The figures never "
                     "depend on it")
         ->check(CLI::Range(1, 1024));
+    cmd->add_option("--resume", opt->resume,
+                    "Keep every node's capture (and the reference's decisions) in DIR; run again with the same DIR "
+                    "after a kill or a crash, and every complete capture of the same protocol, seed, model, node and "
+                    "steps is reused (verified by its content hash) — only the other nodes run. Also: capture the "
+                    "reference once and audit more nodes against it later. Not with --in-process")
+        ->excludes(cmd->get_option("--in-process"));
     cmd->add_option("--node-memory", opt->node_memory_gib,
                     "Resident host-memory limit of each node's process, GiB (default: the protocol's "
                     "limits.node_memory_gib, else 90% of this machine's memory)")

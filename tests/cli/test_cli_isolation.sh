@@ -155,6 +155,40 @@ assert n.get('contrast') is True and n['verdict']=='unfit-sensitive' and d['exit
 "$bin" audit -p $ci -b cpu-ref,cpu,cpu:acc=f16 >/dev/null 2>&1; rc=$?
 check "naming cpu:acc=f16 in --backends gates it → exit 1" test $rc -eq 1
 
+# --resume DIR (issue #42): an audit killed mid-run (the parent and its node processes, SIGKILL, once the
+# reference's capture is complete) and run again with the same folder reuses what was complete and gives the
+# report of an uninterrupted audit, byte for byte.
+rn="cpu-ref,cpu:acc=f16,cpu"  # with --jobs 1 the slowest runs right after the reference: a wide window for the kill
+"$bin" audit -p protocols/default.json -b "$rn" --jobs 1 -o "$tmp/whole.json" >/dev/null 2>&1
+setsid "$bin" audit -p protocols/default.json -b "$rn" --jobs 1 --resume "$tmp/resume" -o "$tmp/killed.json" \
+  >/dev/null 2>&1 &
+audit_pid=$!
+for _ in $(seq 1500); do
+  [ "$(find "$tmp/resume" -name 'node-*.safetensors' 2>/dev/null | wc -l)" -ge 1 ] && break
+  sleep 0.02
+done
+kill -KILL -- -"$audit_pid" 2>/dev/null
+pkill -KILL -f -- "$tmp/resume/node-" 2>/dev/null
+wait "$audit_pid" 2>/dev/null
+check "the killed audit wrote no report" test ! -e "$tmp/killed.json"
+kept=$(find "$tmp/resume" -name 'node-*.safetensors' | wc -l)
+check "the killed audit left the reference's capture and not every node's ($kept of 3)" \
+  bash -c "[ $kept -ge 1 ] && [ $kept -lt 3 ]"
+"$bin" audit -p protocols/default.json -b "$rn" --jobs 1 --resume "$tmp/resume" -o "$tmp/resumed.json" \
+  >/dev/null 2>"$tmp/resumed.err"
+check "the resumed audit reused the $kept complete captures" grep -q "^resume: $kept of 3 node captures reused" "$tmp/resumed.err"
+check "resumed report == uninterrupted report, byte for byte" cmp -s "$tmp/whole.json" "$tmp/resumed.json"
+"$bin" audit -p protocols/default.json -b "$rn" --jobs 1 --resume "$tmp/resume" -o "$tmp/again.json" \
+  >/dev/null 2>"$tmp/again.err"
+check "a complete folder: every capture reused, the same report" \
+  bash -c "grep -q '^resume: 3 of 3 node captures reused' '$tmp/again.err' && cmp -s '$tmp/whole.json' '$tmp/again.json'"
+# Another seed: nothing of the folder is this run's; every node runs again (and says why).
+"$bin" audit -p protocols/default.json -b "$rn" --jobs 1 --seed 7 --resume "$tmp/resume" -o /dev/null \
+  >/dev/null 2>"$tmp/seed7.err"
+check "another seed: every node runs again, naming why" \
+  bash -c "grep -q '^resume: cpu runs again: its capture is of another seed' '$tmp/seed7.err' && grep -q '^resume: 0 of 3' '$tmp/seed7.err'"
+expect_usage_error "--in-process excludes --resume" audit -p $ci --in-process --resume "$tmp/resume"
+
 # Limits: bad values are usage errors.
 expect_usage_error "--node-timeout" audit -p $ci --node-timeout 0
 expect_usage_error "--node-memory" audit -p $ci --node-memory -1

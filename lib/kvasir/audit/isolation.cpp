@@ -2,7 +2,10 @@
 
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/capture.hpp"
+#include "kvasir/audit/step.hpp"
+#include "kvasir/backend/registry.hpp"
 #include "kvasir/core/error.hpp"
+#include "kvasir/core/sha256.hpp"
 #include "kvasir/core/io.hpp"
 
 #include <fmt/format.h>
@@ -68,6 +71,13 @@ std::string signal_text(int sig) {
 struct TempFolder {
     fs::path path;
     std::unique_ptr<TemporaryFolderGuard> guard;
+    // A kept folder (--resume DIR): created if absent, never removed.
+    explicit TempFolder(const std::string& keep) : path(keep) {
+        std::error_code ec;
+        fs::create_directories(path, ec);
+        KVASIR_CHECK(!ec && fs::is_directory(path), ErrorCode::bad_input, "--resume {}: cannot create the folder: {}", keep,
+                     ec ? ec.message() : "not a folder");
+    }
     TempFolder() {
         const char* tmp = std::getenv("TMPDIR");
         std::string templ = (fs::path(tmp && *tmp ? tmp : "/tmp") / "kvasir-audit-XXXXXX").string();
@@ -77,11 +87,33 @@ struct TempFolder {
         guard = std::make_unique<TemporaryFolderGuard>(templ);
     }
     ~TempFolder() {
+        if (!guard) return;  // kept
         guard.reset();
         std::error_code ec;
         fs::remove_all(path, ec);
     }
 };
+
+// Why a capture left in a --resume folder is not this run's (empty: it is,
+// and is reused): content hash verified on opening, then the protocol, seed,
+// model, node and steps it holds.
+std::string not_reusable(const std::string& file, const AuditConfig& ac, const detail::AuditPlan& plan, const std::string& spec,
+                         std::optional<Capture>& cap) {
+    if (!fs::exists(file)) return "no capture";
+    try {
+        cap.emplace(Capture::open(file));
+    } catch (const Error& e) {
+        return fmt::format("unreadable ({})", e.what());
+    }
+    std::string why;
+    if (cap->protocol_hash() != ac.protocol->content_hash) why = "another protocol";
+    else if (cap->seed() != plan.seed) why = "another seed";
+    else if (cap->model_fingerprint() != ac.model->fingerprint()) why = "another model";
+    else if (cap->node() != BackendSpec::parse(spec).canonical()) why = fmt::format("another node ({})", cap->node());
+    else if (cap->steps() != plan.steps) why = "other steps";
+    if (!why.empty()) cap.reset();
+    return why;
+}
 
 }  // namespace
 
@@ -200,7 +232,7 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
     KVASIR_CHECK(opt.node_memory_gib > 0 && std::isfinite(opt.node_memory_gib), ErrorCode::bad_input,
                  "--node-memory must be a positive number of GiB");
     const detail::AuditPlan plan = detail::make_audit_plan(ac);  // bad input refused before any child starts
-    const TempFolder dir;
+    const TempFolder dir = opt.resume_dir.empty() ? TempFolder() : TempFolder(opt.resume_dir);
     // The reference's decisions lie beside the captures, in the folder
     // itself: the signal handler that removes it empties one level only.
     const std::string decisions = dir.path.string();
@@ -226,13 +258,55 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
     std::mutex lock;  // progress and the first error, from the worker threads
     std::atomic<bool> cancel{false};  // set by the first error: the running children are killed
     int done = 0;
+    // A node's files: by its index in a throw-away folder; by its canonical
+    // name's hash in a kept one, so that a resumed run finds them whatever
+    // the order of --backends.
+    const auto stem = [&](std::size_t i) {
+        return opt.resume_dir.empty() ? fmt::format("node{}", i)
+                                      : "node-" + sha256_hex(BackendSpec::parse(specs[i]).canonical()).substr(0, 16);
+    };
+    // --resume: every complete capture of this run's protocol, seed, model,
+    // node and steps is reused; the reference's only while its shared
+    // decisions lie beside it (the other nodes read them).
+    std::vector<bool> reused(specs.size(), false);
+    if (!opt.resume_dir.empty()) {
+        for (std::size_t i = 0; i < specs.size(); ++i) {
+            const std::string why = not_reusable((dir.path / (stem(i) + ".safetensors")).string(), ac, plan, specs[i], caps[i]);
+            reused[i] = why.empty();
+            if (!reused[i] && why != "no capture") std::fprintf(stderr, "resume: %s runs again: its capture is of %s\n", specs[i].c_str(), why.c_str());
+        }
+        if (reused[reference])
+            for (const std::string& st : plan.steps)
+                if (step_named(st).shares_decisions() && !fs::exists(dir.path / (st + ".decisions"))) {
+                    reused[reference] = false;
+                    caps[reference].reset();
+                }
+        // A reference that runs again decides again: its decisions and every
+        // capture made from them go first, so that no node reads a stale one.
+        if (!reused[reference]) {
+            for (std::size_t i = 0; i < specs.size(); ++i) {
+                reused[i] = false;
+                caps[i].reset();
+                std::error_code ec;
+                fs::remove(dir.path / (stem(i) + ".safetensors"), ec);
+            }
+            for (const std::string& st : protocol_step_names()) {
+                std::error_code ec;
+                fs::remove(dir.path / (st + ".decisions"), ec);
+            }
+        }
+        const auto n_reused = std::count(reused.begin(), reused.end(), true);
+        std::fprintf(stderr, "resume: %lld of %d node captures reused from %s\n", static_cast<long long>(n_reused), n,
+                     dir.path.string().c_str());
+    }
     const auto run_node = [&](std::size_t i) {
         {
             const std::lock_guard<std::mutex> g(lock);
             ++done;
             if (ac.progress) ac.progress({"node", done, n, specs[i], done, n});
         }
-        const std::string file = (dir.path / fmt::format("node{}.safetensors", i)).string();
+        if (reused[i]) return;
+        const std::string file = (dir.path / (stem(i) + ".safetensors")).string();
         std::vector<std::string> argv{opt.executable, "capture",
                                       "--backend",    specs[i],
                                       "--authority",  specs[reference],
@@ -245,9 +319,9 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
         // decisions (routing, anchors, tokens) instead of running it again.
         argv.insert(argv.end(), {i == reference ? "--decisions-out" : "--decisions-in", decisions});
         argv.insert(argv.end(), opt.protocol_arguments.begin(), opt.protocol_arguments.end());
-        const std::string failure = (dir.path / fmt::format("node{}.failure", i)).string();
-        outcomes[i] = run_child(argv, (dir.path / fmt::format("node{}.err", i)).string(), opt.node_timeout_s,
-                                opt.node_memory_gib, failure, &cancel);
+        const std::string failure = (dir.path / (stem(i) + ".failure")).string();
+        outcomes[i] = run_child(argv, (dir.path / (stem(i) + ".err")).string(), opt.node_timeout_s, opt.node_memory_gib, failure,
+                                &cancel);
         // A bug of this tool in the child is a bug of the audit: exit 3,
         // whichever node it happened on.
         if (!outcomes[i].ok && outcomes[i].failure_kind == "internal")
@@ -255,7 +329,7 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
                  outcomes[i].failure_message);
         if (i == reference && !outcomes[i].ok) {
             if (outcomes[i].exit_code == 2)
-                fail(ErrorCode::bad_input, "the reference {}: {}", specs[i], last_line((dir.path / fmt::format("node{}.err", i)).string()));
+                fail(ErrorCode::bad_input, "the reference {}: {}", specs[i], last_line((dir.path / (stem(i) + ".err")).string()));
             fail(ErrorCode::backend_failure, "the reference node {} {}: nothing can be compared", specs[i], outcomes[i].reason);
         }
         if (outcomes[i].ok) caps[i] = Capture::open(file);

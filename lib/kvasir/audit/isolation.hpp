@@ -51,6 +51,14 @@ struct IsolationOptions {
     double node_timeout_s = 1800;  // wall-clock limit per node, > 0
     double node_memory_gib = 0;    // resident-memory limit per node, > 0
     int jobs = 1;                  // non-reference nodes run at once, ≥ 1
+    // Keep every node's capture and the reference's decisions in this folder
+    // (created if absent) instead of a temporary one; a later run given the
+    // same folder reuses each capture that is complete (its content hash
+    // verifies) and of this run's protocol, seed, model, node and steps, and
+    // runs only the other nodes — after a kill or a crash, or to audit more
+    // nodes against a reference already captured. A reference that has to
+    // run again makes every node run again. Empty: a temporary folder.
+    std::string resume_dir;
 };
 
 // The default of `jobs`: as many nodes at once as the machine has cores, at
