@@ -78,9 +78,13 @@ void judge_non_finite(const nlohmann::ordered_json& report, const std::string& s
 int& command_exit_code();
 
 // A progress line on stderr, rewritten in place — "[3/7  36%] logits — cpu
-// (2/4)": step, the node computing now, the share of the run done — when
-// stderr is a terminal; an empty function (nothing printed) otherwise.
+// (2/4)  1 min 05 s elapsed, ~1 min 52 s left": step, the node computing
+// now, the share of the run done, and the time left at the pace so far —
+// when stderr is a terminal; an empty function (nothing printed) otherwise
+// (a log, CI).
 std::function<void(const AuditProgress&)> progress_printer();
+// The line itself, after `elapsed_s` seconds of the run (pure, for tests).
+std::string progress_line(const AuditProgress& p, double elapsed_s);
 // Clears the progress line.
 void end_progress();
 

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -258,17 +259,36 @@ void add_timings_flag(CLI::App& cmd, bool& timings, const std::string& what) {
                      "report, which stays reproducible");
 }
 
+namespace {
+// "42 s", "3 min 05 s", "2 h 07 min".
+std::string duration_text(double s) {
+    const auto t = static_cast<long long>(std::llround(std::max(0.0, s)));
+    if (t < 60) return fmt::format("{} s", t);
+    if (t < 3600) return fmt::format("{} min {:02d} s", t / 60, t % 60);
+    return fmt::format("{} h {:02d} min", t / 3600, (t % 3600) / 60);
+}
+}  // namespace
+
+std::string progress_line(const AuditProgress& p, double elapsed_s) {
+    // Done: the steps before this one, plus the nodes before this one
+    // inside it (a node's share of a step is taken as equal).
+    double done = p.step_index > 0 ? p.step_index - 1 : 0;
+    if (p.node_index > 0 && p.nodes > 0) done += static_cast<double>(p.node_index - 1) / p.nodes;
+    const double fraction = p.steps > 0 ? done / p.steps : 0;
+    std::string line = fmt::format("[{}/{} {:3d}%] {}", p.step_index, p.steps, static_cast<int>(100.0 * fraction), p.step);
+    if (!p.node.empty()) line += " — " + p.node + (p.node_index > 0 ? fmt::format(" ({}/{})", p.node_index, p.nodes) : "");
+    line += fmt::format("  {} elapsed", duration_text(elapsed_s));
+    // The rest at the pace so far, once there is a pace to go by.
+    if (fraction >= 0.02 && elapsed_s >= 1) line += fmt::format(", ~{} left", duration_text(elapsed_s * (1 - fraction) / fraction));
+    return line;
+}
+
 std::function<void(const AuditProgress&)> progress_printer() {
-    if (!isatty(STDERR_FILENO)) return {};
-    return [](const AuditProgress& p) {
-        // Done: the steps before this one, plus the nodes before this one
-        // inside it (a node's share of a step is taken as equal).
-        double done = p.step_index > 0 ? p.step_index - 1 : 0;
-        if (p.node_index > 0 && p.nodes > 0) done += static_cast<double>(p.node_index - 1) / p.nodes;
-        const int pct = p.steps > 0 ? static_cast<int>(100.0 * done / p.steps) : 0;
-        std::string line = fmt::format("\r\033[K[{}/{} {:3d}%] {}", p.step_index, p.steps, pct, p.step);
-        if (!p.node.empty()) line += fmt::format(" — {} ({}/{})", p.node, p.node_index, p.nodes);
-        std::fputs(line.c_str(), stderr);
+    if (!isatty(STDERR_FILENO)) return {};  // a log or CI: no progress lines
+    const auto start = std::chrono::steady_clock::now();
+    return [start](const AuditProgress& p) {
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::fputs(("\r\033[K" + progress_line(p, elapsed)).c_str(), stderr);
         std::fflush(stderr);
     };
 }

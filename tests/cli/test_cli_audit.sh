@@ -166,6 +166,17 @@ check "only the reference → exit 1 (nothing compared is never a pass)" test $r
 check "only the reference → the report says nothing was compared" grep -q "No node was compared with the reference" "$tmp/alone.out"
 check "only the reference → no pair table" bash -c "! grep -q 'max|Δ|' '$tmp/alone.out'"
 
+# Progress (issue #42): on a terminal a line per step and node with the time elapsed and, once there is a
+# pace, the time left, rewritten in place; nothing when stderr is a file (logs, CI). `script` (util-linux)
+# gives the run a terminal.
+"$bin" audit -p $ci -b cpu-ref,cpu --in-process -o /dev/null >/dev/null 2>"$tmp/notty.err"
+check "no terminal: no progress on stderr" bash -c "! grep -qaE 'elapsed|\\[[0-9]+/[0-9]+ ' '$tmp/notty.err' && ! grep -qa \$'\\r' '$tmp/notty.err'"
+script -qec "'$bin' audit -p $ci -b cpu-ref,cpu --in-process -o /dev/null" /dev/null >"$tmp/tty.out" 2>&1
+check "a terminal: progress per step and node, elapsed, then the time left" bash -c \
+  "grep -qaE '\\[1/[0-9]+ +0%\\] ops' '$tmp/tty.out' && grep -qaE '— cpu \\(2/2\\)' '$tmp/tty.out' && grep -qa 'elapsed' '$tmp/tty.out'"
+script -qec "'$bin' audit -p $ci -b cpu-ref,cpu -o /dev/null" /dev/null >"$tmp/tty_iso.out" 2>&1
+check "a terminal, one process per node: a line per node process" grep -qaE '\[2/2 +50%\] node processes — cpu ' "$tmp/tty_iso.out"
+
 rm -rf "$tmp"
 echo "$failures failed"
 [ "$failures" -eq 0 ]

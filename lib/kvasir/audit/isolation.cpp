@@ -303,7 +303,7 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
         {
             const std::lock_guard<std::mutex> g(lock);
             ++done;
-            if (ac.progress) ac.progress({"node", done, n, specs[i], done, n});
+            if (ac.progress) ac.progress({"node processes", done, n, specs[i], 0, n});
         }
         if (reused[i]) return;
         const std::string file = (dir.path / (stem(i) + ".safetensors")).string();
