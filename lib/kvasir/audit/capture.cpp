@@ -9,8 +9,10 @@
 #include "kvasir/audit/step.hpp"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -328,6 +330,8 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
     m["errors"] = errors.dump();
     m["authority"] = authority.capabilities().node;
     m["step_seconds"] = seconds.dump();
+    // The capturing process's peak resident memory (an audit's node process: the node's own).
+    if (rusage ru{}; ::getrusage(RUSAGE_SELF, &ru) == 0) m["peak_rss_bytes"] = std::to_string(static_cast<std::uint64_t>(ru.ru_maxrss) * 1024);
     if (const auto cache = node.weight_cache_stats()) m["weight_cache"] = to_json(*cache).dump();
     if (const auto transfers = node.transfer_stats()) {
         m["transfers"] = to_json(*transfers).dump();
@@ -374,6 +378,11 @@ RunTimings timings_of_metadata(const std::vector<NodeMetadata>& captures, std::v
         t.steps.push_back(std::move(st));
     }
     for (const NodeMetadata& c : captures) {
+        if (const auto rss = note(c, "peak_rss_bytes")) {
+            std::uint64_t bytes = 0;
+            const auto [end, ec] = std::from_chars(rss->data(), rss->data() + rss->size(), bytes);
+            if (ec == std::errc() && end == rss->data() + rss->size()) t.peak_rss.emplace_back(c.node, bytes);
+        }
         if (const auto j = note(c, "weight_cache"))
             if (const auto stats = weight_cache_stats_from_json(nlohmann::json::parse(*j, nullptr, false)))
                 t.weight_caches.emplace_back(c.node, *stats);

@@ -312,6 +312,12 @@ std::string render_timings(const RunTimings& t) {
                            t.nodes_at_once, t.elapsed);
     else if (t.elapsed > 0)
         out += fmt::format("  nodes  one at a time; the audit took {:.2f} s\n", t.elapsed);
+    if (!t.peak_rss.empty()) {
+        std::string line = "  memory peak resident per node process:";
+        for (const auto& [node, bytes] : t.peak_rss) line += fmt::format(" {} {:.2f} GiB,", node, static_cast<double>(bytes) / (1u << 30));
+        line.back() = '\n';
+        out += line;
+    }
     for (const auto& [node, c] : t.weight_caches) {
         if (c.budget_bytes == 0) {
             out += fmt::format("  weight cache {}: off; {} weights uploaded per call, {:.3f} GB\n", node, c.uncacheable,

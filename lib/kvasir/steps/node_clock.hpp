@@ -84,6 +84,9 @@ struct RunTimings {
     // own wall time (0: not measured).
     int nodes_at_once = 1;
     double elapsed = 0;
+    // Each node process's peak resident memory, from its capture (an
+    // isolated audit, compare): node name and bytes.
+    std::vector<std::pair<std::string, std::uint64_t>> peak_rss;
 };
 
 // Appends the counters of every node that has them (its weight cache, its
