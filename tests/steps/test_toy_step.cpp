@@ -4,7 +4,8 @@
 // (read and validated by its plan), its criterion (declared_criteria: the
 // catalogue, the tiers and the verdicts take it), its text section. The
 // audit plans, collects, compares and judges it like a built-in step; capture
-// + compare give the same section from files; the reports render it.
+// + compare give the same section from files; the reports render it (text,
+// JSON, Markdown's criteria, its own HTML section).
 #include "kvasir/audit/audit.hpp"
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/capture.hpp"
@@ -15,6 +16,7 @@
 #include "kvasir/core/rng.hpp"
 #include "kvasir/metrics/metrics.hpp"
 #include "kvasir/model/model.hpp"
+#include "kvasir/report/audit_html.hpp"
 #include "kvasir/report/audit_json.hpp"
 #include "kvasir/report/audit_markdown.hpp"
 #include "kvasir/report/step_text.hpp"
@@ -191,6 +193,14 @@ TEST(ToyStep, RegisteredFromOneFileItIsPlannedCollectedComparedJudgedCapturedAnd
     EXPECT_NE(text.find("cpu:acc=f16"), std::string::npos);
     EXPECT_EQ(audit_report_json(run.report)["steps"]["toy_norm"].dump(), section.dump());
     EXPECT_NE(markdown_report(run.report).find("toy_norm.max_rel"), std::string::npos);
+    // The HTML report: a section of its own, a row per candidate with its figure.
+    const std::string html = audit_html(run.report);
+    const std::size_t at = html.find("<section id=\"step-toy_norm\">");
+    ASSERT_NE(at, std::string::npos);
+    const std::string sec = html.substr(at, html.find("</section>", at) - at);
+    EXPECT_NE(sec.find("<th>max_rel</th>"), std::string::npos) << sec;
+    EXPECT_NE(sec.find("<code>cpu:acc=f16</code>"), std::string::npos) << sec;
+    EXPECT_NE(sec.find(fmt_sci(f16)), std::string::npos) << sec;
 
     // Its section is its own to validate, its criterion required like any other.
     EXPECT_THROW((void)run_audit([&] {

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 #include <optional>
 #include <utility>
 
@@ -840,6 +841,45 @@ std::string invariance_section(const AuditReport& r) {
     return o;
 }
 
+// A step this page has no section of its own for (one registered from its
+// own file: audit/step.hpp register_step): its per-node entries as a table,
+// a column per field they carry.
+std::string registered_step_sections(const AuditReport& r) {
+    static const std::set<std::string> own = {"ops",         "drift",      "logits",   "decide",   "generate", "perplexity",
+                                              "task",        "determinism", "invariance", "captures", "isolation"};
+    std::string o;
+    for (const auto& [name, step] : r.steps.items()) {
+        if (own.count(name) != 0 || !step.is_object()) continue;
+        const Json& res = results(r, name.c_str());
+        std::vector<std::string> columns;
+        for (const Json& e : res)
+            for (const auto& [key, v] : e.items())
+                if (key != "node" && key != "error" && std::find(columns.begin(), columns.end(), key) == columns.end()) columns.push_back(key);
+        o += fmt::format("<section id=\"step-{0}\">\n<h2>Step <code>{0}</code></h2>\n<p class=\"note\">reference <code>{1}</code></p>\n",
+                         h(name), h(text(step, "reference")));
+        o += "<table class=\"sortable\"><thead><tr><th>node</th>";
+        for (const std::string& c : columns) o += "<th>" + h(c) + "</th>";
+        o += "</tr></thead><tbody>\n";
+        for (const Json& e : res) {
+            if (field(e, "error")) {
+                o += error_row(e, static_cast<int>(columns.size()) + 1);
+                continue;
+            }
+            o += fmt::format("<tr><td><code>{}</code></td>", h(text(e, "node")));
+            for (const std::string& c : columns) {
+                const Json* v = field(e, c.c_str());
+                if (v != nullptr && (v->is_number() || (v->is_string() && !std::isnan(number(v)))))
+                    o += num_td(number(v), fmt_sci(number(v)));
+                else
+                    o += "<td>" + h(v == nullptr ? std::string() : v->is_primitive() ? scalar_text(*v) : v->dump()) + "</td>";
+            }
+            o += "</tr>\n";
+        }
+        o += "</tbody></table>\n</section>\n";
+    }
+    return o;
+}
+
 std::string criteria_section(const AuditReport& r) {
     std::string o = "<section id=\"criteria\">\n<h2>Every criterion of every node</h2>\n";
     o += "<p class=\"note\">Both tiers. A criterion measured several times (per layer, per op) is judged on its worst value. Failing rows "
@@ -914,6 +954,7 @@ std::string audit_html(const AuditReport& r, const HtmlStamp& stamp) {
     body += task_section(r);
     body += determinism_section(r);
     body += invariance_section(r);
+    body += registered_step_sections(r);
     body += criteria_section(r);
     body += tolerances_section(r);
     const bool from_captures = r.model.value("source", std::string()) == "captures";
