@@ -559,6 +559,198 @@ std::int64_t ModelConfig::num_moe_layers() const {
     return static_cast<std::int64_t>(std::count(moe_layers.begin(), moe_layers.end(), true));
 }
 
+namespace {
+
+// qwen3_moe, qwen2_moe: the family's config keys and defaults.
+void read_qwen_moe(const Keys& k, [[maybe_unused]] const Defaults& d, ModelConfig& c) {
+    RouterConfig& r = c.router;
+    const bool q3 = c.architecture == Architecture::qwen3_moe;
+    if (q3) {
+        // Qwen3MoeAttention: q/k/v AND o_proj take bias=config.attention_bias; q_norm/k_norm always.
+        c.qk_norm = true;
+        c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
+        // attribute_map {"num_experts": "num_local_experts"}: save_pretrained writes num_local_experts.
+        r.num_experts = k.size_aliased("num_experts", "num_local_experts", 1, kMaxExperts);
+    } else {
+        // Qwen2MoeAttention: q/k/v bias=config.qkv_bias (default True), o_proj none.
+        c.attention_bias = k.boolean("qkv_bias", true);
+        r.num_experts = k.size("num_experts", 1, kMaxExperts);
+        // Qwen2MoeSparseMoeBlock: shared_expert (SwiGLU) × sigmoid(shared_expert_gate(x)).
+        c.shared_expert_intermediate_size =
+            k.size("shared_expert_intermediate_size", 1, kMaxDim);
+        c.shared_expert_gate = true;
+    }
+    read_qwen_sliding_window(k, c);
+    r.top_k = k.size("num_experts_per_tok", 1, kMaxExperts);
+    r.norm_topk_prob = k.boolean("norm_topk_prob", d.norm_topk_prob);
+    c.intermediate_size = k.size("intermediate_size", 1, kMaxDim);
+    c.moe_intermediate_size = k.size("moe_intermediate_size", 1, kMaxDim);
+    read_qwen_sparse_layers(k, c);
+}
+
+// mixtral: the family's config keys and defaults.
+void read_mixtral(const Keys& k, [[maybe_unused]] const Defaults& d, ModelConfig& c) {
+    RouterConfig& r = c.router;
+    // attribute_map {"num_experts": "num_local_experts"}.
+    r.num_experts = k.size_aliased("num_local_experts", "num_experts", 1, kMaxExperts);
+    r.top_k = k.size("num_experts_per_tok", 1, kMaxExperts);
+    // MixtralTopKRouter.forward: router_top_value /= router_top_value.sum(...) unconditionally.
+    r.norm_topk_prob = true;
+    // MixtralExperts: intermediate_dim = config.intermediate_size; no dense layers.
+    c.moe_intermediate_size = k.size("intermediate_size", 1, kMaxDim);
+    c.intermediate_size = 0;
+    c.sliding_window = read_sliding_window(k, 0);  // MixtralConfig default None = full attention
+    c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);        // MixtralDecoderLayer
+}
+
+// qwen3_5_moe: the family's config keys and defaults.
+void read_qwen3_5_moe(const Keys& k, [[maybe_unused]] const Defaults& d, ModelConfig& c) {
+    RouterConfig& r = c.router;
+    read_hybrid(k, c, true);
+    // Qwen3_5MoeTopKRouter renormalises the top-k unconditionally; every
+    // layer's MLP is the sparse MoE block (Qwen3_5MoeDecoderLayer).
+    r.norm_topk_prob = true;
+    c.intermediate_size = 0;
+    c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);
+}
+
+// qwen3_next: the family's config keys and defaults.
+void read_qwen3_next(const Keys& k, [[maybe_unused]] const Defaults& d, ModelConfig& c) {
+    RouterConfig& r = c.router;
+    read_hybrid(k, c, true);
+    r.norm_topk_prob = k.boolean("norm_topk_prob", true);
+    c.intermediate_size = k.size("intermediate_size", 1, kMaxDim);
+    read_qwen_sparse_layers(k, c);  // Qwen3NextDecoderLayer: the qwen3_moe rule
+}
+
+// llama, mistral, qwen2, qwen3: the family's config keys and defaults.
+void read_dense_standard(const Keys& k, [[maybe_unused]] const Defaults& d, ModelConfig& c) {
+    const std::string& source = c.source;
+    // LlamaAttention / MistralAttention / Qwen2Attention / Qwen3Attention (transformers 5.24):
+    //  llama: q/k/v/o bias = attention_bias (default false); mlp_bias refused (not modelled);
+    //  mistral: no biases; sliding_window (None = full) on every layer;
+    //  qwen2: q/k/v bias always, o_proj none; qwen3: q/k/v/o bias = attention_bias, q/k norm always;
+    //  the Qwen ones slide only with use_sliding_window, on the layer_types "sliding_attention" layers.
+    const Architecture a = c.architecture;
+    if (a == Architecture::llama) {
+        c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
+        KVASIR_CHECK(!k.boolean("mlp_bias", false), ErrorCode::unsupported,
+                     "{}: mlp_bias true (biases on the MLP projections) is not implemented", source);
+    } else if (a == Architecture::qwen2) {
+        c.attention_bias = true;
+    } else if (a == Architecture::qwen3) {
+        c.qk_norm = true;
+        c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
+    }
+    if (a == Architecture::mistral)
+        c.sliding_window = read_sliding_window(k, 4096);  // MistralConfig default 4096; null = full attention
+    else if (a != Architecture::llama)
+        read_qwen_sliding_window(k, c);
+    c.intermediate_size = k.size("intermediate_size", 1, kMaxDim);
+    c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
+}
+
+// gpt_oss: the family's config keys and defaults.
+void read_gpt_oss(const Keys& k, [[maybe_unused]] const Defaults& d, ModelConfig& c) {
+    RouterConfig& r = c.router;
+    // GptOssAttention (transformers 5.24): q/k/v/o bias = attention_bias (default true), a learned sink
+    // per head, sliding_window on the layer_types "sliding_attention" layers (default: even layers).
+    // GptOssTopKRouter: logits = x·Wᵀ + b, top-k of the logits, softmax over the k — the softmax over
+    // all experts renormalised over the chosen k, in exact arithmetic (RouterScoring::softmax with
+    // norm_topk_prob). GptOssExperts: gate_up [E, H, 2I] interleaved (gate = columns 0, 2, …; up = 1,
+    // 3, …) with bias, the clamped SwiGLU, down [E, I, H] with bias; intermediate_size is the expert width.
+    c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", true);
+    c.attention_sinks = true;
+    c.clamped_swiglu = true;
+    c.swiglu_alpha = k.real("swiglu_alpha", 1.702, -1e6, 1e6);
+    c.swiglu_limit = k.real("swiglu_limit", 7.0, 0.0, 1e6);
+    c.sliding_window = read_sliding_window(k, 128);
+    if (!read_sliding_layer_types(k, c))  // GptOssConfig.__post_init__: layer i slides iff (i + 1) % 2
+        for (std::int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers[static_cast<std::size_t>(l)] = (l + 1) % 2 != 0;
+    r.num_experts = k.size_aliased("num_local_experts", "num_experts", 1, kMaxExperts);
+    r.top_k = k.size("num_experts_per_tok", 1, kMaxExperts);
+    r.norm_topk_prob = true;
+    c.moe_intermediate_size = k.size("intermediate_size", 1, kMaxDim);
+    c.intermediate_size = 0;
+    c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);  // GptOssDecoderLayer: every layer
+}
+
+// olmoe: the family's config keys and defaults.
+void read_olmoe(const Keys& k, [[maybe_unused]] const Defaults& d, ModelConfig& c) {
+    RouterConfig& r = c.router;
+    const std::string& source = c.source;
+    // OlmoeAttention (transformers 5.24): q_norm over hidden_size and k_norm over (hidden/heads)·kv
+    // applied to the whole projections before the split into heads; q/k/v/o bias = attention_bias;
+    // clip_qkv (clamping q, k, v) is not modelled. OlmoeTopKRouter: softmax over all experts, top-k,
+    // renormalised only with norm_topk_prob (default false). OlmoeExperts: intermediate_size wide.
+    c.qk_norm = c.qk_norm_full = true;
+    c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
+    if (const json* v = k.find("clip_qkv", true))
+        fail(ErrorCode::unsupported, "{}: clip_qkv {} (clamping q, k and v) is not implemented", source, show(*v));
+    KVASIR_CHECK(c.head_dim * c.num_heads == c.hidden_size, ErrorCode::unsupported,
+                 "{}: head_dim {} × num_attention_heads {} != hidden_size {} (OlmoeAttention's q_norm is "
+                 "hidden_size wide)", source, c.head_dim, c.num_heads, c.hidden_size);
+    r.num_experts = k.size_aliased("num_experts", "num_local_experts", 1, kMaxExperts);
+    r.top_k = k.size("num_experts_per_tok", 1, kMaxExperts);
+    r.norm_topk_prob = k.boolean("norm_topk_prob", d.norm_topk_prob);
+    c.moe_intermediate_size = k.size("intermediate_size", 1, kMaxDim);
+    c.intermediate_size = 0;
+    c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);  // OlmoeDecoderLayer: every layer
+}
+
+// qwen3_5: the family's config keys and defaults.
+void read_qwen3_5(const Keys& k, [[maybe_unused]] const Defaults& d, ModelConfig& c) {
+    read_hybrid(k, c, false);  // Qwen3_5DecoderLayer: the hybrid mixers, a dense MLP on every layer
+    c.intermediate_size = k.size("intermediate_size", 1, kMaxDim);
+    c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
+}
+
+// deepseek_v3: the family's config keys and defaults.
+void read_deepseek_v3(const Keys& k, [[maybe_unused]] const Defaults& d, ModelConfig& c) {
+    // DeepseekV3Attention: q_a_proj, kv_a_proj_with_mqa and o_proj take bias=attention_bias
+    // (q_b_proj, kv_b_proj, q_proj never).
+    c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
+    read_sigmoid_router(k, c, {8, 4, 2.5, 3});
+}
+
+// glm4_moe: the family's config keys and defaults.
+void read_glm4_moe(const Keys& k, [[maybe_unused]] const Defaults& d, ModelConfig& c) {
+    // Glm4MoeAttention (transformers 5.24): q/k/v bias = attention_bias, o_proj none; per-head q/k
+    // RMSNorm iff use_qk_norm; rope on the first head_dim·partial_rotary_factor dims (default 0.5,
+    // Glm4MoeConfig.__post_init__), rotate_half within them. Glm4MoeTopkRouter = DeepseekV3TopkRouter.
+    c.attention_bias = k.boolean("attention_bias", false);
+    c.qk_norm = k.boolean("use_qk_norm", false);
+    c.partial_rotary_factor = k.real("partial_rotary_factor", 0.5, 0.0, 1.0);
+    if (const json* rp = k.find("rope_parameters", true); rp && rp->is_object() && rp->contains("partial_rotary_factor"))
+        c.partial_rotary_factor =
+            k.real_value((*rp)["partial_rotary_factor"], "rope_parameters.partial_rotary_factor", 0.0, 1.0);
+    read_sigmoid_router(k, c, {1, 1, 1.0, 1});
+}
+
+// The config reader of each family (the per-architecture part of parse_model_config).
+using FamilyReader = void (*)(const Keys&, const Defaults&, ModelConfig&);
+FamilyReader family_reader(Architecture a) {
+    switch (a) {
+        case Architecture::qwen3_moe: return read_qwen_moe;
+        case Architecture::qwen2_moe: return read_qwen_moe;
+        case Architecture::mixtral: return read_mixtral;
+        case Architecture::qwen3_5_moe: return read_qwen3_5_moe;
+        case Architecture::qwen3_next: return read_qwen3_next;
+        case Architecture::llama: return read_dense_standard;
+        case Architecture::mistral: return read_dense_standard;
+        case Architecture::qwen2: return read_dense_standard;
+        case Architecture::qwen3: return read_dense_standard;
+        case Architecture::gpt_oss: return read_gpt_oss;
+        case Architecture::olmoe: return read_olmoe;
+        case Architecture::qwen3_5: return read_qwen3_5;
+        case Architecture::deepseek_v3: return read_deepseek_v3;
+        case Architecture::glm4_moe: return read_glm4_moe;
+    }
+    fail(ErrorCode::internal, "no config reader for architecture {}", static_cast<int>(a));
+}
+
+}  // namespace
+
 ModelConfig parse_model_config(std::string_view text, const std::string& source) {
     json j;
     try {
@@ -647,161 +839,7 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
     c.max_position_embeddings = k.integer("max_position_embeddings", d.max_positions, 1, kMaxPositions);
 
     // --- per architecture ------------------------------------------------------------
-    RouterConfig& r = c.router;
-    switch (c.architecture) {
-        case Architecture::qwen3_moe:
-        case Architecture::qwen2_moe: {
-            const bool q3 = c.architecture == Architecture::qwen3_moe;
-            if (q3) {
-                // Qwen3MoeAttention: q/k/v AND o_proj take bias=config.attention_bias; q_norm/k_norm always.
-                c.qk_norm = true;
-                c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
-                // attribute_map {"num_experts": "num_local_experts"}: save_pretrained writes num_local_experts.
-                r.num_experts = k.size_aliased("num_experts", "num_local_experts", 1, kMaxExperts);
-            } else {
-                // Qwen2MoeAttention: q/k/v bias=config.qkv_bias (default True), o_proj none.
-                c.attention_bias = k.boolean("qkv_bias", true);
-                r.num_experts = k.size("num_experts", 1, kMaxExperts);
-                // Qwen2MoeSparseMoeBlock: shared_expert (SwiGLU) × sigmoid(shared_expert_gate(x)).
-                c.shared_expert_intermediate_size =
-                    k.size("shared_expert_intermediate_size", 1, kMaxDim);
-                c.shared_expert_gate = true;
-            }
-            read_qwen_sliding_window(k, c);
-            r.top_k = k.size("num_experts_per_tok", 1, kMaxExperts);
-            r.norm_topk_prob = k.boolean("norm_topk_prob", d.norm_topk_prob);
-            c.intermediate_size = k.size("intermediate_size", 1, kMaxDim);
-            c.moe_intermediate_size = k.size("moe_intermediate_size", 1, kMaxDim);
-            read_qwen_sparse_layers(k, c);
-            break;
-        }
-        case Architecture::mixtral: {
-            // attribute_map {"num_experts": "num_local_experts"}.
-            r.num_experts = k.size_aliased("num_local_experts", "num_experts", 1, kMaxExperts);
-            r.top_k = k.size("num_experts_per_tok", 1, kMaxExperts);
-            // MixtralTopKRouter.forward: router_top_value /= router_top_value.sum(...) unconditionally.
-            r.norm_topk_prob = true;
-            // MixtralExperts: intermediate_dim = config.intermediate_size; no dense layers.
-            c.moe_intermediate_size = k.size("intermediate_size", 1, kMaxDim);
-            c.intermediate_size = 0;
-            c.sliding_window = read_sliding_window(k, 0);  // MixtralConfig default None = full attention
-            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);        // MixtralDecoderLayer
-            break;
-        }
-        case Architecture::qwen3_5_moe: {
-            read_hybrid(k, c, true);
-            // Qwen3_5MoeTopKRouter renormalises the top-k unconditionally; every
-            // layer's MLP is the sparse MoE block (Qwen3_5MoeDecoderLayer).
-            r.norm_topk_prob = true;
-            c.intermediate_size = 0;
-            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);
-            break;
-        }
-        case Architecture::qwen3_next: {
-            read_hybrid(k, c, true);
-            r.norm_topk_prob = k.boolean("norm_topk_prob", true);
-            c.intermediate_size = k.size("intermediate_size", 1, kMaxDim);
-            read_qwen_sparse_layers(k, c);  // Qwen3NextDecoderLayer: the qwen3_moe rule
-            break;
-        }
-        case Architecture::llama:
-        case Architecture::mistral:
-        case Architecture::qwen2:
-        case Architecture::qwen3: {
-            // LlamaAttention / MistralAttention / Qwen2Attention / Qwen3Attention (transformers 5.24):
-            //  llama: q/k/v/o bias = attention_bias (default false); mlp_bias refused (not modelled);
-            //  mistral: no biases; sliding_window (None = full) on every layer;
-            //  qwen2: q/k/v bias always, o_proj none; qwen3: q/k/v/o bias = attention_bias, q/k norm always;
-            //  the Qwen ones slide only with use_sliding_window, on the layer_types "sliding_attention" layers.
-            const Architecture a = c.architecture;
-            if (a == Architecture::llama) {
-                c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
-                KVASIR_CHECK(!k.boolean("mlp_bias", false), ErrorCode::unsupported,
-                             "{}: mlp_bias true (biases on the MLP projections) is not implemented", source);
-            } else if (a == Architecture::qwen2) {
-                c.attention_bias = true;
-            } else if (a == Architecture::qwen3) {
-                c.qk_norm = true;
-                c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
-            }
-            if (a == Architecture::mistral)
-                c.sliding_window = read_sliding_window(k, 4096);  // MistralConfig default 4096; null = full attention
-            else if (a != Architecture::llama)
-                read_qwen_sliding_window(k, c);
-            c.intermediate_size = k.size("intermediate_size", 1, kMaxDim);
-            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
-            break;
-        }
-        case Architecture::gpt_oss: {
-            // GptOssAttention (transformers 5.24): q/k/v/o bias = attention_bias (default true), a learned sink
-            // per head, sliding_window on the layer_types "sliding_attention" layers (default: even layers).
-            // GptOssTopKRouter: logits = x·Wᵀ + b, top-k of the logits, softmax over the k — the softmax over
-            // all experts renormalised over the chosen k, in exact arithmetic (RouterScoring::softmax with
-            // norm_topk_prob). GptOssExperts: gate_up [E, H, 2I] interleaved (gate = columns 0, 2, …; up = 1,
-            // 3, …) with bias, the clamped SwiGLU, down [E, I, H] with bias; intermediate_size is the expert width.
-            c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", true);
-            c.attention_sinks = true;
-            c.clamped_swiglu = true;
-            c.swiglu_alpha = k.real("swiglu_alpha", 1.702, -1e6, 1e6);
-            c.swiglu_limit = k.real("swiglu_limit", 7.0, 0.0, 1e6);
-            c.sliding_window = read_sliding_window(k, 128);
-            if (!read_sliding_layer_types(k, c))  // GptOssConfig.__post_init__: layer i slides iff (i + 1) % 2
-                for (std::int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers[static_cast<std::size_t>(l)] = (l + 1) % 2 != 0;
-            r.num_experts = k.size_aliased("num_local_experts", "num_experts", 1, kMaxExperts);
-            r.top_k = k.size("num_experts_per_tok", 1, kMaxExperts);
-            r.norm_topk_prob = true;
-            c.moe_intermediate_size = k.size("intermediate_size", 1, kMaxDim);
-            c.intermediate_size = 0;
-            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);  // GptOssDecoderLayer: every layer
-            break;
-        }
-        case Architecture::olmoe: {
-            // OlmoeAttention (transformers 5.24): q_norm over hidden_size and k_norm over (hidden/heads)·kv
-            // applied to the whole projections before the split into heads; q/k/v/o bias = attention_bias;
-            // clip_qkv (clamping q, k, v) is not modelled. OlmoeTopKRouter: softmax over all experts, top-k,
-            // renormalised only with norm_topk_prob (default false). OlmoeExperts: intermediate_size wide.
-            c.qk_norm = c.qk_norm_full = true;
-            c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
-            if (const json* v = k.find("clip_qkv", true))
-                fail(ErrorCode::unsupported, "{}: clip_qkv {} (clamping q, k and v) is not implemented", source, show(*v));
-            KVASIR_CHECK(c.head_dim * c.num_heads == c.hidden_size, ErrorCode::unsupported,
-                         "{}: head_dim {} × num_attention_heads {} != hidden_size {} (OlmoeAttention's q_norm is "
-                         "hidden_size wide)", source, c.head_dim, c.num_heads, c.hidden_size);
-            r.num_experts = k.size_aliased("num_experts", "num_local_experts", 1, kMaxExperts);
-            r.top_k = k.size("num_experts_per_tok", 1, kMaxExperts);
-            r.norm_topk_prob = k.boolean("norm_topk_prob", d.norm_topk_prob);
-            c.moe_intermediate_size = k.size("intermediate_size", 1, kMaxDim);
-            c.intermediate_size = 0;
-            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);  // OlmoeDecoderLayer: every layer
-            break;
-        }
-        case Architecture::qwen3_5: {
-            read_hybrid(k, c, false);  // Qwen3_5DecoderLayer: the hybrid mixers, a dense MLP on every layer
-            c.intermediate_size = k.size("intermediate_size", 1, kMaxDim);
-            c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), false);
-            break;
-        }
-        case Architecture::deepseek_v3: {
-            // DeepseekV3Attention: q_a_proj, kv_a_proj_with_mqa and o_proj take bias=attention_bias
-            // (q_b_proj, kv_b_proj, q_proj never).
-            c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
-            read_sigmoid_router(k, c, {8, 4, 2.5, 3});
-            break;
-        }
-        case Architecture::glm4_moe: {
-            // Glm4MoeAttention (transformers 5.24): q/k/v bias = attention_bias, o_proj none; per-head q/k
-            // RMSNorm iff use_qk_norm; rope on the first head_dim·partial_rotary_factor dims (default 0.5,
-            // Glm4MoeConfig.__post_init__), rotate_half within them. Glm4MoeTopkRouter = DeepseekV3TopkRouter.
-            c.attention_bias = k.boolean("attention_bias", false);
-            c.qk_norm = k.boolean("use_qk_norm", false);
-            c.partial_rotary_factor = k.real("partial_rotary_factor", 0.5, 0.0, 1.0);
-            if (const json* rp = k.find("rope_parameters", true); rp && rp->is_object() && rp->contains("partial_rotary_factor"))
-                c.partial_rotary_factor =
-                    k.real_value((*rp)["partial_rotary_factor"], "rope_parameters.partial_rotary_factor", 0.0, 1.0);
-            read_sigmoid_router(k, c, {1, 1, 1.0, 1});
-            break;
-        }
-    }
+    family_reader(c.architecture)(k, d, c);
     validate_model_config(c);
     return c;
 }
