@@ -115,7 +115,7 @@ void run_audit_command(const AuditOptions& opt) {
         specs.push_back(protocol.floor);
         floor_added = true;
     }
-    Nodes nodes = create_nodes(specs, node_opts.reference, &cfg.failed_nodes);
+    Nodes nodes = create_nodes(specs, node_opts.reference, &model, &cfg.failed_nodes);
     if (floor_added) cfg.contrast_nodes.push_back(protocol.floor);
     cfg.progress = progress_printer();
     // The default list's precision-mismatch contrast is shown, not gated,

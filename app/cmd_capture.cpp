@@ -9,6 +9,7 @@
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
 #include "kvasir/model/model.hpp"
+#include "kvasir/steps/substitution.hpp"
 #include "kvasir/audit/protocol.hpp"
 #include "kvasir/audit/capture.hpp"
 #include "kvasir/report/audit_text.hpp"
@@ -46,14 +47,14 @@ void run_capture(const CaptureOptions& o) {
     const std::string model_path =
         !o.model.empty() ? o.model : (protocol.model.empty() ? default_model_path() : protocol.model_resolved);
     const Model model = Model::open(model_path);
-    auto node = create_backend(o.backend);
+    auto node = create_node(o.backend, &model);
     // Discrete decisions are pinned to the authority: the f64 oracle, which
     // runs anywhere, unless the audit that spawned this capture has another
     // reference.
     std::unique_ptr<Backend> authority;
     Backend* auth = node.get();
-    if (node->capabilities().node != create_backend(o.authority)->capabilities().node) {
-        authority = create_backend(o.authority);
+    if (node->capabilities().node != create_node(o.authority, &model)->capabilities().node) {
+        authority = create_node(o.authority, &model);
         auth = authority.get();
     }
     AuditConfig cfg;

@@ -58,7 +58,7 @@ void run_matrix(MatrixOptions& opt) {
     if (!opt.markdown_file.empty()) outputs.emplace_back("--markdown", opt.markdown_file);
     if (!opt.html_file.empty()) outputs.emplace_back("--html", opt.html_file);
     check_output_paths(outputs);
-    Nodes nodes = create_nodes(opt.nodes);
+    Nodes nodes = create_nodes(opt.nodes, &model);
 
     // Load: the layer's weights read once, before any node computes, so the
     // nodes' seconds below are computing only.

@@ -40,7 +40,7 @@ void run_ops(OpsOptions& opt) {
     }
     config.resolved().validate();
     if (!opt.output.output_file.empty()) check_output_paths({{"--output", opt.output.output_file}});
-    Nodes nodes = create_nodes(opt.nodes);
+    Nodes nodes = create_nodes(opt.nodes, model ? &*model : nullptr);
     const OpsReport report = run_timed("ops", nodes, opt.timings, [&](std::vector<std::unique_ptr<Backend>>& timed) {
         return run_op_delta(config, timed, nodes.reference);
     });

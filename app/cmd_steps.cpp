@@ -94,7 +94,7 @@ void run_view_command(const ViewOptions& o, const Model& model, StepView view, c
     const Protocol base = load_protocol(!o.protocol.empty() ? o.protocol : default_protocol_path(view.step != "task"));
     const Protocol protocol = view_protocol(base, view, tokens);
     check_report_outputs(o.report);
-    Nodes nodes = create_nodes(o.nodes);
+    Nodes nodes = create_nodes(o.nodes, &model);
     if (wrap) wrap(nodes.nodes, nodes.reference);
     AuditRun run = run_view(protocol, model, tokens, nodes.nodes, nodes.reference, parse_gate(o.report.gate), o.seed, o.tokenizer);
     if (o.timings) std::fputs(render_timings(run.timings).c_str(), stderr);

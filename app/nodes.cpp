@@ -3,6 +3,7 @@
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/report/audit_text.hpp"
+#include "kvasir/steps/substitution.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -30,11 +31,12 @@ std::vector<std::string> node_specs(const NodeOptions& options) {
     return options.backends.empty() ? default_nodes() : split_node_list(options.backends);
 }
 
-Nodes create_nodes(const NodeOptions& options, std::vector<NodeInput>* failed) {
-    return create_nodes(node_specs(options), options.reference, failed);
+Nodes create_nodes(const NodeOptions& options, const Model* model, std::vector<NodeInput>* failed) {
+    return create_nodes(node_specs(options), options.reference, model, failed);
 }
 
-Nodes create_nodes(const std::vector<std::string>& specs, const std::string& reference_spec, std::vector<NodeInput>* failed) {
+Nodes create_nodes(const std::vector<std::string>& specs, const std::string& reference_spec, const Model* model,
+                   std::vector<NodeInput>* failed) {
     const std::string ref_text = BackendSpec::parse(reference_spec).canonical();
     Nodes out;
     std::vector<std::string> names;
@@ -42,7 +44,7 @@ Nodes create_nodes(const std::vector<std::string>& specs, const std::string& ref
     for (const std::string& s : specs) {
         std::unique_ptr<Backend> node;
         try {
-            node = create_backend(s);
+            node = create_node(s, model);
         } catch (const Error& e) {
             if (failed == nullptr || e.code() != ErrorCode::backend_failure) throw;
             NodeInput n;
@@ -66,7 +68,7 @@ Nodes create_nodes(const std::vector<std::string>& specs, const std::string& ref
     // The reference is not listed under its own spelling: started here (the
     // one node started without being listed), unless it is a listed node
     // under another spelling ("cpu:acc=f32" is "cpu"), then that one is it.
-    auto ref = create_backend(reference_spec);
+    auto ref = create_node(reference_spec, model);
     const auto it = std::find(names.begin(), names.end(), ref->capabilities().node);
     if (it != names.end()) {
         out.reference = static_cast<std::size_t>(it - names.begin());

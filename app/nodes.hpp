@@ -5,6 +5,7 @@
 
 #include "kvasir/audit/verdict.hpp"
 #include "kvasir/backend/backend.hpp"
+#include "kvasir/model/model.hpp"
 #include "kvasir/steps/node_clock.hpp"
 
 #include <chrono>
@@ -25,10 +26,13 @@ struct Nodes {
 // default list. With `failed`: a node whose backend exists and fails to
 // start (Error(backend_failure): a device that does not initialise) becomes
 // an error node there (the audit's) instead of stopping the command; bad
-// specs and absent backends named explicitly stay exit 2.
-Nodes create_nodes(const NodeOptions& options, std::vector<NodeInput>* failed = nullptr);
+// specs and absent backends named explicitly stay exit 2. `model`: the model
+// the nodes run (steps/substitution.hpp create_node: a node declaring a
+// substitution needs it), null for a command that runs ops only.
+Nodes create_nodes(const NodeOptions& options, const Model* model, std::vector<NodeInput>* failed = nullptr);
 // The same from node specs already split (node_specs, plus what a command adds).
-Nodes create_nodes(const std::vector<std::string>& specs, const std::string& reference, std::vector<NodeInput>* failed = nullptr);
+Nodes create_nodes(const std::vector<std::string>& specs, const std::string& reference, const Model* model,
+                   std::vector<NodeInput>* failed = nullptr);
 // The node specs --backends names (split once: split_node_list), or the
 // registry's defaults when it names none.
 std::vector<std::string> node_specs(const NodeOptions& options);

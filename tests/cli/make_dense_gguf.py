@@ -4,7 +4,10 @@ llama.cpp's k-quants (every matrix row a multiple of 256), F32, written with the
 into the llama.cpp venv by scripts/setup_llamacpp.sh), with llama_tiny.gguf's tokenizer metadata so that
 llama.cpp loads it.
 
-  make_dense_gguf.py TOKENIZER_SOURCE.gguf OUT.gguf
+  make_dense_gguf.py TOKENIZER_SOURCE.gguf OUT.gguf [HIDDEN FFN]
+
+HIDDEN and FFN (default 256 and 512) set the widths: 64 and 80 make rows that llama-quantize cannot store in
+k-quants (64: Q4_K falls back to Q5_0) or in any 32-element block (80: F16).
 """
 import sys
 
@@ -12,7 +15,8 @@ import gguf
 import numpy as np
 
 src, out = sys.argv[1], sys.argv[2]
-H, F, L, NH, NKV, V = 256, 512, 2, 4, 2, 320
+H, F = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else (256, 512)
+L, NH, NKV, V = 2, 4, 2, 320
 D = H // NH
 rng = np.random.Generator(np.random.PCG64(20261201))
 w = gguf.GGUFWriter(out, "llama")

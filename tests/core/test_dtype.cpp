@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include <bit>
 #include <cfloat>
 #include <cmath>
@@ -17,6 +19,7 @@
 namespace {
 
 using kvasir::DType;
+using kvasir::round_to_fp8_e4m3;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -376,6 +379,53 @@ TEST(StoreLoad, StoredBitsAgreeWithRoundTo) {
             ASSERT_TRUE(same_double(kvasir::load_as_f64(t, buf, 0), kvasir::round_to(t, x)))
                 << kvasir::dtype_name(t) << " " << std::hexfloat << x;
         }
+    }
+}
+
+// FP8 E4M3 (OCP "e4m3fn"): every one of the 254 finite codes decoded by
+// hand from its fields; rounding must land on the nearest of them (ties to
+// the even code), saturate at ±448 and keep NaN.
+std::vector<double> e4m3_values() {
+    std::vector<double> v;
+    for (int code = 0; code < 128; ++code) {
+        const int e = code >> 3, m = code & 7;
+        if (e == 15 && m == 7) continue;  // NaN
+        v.push_back(e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1 + m / 8.0, e - 7));
+    }
+    return v;  // ascending, 0 … 448
+}
+
+TEST(Fp8E4m3, HandValues) {
+    EXPECT_EQ(round_to_fp8_e4m3(1.0), 1.0);
+    EXPECT_EQ(round_to_fp8_e4m3(1.0625), 1.0);     // tie between 1 (even) and 1.125
+    EXPECT_EQ(round_to_fp8_e4m3(1.1875), 1.25);    // tie between 1.125 and 1.25 (even)
+    EXPECT_EQ(round_to_fp8_e4m3(-3.3), -3.25);
+    EXPECT_EQ(round_to_fp8_e4m3(448.0), 448.0);
+    EXPECT_EQ(round_to_fp8_e4m3(1e6), 448.0);      // saturating
+    EXPECT_EQ(round_to_fp8_e4m3(-500.0), -448.0);
+    EXPECT_EQ(round_to_fp8_e4m3(std::ldexp(1.0, -9)), std::ldexp(1.0, -9));  // smallest subnormal
+    EXPECT_EQ(round_to_fp8_e4m3(std::ldexp(1.0, -10)), 0.0);                 // tie to 0 (even)
+    EXPECT_EQ(round_to_fp8_e4m3(std::ldexp(1.5, -10)), std::ldexp(1.0, -9));
+    EXPECT_TRUE(std::signbit(round_to_fp8_e4m3(-0.0)));
+    EXPECT_TRUE(std::isnan(round_to_fp8_e4m3(std::nan(""))));
+}
+
+TEST(Fp8E4m3, NearestOfTheCodesBruteForce) {
+    const std::vector<double> v = e4m3_values();
+    ASSERT_EQ(v.size(), 127u);
+    for (std::size_t i = 0; i < v.size(); ++i) EXPECT_EQ(round_to_fp8_e4m3(v[i]), v[i]) << v[i];
+    std::uint64_t state = 88172645463325252ull;
+    for (int n = 0; n < 20000; ++n) {
+        state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+        const double x = std::ldexp(static_cast<double>(state >> 11) / 9007199254740992.0, -12 + static_cast<int>(state % 22));
+        std::size_t best = 0;
+        for (std::size_t i = 1; i < v.size(); ++i) {
+            const double d = std::fabs(v[i] - x), db = std::fabs(v[best] - x);
+            if (d < db || (d == db && i % 2 == 0)) best = i;  // index parity = mantissa parity
+        }
+        const double want = x >= 448 ? 448 : v[best];
+        ASSERT_EQ(round_to_fp8_e4m3(x), want) << x;
+        ASSERT_EQ(round_to_fp8_e4m3(-x), -want) << x;
     }
 }
 

@@ -8,7 +8,17 @@
 
 #include "kvasir/backend/backend.hpp"
 
+#include <memory>
+
 namespace kvasir {
+
+namespace detail {
+// A decorator that owns the node it wraps derives from this first, so the
+// node is constructed before the ForwardingBackend that refers to it.
+struct OwnedInner {
+    std::unique_ptr<Backend> inner;
+};
+}  // namespace detail
 
 class ForwardingBackend : public Backend {
 public:

@@ -20,12 +20,6 @@
 
 namespace kvasir {
 
-namespace detail {
-struct OwnedInner {  // constructed before the ForwardingBackend that refers to it
-    std::unique_ptr<Backend> inner;
-};
-}  // namespace detail
-
 // Owns `inner`, forwards every op to it and adds the noise above in route().
 // capabilities() are inner's with an extra ("perturb_router", EPS); the
 // node's name is inner's. Error(bad_input) for EPS < 0 or no MoE layer.

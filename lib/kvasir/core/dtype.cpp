@@ -70,6 +70,19 @@ int mantissa_int(float v) noexcept {
 }
 }  // namespace
 
+double round_to_fp8_e4m3(double x) noexcept {
+    if (std::isnan(x)) return x;
+    const double a = std::fabs(x);
+    if (a >= 448.0) return std::copysign(448.0, x);
+    // The spacing of e4m3 values around a: 2^(e − 3) in the binade [2^e, 2^(e+1)),
+    // 2^−9 below the smallest normal 2^−6. a / spacing is exact (a power of two);
+    // nearbyint rounds it to even, which is the even mantissa.
+    int e = 0;
+    std::frexp(a, &e);  // a = m·2^e, m in [0.5, 1): the binade is 2^(e−1)
+    const double spacing = std::ldexp(1.0, std::max(e - 1, -6) - 3);
+    return std::copysign(std::nearbyint(a / spacing) * spacing, x);
+}
+
 int ggml_nearest_int(float f) noexcept { return mantissa_int(f + 12582912.f); }
 int ggml_nearest_int_of_product(float a, float b) noexcept { return mantissa_int(std::fma(a, b, 12582912.f)); }
 

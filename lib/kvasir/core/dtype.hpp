@@ -35,6 +35,11 @@ float bf16_bits_to_f32(std::uint16_t h) noexcept;   // exact
 double round_to(DType t, double x) noexcept;
 double round_to_f16(double x) noexcept;
 double round_to_bf16(double x) noexcept;
+// OCP FP8 E4M3 ("e4m3fn": bias 7, 3 mantissa bits, subnormals down to 2^−9,
+// no infinities), saturating: x rounded to the nearest representable value
+// (ties to an even mantissa) and clamped to ±448, as a KV cache stored in fp8
+// with scale 1 holds it. NaN stays NaN; ±0 keeps its sign.
+double round_to_fp8_e4m3(double x) noexcept;
 // ggml's nearest_int: the integer nearest f (ties to even) read from the
 // mantissa of f + 1.5·2^23 — exact for |f| < 2^22, as llama.cpp computes it.
 // ggml_nearest_int_of_product(a, b) is the same for a·b with the product

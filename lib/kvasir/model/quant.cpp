@@ -86,7 +86,8 @@ std::string_view ggml_type_name(GgmlType type) noexcept { return ggml_traits(typ
 bool ggml_type_dequantizable(GgmlType type) noexcept {
     switch (type) {
         case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16:
-        case GgmlType::Q8_0: case GgmlType::Q4_K: case GgmlType::Q6_K: case GgmlType::MXFP4: return true;
+        case GgmlType::Q8_0: case GgmlType::Q5_0: case GgmlType::Q4_K: case GgmlType::Q6_K: case GgmlType::MXFP4:
+            return true;
         default: return false;
     }
 }
@@ -117,7 +118,7 @@ Mxfp4Pair check_mxfp4_pair(const std::string& file, const SafetensorsTensorInfo&
             groups};
 }
 
-std::string_view ggml_dequantizable_types() noexcept { return "F32, F16, BF16, Q8_0, Q4_K, Q6_K, MXFP4"; }
+std::string_view ggml_dequantizable_types() noexcept { return "F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K, MXFP4"; }
 
 // e2m1: sign, 2 exponent bits, 1 mantissa bit (OCP MX v1.0) — transformers'
 // FP4_VALUES, −0 included.
@@ -169,6 +170,25 @@ void dequantize_row_q8_0(const std::byte* src, float* dst, std::int64_t n) noexc
         const float d = f16_at(blk, 0);
         for (std::int64_t i = 0; i < QK8_0; ++i)
             dst[b * QK8_0 + i] = static_cast<float>(i8_at(blk, 2 + static_cast<std::size_t>(i))) * d;
+    }
+}
+
+// Q5_0: per 32 elements one f16 scale d, 32 high bits qh (u32, bit j for
+// element j) and 16 bytes of low nibbles (element j low, j + 16 high);
+// y = (q − 16)·d with q = nibble | high bit << 4.
+void dequantize_row_q5_0(const std::byte* src, float* dst, std::int64_t n) noexcept {
+    for (std::int64_t b = 0; b < n / 32; ++b) {
+        const std::byte* blk = src + b * 22;
+        const float d = f16_at(blk, 0);
+        const std::uint32_t qh = u8_at(blk, 2) | (u8_at(blk, 3) << 8) | (u8_at(blk, 4) << 16) |
+                                 (static_cast<std::uint32_t>(u8_at(blk, 5)) << 24);
+        for (int j = 0; j < 16; ++j) {
+            const std::uint8_t q = u8_at(blk, 6 + static_cast<std::size_t>(j));
+            const int x0 = ((q & 0x0f) | static_cast<int>(((qh >> j) << 4) & 0x10)) - 16;
+            const int x1 = ((q >> 4) | static_cast<int>((qh >> (j + 12)) & 0x10)) - 16;
+            dst[b * 32 + j] = static_cast<float>(x0) * d;
+            dst[b * 32 + j + 16] = static_cast<float>(x1) * d;
+        }
     }
 }
 
@@ -252,6 +272,7 @@ void dequantize_row(GgmlType type, const std::byte* src, float* dst, std::int64_
             for (std::int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_f32(u16_at(src, static_cast<std::size_t>(2 * i)));
             return;
         case GgmlType::Q8_0: dequantize_row_q8_0(src, dst, n); return;
+        case GgmlType::Q5_0: dequantize_row_q5_0(src, dst, n); return;
         case GgmlType::Q4_K: dequantize_row_q4_k(src, dst, n); return;
         case GgmlType::Q6_K: dequantize_row_q6_k(src, dst, n); return;
         case GgmlType::MXFP4: dequantize_row_mxfp4(src, dst, n); return;

@@ -21,6 +21,7 @@
 //
 // Block layouts (little-endian; "f16" is an IEEE binary16 scale):
 //   Q8_0  32 elements / 34 bytes:  f16 d, int8 q[32];            y = q·d
+//   Q5_0  32 elements / 22 bytes:  f16 d, u32 qh, u8 qs[16];     y = (q − 16)·d, q 5 bits
 //   Q4_K 256 elements / 144 bytes: f16 d, f16 dmin, u8 scales[12], u8 qs[128]
 //         eight sub-blocks of 32, each with a 6-bit scale sc and 6-bit min m
 //         (packed as described in dequantize_row_q4_k); sub-block 2p takes the
@@ -71,7 +72,7 @@ GgmlTypeTraits ggml_traits(GgmlType type) noexcept;
 std::string_view ggml_type_name(GgmlType type) noexcept;
 
 // Whether dequantize_row() (and gguf.hpp's dequantize()) handle `type`: F32, F16, BF16,
-// Q8_0, Q4_K, Q6_K and MXFP4. Other known types can be listed (inspect) but not
+// Q8_0, Q5_0, Q4_K, Q6_K and MXFP4. Other known types can be listed (inspect) but not
 // expanded.
 bool ggml_type_dequantizable(GgmlType type) noexcept;
 // The dequantizable types as one comma-separated string, for error messages.
@@ -89,6 +90,7 @@ void dequantize_row(GgmlType type, const std::byte* src, float* dst, std::int64_
 // the format's block size). Exposed for tests and for backends that want to
 // expand one row at a time.
 void dequantize_row_q8_0(const std::byte* src, float* dst, std::int64_t n) noexcept;
+void dequantize_row_q5_0(const std::byte* src, float* dst, std::int64_t n) noexcept;
 void dequantize_row_q4_k(const std::byte* src, float* dst, std::int64_t n) noexcept;
 void dequantize_row_q6_k(const std::byte* src, float* dst, std::int64_t n) noexcept;
 // MXFP4 as ggml stores it (block_mxfp4, 32 elements / 17 bytes): u8 e (e8m0),
