@@ -8,6 +8,7 @@
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
+#include "kvasir/metrics/compact.hpp"
 #include "kvasir/model/model.hpp"
 #include "kvasir/steps/substitution.hpp"
 #include "kvasir/audit/protocol.hpp"
@@ -38,6 +39,8 @@ struct CaptureOptions {
     PerplexityFlags perplexity;
     bool timings = false;
     std::string decisions_out, decisions_in;
+    bool compact = false;
+    int top_k = kCompactDefaultTopK;
 };
 
 void run_capture(const CaptureOptions& o) {
@@ -61,6 +64,8 @@ void run_capture(const CaptureOptions& o) {
     cfg.protocol = &protocol;
     cfg.model = &model;
     cfg.seed = o.seed;
+    KVASIR_CHECK(o.top_k >= 1 && o.top_k <= 64, ErrorCode::bad_input, "--top-k {}: must be in [1, 64]", o.top_k);
+    cfg.compact_top_k = o.compact ? o.top_k : 0;
     SharedDecisions shared;
     KVASIR_CHECK(o.decisions_out.empty() || o.decisions_in.empty(), ErrorCode::bad_input,
                  "--decisions-out and --decisions-in: a capture either decides or reads decisions");
@@ -151,6 +156,12 @@ void set_capture_command(CLI::App& app) {
     cmd->add_option("--decisions-in", opt->decisions_in,
                     "Folder to read the authority's decisions from (written by --decisions-out, waited for step by "
                     "step) instead of running the authority's passes here; what the isolated audit's node processes do");
+    cmd->add_flag("--compact", opt->compact,
+                  "Keep, per position of the logits step, the top-K log-probabilities with their ids and the "
+                  "log-sum-exp instead of the whole row (1 KiB per 32 positions at K = 3, whatever the vocabulary; "
+                  "compare then judges the logits step on what remains: |delta log p| at shared top tokens and the "
+                  "hidden-state fingerprint, and names KL and L-infinity as not measured)");
+    cmd->add_option("--top-k", opt->top_k, "K of --compact (default 3)");
     cmd->callback([opt] { run_capture(*opt); });
 }
 

@@ -669,6 +669,7 @@ TEST(Verdict, JudgedAgainstAShippedProtocol) {
                         {"shard.max_rel", "ops", 9.1e-5},         {"drift.final_rel", "drift", 2e-6},
                         {"drift.alpha_max", "drift", 0.6},        {"logits.kl_p99", "logits", 1e-10},
                         {"logits.linf_max", "logits", 1e-5},      {"decide.top1_agreement_min", "decide", 1.0, RateCount{320, 320}},
+                        {"logits.top_logprob_delta_max", "logits", 9e-6}, {"logits.fingerprint_max_rel", "logits", 5e-7},
                         {"decide.routing_agreement_min", "decide", 1.0, RateCount{960, 960}}, {"generate.first_divergence_min", "generate", 32},
                         {"perplexity.ratio_max", "perplexity", 1e-7}, {"determinism", "determinism", 0},
                         {"invariance.ops_max_rel", "invariance", 0}, {"invariance.batch_max_rel", "invariance", 0},
@@ -685,6 +686,8 @@ TEST(Verdict, JudgedAgainstAShippedProtocol) {
     set(f16, "drift.final_rel", 1e-2);
     set(f16, "logits.kl_p99", 1e-4);
     set(f16, "logits.linf_max", 5e-2);
+    set(f16, "logits.top_logprob_delta_max", 7e-2);
+    set(f16, "logits.fingerprint_max_rel", 5.4e-3);
     const NodeVerdict v = judge_node(f16, p);
     EXPECT_EQ(v.verdict, Verdict::unfit_sensitive);
     ASSERT_TRUE(v.worst.has_value());

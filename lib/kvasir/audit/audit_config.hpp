@@ -68,6 +68,10 @@ struct AuditConfig {
     // the task (a step command's --tokenizer); empty: the one beside the
     // model.
     std::string tokenizer;
+    // > 0: a compact capture (capture --compact): the logits step keeps, per
+    // position, the top-K log-probabilities with their ids and the
+    // log-sum-exp instead of the [T, V] row (metrics/compact.hpp).
+    int compact_top_k = 0;
 };
 
 // The steps a run asked for (`option` names where: "--steps",

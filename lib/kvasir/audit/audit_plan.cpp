@@ -24,6 +24,7 @@ AuditPlan make_audit_plan(const AuditConfig& ac, std::size_t held) {
     KVASIR_ASSERT(ac.protocol != nullptr && ac.model != nullptr);
     AuditPlan plan;
     plan.seed = ac.seed.value_or(ac.protocol->seed);
+    plan.compact_top_k = ac.compact_top_k;
     const std::vector<std::string> only = select_steps(*ac.protocol, ac.only_steps, "--steps");
     for (const Step* s : audit_steps())
         if (step_selected(only, s->name()) && s->plan(ac, plan)) plan.steps.push_back(s->name());

@@ -36,6 +36,9 @@ namespace kvasir::detail {
 
 struct AuditPlan {
     std::uint64_t seed = 0;
+    // > 0: a compact capture (AuditConfig::compact_top_k): the steps that
+    // keep logit rows keep what metrics/compact.hpp says instead.
+    int compact_top_k = 0;
     std::optional<OpsConfig> ops;
     std::optional<StepCommon> drift;
     std::optional<LogitsConfig> logits;

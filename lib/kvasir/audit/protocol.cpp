@@ -54,6 +54,12 @@ std::vector<CriterionInfo>& catalog_storage() {
          "step 3: 99th percentile over positions of KL(P_ref || P_cand) of the next-token distributions, in nats"},
         {"logits.linf_max", "logits", D::max, S::log, false, true,
          "step 3: max over positions of the L-infinity norm of the logit delta"},
+        {"logits.top_logprob_delta_max", "logits", D::max, S::log, false, false,
+         "step 3: max over positions of |delta log-probability| at the tokens in both nodes' top-K (what a compact "
+         "capture keeps; <= 2 x the L-infinity of the logit delta)"},
+        {"logits.fingerprint_max_rel", "logits", D::max, S::log, false, false,
+         "step 3: max relative delta of the final hidden states' fingerprint (the 16 largest-magnitude entries per 32 "
+         "positions, TOPLOC-style; an entry missing from the candidate's counts by a rigorous lower bound)"},
         {"decide.top1_agreement_min", "decide", D::min, S::complement_log, false, true,
          "step 4: fraction of positions whose argmax token equals the reference's (judged on its lower confidence bound)", true},
         {"decide.routing_agreement_min", "decide", D::min, S::complement_log, false, false,

@@ -30,7 +30,8 @@
 // reference's — judged WITH router authority (how a swarm runs), reported
 // without it too.
 //
-// Tensors: decide.pinned.logits [T, V] (routing pinned by the authority),
+// Tensors: decide.pinned.logits [T, V] (routing pinned by the authority; a
+// compact capture keeps their argmax instead, decide.pinned.top1 [T] i32),
 // decide.free.top1 [T] i32 (argmax of the node's own free-routing logits),
 // decide.free.ids.<m> [T, k] (the node's own expert choice in its m-th MoE
 // layer, routing free) and, from the authority only, decide.gaps.<m> [T] f64
@@ -149,6 +150,22 @@ public:
         return binomial(same, static_cast<std::int64_t>(a.size()));
     }
 
+    // Top-1 agreement of the pinned runs (as metrics' top1_agreement: an
+    // all-NaN row, argmax −1, agrees with nothing), from the rows' argmax or
+    // the argmax a compact capture keeps (decide.pinned.top1).
+    static Fraction pinned_top1(const NodeOutputs& ref, const NodeOutputs& c) {
+        const auto top1 = [](const NodeOutputs& n) {
+            return n.has("decide.pinned.top1") ? int_vector(n.view("decide.pinned.top1"))
+                                               : argmax_rows(n.view("decide.pinned.logits"));
+        };
+        const std::vector<std::int32_t> a = top1(ref), b = top1(c);
+        KVASIR_CHECK(a.size() == b.size() && !a.empty(), ErrorCode::bad_input, "{}: {} pinned top-1 tokens, the reference has {}",
+                     c.origin(), b.size(), a.size());
+        std::int64_t same = 0;
+        for (std::size_t t = 0; t < a.size(); ++t) same += a[t] >= 0 && a[t] == b[t];
+        return binomial(same, static_cast<std::int64_t>(a.size()));
+    }
+
     static nlohmann::ordered_json free_running_node(const NodeOutputs& ref, const NodeOutputs& c, const std::vector<TensorView>& rids,
                                                     const std::vector<TensorView>& gaps, double border,
                                                     const std::vector<std::int64_t>& layers, std::size_t i, Ledger& led) {
@@ -176,7 +193,12 @@ public:
         const ForwardResult fr = self ? ForwardResult{} : forward(node, *env.model, ids, free_opt);
         const ForwardResult pn = self ? ForwardResult{} : forward(node, *env.model, ids, pinned);
         StepOutput out;
-        out.tensors.emplace("decide.pinned.logits", self ? ref.logits : pn.logits);
+        // A compact capture keeps the pinned rows' argmax only: all that top-1 agreement reads.
+        const Tensor& pinned_logits = self ? ref.logits : pn.logits;
+        if (env.plan->compact_top_k > 0)
+            out.tensors.emplace("decide.pinned.top1", i32_tensor(argmax_rows(pinned_logits.view())));
+        else
+            out.tensors.emplace("decide.pinned.logits", pinned_logits);
         const ForwardResult& own = self ? ref : fr;
         out.tensors.emplace("decide.free.top1", i32_tensor(argmax_rows(own.logits.view())));
         const ModelConfig& mc = env.model->config();
@@ -200,7 +222,6 @@ public:
 
     nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
         const NodeOutputs& ref = *in.nodes[in.reference];
-        const TensorView rl = ref.view("decide.pinned.logits");
         const std::vector<TensorView> rids = numbered(ref, "decide.free.ids.");
         const std::vector<TensorView> gaps = numbered(ref, "decide.gaps.");
         const double border = p.decide.border;
@@ -233,7 +254,7 @@ public:
         j["results"] = for_each_candidate(in, led, "decide", [&](std::size_t i) {
             const NodeOutputs& c = *in.nodes[i];
             if (in.free_running[i]) return free_running_node(ref, c, rids, gaps, border, layers, i, led);
-            const Fraction top1 = top1_agreement(rl, c.view("decide.pinned.logits"));
+            const Fraction top1 = pinned_top1(ref, c);
             nlohmann::ordered_json e{{"node", c.node()}, {"top1_pinned", to_json(top1)}};
             if (ref.has("decide.free.top1") && c.has("decide.free.top1")) e["top1_free"] = to_json(free_top1(ref, c));
             led.measure_rate(i, "decide", "decide.top1_agreement_min", top1);

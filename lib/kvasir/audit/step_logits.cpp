@@ -22,14 +22,33 @@
 // candidate runs its own router: a routing flip on a border token then shows
 // up as a large local KL (step 4 counts the flips).
 //
-// Tensors: logits.logits [T, V].
+// Compact captures (capture --compact K; metrics/compact.hpp): a node keeps
+// its top-K log-probabilities, their ids and the log-sum-exp per position
+// instead of the row. Every node also keeps the TOPLOC-style fingerprint of
+// its final hidden states (16 entries per 32 positions). Two criteria are
+// measured from these on every node, full rows or compact:
+//   logits.top_logprob_delta_max  max |Δ log p| at the tokens in both top-Ks
+//                                 (≤ 2·L∞: its tolerance is twice L∞'s, so it
+//                                 never fails a node the full rows pass)
+//   logits.fingerprint_max_rel    the fingerprints' relative delta (a missing
+//                                 entry counts by a rigorous lower bound)
+// KL and L∞ need both full rows: a compact node has them not measured, named
+// with the reason.
+//
+// Tensors: logits.logits [T, V] (or logits.top_ids [T, K] i32,
+// logits.top_logprobs [T, K] f32, logits.lse [T] f32), and
+// logits.fingerprint_index / logits.fingerprint_value [ceil(T/32), 16].
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/step.hpp"
 
+#include "kvasir/metrics/compact.hpp"
 #include "kvasir/metrics/logits.hpp"
 #include "kvasir/steps/forward.hpp"
 
+#include <fmt/format.h>
+
 #include <memory>
+#include <utility>
 
 namespace kvasir {
 
@@ -56,35 +75,85 @@ public:
     StepOutput collect(const StepEnv& env, Backend& node, const std::any& decisions, bool self) const override {
         const ForwardResult& ref = *std::any_cast<std::shared_ptr<const ForwardResult>>(decisions);
         StepOutput out;
+        const auto keep = [&](const ForwardResult& r) {
+            if (const int k = env.plan->compact_top_k; k > 0) {
+                CompactRows c = compact_rows(r.logits.view(), k);
+                out.tensors.emplace("logits.top_ids", std::move(c.ids));
+                out.tensors.emplace("logits.top_logprobs", std::move(c.logprobs));
+                out.tensors.emplace("logits.lse", std::move(c.lse));
+            } else {
+                out.tensors.emplace("logits.logits", r.logits);
+            }
+            Fingerprint f = hidden_fingerprint(r.final_hidden.view());
+            out.tensors.emplace("logits.fingerprint_index", std::move(f.index));
+            out.tensors.emplace("logits.fingerprint_value", std::move(f.value));
+        };
         if (self) {
-            out.tensors.emplace("logits.logits", ref.logits);
+            keep(ref);
             return out;
         }
         ForwardOptions opt;
         opt.keep_hidden = false;
         if (env.plan->logits->router_authority) opt.routing = &ref.routing;
-        out.tensors.emplace("logits.logits", forward(node, *env.model, env.plan->logits->tokens.ids, opt).logits);
+        keep(forward(node, *env.model, env.plan->logits->tokens.ids, opt));
         return out;
     }
 
     nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
         const NodeOutputs& ref = *in.nodes[in.reference];
-        const TensorView rl = ref.view("logits.logits");
+        const bool ref_full = ref.has("logits.logits");
         nlohmann::ordered_json j;
         j["reference"] = ref.node();
-        j["positions"] = rl.shape.empty() ? 0 : rl.shape[0];
-        j["compared"] = std::string("per position: L∞ and L2 of the logit delta and KL(P_ref ‖ P_cand), ") +
+        j["positions"] = ref.view(ref_full ? "logits.logits" : "logits.top_ids").dim(0);
+        j["compared"] = std::string("per position: L∞ and L2 of the logit delta and KL(P_ref ‖ P_cand) (full rows), "
+                                    "|Δ log p| at the tokens in both top-Ks; the final hidden states' fingerprints; ") +
                         (p.logits.router_authority ? "routing pinned by the reference" : "each node running its own router");
         j["results"] = for_each_candidate(in, led, "logits", [&](std::size_t i) {
-            const PositionDivergence d = logit_divergence(rl, in.nodes[i]->view("logits.logits"));
-            const Summary linf = summarize(d.linf), l2 = summarize(d.l2), kl = summarize(d.kl);
-            led.measure(i, "logits", "logits.kl_p99", kl.p99);
-            led.measure(i, "logits", "logits.linf_max", linf.max);
-            nlohmann::ordered_json e{{"node", in.nodes[i]->node()},
-                                     {"linf", to_json(linf)},
-                                     {"l2", to_json(l2)},
-                                     {"kl", to_json(kl)},
-                                     {"top_dp_rms", json_double(rms(d.dp_top))}};
+            const NodeOutputs& cand = *in.nodes[i];
+            nlohmann::ordered_json e{{"node", cand.node()}};
+            const bool cand_full = cand.has("logits.logits");
+            if (ref_full && cand_full) {
+                const PositionDivergence d = logit_divergence(ref.view("logits.logits"), cand.view("logits.logits"));
+                const Summary linf = summarize(d.linf), l2 = summarize(d.l2), kl = summarize(d.kl);
+                led.measure(i, "logits", "logits.kl_p99", kl.p99);
+                led.measure(i, "logits", "logits.linf_max", linf.max);
+                e["linf"] = to_json(linf);
+                e["l2"] = to_json(l2);
+                e["kl"] = to_json(kl);
+                e["top_dp_rms"] = json_double(rms(d.dp_top));
+            } else {
+                const std::string why = fmt::format("compact capture ({} keeps the top-K of each row, not the row)",
+                                                    ref_full ? "the node" : "the reference");
+                led.not_applicable_for(i, "logits.kl_p99", why);
+                led.not_applicable_for(i, "logits.linf_max", why);
+                e["compact"] = why;
+            }
+            // The top-K of a full row, at the K of the compact side (the default when both are full).
+            const int k = !cand_full ? static_cast<int>(cand.view("logits.top_ids").dim(1))
+                          : !ref_full ? static_cast<int>(ref.view("logits.top_ids").dim(1))
+                                      : kCompactDefaultTopK;
+            const auto top = [k](const NodeOutputs& n, Tensor& ids, Tensor& lp) {
+                if (!n.has("logits.logits")) return std::pair{n.view("logits.top_ids"), n.view("logits.top_logprobs")};
+                CompactRows c = compact_rows(n.view("logits.logits"), k);
+                ids = std::move(c.ids);
+                lp = std::move(c.logprobs);
+                return std::pair{ids.view(), lp.view()};
+            };
+            Tensor ri, rl, ci, cl;
+            const auto [ref_ids, ref_lp] = top(ref, ri, rl);
+            const auto [cand_ids, cand_lp] = top(cand, ci, cl);
+            const Summary dlp = summarize(top_logprob_delta(ref_ids, ref_lp, cand_ids, cand_lp));
+            led.measure(i, "logits", "logits.top_logprob_delta_max", dlp.max);
+            e["top_logprob_delta"] = to_json(dlp);
+            e["top_k"] = k;
+            if (ref.has("logits.fingerprint_index") && cand.has("logits.fingerprint_index")) {
+                const Summary fp = summarize(fingerprint_rel(ref.view("logits.fingerprint_index"), ref.view("logits.fingerprint_value"),
+                                                             cand.view("logits.fingerprint_index"), cand.view("logits.fingerprint_value")));
+                led.measure(i, "logits", "logits.fingerprint_max_rel", fp.max);
+                e["fingerprint_rel"] = to_json(fp);
+            } else {
+                led.not_applicable_for(i, "logits.fingerprint_max_rel", "a capture without fingerprints (written before them)");
+            }
             // Its own router: the delta holds its routing flips too (on a dense model the same thing).
             if (in.free_running[i]) e["free_running"] = true;
             return e;
