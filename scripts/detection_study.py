@@ -253,6 +253,8 @@ def cell(best):
     if best is None:
         return "·"
     k, v = best
+    if v["zero_fp_detection"] == 0 and v["auc"] < 0.999:
+        return f"none separates (best AUC {v['auc']:.3f})"
     m = v.get("margin_decades")
     margin = "" if m is None else (", ∞" if m == "inf" else f", {m:.1f} dec")
     return f"`{k}` {v['zero_fp_detection']:.0%} / {v['auc']:.3f}{margin}"
@@ -301,13 +303,22 @@ def main():
     ap.add_argument("--substitutions", default=DEFAULT_SUBS)
     ap.add_argument("-o", "--output", help="JSON with every sample's figures and the analysis")
     ap.add_argument("--markdown", help="the tables as Markdown")
+    ap.add_argument("--records", help="analyse the records of an earlier -o JSON instead of running audits "
+                                      "(its budgets, samples, nodes and steps are used)")
     args = ap.parse_args()
-    if args.samples < 2:
-        ap.error("--samples must be at least 2 (an AUC needs several honest samples)")
-    base, studied, budgets, honest, subs, records = run(args)
+    if args.records:
+        with open(args.records, encoding="utf-8") as f:
+            old = json.load(f)
+        args.samples, args.steps = old["samples"], old.get("steps", args.steps)
+        base, studied, budgets, honest, subs, records = ({"id": old["protocol"]}, args.steps.split(","), old["budgets"],
+                                                         old["honest"], old["substitutions"], old["records"])
+    else:
+        if args.samples < 2:
+            ap.error("--samples must be at least 2 (an AUC needs several honest samples)")
+        base, studied, budgets, honest, subs, records = run(args)
     result = analyse(budgets, records)
     doc = {"schema": "kvasir-equiv/detection-study/1", "command": sys.argv, "protocol": base["id"],
-           "budgets": budgets, "samples": args.samples, "honest": honest, "substitutions": subs,
+           "budgets": budgets, "samples": args.samples, "steps": args.steps, "honest": honest, "substitutions": subs,
            "records": records, **result}
     text = markdown(args, budgets, honest, result, records)
     if args.output:

@@ -133,8 +133,6 @@ float e8m0_half(std::uint8_t e) noexcept {
     return f;
 }
 
-// ggml's kvalues_mxfp4: e2m1 doubled, as int8 — so nibble 8 is +0, not −0.
-constexpr float kMxfp4Kvalues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 // MXFP4 (ggml block_mxfp4): u8 e, u8 qs[16]; y[j] = kvalues[qs[j] & 15]·2^(e−128),
 // y[j + 16] = kvalues[qs[j] >> 4]·2^(e−128) — low nibbles first, then high.

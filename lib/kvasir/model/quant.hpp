@@ -99,6 +99,11 @@ void dequantize_row_q6_k(const std::byte* src, float* dst, std::int64_t n) noexc
 // dequantize_row_mxfp4 and gguf.quants.MXFP4). Every product is exact in
 // f32 (a 2-bit significand times a power of two) except where it overflows.
 void dequantize_row_mxfp4(const std::byte* src, float* dst, std::int64_t n) noexcept;
+// ggml_e8m0_to_fp32_half: an MXFP4 block's scale 2^(e − 128), built from its
+// bits (a denormal for e < 2) — what its quants are multiplied by.
+float e8m0_half(std::uint8_t e) noexcept;
+// ggml's kvalues_mxfp4: e2m1 doubled, as int8 — nibble 8 is +0, not −0.
+inline constexpr float kMxfp4Kvalues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 // MXFP4 as Hugging Face checkpoints store it (gpt-oss `*_blocks` U8 [..., G, 16]
 // and `*_scales` U8 [..., G]): `groups` groups of 32 values; byte j of group g

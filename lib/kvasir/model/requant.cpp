@@ -190,24 +190,21 @@ void quantize_q4_k(const float* x, std::byte* y, std::int64_t n) {
     }
 }
 
-// ggml's kvalues_mxfp4 (e2m1 doubled) and quantize_row_mxfp4_ref: the shared
-// exponent e = floor(log2 max|x|) − 2 + 127 (e8m0; 0 for an all-zero block),
-// d = 2^(e − 128), each element the first of the sixteen values k·d nearest to it.
-constexpr float kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// quantize_row_mxfp4_ref: the shared exponent e = floor(log2 max|x|) − 2 + 127
+// (e8m0; 0 for an all-zero block), d = 2^(e − 128), each element the first of
+// the sixteen values kvalues·d nearest to it.
 
 void quantize_mxfp4(const float* x, std::byte* y, std::int64_t n) {
     for (std::int64_t b = 0; b < n / 32; ++b, x += 32, y += 17) {
         float amax = 0.0f;
         for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
         const auto e = static_cast<std::uint8_t>(amax > 0.0f ? static_cast<int>(std::floor(std::log2(amax)) - 2 + 127) : 0);
-        float d;
-        const std::uint32_t bits = e < 2 ? std::uint32_t{0x00200000} << e : static_cast<std::uint32_t>(e - 1) << 23;
-        std::memcpy(&d, &bits, sizeof d);
+        const float d = e8m0_half(e);
         const auto best = [d](float v) {
             int best_i = 0;
-            float best_err = std::fabs(kMxfp4Values[0] * d - v);
+            float best_err = std::fabs(kMxfp4Kvalues[0] * d - v);
             for (int i = 1; i < 16; ++i)
-                if (const float err = std::fabs(kMxfp4Values[i] * d - v); err < best_err) {
+                if (const float err = std::fabs(kMxfp4Kvalues[i] * d - v); err < best_err) {
                     best_i = i;
                     best_err = err;
                 }

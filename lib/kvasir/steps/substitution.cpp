@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 namespace kvasir {
 
@@ -164,17 +165,35 @@ private:
         if (role.zero) return out;
         auto* v = static_cast<float*>(out.raw());
         const std::int64_t n = w.numel();
+        // Row by row in parallel: every row's result is independent of the split
+        // (the RMS is a sum in row order; the noise is the same for every thread
+        // count, rng.hpp).
+        const std::int64_t rows = w.dim(0), cols = w.dim(1);
         if (sub_.perturb > 0) {
+            std::vector<double> row_sumsq(static_cast<std::size_t>(rows));
+#pragma omp parallel for schedule(static)
+            for (std::int64_t r = 0; r < rows; ++r) {
+                double acc = 0;
+                for (std::int64_t c = 0; c < cols; ++c) acc += w.at(r * cols + c) * w.at(r * cols + c);
+                row_sumsq[static_cast<std::size_t>(r)] = acc;
+            }
             double sumsq = 0;
-            for (std::int64_t i = 0; i < n; ++i) sumsq += w.at(i) * w.at(i);
+            for (double x : row_sumsq) sumsq += x;
             const double sd = sub_.perturb * std::sqrt(sumsq / static_cast<double>(std::max<std::int64_t>(n, 1)));
             const Tensor noise =
-                seeded_normal(sub_.perturb_seed, "substitution/perturb/" + role.stream, w.shape, 0.0, 1.0, DType::f64, 1);
-            for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(w.at(i) + sd * noise.at(i));
+                seeded_normal(sub_.perturb_seed, "substitution/perturb/" + role.stream, w.shape, 0.0, 1.0, DType::f64, 0);
+            const double* z = noise.as<double>();
+#pragma omp parallel for schedule(static)
+            for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(w.at(i) + sd * z[i]);
         } else {
+#pragma omp parallel for schedule(static)
             for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(w.at(i));
         }
-        if (role.quantise && sub_.requant) requantize_rows(*sub_.requant, v, v, w.dim(0), w.dim(1));
+        if (role.quantise && sub_.requant) {
+            const GgmlType target = *sub_.requant;
+#pragma omp parallel for schedule(dynamic, 16)
+            for (std::int64_t r = 0; r < rows; ++r) requantize_rows(target, v + r * cols, v + r * cols, 1, cols);
+        }
         return out;
     }
 
