@@ -10,6 +10,8 @@
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
+#include "kvasir/audit/audit_plan.hpp"
+#include "kvasir/audit/slurm.hpp"
 #include "kvasir/model/model.hpp"
 #include "kvasir/report/audit_json.hpp"
 #include "kvasir/report/audit_text.hpp"
@@ -46,6 +48,9 @@ struct AuditOptions {
     std::optional<double> node_timeout_s, node_memory_gib;
     std::optional<int> jobs;
     std::string resume;  // --resume DIR
+    std::string slurm;   // --slurm DIR: write the Slurm jobs instead of running
+    bool slurm_submit = false;
+    SlurmOptions slurm_options;
     PerplexityFlags perplexity;
     ReportOptions report;
 };
@@ -85,6 +90,70 @@ std::string self_executable() {
     return p.string();
 }
 
+IsolationOptions isolation_options(const AuditOptions& opt, const Protocol& protocol, const Model& model) {
+    IsolationOptions iso;
+    iso.executable = self_executable();
+    iso.protocol_path = protocol.source;
+    iso.protocol_arguments = perplexity_overrides(opt.perplexity).arguments();  // the children apply them too
+    iso.model_path = model.path();
+    iso.node_timeout_s = opt.node_timeout_s.value_or(protocol.limits.node_timeout_s > 0 ? protocol.limits.node_timeout_s : 1800.0);
+    iso.node_memory_gib =
+        opt.node_memory_gib.value_or(protocol.limits.node_memory_gib > 0 ? protocol.limits.node_memory_gib : default_node_memory_gib());
+    iso.resume_dir = opt.resume;
+    return iso;
+}
+
+// audit --slurm: the nodes as Slurm jobs (audit/slurm.hpp). Nothing runs and
+// no node is started here — the machine that writes the jobs need not have
+// the devices; the plan is made (tokens read, steps checked) so that a bad
+// protocol fails now, not in the queue.
+void write_slurm_audit(const AuditOptions& opt, const Protocol& protocol, const Model& model, const AuditConfig& cfg,
+                       const std::vector<std::string>& given, const std::string& reference) {
+    (void)detail::make_audit_plan(cfg);
+    std::vector<std::string> specs{BackendSpec::parse(reference).canonical()};
+    for (const std::string& s : given) {
+        const std::string c = BackendSpec::parse(s).canonical();
+        KVASIR_CHECK(c == specs[0] || std::find(specs.begin() + 1, specs.end(), c) == specs.end(), ErrorCode::bad_input,
+                     "node '{}' given twice", c);
+        if (c != specs[0]) specs.push_back(c);
+    }
+    IsolationOptions iso = isolation_options(opt, protocol, model);
+    // Paths every machine of the cluster resolves alike (an empty protocol path is the embedded default).
+    if (!iso.protocol_path.empty()) iso.protocol_path = std::filesystem::absolute(iso.protocol_path).string();
+    if (!iso.model_path.empty()) iso.model_path = std::filesystem::absolute(iso.model_path).string();
+    const std::string dir = std::filesystem::absolute(opt.slurm).lexically_normal().string();
+    std::vector<std::string> compare{"--protocol", iso.protocol_path, "--reference", specs[0], "--gate", opt.report.gate};
+    if (!cfg.only_steps.empty()) compare.insert(compare.end(), {"--only-steps", fmt::format("{}", fmt::join(cfg.only_steps, ","))});
+    std::vector<std::string> contrast = cfg.contrast_nodes;
+    // The default list's precision-mismatch contrast, as the local audit shows it.
+    if (opt.nodes.backends.empty() && std::find(specs.begin(), specs.end(), "cpu:acc=f16") != specs.end())
+        contrast.push_back("cpu:acc=f16");
+    for (const std::string& c : contrast) compare.insert(compare.end(), {"--contrast", c});
+    compare.insert(compare.end(), iso.protocol_arguments.begin(), iso.protocol_arguments.end());
+    const auto out = [&](const char* option, const std::string& path, const char* fallback) {
+        const std::string p = path.empty() ? (fallback ? (std::filesystem::path(dir) / fallback).string() : "")
+                                           : std::filesystem::absolute(path).string();
+        if (!p.empty()) compare.insert(compare.end(), {option, p});
+    };
+    out("--output", opt.report.output.output_file, "report.json");
+    out("--markdown", opt.report.files.markdown, nullptr);
+    out("--html", opt.report.files.html, nullptr);
+    out("--junit", opt.report.files.junit, nullptr);
+    const std::uint64_t seed = cfg.seed.value_or(protocol.seed);
+    SlurmOptions so = opt.slurm_options;
+    so.dir = dir;
+    const SlurmJobs jobs = write_slurm_jobs(iso, specs, 0, seed, cfg.only_steps, compare, so);
+    std::printf("%zu nodes as Slurm jobs in %s:\n", specs.size(), jobs.dir.c_str());
+    for (const std::string& f : jobs.files) std::printf("  %s\n", f.c_str());
+    if (!opt.slurm_submit) {
+        std::printf("submit with: %s\n", jobs.submit.c_str());
+        return;
+    }
+    std::fflush(stdout);
+    const int rc = std::system(shell_quote(jobs.submit).c_str());
+    KVASIR_CHECK(rc == 0, ErrorCode::backend_failure, "--slurm-submit: {} failed (status {})", jobs.submit, rc);
+}
+
 void run_audit_command(const AuditOptions& opt) {
     check_report_outputs(opt.report);  // before anything runs: a misused output costs no audit
     const Protocol protocol = load_run_protocol(opt.protocol, !opt.model.empty(), opt.perplexity);
@@ -115,8 +184,12 @@ void run_audit_command(const AuditOptions& opt) {
         specs.push_back(protocol.floor);
         floor_added = true;
     }
-    Nodes nodes = create_nodes(specs, node_opts.reference, &model, &cfg.failed_nodes);
     if (floor_added) cfg.contrast_nodes.push_back(protocol.floor);
+    if (!opt.slurm.empty()) {
+        write_slurm_audit(opt, protocol, model, cfg, specs, node_opts.reference);
+        return;
+    }
+    Nodes nodes = create_nodes(specs, node_opts.reference, &model, &cfg.failed_nodes);
     cfg.progress = progress_printer();
     // The default list's precision-mismatch contrast is shown, not gated,
     // unless the user asked for it by name.
@@ -128,15 +201,7 @@ void run_audit_command(const AuditOptions& opt) {
     if (opt.in_process) {
         run = run_audit(cfg, nodes.nodes, nodes.reference);
     } else {
-        IsolationOptions iso;
-        iso.executable = self_executable();
-        iso.protocol_path = protocol.source;
-        iso.protocol_arguments = perplexity_overrides(opt.perplexity).arguments();  // the children apply them too
-        iso.model_path = model.path();
-        iso.node_timeout_s = opt.node_timeout_s.value_or(protocol.limits.node_timeout_s > 0 ? protocol.limits.node_timeout_s : 1800.0);
-        iso.node_memory_gib =
-            opt.node_memory_gib.value_or(protocol.limits.node_memory_gib > 0 ? protocol.limits.node_memory_gib : default_node_memory_gib());
-        iso.resume_dir = opt.resume;
+        IsolationOptions iso = isolation_options(opt, protocol, model);
         std::vector<std::string> started;  // the nodes as they named themselves
         for (const auto& n : nodes.nodes) started.push_back(n->capabilities().node);
         iso.jobs = opt.jobs.value_or(default_isolation_jobs(started.size(), model_weight_bytes(model)));
@@ -237,6 +302,20 @@ void set_audit_command(CLI::App& app) {
                     "Resident host-memory limit of each node's process, GiB (default: the protocol's "
                     "limits.node_memory_gib, else 90% of this machine's memory)")
         ->check(positive("--node-memory", "GiB"));
+    cmd->add_option("--slurm", opt->slurm,
+                    "Run nothing here: write the audit as Slurm jobs into DIR, a folder every machine of the cluster "
+                    "sees — a job array of the nodes' captures (device nodes, cuda and hip, in their own array with "
+                    "--slurm-device-sbatch) and a compare job after them that writes DIR/report.json (and the "
+                    "--markdown/--html/--junit files) and ends with the audit's exit status; then DIR/submit.sh "
+                    "submits them")
+        ->excludes(cmd->get_option("--in-process"))
+        ->excludes(cmd->get_option("--resume"));
+    cmd->add_flag("--slurm-submit", opt->slurm_submit, "With --slurm: run DIR/submit.sh (sbatch on PATH)");
+    cmd->add_option("--slurm-sbatch", opt->slurm_options.sbatch,
+                    "With --slurm: sbatch options for every job, e.g. \"--partition=cpu --time=4:00:00\"");
+    cmd->add_option("--slurm-device-sbatch", opt->slurm_options.device_sbatch,
+                    "With --slurm: sbatch options added for the device nodes' array")
+        ->capture_default_str();
     add_perplexity_flags(*cmd, opt->perplexity, "; overrides the protocol's steps.perplexity");
     add_timings_flag(*cmd, opt->timings,
                      "the load phase, then per step its wall seconds, the seconds inside each backend and the rest "

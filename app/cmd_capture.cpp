@@ -96,6 +96,7 @@ struct CompareOptions {
     PerplexityFlags perplexity;
     ReportOptions report;
     bool timings = false;
+    std::vector<std::string> contrast;
 };
 
 void run_compare(const CompareOptions& o) {
@@ -123,6 +124,7 @@ void run_compare(const CompareOptions& o) {
     cc.protocol = &protocol;
     cc.gate = parse_gate(o.report.gate);
     cc.only_steps = split_commas(o.only_steps);
+    cc.contrast_nodes = o.contrast;
     emit_report(compare_captures(cc, ptrs, ref), o.report);
     if (o.timings) std::fputs(render_timings(timings_of_captures(ptrs, {})).c_str(), stderr);
 }
@@ -176,6 +178,9 @@ void set_compare_command(CLI::App& app) {
                     "protocols/*.json whose hash the captures carry)");
     cmd->add_option("-r,--reference", opt->reference, "Node every other node is compared with (default: cpu-ref if captured, else the first)");
     cmd->add_option("--only-steps", opt->only_steps, "Judge only these steps, comma separated (e.g. ops for numpy/torch nodes)");
+    cmd->add_option("--contrast", opt->contrast,
+                    "A node shown with its verdict but not gated (the exit status ignores it), as audit shows the "
+                    "default list's cpu:acc=f16; repeatable");
     add_perplexity_flags(*cmd, opt->perplexity, "; as given to the capture commands");
     add_report_options(*cmd, opt->report);
     add_timings_flag(*cmd, opt->timings,

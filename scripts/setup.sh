@@ -19,6 +19,8 @@ KVASIR_BUILD_TYPE="${KVASIR_BUILD_TYPE:-Release}"
 # normalization forms; libomp-dev is clang's OpenMP for the fuzz build (the
 # whole library, sanitized). Chromium (headless) renders the HTML report in its browser test
 # (tests/cli/test_html_report.sh), in the DejaVu fonts the page asks for.
+# slurm-wlm and munge make the one-machine Slurm cluster on which
+# tests/cli/test_slurm.sh runs an audit as a job array (audit --slurm).
 KVASIR_PACKAGES=(
   cmake ninja-build g++ pkg-config git
   libcli11-dev nlohmann-json3-dev libfmt-dev libgtest-dev libbenchmark-dev
@@ -30,6 +32,7 @@ KVASIR_PACKAGES=(
   libpcre2-dev libutf8proc-dev
   python3-jsonschema python3-numpy python3-venv
   chromium fonts-dejavu-core
+  slurm-wlm munge
 )
 
 # Installs the missing ones quietly: apt's and dpkg's output goes to

@@ -222,6 +222,25 @@ int default_isolation_jobs(std::size_t nodes, std::uint64_t model_bytes) {
     return static_cast<int>(jobs);
 }
 
+std::vector<std::string> node_capture_argv(const IsolationOptions& opt, const std::vector<std::string>& specs,
+                                           std::size_t i, std::size_t reference, std::uint64_t seed,
+                                           const std::vector<std::string>& steps, const std::string& output,
+                                           const std::string& decisions_dir) {
+    std::vector<std::string> argv{opt.executable, "capture",
+                                  "--backend",    specs[i],
+                                  "--authority",  specs[reference],
+                                  "--protocol",   opt.protocol_path,
+                                  "--model",      opt.model_path,
+                                  "--seed",       std::to_string(seed),
+                                  "--output",     output};
+    if (!steps.empty()) argv.insert(argv.end(), {"--steps", fmt::format("{}", fmt::join(steps, ","))});
+    // The reference's process decides once for all: the others read its
+    // decisions (routing, anchors, tokens) instead of running it again.
+    argv.insert(argv.end(), {i == reference ? "--decisions-out" : "--decisions-in", decisions_dir});
+    argv.insert(argv.end(), opt.protocol_arguments.begin(), opt.protocol_arguments.end());
+    return argv;
+}
+
 AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string>& specs, std::size_t reference,
                             const IsolationOptions& opt) {
     KVASIR_ASSERT(ac.protocol != nullptr && ac.model != nullptr && reference < specs.size());
@@ -307,18 +326,8 @@ AuditRun run_audit_isolated(const AuditConfig& ac, const std::vector<std::string
         }
         if (reused[i]) return;
         const std::string file = (dir.path / (stem(i) + ".safetensors")).string();
-        std::vector<std::string> argv{opt.executable, "capture",
-                                      "--backend",    specs[i],
-                                      "--authority",  specs[reference],
-                                      "--protocol",   opt.protocol_path,
-                                      "--model",      opt.model_path,
-                                      "--seed",       std::to_string(plan.seed),
-                                      "--output",     file};
-        if (!ac.only_steps.empty()) argv.insert(argv.end(), {"--steps", fmt::format("{}", fmt::join(plan.steps, ","))});
-        // The reference's process decides once for all: the others read its
-        // decisions (routing, anchors, tokens) instead of running it again.
-        argv.insert(argv.end(), {i == reference ? "--decisions-out" : "--decisions-in", decisions});
-        argv.insert(argv.end(), opt.protocol_arguments.begin(), opt.protocol_arguments.end());
+        const std::vector<std::string> argv = node_capture_argv(
+            opt, specs, i, reference, plan.seed, ac.only_steps.empty() ? std::vector<std::string>{} : plan.steps, file, decisions);
         const std::string failure = (dir.path / (stem(i) + ".failure")).string();
         outcomes[i] = run_child(argv, (dir.path / (stem(i) + ".err")).string(), opt.node_timeout_s, opt.node_memory_gib, failure,
                                 &cancel);

@@ -88,6 +88,17 @@ struct ChildOutcome {
 ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& stderr_path, double timeout_s,
                        double memory_gib, const std::string& failure_path = "", const std::atomic<bool>* cancel = nullptr);
 
+// The command line of node i's process (this tool's `capture`): the node
+// with the reference as its authority, the run's protocol, model and seed,
+// `steps` (empty: the protocol's), its capture written to `output`; the
+// reference writes its decisions into `decisions_dir`, every other node
+// reads them from there (waiting for each). What an isolated audit runs, and
+// what a Slurm job array runs (audit --slurm).
+std::vector<std::string> node_capture_argv(const IsolationOptions& options, const std::vector<std::string>& specs,
+                                           std::size_t i, std::size_t reference, std::uint64_t seed,
+                                           const std::vector<std::string>& steps, const std::string& output,
+                                           const std::string& decisions_dir);
+
 // `specs` are node specs, specs[reference] the reference; config.failed_nodes
 // (nodes that could not even be created) are appended as errors.
 AuditRun run_audit_isolated(const AuditConfig& config, const std::vector<std::string>& specs, std::size_t reference,
