@@ -84,14 +84,12 @@ void add_view_options(CLI::App& cmd, ViewOptions& o, const char* tokens_help) {
 // the nodes once created (decide's --perturb-router).
 using WrapNodes = std::function<void(std::vector<std::unique_ptr<Backend>>& nodes, std::size_t reference)>;
 void run_view_command(const ViewOptions& o, const Model& model, StepView view, const WrapNodes& wrap = {}) {
-    // A task reads its items, not a token stream.
-    const TokenSequence tokens = view.step == "task" ? TokenSequence{{}, "none (the task's items)"}
-                                                     : resolve_tokens(model, TokenOptions{o.tokens_file, o.text_file, o.tokenizer,
-                                                                                          o.tokens, o.seed, 24});
+    const TokenSequence tokens = !view.reads_tokens ? TokenSequence{{}, fmt::format("none (the {}'s items)", view.step)}
+                                                    : resolve_tokens(model, TokenOptions{o.tokens_file, o.text_file, o.tokenizer,
+                                                                                         o.tokens, o.seed, 24});
     view.repeat = o.repeat;
     view.settings["seed"] = o.seed;
-    // The task's tolerances live in the protocol that runs a task (trained.json); every other step's in default.json.
-    const Protocol base = load_protocol(!o.protocol.empty() ? o.protocol : default_protocol_path(view.step != "task"));
+    const Protocol base = load_protocol(!o.protocol.empty() ? o.protocol : default_protocol_path(view.default_base));
     const Protocol protocol = view_protocol(base, view, tokens);
     check_report_outputs(o.report);
     Nodes nodes = create_nodes(o.nodes, &model);
@@ -281,13 +279,16 @@ void set_task_command(CLI::App& app) {
         const std::string sha = sha256_hex(read_text_file(opt->items));
         const std::string items = opt->items;
         const bool authority = !opt->no_authority;
+        // A task reads its items, not a token stream; its tolerances live in
+        // the protocol that runs a task (trained.json).
         run_view_command(opt->view, model,
                          StepView{"task", false, {{"items", items}, {"sha256", sha}, {"router_authority", authority}},
                                   [items, sha, authority](Protocol& p) {
                                       p.task.path = p.task.resolved_path = items;
                                       p.task.sha256 = sha;
                                       p.task.router_authority = authority;
-                                  }});
+                                  },
+                                  /*reads_tokens=*/false, /*default_base=*/false});
     });
 }
 

@@ -32,6 +32,13 @@ struct StepView {
     // Sets the step's section of the view protocol from the command's
     // options (threshold, n, context, …); optional.
     std::function<void(Protocol&)> configure;
+    // The step reads a token stream (the command's --tokens, --text, … or the
+    // model's reference prompt); false: it reads its own items (task).
+    bool reads_tokens = true;
+    // The base protocol when the command names none: protocols/default.json,
+    // or (false) protocols/trained.json, the protocol whose tolerances
+    // include a task's.
+    bool default_base = true;
 };
 
 // `base` with only the view's step (and determinism with repeat) running,

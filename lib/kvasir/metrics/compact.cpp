@@ -13,7 +13,7 @@ namespace kvasir {
 
 namespace {
 
-void check_pair(const char* what, const TensorView& ids, const TensorView& values) {
+void check_ids_values(const char* what, const TensorView& ids, const TensorView& values) {
     KVASIR_CHECK(ids.rank() == 2 && ids.dtype == DType::i32 && values.shape == ids.shape && dtype_is_float(values.dtype),
                  ErrorCode::bad_input, "{}: ids {} ({}) and values {} must be [N, K] i32 and a float of the same shape",
                  what, shape_str(ids.shape), dtype_name(ids.dtype), shape_str(values.shape));
@@ -80,8 +80,8 @@ Fingerprint hidden_fingerprint(const TensorView& hidden) {
 
 std::vector<double> top_logprob_delta(const TensorView& ref_ids, const TensorView& ref_logprobs,
                                       const TensorView& cand_ids, const TensorView& cand_logprobs) {
-    check_pair("top log-probabilities", ref_ids, ref_logprobs);
-    check_pair("top log-probabilities", cand_ids, cand_logprobs);
+    check_ids_values("top log-probabilities", ref_ids, ref_logprobs);
+    check_ids_values("top log-probabilities", cand_ids, cand_logprobs);
     KVASIR_CHECK(ref_ids.dim(0) == cand_ids.dim(0), ErrorCode::bad_input,
                  "top log-probabilities: {} and {} positions", ref_ids.dim(0), cand_ids.dim(0));
     const std::int64_t t_count = ref_ids.dim(0), kr = ref_ids.dim(1), kc = cand_ids.dim(1);
@@ -109,8 +109,8 @@ std::vector<double> top_logprob_delta(const TensorView& ref_ids, const TensorVie
 
 std::vector<double> fingerprint_rel(const TensorView& ref_index, const TensorView& ref_value, const TensorView& cand_index,
                                     const TensorView& cand_value) {
-    check_pair("fingerprint", ref_index, ref_value);
-    check_pair("fingerprint", cand_index, cand_value);
+    check_ids_values("fingerprint", ref_index, ref_value);
+    check_ids_values("fingerprint", cand_index, cand_value);
     KVASIR_CHECK(ref_index.shape == cand_index.shape, ErrorCode::bad_input, "fingerprint: shapes {} and {} differ",
                  shape_str(ref_index.shape), shape_str(cand_index.shape));
     const std::int64_t chunks = ref_index.dim(0), k = ref_index.dim(1);
