@@ -3,6 +3,7 @@
 // flip at position k → first divergence k; a KL computed by hand; the
 // perplexity of a uniform distribution over V is V; NaN never agrees or
 // passes; a relative L2 by hand.
+#include "kvasir/core/error.hpp"
 #include "kvasir/core/rng.hpp"
 #include "kvasir/metrics/logits.hpp"
 
@@ -94,6 +95,17 @@ TEST(LogitMetrics, PerplexityOfAUniformDistributionIsV) {
         for (double x : nll) EXPECT_NEAR(x, std::log(static_cast<double>(v)), 1e-12);
         EXPECT_NEAR(perplexity_from_nll(nll) / static_cast<double>(v), 1.0, 1e-12) << v;
     }
+}
+
+// The argmax tokens a compact capture keeps are judged as the rows they came
+// from: a −1 (an all-NaN row) agrees with nothing, not even another −1.
+TEST(LogitMetrics, TokenAgreementByHand) {
+    const std::vector<std::int32_t> ref{1, 2, -1, 4}, cand{1, 3, -1, 4};
+    const Fraction f = token_agreement(ref, cand);
+    EXPECT_EQ(f.successes, 2);
+    EXPECT_EQ(f.n, 4);
+    const std::vector<std::int32_t> shorter{1};
+    EXPECT_THROW(token_agreement(ref, shorter), Error);
 }
 
 TEST(LogitMetrics, NanNeverAgreesOrPasses) {

@@ -145,9 +145,7 @@ public:
         const std::vector<std::int32_t> a = int_vector(ref.view("decide.free.top1")), b = int_vector(c.view("decide.free.top1"));
         KVASIR_CHECK(a.size() == b.size() && !a.empty(), ErrorCode::bad_input, "{}: {} free top-1 tokens, the reference has {}",
                      c.origin(), b.size(), a.size());
-        std::int64_t same = 0;
-        for (std::size_t t = 0; t < a.size(); ++t) same += a[t] == b[t];
-        return binomial(same, static_cast<std::int64_t>(a.size()));
+        return token_agreement(a, b);
     }
 
     // Top-1 agreement of the pinned runs (as metrics' top1_agreement: an
@@ -161,9 +159,7 @@ public:
         const std::vector<std::int32_t> a = top1(ref), b = top1(c);
         KVASIR_CHECK(a.size() == b.size() && !a.empty(), ErrorCode::bad_input, "{}: {} pinned top-1 tokens, the reference has {}",
                      c.origin(), b.size(), a.size());
-        std::int64_t same = 0;
-        for (std::size_t t = 0; t < a.size(); ++t) same += a[t] >= 0 && a[t] == b[t];
-        return binomial(same, static_cast<std::int64_t>(a.size()));
+        return token_agreement(a, b);
     }
 
     static nlohmann::ordered_json free_running_node(const NodeOutputs& ref, const NodeOutputs& c, const std::vector<TensorView>& rids,

@@ -103,10 +103,14 @@ std::vector<double> top_margins(const TensorView& logits) {
 
 Fraction top1_agreement(const TensorView& ref_logits, const TensorView& cand_logits) {
     check_pair("top-1 agreement", ref_logits, cand_logits);
-    const auto a = argmax_rows(ref_logits), b = argmax_rows(cand_logits);
+    return token_agreement(argmax_rows(ref_logits), argmax_rows(cand_logits));
+}
+
+Fraction token_agreement(std::span<const std::int32_t> ref, std::span<const std::int32_t> cand) {
+    KVASIR_CHECK(ref.size() == cand.size(), ErrorCode::bad_input, "token agreement: {} and {} tokens", ref.size(), cand.size());
     std::int64_t same = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) same += (a[i] >= 0 && a[i] == b[i]) ? 1 : 0;
-    return binomial(same, static_cast<std::int64_t>(a.size()));
+    for (std::size_t i = 0; i < ref.size(); ++i) same += (ref[i] >= 0 && ref[i] == cand[i]) ? 1 : 0;
+    return binomial(same, static_cast<std::int64_t>(ref.size()));
 }
 
 std::int64_t first_divergence(std::span<const std::int32_t> ref, std::span<const std::int32_t> cand) {

@@ -30,6 +30,9 @@ std::vector<double> top_margins(const TensorView& logits);
 // Fraction of rows whose argmax agrees, with its binomial σ. Shapes must
 // match and be [T, V] (bad_input otherwise). A −1 (all-NaN) row never agrees.
 Fraction top1_agreement(const TensorView& ref_logits, const TensorView& cand_logits);
+// The same from the argmax tokens themselves (argmax_rows, or what a capture
+// kept of them): equal lengths (bad_input otherwise); a −1 never agrees.
+Fraction token_agreement(std::span<const std::int32_t> ref, std::span<const std::int32_t> cand);
 
 // First index where two token sequences differ; −1 when they agree on their
 // common length and have the same length; the shorter length when one is a
