@@ -47,7 +47,9 @@
 
 #include <fmt/format.h>
 
+#include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 
 namespace kvasir {
@@ -108,6 +110,7 @@ public:
         j["compared"] = std::string("per position: L∞ and L2 of the logit delta and KL(P_ref ‖ P_cand) (full rows), "
                                     "|Δ log p| at the tokens in both top-Ks; the final hidden states' fingerprints; ") +
                         (p.logits.router_authority ? "routing pinned by the reference" : "each node running its own router");
+        std::map<int, CompactRows> ref_top;
         j["results"] = for_each_candidate(in, led, "logits", [&](std::size_t i) {
             const NodeOutputs& cand = *in.nodes[i];
             nlohmann::ordered_json e{{"node", cand.node()}};
@@ -132,16 +135,17 @@ public:
             const int k = !cand_full ? static_cast<int>(cand.view("logits.top_ids").dim(1))
                           : !ref_full ? static_cast<int>(ref.view("logits.top_ids").dim(1))
                                       : kCompactDefaultTopK;
-            const auto top = [k](const NodeOutputs& n, Tensor& ids, Tensor& lp) {
+            // The reference's full rows are reduced once per K, not once per candidate.
+            if (ref_full && !ref_top.count(k)) ref_top.emplace(k, compact_rows(ref.view("logits.logits"), k));
+            const auto top = [k](const NodeOutputs& n, std::optional<CompactRows>& held) {
                 if (!n.has("logits.logits")) return std::pair{n.view("logits.top_ids"), n.view("logits.top_logprobs")};
-                CompactRows c = compact_rows(n.view("logits.logits"), k);
-                ids = std::move(c.ids);
-                lp = std::move(c.logprobs);
-                return std::pair{ids.view(), lp.view()};
+                held = compact_rows(n.view("logits.logits"), k);
+                return std::pair{held->ids.view(), held->logprobs.view()};
             };
-            Tensor ri, rl, ci, cl;
-            const auto [ref_ids, ref_lp] = top(ref, ri, rl);
-            const auto [cand_ids, cand_lp] = top(cand, ci, cl);
+            std::optional<CompactRows> cand_held;
+            const auto [ref_ids, ref_lp] = ref_full ? std::pair{ref_top.at(k).ids.view(), ref_top.at(k).logprobs.view()}
+                                                    : std::pair{ref.view("logits.top_ids"), ref.view("logits.top_logprobs")};
+            const auto [cand_ids, cand_lp] = top(cand, cand_held);
             const Summary dlp = summarize(top_logprob_delta(ref_ids, ref_lp, cand_ids, cand_lp));
             led.measure(i, "logits", "logits.top_logprob_delta_max", dlp.max);
             e["top_logprob_delta"] = to_json(dlp);
