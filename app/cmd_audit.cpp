@@ -299,8 +299,9 @@ void set_audit_command(CLI::App& app) {
                     "reference once and audit more nodes against it later. Not with --in-process")
         ->excludes(cmd->get_option("--in-process"));
     cmd->add_option("--node-memory", opt->node_memory_gib,
-                    "Resident host-memory limit of each node's process, GiB (default: the protocol's "
-                    "limits.node_memory_gib, else 90% of this machine's memory)")
+                    "Host-memory limit of each node's process on the memory it owns (anonymous + shared; the "
+                    "pages of mapped weights are the kernel's to reclaim and do not count), GiB (default: the "
+                    "protocol's limits.node_memory_gib, else 90% of this machine's memory)")
         ->check(positive("--node-memory", "GiB"));
     cmd->add_option("--slurm", opt->slurm,
                     "Run nothing here: write the audit as Slurm jobs into DIR, a folder every machine of the cluster "

@@ -1,6 +1,7 @@
 #include "kvasir/audit/capture.hpp"
 
 #include "kvasir/core/error.hpp"
+#include "kvasir/core/process_memory.hpp"
 #include "kvasir/model/safetensors_writer.hpp"
 #include "kvasir/backend/capabilities_json.hpp"
 #include "kvasir/core/tool_info.hpp"
@@ -247,6 +248,7 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
     const bool self = &node == &authority || node.capabilities().node == authority.capabilities().node;
     const Model& model = *ac.model;
     const StepEnv env{&p, &plan, &model};
+    const PeakMemoryWatch memory;
     using Mode = SharedDecisions::Mode;
     KVASIR_CHECK(shared.mode != Mode::read || !self, ErrorCode::bad_input,
                  "{} is the authority: it decides, it does not read decisions", node.capabilities().node);
@@ -332,6 +334,7 @@ CaptureData capture_node(const AuditConfig& ac, Backend& node, Backend& authorit
     m["step_seconds"] = seconds.dump();
     // The capturing process's peak resident memory (an audit's node process: the node's own).
     if (rusage ru{}; ::getrusage(RUSAGE_SELF, &ru) == 0) m["peak_rss_bytes"] = std::to_string(static_cast<std::uint64_t>(ru.ru_maxrss) * 1024);
+    m["peak_own_bytes"] = std::to_string(memory.peak_own());
     if (const auto cache = node.weight_cache_stats()) m["weight_cache"] = to_json(*cache).dump();
     if (const auto transfers = node.transfer_stats()) {
         m["transfers"] = to_json(*transfers).dump();
@@ -378,11 +381,15 @@ RunTimings timings_of_metadata(const std::vector<NodeMetadata>& captures, std::v
         t.steps.push_back(std::move(st));
     }
     for (const NodeMetadata& c : captures) {
-        if (const auto rss = note(c, "peak_rss_bytes")) {
+        const auto bytes_note = [&](const char* key) -> std::optional<std::uint64_t> {
+            const auto text = note(c, key);
             std::uint64_t bytes = 0;
-            const auto [end, ec] = std::from_chars(rss->data(), rss->data() + rss->size(), bytes);
-            if (ec == std::errc() && end == rss->data() + rss->size()) t.peak_rss.emplace_back(c.node, bytes);
-        }
+            if (!text) return std::nullopt;
+            const auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), bytes);
+            if (ec != std::errc() || end != text->data() + text->size()) return std::nullopt;
+            return bytes;
+        };
+        if (const auto rss = bytes_note("peak_rss_bytes")) t.peak_memory.push_back({c.node, bytes_note("peak_own_bytes").value_or(0), *rss});
         if (const auto j = note(c, "weight_cache"))
             if (const auto stats = weight_cache_stats_from_json(nlohmann::json::parse(*j, nullptr, false)))
                 t.weight_caches.emplace_back(c.node, *stats);

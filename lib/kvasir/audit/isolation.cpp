@@ -1,4 +1,5 @@
 #include "kvasir/audit/isolation.hpp"
+#include "kvasir/core/process_memory.hpp"
 
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/capture.hpp"
@@ -34,20 +35,6 @@ namespace kvasir {
 namespace {
 
 // Resident memory of `pid` in bytes (0 when unknown or gone).
-std::uint64_t resident_bytes(pid_t pid) {
-    std::ifstream in(fmt::format("/proc/{}/status", pid));
-    std::string key;
-    while (in >> key) {
-        if (key == "VmRSS:") {
-            std::uint64_t kib = 0;
-            in >> kib;
-            return kib * 1024;
-        }
-        in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
-    }
-    return 0;
-}
-
 // The last non-empty line of a child's stderr, without our own prefix.
 std::string last_line(const std::string& path) {
     std::ifstream in(path);
@@ -168,13 +155,17 @@ ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& 
         if (r == pid) break;
         if (r < 0 && errno != EINTR) fail(ErrorCode::backend_failure, "waitpid: {}", std::strerror(errno));
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const double rss = static_cast<double>(resident_bytes(pid));
-        out.peak_rss_gib = std::max(out.peak_rss_gib, rss / (1024.0 * 1024.0 * 1024.0));
+        // The limit is on the memory the child owns: the pages of its mapped
+        // weights are page cache the kernel reclaims (a model larger than RAM
+        // keeps its resident size near the machine's memory by design).
+        const auto mem = process_memory(pid);
+        const double own = mem ? static_cast<double>(mem->own) : 0.0;
+        out.peak_own_gib = std::max(out.peak_own_gib, own / (1024.0 * 1024.0 * 1024.0));
         if (killed_for.empty() && cancel != nullptr && cancel->load()) killed_for = "cancelled: the audit failed on another node";
         if (killed_for.empty() && elapsed > timeout_s) killed_for = fmt::format("timed out after {:g} s", timeout_s);
-        if (killed_for.empty() && rss > limit_bytes)
-            killed_for = fmt::format("exceeded {:g} GiB of resident memory ({:.2f} GiB when stopped)", memory_gib,
-                                     rss / (1024.0 * 1024.0 * 1024.0));
+        if (killed_for.empty() && own > limit_bytes)
+            killed_for = fmt::format("exceeded {:g} GiB of memory of its own ({:.2f} GiB when stopped; mapped weights "
+                                     "not counted)", memory_gib, own / (1024.0 * 1024.0 * 1024.0));
         if (!killed_for.empty()) {
             ::kill(-pid, SIGKILL);
             ::kill(pid, SIGKILL);

@@ -49,7 +49,7 @@ struct IsolationOptions {
     std::vector<std::string> protocol_arguments;  // options each child applies to it (--score, --kl-divergence)
     std::string model_path;
     double node_timeout_s = 1800;  // wall-clock limit per node, > 0
-    double node_memory_gib = 0;    // resident-memory limit per node, > 0
+    double node_memory_gib = 0;    // limit per node on its own memory (process_memory.hpp), > 0
     int jobs = 1;                  // non-reference nodes run at once, ≥ 1
     // Keep every node's capture and the reference's decisions in this folder
     // (created if absent) instead of a temporary one; a later run given the
@@ -72,7 +72,7 @@ struct ChildOutcome {
     int exit_code = -1;       // when it exited
     std::string reason;       // one line when !ok
     double seconds = 0;
-    double peak_rss_gib = 0;  // the largest VmRSS seen
+    double peak_own_gib = 0;  // the most memory of its own seen (process_memory.hpp: mapped weights not counted)
     // What the child's main() said ended it (app/main.cpp writes the file
     // named by KVASIR_FAILURE_FILE): "internal", "bad input", ...; empty when
     // it said nothing (killed, crashed).
@@ -81,7 +81,9 @@ struct ChildOutcome {
 
 // Runs `argv` (argv[0] = the program) with stdout discarded and stderr into
 // `stderr_path`, in its own process group, polling every 10 ms; kills the
-// group (SIGKILL) past `timeout_s` or `memory_gib` of resident memory.
+// group (SIGKILL) past `timeout_s` or `memory_gib` of memory of its own
+// (process_memory.hpp: anonymous + shared; the pages of mapped weight files
+// are not counted — the kernel reclaims them).
 // `failure_path` (optional) is passed as KVASIR_FAILURE_FILE.
 // `cancel` (optional): when it becomes true the child is killed the same way
 // ("cancelled: …", the audit has already failed elsewhere).

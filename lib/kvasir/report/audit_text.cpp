@@ -312,9 +312,12 @@ std::string render_timings(const RunTimings& t) {
                            t.nodes_at_once, t.elapsed);
     else if (t.elapsed > 0)
         out += fmt::format("  nodes  one at a time; the audit took {:.2f} s\n", t.elapsed);
-    if (!t.peak_rss.empty()) {
-        std::string line = "  memory peak resident per node process:";
-        for (const auto& [node, bytes] : t.peak_rss) line += fmt::format(" {} {:.2f} GiB,", node, static_cast<double>(bytes) / (1u << 30));
+    if (!t.peak_memory.empty()) {
+        // Its own memory is what stays bounded on a model larger than RAM;
+        // resident adds the mapped weights the kernel happened to keep cached.
+        std::string line = "  memory peak per node process, own / resident with mapped weights:";
+        const auto gib = [](std::uint64_t b) { return static_cast<double>(b) / (1u << 30); };
+        for (const auto& m : t.peak_memory) line += fmt::format(" {} {:.2f} / {:.2f} GiB,", m.node, gib(m.own), gib(m.resident));
         line.back() = '\n';
         out += line;
     }

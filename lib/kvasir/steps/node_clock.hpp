@@ -84,9 +84,14 @@ struct RunTimings {
     // own wall time (0: not measured).
     int nodes_at_once = 1;
     double elapsed = 0;
-    // Each node process's peak resident memory, from its capture (an
-    // isolated audit, compare): node name and bytes.
-    std::vector<std::pair<std::string, std::uint64_t>> peak_rss;
+    // Each node process's peak memory, from its capture (an isolated audit,
+    // compare): bytes of its own (process_memory.hpp; 0 when the capture does
+    // not say) and resident, the mapped weights' page cache included.
+    struct NodeMemory {
+        std::string node;
+        std::uint64_t own = 0, resident = 0;
+    };
+    std::vector<NodeMemory> peak_memory;
 };
 
 // Appends the counters of every node that has them (its weight cache, its
