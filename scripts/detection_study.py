@@ -32,6 +32,16 @@ and per substitution the smallest budget where some model-run statistic reaches 
 against the honest samples: a criterion an honest node failed is a false positive of the
 shipped protocol.
 
+llama.cpp as a node (--llamacpp ROLE:ARGS, repeatable; the model must be a GGUF): per sample
+the reference is captured once more (`capture --steps`), scripts/llamacpp_node.py runs
+llama.cpp with ARGS (its options: `--kv-type f32 --flash-attn off`; empty for llama.cpp's
+defaults) on the same protocol variant, fed the reference's tokens (--reference-capture), and
+`compare --gate none` judges its capture like the audit judges a node. ROLE `honest` puts it
+beside the honest nodes (the zero-false-positive threshold then covers it); `reported`
+measures it like a substitution and lists it apart (llama.cpp's defaults: an f16 KV cache,
+a deployment choice rather than a substitution). llama.cpp runs the steps it can (logits,
+decide, generate, perplexity, determinism); the others are not measured for it.
+
 The output JSON holds every sample's figures; --markdown writes the tables. The numbers
 depend only on the tool's arithmetic (no timing): tests/cli/test_detection_study.sh runs
 a small budget in CI. Python's standard library only.
@@ -43,6 +53,8 @@ import os
 import subprocess
 import sys
 import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 VERDICT_SCORE = {"fit": 0, "unfit-sensitive": 1, "unfit": 2, "error": 3}
 DEFAULT_SUBS = ("cpu:storage=bf16,cpu:requant=q8_0,cpu:requant=q4_k,cpu:requant=mxfp4,cpu:kv=f16,cpu:kv=fp8,"
@@ -126,6 +138,8 @@ def run(args):
     studied = args.steps.split(",")
     budgets = [int(b) for b in args.budgets.split(",")]
     honest, subs = split_nodes(args.honest), split_nodes(args.substitutions)
+    llama = parse_llamacpp(args.llamacpp)
+    honest += [name for role, _, name in llama if role == "honest"]
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         for budget in budgets:
@@ -133,33 +147,96 @@ def run(args):
                 proto = os.path.join(tmp, "p.json")
                 with open(proto, "w", encoding="utf-8") as f:
                     json.dump(protocol_variant(base, base_dir, studied, budget, i, args.samples), f)
-                nodes = [args.reference] + honest + [node_with_seed(s, i) for s in subs]
+                nodes = [args.reference] + [h for h in honest if not h.startswith("llama.cpp")] + [node_with_seed(s, i) for s in subs]
                 out = os.path.join(tmp, "r.json")
                 cmd = [args.kvasir, "audit", "-p", proto, "--steps", args.steps, "--gate", "none", "-o", out,
                        "-b", ",".join(nodes), "-r", args.reference]
                 if args.model:
                     cmd += ["-m", args.model]
                 print(f"budget {budget} sample {i + 1}/{args.samples}: {len(nodes)} nodes", file=sys.stderr, flush=True)
-                r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                if r.returncode != 0:
-                    sys.exit(f"detection_study: audit failed (exit {r.returncode}): {r.stderr.strip()[-2000:]}")
+                must(cmd, "audit")
                 with open(out, encoding="utf-8") as f:
                     report = json.load(f)
-                for n in report["nodes"]:
-                    if n["node"] == report["reference"]:
-                        continue
-                    spec = n["node"].replace(f",perturb_seed={i + 1}", "")
-                    role = "honest" if spec in [json_name(h, report) for h in honest] else "substitution"
-                    crit = {}
-                    for tier in n.get("criteria", {}).values():
-                        for c in tier:
-                            crit.setdefault(c["criterion"], {"value": c["value"] if c.get("measured") else None,
-                                                             "direction": c["direction"], "step": c["step"],
-                                                             "tolerance": {}})
-                            crit[c["criterion"]]["tolerance"][c["tier"]] = {"value": c["tolerance"], "pass": c["pass"]}
-                    records.append({"budget": budget, "sample": i, "node": spec, "role": role, "verdict": n["verdict"],
-                                    "criteria": crit})
+                records += records_of(report, budget, i, lambda spec: "honest" if spec in [json_name(h, report) for h in honest]
+                                      else "substitution")
+                if llama:
+                    records += llamacpp_records(args, llama, proto, studied, budget, i, tmp)
     return base, studied, budgets, honest, subs, records
+
+
+def records_of(report, budget, sample, role_of):
+    """One record per judged node of an audit/compare report (the reference excluded)."""
+    out = []
+    for n in report["nodes"]:
+        if n["node"] == report["reference"]:
+            continue
+        spec = n["node"].replace(f",perturb_seed={sample + 1}", "")
+        crit = {}
+        for tier in n.get("criteria", {}).values():
+            for c in tier:
+                crit.setdefault(c["criterion"], {"value": c["value"] if c.get("measured") else None,
+                                                 "direction": c["direction"], "step": c["step"], "tolerance": {}})
+                crit[c["criterion"]]["tolerance"][c["tier"]] = {"value": c["tolerance"], "pass": c["pass"]}
+        out.append({"budget": budget, "sample": sample, "node": spec, "role": role_of(spec), "verdict": n["verdict"],
+                    "criteria": crit})
+    return out
+
+
+LLAMACPP_STEPS = ("logits", "decide", "generate", "perplexity", "determinism")
+
+
+def parse_llamacpp(specs):
+    """--llamacpp ROLE:ARGS → [(role, [args...], node name)]; the name spells the options out
+    ("llama.cpp:kv-type=f32,flash-attn=off", "llama.cpp:defaults")."""
+    out = []
+    for spec in specs:
+        role, _, rest = spec.partition(":")
+        if role not in ("honest", "reported"):
+            sys.exit(f"detection_study: --llamacpp {spec!r}: ROLE must be honest or reported")
+        argv, parts = rest.split(), []
+        for a in argv:
+            if a.startswith("--"):
+                parts.append(a[2:])
+            elif parts:
+                parts[-1] += "=" + a
+        out.append((role, argv, "llama.cpp:" + (",".join(parts) or "defaults")))
+    return out
+
+
+def llamacpp_records(args, llama, proto, studied, budget, sample, tmp):
+    """llama.cpp's nodes on one sample: the reference captured, each llama.cpp node run on its tokens,
+    compare's judgement."""
+    steps = [s for s in studied if s in LLAMACPP_STEPS]
+    if not steps:
+        return []
+    ref = os.path.join(tmp, "ref.safetensors")
+    must([args.kvasir, "capture", "-p", proto, "-m", args.model, "-b", args.reference, "--steps", ",".join(steps),
+          "-o", ref], "capture of the reference")
+    caps, roles = [], {}
+    # Its teacher-forced generation decodes the reference's greedy tokens (the reference's generate step).
+    teacher = ["--reference-capture", ref] if "generate" in steps else []
+    env = dict(os.environ)
+    lib = os.path.join(os.path.dirname(os.path.abspath(args.llamacpp_python)), "..", "..", "build", "bin")
+    if os.path.isdir(lib) and "LLAMA_CPP_LIB_PATH" not in env:
+        env["LLAMA_CPP_LIB_PATH"] = os.path.abspath(lib)
+    for k, (role, argv, name) in enumerate(llama):
+        cap = os.path.join(tmp, f"llama{k}.safetensors")
+        must([args.llamacpp_python, os.path.join(HERE, "llamacpp_node.py"), "-p", proto, "-m", args.model, "-o", cap,
+              "--kvasir", args.kvasir, "-q", "--steps", ",".join(steps), "--name", name] + argv + teacher,
+             f"llamacpp_node.py {' '.join(argv)}", env)
+        caps.append(cap)
+        roles[name] = role
+    out = os.path.join(tmp, "c.json")
+    must([args.kvasir, "compare", "-p", proto, "--gate", "none", "--only-steps", ",".join(steps), "-o", out, ref] + caps,
+         "compare of llama.cpp's captures")
+    with open(out, encoding="utf-8") as f:
+        return records_of(json.load(f), budget, sample, lambda spec: roles[spec])
+
+
+def must(cmd, what, env=None):
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit(f"detection_study: {what} failed (exit {r.returncode}): {r.stderr.strip()[-2000:]}")
 
 
 def json_name(spec, report):
@@ -171,13 +248,15 @@ def json_name(spec, report):
 
 
 def analyse(budgets, records):
-    subs = sorted({r["node"] for r in records if r["role"] == "substitution"}, key=lambda s: [r["node"] for r in records].index(s))
+    order = [r["node"] for r in records]
+    subs = sorted({r["node"] for r in records if r["role"] == "substitution"}, key=order.index)
+    reported = sorted({r["node"] for r in records if r["role"] == "reported"}, key=order.index)
     stats = ["verdict"] + sorted({c for r in records for c in r["criteria"]})
-    result = {"substitutions": {}, "honest_false_positives": {}, "tolerances": {}}
+    result = {"substitutions": {}, "reported": {}, "honest_false_positives": {}, "tolerances": {}}
     for b in budgets:
         hon = [r for r in records if r["budget"] == b and r["role"] == "honest"]
         result["honest_false_positives"][str(b)] = sum(r["verdict"] != "fit" for r in hon) / max(1, len(hon))
-    for s in subs:
+    for key, s in [("substitutions", s) for s in subs] + [("reported", s) for s in reported]:
         per = {}
         for b in budgets:
             hon = [r for r in records if r["budget"] == b and r["role"] == "honest"]
@@ -214,7 +293,7 @@ def analyse(budgets, records):
                     break
         verdict_all = next((b for b in budgets if per[str(b)]["verdict"]["caught"] == 1.0
                             and result["honest_false_positives"][str(b)] == 0), None)
-        result["substitutions"][s] = {"per_budget": per, "tokens_to_auc_0999": firsts["any"],
+        result[key][s] = {"per_budget": per, "tokens_to_auc_0999": firsts["any"],
                                       "tokens_to_auc_0999_model_run": firsts["model_run"],
                                       "tokens_verdict_catches_all": verdict_all}
     for r in records:
@@ -274,14 +353,16 @@ def markdown(args, budgets, honest, result, records):
              " | ".join(f"best model-run statistic @{b}" for b in budgets) +
              " | AUC ≥ 0.999 from (model-run) | best op-probe statistic (no tokens) |",
              "|---|---|" + "---|" * len(budgets) + "---|---|"]
-    for s, d in result["substitutions"].items():
+    rows = [(s, d, "") for s, d in result["substitutions"].items()]
+    rows += [(s, d, " (reported apart: not honest, not a substitution)") for s, d in result["reported"].items()]
+    for s, d, note in rows:
         per = d["per_budget"]
         cells = [" / ".join(f"{per[str(b)]['verdict']['caught']:.0%}" for b in budgets)]
         cells += [cell(best_of(per[str(b)], model_run)) for b in budgets]
         first = d["tokens_to_auc_0999_model_run"]
         cells.append("not reached" if first is None else f"{first['budget']} tokens (`{first['statistic']}`)")
         cells.append(cell(best_of(per[str(budgets[-1])], probe)))
-        lines.append(f"| `{s}` | " + " | ".join(cells) + " |")
+        lines.append(f"| `{s}`{note} | " + " | ".join(cells) + " |")
     lines += ["", "Shipped tolerances against the honest samples (worst honest value; a failure is a false positive):", "",
               "| criterion | direction | worst honest | tolerances | honest failures |", "|---|---|---|---|---|"]
     for name, t in sorted(result["tolerances"].items()):
@@ -301,6 +382,11 @@ def main():
     ap.add_argument("--reference", default="cpu-ref")
     ap.add_argument("--honest", default="cpu,cpu:threads=1,opencl:0")
     ap.add_argument("--substitutions", default=DEFAULT_SUBS)
+    ap.add_argument("--llamacpp", action="append", default=[], metavar="ROLE:ARGS",
+                    help="a llama.cpp node (repeatable; -m must be a GGUF): ROLE honest or reported, ARGS "
+                         "scripts/llamacpp_node.py's options, e.g. 'honest:--kv-type f32 --flash-attn off', 'reported:'")
+    ap.add_argument("--llamacpp-python", help="the Python with llama-cpp-python (default: the build folder's "
+                                              "llamacpp/venv/bin/python beside --kvasir)")
     ap.add_argument("-o", "--output", help="JSON with every sample's figures and the analysis")
     ap.add_argument("--markdown", help="the tables as Markdown")
     ap.add_argument("--records", help="analyse the records of an earlier -o JSON instead of running audits "
@@ -315,6 +401,13 @@ def main():
     else:
         if args.samples < 2:
             ap.error("--samples must be at least 2 (an AUC needs several honest samples)")
+        if args.llamacpp:
+            if not args.model or not args.model.endswith(".gguf"):
+                ap.error("--llamacpp needs -m MODEL.gguf (llama.cpp reads GGUF files)")
+            args.llamacpp_python = args.llamacpp_python or os.path.join(
+                os.path.dirname(os.path.abspath(args.kvasir)), "llamacpp", "venv", "bin", "python")
+            if not os.access(args.llamacpp_python, os.X_OK):
+                ap.error(f"--llamacpp: no Python at {args.llamacpp_python} (--llamacpp-python)")
         base, studied, budgets, honest, subs, records = run(args)
     result = analyse(budgets, records)
     doc = {"schema": "kvasir-equiv/detection-study/1", "command": sys.argv, "protocol": base["id"],

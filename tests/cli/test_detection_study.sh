@@ -7,6 +7,7 @@
 # a skipped layer is caught by the verdict and by some statistic at zero false positives
 # with AUC 1 at both budgets; the AUCs in the output equal a Mann–Whitney U computed here
 # from the records (an independent implementation); every sample of every node is there.
+# Then llama.cpp as an honest node (and its defaults reported apart), below.
 # Usage: test_detection_study.sh PATH/TO/kvasir-equiv   (run from the repo root)
 set -u
 bin="$1"
@@ -57,5 +58,49 @@ for s, sd in d["substitutions"].items():
 assert checked > 50, checked
 print("  %d AUCs equal Mann-Whitney U; honest false positives %s" % (checked, d["honest_false_positives"]))
 PY
+# llama.cpp as a node of the study, run for real on the Qwen3.5-MoE hybrid GGUF fixture: llama.cpp F32 (f32 KV
+# cache, no flash attention) among the honest nodes, its defaults reported apart. What must hold: every llama.cpp
+# sample is there with the steps it can run (logits, decide), judged by compare like an audit's node; llama.cpp F32
+# agrees with the oracle as closely as the cpu node (KL p99 < 1e-9: no routing flip on these tokens); its defaults
+# (f16 KV cache) and kv=f16 are caught at zero false positives by KL p99 with llama.cpp F32 counted honest.
+lc="$(cd "$(dirname "$bin")" && pwd)/llamacpp"
+if [ ! -x "$lc/venv/bin/python" ] || ! "$lc/venv/bin/python" -c "import llama_cpp" 2>/dev/null; then
+  echo "FAIL: no llama.cpp under $lc (scripts/test builds it: scripts/setup_llamacpp.sh)"
+  failures=$((failures + 1))
+else
+  python3 scripts/detection_study.py --kvasir "$bin" -p protocols/ci.json -m fixtures/models/qwen3_5_moe_tiny.gguf \
+    --budgets 16,64 --samples 2 --steps logits,decide --honest cpu --substitutions cpu:kv=f16,cpu:requant=q4_k \
+    --llamacpp "honest:--kv-type f32 --flash-attn off" --llamacpp "reported:" \
+    -o "$tmp/llama.json" >"$tmp/llama.out" 2>"$tmp/llama.err"; rc=$?
+  check "detection_study.py --llamacpp → exit 0" test $rc -eq 0
+  check "llama.cpp F32 honest, its defaults reported apart" python3 - "$tmp/llama.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+recs = d["records"]
+f32, dflt = "llama.cpp:kv-type=f32,flash-attn=off", "llama.cpp:defaults"
+assert d["honest"] == ["cpu", f32], d["honest"]
+for name, role in ((f32, "honest"), (dflt, "reported")):
+    mine = [r for r in recs if r["node"] == name]
+    assert len(mine) == 4 and all(r["role"] == role for r in mine), (name, mine)
+    for r in mine:
+        steps = {c["step"] for c in r["criteria"].values()}
+        assert steps == {"logits", "decide"}, steps
+        assert r["criteria"].get("decide.routing_agreement_min", {}).get("value") is None  # no routing exposed
+for r in recs:
+    if r["node"] in ("cpu", f32):
+        assert r["criteria"]["logits.kl_p99"]["value"] < 1e-9, r
+assert set(d["reported"]) == {dflt} and set(d["substitutions"]) == {"cpu:kv=f16", "cpu:requant=q4_k"}, d.keys()
+for name in ("cpu:kv=f16", "cpu:requant=q4_k"):
+    for b in ("16", "64"):
+        kl = d["substitutions"][name]["per_budget"][b]["logits.kl_p99"]
+        assert kl["zero_fp_detection"] == 1 and kl["auc"] == 1, (name, b, kl)
+for b in ("16", "64"):
+    kl = d["reported"][dflt]["per_budget"][b]["logits.kl_p99"]
+    assert kl["zero_fp_detection"] == 1 and kl["auc"] == 1, (b, kl)
+print("  llama.cpp F32 KL p99 worst %.2g; defaults and kv=f16 caught at zero false positives" %
+      max(r["criteria"]["logits.kl_p99"]["value"] for r in recs if r["node"] == f32))
+PY
+fi
+
 echo "$failures failed"
 [ "$failures" -eq 0 ]
