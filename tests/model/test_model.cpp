@@ -557,6 +557,37 @@ TEST(ModelLazy, LoadLayerReadsAllOfItsPagesAndNoOthers) {
     for (std::int64_t l : {0, 2}) EXPECT_LE(c.resident_of_layer(l), 256u << 10) << "layer " << l;
 }
 
+// A streaming model (KVASIR_STREAM_WEIGHTS=1; by itself when the files exceed half the memory) reads a
+// layer's pages ahead on will_read_layer / will_read without a kernel touching them, and nothing else;
+// a model that does not stream ignores the advice.
+TEST(ModelLazy, WillReadOfAStreamingModelReadsAheadWhatItNames) {
+    const fs::path base = disk_backed_dir();
+    if (base.empty()) GTEST_SKIP() << "no disk-backed writable directory: mincore cannot tell what was read";
+    ::setenv("KVASIR_STREAM_WEIGHTS", "1", 1);
+    const ColdModel c(base);
+    ::unsetenv("KVASIR_STREAM_WEIGHTS");
+    ASSERT_TRUE(c.model.streams_weights());
+    const LayerWeights& w = c.model.layer(1);  // resolving advises its tensors once: drop them again
+    c.mapping().drop_pages();
+    if (!c.cold()) GTEST_SKIP() << "page cache cannot be dropped here";
+    c.model.will_read_layer(1);
+    for (const ExpertWeights& e : w.experts)
+        for (const TensorView* v : {&e.gate, &e.up, &e.down}) c.model.will_read(*v);
+    // The reads are asynchronous: wait for them (bounded), never touching a page.
+    const std::uint64_t want = c.model.layer_bytes(1) - 2 * layer_tensor_specs(c.model.config(), 1).size() * 4096;
+    for (int i = 0; i < 2000 && c.resident_of_layer(1) < want; ++i) ::usleep(5000);
+    EXPECT_GE(c.resident_of_layer(1), want);
+    for (std::int64_t l : {0, 2}) EXPECT_LE(c.resident_of_layer(l), 256u << 10) << "layer " << l;
+
+    const ColdModel quiet(base);  // the same files, a model that does not stream
+    ASSERT_FALSE(quiet.model.streams_weights());
+    const LayerWeights& q = quiet.model.layer(1);
+    quiet.mapping().drop_pages();
+    quiet.model.will_read_layer(1);
+    for (const ExpertWeights& e : q.experts) quiet.model.will_read(e.gate);
+    EXPECT_LE(quiet.resident_of_layer(1), 256u << 10) << "advice ignored: nothing asked for";
+}
+
 // ===========================================================================
 // Errors
 // ===========================================================================

@@ -326,6 +326,31 @@ TEST_P(ForwardFixture, CpuRefGreedyContinuationEqualsTransformers) {
     EXPECT_LE(lg.rel, 1e-5);
 }
 
+// A model read as if it were larger than memory (Model::streams_weights, forced by KVASIR_STREAM_WEIGHTS=1):
+// its layers, the chosen experts and the LM head are read ahead before the kernels walk them. Advice only:
+// every bit of the free-running forward pass (logits, hidden states, routing) is the same.
+TEST_P(ForwardFixture, StreamingWeightsChangeNoBit) {
+    const Loaded& fx = load(GetParam());
+    ASSERT_FALSE(fx.model.streams_weights()) << "a fixture is far below half of any machine's memory";
+    ::setenv("KVASIR_STREAM_WEIGHTS", "1", 1);
+    const Model streaming = Model::open(GetParam().model);
+    ::unsetenv("KVASIR_STREAM_WEIGHTS");
+    ASSERT_TRUE(streaming.streams_weights());
+    const std::vector<std::int32_t> prompt = prompt_of(fx.ref);
+    auto cpu = backend("cpu");
+    ForwardOptions opt;
+    opt.keep_hidden = true;
+    const ForwardResult a = forward(*cpu, fx.model, prompt, opt), b = forward(*cpu, streaming, prompt, opt);
+    ASSERT_EQ(a.logits.nbytes(), b.logits.nbytes());
+    EXPECT_EQ(std::memcmp(a.logits.raw(), b.logits.raw(), a.logits.nbytes()), 0);
+    ASSERT_EQ(a.hidden.size(), b.hidden.size());
+    for (std::size_t l = 0; l < a.hidden.size(); ++l)
+        EXPECT_EQ(std::memcmp(a.hidden[l].raw(), b.hidden[l].raw(), a.hidden[l].nbytes()), 0) << "hidden " << l;
+    for (std::size_t l = 0; l < a.routing.size(); ++l)
+        if (!a.routing[l].ids.empty())
+            EXPECT_EQ(std::memcmp(a.routing[l].ids.raw(), b.routing[l].ids.raw(), a.routing[l].ids.nbytes()), 0) << l;
+}
+
 // ===========================================================================
 // cpu (f32) against transformers; router authority; re-anchoring
 // ===========================================================================

@@ -339,6 +339,16 @@ Tensor LayerGraph::feed_forward(const LayerWeights& w, const Tensor& own_input, 
             io.routing.ids = std::move(ro.ids);
             io.routing.weights = std::move(ro.weights);
         }
+        if (model.streams_weights()) {  // the chosen experts' pages, read ahead in one request each
+            std::vector<bool> chosen(w.experts.size(), false);
+            const std::int32_t* ids = io.routing.ids.as<std::int32_t>();
+            for (std::int64_t i = 0; i < io.routing.ids.numel(); ++i)
+                if (ids[i] >= 0 && static_cast<std::size_t>(ids[i]) < chosen.size() && !chosen[static_cast<std::size_t>(ids[i])]) {
+                    const ExpertWeights& e = w.experts[static_cast<std::size_t>(ids[i])];
+                    chosen[static_cast<std::size_t>(ids[i])] = true;
+                    for (const TensorView* v : {&e.gate, &e.up, &e.down}) model.will_read(*v);
+                }
+        }
         m = be.moe_block(x2, w.experts, io.routing);
         if (present(w.shared_up)) {
             Tensor s = swiglu_mlp(x2, w.shared_gate, w.shared_up, w.shared_down);

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -517,6 +518,7 @@ struct Model::Impl {
     // Declared after `owned`: unregistered before the copies are freed.
     mutable std::deque<ImmutableRegistration> owned_registrations;
     mutable std::optional<TensorView> embed, final_norm, lm_head;
+    bool streams = false;  // streams_weights()
 
     // --- name lists ---------------------------------------------------------
     std::vector<std::string> gguf_layer_names(std::int64_t l) const;
@@ -973,6 +975,22 @@ Model::Model(Model&&) noexcept = default;
 Model& Model::operator=(Model&&) noexcept = default;
 Model::~Model() = default;
 
+namespace {
+// Model::streams_weights(): the files' bytes against half the physical memory, unless KVASIR_STREAM_WEIGHTS says.
+bool decide_streaming(const std::vector<std::string>& files) {
+    if (const char* env = std::getenv("KVASIR_STREAM_WEIGHTS"); env != nullptr && *env != '\0')
+        return std::string_view(env) != "0";
+    std::uint64_t bytes = 0;
+    std::error_code ec;
+    for (const std::string& f : files) {
+        const auto size = fs::file_size(f, ec);
+        if (!ec) bytes += size;
+    }
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 && bytes > static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) / 2;
+}
+}  // namespace
+
 Model Model::open(const std::string& path) {
     auto impl = std::make_unique<Impl>();
     impl->path = path;
@@ -1044,7 +1062,25 @@ Model Model::open(const std::string& path) {
             }
     }
     impl->check_present();
+    impl->streams = decide_streaming(impl->st ? impl->st->shard_files() : std::vector<std::string>{path});
     return Model(std::move(impl));
+}
+
+bool Model::streams_weights() const { return impl_->streams; }
+
+void Model::will_read(const TensorView& v) const {
+    if (!impl_->streams || v.data == nullptr) return;
+    const std::size_t n = static_cast<std::size_t>(v.numel()) * dtype_size(v.dtype);
+    if (n == 0) return;
+    static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const auto p = reinterpret_cast<std::uintptr_t>(v.data);
+    const auto begin = p & ~(page - 1);
+    (void)madvise(reinterpret_cast<void*>(begin), p + n - begin, MADV_WILLNEED);  // an owned copy: nothing to read
+}
+
+void Model::will_read_layer(std::int64_t l) const {
+    if (!impl_->streams) return;
+    for (const auto& [view, name] : layer(l).named_views()) will_read(*view);
 }
 
 const ModelConfig& Model::config() const { return impl_->cfg; }
@@ -1094,6 +1130,7 @@ TensorView Model::lm_head() const {
 namespace {
 
 volatile unsigned touch_sink = 0;
+
 
 // Reads `v`'s bytes: read-ahead advice for its pages, then one load per page.
 std::uint64_t read_through(const TensorView& v) {

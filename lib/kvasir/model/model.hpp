@@ -149,6 +149,22 @@ public:
     // The same for the embedding, the final norm and the lm_head.
     std::uint64_t load_globals() const;
 
+    // Streaming weights (issue #42). A checkpoint whose files exceed half of
+    // this machine's physical memory cannot stay in the page cache: every
+    // pass reads its weights from disk again, and through a MADV_RANDOM
+    // mapping each 4 KiB page would be one synchronous fault. streams_weights()
+    // says the Model was opened so (KVASIR_STREAM_WEIGHTS=1/0 forces it on or
+    // off); will_read() then asks the kernel to read a view's pages ahead
+    // (MADV_WILLNEED: asynchronous, the whole range in one request) right
+    // before a kernel walks them, and will_read_layer() does so for every view
+    // of layer l but its experts (the forward pass asks for the experts its
+    // routing chose). Advice only: the bits never change; a no-op when the
+    // Model does not stream. Memory stays bounded either way: mapped pages are
+    // page cache, which the kernel evicts (core/process_memory.hpp).
+    bool streams_weights() const;
+    void will_read(const TensorView& v) const;
+    void will_read_layer(std::int64_t l) const;
+
     // Bytes layer l occupies in the file(s) (maps the shards holding it, reads
     // no tensor data).
     std::uint64_t layer_bytes(std::int64_t l) const;

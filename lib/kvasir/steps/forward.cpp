@@ -34,7 +34,10 @@ struct Runner {
     Tensor final_norm(const Tensor& h) {
         return graph.be.rmsnorm(h, graph.scale_of(graph.model.final_norm()), graph.c.rms_norm_eps);
     }
-    Tensor logits(const Tensor& final_hidden) { return graph.be.matmul(final_hidden, graph.model.lm_head()); }
+    Tensor logits(const Tensor& final_hidden) {
+        graph.model.will_read(graph.model.lm_head());  // a streaming model's LM head (Model::will_read)
+        return graph.be.matmul(final_hidden, graph.model.lm_head());
+    }
 };
 
 void check_tokens(const ModelConfig& c, std::span<const std::int32_t> tokens) {
