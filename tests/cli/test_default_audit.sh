@@ -48,7 +48,7 @@ check "the text report shows step 6: perplexity and the task score per node" \
 check "the step-6 table's reference row: the perplexity and acc of the JSON" \
   grep -qE "^  cpu-ref \(ref\) +40\.0137 +· +0\.4560 ± 0\.0316 +0\.4520 ± 0\.0315" "$tmp/d.out"
 check "the text report names the trained protocol and model" \
-  bash -c "grep -q 'protocol trained v2' '$tmp/d.out' && grep -q 'qwen3_moe_trained (qwen3_moe)' '$tmp/d.out'"
+  bash -c "grep -q 'protocol trained v3' '$tmp/d.out' && grep -q 'qwen3_moe_trained (qwen3_moe)' '$tmp/d.out'"
 
 # A model of one's own, no protocol: default.json (token ids, no tokenizer needed).
 "$bin" audit -m fixtures/models/qwen2_tiny -b cpu-ref,cpu -o "$tmp/m.json" >/dev/null 2>&1; rc=$?
@@ -63,7 +63,7 @@ assert d['model']['path'].endswith('qwen2_tiny'), d['model']
 # capture follows audit's rule; compare finds the shipped protocol by the captures' hash.
 "$bin" capture -b cpu-ref --steps ops -o "$tmp/r.st" >"$tmp/r.out" 2>&1
 "$bin" capture -b cpu --steps ops -o "$tmp/c.st" >/dev/null 2>&1
-check "capture without --protocol: the trained protocol" grep -q "protocol trained v2" "$tmp/r.out"
+check "capture without --protocol: the trained protocol" grep -q "protocol trained v3" "$tmp/r.out"
 "$bin" compare "$tmp/r.st" "$tmp/c.st" --only-steps ops -o "$tmp/cmp.json" >/dev/null 2>&1; rc=$?
 check "compare without --protocol finds protocols/trained.json from the hash, cpu fit (exit $rc)" python3 -c "
 import json, sys
@@ -72,7 +72,7 @@ assert d['protocol']['id'] == 'trained', d['protocol']
 assert {n['node']: n['verdict'] for n in d['nodes']}['cpu'] == 'fit'
 " "$tmp/cmp.json"
 "$bin" capture -b cpu-ref -m fixtures/models/qwen2_tiny --steps ops -o "$tmp/r2.st" >"$tmp/r2.out" 2>&1
-check "capture --model without --protocol: the default protocol" grep -q "protocol default v7" "$tmp/r2.out"
+check "capture --model without --protocol: the default protocol" grep -q "protocol default v8" "$tmp/r2.out"
 # A protocol that is not shipped: compare must be told which (one line, exit 2).
 python3 -c "
 import json, os, sys

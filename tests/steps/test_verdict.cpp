@@ -667,7 +667,7 @@ TEST(Verdict, JudgedAgainstAShippedProtocol) {
     f32.node = "cpu";
     f32.measurements = {{"ops.max_rel", "ops", 9.8e-4},           {"ops.cosine_min", "ops", 1 - 1.1e-13},
                         {"shard.max_rel", "ops", 9.1e-5},         {"drift.final_rel", "drift", 2e-6},
-                        {"drift.alpha_max", "drift", 0.6},        {"logits.kl_p99", "logits", 1e-10},
+                        {"drift.alpha_max", "drift", 0.6},        {"logits.kl_p99", "logits", 1e-10}, {"logits.kl_lower_p99", "logits", 1e-10},
                         {"logits.linf_max", "logits", 1e-5},      {"decide.top1_agreement_min", "decide", 1.0, RateCount{320, 320}},
                         {"logits.top_logprob_delta_max", "logits", 9e-6}, {"logits.fingerprint_max_rel", "logits", 5e-7},
                         {"decide.routing_agreement_min", "decide", 1.0, RateCount{960, 960}}, {"generate.first_divergence_min", "generate", 32},
@@ -685,6 +685,7 @@ TEST(Verdict, JudgedAgainstAShippedProtocol) {
     set(f16, "shard.max_rel", 2e-4);
     set(f16, "drift.final_rel", 1e-2);
     set(f16, "logits.kl_p99", 1e-4);
+    set(f16, "logits.kl_lower_p99", 1e-4);
     set(f16, "logits.linf_max", 5e-2);
     set(f16, "logits.top_logprob_delta_max", 7e-2);
     set(f16, "logits.fingerprint_max_rel", 5.4e-3);

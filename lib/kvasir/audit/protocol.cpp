@@ -52,6 +52,10 @@ std::vector<CriterionInfo>& catalog_storage() {
          "step 2: fitted growth exponent alpha of drift(L) ~ L^alpha over depth (0.5 incoherent, 1 coherent); 0 when drift is identically zero"},
         {"logits.kl_p99", "logits", D::max, S::log, false, true,
          "step 3: 99th percentile over positions of KL(P_ref || P_cand) of the next-token distributions, in nats"},
+        {"logits.kl_lower_p99", "logits", D::max, S::log, false, false,
+         "step 3: 99th percentile over positions of a rigorous lower bound of KL(P_ref || P_cand) from the tokens "
+         "both nodes hold (a compact capture's top-K; KL itself when both rows are full), in nats: above KL's "
+         "tolerance is a certain failure"},
         {"logits.linf_max", "logits", D::max, S::log, false, true,
          "step 3: max over positions of the L-infinity norm of the logit delta"},
         {"logits.top_logprob_delta_max", "logits", D::max, S::log, false, false,

@@ -32,8 +32,13 @@
 //                                 never fails a node the full rows pass)
 //   logits.fingerprint_max_rel    the fingerprints' relative delta (a missing
 //                                 entry counts by a rigorous lower bound)
-// KL and L∞ need both full rows: a compact node has them not measured, named
-// with the reason.
+//   logits.kl_lower_p99           p99 of a rigorous lower bound of KL from the
+//                                 tokens both sides hold (KL itself when both
+//                                 rows are full): judged at KL's tolerance, a
+//                                 failure is certain and a node whose full rows
+//                                 pass never fails it
+// KL and L∞ themselves need both full rows: a compact node has them not
+// measured, named with the reason.
 //
 // Tensors: logits.logits [T, V] (or logits.top_ids [T, K] i32,
 // logits.top_logprobs [T, K] f32, logits.lse [T] f32), and
@@ -119,6 +124,7 @@ public:
                 const PositionDivergence d = logit_divergence(ref.view("logits.logits"), cand.view("logits.logits"));
                 const Summary linf = summarize(d.linf), l2 = summarize(d.l2), kl = summarize(d.kl);
                 led.measure(i, "logits", "logits.kl_p99", kl.p99);
+                led.measure(i, "logits", "logits.kl_lower_p99", kl.p99);  // KL is its own best lower bound
                 led.measure(i, "logits", "logits.linf_max", linf.max);
                 e["linf"] = to_json(linf);
                 e["l2"] = to_json(l2);
@@ -130,6 +136,13 @@ public:
                 led.not_applicable_for(i, "logits.kl_p99", why);
                 led.not_applicable_for(i, "logits.linf_max", why);
                 e["compact"] = why;
+                const auto rows = [](const NodeOutputs& n) {
+                    return n.has("logits.logits") ? LogprobRows{n.view("logits.logits"), {}, {}}
+                                                  : LogprobRows{{}, n.view("logits.top_ids"), n.view("logits.top_logprobs")};
+                };
+                const Summary lb = summarize(kl_lower_bound(rows(ref), rows(cand)));
+                led.measure(i, "logits", "logits.kl_lower_p99", lb.p99);
+                e["kl_lower_bound"] = to_json(lb);
             }
             // The top-K of a full row, at the K of the compact side (the default when both are full).
             const int k = !cand_full ? static_cast<int>(cand.view("logits.top_ids").dim(1))

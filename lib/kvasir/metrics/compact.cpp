@@ -8,6 +8,8 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
+#include <utility>
 
 namespace kvasir {
 
@@ -104,6 +106,131 @@ std::vector<double> top_logprob_delta(const TensorView& ref_ids, const TensorVie
             if (std::isnan(cand_logprobs.at(t * kc + b))) worst = std::numeric_limits<double>::quiet_NaN();
         out[static_cast<std::size_t>(t)] = worst;
     }
+    return out;
+}
+
+namespace {
+
+// One side's log-probabilities at position t: a full row (log-softmax in f64)
+// or a compact row; each with the half-width of its rounding interval.
+class SideRow {
+public:
+    SideRow(const LogprobRows& r, const char* who) : r_(r) {
+        full_ = r.logits.data != nullptr;
+        KVASIR_CHECK(full_ || (r.ids.data != nullptr && r.logprobs.data != nullptr), ErrorCode::bad_input,
+                     "KL lower bound: the {} has neither logit rows nor top-K log-probabilities", who);
+        if (full_) {
+            KVASIR_CHECK(r.logits.rank() == 2 && r.logits.dim(1) >= 1, ErrorCode::bad_input,
+                         "KL lower bound: the {}'s logits are {}, not [T, V]", who, shape_str(r.logits.shape));
+        } else {
+            check_ids_values("KL lower bound", r.ids, r.logprobs);
+        }
+    }
+    bool full() const { return full_; }
+    std::int64_t positions() const { return full_ ? r_.logits.dim(0) : r_.ids.dim(0); }
+    std::int64_t vocab() const { return full_ ? r_.logits.dim(1) : -1; }
+    void at_position(std::int64_t t) {
+        t_ = t;
+        if (!full_) return;
+        const std::int64_t v = r_.logits.dim(1);
+        double m = -std::numeric_limits<double>::infinity();
+        for (std::int64_t j = 0; j < v; ++j) m = std::max(m, static_cast<double>(r_.logits.at(t * v + j)));
+        double sum = 0;
+        for (std::int64_t j = 0; j < v; ++j) sum += std::exp(r_.logits.at(t * v + j) - m);
+        lse_ = m + std::log(sum);
+    }
+    // The compact ids of this position (empty for a full row: every id).
+    std::vector<std::int32_t> ids() const {
+        if (full_) return {};
+        const std::int64_t k = r_.ids.dim(1);
+        const auto* p = r_.ids.as<std::int32_t>() + t_ * k;
+        return {p, p + k};
+    }
+    // log p of `id` with its interval half-width; nullopt when this side does not hold it.
+    std::optional<std::pair<double, double>> logprob(std::int32_t id) const {
+        if (full_) {
+            const double x = r_.logits.at(t_ * r_.logits.dim(1) + id);
+            const double lp = x - lse_;
+            return std::pair{lp, std::isfinite(lp) ? 1e-14 * (1 + std::fabs(x) + std::fabs(lse_)) : 0.0};
+        }
+        const std::int64_t k = r_.ids.dim(1);
+        const auto* p = r_.ids.as<std::int32_t>() + t_ * k;
+        for (std::int64_t j = 0; j < k; ++j)
+            if (p[j] == id) {
+                const double lp = r_.logprobs.at(t_ * k + j);
+                return std::pair{lp, std::isfinite(lp) ? std::ldexp(std::fabs(lp), -23) + 1e-300 : 0.0};  // -inf: exactly 0
+            }
+        return std::nullopt;
+    }
+
+private:
+    const LogprobRows& r_;
+    bool full_ = false;
+    std::int64_t t_ = 0;
+    double lse_ = 0;
+};
+
+// min over x in [xl, xh] of x·log(x / qh) (0·log 0 = 0; qh = 0 < x: +inf). Falls
+// in q, so qh (the interval's top) gives the smallest value; convex in x with its
+// minimum −qh/e at x = qh/e.
+double term_lower(double xl, double xh, double qh) {
+    if (xh <= 0) return 0;
+    if (qh <= 0) return xl > 0 ? std::numeric_limits<double>::infinity() : 0;
+    const auto h = [qh](double x) { return x <= 0 ? 0.0 : x * std::log(x / qh); };
+    const double star = qh / std::exp(1.0);
+    if (star >= xl && star <= xh) return -star;
+    return std::min(h(xl), h(xh));
+}
+
+}  // namespace
+
+std::vector<double> kl_lower_bound(const LogprobRows& ref_rows, const LogprobRows& cand_rows) {
+    SideRow ref(ref_rows, "reference"), cand(cand_rows, "candidate");
+    KVASIR_CHECK(ref.positions() == cand.positions(), ErrorCode::bad_input, "KL lower bound: {} and {} positions",
+                 ref.positions(), cand.positions());
+    KVASIR_CHECK(!ref.full() || !cand.full() || ref.vocab() == cand.vocab(), ErrorCode::bad_input,
+                 "KL lower bound: vocabularies of {} and {}", ref.vocab(), cand.vocab());
+    const std::int64_t vocab = ref.full() ? ref.vocab() : cand.vocab();  // -1: both compact
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    std::vector<double> out(static_cast<std::size_t>(ref.positions()), 0.0);
+    for (std::int64_t t = 0; t < ref.positions(); ++t) {
+        ref.at_position(t);
+        cand.at_position(t);
+        // A: the tokens both sides hold.
+        std::vector<std::int32_t> a;
+        if (ref.full() && cand.full()) {
+            a.resize(static_cast<std::size_t>(vocab));
+            for (std::int64_t j = 0; j < vocab; ++j) a[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
+        } else {
+            a = ref.full() ? cand.ids() : ref.ids();
+            std::sort(a.begin(), a.end());
+            a.erase(std::unique(a.begin(), a.end()), a.end());
+        }
+        double bound = 0, p_lo = 0, p_hi = 0, q_lo = 0, q_hi = 0;  // sums of the intervals over A
+        bool is_nan = false;
+        for (const std::int32_t id : a) {
+            if (vocab >= 0) KVASIR_CHECK(id >= 0 && id < vocab, ErrorCode::bad_input, "KL lower bound: token id {} outside "
+                                         "the vocabulary of {}", id, vocab);
+            const auto p = ref.logprob(id), q = cand.logprob(id);
+            if (!p || !q) continue;  // held by one side only
+            if (std::isnan(p->first) || std::isnan(q->first)) {
+                is_nan = true;
+                break;
+            }
+            const double pl = std::exp(p->first - p->second), ph = std::exp(p->first + p->second);
+            const double ql = std::exp(q->first - q->second), qh = std::exp(q->first + q->second);
+            bound += term_lower(pl, ph, qh);
+            p_lo += pl, p_hi += ph, q_lo += ql, q_hi += qh;
+        }
+        if (is_nan) {
+            out[static_cast<std::size_t>(t)] = nan;
+            continue;
+        }
+        // The rest: p_R in [1 − Σ p_hi, 1 − Σ p_lo] (within [0, 1]), q_R's top 1 − Σ q_lo.
+        bound += term_lower(std::clamp(1 - p_hi, 0.0, 1.0), std::clamp(1 - p_lo, 0.0, 1.0), std::clamp(1 - q_lo, 0.0, 1.0));
+        out[static_cast<std::size_t>(t)] = std::max(0.0, bound);
+    }
+    // NaN logits in a full row poison its log-sum-exp: every bound of that position is NaN by the same rule.
     return out;
 }
 

@@ -24,7 +24,21 @@
 //    value there is at most its own smallest fingerprint magnitude m in size,
 //    so (|v_ref| − m)⁺ / |v_ref| is a rigorous lower bound of that delta and
 //    is what counts — a near-tie swap of the 16th entry costs its gap only.
-// What does not: KL and L∞ over the whole vocabulary (the rows are gone).
+//  * kl_lower_bound: per position, a rigorous lower bound of KL(P_ref ‖ P_cand)
+//    from what both sides hold (a full row knows every token, a compact one
+//    its top-K): over the tokens A whose probability both sides know, the
+//    partition {each token of A, the rest} coarsens the distributions, and a
+//    coarsening never increases KL (data processing):
+//        KL ≥ Σ_{i∈A} p_i log(p_i/q_i) + p_R log(p_R/q_R),  p_R = 1 − Σ_A p_i.
+//    Every p_i, q_i is known only to its storage's rounding (a compact
+//    log-probability is f32: |Δ log p| ≤ 2⁻²³·|log p|; a full row's, computed
+//    here in f64, ≤ 1e-14·(1 + |logit| + |lse|)), so each term is minimised
+//    over its interval box (x log(x/q) falls in q and is convex in x) and the
+//    sum is floored at 0. It judges a compact node at KL's own tolerance: a
+//    bound above it is a certain failure, and a node whose full rows pass
+//    never fails it. Both sides full: A is the vocabulary and the bound is
+//    KL itself (less the rounding allowance).
+// What does not: KL itself and L∞ over the whole vocabulary (the rows are gone).
 #pragma once
 
 #include "kvasir/core/tensor.hpp"
@@ -57,6 +71,19 @@ Fingerprint hidden_fingerprint(const TensorView& hidden);
 // Shapes must agree on T (resp. C): Error(bad_input) otherwise.
 std::vector<double> top_logprob_delta(const TensorView& ref_ids, const TensorView& ref_logprobs,
                                       const TensorView& cand_ids, const TensorView& cand_logprobs);
+// What one node holds of its next-token distributions: full logit rows
+// [T, V] (`logits` present), or a compact capture's top-K `ids` [T, K] i32 and
+// `logprobs` [T, K].
+struct LogprobRows {
+    TensorView logits;
+    TensorView ids, logprobs;
+};
+// Per position (T entries), as described above; NaN where a log-probability
+// either side holds is NaN, +inf where the candidate gives a token the
+// reference holds probable probability 0. Error(bad_input) for positions that
+// disagree, ids outside the vocabulary of a full side, or a side with neither.
+std::vector<double> kl_lower_bound(const LogprobRows& ref, const LogprobRows& cand);
+
 std::vector<double> fingerprint_rel(const TensorView& ref_index, const TensorView& ref_value,
                                     const TensorView& cand_index, const TensorView& cand_value);
 
