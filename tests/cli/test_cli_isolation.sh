@@ -37,7 +37,7 @@ PY
 # against 24 s idle), and a 15 s timeout once stopped the reference itself;
 # 60 s is the margin that costs least while staying far above any slowdown seen.
 for case in "segv|SIGSEGV (Segmentation fault)|" "hang|timed out after 60 s|--node-timeout 60" \
-            "oom|exceeded 1 GiB of resident memory|--node-memory 1"; do
+            "oom|exceeded 1 GiB of memory of its own|--node-memory 1"; do
   IFS='|' read -r fault want limits <<<"$case"
   # shellcheck disable=SC2086
   "$bin" audit -p $ci -b cpu-ref,cpu,cpu:fault=$fault $limits \

@@ -64,6 +64,7 @@ PY
 # agrees with the oracle as closely as the cpu node (KL p99 < 1e-9: no routing flip on these tokens); its defaults
 # (f16 KV cache) and kv=f16 are caught at zero false positives by KL p99 with llama.cpp F32 counted honest.
 lc="$(cd "$(dirname "$bin")" && pwd)/llamacpp"
+export LLAMA_CPP_LIB_PATH="$lc/build/bin"
 if [ ! -x "$lc/venv/bin/python" ] || ! "$lc/venv/bin/python" -c "import llama_cpp" 2>/dev/null; then
   echo "FAIL: no llama.cpp under $lc (scripts/test builds it: scripts/setup_llamacpp.sh)"
   failures=$((failures + 1))

@@ -567,22 +567,28 @@ TEST(ModelLazy, WillReadOfAStreamingModelReadsAheadWhatItNames) {
     const ColdModel c(base);
     ::unsetenv("KVASIR_STREAM_WEIGHTS");
     ASSERT_TRUE(c.model.streams_weights());
-    const LayerWeights& w = c.model.layer(1);  // resolving advises its tensors once: drop them again
+    // Resolving the layer advises its tensors once (asynchronous reads): let them land, then drop them again.
+    const LayerWeights& w = c.model.layer(1);
+    const std::uint64_t want = c.model.layer_bytes(1) - 2 * layer_tensor_specs(c.model.config(), 1).size() * 4096;
+    const auto wait_resident = [&] {  // bounded (10 s), never touching a page
+        for (int i = 0; i < 2000 && c.resident_of_layer(1) < want; ++i) ::usleep(5000);
+    };
+    wait_resident();
     c.mapping().drop_pages();
     if (!c.cold()) GTEST_SKIP() << "page cache cannot be dropped here";
     c.model.will_read_layer(1);
     for (const ExpertWeights& e : w.experts)
         for (const TensorView* v : {&e.gate, &e.up, &e.down}) c.model.will_read(*v);
-    // The reads are asynchronous: wait for them (bounded), never touching a page.
-    const std::uint64_t want = c.model.layer_bytes(1) - 2 * layer_tensor_specs(c.model.config(), 1).size() * 4096;
-    for (int i = 0; i < 2000 && c.resident_of_layer(1) < want; ++i) ::usleep(5000);
+    wait_resident();
     EXPECT_GE(c.resident_of_layer(1), want);
     for (std::int64_t l : {0, 2}) EXPECT_LE(c.resident_of_layer(l), 256u << 10) << "layer " << l;
 
     const ColdModel quiet(base);  // the same files, a model that does not stream
     ASSERT_FALSE(quiet.model.streams_weights());
     const LayerWeights& q = quiet.model.layer(1);
+    for (int i = 0; i < 2000 && quiet.resident_of_layer(1) < want; ++i) ::usleep(5000);  // resolution's own advice
     quiet.mapping().drop_pages();
+    ASSERT_TRUE(quiet.cold());
     quiet.model.will_read_layer(1);
     for (const ExpertWeights& e : q.experts) quiet.model.will_read(e.gate);
     EXPECT_LE(quiet.resident_of_layer(1), 256u << 10) << "advice ignored: nothing asked for";

@@ -20,7 +20,7 @@
 // A child that is killed by a signal, exceeds the wall-clock limit, exceeds
 // the resident-memory limit, or exits with an error makes that node `error`
 // with the reason ("crashed: SIGSEGV (Segmentation fault)", "timed out after
-// 30 s", "exceeded 4 GiB of resident memory", "exited with code 3: …"); its
+// 30 s", "exceeded 4 GiB of memory of its own", "exited with code 3: …"); its
 // partial output is discarded (the capture is written atomically, so there
 // is none); every other node is judged and the reports are written. The
 // reference failing that way ends the audit: Error(backend_failure), exit 3,
