@@ -146,6 +146,165 @@ std::string_view gguf_supported_architectures() noexcept {
     return "qwen2moe, qwen3moe, llama, gpt-oss, deepseek2, qwen3next, qwen35moe";
 }
 
+namespace {
+
+// `<arch>.<suffix>` metadata of one file, with the checks every reader shares.
+struct ArchKeys {
+    const GgufFile& file;
+    const std::string& fname;
+    const std::string& arch;
+    std::string key(std::string_view suffix) const { return fmt::format("{}.{}", arch, suffix); }
+    std::int64_t opt_int(std::string_view suffix, std::int64_t fallback) const {
+        const std::string k = key(suffix);
+        return file.has(k) ? file.get_int(k) : fallback;
+    }
+    std::int64_t positive(std::string_view suffix, std::int64_t v) const {
+        if (v <= 0 || v > (std::int64_t{1} << 31))
+            fail(ErrorCode::bad_input, "{}: {} is {}, not a positive count", fname, key(suffix), v);
+        return v;
+    }
+    // v within [lo, 2^31].
+    std::int64_t in(std::string_view suffix, std::int64_t v, std::int64_t lo) const {
+        if (v < lo || v > (std::int64_t{1} << 31))
+            fail(ErrorCode::bad_input, "{}: {} is {}, not in [{}, 2^31]", fname, key(suffix), v, lo);
+        return v;
+    }
+};
+
+// head_count_kv may be per-layer (an array) in some converters; we accept that only when every layer agrees.
+std::int64_t read_head_count_kv(const ArchKeys& k, std::int64_t head_count) {
+    const std::string name = k.key("attention.head_count_kv");
+    const GgufValue* v = k.file.find(name);
+    if (v == nullptr) return head_count;
+    if (!v->is_array()) return k.file.get_int(name);
+    std::optional<std::int64_t> common;
+    std::visit(
+        [&](const auto& vec) {
+            using E = typename std::decay_t<decltype(vec)>::value_type;
+            if constexpr (std::is_integral_v<E> && !std::is_same_v<E, bool>) {
+                for (const auto& e : vec) {
+                    const auto x = static_cast<std::int64_t>(e);
+                    if (common && *common != x) fail(ErrorCode::unsupported, "{}: {} varies per layer (not supported)", k.fname, name);
+                    common = x;
+                }
+            }
+        },
+        *v->array());
+    if (!common) fail(ErrorCode::bad_input, "{}: {} is {}, not an integer", k.fname, name, v->summary(0));
+    return *common;
+}
+
+// llama.cpp's hybrid hparams (llama_model::load_hparams): the DeltaNet's widths and the layer pattern.
+void read_hybrid_hparams(const ArchKeys& k, GgufModelParams& p) {
+    const auto width = [&](std::string_view suffix) { return k.positive(suffix, k.file.get_int(k.key(suffix))); };
+    p.ssm_conv_kernel = width("ssm.conv_kernel");
+    p.ssm_state_size = width("ssm.state_size");
+    p.ssm_group_count = width("ssm.group_count");
+    p.ssm_time_step_rank = width("ssm.time_step_rank");
+    p.ssm_inner_size = width("ssm.inner_size");
+    p.rope_dimension_count = k.positive("rope.dimension_count", k.file.get_int(k.key("rope.dimension_count")));
+    const std::string name = k.key("attention.recurrent_layers");
+    const GgufValue& v = k.file.get(name);
+    if (!v.is_array() || v.array_type() != GgufType::boolean || v.array_size() != static_cast<std::size_t>(p.block_count))
+        fail(ErrorCode::bad_input, "{}: {} is {}, not {} booleans (one per layer)", k.fname, name, v.summary(0), p.block_count);
+    p.recurrent_layers = k.file.get_array_bool(name);
+    if (p.ssm_inner_size != p.ssm_time_step_rank * p.ssm_state_size || p.ssm_time_step_rank % p.ssm_group_count != 0)
+        fail(ErrorCode::bad_input, "{}: ssm widths disagree: inner_size {} for {} value heads of {}, {} key heads", k.fname,
+             p.ssm_inner_size, p.ssm_time_step_rank, p.ssm_state_size, p.ssm_group_count);
+}
+
+// llama.cpp's deepseek2 hparams (llama_model::load_hparams / src/models/deepseek2.cpp).
+void read_mla_hparams(const ArchKeys& k, GgufModelParams& p) {
+    const GgufFile& file = k.file;
+    p.q_lora_rank = k.in("attention.q_lora_rank", k.opt_int("attention.q_lora_rank", 0), 0);
+    p.kv_lora_rank = k.in("attention.kv_lora_rank", file.get_int(k.key("attention.kv_lora_rank")), 1);
+    p.key_length_mla = k.in("attention.key_length_mla", file.get_int(k.key("attention.key_length_mla")), 2);
+    p.value_length_mla = k.in("attention.value_length_mla", file.get_int(k.key("attention.value_length_mla")), 1);
+    p.rope_dimension_count = k.in("rope.dimension_count", file.get_int(k.key("rope.dimension_count")), 2);
+    p.expert_group_count = k.in("expert_group_count", k.opt_int("expert_group_count", 1), 1);
+    p.expert_group_used_count = k.in("expert_group_used_count", k.opt_int("expert_group_used_count", 1), 1);
+    p.expert_gating_func = k.opt_int("expert_gating_func", 0);
+    p.leading_dense_block_count = k.in("leading_dense_block_count", k.opt_int("leading_dense_block_count", 0), 0);
+    p.expert_shared_count = k.in("expert_shared_count", k.opt_int("expert_shared_count", 0), 0);
+    if (const std::string name = k.key("expert_weights_scale"); file.has(name)) p.expert_weights_scale = file.get_float(name);
+    if (p.key_length != p.kv_lora_rank + p.rope_dimension_count || p.value_length != p.kv_lora_rank ||
+        p.rope_dimension_count >= p.key_length_mla)
+        fail(ErrorCode::bad_input, "{}: MLA widths disagree: key_length {} / value_length {} for kv_lora_rank {} + "
+             "rope {}, key_length_mla {}", k.fname, p.key_length, p.value_length, p.kv_lora_rank,
+             p.rope_dimension_count, p.key_length_mla);
+}
+
+// The vocabulary: the tokenizer's token list, else <arch>.vocab_size, else the embedding's rows.
+std::int64_t read_vocab_size(const ArchKeys& k) {
+    const GgufFile& file = k.file;
+    std::int64_t v = 0;
+    if (file.has("tokenizer.ggml.tokens")) {
+        v = static_cast<std::int64_t>(file.get("tokenizer.ggml.tokens").array_size());
+    } else if (file.has(k.key("vocab_size"))) {
+        v = file.get_int(k.key("vocab_size"));
+    } else if (const auto* te = file.find_tensor("token_embd.weight"); te != nullptr && te->ne.size() == 2) {
+        v = te->ne[1];
+    }
+    return k.positive("vocab_size", v);
+}
+
+// What the tensors say: MoE layers, q/k norms, shared experts, tied embeddings; every layer index in range.
+void scan_tensor_roles(const ArchKeys& k, GgufModelParams& p) {
+    p.moe_layers.assign(static_cast<std::size_t>(p.block_count), false);
+    bool has_output = false;
+    for (const auto& t : k.file.tensors()) {
+        const auto r = gguf_tensor_role(t.name);
+        if (!r) continue;
+        if (r->role == GgufRole::output) has_output = true;
+        if (r->role == GgufRole::attn_q_norm) p.qk_norm = true;
+        if (r->role == GgufRole::ffn_gate_shexp || r->role == GgufRole::ffn_up_shexp || r->role == GgufRole::ffn_down_shexp)
+            p.shared_expert = true;
+        if (r->role == GgufRole::ffn_gate_inp_shexp) p.shared_expert_gate = true;
+        if (r->layer >= p.block_count)
+            fail(ErrorCode::bad_input, "{}: tensor '{}' belongs to layer {} but block_count is {}", k.fname,
+                 printable(t.name), r->layer, p.block_count);
+        if (r->role == GgufRole::ffn_gate_inp && r->layer >= 0) p.moe_layers[static_cast<std::size_t>(r->layer)] = true;
+    }
+    p.tied_embeddings = !has_output;
+}
+
+// Sliding windows (llama.cpp: hparams.n_swa, load_swa_pattern). A window without a pattern key takes the
+// architecture's default pattern; only gpt-oss has one here (period 2: layer l slides iff l is even).
+void read_sliding_windows(const ArchKeys& k, GgufModelParams& p) {
+    const GgufFile& file = k.file;
+    p.sliding_window = k.opt_int("attention.sliding_window", 0);
+    if (p.sliding_window < 0 || p.sliding_window > (std::int64_t{1} << 31))
+        fail(ErrorCode::bad_input, "{}: {} is {}, not a window length", k.fname, k.key("attention.sliding_window"),
+             p.sliding_window);
+    if (p.sliding_window == 0) return;
+    const std::string name = k.key("attention.sliding_window_pattern");
+    const GgufValue* v = file.find(name);
+    const auto n = static_cast<std::size_t>(p.block_count);
+    if (v != nullptr && v->is_array()) {
+        if (v->array_type() != GgufType::boolean || v->array_size() != n)
+            fail(ErrorCode::bad_input, "{}: {} is an array of {} {}, not {} booleans (one per layer)", k.fname, name,
+                 v->array_size(), gguf_type_name(v->array_type()), n);
+        p.sliding_layers = file.get_array_bool(name);
+        return;
+    }
+    std::int64_t period = 0;
+    if (v != nullptr) {
+        period = file.get_int(name);
+        if (period < 0 || period > p.block_count)
+            fail(ErrorCode::bad_input, "{}: {} is {}, not a period in 0..{}", k.fname, name, period, p.block_count);
+    } else if (k.arch == "gpt-oss") {
+        period = 2;
+    } else {
+        fail(ErrorCode::unsupported, "{}: {} is set but {} has no sliding-window layer pattern here (not modelled for "
+             "this architecture)", k.fname, k.key("attention.sliding_window"), k.arch);
+    }
+    p.sliding_layers.resize(n);
+    for (std::size_t l = 0; l < n; ++l)  // llama_hparams::set_swa_pattern (not dense-first)
+        p.sliding_layers[l] = period == 0 || static_cast<std::int64_t>(l) % period < period - 1;
+}
+
+}  // namespace
+
 GgufModelParams read_gguf_model_params(const GgufFile& file) {
     GgufModelParams p;
     const std::string& fname = file.name();
@@ -155,183 +314,44 @@ GgufModelParams read_gguf_model_params(const GgufFile& file) {
         arch != "qwen3next" && arch != "qwen35moe")
         fail(ErrorCode::unsupported, "{}: architecture '{}' is not supported (supported: {})", fname, printable(arch),
              gguf_supported_architectures());
-    const auto key = [&](std::string_view suffix) { return fmt::format("{}.{}", arch, suffix); };
-    const auto opt_int = [&](std::string_view suffix, std::int64_t fallback) {
-        const std::string k = key(suffix);
-        return file.has(k) ? file.get_int(k) : fallback;
-    };
-    const auto positive = [&](std::string_view suffix, std::int64_t v) {
-        if (v <= 0 || v > (std::int64_t{1} << 31))
-            fail(ErrorCode::bad_input, "{}: {} is {}, not a positive count", fname, key(suffix), v);
-        return v;
-    };
+    const ArchKeys k{file, fname, arch};
 
-    p.block_count = positive("block_count", file.get_int(key("block_count")));
-    p.embedding_length = positive("embedding_length", file.get_int(key("embedding_length")));
-    p.feed_forward_length = opt_int("feed_forward_length", 0);
-    p.head_count = positive("attention.head_count", file.get_int(key("attention.head_count")));
-    {
-        // head_count_kv may be per-layer (an array) in some converters; we
-        // accept that only when every layer agrees.
-        const std::string k = key("attention.head_count_kv");
-        const GgufValue* v = file.find(k);
-        if (v == nullptr) {
-            p.head_count_kv = p.head_count;
-        } else if (!v->is_array()) {
-            p.head_count_kv = file.get_int(k);
-        } else {
-            std::optional<std::int64_t> common;
-            std::visit(
-                [&](const auto& vec) {
-                    using E = typename std::decay_t<decltype(vec)>::value_type;
-                    if constexpr (std::is_integral_v<E> && !std::is_same_v<E, bool>) {
-                        for (const auto& e : vec) {
-                            const auto x = static_cast<std::int64_t>(e);
-                            if (common && *common != x)
-                                fail(ErrorCode::unsupported, "{}: {} varies per layer (not supported)", fname, k);
-                            common = x;
-                        }
-                    }
-                },
-                *v->array());
-            if (!common) fail(ErrorCode::bad_input, "{}: {} is {}, not an integer", fname, k, v->summary(0));
-            p.head_count_kv = *common;
-        }
-        positive("attention.head_count_kv", p.head_count_kv);
-        if (p.head_count % p.head_count_kv != 0)
-            fail(ErrorCode::bad_input, "{}: head_count {} is not a multiple of head_count_kv {}", fname, p.head_count,
-                 p.head_count_kv);
-    }
-    p.key_length = positive("attention.key_length", opt_int("attention.key_length", p.embedding_length / p.head_count));
-    p.value_length = positive("attention.value_length", opt_int("attention.value_length", p.key_length));
-    if (file.has(key("rope.freq_base"))) p.rope_freq_base = file.get_float(key("rope.freq_base"));
-    p.rms_norm_eps = file.get_float(key("attention.layer_norm_rms_epsilon"));
+    p.block_count = k.positive("block_count", file.get_int(k.key("block_count")));
+    p.embedding_length = k.positive("embedding_length", file.get_int(k.key("embedding_length")));
+    p.feed_forward_length = k.opt_int("feed_forward_length", 0);
+    p.head_count = k.positive("attention.head_count", file.get_int(k.key("attention.head_count")));
+    p.head_count_kv = k.positive("attention.head_count_kv", read_head_count_kv(k, p.head_count));
+    if (p.head_count % p.head_count_kv != 0)
+        fail(ErrorCode::bad_input, "{}: head_count {} is not a multiple of head_count_kv {}", fname, p.head_count,
+             p.head_count_kv);
+    p.key_length = k.positive("attention.key_length", k.opt_int("attention.key_length", p.embedding_length / p.head_count));
+    p.value_length = k.positive("attention.value_length", k.opt_int("attention.value_length", p.key_length));
+    if (file.has(k.key("rope.freq_base"))) p.rope_freq_base = file.get_float(k.key("rope.freq_base"));
+    p.rms_norm_eps = file.get_float(k.key("attention.layer_norm_rms_epsilon"));
     if (!(p.rms_norm_eps > 0.0) || !(p.rope_freq_base > 0.0))
         fail(ErrorCode::bad_input, "{}: rms epsilon {} / rope base {} must be positive", fname, p.rms_norm_eps,
              p.rope_freq_base);
 
-    p.expert_count = opt_int("expert_count", 0);
-    p.expert_used_count = opt_int("expert_used_count", 0);
-    if (arch != "llama" && p.expert_count == 0)
-        fail(ErrorCode::bad_input, "{}: {} has no {}", fname, arch, key("expert_count"));
+    p.expert_count = k.opt_int("expert_count", 0);
+    p.expert_used_count = k.opt_int("expert_used_count", 0);
+    if (arch != "llama" && p.expert_count == 0) fail(ErrorCode::bad_input, "{}: {} has no {}", fname, arch, k.key("expert_count"));
     if (p.expert_count != 0) {
-        positive("expert_count", p.expert_count);
+        k.positive("expert_count", p.expert_count);
         if (p.expert_used_count <= 0 || p.expert_used_count > p.expert_count)
-            fail(ErrorCode::bad_input, "{}: {} is {}, not in 1..{}", fname, key("expert_used_count"),
-                 p.expert_used_count, p.expert_count);
+            fail(ErrorCode::bad_input, "{}: {} is {}, not in 1..{}", fname, k.key("expert_used_count"), p.expert_used_count,
+                 p.expert_count);
         // Mixtral (llama arch) sizes its experts with the dense FFN key.
         p.expert_feed_forward_length =
-            positive("expert_feed_forward_length", opt_int("expert_feed_forward_length", p.feed_forward_length));
+            k.positive("expert_feed_forward_length", k.opt_int("expert_feed_forward_length", p.feed_forward_length));
     }
-    p.expert_shared_feed_forward_length = opt_int("expert_shared_feed_forward_length", 0);
-    if (arch == "qwen3next" || arch == "qwen35moe") {
-        // llama.cpp's hybrid hparams (llama_model::load_hparams): the DeltaNet's widths and the layer pattern.
-        const auto width = [&](std::string_view suffix) { return positive(suffix, file.get_int(key(suffix))); };
-        p.ssm_conv_kernel = width("ssm.conv_kernel");
-        p.ssm_state_size = width("ssm.state_size");
-        p.ssm_group_count = width("ssm.group_count");
-        p.ssm_time_step_rank = width("ssm.time_step_rank");
-        p.ssm_inner_size = width("ssm.inner_size");
-        p.rope_dimension_count = positive("rope.dimension_count", file.get_int(key("rope.dimension_count")));
-        const std::string k = key("attention.recurrent_layers");
-        const GgufValue& v = file.get(k);
-        if (!v.is_array() || v.array_type() != GgufType::boolean ||
-            v.array_size() != static_cast<std::size_t>(p.block_count))
-            fail(ErrorCode::bad_input, "{}: {} is {}, not {} booleans (one per layer)", fname, k, v.summary(0),
-                 p.block_count);
-        p.recurrent_layers = file.get_array_bool(k);
-        if (p.ssm_inner_size != p.ssm_time_step_rank * p.ssm_state_size || p.ssm_time_step_rank % p.ssm_group_count != 0)
-            fail(ErrorCode::bad_input, "{}: ssm widths disagree: inner_size {} for {} value heads of {}, {} key heads",
-                 fname, p.ssm_inner_size, p.ssm_time_step_rank, p.ssm_state_size, p.ssm_group_count);
-    }
-    if (arch == "deepseek2") {
-        // llama.cpp's deepseek2 hparams (llama_model::load_hparams / src/models/deepseek2.cpp).
-        const auto in = [&](std::string_view suffix, std::int64_t v, std::int64_t lo) {
-            if (v < lo || v > (std::int64_t{1} << 31))
-                fail(ErrorCode::bad_input, "{}: {} is {}, not in [{}, 2^31]", fname, key(suffix), v, lo);
-            return v;
-        };
-        p.q_lora_rank = in("attention.q_lora_rank", opt_int("attention.q_lora_rank", 0), 0);
-        p.kv_lora_rank = in("attention.kv_lora_rank", file.get_int(key("attention.kv_lora_rank")), 1);
-        p.key_length_mla = in("attention.key_length_mla", file.get_int(key("attention.key_length_mla")), 2);
-        p.value_length_mla = in("attention.value_length_mla", file.get_int(key("attention.value_length_mla")), 1);
-        p.rope_dimension_count = in("rope.dimension_count", file.get_int(key("rope.dimension_count")), 2);
-        p.expert_group_count = in("expert_group_count", opt_int("expert_group_count", 1), 1);
-        p.expert_group_used_count = in("expert_group_used_count", opt_int("expert_group_used_count", 1), 1);
-        p.expert_gating_func = opt_int("expert_gating_func", 0);
-        p.leading_dense_block_count = in("leading_dense_block_count", opt_int("leading_dense_block_count", 0), 0);
-        p.expert_shared_count = in("expert_shared_count", opt_int("expert_shared_count", 0), 0);
-        if (const std::string k = key("expert_weights_scale"); file.has(k)) p.expert_weights_scale = file.get_float(k);
-        if (p.key_length != p.kv_lora_rank + p.rope_dimension_count || p.value_length != p.kv_lora_rank ||
-            p.rope_dimension_count >= p.key_length_mla)
-            fail(ErrorCode::bad_input, "{}: MLA widths disagree: key_length {} / value_length {} for kv_lora_rank {} + "
-                 "rope {}, key_length_mla {}", fname, p.key_length, p.value_length, p.kv_lora_rank,
-                 p.rope_dimension_count, p.key_length_mla);
-    }
+    p.expert_shared_feed_forward_length = k.opt_int("expert_shared_feed_forward_length", 0);
+    if (arch == "qwen3next" || arch == "qwen35moe") read_hybrid_hparams(k, p);
+    if (arch == "deepseek2") read_mla_hparams(k, p);
     p.norm_topk_prob = arch != "qwen2moe" && arch != "deepseek2";  // deepseek2: only with expert_weights_norm
-    if (const std::string k = key("expert_weights_norm"); file.has(k)) p.norm_topk_prob = file.get_bool(k);
-
-    if (file.has("tokenizer.ggml.tokens")) {
-        const GgufValue& v = file.get("tokenizer.ggml.tokens");
-        p.vocab_size = static_cast<std::int64_t>(v.array_size());
-    } else if (file.has(key("vocab_size"))) {
-        p.vocab_size = file.get_int(key("vocab_size"));
-    } else if (const auto* te = file.find_tensor("token_embd.weight"); te != nullptr && te->ne.size() == 2) {
-        p.vocab_size = te->ne[1];
-    }
-    positive("vocab_size", p.vocab_size);
-
-    p.moe_layers.assign(static_cast<std::size_t>(p.block_count), false);
-    bool has_output = false;
-    for (const auto& t : file.tensors()) {
-        const auto r = gguf_tensor_role(t.name);
-        if (!r) continue;
-        if (r->role == GgufRole::output) has_output = true;
-        if (r->role == GgufRole::attn_q_norm) p.qk_norm = true;
-        if (r->role == GgufRole::ffn_gate_shexp || r->role == GgufRole::ffn_up_shexp ||
-            r->role == GgufRole::ffn_down_shexp)
-            p.shared_expert = true;
-        if (r->role == GgufRole::ffn_gate_inp_shexp) p.shared_expert_gate = true;
-        if (r->layer >= p.block_count)
-            fail(ErrorCode::bad_input, "{}: tensor '{}' belongs to layer {} but block_count is {}", fname,
-                 printable(t.name), r->layer, p.block_count);
-        if (r->role == GgufRole::ffn_gate_inp && r->layer >= 0) p.moe_layers[static_cast<std::size_t>(r->layer)] = true;
-    }
-    p.tied_embeddings = !has_output;
-
-    // Sliding windows (llama.cpp: hparams.n_swa, load_swa_pattern). A window
-    // without a pattern key takes the architecture's default pattern; only
-    // gpt-oss has one here (period 2: layer l slides iff l is even).
-    p.sliding_window = opt_int("attention.sliding_window", 0);
-    if (p.sliding_window < 0 || p.sliding_window > (std::int64_t{1} << 31))
-        fail(ErrorCode::bad_input, "{}: {} is {}, not a window length", fname, key("attention.sliding_window"),
-             p.sliding_window);
-    if (p.sliding_window > 0) {
-        const std::string k = key("attention.sliding_window_pattern");
-        const GgufValue* v = file.find(k);
-        const auto n = static_cast<std::size_t>(p.block_count);
-        if (v != nullptr && v->is_array()) {
-            if (v->array_type() != GgufType::boolean || v->array_size() != n)
-                fail(ErrorCode::bad_input, "{}: {} is an array of {} {}, not {} booleans (one per layer)", fname, k,
-                     v->array_size(), gguf_type_name(v->array_type()), n);
-            p.sliding_layers = file.get_array_bool(k);
-        } else {
-            std::int64_t period = 0;
-            if (v != nullptr) {
-                period = file.get_int(k);
-                if (period < 0 || period > p.block_count)
-                    fail(ErrorCode::bad_input, "{}: {} is {}, not a period in 0..{}", fname, k, period, p.block_count);
-            } else if (arch == "gpt-oss") {
-                period = 2;
-            } else {
-                fail(ErrorCode::unsupported, "{}: {} is set but {} has no sliding-window layer pattern here "
-                     "(not modelled for this architecture)", fname, key("attention.sliding_window"), arch);
-            }
-            p.sliding_layers.resize(n);
-            for (std::size_t l = 0; l < n; ++l)  // llama_hparams::set_swa_pattern (not dense-first)
-                p.sliding_layers[l] = period == 0 || static_cast<std::int64_t>(l) % period < period - 1;
-        }
-    }
+    if (const std::string name = k.key("expert_weights_norm"); file.has(name)) p.norm_topk_prob = file.get_bool(name);
+    p.vocab_size = read_vocab_size(k);
+    scan_tensor_roles(k, p);
+    read_sliding_windows(k, p);
     return p;
 }
 
