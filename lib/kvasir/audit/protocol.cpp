@@ -459,13 +459,10 @@ bool Protocol::uses_floor() const {
     return false;
 }
 
-Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, const std::string& base_dir) {
-    const Reader r(source);
-    r.object(doc, "", {"format", "id", "version", "description", "reference", "seed", "steps", "tiers"},
-             {"$schema", "model", "limits", "statistics", "floor"});
-    Protocol pr;
-    pr.source = source;
-    pr.base_dir = base_dir;
+namespace {
+
+// The protocol's header: format, id, version, description, model, reference, seed.
+void read_header(const Reader& r, const nlohmann::json& doc, const std::string& base_dir, Protocol& pr) {
     const std::string format = r.string(doc, "format", "");
     if (format != "kvasir-equiv/protocol/1")
         r.bad("/format", fmt::format("\"{}\" is not a supported format (this build reads \"kvasir-equiv/protocol/1\")", format));
@@ -491,7 +488,10 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
             r.bad("/seed", fmt::format("expected a non-negative integer, got {}", describe_json_value(s)));
         pr.seed = s.is_number_unsigned() ? s.get<std::uint64_t>() : static_cast<std::uint64_t>(s.get<double>());
     }
+}
 
+// Resource limits of each node's process.
+void read_limits(const Reader& r, const nlohmann::json& doc, Protocol& pr) {
     if (doc.contains("limits")) {
         const auto& l = r.object(doc.at("limits"), "/limits", {}, {"node_timeout_s", "node_memory_gib"});
         for (const auto& [key, field] : {std::pair{"node_timeout_s", &pr.limits.node_timeout_s},
@@ -503,7 +503,10 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
             *field = v;
         }
     }
+}
 
+// The floor node (x_floor tolerances) and the confidence bounds of rates.
+void read_floor_and_statistics(const Reader& r, const nlohmann::json& doc, Protocol& pr) {
     if (doc.contains("floor")) {
         pr.floor = r.string(doc, "floor", "");
         try {
@@ -527,7 +530,79 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
             r.bad("/statistics/interval", e.what());
         }
     }
+}
 
+void read_generate(const Reader& r, const nlohmann::json& steps, const std::string& base_dir, Protocol& pr) {
+    const std::string p = "/steps/generate";
+    const auto& g = r.object(steps["generate"], p, {"prompt", "n", "teacher_forcing"});
+    pr.generate.enabled = true;
+    pr.generate.prompt = read_stream(r, g, "prompt", p, base_dir);
+    pr.generate.n = r.integer(g, "n", p, 1, 1 << 16);
+    pr.generate.teacher_forcing = r.boolean(g, "teacher_forcing", p);
+}
+
+void read_perplexity(const Reader& r, const nlohmann::json& steps, const std::string& base_dir, Protocol& pr) {
+    const std::string p = "/steps/perplexity";
+    const auto& g = r.object(steps["perplexity"], p, {"tokens", "context"}, {"score", "kl_divergence", "router_authority"});
+    if (g.contains("router_authority")) pr.perplexity.router_authority = r.boolean(g, "router_authority", p);
+    pr.perplexity.enabled = true;
+    pr.perplexity.tokens = read_stream(r, g, "tokens", p, base_dir);
+    if (pr.perplexity.tokens.count < 2)
+        r.bad("/steps/perplexity/tokens/count", "needs at least 2 tokens (one predicted from another)");
+    pr.perplexity.context = r.integer(g, "context", p, kMinPerplexityContext, kMaxPerplexityContext);
+    if (g.contains("score")) {
+        const std::string score = r.string(g, "score", p);
+        if (score != "all" && score != "second_half") r.bad(p + "/score", "must be \"all\" or \"second_half\"");
+        pr.perplexity.second_half = score == "second_half";
+        if (pr.perplexity.second_half && pr.perplexity.context < 4)
+            r.bad(p + "/context", "second_half scoring needs windows of at least 4 tokens");
+    }
+    if (g.contains("kl_divergence")) {
+        const auto& k = r.object(g.at("kl_divergence"), p + "/kl_divergence", {"base_rounding"});
+        pr.perplexity.kl_divergence = true;
+        pr.perplexity.base_rounding = r.string(k, "base_rounding", p + "/kl_divergence");
+        if (pr.perplexity.base_rounding != "exact" && pr.perplexity.base_rounding != "llamacpp-u16")
+            r.bad(p + "/kl_divergence/base_rounding", "must be \"exact\" or \"llamacpp-u16\"");
+    }
+}
+
+void read_invariance(const Reader& r, const nlohmann::json& steps, const std::string& base_dir, Protocol& pr) {
+    const std::string p = "/steps/invariance";
+    const auto& g = r.object(steps["invariance"], p, {"tokens", "batch_sizes", "op_rows", "repeats", "decode"});
+    auto& inv = pr.invariance;
+    inv.enabled = true;
+    inv.tokens = read_stream(r, g, "tokens", p, base_dir);
+    if (inv.tokens.count > 4096) r.bad("/steps/invariance/tokens/count", "at most 4096 tokens (decoded one by one)");
+    const std::string bp = json_pointer_child(p, "batch_sizes");
+    const auto& list = g.at("batch_sizes");
+    if (!list.is_array()) r.bad(bp, fmt::format("expected an array, got {}", describe_json_value(list)));
+    if (list.empty() || list.size() > 8) r.bad(bp, "must name 1 to 8 batch sizes");
+    for (std::size_t i = 0; i < list.size(); ++i) {
+        const std::int64_t b = r.integer(list[i], json_pointer_child(bp, std::to_string(i)), 2, 64);
+        if (std::find(inv.batch_sizes.begin(), inv.batch_sizes.end(), b) != inv.batch_sizes.end())
+            r.bad(json_pointer_child(bp, std::to_string(i)), fmt::format("batch size {} listed twice", b));
+        inv.batch_sizes.push_back(b);
+    }
+    inv.op_rows = r.integer(g, "op_rows", p, 2, 4096);
+    inv.repeats = static_cast<int>(r.integer(g, "repeats", p, 2, 64));
+    inv.decode = r.integer(g, "decode", p, 1, 1024);
+}
+
+void read_task(const Reader& r, const nlohmann::json& steps, const std::string& base_dir, Protocol& pr) {
+    const std::string p = "/steps/task";
+    const auto& g = r.object(steps["task"], p, {"items"}, {"router_authority"});
+    if (g.contains("router_authority")) pr.task.router_authority = r.boolean(g, "router_authority", p);
+    const auto& it = r.object(g.at("items"), p + "/items", {"path", "sha256"});
+    pr.task.enabled = true;
+    pr.task.path = r.string(it, "path", p + "/items");
+    pr.task.resolved_path = resolve_path(base_dir, pr.task.path);
+    pr.task.sha256 = r.string(it, "sha256", p + "/items");
+    if (!is_lower_hex(pr.task.sha256, 64))
+        r.bad(p + "/items/sha256", "expected 64 lowercase hex digits (sha256 of the file)");
+}
+
+// Every step's section: the built-in ones read here, a registered step's kept for its own plan().
+void read_steps(const Reader& r, const nlohmann::json& doc, const std::string& base_dir, Protocol& pr) {
     const auto& steps = r.object(doc.at("steps"), "/steps", {}, protocol_step_names());
     if (steps.empty()) r.bad("/steps", "names no step (nothing compared is never a pass)");
     if (steps.contains("ops")) read_ops(r, steps["ops"], "/steps/ops", pr.ops);
@@ -552,76 +627,15 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
     if (const auto* j = token_step("decide", pr.decide, "border")) pr.decide.border = positive(*j, "decide", "border");
     if (const auto* j = token_step("logits", pr.logits, "router_authority"))
         pr.logits.router_authority = r.boolean(*j, "router_authority", "/steps/logits");
-    if (steps.contains("generate")) {
-        const std::string p = "/steps/generate";
-        const auto& g = r.object(steps["generate"], p, {"prompt", "n", "teacher_forcing"});
-        pr.generate.enabled = true;
-        pr.generate.prompt = read_stream(r, g, "prompt", p, base_dir);
-        pr.generate.n = r.integer(g, "n", p, 1, 1 << 16);
-        pr.generate.teacher_forcing = r.boolean(g, "teacher_forcing", p);
-    }
-    if (steps.contains("perplexity")) {
-        const std::string p = "/steps/perplexity";
-        const auto& g = r.object(steps["perplexity"], p, {"tokens", "context"}, {"score", "kl_divergence", "router_authority"});
-        if (g.contains("router_authority")) pr.perplexity.router_authority = r.boolean(g, "router_authority", p);
-        pr.perplexity.enabled = true;
-        pr.perplexity.tokens = read_stream(r, g, "tokens", p, base_dir);
-        if (pr.perplexity.tokens.count < 2)
-            r.bad("/steps/perplexity/tokens/count", "needs at least 2 tokens (one predicted from another)");
-        pr.perplexity.context = r.integer(g, "context", p, kMinPerplexityContext, kMaxPerplexityContext);
-        if (g.contains("score")) {
-            const std::string score = r.string(g, "score", p);
-            if (score != "all" && score != "second_half") r.bad(p + "/score", "must be \"all\" or \"second_half\"");
-            pr.perplexity.second_half = score == "second_half";
-            if (pr.perplexity.second_half && pr.perplexity.context < 4)
-                r.bad(p + "/context", "second_half scoring needs windows of at least 4 tokens");
-        }
-        if (g.contains("kl_divergence")) {
-            const auto& k = r.object(g.at("kl_divergence"), p + "/kl_divergence", {"base_rounding"});
-            pr.perplexity.kl_divergence = true;
-            pr.perplexity.base_rounding = r.string(k, "base_rounding", p + "/kl_divergence");
-            if (pr.perplexity.base_rounding != "exact" && pr.perplexity.base_rounding != "llamacpp-u16")
-                r.bad(p + "/kl_divergence/base_rounding", "must be \"exact\" or \"llamacpp-u16\"");
-        }
-    }
+    if (steps.contains("generate")) read_generate(r, steps, base_dir, pr);
+    if (steps.contains("perplexity")) read_perplexity(r, steps, base_dir, pr);
     if (steps.contains("determinism")) {
         const auto& d = r.object(steps["determinism"], "/steps/determinism", {"repeats"});
         pr.determinism.enabled = true;
         pr.determinism.repeats = static_cast<int>(r.integer(d, "repeats", "/steps/determinism", 2, 16));
     }
-    if (steps.contains("invariance")) {
-        const std::string p = "/steps/invariance";
-        const auto& g = r.object(steps["invariance"], p, {"tokens", "batch_sizes", "op_rows", "repeats", "decode"});
-        auto& inv = pr.invariance;
-        inv.enabled = true;
-        inv.tokens = read_stream(r, g, "tokens", p, base_dir);
-        if (inv.tokens.count > 4096) r.bad("/steps/invariance/tokens/count", "at most 4096 tokens (decoded one by one)");
-        const std::string bp = json_pointer_child(p, "batch_sizes");
-        const auto& list = g.at("batch_sizes");
-        if (!list.is_array()) r.bad(bp, fmt::format("expected an array, got {}", describe_json_value(list)));
-        if (list.empty() || list.size() > 8) r.bad(bp, "must name 1 to 8 batch sizes");
-        for (std::size_t i = 0; i < list.size(); ++i) {
-            const std::int64_t b = r.integer(list[i], json_pointer_child(bp, std::to_string(i)), 2, 64);
-            if (std::find(inv.batch_sizes.begin(), inv.batch_sizes.end(), b) != inv.batch_sizes.end())
-                r.bad(json_pointer_child(bp, std::to_string(i)), fmt::format("batch size {} listed twice", b));
-            inv.batch_sizes.push_back(b);
-        }
-        inv.op_rows = r.integer(g, "op_rows", p, 2, 4096);
-        inv.repeats = static_cast<int>(r.integer(g, "repeats", p, 2, 64));
-        inv.decode = r.integer(g, "decode", p, 1, 1024);
-    }
-    if (steps.contains("task")) {
-        const std::string p = "/steps/task";
-        const auto& g = r.object(steps["task"], p, {"items"}, {"router_authority"});
-        if (g.contains("router_authority")) pr.task.router_authority = r.boolean(g, "router_authority", p);
-        const auto& it = r.object(g.at("items"), p + "/items", {"path", "sha256"});
-        pr.task.enabled = true;
-        pr.task.path = r.string(it, "path", p + "/items");
-        pr.task.resolved_path = resolve_path(base_dir, pr.task.path);
-        pr.task.sha256 = r.string(it, "sha256", p + "/items");
-        if (!is_lower_hex(pr.task.sha256, 64))
-            r.bad(p + "/items/sha256", "expected 64 lowercase hex digits (sha256 of the file)");
-    }
+    if (steps.contains("invariance")) read_invariance(r, steps, base_dir, pr);
+    if (steps.contains("task")) read_task(r, steps, base_dir, pr);
     // A registered step's section is its own to read (Step::plan validates it); here it must be an object.
     for (const std::string& name : protocol_step_names()) {
         if (built_in_step(name) || !steps.contains(name)) continue;
@@ -636,7 +650,21 @@ Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, co
             r.bad("/steps/ops", e.what());
         }
     }
+}
 
+}  // namespace
+
+Protocol parse_protocol(const nlohmann::json& doc, const std::string& source, const std::string& base_dir) {
+    const Reader r(source);
+    r.object(doc, "", {"format", "id", "version", "description", "reference", "seed", "steps", "tiers"},
+             {"$schema", "model", "limits", "statistics", "floor"});
+    Protocol pr;
+    pr.source = source;
+    pr.base_dir = base_dir;
+    read_header(r, doc, base_dir, pr);
+    read_limits(r, doc, pr);
+    read_floor_and_statistics(r, doc, pr);
+    read_steps(r, doc, base_dir, pr);
     const auto& tiers = r.object(doc.at("tiers"), "/tiers", {"sensitive", "tolerant"});
     pr.sensitive = read_tier(r, tiers.at("sensitive"), "/tiers/sensitive");
     pr.tolerant = read_tier(r, tiers.at("tolerant"), "/tiers/tolerant");
