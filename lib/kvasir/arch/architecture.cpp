@@ -57,10 +57,10 @@ void FamilyDecoder::check(const ModelConfig& c) const {
 }
 
 Tensor FamilyDecoder::layer(LayerGraph& g, std::int64_t l, const TensorView& h, LayerIO& io) const {
-    // A streaming model (Model::streams_weights): this layer's weights and the next one's are read ahead
-    // while this one computes; its experts once its routing has chosen them (LayerGraph::feed_forward).
+    // A streaming model (Model::streams_weights): the next layer's weights are read ahead while this one
+    // computes (layer 0's before it), its experts once its routing has chosen them (LayerGraph::feed_forward).
     if (g.model.streams_weights()) {
-        g.model.will_read_layer(l);
+        if (l == 0) g.model.will_read_layer(0);
         if (l + 1 < g.c.num_layers) g.model.will_read_layer(l + 1);
     }
     return (g.*layer_)(l, h, io);

@@ -160,7 +160,6 @@ ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& 
         // keeps its resident size near the machine's memory by design).
         const auto mem = process_memory(pid);
         const double own = mem ? static_cast<double>(mem->own) : 0.0;
-        out.peak_own_gib = std::max(out.peak_own_gib, own / (1024.0 * 1024.0 * 1024.0));
         if (killed_for.empty() && cancel != nullptr && cancel->load()) killed_for = "cancelled: the audit failed on another node";
         if (killed_for.empty() && elapsed > timeout_s) killed_for = fmt::format("timed out after {:g} s", timeout_s);
         if (killed_for.empty() && own > limit_bytes)

@@ -72,7 +72,6 @@ struct ChildOutcome {
     int exit_code = -1;       // when it exited
     std::string reason;       // one line when !ok
     double seconds = 0;
-    double peak_own_gib = 0;  // the most memory of its own seen (process_memory.hpp: mapped weights not counted)
     // What the child's main() said ended it (app/main.cpp writes the file
     // named by KVASIR_FAILURE_FILE): "internal", "bad input", ...; empty when
     // it said nothing (killed, crashed).

@@ -132,12 +132,8 @@ public:
     void at_position(std::int64_t t) {
         t_ = t;
         if (!full_) return;
-        const std::int64_t v = r_.logits.dim(1);
-        double m = -std::numeric_limits<double>::infinity();
-        for (std::int64_t j = 0; j < v; ++j) m = std::max(m, static_cast<double>(r_.logits.at(t * v + j)));
-        double sum = 0;
-        for (std::int64_t j = 0; j < v; ++j) sum += std::exp(r_.logits.at(t * v + j) - m);
-        lse_ = m + std::log(sum);
+        row_ = logits_row(r_.logits, t);
+        lse_ = logsumexp(row_);
     }
     // The compact ids of this position (empty for a full row: every id).
     std::vector<std::int32_t> ids() const {
@@ -149,7 +145,7 @@ public:
     // log p of `id` with its interval half-width; nullopt when this side does not hold it.
     std::optional<std::pair<double, double>> logprob(std::int32_t id) const {
         if (full_) {
-            const double x = r_.logits.at(t_ * r_.logits.dim(1) + id);
+            const double x = row_[static_cast<std::size_t>(id)];
             const double lp = x - lse_;
             return std::pair{lp, std::isfinite(lp) ? 1e-14 * (1 + std::fabs(x) + std::fabs(lse_)) : 0.0};
         }
@@ -167,6 +163,7 @@ private:
     const LogprobRows& r_;
     bool full_ = false;
     std::int64_t t_ = 0;
+    std::vector<double> row_;  // a full side's row at this position
     double lse_ = 0;
 };
 
