@@ -6,9 +6,9 @@
 #include "kvasir/backend/llamacpp_activations.hpp"
 #include "kvasir/backend/weight_cache.hpp"
 #include "kvasir/core/error.hpp"
+#include "kvasir/core/huge_pages.hpp"
 #include "kvasir/core/immutable_memory.hpp"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <omp.h>
@@ -167,16 +167,14 @@ private:
         // Pages of its own (packed_pages), written first by pack_gemv's threads.
         std::shared_ptr<std::byte[]> data;
     };
-    // Memory for packed weights: pages of their own, long-lived (as long as
-    // the cache keeps them) and handed back to the system when it evicts
-    // them, apart from malloc's heap of short-lived tensors. Their first
-    // touch (by pack_gemv's threads) is most of what a copy costs on a
+    // Memory for packed weights: long-lived (as long as the cache keeps
+    // them), apart from malloc's heap of short-lived tensors, handed back to
+    // the system when the cache evicts them, and on huge pages: a decode
+    // step streams them from DRAM, and on 4 KiB pages that stream pays a TLB
+    // miss every 4 KiB (core/huge_pages.hpp; BENCHMARKS.md, stop 55). Their
+    // first touch (by pack_gemv's threads) is most of what a copy costs on a
     // VM (BENCHMARKS.md "Stop 36").
-    static std::shared_ptr<std::byte[]> packed_pages(std::size_t bytes) {
-        void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED) throw std::bad_alloc();
-        return std::shared_ptr<std::byte[]>(static_cast<std::byte*>(p), [bytes](std::byte* q) { ::munmap(q, bytes); });
-    }
+    static std::shared_ptr<std::byte[]> packed_pages(std::size_t bytes) { return huge_page_buffer(bytes); }
     static std::uint64_t default_pack_budget() {
         const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
         return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) / 8 : 0;
