@@ -272,10 +272,16 @@ void run(const AttentionArgs& a) {
     const i64 p0 = a.s_count - a.t_count, ld = (a.s_count + 7) / 8 * 8;
     const i64 units = a.kv_heads * a.t_count * chunks;
     const bool decoding = a.t_count <= 3;  // the cache comes from DRAM: prefetch it
-    // Work: QKᵀ and PV over the causal keys of every query row.
+    // Work: QKᵀ and PV over the causal keys of every query row, plus the
+    // read of the cache, which a decode step streams from DRAM (each byte
+    // about two of the GEMM's flops; fma_kernels_impl.hpp's GEMV counts the
+    // same): a decode over 128 cached keys of the bench GGUF's 4 kv heads
+    // reads 0.5 MiB and splits over two threads.
     const double flops = 4.0 * static_cast<double>(a.heads) * static_cast<double>(a.dim) * static_cast<double>(a.t_count) *
                          static_cast<double>(a.s_count - a.t_count / 2);
-    const int threads = threads_for_work(a.threads, flops);
+    const double cache_bytes = 2.0 * static_cast<double>(a.kv_heads) * static_cast<double>(a.s_count) * static_cast<double>(a.dim) *
+                               static_cast<double>(sizeof(float));
+    const int threads = threads_for_work(a.threads, flops + 2 * cache_bytes);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         thread_local std::vector<float> scratch;  // kRows rows of S scores (OpenMP reuses its threads)

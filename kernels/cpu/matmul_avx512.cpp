@@ -70,7 +70,11 @@ void gemv_group(const float* x, const void* pg, float* y, std::int64_t n0, std::
     for (std::int64_t k = 0; k < k_count; ++k) {
         if (k > 0 && k % kMatmulKBlock == 0) flush(k == kMatmulKBlock);
         const char* wk = base + k * kGemvPackRows * bytes;
-        __builtin_prefetch(wk + 32 * kGemvPackRows * bytes, 0, 3);  // as the AVX2 group
+        // No software prefetch (the AVX2 group has one, 32 k ahead): on the 2-vCPU
+        // Zen 4 VM, packed weights on huge pages stream at 55-57 GB/s on two
+        // threads without it and 33-45 GB/s with it (one thread 32-34 vs 29-31;
+        // BENCHMARKS.md, stop 55). The hardware prefetchers follow one
+        // contiguous panel stream alone.
         const __m512 w0 = load16<P>(wk, 0), w1 = load16<P>(wk, 16);
 #pragma GCC unroll 3
         for (int t = 0; t < TT; ++t) {
