@@ -165,7 +165,7 @@ template <WeightRounding R, int NV>
 
 template <WeightRounding R>
 void pv_row(const float* p, i64 n, const float* v, i64 dim, float* o, bool prefetch) {
-    i64 i0 = 0;
+    i64 i0 = wide_pv_row(R, p, n, v, dim, o, prefetch);  // the dims a wider ISA did, the same chains
     for (; i0 + 64 <= dim; i0 += 64) pv_chunk<R, 8>(p, n, v, dim, i0, o, prefetch);
     for (; i0 + 8 <= dim; i0 += 8) pv_chunk<R, 1>(p, n, v, dim, i0, o, prefetch);
     for (; i0 < dim; ++i0) {

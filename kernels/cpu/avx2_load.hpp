@@ -226,6 +226,14 @@ inline bool wide_gemv_group(int tt, WeightFormat panel, const float* x, const vo
     return true;
 }
 
+// The fused attention's P·V row of a wider ISA with the same bits, where the
+// CPU has one: AVX-512's 16-lane columns (attention_pv_row_avx512). Returns
+// the dims it did (a multiple of 16; 0 where the CPU has no wider ISA).
+inline i64 wide_pv_row(WeightRounding r, const float* p, i64 n, const float* v, i64 dim, float* o, bool prefetch) {
+    static const bool avx512 = cpu_has_avx512();
+    return avx512 ? attention_pv_row_avx512(r, p, n, v, dim, o, prefetch) : 0;
+}
+
 // The f64 matmul's 8-row tile of a wider ISA: AVX-512 (matmul_f64_tile_avx512),
 // which the f64 driver runs where the dispatch says the CPU has it.
 constexpr bool kHasWideF64Tile = true;

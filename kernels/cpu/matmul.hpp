@@ -238,6 +238,12 @@ void matmul_f64_tile_avx512(int rows, const double* x, std::int64_t ldx, const d
 // order, so the same bits.
 void gemv_packed_group_avx512(int tt, WeightFormat panel, const float* x, const void* pg, float* y, std::int64_t n0,
                               std::int64_t valid, std::int64_t n_count, std::int64_t k_count);
+// The fused attention's P·V row on AVX-512 (attention_avx512.cpp): o[i] =
+// R(Σ_{s<n} p[s]·V[s, i]) (V rows of `dim` floats, read through R) for the
+// dims i < ⌊dim/16⌋·16, in 16-lane columns up to 128 dims a pass, the AVX2
+// chunk's chain per output, so the same bits; returns the dims it did.
+std::int64_t attention_pv_row_avx512(WeightRounding rounding, const float* p, std::int64_t n, const float* v, std::int64_t dim,
+                                     float* o, bool prefetch);
 // The blocked version of cpu_isa() (the loop itself where it is generic).
 void matmul_f64(const double* x, const void* w, DType w_dtype, double* y, std::int64_t t_count, std::int64_t n_count,
                 std::int64_t k_count, int threads);

@@ -202,6 +202,7 @@ inline void store_panel1(void* dst, float v) {
 // No wider tile on AArch64 AdvSIMD (SVE would be its own file).
 inline bool wide_tile(int, i64, const float*, const float*, float*, i64, bool) { return false; }
 inline bool wide_gemv_group(int, WeightFormat, const float*, const void*, float*, i64, i64, i64, i64) { return false; }
+inline i64 wide_pv_row(WeightRounding, const float*, i64, const float*, i64, float*, bool) { return 0; }
 constexpr bool kHasWideF64Tile = false;
 inline void wide_f64_tile(int, const double*, i64, const double*, i64, double*, i64, i64, bool) {}
 
