@@ -21,6 +21,7 @@
 // use, which takes a few seconds.
 #include "bench_inputs.hpp"
 #include "kvasir/backend/registry.hpp"
+#include "kvasir/core/huge_pages.hpp"
 #include "kvasir/core/rng.hpp"
 
 #include <benchmark/benchmark.h>
@@ -204,19 +205,36 @@ std::uint64_t sum_lines(const Line* p, std::size_t n) {
     return total;
 }
 
-void memory_read(benchmark::State& state, int threads) {
-    constexpr std::size_t kLines = (std::size_t{1} << 30) / sizeof(Line);
-    static const std::vector<Line> buffer = [] {
-        std::vector<Line> b(kLines);
-        for (std::size_t i = 0; i < kLines; ++i) b[i] = Line{} + i;
-        return b;
-    }();
+constexpr std::size_t kReadLines = (std::size_t{1} << 30) / sizeof(Line);
+
+const Line* filled_lines(std::byte* mem) {
+    Line* b = reinterpret_cast<Line*>(mem);
+    for (std::size_t i = 0; i < kReadLines; ++i) b[i] = Line{} + i;
+    return b;
+}
+
+// The buffer on huge pages (core/huge_pages.hpp, where the cpu node keeps its
+// packed weights) or on 4 KiB pages (malloc's).
+const Line* read_buffer(bool huge) {
+    if (huge) {
+        static const std::shared_ptr<std::byte[]> mem = huge_page_buffer(kReadLines * sizeof(Line));
+        static const Line* lines = filled_lines(mem.get());
+        return lines;
+    }
+    static const std::vector<Line> small(kReadLines);
+    static const Line* lines = filled_lines(reinterpret_cast<std::byte*>(const_cast<Line*>(small.data())));
+    return lines;
+}
+
+void memory_read(benchmark::State& state, int threads, bool huge) {
+    constexpr std::size_t kLines = kReadLines;
+    const Line* buffer = read_buffer(huge);
     for (auto _ : state) {
         std::uint64_t total = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : total)
         {
             const std::size_t share = kLines / static_cast<std::size_t>(omp_get_num_threads());
-            total += sum_lines(buffer.data() + share * static_cast<std::size_t>(omp_get_thread_num()), share);
+            total += sum_lines(buffer + share * static_cast<std::size_t>(omp_get_thread_num()), share);
         }
         benchmark::DoNotOptimize(total);
     }
@@ -294,7 +312,11 @@ void register_all() {
             ->Unit(benchmark::kMillisecond);
     add("seeded/normal_f32", seeded, true)->Unit(benchmark::kMillisecond);
     add("seeded/uniform_f32", seeded, false)->Unit(benchmark::kMillisecond);
-    for (int threads : {1, 2}) add("memory_read/threads:" + std::to_string(threads), memory_read, threads)->Unit(benchmark::kMillisecond);
+    for (bool huge : {false, true})
+        for (int threads : {1, 2})
+            add(std::string("memory_read/") + (huge ? "huge_pages" : "small_pages") + "/threads:" + std::to_string(threads), memory_read,
+                threads, huge)
+                ->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace
