@@ -15,6 +15,7 @@
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <type_traits>
 #include <utility>
 
@@ -307,14 +308,10 @@ std::string GgufValue::summary(std::size_t max_items) const {
 // GgufFile
 // ---------------------------------------------------------------------------
 
-GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string name) {
-    GgufFile f;
-    f.name_ = std::move(name);
-    f.file_size_ = bytes.size();
-    const std::string& file = f.name_;
-    Cursor cur(bytes, file);
+namespace {
 
-    // --- header -----------------------------------------------------------
+// The magic and the version (2 or 3); the cursor past them.
+std::uint32_t read_magic_and_version(Cursor& cur, std::span<const std::byte> bytes, const std::string& file) {
     if (bytes.size() < 4)
         fail(ErrorCode::bad_input, "{}: not a GGUF file (only {} bytes, the magic alone needs 4)", file, bytes.size());
     if (std::memcmp(bytes.data(), "GGUF", 4) != 0) {
@@ -335,11 +332,12 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string name) {
         fail(ErrorCode::bad_input, "{}: unsupported GGUF version {} (this reader handles versions 2 and 3)", file,
              version);
     }
-    f.version_ = version;
-    const auto n_tensors = cur.read<std::uint64_t>("tensor count");
-    const auto n_kv = cur.read<std::uint64_t>("metadata count");
-    // Bound both counts by what the rest of the file could hold before any
-    // loop or reservation trusts them.
+    return version;
+}
+
+// Both counts bounded by what the rest of the file could hold, before any
+// loop or reservation trusts them.
+void check_counts(const Cursor& cur, std::uint64_t n_kv, std::uint64_t n_tensors, const std::string& file) {
     if (n_kv > cur.remaining() / kMinKvBytes)
         fail(ErrorCode::bad_input,
              "{}: metadata count {} is impossible: the {} bytes after the header hold at most {} key/value pairs", file,
@@ -351,104 +349,80 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string name) {
     if (n_kv * kMinKvBytes + n_tensors * kMinTensorInfoBytes > cur.remaining())  // no overflow: both bounded above
         fail(ErrorCode::bad_input, "{}: {} metadata entries and {} tensor infos cannot fit in the {} bytes after the header",
              file, n_kv, n_tensors, cur.remaining());
+}
 
-    // --- metadata ---------------------------------------------------------
-    f.keys_.reserve(static_cast<std::size_t>(n_kv));
-    f.values_.reserve(static_cast<std::size_t>(n_kv));
-    for (std::uint64_t i = 0; i < n_kv; ++i) {
-        const auto at = cur.pos();
-        std::string key = cur.read_string(fmt::format("key of metadata entry {}", i));
-        if (f.key_index_.count(key) != 0)
-            fail(ErrorCode::bad_input, "{}: duplicate metadata key '{}' at byte {}", file, printable(key), at);
-        const auto type_at = cur.pos();
-        const auto raw_type = cur.read<std::uint32_t>(fmt::format("value type of metadata key '{}'", printable(key)));
-        if (!known_type(raw_type))
-            fail(ErrorCode::bad_input, "{}: metadata key '{}' has unknown value type {} at byte {}", file,
-                 printable(key), raw_type, type_at);
-        ValueReader vr{cur, file, key};
-        const auto t = static_cast<GgufType>(raw_type);
-        GgufValue value = t == GgufType::array ? GgufValue(vr.array()) : GgufValue(vr.scalar(t));
-        f.key_index_.emplace(key, f.keys_.size());
-        f.keys_.push_back(std::move(key));
-        f.values_.push_back(std::move(value));
-    }
+// general.alignment (a non-zero power of two, u32) or the default.
+std::uint32_t alignment_of(const GgufValue* a, const std::string& file) {
+    if (a == nullptr) return kDefaultAlignment;
+    const auto* v = a->scalar() ? std::get_if<std::uint32_t>(a->scalar()) : nullptr;
+    if (v == nullptr) fail(ErrorCode::bad_input, "{}: general.alignment is a {}, not a u32", file, gguf_type_name(a->type()));
+    if (*v == 0 || (*v & (*v - 1)) != 0)
+        fail(ErrorCode::bad_input, "{}: general.alignment {} is not a non-zero power of two", file, *v);
+    return *v;
+}
 
-    if (const auto* a = f.find("general.alignment")) {
-        const auto* v = a->scalar() ? std::get_if<std::uint32_t>(a->scalar()) : nullptr;
-        if (v == nullptr)
-            fail(ErrorCode::bad_input, "{}: general.alignment is a {}, not a u32", file, gguf_type_name(a->type()));
-        if (*v == 0 || (*v & (*v - 1)) != 0)
-            fail(ErrorCode::bad_input, "{}: general.alignment {} is not a non-zero power of two", file, *v);
-        f.alignment_ = *v;
-    } else {
-        f.alignment_ = kDefaultAlignment;
-    }
-
-    // --- tensor infos -----------------------------------------------------
-    f.tensors_.reserve(static_cast<std::size_t>(n_tensors));
-    for (std::uint64_t i = 0; i < n_tensors; ++i) {
-        const auto at = cur.pos();
-        GgufTensor t;
-        t.file = file;
-        t.name = cur.read_string(fmt::format("name of tensor {}", i));
-        const std::string pname = printable(t.name);
-        if (f.tensor_index_.count(t.name) != 0)
-            fail(ErrorCode::bad_input, "{}: duplicate tensor name '{}' at byte {}", file, pname, at);
-        const auto n_dims = cur.read<std::uint32_t>(fmt::format("dimension count of tensor '{}'", pname));
-        if (n_dims == 0 || n_dims > kMaxDims)
-            fail(ErrorCode::bad_input, "{}: tensor '{}' has {} dimensions (ggml tensors have 1 to {})", file, pname,
-                 n_dims, kMaxDims);
-        std::uint64_t nonzero_product = 1;
-        bool any_zero = false;
-        for (std::uint32_t d = 0; d < n_dims; ++d) {
-            const auto ne = cur.read<std::uint64_t>(fmt::format("dimension {} of tensor '{}'", d, pname));
-            if (ne > kMaxElements)
-                fail(ErrorCode::bad_input, "{}: tensor '{}' dimension {} is {}, above the 2^62 limit", file, pname, d,
-                     ne);
-            if (ne == 0) {
-                any_zero = true;
-            } else if (!checked_mul(nonzero_product, ne, nonzero_product) || nonzero_product > kMaxElements) {
-                fail(ErrorCode::bad_input, "{}: tensor '{}' dimensions multiply past 2^62 elements", file, pname);
-            }
-            t.ne.push_back(static_cast<std::int64_t>(ne));
+// Tensor info `i` at the cursor: name (not one of `known`), dimensions, ggml
+// type and data offset, with its element count and byte size (every step
+// checked). Its place in the data section is set later (place_tensors).
+GgufTensor read_tensor_info(Cursor& cur, std::uint64_t i, const std::map<std::string, std::size_t, std::less<>>& known,
+                            const std::string& file) {
+    const auto at = cur.pos();
+    GgufTensor t;
+    t.file = file;
+    t.name = cur.read_string(fmt::format("name of tensor {}", i));
+    const std::string pname = printable(t.name);
+    if (known.count(t.name) != 0) fail(ErrorCode::bad_input, "{}: duplicate tensor name '{}' at byte {}", file, pname, at);
+    const auto n_dims = cur.read<std::uint32_t>(fmt::format("dimension count of tensor '{}'", pname));
+    if (n_dims == 0 || n_dims > kMaxDims)
+        fail(ErrorCode::bad_input, "{}: tensor '{}' has {} dimensions (ggml tensors have 1 to {})", file, pname, n_dims,
+             kMaxDims);
+    std::uint64_t nonzero_product = 1;
+    bool any_zero = false;
+    for (std::uint32_t d = 0; d < n_dims; ++d) {
+        const auto ne = cur.read<std::uint64_t>(fmt::format("dimension {} of tensor '{}'", d, pname));
+        if (ne > kMaxElements)
+            fail(ErrorCode::bad_input, "{}: tensor '{}' dimension {} is {}, above the 2^62 limit", file, pname, d, ne);
+        if (ne == 0) {
+            any_zero = true;
+        } else if (!checked_mul(nonzero_product, ne, nonzero_product) || nonzero_product > kMaxElements) {
+            fail(ErrorCode::bad_input, "{}: tensor '{}' dimensions multiply past 2^62 elements", file, pname);
         }
-        t.numel = any_zero ? 0 : static_cast<std::int64_t>(nonzero_product);
-        const auto type_at = cur.pos();
-        const auto raw_type = cur.read<std::uint32_t>(fmt::format("type of tensor '{}'", pname));
-        const auto traits = ggml_type_traits(raw_type);
-        if (!traits)
-            fail(ErrorCode::bad_input, "{}: tensor '{}' has unknown ggml type {} at byte {}", file, pname, raw_type,
-                 type_at);
-        t.type = traits->type;
-        if (t.ne[0] % traits->block_size != 0)
-            fail(ErrorCode::bad_input, "{}: tensor '{}' row length {} is not a multiple of the {} block size {}", file,
-                 pname, t.ne[0], traits->name, traits->block_size);
-        t.offset = cur.read<std::uint64_t>(fmt::format("data offset of tensor '{}'", pname));
-        // nbytes = rows × blocks-per-row × block_bytes, every step checked.
-        const std::uint64_t row_blocks = static_cast<std::uint64_t>(t.ne[0]) / traits->block_size;
-        std::uint64_t row_bytes = 0;
-        std::uint64_t nbytes = 0;
-        const std::uint64_t rows = t.ne[0] == 0 ? 0 : static_cast<std::uint64_t>(t.numel) / static_cast<std::uint64_t>(t.ne[0]);
-        if (!checked_mul(row_blocks, traits->block_bytes, row_bytes) || !checked_mul(rows, row_bytes, nbytes) ||
-            nbytes > std::numeric_limits<std::size_t>::max())
-            fail(ErrorCode::bad_input, "{}: tensor '{}' byte size overflows", file, pname);
-        t.nbytes = static_cast<std::size_t>(nbytes);
-        t.shape.assign(t.ne.rbegin(), t.ne.rend());
-        f.tensor_index_.emplace(t.name, f.tensors_.size());
-        f.tensors_.push_back(std::move(t));
+        t.ne.push_back(static_cast<std::int64_t>(ne));
     }
+    t.numel = any_zero ? 0 : static_cast<std::int64_t>(nonzero_product);
+    const auto type_at = cur.pos();
+    const auto raw_type = cur.read<std::uint32_t>(fmt::format("type of tensor '{}'", pname));
+    const auto traits = ggml_type_traits(raw_type);
+    if (!traits)
+        fail(ErrorCode::bad_input, "{}: tensor '{}' has unknown ggml type {} at byte {}", file, pname, raw_type, type_at);
+    t.type = traits->type;
+    if (t.ne[0] % traits->block_size != 0)
+        fail(ErrorCode::bad_input, "{}: tensor '{}' row length {} is not a multiple of the {} block size {}", file, pname,
+             t.ne[0], traits->name, traits->block_size);
+    t.offset = cur.read<std::uint64_t>(fmt::format("data offset of tensor '{}'", pname));
+    // nbytes = rows × blocks-per-row × block_bytes, every step checked.
+    const std::uint64_t row_blocks = static_cast<std::uint64_t>(t.ne[0]) / traits->block_size;
+    std::uint64_t row_bytes = 0;
+    std::uint64_t nbytes = 0;
+    const std::uint64_t rows = t.ne[0] == 0 ? 0 : static_cast<std::uint64_t>(t.numel) / static_cast<std::uint64_t>(t.ne[0]);
+    if (!checked_mul(row_blocks, traits->block_bytes, row_bytes) || !checked_mul(rows, row_bytes, nbytes) ||
+        nbytes > std::numeric_limits<std::size_t>::max())
+        fail(ErrorCode::bad_input, "{}: tensor '{}' byte size overflows", file, pname);
+    t.nbytes = static_cast<std::size_t>(nbytes);
+    t.shape.assign(t.ne.rbegin(), t.ne.rend());
+    return t;
+}
 
-    // --- data section -----------------------------------------------------
-    std::uint64_t data_start = 0;
-    if (!checked_add(cur.pos(), f.alignment_ - 1, data_start))
-        fail(ErrorCode::bad_input, "{}: data section offset overflows", file);
-    data_start -= data_start % f.alignment_;
-    f.data_start_ = data_start;
-    for (auto& t : f.tensors_) {
+// Every tensor's data inside the file, at an aligned offset of the data
+// section that starts at `data_start`, and no two sharing bytes (legal files
+// lay tensors out back to back: overlap means a corrupt or crafted header).
+void place_tensors(std::vector<GgufTensor>& tensors, std::span<const std::byte> bytes, std::uint64_t data_start,
+                   std::uint32_t alignment, const std::string& file) {
+    for (auto& t : tensors) {
         const std::string pname = printable(t.name);
-        if (t.offset % f.alignment_ != 0)
-            fail(ErrorCode::bad_input, "{}: tensor '{}' data offset {} is not a multiple of the alignment {}", file,
-                 pname, t.offset, f.alignment_);
+        if (t.offset % alignment != 0)
+            fail(ErrorCode::bad_input, "{}: tensor '{}' data offset {} is not a multiple of the alignment {}", file, pname,
+                 t.offset, alignment);
         std::uint64_t begin = 0;
         std::uint64_t end = 0;
         if (!checked_add(data_start, t.offset, begin) || !checked_add(begin, t.nbytes, end) || end > bytes.size())
@@ -459,14 +433,11 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string name) {
         t.file_offset = begin;
         t.data = bytes.data() + begin;
     }
-    // Overlap: legal files lay tensors out back to back; two tensors sharing
-    // bytes means a corrupt or crafted header.
     std::vector<const GgufTensor*> by_offset;
-    by_offset.reserve(f.tensors_.size());
-    for (const auto& t : f.tensors_)
+    by_offset.reserve(tensors.size());
+    for (const auto& t : tensors)
         if (t.nbytes != 0) by_offset.push_back(&t);
-    std::sort(by_offset.begin(), by_offset.end(),
-              [](const GgufTensor* a, const GgufTensor* b) { return a->offset < b->offset; });
+    std::sort(by_offset.begin(), by_offset.end(), [](const GgufTensor* a, const GgufTensor* b) { return a->offset < b->offset; });
     for (std::size_t i = 1; i < by_offset.size(); ++i) {
         const GgufTensor& a = *by_offset[i - 1];
         const GgufTensor& b = *by_offset[i];
@@ -474,6 +445,55 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string name) {
             fail(ErrorCode::bad_input, "{}: tensors '{}' and '{}' overlap in the data section", file, printable(a.name),
                  printable(b.name));
     }
+}
+
+}  // namespace
+
+GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string name) {
+    GgufFile f;
+    f.name_ = std::move(name);
+    f.file_size_ = bytes.size();
+    const std::string& file = f.name_;
+    Cursor cur(bytes, file);
+
+    f.version_ = read_magic_and_version(cur, bytes, file);
+    const auto n_tensors = cur.read<std::uint64_t>("tensor count");
+    const auto n_kv = cur.read<std::uint64_t>("metadata count");
+    check_counts(cur, n_kv, n_tensors, file);
+
+    f.keys_.reserve(static_cast<std::size_t>(n_kv));
+    f.values_.reserve(static_cast<std::size_t>(n_kv));
+    for (std::uint64_t i = 0; i < n_kv; ++i) {
+        const auto at = cur.pos();
+        std::string key = cur.read_string(fmt::format("key of metadata entry {}", i));
+        if (f.key_index_.count(key) != 0)
+            fail(ErrorCode::bad_input, "{}: duplicate metadata key '{}' at byte {}", file, printable(key), at);
+        const auto type_at = cur.pos();
+        const auto raw_type = cur.read<std::uint32_t>(fmt::format("value type of metadata key '{}'", printable(key)));
+        if (!known_type(raw_type))
+            fail(ErrorCode::bad_input, "{}: metadata key '{}' has unknown value type {} at byte {}", file, printable(key),
+                 raw_type, type_at);
+        ValueReader vr{cur, file, key};
+        const auto t = static_cast<GgufType>(raw_type);
+        GgufValue value = t == GgufType::array ? GgufValue(vr.array()) : GgufValue(vr.scalar(t));
+        f.key_index_.emplace(key, f.keys_.size());
+        f.keys_.push_back(std::move(key));
+        f.values_.push_back(std::move(value));
+    }
+    f.alignment_ = alignment_of(f.find("general.alignment"), file);
+
+    f.tensors_.reserve(static_cast<std::size_t>(n_tensors));
+    for (std::uint64_t i = 0; i < n_tensors; ++i) {
+        GgufTensor t = read_tensor_info(cur, i, f.tensor_index_, file);
+        f.tensor_index_.emplace(t.name, f.tensors_.size());
+        f.tensors_.push_back(std::move(t));
+    }
+
+    std::uint64_t data_start = 0;
+    if (!checked_add(cur.pos(), f.alignment_ - 1, data_start)) fail(ErrorCode::bad_input, "{}: data section offset overflows", file);
+    data_start -= data_start % f.alignment_;
+    f.data_start_ = data_start;
+    place_tensors(f.tensors_, bytes, data_start, f.alignment_, file);
     return f;
 }
 
