@@ -814,22 +814,9 @@ void parse_post(const Node& n, std::vector<TemplateItem>& tmpl, std::vector<std:
     }
 }
 
-}  // namespace
-
-Tokenizer Tokenizer::parse(std::string_view json_text, const std::string& source) {
-    KVASIR_CHECK(json_text.size() <= kMaxFileBytes, ErrorCode::bad_input, "{}: {} bytes (a tokenizer.json is at most {})", source,
-                 json_text.size(), kMaxFileBytes);
-    const json doc = parse_json_strict(std::string(json_text), source);
-    auto im = std::make_shared<Impl>();
-    im->source = source;
-    const Node root{doc, "", source};
-    root.object();
-    for (const char* k : {"truncation", "padding"}) {
-        if (const auto n = root.find(k); n && !n->j.is_null())
-            n->unsupported(fmt::format("{} is set: it changes which tokens a text gives (set it to null)", k));
-    }
-
-    // --- model -----------------------------------------------------------------
+// The BPE model of root/model: its options, vocabulary, unk token and merges.
+void parse_bpe_model(const Node& root, Tokenizer::Impl& im) {
+    const std::string& source = im.source;
     const Node model = root.at("model");
     model.object();
     const std::string mtype = model.j.contains("type") ? model.type() : std::string("BPE");
@@ -842,31 +829,31 @@ Tokenizer Tokenizer::parse(std::string_view json_text, const std::string& source
         if (const auto n = model.find(k); n && !n->j.is_null() && !n->str().empty())
             n->unsupported(fmt::format("BPE {} (implemented: none)", k));
     }
-    im->ignore_merges = model.boolean_or("ignore_merges", false);
-    im->byte_fallback = model.boolean_or("byte_fallback", false);
-    im->fuse_unk = model.boolean_or("fuse_unk", false);
+    im.ignore_merges = model.boolean_or("ignore_merges", false);
+    im.byte_fallback = model.boolean_or("byte_fallback", false);
+    im.fuse_unk = model.boolean_or("fuse_unk", false);
     const Node vocab = model.at("vocab");
     vocab.object();
     KVASIR_CHECK(vocab.j.size() <= kMaxVocab, ErrorCode::bad_input, "{}: {}: {} pieces (at most {})", source, vocab.ptr,
                  vocab.j.size(), kMaxVocab);
-    im->vocab.reserve(vocab.j.size());
+    im.vocab.reserve(vocab.j.size());
     for (const auto& [piece, idj] : vocab.j.items()) {
         const Node idn{idj, json_pointer_child(vocab.ptr, piece), source};
         if (piece.size() > kMaxTokenBytes) idn.bad(fmt::format("a piece of {} bytes (at most {})", piece.size(), kMaxTokenBytes));
         if (piece.empty()) idn.bad("an empty piece");
         const std::int32_t id = idn.id();
-        if (!im->pieces.emplace(id, piece).second) idn.bad(fmt::format("id {} is also \"{}\"", id, im->pieces.at(id)));
-        im->vocab.emplace(piece, id);
+        if (!im.pieces.emplace(id, piece).second) idn.bad(fmt::format("id {} is also \"{}\"", id, im.pieces.at(id)));
+        im.vocab.emplace(piece, id);
     }
     if (const auto u = model.find("unk_token"); u && !u->j.is_null()) {
         const std::string s = u->str();
-        const auto it = im->vocab.find(s);
-        if (it == im->vocab.end()) u->bad(fmt::format("unk_token \"{}\" is not in the vocabulary", s));
-        im->unk = it->second;
+        const auto it = im.vocab.find(s);
+        if (it == im.vocab.end()) u->bad(fmt::format("unk_token \"{}\" is not in the vocabulary", s));
+        im.unk = it->second;
     }
     const Node merges = model.at("merges");
     merges.array(kMaxMerges);
-    im->merges.reserve(merges.j.size());
+    im.merges.reserve(merges.j.size());
     for (std::size_t i = 0; i < merges.j.size(); ++i) {
         const Node m = merges.at(i);
         std::string a, b;
@@ -881,18 +868,19 @@ Tokenizer Tokenizer::parse(std::string_view json_text, const std::string& source
             if (m.j.size() != 2) m.bad("expected a pair of pieces");
             a = m.at(0).str(), b = m.at(1).str();
         }
-        const auto ia = im->vocab.find(a), ib = im->vocab.find(b), ir = im->vocab.find(a + b);
-        if (ia == im->vocab.end() || ib == im->vocab.end() || ir == im->vocab.end())
+        const auto ia = im.vocab.find(a), ib = im.vocab.find(b), ir = im.vocab.find(a + b);
+        if (ia == im.vocab.end() || ib == im.vocab.end() || ir == im.vocab.end())
             m.bad(fmt::format("\"{}\" + \"{}\": {} is not in the vocabulary", a, b,
-                              ia == im->vocab.end() ? "the first" : ib == im->vocab.end() ? "the second" : "the merged piece"));
+                              ia == im.vocab.end() ? "the first" : ib == im.vocab.end() ? "the second" : "the merged piece"));
         // A repeated pair keeps its last rank, as tokenizers' merge map does.
-        im->merges[pair_key(ia->second, ib->second)] = Merge{static_cast<std::int32_t>(i), ir->second};
+        im.merges[pair_key(ia->second, ib->second)] = Merge{static_cast<std::int32_t>(i), ir->second};
     }
-    im->n_merges = merges.j.size();
+    im.n_merges = merges.j.size();
+}
 
-    // --- added tokens ------------------------------------------------------------
-    std::vector<std::string> norm_names, pre_names, post_names;
-    if (const auto n = root.find("normalizer")) parse_normalizer(*n, im->normalizer, norm_names, 0);
+// root/added_tokens, and their match patterns (normalized with the
+// normalizer, which the caller parsed first, where the token says so).
+void parse_added_tokens(const Node& root, Tokenizer::Impl& im) {
     if (const auto at = root.find("added_tokens"); at && !at->j.is_null()) {
         at->array(kMaxAdded);
         for (std::size_t i = 0; i < at->j.size(); ++i) {
@@ -909,18 +897,37 @@ Tokenizer Tokenizer::parse(std::string_view json_text, const std::string& source
             a.special = t.boolean_or("special", false);
             a.normalized = t.boolean_or("normalized", !a.special);
             // An added token may reuse a vocabulary id; decode shows its content (tokenizers' id_to_token).
-            im->pieces[a.id] = a.content;
-            if (a.special) im->special_ids.insert(a.id);
-            im->added.push_back(std::move(a));
+            im.pieces[a.id] = a.content;
+            if (a.special) im.special_ids.insert(a.id);
+            im.added.push_back(std::move(a));
         }
     }
-    for (AddedToken& a : im->added) {
-        a.pattern = a.normalized ? im->normalize_run(a.content) : a.content;
+    for (AddedToken& a : im.added) {
+        a.pattern = a.normalized ? im.normalize_run(a.content) : a.content;
         if (a.pattern.empty()) continue;
-        (a.normalized ? im->added_normalized : im->added_raw)[static_cast<unsigned char>(a.pattern[0])].push_back(&a);
-        (a.normalized ? im->any_normalized : im->any_raw) = true;
+        (a.normalized ? im.added_normalized : im.added_raw)[static_cast<unsigned char>(a.pattern[0])].push_back(&a);
+        (a.normalized ? im.any_normalized : im.any_raw) = true;
     }
+}
 
+}  // namespace
+
+Tokenizer Tokenizer::parse(std::string_view json_text, const std::string& source) {
+    KVASIR_CHECK(json_text.size() <= kMaxFileBytes, ErrorCode::bad_input, "{}: {} bytes (a tokenizer.json is at most {})", source,
+                 json_text.size(), kMaxFileBytes);
+    const json doc = parse_json_strict(std::string(json_text), source);
+    auto im = std::make_shared<Impl>();
+    im->source = source;
+    const Node root{doc, "", source};
+    root.object();
+    for (const char* k : {"truncation", "padding"}) {
+        if (const auto n = root.find(k); n && !n->j.is_null())
+            n->unsupported(fmt::format("{} is set: it changes which tokens a text gives (set it to null)", k));
+    }
+    parse_bpe_model(root, *im);
+    std::vector<std::string> norm_names, pre_names, post_names;
+    if (const auto n = root.find("normalizer")) parse_normalizer(*n, im->normalizer, norm_names, 0);
+    parse_added_tokens(root, *im);
     if (const auto n = root.find("pre_tokenizer")) parse_pre(*n, im->pre, pre_names, 0);
     if (const auto n = root.find("post_processor")) parse_post(*n, im->single_template, post_names, 0);
     if (const auto d = root.find("decoder"); d && !d->j.is_null()) {
