@@ -533,6 +533,11 @@ __global__ void __launch_bounds__(kReduceThreads)
 // leaves fmaxf's max alone, adds +0 to a sum ≥ +0, and fmaf(+0, v, a) = a in
 // P·V — skipping them changes no bit for finite V (a masked V row of Inf or
 // NaN poisons only the composition, through 0·Inf).
+// With sinks (causal_attention_sinks, gpt-oss; `sinks` [heads] as stored, or
+// null): the composition's row has S + 1 columns, the head's sink at column
+// S — the last of thread S mod kReduceThreads's list — so σ joins that
+// thread's max after its keys, kg_store(kg_expf(σ − m)) its sum, and the
+// sink's probability is dropped.
 // Rows of more than kAttnChunk keys recompute their scores in each of the
 // three passes (max, sum, P·V), chunk by chunk: the same bits, three times
 // the q·K work. The split-K variant (nondeterministic=1) runs this kernel
@@ -551,7 +556,7 @@ __device__ inline float attention_score(const float* qs, const float* key, int d
 template <bool kF16Acc>
 __global__ void __launch_bounds__(kReduceThreads)
     attention_kernel(const float* q, const float* k, const float* v, float* out, int t_count, int heads, int kv_heads,
-                     int dim, int s_count, float scale, int storage) {
+                     int dim, int s_count, float scale, int storage, const float* sinks) {
     __shared__ float qs[kAttnMaxDim];
     __shared__ float ps[kAttnChunk];  // scores, then exponentials, then one chunk's probabilities
     __shared__ float red[kReduceThreads];
@@ -572,6 +577,9 @@ __global__ void __launch_bounds__(kReduceThreads)
         if (cached) ps[c] = x;
         m = fmaxf(m, x);
     }
+    const bool sink_thread = sinks != nullptr && tid == s_count % kReduceThreads;  // column S ends its list
+    const float sigma = sink_thread ? sinks[h] : 0.0f;
+    if (sink_thread) m = fmaxf(m, sigma);
     m = block_reduce(m, red, MaxOp{});
 
     float sum = 0.0f;
@@ -581,6 +589,7 @@ __global__ void __launch_bounds__(kReduceThreads)
         if (cached) ps[c] = e;
         sum = A::add(sum, e);
     }
+    if (sink_thread) sum = A::add(sum, kg_store(kg_expf(sigma - m), storage));
     sum = block_reduce(sum, red, SumOp<kF16Acc>{});
 
     float acc[kAttnOutPerThread];

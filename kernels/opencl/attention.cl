@@ -18,6 +18,11 @@
 // so skipping them changes no bit for finite V. (A masked V row holding Inf
 // or NaN poisons the composition's P·V through 0·Inf, never this kernel.)
 //
+// With sinks (Backend::causal_attention_sinks, gpt-oss): the composition's
+// row has S + 1 columns, the head's sink σ = R(sink) at column S, which is
+// the last column of work-item S mod WG's list: σ joins that item's max after
+// its keys, R(exp(σ − m)) its sum, and the sink's probability is dropped.
+// (`sinks` [heads] as stored; with_sinks = 0: none, the buffer unread.)
 // Rows longer than KV_ATTN_CHUNK keys do not fit the local probabilities:
 // their scores are computed again in each of the three passes (max, sum,
 // P·V), chunk by chunk in ascending order — the same operations on the same
@@ -49,7 +54,7 @@ void kv_causal_attention(__global const kv_store_t* q,  // [T, heads, D]
                          __global const kv_store_t* v,  // [kv_heads, S, D]
                          __global kv_store_t* out,      // [T, heads·D]
                          const int t_count, const int heads, const int kv_heads, const int d, const int s_count,
-                         const float scale) {
+                         const float scale, __global const kv_store_t* sinks, const int with_sinks) {
     __local float qs[KV_ATTN_MAX_DIM];
     __local float ps[KV_ATTN_CHUNK];  // scores, then exponentials, then probabilities of one chunk
     __local float red_max[KV_ROW_WG];
@@ -71,6 +76,9 @@ void kv_causal_attention(__global const kv_store_t* q,  // [T, heads, D]
         if (cached) ps[c] = x;
         m = kv_max_nan(m, x);
     }
+    const bool sink_item = with_sinks && l == s_count % KV_ROW_WG;  // column S is the last of its list
+    const float sigma = sink_item ? KV_LOAD(sinks, (size_t)h) : 0.0f;
+    if (sink_item) m = kv_max_nan(m, sigma);
     m = kv_group_max(red_max, m);
 
     // Pass 2: exponentials and their sum.
@@ -81,6 +89,7 @@ void kv_causal_attention(__global const kv_store_t* q,  // [T, heads, D]
         if (cached) ps[c] = e;
         sum = KV_ACC_ADD(sum, e);
     }
+    if (sink_item) sum = KV_ACC_ADD(sum, kv_round_storage(exp(sigma - m)));
     const float total = KV_ACC_TO_FLOAT(kv_group_sum(red_sum, sum));
 
     // Pass 3: probabilities chunk by chunk, and P·V; work-item l owns outputs
@@ -191,7 +200,7 @@ void kv_causal_attention_panels(__global const kv_store_t* q,   // [T, heads, D]
                                 __global const kv_store_t* v,   // [kv_heads, S, D]
                                 __global kv_store_t* out,       // [T, heads·D]
                                 const int t_count, const int heads, const int kv_heads, const int d, const int s_count,
-                                const float scale) {
+                                const float scale, __global const kv_store_t* sinks, const int with_sinks) {
     __local float qs[KV_ATTN_MAX_DIM];
     __local float ps[KV_ATTN_CHUNK];  // scores, then exponentials, then probabilities of one chunk
     __local float red[KV_ROW_WG];     // the partial maxima, then the partial sums
@@ -213,6 +222,9 @@ void kv_causal_attention_panels(__global const kv_store_t* q,   // [T, heads, D]
         kv_attn_panel_scores(ps, qs, kp, kp_head, c0, cn, d, scale);
         for (int c = 0; c < cn; ++c) red[c % KV_ROW_WG] = kv_max_nan(red[c % KV_ROW_WG], ps[c]);
     }
+    const int sink_part = s_count % KV_ROW_WG;  // the partial that holds column S, the sink's, last
+    const float sigma = with_sinks ? KV_LOAD(sinks, (size_t)h) : 0.0f;
+    if (with_sinks) red[sink_part] = kv_max_nan(red[sink_part], sigma);
     const float m = kv_seq_max(red);
 
     // Pass 2: exponentials and their sum (held in ps when the row fits).
@@ -223,6 +235,7 @@ void kv_causal_attention_panels(__global const kv_store_t* q,   // [T, heads, D]
         for (int c = 0; c < cn; ++c) ps[c] = kv_round_storage(exp(ps[c] - m));
         for (int c = 0; c < cn; ++c) red[c % KV_ROW_WG] = KV_ACC_ADD(red[c % KV_ROW_WG], ps[c]);
     }
+    if (with_sinks) red[sink_part] = KV_ACC_ADD(red[sink_part], kv_round_storage(exp(sigma - m)));
     const float total = KV_ACC_TO_FLOAT(kv_seq_sum(red));
 
     // Pass 3: probabilities chunk by chunk, and P·V, KV_ATTN_PV_VECS output vectors at a time.

@@ -600,13 +600,29 @@ public:
     // Causal attention: gpu_backend_impl.inc's host logic (checks, the kv
     // heads staged one after another, the composition beyond kAttnMaxDim)
     // with attention_kernel at its launch geometry, one block per (row, head).
+    // With sinks: the same, the sinks staged as the host stages them.
     Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
                             double scale) override {
+        return fused_attention(q, keys, values, scale, nullptr);
+    }
+    Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                                  double scale, const TensorView& sinks) override {
+        check_sinks_args(q, sinks);
+        return fused_attention(q, keys, values, scale, &sinks);
+    }
+
+private:
+    Tensor fused_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                           double scale, const TensorView* sinks) {
         check_attention_args(q, keys, values);
         const std::int64_t t_count = q.dim(0), nh = q.dim(1), d = q.dim(2), nkv = static_cast<std::int64_t>(keys.size());
         const std::int64_t s_count = keys[0].dim(0);
         if (t_count == 0) return Tensor(DType::f32, {0, nh * d});
-        if (d > gpu_host::kAttnMaxDim) return Backend::causal_attention(q, keys, values, scale);
+        if (d > gpu_host::kAttnMaxDim)
+            return sinks ? Backend::causal_attention_sinks(q, keys, values, scale, *sinks)
+                         : Backend::causal_attention(q, keys, values, scale);
+        const std::vector<float> sk = sinks ? stage(*sinks) : std::vector<float>();
+        const float* sp = sinks ? sk.data() : nullptr;
         const std::vector<float> qs = stage(q);
         std::vector<float> ks, vs;
         for (std::size_t g = 0; g < keys.size(); ++g) {
@@ -620,14 +636,13 @@ public:
                   dim = static_cast<int>(d), s = static_cast<int>(s_count);
         if (caps_.accumulation == DType::f16)
             emu::launch(grid, gpu_host::kReduceThreads, gpu_host::attention_kernel<true>, qs.data(), ks.data(), vs.data(),
-                        y.data(), t, h, g, dim, s, static_cast<float>(scale), storage_);
+                        y.data(), t, h, g, dim, s, static_cast<float>(scale), storage_, sp);
         else
             emu::launch(grid, gpu_host::kReduceThreads, gpu_host::attention_kernel<false>, qs.data(), ks.data(),
-                        vs.data(), y.data(), t, h, g, dim, s, static_cast<float>(scale), storage_);
+                        vs.data(), y.data(), t, h, g, dim, s, static_cast<float>(scale), storage_, sp);
         return Tensor::from_f32(y, {t_count, nh * d});
     }
 
-private:
     // The elementwise kernels loop with a grid stride, so every element gets
     // the same arithmetic whatever the grid; the host launches ⌈n/256⌉ blocks,
     // the emulation at most 8 to keep thread creation cheap.

@@ -1070,12 +1070,27 @@ public:
     // the composition.
     Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
                             double scale) override {
+        return fused_attention(q, keys, values, scale, nullptr);
+    }
+    // With sinks (gpt-oss): the same kernels, the head's sink joining the
+    // softmax where the composition's widened row has it (attention.cl).
+    Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                                  double scale, const TensorView& sinks) override {
+        check_sinks_args(q, sinks);
+        return fused_attention(q, keys, values, scale, &sinks);
+    }
+
+private:
+    // attention.cl's kernels; the composition (Backend's) where they cannot run.
+    Tensor fused_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                           double scale, const TensorView* sinks) {
         check_attention_args(q, keys, values);
         const std::int64_t t_count = q.dim(0), nh = q.dim(1), d = q.dim(2), nkv = static_cast<std::int64_t>(keys.size());
         const std::int64_t s_count = keys[0].dim(0);
         if (t_count == 0) return Tensor(DType::f32, {0, nh * d});
         if (d > kAttentionMaxDim || !one_dtype(keys) || !one_dtype(values))
-            return Backend::causal_attention(q, keys, values, scale);
+            return sinks ? Backend::causal_attention_sinks(q, keys, values, scale, *sinks)
+                         : Backend::causal_attention(q, keys, values, scale);
         check_int_range("causal_attention", {t_count * nh, nkv * ((s_count + kPanel - 1) / kPanel * kPanel) * d, t_count * nh * d});
         const bool panels = panel_attention() && d % kPanel == 0;
         // A device KV cache (Backend::kv_rows) is read where it is: its heads
@@ -1088,11 +1103,14 @@ public:
         const DeviceArg qb = upload(q), vb = upload(values_here ? *vr : vc.view());
         const DeviceArg kb = keys_here && panels ? key_panels_here(upload(*kr), nkv, s_count, d)
                                                  : upload(keys_here ? *kr : kc.view());
+        const DeviceArg sb = sinks ? upload(*sinks) : DeviceArg();
+        const cl_mem sinks_mem = sinks ? sb.get() : qb.get();  // without sinks: any buffer, unread
         PooledMem ob = output(t_count * nh * d);
         const cl_kernel k = kernel("attention.cl", panels ? "kv_causal_attention_panels" : "kv_causal_attention",
                                    panels ? 1 : row_wg_);
         set_args(k, qb, kb, vb, ob, static_cast<cl_int>(t_count), static_cast<cl_int>(nh), static_cast<cl_int>(nkv),
-                 static_cast<cl_int>(d), static_cast<cl_int>(s_count), static_cast<cl_float>(scale));
+                 static_cast<cl_int>(d), static_cast<cl_int>(s_count), static_cast<cl_float>(scale), sinks_mem,
+                 static_cast<cl_int>(sinks ? 1 : 0));
         if (panels) {  // a work-item per (query row, head)
             const std::size_t global = static_cast<std::size_t>(t_count * nh), local = 1;
             enqueue(k, 1, &global, &local);
@@ -1102,7 +1120,6 @@ public:
         return result(std::move(ob), {t_count, nh * d});
     }
 
-private:
     static bool has_biases(const ExpertWeights& ew) {
         return ew.gate_bias.data != nullptr || ew.up_bias.data != nullptr || ew.down_bias.data != nullptr;
     }
