@@ -632,6 +632,14 @@ __global__ void add_kernel(const float* a, const float* b, float* y, std::size_t
         y[i] = kg_store(a[i] + b[i], storage);
 }
 
+// add_kernel with b one row broadcast over a's rows (a linear layer's bias, as
+// the default adds broadcast_rows(bias)): y[i] = a[i] + b[i mod cols].
+__global__ void add_rows_kernel(const float* a, const float* b, float* y, std::size_t n, std::size_t cols, int storage) {
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+        y[i] = kg_store(a[i] + b[i % cols], storage);
+}
+
 __global__ void mul_kernel(const float* a, const float* b, float* y, std::size_t n, int storage) {
     for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<std::size_t>(gridDim.x) * blockDim.x)

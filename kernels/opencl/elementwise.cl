@@ -41,6 +41,16 @@ __kernel void kv_add(__global const kv_store_t* a, __global const kv_store_t* b,
     KV_STORE(KV_LOAD(a, i) + KV_LOAD(b, i), y, i);
 }
 
+// kv_add with b one row broadcast over a's rows (a linear layer's bias, as
+// the default adds broadcast_rows(bias) to a matmul's result): y[i] = a[i] +
+// b[i mod cols], the same operation on the same values.
+__kernel void kv_add_rows(__global const kv_store_t* a, __global const kv_store_t* b, __global kv_store_t* y, const ulong n,
+                          const ulong cols) {
+    const size_t i = get_global_id(0);
+    if (i >= n) return;
+    KV_STORE(KV_LOAD(a, i) + KV_LOAD(b, i % cols), y, i);
+}
+
 __kernel void kv_mul(__global const kv_store_t* a, __global const kv_store_t* b, __global kv_store_t* y, const ulong n) {
     const size_t i = get_global_id(0);
     if (i >= n) return;

@@ -267,12 +267,13 @@ inline void expect_resident_moe_block_matches_host(
     const std::int64_t E = 6, H = 64, I = 24;
     for (const DType wd : {DType::f32, DType::bf16}) {
         const SeededExperts seeded(43, "rm/", E, H, I, wd);
-        for (const bool clamped : {false, true}) {
-            const std::vector<ExpertWeights> experts = seeded.experts(clamped);
+        for (const auto [clamped, biased] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
+            const std::vector<ExpertWeights> experts = seeded.experts(clamped, biased);
             const std::vector<bool> filter{true, false, true, true, false, true};
             for (const std::string& spec : specs) {
                 auto node = make(spec);
-                const bool device = node->transfer_stats().has_value();  // else an emulation: host tensors, no counters
+                // Else an emulation (host tensors, no counters), or biases a narrower storage adds on the host.
+                const bool device = node->transfer_stats().has_value() && (!biased || node->capabilities().storage == DType::f32);
                 const auto stats = [&] { return device ? *node->transfer_stats() : TransferStats{}; };
                 for (const std::int64_t T : {1, 3, 37}) {
                     const Tensor x = seeded_normal(43, "rm/x" + std::to_string(T), {T, H}, 0, 1);
@@ -281,8 +282,9 @@ inline void expect_resident_moe_block_matches_host(
                         for (std::int64_t j = 0; j < 2; ++j)
                             plan.ids.as<std::int32_t>()[t * 2 + j] = static_cast<std::int32_t>(t == 2 ? 4 : (t * 5 + 3 * j) % E);
                     for (const std::vector<bool>* f : {static_cast<const std::vector<bool>*>(nullptr), &filter}) {
-                        const std::string what = fmt::format("{} weights {}{} T {}{}", spec, dtype_name(wd),
-                                                             clamped ? " clamped" : "", T, f ? " filtered" : "");
+                        const std::string what = fmt::format("{} weights {}{}{} T {}{}", spec, dtype_name(wd),
+                                                             clamped ? " clamped" : "", biased ? " biased" : "", T,
+                                                             f ? " filtered" : "");
                         const Tensor host = node->moe_block(x, experts, plan, f);
                         const DeviceResidency scope;
                         const TransferStats before = stats();

@@ -360,7 +360,8 @@ public:
         const auto biased = [](const ExpertWeights& ew) {
             return ew.gate_bias.data != nullptr || ew.up_bias.data != nullptr || ew.down_bias.data != nullptr;
         };
-        if (!DeviceResidency::active() || nondeterministic_ || std::any_of(experts.begin(), experts.end(), biased))
+        if (!DeviceResidency::active() || nondeterministic_ ||
+            (caps_.storage != DType::f32 && std::any_of(experts.begin(), experts.end(), biased)))
             return Backend::moe_block(x, experts, plan, expert_filter);
         const std::vector<ExpertRows> routed = route_rows(x, experts, plan, expert_filter);
         const std::int64_t t_count = x.dim(0), h = x.dim(1);
@@ -385,6 +386,20 @@ public:
         gpu_host::expert_matmul_jobs(layout, on_device.data(), xb.data(), g.data(), u.data(), a.data(), yb.data(), gate_up,
                                      down);
         launch_grouped(gate_up);
+        // gpt-oss's biases (f32 storage), added by add_rows_kernel as the node adds them.
+        const auto add_bias = [&](std::vector<float>& y, std::size_t at, const TensorView& bias, std::int64_t rows,
+                                  std::int64_t cols) {
+            const std::size_t count = static_cast<std::size_t>(rows * cols);
+            if (bias.data == nullptr || count == 0) return;
+            const std::vector<float> b = stage(bias);
+            launch_elementwise(count, gpu_host::add_rows_kernel, y.data() + at, b.data(), y.data() + at, count,
+                               static_cast<std::size_t>(cols), storage_);
+        };
+        for (std::size_t n = 0; n < layout.slices.size(); ++n) {
+            const ExpertSlice& sl = layout.slices[n];
+            add_bias(g, sl.mid, chosen.weights[n]->gate_bias, sl.rows, sl.i);
+            add_bias(u, sl.mid, chosen.weights[n]->up_bias, sl.rows, sl.i);
+        }
         // One activation over the whole intermediate buffer when every expert
         // shares it (its padding is zeros here, garbage on the device: never read).
         const auto activate = [&](const ExpertActivation& act, std::size_t at, std::size_t count) {
@@ -401,6 +416,8 @@ public:
                 activate(chosen.weights[n]->activation, layout.slices[n].mid,
                          static_cast<std::size_t>(layout.slices[n].rows * layout.slices[n].i));
         launch_grouped(down);
+        for (std::size_t n = 0; n < layout.slices.size(); ++n)
+            add_bias(yb, layout.slices[n].y, chosen.weights[n]->down_bias, layout.slices[n].rows, layout.slices[n].out);
         std::vector<float> out(static_cast<std::size_t>(t_count * h));
         launch_elementwise(out.size(), gpu_host::moe_combine_kernel, yb.data(), table.data(), out.data(), chosen.g_count,
                            static_cast<int>(t_count), static_cast<int>(h), storage_);

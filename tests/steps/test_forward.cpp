@@ -706,7 +706,8 @@ INSTANTIATE_TEST_SUITE_P(HybridAndDense, ForwardOpencl, ::testing::ValuesIn(hybr
 // combine) or the dense MLP, and the hybrids (Gated DeltaNet with its conv
 // history and recurrent state, gated attention with its partial rope, the
 // shared expert's gate, MLA's per-head keys: copy_columns, last_rows,
-// join_columns and repeat_columns on the device): the token's embedding row goes up, each
+// join_columns and repeat_columns on the device; gpt-oss's attention with
+// sinks over sliding windows and its experts with biases): the token's embedding row goes up, each
 // MoE layer's slice of the authority's routing goes up, none of them waiting
 // (NodeShared::in_flight keeps their bytes; async_uploads=0 makes them wait),
 // and the logits the caller reads
@@ -722,7 +723,7 @@ std::vector<Fixture> device_side_fixtures() {
         if (f.name == "qwen3_moe_tiny" || f.name == "mixtral_tiny" || f.name == "olmoe_tiny" || f.name == "llama_tiny" ||
             f.name == "qwen3_tiny" || f.name == "qwen3_5_moe_tiny" || f.name == "qwen3_5_tiny" || f.name == "mistral_tiny" ||
             f.name == "qwen2_tiny" || f.name == "glm4_moe_tiny" || f.name == "qwen3_next_tiny" || f.name == "deepseek_v3_tiny" ||
-            f.name == "kimi_k2_tiny")
+            f.name == "kimi_k2_tiny" || f.name == "gpt_oss_tiny")
             out.push_back(f);
     return out;
 }
@@ -738,7 +739,7 @@ TEST_P(ForwardOpenclSteps, ADecodeStepReadsBackItsLogitsAlone) {
     for (std::int64_t l = 0; l < fx.model.config().num_layers; ++l) {
         moe_layers += fx.model.config().is_moe(l) ? 1 : 0;
         const LayerWeights& w = fx.model.layer(l);
-        for (const TensorView* b : {&w.q_bias, &w.k_bias, &w.v_bias, &w.o_bias}) biases += b->data != nullptr ? 1 : 0;
+        for (const TensorView* b : {&w.q_bias, &w.k_bias, &w.v_bias, &w.o_bias, &w.router_logit_bias}) biases += b->data != nullptr ? 1 : 0;
     }
     auto on = backend("opencl:0"), off = backend("opencl:0:resident=0");
     (void)greedy_generate(*on, fx.model, prompt, n, &authority.tokens, &authority.routing);  // every weight resident

@@ -281,12 +281,10 @@ Tensor windowed_attention(Backend& be, const TensorView& q, std::span<const Tens
     // result): a window of it is moved on the device into a result of its
     // own, [heads, k1 − k0, D] — the heads' rows [k0, k1) are columns
     // [k0·D, k1·D) of the cache seen as [heads, S·D] — which attention then
-    // reads in place; anywhere else the window is views into the cache. With
-    // sinks, attention is the node's composition (Backend::compose_attention),
-    // which reads the values on the host: views into the cache (fetched once)
-    // cost less there than a copy per window.
-    const std::optional<TensorView> kall = sinks == nullptr ? consecutive_parts(keys) : std::nullopt;
-    const std::optional<TensorView> vall = sinks == nullptr ? consecutive_parts(values) : std::nullopt;
+    // reads in place (with or without sinks: the device nodes fuse both);
+    // anywhere else the window is views into the cache.
+    const std::optional<TensorView> kall = consecutive_parts(keys);
+    const std::optional<TensorView> vall = consecutive_parts(values);
     const auto attend_rows = [&](const TensorView& qr, std::int64_t k0, std::int64_t k1) {
         std::vector<TensorView> ks, vs;
         Tensor kw, vw;

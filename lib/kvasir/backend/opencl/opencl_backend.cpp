@@ -743,12 +743,13 @@ public:
     // stored in the device's format either way, and the default's download
     // and re-upload of them round nothing) — and all outputs come back in one
     // read: one upload and one download per block instead of five per expert.
-    // Experts with biases (gpt-oss) take the default.
+    // Experts with biases (gpt-oss) add them with add's kernel on f32
+    // storage (device_biases); on narrower storage they take the default.
     void expert_ffns(std::span<ExpertJob> jobs) override {
         std::vector<const ExpertWeights*> weights;
         std::vector<std::int64_t> rows;
         for (const ExpertJob& j : jobs) {
-            if (has_biases(*j.weights)) return Backend::expert_ffns(jobs);
+            if (!device_biases(*j.weights)) return Backend::expert_ffns(jobs);
             weights.push_back(j.weights);
             rows.push_back(rows_of(j.x));
             check_matmul_args(j.x, j.weights->gate);
@@ -776,12 +777,13 @@ public:
     // (kv_moe_combine) — out[t] = Σ w·y over the token's experts in ascending
     // expert id, each product and sum rounded to f32 from +0, then to storage:
     // the default's moe_combine<float> to the bit. The plan's tables go up in
-    // one buffer; nothing comes back. Experts with biases, and calls outside
-    // a scope, take the default (gather and combine on the host).
+    // one buffer; nothing comes back. Experts whose biases the device cannot
+    // add (device_biases), and calls outside a scope, take the default
+    // (gather and combine on the host).
     Tensor moe_block(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan,
                      const std::vector<bool>* expert_filter = nullptr) override {
         if (!resident_ || !DeviceResidency::active() || caps_.output != DType::f32 ||
-            std::any_of(experts.begin(), experts.end(), [](const ExpertWeights& ew) { return has_biases(ew); }))
+            !std::all_of(experts.begin(), experts.end(), [&](const ExpertWeights& ew) { return device_biases(ew); }))
             return Backend::moe_block(x, experts, plan, expert_filter);
         const std::vector<ExpertRows> routed = route_rows(x, experts, plan, expert_filter);
         const std::int64_t t_count = x.dim(0), h = x.dim(1);
@@ -1103,7 +1105,7 @@ private:
         const DeviceArg qb = upload(q), vb = upload(values_here ? *vr : vc.view());
         const DeviceArg kb = keys_here && panels ? key_panels_here(upload(*kr), nkv, s_count, d)
                                                  : upload(keys_here ? *kr : kc.view());
-        const DeviceArg sb = sinks ? upload(*sinks) : DeviceArg();
+        const ClMem sb = sinks ? weight(*sinks) : ClMem();  // a model weight: resident after its first call
         const cl_mem sinks_mem = sinks ? sb.get() : qb.get();  // without sinks: any buffer, unread
         PooledMem ob = output(t_count * nh * d);
         const cl_kernel k = kernel("attention.cl", panels ? "kv_causal_attention_panels" : "kv_causal_attention",
@@ -1120,8 +1122,21 @@ private:
         return result(std::move(ob), {t_count, nh * d});
     }
 
-    static bool has_biases(const ExpertWeights& ew) {
-        return ew.gate_bias.data != nullptr || ew.up_bias.data != nullptr || ew.down_bias.data != nullptr;
+    // An expert's biases can be added on the device with the default's bits:
+    // it has none, or the node stores f32 — where add's kernel runs on a host
+    // bias as the default's add would (the add override's `exact`); on
+    // narrower storage the default adds the unrounded bias on the host.
+    bool device_biases(const ExpertWeights& ew) const {
+        const bool biased = ew.gate_bias.data != nullptr || ew.up_bias.data != nullptr || ew.down_bias.data != nullptr;
+        return !biased || caps_.storage == DType::f32;
+    }
+    // y (rows × cols, on the device) += the bias row, in place (kv_add_rows); absent bias: nothing.
+    void add_bias(const ClMem& y, const TensorView& bias, std::int64_t rows, std::int64_t cols) {
+        if (bias.data == nullptr || rows * cols == 0) return;
+        const ClMem b = weight(bias);
+        const cl_kernel k = kernel("elementwise.cl", "kv_add_rows", 0);
+        set_args(k, y.get(), b.get(), y.get(), static_cast<cl_ulong>(rows * cols), static_cast<cl_ulong>(cols));
+        launch_1d(k, rows * cols);
     }
     // The block's buffers laid out as backend.hpp lay_out_experts does, each
     // slice on the device's base alignment (it is bound as a sub-buffer).
@@ -1152,6 +1167,8 @@ private:
                 fill_zero(gs, static_cast<std::size_t>(r.rows * r.i) * eb);  // empty sums are +0
                 fill_zero(us, static_cast<std::size_t>(r.rows * r.i) * eb);
             }
+            add_bias(gs, ew.gate_bias, r.rows, r.i);
+            add_bias(us, ew.up_bias, r.rows, r.i);
             if (ew.activation.clamped)
                 enqueue_binary("kv_clamped_swiglu", gs.get(), us.get(), as.get(), r.rows * r.i,
                                static_cast<cl_float>(ew.activation.alpha), static_cast<cl_float>(ew.activation.limit));
@@ -1161,6 +1178,7 @@ private:
                 enqueue_matmul(as, r.rows, ew.down, ys);
             else
                 fill_zero(ys, static_cast<std::size_t>(r.rows * r.out) * eb);
+            add_bias(ys, ew.down_bias, r.rows, r.out);
         }
         return yb;
     }
