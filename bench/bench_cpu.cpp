@@ -221,8 +221,8 @@ const Line* read_buffer(bool huge) {
         static const Line* lines = filled_lines(mem.get());
         return lines;
     }
-    static const std::vector<Line> small(kReadLines);
-    static const Line* lines = filled_lines(reinterpret_cast<std::byte*>(const_cast<Line*>(small.data())));
+    static std::vector<Line> small(kReadLines);
+    static const Line* lines = filled_lines(reinterpret_cast<std::byte*>(small.data()));
     return lines;
 }
 

@@ -663,11 +663,12 @@ void gemv_packed_batch(std::span<const PackedGemvJob> jobs, int threads, WeightR
     // whether waking threads pays. A GEMV is bound by its read of the weights,
     // not by its multiply-adds: streaming one byte takes about as long as two
     // of the GEMM's flops (~30 GB/s against ~60 GFLOP/s a core), so the work
-    // handed to threads_for_work is twice the bytes — a 512 × 1024 f32 k or v
-    // projection (2 MiB, ~70 µs on one core) splits over two threads, where
-    // its 1 MFLOP alone would keep it on one.
+    // handed to threads_for_work is twice the bytes (or the flops, where rows
+    // make those more) — a 512 × 1024 f32 k or v projection (2 MiB, ~70 µs on
+    // one core) splits over two threads, where its 1 MFLOP alone would keep
+    // it on one.
     std::vector<std::pair<std::size_t, i64>> work;
-    double bytes = 0;
+    double bytes = 0, flops = 0;
     for (std::size_t j = 0; j < jobs.size(); ++j) {
         const PackedGemvJob& job = jobs[j];
         if (job.t_count <= 0 || job.n_count <= 0) continue;
@@ -679,9 +680,10 @@ void gemv_packed_batch(std::span<const PackedGemvJob> jobs, int threads, WeightR
         const i64 groups = (job.n_count + kGemvPackRows - 1) / kGemvPackRows;
         for (i64 g = 0; g < groups; ++g) work.emplace_back(j, g);
         bytes += static_cast<double>(job.n_count * job.k_count * gemv_panel_bytes(job.panel));
+        flops += 2.0 * static_cast<double>(job.t_count * job.n_count * job.k_count);
     }
     if (work.empty()) return;
-    threads = threads_for_work(threads, 2 * bytes);  // over the whole batch
+    threads = threads_for_work(threads, std::max(flops, 2 * bytes));  // over the whole batch
     const i64 items = static_cast<i64>(work.size());
 #pragma omp parallel for schedule(dynamic, 2) num_threads(threads) if (threads > 1)
     for (i64 i = 0; i < items; ++i) {
