@@ -159,7 +159,11 @@ std::string render_step6(const AuditReport& r, const Style& st) {
 
 }  // namespace
 
-std::string render_audit_text(const AuditReport& r, const Style& st) {
+namespace {
+
+// The command, the protocol, the model, the reference and the gate; a step
+// command's view line.
+std::string header_lines(const AuditReport& r, const Style& st) {
     std::string out;
     const bool from_captures = r.model.value("source", std::string()) == "captures";
     out += st.bold(from_captures ? "kvasir-equiv compare" : "kvasir-equiv audit") +
@@ -178,11 +182,14 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
                                   v["tokens"].value("count", 0), v["tokens"].value("source", std::string()),
                                   v["of"].value("id", std::string()), v["of"].value("version", 0))) +
                "\n";
-    out += "\n";
+    return out + "\n";
+}
 
+// One row per node (verdict, gate, the worst criterion), then where to look,
+// what was not judged and why, and the errors; counts the verdicts.
+std::string verdict_lines(const AuditReport& r, const Style& st, std::map<Verdict, int>& counts) {
     TextTable t({"node", "verdict", "gate", "why (worst criterion: value vs tolerance, margin)"});
     t.left_aligned(4);
-    std::map<Verdict, int> counts;
     for (const NodeVerdict& v : r.nodes) {
         ++counts[v.verdict];
         std::string why;
@@ -199,7 +206,7 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
                                                                   : st.red("FAIL");
         t.add_row({v.floor ? v.node + " (floor)" : v.node, colour_verdict(v.verdict, st), gate, why});
     }
-    out += t.render();
+    std::string out = t.render();
     for (const NodeVerdict& v : r.nodes)
         for (const auto& [step, where] : v.localisation) out += "where to look for " + v.node + ": " + where + "\n";
     for (const auto& [criterion, why] : not_applicable_criteria(r.nodes))
@@ -207,7 +214,6 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
     for (const NodeVerdict& v : r.nodes)
         for (const auto& [why, criteria] : not_measurable_by_reason(v))
             out += st.dim(fmt::format("not judged for {}: {} ({})", v.node, fmt::join(criteria, ", "), why)) + "\n";
-
     bool any_error = false;
     for (const NodeVerdict& v : r.nodes)
         for (const auto& [step, msg] : v.errors) {
@@ -215,17 +221,12 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
             any_error = true;
             out += "  " + st.red(fmt::format("{} [{}]: {}", v.node, step, msg)) + "\n";
         }
+    return out;
+}
 
-    // Nothing compared: say so, and print no table without a pair in it.
-    const bool any_candidate = std::any_of(r.nodes.begin(), r.nodes.end(),
-                                           [](const NodeVerdict& v) { return v.verdict != Verdict::reference; });
-    if (!any_candidate) {
-        out += "\n" + st.red("No node was compared with the reference: nothing compared is never a pass.") + "\n";
-        out += "\n" + fmt::format("0 nodes judged → exit {} (gate {})", exit_code(r.nodes, r.gate), to_string(r.gate)) + "\n";
-        return out;
-    }
-
-    // The headline matrices: the MoE block and the plain matmul.
+// The headline matrices of step 1: the MoE block and the plain matmul.
+std::string headline_pairs(const AuditReport& r, const Style& st) {
+    std::string out;
     int shown = 0;
     for (const PairMatrix& m : r.pairs)
         if (m.name == "moe" || m.name == "matmul") {
@@ -234,31 +235,34 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
         }
     if (shown > 0 && r.pairs.size() > static_cast<std::size_t>(shown))
         out += st.dim(fmt::format("  ({} more op matrices in --json / --markdown)", r.pairs.size() - shown)) + "\n";
+    return out;
+}
 
-    if (!r.drift.empty()) {
-        std::size_t layers = 0;
-        for (const DriftSeries& d : r.drift) layers = std::max(layers, d.rel.size());
-        std::vector<std::string> header{"drift ‖Δ‖/‖ref‖"};
-        for (std::size_t l = 0; l < layers; ++l) header.push_back(fmt::format("L{}", l + 1));
-        header.emplace_back("α");
-        TextTable d(header);
-        for (const DriftSeries& s : r.drift) {
-            std::vector<std::string> row{s.node};
-            for (std::size_t l = 0; l < layers; ++l) row.push_back(l < s.rel.size() ? fmt_sci(s.rel[l]) : "");
-            row.push_back(fmt::format("{:.2f}", s.alpha));
-            d.add_row(row);
-        }
-        out += "\n" + st.bold("Drift over depth (step 2, residual stream after each layer)") + "\n" + d.render("  ");
+// Step 2's drift per node and layer, with its growth exponent.
+std::string drift_table(const AuditReport& r, const Style& st) {
+    if (r.drift.empty()) return {};
+    std::size_t layers = 0;
+    for (const DriftSeries& d : r.drift) layers = std::max(layers, d.rel.size());
+    std::vector<std::string> header{"drift ‖Δ‖/‖ref‖"};
+    for (std::size_t l = 0; l < layers; ++l) header.push_back(fmt::format("L{}", l + 1));
+    header.emplace_back("α");
+    TextTable d(header);
+    for (const DriftSeries& s : r.drift) {
+        std::vector<std::string> row{s.node};
+        for (std::size_t l = 0; l < layers; ++l) row.push_back(l < s.rel.size() ? fmt_sci(s.rel[l]) : "");
+        row.push_back(fmt::format("{:.2f}", s.alpha));
+        d.add_row(row);
     }
+    return "\n" + st.bold("Drift over depth (step 2, residual stream after each layer)") + "\n" + d.render("  ");
+}
 
-    out += render_invariance(r, st);
-    out += render_step6(r, st);
-
+// The sample-size warnings, the verdict counts and the exit code, the contrast nodes.
+std::string closing_lines(const AuditReport& r, const Style& st, std::map<Verdict, int>& counts) {
+    std::string out;
     if (const std::vector<std::string> warnings = sample_size_warnings(r.nodes); !warnings.empty()) {
         out += "\n" + st.bold("Warnings (sample sizes)") + "\n";
         for (const std::string& w : warnings) out += "  " + st.yellow(w) + "\n";
     }
-
     const int code = exit_code(r.nodes, r.gate);
     std::vector<std::string> contrast;
     for (const NodeVerdict& v : r.nodes)
@@ -272,6 +276,23 @@ std::string render_audit_text(const AuditReport& r, const Style& st) {
                                   fmt::format("{}", fmt::join(contrast, ", ")))) +
                "\n";
     return out;
+}
+
+}  // namespace
+
+std::string render_audit_text(const AuditReport& r, const Style& st) {
+    std::map<Verdict, int> counts;
+    std::string out = header_lines(r, st) + verdict_lines(r, st, counts);
+    // Nothing compared: say so, and print no table without a pair in it.
+    const bool any_candidate = std::any_of(r.nodes.begin(), r.nodes.end(),
+                                           [](const NodeVerdict& v) { return v.verdict != Verdict::reference; });
+    if (!any_candidate) {
+        out += "\n" + st.red("No node was compared with the reference: nothing compared is never a pass.") + "\n";
+        out += "\n" + fmt::format("0 nodes judged → exit {} (gate {})", exit_code(r.nodes, r.gate), to_string(r.gate)) + "\n";
+        return out;
+    }
+    out += headline_pairs(r, st) + drift_table(r, st) + render_invariance(r, st) + render_step6(r, st);
+    return out + closing_lines(r, st, counts);
 }
 
 std::string render_timings(const RunTimings& t) {
