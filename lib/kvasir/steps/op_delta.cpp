@@ -291,27 +291,104 @@ struct MoeInputs {
 // Experts with biases or gpt-oss's clamped activation have no such bound
 // here, nor a combine weight below 1e-30 (where casting it may underflow):
 // nothing is returned, and the op is judged by its statistics alone.
+namespace {
+
+constexpr int kMoeTerms = 6;  // the six per-output bound terms of moe_bound_data
+
+// The experts and combine weights the bound's terms model: SwiGLU experts of
+// one width, without biases or the clamp, and combine weights that are finite
+// and not denormal-small.
+bool moe_bound_applies(const MoeInputs& in, std::int64_t width) {
+    for (const ExpertWeights& e : in.experts)
+        if (present(e.gate_bias) || present(e.up_bias) || present(e.down_bias) || e.activation.clamped || e.gate.dim(0) != width)
+            return false;
+    for (std::int64_t i = 0; i < in.plan.weights.numel(); ++i)
+        if (const double c = std::fabs(in.plan.weights.at(i)); !std::isfinite(c) || (c > 0 && c < 1e-30)) return false;
+    return true;
+}
+
+// One expert's weights in f64 (gate, up [I, H], down [H, I]) and the largest
+// row sum of |gate| or |up|.
+struct ExpertF64 {
+    std::vector<double> G, U, D;
+    double row_max = 0;
+    ExpertF64(const ExpertWeights& ew, std::int64_t I, std::int64_t H)
+        : G(static_cast<std::size_t>(I * H)), U(static_cast<std::size_t>(I * H)), D(static_cast<std::size_t>(H * I)) {
+        std::vector<double> rowg(static_cast<std::size_t>(I), 0.0), rowu(static_cast<std::size_t>(I), 0.0);
+        for (std::int64_t i = 0; i < I * H; ++i) {
+            const auto at = static_cast<std::size_t>(i);
+            G[at] = ew.gate.at(i);
+            U[at] = ew.up.at(i);
+            D[at] = ew.down.at(i);
+            rowg[static_cast<std::size_t>(i / H)] += std::fabs(G[at]);
+            rowu[static_cast<std::size_t>(i / H)] += std::fabs(U[at]);
+        }
+        row_max = std::max(*std::max_element(rowg.begin(), rowg.end()), *std::max_element(rowu.begin(), rowu.end()));
+    }
+};
+
+// One routed row xt [H] through expert `e`: into out [(B + 2)·H] the six
+// terms per output m (Σ_i |D_mi|·V_b,i), |d_m| and Σ_i D_mi²·W_i; into
+// psum [B] the six Σ_i V_b,i.
+void moe_row_terms(const ExpertF64& e, const double* xt, std::int64_t I, std::int64_t H, double* out, double* psum) {
+    constexpr int B = kMoeTerms;
+    const auto sz = [](std::int64_t n) { return static_cast<std::size_t>(n); };
+    std::vector<double> V(sz(B * I)), hv(sz(I)), W(sz(I));
+    for (std::int64_t i = 0; i < I; ++i) {
+        double g = 0, u = 0, sg = 0, su = 0;
+        const double* gr = e.G.data() + i * H;
+        const double* ur = e.U.data() + i * H;
+        for (std::int64_t c = 0; c < H; ++c) {
+            g += gr[c] * xt[c];
+            u += ur[c] * xt[c];
+            sg += std::fabs(gr[c] * xt[c]);
+            su += std::fabs(ur[c] * xt[c]);
+        }
+        const double s = g / (1.0 + std::exp(-g)), h = s * u;
+        hv[sz(i)] = h;
+        W[sz(i)] = (1.1 * std::fabs(u) * sg) * (1.1 * std::fabs(u) * sg) + (s * su) * (s * su);
+        V[sz(0 * I + i)] = 1.1 * sg * std::fabs(u) + std::fabs(s) * su;
+        V[sz(1 * I + i)] = (1.1 * std::fabs(g) + std::fabs(s)) * std::fabs(u);
+        V[sz(2 * I + i)] = std::fabs(h);
+        V[sz(3 * I + i)] = sg * su;
+        V[sz(4 * I + i)] = sg + su;
+        V[sz(5 * I + i)] = 1.0;
+    }
+    for (std::int64_t m = 0; m < H; ++m) {
+        const double* dr = e.D.data() + m * I;
+        double acc[B] = {0, 0, 0, 0, 0, 0}, d = 0, q = 0;
+        for (std::int64_t i = 0; i < I; ++i) {
+            const double a = std::fabs(dr[i]);
+            for (int b = 0; b < B; ++b) acc[b] += a * V[sz(b * I + i)];
+            d += dr[i] * hv[sz(i)];
+            q += a * a * W[sz(i)];
+        }
+        for (int b = 0; b < B; ++b) out[b * H + m] = acc[b];
+        out[B * H + m] = std::fabs(d);
+        out[(B + 1) * H + m] = q;
+    }
+    for (int b = 0; b < B; ++b) {
+        double t = 0;
+        for (std::int64_t i = 0; i < I; ++i) t += V[sz(b * I + i)];
+        psum[b] = t;
+    }
+}
+
+}  // namespace
+
 std::map<std::string, Tensor> moe_bound_data(const MoeInputs& in) {
     const std::int64_t T = in.x.dim(0), H = in.x.dim(1), k = in.plan.ids.dim(1);
     if (in.experts.empty()) return {};
     const std::int64_t I = in.experts[0].gate.dim(0);
-    for (const ExpertWeights& e : in.experts)
-        if (present(e.gate_bias) || present(e.up_bias) || present(e.down_bias) || e.activation.clamped || e.gate.dim(0) != I)
-            return {};
-    for (std::int64_t i = 0; i < in.plan.weights.numel(); ++i)
-        if (const double c = std::fabs(in.plan.weights.at(i)); !std::isfinite(c) || (c > 0 && c < 1e-30)) return {};
-    constexpr int B = 6;
+    if (!moe_bound_applies(in, I)) return {};
+    constexpr int B = kMoeTerms;
+    // Tensors start zero-filled.
     Tensor terms(DType::f64, {B, T, H}), sums(DType::f64, {T, B}), comb(DType::f64, {T, H}), wsum(DType::f64, {T}), dims(DType::f64, {4}),
         sq(DType::f64, {2, T, H});
     double* SQ = sq.as<double>();
-    std::fill(SQ, SQ + 2 * T * H, 0.0);
     double* P = terms.as<double>();
     double* Q = sums.as<double>();
     double* C = comb.as<double>();
-    std::fill(P, P + B * T * H, 0.0);
-    std::fill(Q, Q + T * B, 0.0);
-    std::fill(C, C + T * H, 0.0);
-    std::fill(wsum.as<double>(), wsum.as<double>() + T, 0.0);
     std::vector<double> x(static_cast<std::size_t>(T * H)), xabs_sum(static_cast<std::size_t>(T), 0.0);
     for (std::int64_t t = 0; t < T; ++t)
         for (std::int64_t h = 0; h < H; ++h) {
@@ -327,63 +404,13 @@ std::map<std::string, Tensor> moe_bound_data(const MoeInputs& in) {
             for (std::int64_t j = 0; j < k; ++j)
                 if (ids[t * k + j] == static_cast<std::int32_t>(e)) routed.emplace_back(t, in.plan.weights.at(t * k + j));
         if (routed.empty()) continue;
-        const ExpertWeights& ew = in.experts[e];
-        std::vector<double> G(sz(I * H)), U(sz(I * H)), D(sz(H * I)), rowg(sz(I), 0.0), rowu(sz(I), 0.0);
-        for (std::int64_t i = 0; i < I * H; ++i) {
-            G[sz(i)] = ew.gate.at(i);
-            U[sz(i)] = ew.up.at(i);
-            D[sz(i)] = ew.down.at(i);
-            rowg[sz(i / H)] += std::fabs(G[sz(i)]);
-            rowu[sz(i / H)] += std::fabs(U[sz(i)]);
-        }
-        const double row_max = std::max(*std::max_element(rowg.begin(), rowg.end()), *std::max_element(rowu.begin(), rowu.end()));
+        const ExpertF64 ew(in.experts[e], I, H);
         // Each routed row's contribution: B + 2 rows of H (the six terms, |d|, Σ D²·W) and B sums.
         const auto R = static_cast<std::int64_t>(routed.size());
         std::vector<double> part(sz(R * (B + 2) * H)), psum(sz(R * B));
 #pragma omp parallel for schedule(dynamic, 1)
-        for (std::int64_t r = 0; r < R; ++r) {
-            const double* xt = x.data() + routed[sz(r)].first * H;
-            std::vector<double> V(sz(B * I)), hv(sz(I)), W(sz(I));
-            for (std::int64_t i = 0; i < I; ++i) {
-                double g = 0, u = 0, sg = 0, su = 0;
-                const double* gr = G.data() + i * H;
-                const double* ur = U.data() + i * H;
-                for (std::int64_t c = 0; c < H; ++c) {
-                    g += gr[c] * xt[c];
-                    u += ur[c] * xt[c];
-                    sg += std::fabs(gr[c] * xt[c]);
-                    su += std::fabs(ur[c] * xt[c]);
-                }
-                const double s = g / (1.0 + std::exp(-g)), h = s * u;
-                hv[sz(i)] = h;
-                W[sz(i)] = (1.1 * std::fabs(u) * sg) * (1.1 * std::fabs(u) * sg) + (s * su) * (s * su);
-                V[sz(0 * I + i)] = 1.1 * sg * std::fabs(u) + std::fabs(s) * su;
-                V[sz(1 * I + i)] = (1.1 * std::fabs(g) + std::fabs(s)) * std::fabs(u);
-                V[sz(2 * I + i)] = std::fabs(h);
-                V[sz(3 * I + i)] = sg * su;
-                V[sz(4 * I + i)] = sg + su;
-                V[sz(5 * I + i)] = 1.0;
-            }
-            double* out = part.data() + r * (B + 2) * H;
-            for (std::int64_t m = 0; m < H; ++m) {
-                const double* dr = D.data() + m * I;
-                double acc[B] = {0, 0, 0, 0, 0, 0}, d = 0, q = 0;
-                for (std::int64_t i = 0; i < I; ++i) {
-                    const double a = std::fabs(dr[i]);
-                    for (int b = 0; b < B; ++b) acc[b] += a * V[sz(b * I + i)];
-                    d += dr[i] * hv[sz(i)];
-                    q += a * a * W[sz(i)];
-                }
-                for (int b = 0; b < B; ++b) out[b * H + m] = acc[b];
-                out[B * H + m] = std::fabs(d);
-                out[(B + 1) * H + m] = q;
-            }
-            for (int b = 0; b < B; ++b) {
-                double t = 0;
-                for (std::int64_t i = 0; i < I; ++i) t += V[sz(b * I + i)];
-                psum[sz(r * B + b)] = t;
-            }
-        }
+        for (std::int64_t r = 0; r < R; ++r)
+            moe_row_terms(ew, x.data() + routed[sz(r)].first * H, I, H, part.data() + r * (B + 2) * H, psum.data() + r * B);
         for (std::int64_t r = 0; r < R; ++r) {
             const auto [t, cw] = routed[sz(r)];
             const double c = std::fabs(cw);
@@ -397,7 +424,7 @@ std::map<std::string, Tensor> moe_bound_data(const MoeInputs& in) {
             }
             for (int b = 0; b < B; ++b) Q[t * B + b] += c * psum[sz(r * B + b)];
             wsum.as<double>()[t] += c;
-            amax = std::max(amax, xabs_sum[sz(t)] + row_max);
+            amax = std::max(amax, xabs_sum[sz(t)] + ew.row_max);
         }
     }
     double* dm = dims.as<double>();
