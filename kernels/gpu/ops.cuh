@@ -134,10 +134,12 @@ struct Accum<true> {
 // the tile's first row row0 and column col0. kAtomic (split-K, the
 // nondeterministic variant): partial sums are added to y with atomicAdd, in
 // whatever order the blocks finish, and y is rounded to storage afterwards by
-// store_kernel. Otherwise y is written once, rounded.
+// store_kernel. Otherwise y is written once, rounded — then, with a `bias`
+// [N] (a grouped job's, gpt-oss's experts), add_rows_kernel's sum of that
+// stored value and bias[c], the two launches' bits in one.
 template <class Tl, bool kF16Acc, bool kAtomic>
 __device__ void matmul_tile(const float* x, const float* w, float* y, int t_count, int n_count, int k_count, int k_begin,
-                            int k_end, int row0, int col0, int storage) {
+                            int k_end, int row0, int col0, int storage, const float* bias = nullptr) {
     // Transposed tiles ([k][row]) so the inner loop reads rows of both with
     // consecutive threads on consecutive addresses; +1 breaks bank conflicts
     // on the transposing stores.
@@ -178,6 +180,8 @@ __device__ void matmul_tile(const float* x, const float* w, float* y, int t_coun
             float* dst = y + static_cast<std::size_t>(r) * n_count + c;
             if (kAtomic)
                 atomicAdd(dst, acc[i][j]);
+            else if (bias != nullptr)
+                *dst = kg_store(kg_store(acc[i][j], storage) + bias[c], storage);
             else
                 *dst = kg_store(acc[i][j], storage);
         }
@@ -198,13 +202,15 @@ __global__ void __launch_bounds__(kMatmulThreads)
 // Many matmuls in one launch (a MoE layer's experts, issue #38 item 2): job j
 // is y_j = x_j · w_jᵀ, its tiles blocks [first_tile_j, first_tile_j+1) of the
 // grid, row-major over (row tile, column tile). Each tile is matmul_tile, so
-// every output has the bits a launch of its own would give.
+// every output has the bits a launch of its own would give; a job with a
+// bias adds it as add_rows_kernel would after that launch.
 struct MatmulJob {
     const float* x;
     const float* w;
     float* y;
     int t_count, n_count, k_count;
     int first_tile;
+    const float* bias = nullptr;  // [n_count], or none
 };
 template <class Tl, bool kF16Acc>
 __global__ void __launch_bounds__(kMatmulThreads) grouped_matmul_kernel(const MatmulJob* jobs, int job_count, int storage) {
@@ -217,7 +223,7 @@ __global__ void __launch_bounds__(kMatmulThreads) grouped_matmul_kernel(const Ma
     const MatmulJob job = jobs[lo];
     const int local = tile - job.first_tile, col_tiles = (job.n_count + Tl::tn - 1) / Tl::tn;
     matmul_tile<Tl, kF16Acc, false>(job.x, job.w, job.y, job.t_count, job.n_count, job.k_count, 0, job.k_count,
-                                    local / col_tiles * Tl::tm, local % col_tiles * Tl::tn, storage);
+                                    local / col_tiles * Tl::tm, local % col_tiles * Tl::tn, storage, job.bias);
 }
 
 // Host side: numbers the jobs' tiles (first_tile) for a grouped launch with
@@ -269,6 +275,9 @@ struct ExpertWeightsOnDevice {
     const float* gate;
     const float* up;
     const float* down;
+    const float* gate_bias = nullptr;  // gpt-oss's, added by the grouped jobs; or none
+    const float* up_bias = nullptr;
+    const float* down_bias = nullptr;
 };
 template <class Layout>
 inline void expert_matmul_jobs(const Layout& layout, const ExpertWeightsOnDevice* w, const float* x, float* g, float* u,
@@ -279,10 +288,10 @@ inline void expert_matmul_jobs(const Layout& layout, const ExpertWeightsOnDevice
         const int rows = static_cast<int>(sl.rows), h = static_cast<int>(sl.h), i = static_cast<int>(sl.i),
                   out = static_cast<int>(sl.out);
         if (h > 0 && i > 0) {
-            gate_up.push_back({x + sl.x, w[n].gate, g + sl.mid, rows, i, h, 0});
-            gate_up.push_back({x + sl.x, w[n].up, u + sl.mid, rows, i, h, 0});
+            gate_up.push_back({x + sl.x, w[n].gate, g + sl.mid, rows, i, h, 0, w[n].gate_bias});
+            gate_up.push_back({x + sl.x, w[n].up, u + sl.mid, rows, i, h, 0, w[n].up_bias});
         }
-        if (i > 0 && out > 0) down.push_back({a + sl.mid, w[n].down, y + sl.y, rows, out, i, 0});
+        if (i > 0 && out > 0) down.push_back({a + sl.mid, w[n].down, y + sl.y, rows, out, i, 0, w[n].down_bias});
     }
 }
 

@@ -375,30 +375,31 @@ public:
             yb(layout.y_total);
         launch_elementwise(chosen.g_count * static_cast<std::size_t>(h), gpu_host::moe_gather_kernel, xs.data(), table.data(),
                            xb.data(), chosen.g_count, static_cast<int>(h));
-        std::vector<std::vector<float>> staged;
+        std::vector<std::vector<float>> staged;  // gate, up, down, gate bias, up bias, down bias per expert
         std::vector<gpu_host::ExpertWeightsOnDevice> on_device;
-        for (const ExpertWeights* ew : chosen.weights) {
-            for (const TensorView* w : {&ew->gate, &ew->up, &ew->down}) staged.push_back(stage(*w));
-            const std::size_t at = staged.size() - 3;
-            on_device.push_back({staged[at].data(), staged[at + 1].data(), staged[at + 2].data()});
-        }
+        for (const ExpertWeights* ew : chosen.weights)
+            for (const TensorView* w : {&ew->gate, &ew->up, &ew->down, &ew->gate_bias, &ew->up_bias, &ew->down_bias})
+                staged.push_back(w->data != nullptr ? stage(*w) : std::vector<float>());
+        const auto on = [&](std::size_t k) { return staged[k].empty() ? nullptr : staged[k].data(); };
+        for (std::size_t n = 0; n < chosen.weights.size(); ++n)
+            on_device.push_back({on(6 * n), on(6 * n + 1), on(6 * n + 2), on(6 * n + 3), on(6 * n + 4), on(6 * n + 5)});
         std::vector<gpu_host::MatmulJob> gate_up, down;
         gpu_host::expert_matmul_jobs(layout, on_device.data(), xb.data(), g.data(), u.data(), a.data(), yb.data(), gate_up,
                                      down);
         launch_grouped(gate_up);
-        // gpt-oss's biases (f32 storage), added by add_rows_kernel as the node adds them.
-        const auto add_bias = [&](std::vector<float>& y, std::size_t at, const TensorView& bias, std::int64_t rows,
-                                  std::int64_t cols) {
+        // gpt-oss's biases (f32 storage): in the grouped jobs' epilogue, and by
+        // add_rows_kernel where a slice had no job (an empty sum: zeros).
+        const auto add_bias = [&](std::vector<float>& y, std::size_t at, const float* bias, std::int64_t rows, std::int64_t cols) {
             const std::size_t count = static_cast<std::size_t>(rows * cols);
-            if (bias.data == nullptr || count == 0) return;
-            const std::vector<float> b = stage(bias);
-            launch_elementwise(count, gpu_host::add_rows_kernel, y.data() + at, b.data(), y.data() + at, count,
+            if (bias == nullptr || count == 0) return;
+            launch_elementwise(count, gpu_host::add_rows_kernel, y.data() + at, bias, y.data() + at, count,
                                static_cast<std::size_t>(cols), storage_);
         };
         for (std::size_t n = 0; n < layout.slices.size(); ++n) {
             const ExpertSlice& sl = layout.slices[n];
-            add_bias(g, sl.mid, chosen.weights[n]->gate_bias, sl.rows, sl.i);
-            add_bias(u, sl.mid, chosen.weights[n]->up_bias, sl.rows, sl.i);
+            if (sl.h > 0) continue;
+            add_bias(g, sl.mid, on_device[n].gate_bias, sl.rows, sl.i);
+            add_bias(u, sl.mid, on_device[n].up_bias, sl.rows, sl.i);
         }
         // One activation over the whole intermediate buffer when every expert
         // shares it (its padding is zeros here, garbage on the device: never read).
@@ -417,7 +418,8 @@ public:
                          static_cast<std::size_t>(layout.slices[n].rows * layout.slices[n].i));
         launch_grouped(down);
         for (std::size_t n = 0; n < layout.slices.size(); ++n)
-            add_bias(yb, layout.slices[n].y, chosen.weights[n]->down_bias, layout.slices[n].rows, layout.slices[n].out);
+            if (layout.slices[n].i == 0)
+                add_bias(yb, layout.slices[n].y, on_device[n].down_bias, layout.slices[n].rows, layout.slices[n].out);
         std::vector<float> out(static_cast<std::size_t>(t_count * h));
         launch_elementwise(out.size(), gpu_host::moe_combine_kernel, yb.data(), table.data(), out.data(), chosen.g_count,
                            static_cast<int>(t_count), static_cast<int>(h), storage_);

@@ -528,14 +528,15 @@ namespace {
 // Issue #38 item 2, as the GPU node runs a MoE block in a DeviceResidency
 // scope: gather, every expert's gate and up (one grouped launch), the
 // activation, every down (one grouped launch), combine — 5 launches for 2
-// experts or 8, SwiGLU or the clamped one, each block the bits of the
+// experts or 8, SwiGLU or the clamped one, with gpt-oss's biases or without
+// (added in the grouped jobs' epilogue), each block the bits of the
 // default's per-op experts. `launches` reads the node's launch counter.
 void expect_five_launches_per_moe_block(const std::function<std::unique_ptr<Backend>()>& make,
                                         const std::function<std::uint64_t(Backend&)>& launches) {
     const std::int64_t E = 8, H = 64, I = 24, T = 12;
     const test::SeededExperts seeded(44, "launch/", E, H, I, DType::f32);
-    for (const bool clamped : {false, true}) {
-        const std::vector<ExpertWeights> experts = seeded.experts(clamped);
+    for (const auto [clamped, biased] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
+        const std::vector<ExpertWeights> experts = seeded.experts(clamped, biased);
         for (const std::int64_t used : {2, 8}) {
             const auto node = make();
             const Tensor x = seeded_normal(44, "launch/x", {T, H}, 0, 1);
@@ -547,7 +548,7 @@ void expect_five_launches_per_moe_block(const std::function<std::unique_ptr<Back
             const DeviceResidency scope;
             const std::uint64_t before = launches(*node);
             const Tensor here = node->moe_block(x, experts, plan);
-            const std::string what = fmt::format("{} experts{}", used, clamped ? " clamped" : "");
+            const std::string what = fmt::format("{} experts{}{}", used, clamped ? " clamped" : "", biased ? " biased" : "");
             EXPECT_EQ(launches(*node) - before, 5u) << what;
             EXPECT_TRUE(test::same_tensor_bits(here, host)) << what;
         }
