@@ -2,6 +2,7 @@
 
 #include "kvasir/arch/architecture.hpp"
 #include "kvasir/core/error.hpp"
+#include "kvasir/model/family.hpp"
 #include "kvasir/model/gguf.hpp"
 #include "kvasir/model/model.hpp"
 #include "kvasir/model/quant.hpp"
@@ -221,7 +222,7 @@ nlohmann::ordered_json config_json(const Model& model) {
         a["norm_weight_offset"] = c.norm_weight_offset;
     }
     a["fused_experts"] = c.fused_experts;
-    if (c.architecture == Architecture::gpt_oss) {
+    if (family_of(c.architecture).experts == ExpertStorage::gate_up_interleaved) {
         a["expert_format"] = oss_expert_format(model);
         a["attention_sinks"] = c.attention_sinks;
         a["swiglu_alpha"] = c.swiglu_alpha;
@@ -305,7 +306,7 @@ void print_inspect(const Model& model, const std::vector<ModelTensorEntry>& tabl
             c.norm_weight_offset ? "RMSNorm weights w, scaling by 1 + w" : "RMSNorm scales 1 + w stored as such (llama.cpp's converter)",
             full_forward(c) ? "" : "; full forward pass not implemented yet: layer-level steps");
     if (c.fused_experts) std::cout << "experts stored fused ([E, 2I, H] gate_up_proj, [E, H, I] down_proj), read per expert\n";
-    if (c.architecture == Architecture::gpt_oss)
+    if (family_of(c.architecture).experts == ExpertStorage::gate_up_interleaved)
         std::cout << fmt::format(
             "gpt-oss: attention sinks (one logit per head), router logits with a bias, experts with biases and the "
             "clamped SwiGLU (alpha {:g}, limit {:g}); expert weights {}\n",

@@ -357,11 +357,9 @@ public:
     // moe_device_table makes.
     Tensor moe_block(const TensorView& x, std::span<const ExpertWeights> experts, const RoutingPlan& plan,
                      const std::vector<bool>* expert_filter = nullptr) override {
-        const auto biased = [](const ExpertWeights& ew) {
-            return ew.gate_bias.data != nullptr || ew.up_bias.data != nullptr || ew.down_bias.data != nullptr;
-        };
         if (!DeviceResidency::active() || nondeterministic_ ||
-            (caps_.storage != DType::f32 && std::any_of(experts.begin(), experts.end(), biased)))
+            (caps_.storage != DType::f32 &&
+             std::any_of(experts.begin(), experts.end(), [](const ExpertWeights& ew) { return ew.has_biases(); })))
             return Backend::moe_block(x, experts, plan, expert_filter);
         const std::vector<ExpertRows> routed = route_rows(x, experts, plan, expert_filter);
         const std::int64_t t_count = x.dim(0), h = x.dim(1);

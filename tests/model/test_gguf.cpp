@@ -893,6 +893,23 @@ TEST(GgufModel, MissingOrInconsistentHyperparametersAreClearErrors) {
     }
 }
 
+// Which GGUF architectures may come without experts is the family records' (Family::gguf_experts):
+// only llama's (the dense llama family; with experts it is Mixtral).
+TEST(GgufModel, AMoeArchitectureWithoutExpertsIsRefused) {
+    const auto dense_qwen3moe = metadata_file({
+        kv_str("general.architecture", "qwen3moe"), kv_u32("qwen3moe.block_count", 2),
+        kv_u32("qwen3moe.embedding_length", 64), kv_u32("qwen3moe.attention.head_count", 4),
+        kv_f32("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6f),
+    });
+    try {
+        (void)read_gguf_model_params(GgufFile::parse(dense_qwen3moe, "x.gguf"));
+        FAIL();
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::bad_input);
+        EXPECT_STREQ(e.what(), "x.gguf: qwen3moe has no qwen3moe.expert_count");
+    }
+}
+
 TEST(GgufModel, UnsupportedArchitectureListsSupported) {
     const GgufFile f = GgufFile::open(kFixtures + "types.gguf");  // general.architecture = "test"
     try {
@@ -901,7 +918,7 @@ TEST(GgufModel, UnsupportedArchitectureListsSupported) {
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ErrorCode::unsupported);
         EXPECT_NE(std::string(e.what()).find(
-                      "architecture 'test' is not supported (supported: qwen2moe, qwen3moe, llama, gpt-oss, deepseek2, qwen3next, qwen35moe)"),
+                      "architecture 'test' is not supported (supported: qwen2moe, qwen3moe, llama, qwen35moe, qwen3next, gpt-oss, deepseek2)"),
                   std::string::npos)
             << e.what();
     }

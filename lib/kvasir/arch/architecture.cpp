@@ -2,37 +2,38 @@
 
 #include "kvasir/core/error.hpp"
 
+#include <map>
+#include <memory>
+#include <mutex>
+
 namespace kvasir::arch {
 
-// The families, each in its own file.
-const DecoderArchitecture& qwen2_moe();
-const DecoderArchitecture& qwen3_moe();
-const DecoderArchitecture& mixtral();
-const DecoderArchitecture& qwen3_5_moe();
-const DecoderArchitecture& qwen3_next();
-const DecoderArchitecture& llama();
-const DecoderArchitecture& mistral();
-const DecoderArchitecture& qwen2();
-const DecoderArchitecture& qwen3();
-const DecoderArchitecture& qwen3_5();
-const DecoderArchitecture& olmoe();
-const DecoderArchitecture& gpt_oss();
-const DecoderArchitecture& deepseek_v3();
-const DecoderArchitecture& glm4_moe();
+namespace {
 
-const std::vector<const DecoderArchitecture*>& architectures() {
-    static const std::vector<const DecoderArchitecture*> all{&qwen2_moe(), &qwen3_moe(), &mixtral(), &qwen3_5_moe(),
-                                                             &qwen3_next(), &llama(), &mistral(), &qwen2(),
-                                                             &qwen3(), &qwen3_5(), &olmoe(), &gpt_oss(),
-                                                             &deepseek_v3(), &glm4_moe()};
+// One decoder per family, made on first use (a registered family included) and kept.
+const DecoderArchitecture& decoder_of(const Family& family) {
+    static std::mutex mutex;
+    static std::map<const Family*, std::unique_ptr<FamilyDecoder>> decoders;
+    const std::lock_guard lock(mutex);
+    auto& d = decoders[&family];
+    if (!d) d = std::make_unique<FamilyDecoder>(family);
+    return *d;
+}
+
+}  // namespace
+
+std::vector<const DecoderArchitecture*> architectures() {
+    std::vector<const DecoderArchitecture*> all;
+    for (const Family* f : all_families()) all.push_back(&decoder_of(*f));
     return all;
 }
 
 const DecoderArchitecture& architecture_for(const ModelConfig& c) {
-    for (const DecoderArchitecture* a : architectures())
-        if (a->id() == c.architecture) {
-            a->check(c);
-            return *a;
+    for (const Family* f : all_families())
+        if (f->id == c.architecture) {
+            const DecoderArchitecture& a = decoder_of(*f);
+            a.check(c);
+            return a;
         }
     fail(ErrorCode::unsupported,
          "{}: the full forward pass of {} is not implemented (no decoder graph is registered for it); the layer-level "
@@ -48,9 +49,19 @@ void check_standard_attention(const ModelConfig& c) {
                  "{}: rope type '{}' with partial rotary is not implemented by the forward pass", c.source, c.rope_type);
 }
 
+FamilyDecoder::FamilyDecoder(const Family& family) : family_(family) {
+    switch (family.layer) {
+        case LayerKind::standard: layer_ = &LayerGraph::standard_layer; return;
+        case LayerKind::mla: layer_ = &LayerGraph::mla_layer; return;
+        case LayerKind::hybrid: layer_ = &LayerGraph::hybrid_layer; return;
+    }
+    fail(ErrorCode::internal, "model family {}: no decoder layer of kind {}", family.model_type,
+         static_cast<int>(family.layer));
+}
+
 void FamilyDecoder::check(const ModelConfig& c) const {
     check_standard_attention(c);
-    KVASIR_CHECK(sliding_ == Sliding::checked || c.sliding_window == 0, ErrorCode::unsupported,
+    KVASIR_CHECK(family_.sliding_checked || c.sliding_window == 0, ErrorCode::unsupported,
                  "{}: sliding-window attention ({}) of {} is not implemented by the forward pass (no fixture checks "
                  "which of its layers slide)",
                  c.source, c.sliding_window, architecture_name(c.architecture));

@@ -10,6 +10,7 @@
 #include "kvasir/core/dtype.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/tensor.hpp"
+#include "kvasir/model/family.hpp"
 #include "kvasir/steps/node_clock.hpp"
 
 #include <fmt/format.h>

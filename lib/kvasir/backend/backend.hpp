@@ -252,8 +252,9 @@ public:
     // less than 1. sinks is [nh]. Default: this backend's composition above
     // with the sink column written by the host after step 3 (the value in the
     // scores' dtype), so every node computes it with its own matmul, scale
-    // and softmax. The cpu node's fused kernel takes sinks with those bits
-    // (kernels/cpu/attention.hpp); OpenCL and CUDA/HIP run the composition.
+    // and softmax. The fused kernels take sinks with those bits: the cpu
+    // node's (kernels/cpu/attention.hpp), OpenCL's (attention.cl) and the
+    // cuda/hip attention_kernel (kernels/gpu/ops.cuh).
     virtual Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys,
                                           std::span<const TensorView> values, double scale, const TensorView& sinks);
 

@@ -39,6 +39,8 @@ struct ExpertWeights {
     // (Default member initialisers: the plain experts are built as {gate, up, down}.)
     TensorView gate_bias{}, up_bias{}, down_bias{};
     ExpertActivation activation{};
+
+    bool has_biases() const { return gate_bias.data != nullptr || up_bias.data != nullptr || down_bias.data != nullptr; }
 };
 
 }  // namespace kvasir

@@ -7,9 +7,11 @@
 // class, and which layers are MoE is decided by the same rule as the
 // architecture's decoder layer (see ModelConfig::moe_layers).
 //
-// Every architecture has a full forward pass (arch/architecture.hpp lists
-// the families); deepseek_v3's attention is MLA (ModelConfig::Mla), its and
-// glm4_moe's router sigmoid + e_score_correction_bias + grouped top-k.
+// What differs between the families — defaults, their own keys, tensor
+// names — is in their records (model/family.hpp, model/families/*.cpp);
+// parse_model_config reads the keys they share and calls the family's reader.
+// deepseek_v3's attention is MLA (ModelConfig::Mla), its and glm4_moe's
+// router sigmoid + e_score_correction_bias + grouped top-k.
 #pragma once
 
 #include "kvasir/core/model_types.hpp"  // RouterScoring
@@ -24,6 +26,9 @@
 
 namespace kvasir {
 
+// The id of a model family (model/family.hpp: what kvasir knows of each).
+// These are the built-in families; a family registered from elsewhere
+// (register_family) takes a value past them.
 enum class Architecture : std::uint8_t {
     qwen2_moe, qwen3_moe, mixtral, deepseek_v3, qwen3_5_moe, qwen3_next,
     // Dense decoders (no MoE layer): the standard layer, or the hybrid one (qwen3_5).
@@ -31,11 +36,14 @@ enum class Architecture : std::uint8_t {
     olmoe, gpt_oss, glm4_moe
 };
 
-// The config.json `model_type`: "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", ….
-const char* architecture_name(Architecture a) noexcept;
-// For messages: every model_type read, comma separated.
-std::string_view supported_architectures() noexcept;
-
+// Bounds on what a config may claim (sizes are checked before anything is allocated from them).
+namespace config_bounds {
+inline constexpr std::int64_t kMaxDim = std::int64_t{1} << 20;  // any width: hidden, heads, head_dim, vocab, ffn
+inline constexpr std::int64_t kMaxLayers = std::int64_t{1} << 16;
+inline constexpr std::int64_t kMaxExperts = std::int64_t{1} << 16;
+inline constexpr std::int64_t kMaxPositions = std::int64_t{1} << 40;
+inline constexpr double kMaxRopeTheta = 1e12;
+}  // namespace config_bounds
 
 // Everything a layer-level audit needs to route tokens the way the reference
 // implementation does.

@@ -3,10 +3,13 @@
 #include "kvasir/model/gguf_arch.hpp"
 
 #include "kvasir/core/error.hpp"
+#include "kvasir/model/family.hpp"
 #include "kvasir/model/gguf_text.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <array>
 #include <limits>
 #include <type_traits>
@@ -142,8 +145,13 @@ std::optional<GgufTensorRole> gguf_tensor_role(std::string_view name) {
 // Hyperparameters
 // ---------------------------------------------------------------------------
 
-std::string_view gguf_supported_architectures() noexcept {
-    return "qwen2moe, qwen3moe, llama, gpt-oss, deepseek2, qwen3next, qwen35moe";
+std::string gguf_supported_architectures() {
+    std::vector<std::string_view> names;
+    for (const Family* f : all_families())
+        if (!f->gguf_architecture.empty() &&
+            std::find(names.begin(), names.end(), f->gguf_architecture) == names.end())
+            names.push_back(f->gguf_architecture);
+    return fmt::format("{}", fmt::join(names, ", "));
 }
 
 namespace {
@@ -310,8 +318,12 @@ GgufModelParams read_gguf_model_params(const GgufFile& file) {
     const std::string& fname = file.name();
     p.architecture = file.get_string("general.architecture");
     const std::string& arch = p.architecture;
-    if (arch != "qwen2moe" && arch != "qwen3moe" && arch != "llama" && arch != "gpt-oss" && arch != "deepseek2" &&
-        arch != "qwen3next" && arch != "qwen35moe")
+    const auto families = all_families();
+    const auto of_arch = [&](auto&& pred) {
+        return std::any_of(families.begin(), families.end(),
+                           [&](const Family* f) { return f->gguf_architecture == arch && pred(*f); });
+    };
+    if (!of_arch([](const Family&) { return true; }))
         fail(ErrorCode::unsupported, "{}: architecture '{}' is not supported (supported: {})", fname, printable(arch),
              gguf_supported_architectures());
     const ArchKeys k{file, fname, arch};
@@ -334,7 +346,8 @@ GgufModelParams read_gguf_model_params(const GgufFile& file) {
 
     p.expert_count = k.opt_int("expert_count", 0);
     p.expert_used_count = k.opt_int("expert_used_count", 0);
-    if (arch != "llama" && p.expert_count == 0) fail(ErrorCode::bad_input, "{}: {} has no {}", fname, arch, k.key("expert_count"));
+    if (p.expert_count == 0 && !of_arch([](const Family& f) { return f.gguf_experts != GgufExperts::with; }))
+        fail(ErrorCode::bad_input, "{}: {} has no {}", fname, arch, k.key("expert_count"));
     if (p.expert_count != 0) {
         k.positive("expert_count", p.expert_count);
         if (p.expert_used_count <= 0 || p.expert_used_count > p.expert_count)
@@ -345,8 +358,8 @@ GgufModelParams read_gguf_model_params(const GgufFile& file) {
             k.positive("expert_feed_forward_length", k.opt_int("expert_feed_forward_length", p.feed_forward_length));
     }
     p.expert_shared_feed_forward_length = k.opt_int("expert_shared_feed_forward_length", 0);
-    if (arch == "qwen3next" || arch == "qwen35moe") read_hybrid_hparams(k, p);
-    if (arch == "deepseek2") read_mla_hparams(k, p);
+    if (of_arch([](const Family& f) { return f.layer == LayerKind::hybrid; })) read_hybrid_hparams(k, p);
+    if (of_arch([](const Family& f) { return f.layer == LayerKind::mla; })) read_mla_hparams(k, p);
     p.norm_topk_prob = arch != "qwen2moe" && arch != "deepseek2";  // deepseek2: only with expert_weights_norm
     if (const std::string name = k.key("expert_weights_norm"); file.has(name)) p.norm_topk_prob = file.get_bool(name);
     p.vocab_size = read_vocab_size(k);

@@ -123,8 +123,8 @@ struct GgufModelParams {
     std::vector<bool> recurrent_layers;
 };
 
-// Supported architectures, for messages: "qwen2moe, qwen3moe, llama, gpt-oss".
-std::string_view gguf_supported_architectures() noexcept;
+// The GGUF architectures of the families, for messages: "qwen2moe, qwen3moe, llama, …".
+std::string gguf_supported_architectures();
 // Read the hyperparameters. Throws Error(bad_input) naming the file for a
 // missing/ill-typed required key or inconsistent values, and
 // Error(unsupported) for another architecture (listing the supported ones).

@@ -2,9 +2,12 @@
 // converter wrote for each architecture, read back as the Hugging Face config
 // the forward pass computes with — the family, attention and rope, the hybrid
 // layers, biases, and each family's feed-forward / router.
+#include "kvasir/model/gguf_config.hpp"
+
 #include "kvasir/model/model.hpp"
 
 #include "kvasir/core/error.hpp"
+#include "kvasir/model/family.hpp"
 #include "kvasir/model/gguf.hpp"
 #include "kvasir/model/gguf_arch.hpp"
 #include "kvasir/model/gguf_text.hpp"
@@ -123,18 +126,17 @@ void read_gguf_deepseek2_yarn(const GgufFile& file, const std::string& a, const 
     r.mscale = r.mscale_all_dim = log_mul;
 }
 
-// The family a GGUF's general.architecture names (llama: Mixtral when it has experts, dense otherwise).
-Architecture gguf_family(const GgufModelParams& p, const std::string& path) {
+// The family a GGUF's general.architecture names (the family records' gguf_architecture; llama: Mixtral
+// when it has experts, dense otherwise).
+const Family& gguf_family(const GgufModelParams& p, const std::string& path) {
     const bool moe = p.expert_count > 0;
-    if (p.architecture == "qwen2moe") return Architecture::qwen2_moe;
-    if (p.architecture == "qwen3moe") return Architecture::qwen3_moe;
-    if (p.architecture == "llama") return moe ? Architecture::mixtral : Architecture::llama;  // dense: q/k permuted by the converter
-    if (p.architecture == "gpt-oss" && moe) return Architecture::gpt_oss;
-    if (p.architecture == "deepseek2" && moe) return Architecture::deepseek_v3;
-    if (p.architecture == "qwen3next" && moe) return Architecture::qwen3_next;
-    if (p.architecture == "qwen35moe" && moe) return Architecture::qwen3_5_moe;
-    fail(ErrorCode::unsupported, "{}: GGUF architecture '{}' without experts is not supported (supported: {}; only llama "
-         "may be dense)", path, p.architecture, gguf_supported_architectures());
+    for (const Family* f : all_families()) {
+        if (f->gguf_architecture != p.architecture) continue;
+        if ((f->gguf_experts == GgufExperts::with && !moe) || (f->gguf_experts == GgufExperts::without && moe)) continue;
+        return *f;
+    }
+    fail(ErrorCode::unsupported, "{}: GGUF architecture '{}' {} experts is not supported (supported: {})", path,
+         p.architecture, moe ? "with" : "without", gguf_supported_architectures());
 }
 
 // Heads, MLA, rope (base, scaling, yarn, llama3 frequency factors), epsilon and context length.
@@ -143,7 +145,7 @@ void gguf_attention(const GgufFile& file, const GgufModelParams& p, const std::s
     c.num_heads = p.head_count;
     c.num_kv_heads = p.head_count_kv;
     c.head_dim = p.key_length;
-    if (c.architecture == Architecture::deepseek_v3) {
+    if (family_of(c.architecture).layer == LayerKind::mla) {
         // llama.cpp's MQA form of MLA (head_count_kv 1, key/value_length over the latent) is a storage
         // choice: the model is DeepseekV3Attention's, one expanded key and value per head.
         auto& m = c.mla;
@@ -222,65 +224,12 @@ void gguf_biases(const GgufFile& file, const std::string& path, ModelConfig& c) 
     }
 }
 
-// llama.cpp's openai-moe graph: a sink per head, the router's logits with a bias, top-k, softmax over the
-// chosen k (LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT), experts with biases and ggml_swiglu_oai with the
-// constants it hard-codes (alpha 1.702, limit 7: the GGUF carries neither), every layer MoE.
-void gguf_gpt_oss_ffn(const GgufFile& file, const GgufModelParams& p, const std::string& path, ModelConfig& c) {
-    const std::string& a = p.architecture;
-    KVASIR_CHECK(!file.has(a + ".rope.freq_base_swa") ||
-                     file.get_float(a + ".rope.freq_base_swa") == file.get_float(a + ".rope.freq_base"),
-                 ErrorCode::unsupported, "{}: {}.rope.freq_base_swa differs from rope.freq_base (a second rope base "
-                 "for the sliding layers is not modelled)", path, a);
-    for (std::int64_t l = 0; l < c.num_layers; ++l)
-        KVASIR_CHECK(c.moe_layers[static_cast<std::size_t>(l)], ErrorCode::bad_input,
-                     "{}: layer {} has no blk.{}.ffn_gate_inp.weight (every gpt-oss layer is MoE)", path, l, l);
-    c.attention_sinks = true;
-    c.clamped_swiglu = true;
-    c.swiglu_alpha = 1.702;
-    c.swiglu_limit = 7.0;
-    c.intermediate_size = 0;
-    c.router.scoring = RouterScoring::softmax;
-    c.router.num_experts = p.expert_count;
-    c.router.top_k = p.expert_used_count;
-    c.router.norm_topk_prob = true;
-}
+}  // namespace
 
-// llama.cpp's deepseek2 graph: expert_gating_func 2 = sigmoid (DeepSeek-V3, Kimi-K2) with exp_probs_b for the
-// selection, expert_group_count / _used_count, expert_weights_norm and _scale; leading dense layers;
-// expert_shared_count shared experts of expert_feed_forward_length, ungated. DeepSeek-V2's softmax router
-// (gating func 1) is another model, not modelled.
-void gguf_deepseek2_ffn(const GgufModelParams& p, const std::string& path, ModelConfig& c) {
-    const std::string& a = p.architecture;
-    KVASIR_CHECK(p.expert_gating_func == 2, ErrorCode::unsupported,
-                 "{}: {}.expert_gating_func is {} (only 2, sigmoid — DeepSeek-V3's router — is implemented)", path, a,
-                 p.expert_gating_func);
-    for (std::int64_t l = 0; l < c.num_layers; ++l)
-        KVASIR_CHECK(c.moe_layers[static_cast<std::size_t>(l)] == (l >= p.leading_dense_block_count), ErrorCode::bad_input,
-                     "{}: layer {} {} a router but {}.leading_dense_block_count is {}", path, l,
-                     c.moe_layers[static_cast<std::size_t>(l)] ? "has" : "lacks", a, p.leading_dense_block_count);
-    c.first_k_dense_replace = p.leading_dense_block_count;
+void gguf_softmax_moe_ffn(const GgufFile& file, const GgufModelParams& p, const std::string& /*path*/, ModelConfig& c) {
     c.intermediate_size = p.feed_forward_length;
-    c.shared_expert_intermediate_size = p.expert_shared_count * p.expert_feed_forward_length;
-    c.router.scoring = RouterScoring::sigmoid;
-    c.router.score_correction_bias = true;
-    c.router.num_experts = p.expert_count;
-    c.router.top_k = p.expert_used_count;
-    c.router.norm_topk_prob = p.norm_topk_prob;
-    c.router.n_group = p.expert_group_count;
-    c.router.topk_group = p.expert_group_used_count;
-    c.router.routed_scaling_factor = p.expert_weights_scale;
-}
-
-// qwen2moe / qwen3moe / qwen3next / qwen35moe / Mixtral: softmax top-k, dense layers where a layer has no
-// router (Mixtral has none), a shared expert (gated in qwen2moe) when the file has one.
-void gguf_softmax_moe_ffn(const GgufFile& file, const GgufModelParams& p, ModelConfig& c) {
-    if (c.architecture == Architecture::mixtral) {
-        c.intermediate_size = 0;
-    } else {
-        c.intermediate_size = p.feed_forward_length;
-        for (std::int64_t l = 0; l < c.num_layers; ++l)
-            if (!c.moe_layers[static_cast<std::size_t>(l)]) c.mlp_only_layers.push_back(l);
-    }
+    for (std::int64_t l = 0; l < c.num_layers; ++l)
+        if (!c.moe_layers[static_cast<std::size_t>(l)]) c.mlp_only_layers.push_back(l);
     c.shared_expert_intermediate_size = p.shared_expert ? p.expert_shared_feed_forward_length : 0;
     if (p.shared_expert && c.shared_expert_intermediate_size == 0) {
         // Older converters omit the key: the shared expert's rows say it.
@@ -299,13 +248,12 @@ void gguf_softmax_moe_ffn(const GgufFile& file, const GgufModelParams& p, ModelC
     c.router.norm_topk_prob = p.norm_topk_prob;
 }
 
-}  // namespace
-
 ModelConfig model_config_from_gguf(const GgufFile& file, const std::string& path) {
     const GgufModelParams p = read_gguf_model_params(file);
     ModelConfig c;
     c.source = path;
-    c.architecture = gguf_family(p, path);
+    const Family& family = gguf_family(p, path);
+    c.architecture = family.id;
     c.hidden_size = p.embedding_length;
     c.num_layers = p.block_count;
     gguf_attention(file, p, path, c);
@@ -320,16 +268,7 @@ ModelConfig model_config_from_gguf(const GgufFile& file, const std::string& path
     c.moe_intermediate_size = p.expert_feed_forward_length;
     c.sliding_window = p.sliding_window;
     c.sliding_layers = p.sliding_layers;
-    if (c.architecture == Architecture::gpt_oss) {
-        gguf_gpt_oss_ffn(file, p, path, c);
-    } else if (c.architecture == Architecture::deepseek_v3) {
-        gguf_deepseek2_ffn(p, path, c);
-    } else if (c.architecture == Architecture::llama) {
-        c.intermediate_size = p.feed_forward_length;
-        c.router = RouterConfig{};
-    } else {
-        gguf_softmax_moe_ffn(file, p, c);
-    }
+    family.read_gguf(file, p, path, c);
     validate_model_config(c);
     return c;
 }

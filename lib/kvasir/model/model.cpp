@@ -3,6 +3,7 @@
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/immutable_memory.hpp"
 #include "kvasir/core/io.hpp"
+#include "kvasir/model/family.hpp"
 #include "kvasir/model/gguf.hpp"
 #include "kvasir/model/gguf_arch.hpp"
 #include "kvasir/model/gguf_text.hpp"
@@ -298,12 +299,12 @@ std::vector<std::string> Model::Impl::gguf_layer_names(std::int64_t l) const {
     const ModelConfig& c = cfg;
     auto w = [&](std::string_view base) { return fmt::format("blk.{}.{}.weight", l, base); };
     auto b = [&](std::string_view base) { return fmt::format("blk.{}.{}.bias", l, base); };
-    const bool oss = c.architecture == Architecture::gpt_oss;
+    const bool oss = family_of(c.architecture).experts == ExpertStorage::gate_up_interleaved;
     std::vector<std::string> n{w("attn_norm"), gguf_post_attention_norm(l)};
     if (c.is_linear_attention(l)) {
         n.insert(n.end(), {w("attn_qkv"), w("attn_gate"), w("ssm_conv1d"), fmt::format("blk.{}.ssm_a", l), b("ssm_dt"),
                            w("ssm_norm"), w("ssm_out")});
-        if (c.architecture == Architecture::qwen3_5_moe)
+        if (family_of(c.architecture).gguf_deltanet_tiled)
             n.insert(n.end(), {w("ssm_beta"), w("ssm_alpha")});
         else
             n.push_back(w("ssm_ba"));
@@ -543,7 +544,7 @@ void Model::Impl::load_gguf_deltanet(std::int64_t l, LayerWeights& w) const {
     const std::int64_t H = c.hidden_size, nk = la.key_heads, nv = la.value_heads, dv = la.value_head_dim,
                        r = nv / nk, C = la.conv_dim(), kd2 = 2 * la.key_dim();
     auto w_ = [&](std::string_view base) { return fmt::format("blk.{}.{}.weight", l, base); };
-    const bool tiled = c.architecture == Architecture::qwen3_5_moe;
+    const bool tiled = family_of(c.architecture).gguf_deltanet_tiled;
     std::vector<std::int64_t> src(static_cast<std::size_t>(nv));
     for (std::int64_t h = 0; h < nv; ++h) src[static_cast<std::size_t>(h)] = tiled ? (h % r) * nk + h / r : h;
     // Per-v-head rows (from row `first`, `block` rows each) in HF order: a reordered copy when tiled, else the view.
@@ -596,7 +597,7 @@ LayerWeights Model::Impl::load_gguf(std::int64_t l) const {
     LayerWeights w;
     w.index = l;
     w.moe = c.is_moe(l);
-    const bool oss = c.architecture == Architecture::gpt_oss;
+    const bool oss = family_of(c.architecture).experts == ExpertStorage::gate_up_interleaved;
     w.input_norm = resolve(w_("attn_norm"), {H});
     w.post_attention_norm = resolve(gguf_post_attention_norm(l), {H});
     w.linear_attention = c.is_linear_attention(l);
@@ -750,7 +751,7 @@ Model Model::open(const std::string& path) {
         for (std::int64_t l = 0; l < c.num_layers; ++l)
             if (c.is_moe(l)) {
                 const std::string x = fmt::format("{}layers.{}.mlp.experts.", c.tensor_prefix, l);
-                if (c.architecture == Architecture::gpt_oss) {
+                if (family_of(c.architecture).experts == ExpertStorage::gate_up_interleaved) {
                     // MXFP4 (the published checkpoints) or plain (as transformers saves a dequantised model).
                     c.mxfp4_experts = impl->st->contains(x + "gate_up_proj_blocks");
                     KVASIR_CHECK(!c.mxfp4_experts || (c.hidden_size % 32 == 0 && c.moe_intermediate_size % 32 == 0),

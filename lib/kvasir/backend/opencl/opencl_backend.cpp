@@ -1127,7 +1127,7 @@ private:
     // bias as the default's add would (the add override's `exact`); on
     // narrower storage the default adds the unrounded bias on the host.
     bool device_biases(const ExpertWeights& ew) const {
-        const bool biased = ew.gate_bias.data != nullptr || ew.up_bias.data != nullptr || ew.down_bias.data != nullptr;
+        const bool biased = ew.has_biases();
         return !biased || caps_.storage == DType::f32;
     }
     // y (rows × cols, on the device) += the bias row, in place (kv_add_rows); absent bias: nothing.
