@@ -3,6 +3,7 @@
 // here) and against the tensors those fixtures' model.safetensors hold.
 #include "kvasir/core/error.hpp"
 #include "kvasir/model/config.hpp"
+#include "kvasir/model/family.hpp"
 #include "kvasir/model/rope_frequencies.hpp"
 
 #include <gtest/gtest.h>
@@ -1152,4 +1153,30 @@ TEST(ConfigParse, GptOssDefaultsAndLayout) {
     j = json::parse(text);
     j["swiglu_limit"] = 0;
     expect_error(j, {"swiglu_limit"});
+}
+
+// The defaults in the family records (model/families/*.cpp) against the config classes themselves:
+// fixtures/config_defaults.json holds, for each family, a config.json giving only the sizes and what
+// transformers 5.24 resolves from it (scripts/make_config_defaults.py). Every built-in family is there.
+TEST(ConfigDefaults, EachFamilysRecordGivesItsConfigClasssDefaults) {
+    const json ref = json::parse(std::ifstream(std::string(KVASIR_SOURCE_DIR) + "/fixtures/config_defaults.json"));
+    std::set<Architecture> seen;
+    for (const auto& [type, family] : ref["families"].items()) {
+        SCOPED_TRACE(type);
+        const ModelConfig c = kvasir::parse_model_config(family["config"].dump(), type + "/config.json");
+        seen.insert(c.architecture);
+        const json& t = family["transformers"];
+        EXPECT_EQ(c.num_kv_heads, t["num_key_value_heads"].get<std::int64_t>());
+        EXPECT_EQ(c.head_dim, t["head_dim"].get<std::int64_t>());
+        EXPECT_EQ(c.max_position_embeddings, t["max_position_embeddings"].get<std::int64_t>());
+        EXPECT_EQ(c.rms_norm_eps, t["rms_norm_eps"].get<double>());
+        EXPECT_EQ(c.rope_theta, t["rope_theta"].get<double>());
+        EXPECT_EQ(c.rope_type, t["rope_type"].get<std::string>());
+        EXPECT_EQ(c.partial_rotary_factor, t["partial_rotary_factor"].get<double>());
+        EXPECT_EQ(c.tie_word_embeddings, t["tie_word_embeddings"].get<bool>());
+        EXPECT_EQ(c.sliding_window, t["sliding_window"].get<std::int64_t>());
+    }
+    std::set<Architecture> all;
+    for (const kvasir::Family* f : kvasir::all_families()) all.insert(f->id);
+    EXPECT_EQ(seen, all);
 }

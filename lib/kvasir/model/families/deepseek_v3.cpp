@@ -50,20 +50,14 @@ void read_gguf(const GgufFile&, const GgufModelParams& p, const std::string& pat
 }  // namespace
 
 const Family& deepseek_v3() {
-    static const Family f{.id = Architecture::deepseek_v3,
-                          .model_type = "deepseek_v3",
-                          .class_prefix = "DeepseekV3",
-                          // Kimi-K2's checkpoints name their own model_type (remote code) over
-                          // DeepseekV3ForCausalLM: the same config keys and model (the class name must
-                          // then say DeepseekV3).
+    // Kimi-K2's checkpoints name their own model_type (remote code) over
+    // DeepseekV3ForCausalLM: the same config keys and model (the class name must
+    // then say DeepseekV3).
+    static const Family f{.id = Architecture::deepseek_v3, .model_type = "deepseek_v3", .class_prefix = "DeepseekV3",
                           .other_model_types = {"kimi_k2"},
                           .defaults = {.kv_heads = 128, .max_positions = 4096, .rms_eps = 1e-6, .rope_theta = 10000.0},
-                          .read = read,
-                          .experts_key = "n_routed_experts",
-                          .gguf_architecture = "deepseek2",
-                          .gguf_experts = GgufExperts::with,
-                          .read_gguf = read_gguf,
-                          .layer = LayerKind::mla};
+                          .read = read, .experts_key = "n_routed_experts", .gguf_architecture = "deepseek2",
+                          .gguf_experts = GgufExperts::with, .read_gguf = read_gguf, .layer = LayerKind::mla};
     return f;
 }
 

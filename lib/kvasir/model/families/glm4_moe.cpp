@@ -28,12 +28,9 @@ void read(const ConfigKeys& k, ModelConfig& c) {
 
 const Family& glm4_moe() {
     // Glm4MoeConfig (GLM-4.5's shape)
-    static const Family f{.id = Architecture::glm4_moe,
-                          .model_type = "glm4_moe",
-                          .class_prefix = "Glm4Moe",
+    static const Family f{.id = Architecture::glm4_moe, .model_type = "glm4_moe", .class_prefix = "Glm4Moe",
                           .defaults = {.kv_heads = 8, .max_positions = 131072, .rms_eps = 1e-5, .rope_theta = 10000.0},
-                          .read = read,
-                          .experts_key = "n_routed_experts"};
+                          .read = read, .experts_key = "n_routed_experts"};
     return f;
 }
 

@@ -110,18 +110,12 @@ void read_gguf(const GgufFile& file, const GgufModelParams& p, const std::string
 
 const Family& gpt_oss() {
     // GptOssConfig (gpt-oss-120b's shape; default_theta 150000); head_dim 64.
-    static const Family f{.id = Architecture::gpt_oss,
-                          .model_type = "gpt_oss",
-                          .class_prefix = "GptOss",
+    static const Family f{.id = Architecture::gpt_oss, .model_type = "gpt_oss", .class_prefix = "GptOss",
                           .defaults = {.kv_heads = 8, .max_positions = 131072, .rms_eps = 1e-5, .rope_theta = 150000.0,
                                        .head_dim = 64},
-                          .read = read,
-                          .name_layer = name_layer,
-                          .gguf_architecture = "gpt-oss",
-                          .gguf_experts = GgufExperts::with,
-                          .read_gguf = read_gguf,
-                          .experts = ExpertStorage::gate_up_interleaved,
-                          .sliding_checked = true};
+                          .read = read, .name_layer = name_layer, .gguf_architecture = "gpt-oss",
+                          .gguf_experts = GgufExperts::with, .read_gguf = read_gguf,
+                          .experts = ExpertStorage::gate_up_interleaved, .sliding_checked = true};
     return f;
 }
 

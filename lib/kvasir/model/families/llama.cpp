@@ -29,13 +29,9 @@ void read_gguf(const GgufFile&, const GgufModelParams& p, const std::string&, Mo
 
 const Family& llama() {
     // LlamaConfig (num_key_value_heads None → num_attention_heads)
-    static const Family f{.id = Architecture::llama,
-                          .model_type = "llama",
-                          .class_prefix = "Llama",
+    static const Family f{.id = Architecture::llama, .model_type = "llama", .class_prefix = "Llama",
                           .defaults = {.kv_heads = 0, .max_positions = 2048, .rms_eps = 1e-6, .rope_theta = 10000.0},
-                          .read = read,
-                          .gguf_architecture = "llama",
-                          .gguf_experts = GgufExperts::without,
+                          .read = read, .gguf_architecture = "llama", .gguf_experts = GgufExperts::without,
                           .read_gguf = read_gguf};
     return f;
 }

@@ -16,12 +16,9 @@ void read(const ConfigKeys& k, ModelConfig& c) {
 }  // namespace
 
 const Family& mistral() {
-    static const Family f{.id = Architecture::mistral,
-                          .model_type = "mistral",
-                          .class_prefix = "Mistral",
+    static const Family f{.id = Architecture::mistral, .model_type = "mistral", .class_prefix = "Mistral",
                           .defaults = {.kv_heads = 8, .max_positions = 4096 * 32, .rms_eps = 1e-6, .rope_theta = 10000.0},
-                          .read = read,
-                          .sliding_checked = true};
+                          .read = read, .sliding_checked = true};
     return f;
 }
 

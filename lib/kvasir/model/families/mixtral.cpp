@@ -52,17 +52,11 @@ void read_gguf(const GgufFile& file, const GgufModelParams& p, const std::string
 }  // namespace
 
 const Family& mixtral() {
-    static const Family f{.id = Architecture::mixtral,
-                          .model_type = "mixtral",
-                          .class_prefix = "Mixtral",
-                          // MixtralConfig.default_theta = 1e6
+    // MixtralConfig.default_theta = 1e6
+    static const Family f{.id = Architecture::mixtral, .model_type = "mixtral", .class_prefix = "Mixtral",
                           .defaults = {.kv_heads = 8, .max_positions = 4096 * 32, .rms_eps = 1e-5, .rope_theta = 1e6},
-                          .read = read,
-                          .experts_key = "num_local_experts",
-                          .name_layer = name_layer,
-                          .gguf_architecture = "llama",
-                          .gguf_experts = GgufExperts::with,
-                          .read_gguf = read_gguf};
+                          .read = read, .experts_key = "num_local_experts", .name_layer = name_layer,
+                          .gguf_architecture = "llama", .gguf_experts = GgufExperts::with, .read_gguf = read_gguf};
     return f;
 }
 

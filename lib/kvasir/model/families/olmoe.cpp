@@ -36,11 +36,10 @@ void read(const ConfigKeys& k, ModelConfig& c) {
 }  // namespace
 
 const Family& olmoe() {
-    // OlmoeConfig (OLMoE-1B-7B: 64 experts of 1024, top-8; intermediate = expert width)
-    static const Family f{.id = Architecture::olmoe,
-                          .model_type = "olmoe",
-                          .class_prefix = "Olmoe",
-                          .defaults = {.kv_heads = 16, .max_positions = 4096, .rms_eps = 1e-5, .rope_theta = 10000.0},
+    // OlmoeConfig (OLMoE-1B-7B: 64 experts of 1024, top-8; intermediate = expert width; num_key_value_heads
+    // None → num_attention_heads)
+    static const Family f{.id = Architecture::olmoe, .model_type = "olmoe", .class_prefix = "Olmoe",
+                          .defaults = {.kv_heads = 0, .max_positions = 4096, .rms_eps = 1e-5, .rope_theta = 10000.0},
                           .read = read};
     return f;
 }

@@ -18,12 +18,9 @@ void read(const ConfigKeys& k, ModelConfig& c) {
 }  // namespace
 
 const Family& qwen2() {
-    static const Family f{.id = Architecture::qwen2,
-                          .model_type = "qwen2",
-                          .class_prefix = "Qwen2",
+    static const Family f{.id = Architecture::qwen2, .model_type = "qwen2", .class_prefix = "Qwen2",
                           .defaults = {.kv_heads = 32, .max_positions = 32768, .rms_eps = 1e-6, .rope_theta = 10000.0},
-                          .read = read,
-                          .sliding_checked = true};
+                          .read = read, .sliding_checked = true};
     return f;
 }
 

@@ -18,12 +18,11 @@ void read(const ConfigKeys& k, ModelConfig& c) {
 }  // namespace
 
 const Family& qwen3() {
-    static const Family f{.id = Architecture::qwen3,
-                          .model_type = "qwen3",
-                          .class_prefix = "Qwen3",
-                          .defaults = {.kv_heads = 32, .max_positions = 32768, .rms_eps = 1e-6, .rope_theta = 10000.0},
-                          .read = read,
-                          .sliding_checked = true};
+    // Qwen3Config: head_dim is a field, default 128 (Qwen3Attention reads it, not hidden_size / heads).
+    static const Family f{.id = Architecture::qwen3, .model_type = "qwen3", .class_prefix = "Qwen3",
+                          .defaults = {.kv_heads = 32, .max_positions = 32768, .rms_eps = 1e-6, .rope_theta = 10000.0,
+                                       .head_dim = 128},
+                          .read = read, .sliding_checked = true};
     return f;
 }
 

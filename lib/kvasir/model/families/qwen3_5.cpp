@@ -18,15 +18,11 @@ void read(const ConfigKeys& k, ModelConfig& c) {
 
 const Family& qwen3_5() {
     // Qwen3_5TextConfig; head_dim is a field, default 256.
-    static const Family f{.id = Architecture::qwen3_5,
-                          .model_type = "qwen3_5",
-                          .class_prefix = "Qwen3_5",
+    static const Family f{.id = Architecture::qwen3_5, .model_type = "qwen3_5", .class_prefix = "Qwen3_5",
                           .other_model_types = {"qwen3_5_text"},  // Qwen3_5ForCausalLM's text-only config
                           .defaults = {.kv_heads = 4, .max_positions = 32768, .rms_eps = 1e-6, .rope_theta = 10000.0,
                                        .head_dim = 256},
-                          .read = read,
-                          .text_config_wrapper = true,
-                          .layer = LayerKind::hybrid};
+                          .read = read, .text_config_wrapper = true, .layer = LayerKind::hybrid};
     return f;
 }
 

@@ -26,19 +26,13 @@ void read(const ConfigKeys& k, ModelConfig& c) {
 
 const Family& qwen3_5_moe() {
     // Qwen3_5MoeTextConfig (the released 35B-A3B's shape); head_dim is a field, default 256.
-    static const Family f{.id = Architecture::qwen3_5_moe,
-                          .model_type = "qwen3_5_moe",
-                          .class_prefix = "Qwen3_5Moe",
+    static const Family f{.id = Architecture::qwen3_5_moe, .model_type = "qwen3_5_moe", .class_prefix = "Qwen3_5Moe",
                           .other_model_types = {"qwen3_5_moe_text"},  // Qwen3_5MoeForCausalLM's text-only config
                           .defaults = {.kv_heads = 2, .max_positions = 32768, .rms_eps = 1e-6, .rope_theta = 10000.0,
                                        .head_dim = 256},
-                          .read = read,
-                          .text_config_wrapper = true,
-                          .gguf_architecture = "qwen35moe",
-                          .gguf_experts = GgufExperts::with,
-                          .read_gguf = gguf_softmax_moe_ffn,
-                          .gguf_deltanet_tiled = true,
-                          .layer = LayerKind::hybrid};
+                          .read = read, .text_config_wrapper = true, .gguf_architecture = "qwen35moe",
+                          .gguf_experts = GgufExperts::with, .read_gguf = gguf_softmax_moe_ffn,
+                          .gguf_deltanet_tiled = true, .layer = LayerKind::hybrid};
     return f;
 }
 

@@ -25,13 +25,9 @@ void read(const ConfigKeys& k, ModelConfig& c) {
 }  // namespace
 
 const Family& qwen3_moe() {
-    static const Family f{.id = Architecture::qwen3_moe,
-                          .model_type = "qwen3_moe",
-                          .class_prefix = "Qwen3Moe",
+    static const Family f{.id = Architecture::qwen3_moe, .model_type = "qwen3_moe", .class_prefix = "Qwen3Moe",
                           .defaults = {.kv_heads = 4, .max_positions = 32768, .rms_eps = 1e-6, .rope_theta = 10000.0},
-                          .read = read,
-                          .gguf_architecture = "qwen3moe",
-                          .gguf_experts = GgufExperts::with,
+                          .read = read, .gguf_architecture = "qwen3moe", .gguf_experts = GgufExperts::with,
                           .read_gguf = gguf_softmax_moe_ffn};
     return f;
 }

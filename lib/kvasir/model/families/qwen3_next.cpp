@@ -39,16 +39,11 @@ void name_layer(const ModelConfig& c, std::int64_t layer, LayerTensorNames& n) {
 
 const Family& qwen3_next() {
     // Qwen3NextConfig; head_dim is a field, default 256.
-    static const Family f{.id = Architecture::qwen3_next,
-                          .model_type = "qwen3_next",
-                          .class_prefix = "Qwen3Next",
+    static const Family f{.id = Architecture::qwen3_next, .model_type = "qwen3_next", .class_prefix = "Qwen3Next",
                           .defaults = {.kv_heads = 2, .max_positions = 32768, .rms_eps = 1e-6, .rope_theta = 10000.0,
                                        .head_dim = 256},
-                          .read = read,
-                          .name_layer = name_layer,
-                          .gguf_architecture = "qwen3next",
-                          .gguf_experts = GgufExperts::with,
-                          .read_gguf = gguf_softmax_moe_ffn,
+                          .read = read, .name_layer = name_layer, .gguf_architecture = "qwen3next",
+                          .gguf_experts = GgufExperts::with, .read_gguf = gguf_softmax_moe_ffn,
                           .layer = LayerKind::hybrid};
     return f;
 }
