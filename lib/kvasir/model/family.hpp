@@ -81,6 +81,15 @@ struct Family {
     // exactly when gguf_architecture is.
     void (*read_gguf)(const GgufFile& file, const GgufModelParams& params, const std::string& path,
                       ModelConfig& config) = nullptr;
+    // llama.cpp's rules for the architecture that a GGUF does not spell out
+    // (the families sharing one agree): its converter permuted q/k for
+    // adjacent-pair rope (llama); the period of the sliding layers when the
+    // file has a window but no pattern (gpt-oss: every other layer; 0: such a
+    // file is refused); the top-k weights renormalised when the file has no
+    // expert_weights_norm.
+    bool gguf_rope_permuted = false;
+    std::int64_t gguf_swa_period = 0;
+    bool gguf_norm_topk = true;
     // Loader layouts: the experts' (above), and llama.cpp's qwen35moe DeltaNet
     // (beta and alpha as two tensors, the value heads tiled by key head).
     ExpertStorage experts = ExpertStorage::per_expert_or_fused;

@@ -278,7 +278,7 @@ void scan_tensor_roles(const ArchKeys& k, GgufModelParams& p) {
 
 // Sliding windows (llama.cpp: hparams.n_swa, load_swa_pattern). A window without a pattern key takes the
 // architecture's default pattern; only gpt-oss has one here (period 2: layer l slides iff l is even).
-void read_sliding_windows(const ArchKeys& k, GgufModelParams& p) {
+void read_sliding_windows(const ArchKeys& k, std::int64_t default_period, GgufModelParams& p) {
     const GgufFile& file = k.file;
     p.sliding_window = k.opt_int("attention.sliding_window", 0);
     if (p.sliding_window < 0 || p.sliding_window > (std::int64_t{1} << 31))
@@ -300,8 +300,8 @@ void read_sliding_windows(const ArchKeys& k, GgufModelParams& p) {
         period = file.get_int(name);
         if (period < 0 || period > p.block_count)
             fail(ErrorCode::bad_input, "{}: {} is {}, not a period in 0..{}", k.fname, name, period, p.block_count);
-    } else if (k.arch == "gpt-oss") {
-        period = 2;
+    } else if (default_period > 0) {
+        period = default_period;
     } else {
         fail(ErrorCode::unsupported, "{}: {} is set but {} has no sliding-window layer pattern here (not modelled for "
              "this architecture)", k.fname, k.key("attention.sliding_window"), k.arch);
@@ -323,7 +323,9 @@ GgufModelParams read_gguf_model_params(const GgufFile& file) {
         return std::any_of(families.begin(), families.end(),
                            [&](const Family* f) { return f->gguf_architecture == arch && pred(*f); });
     };
-    if (!of_arch([](const Family&) { return true; }))
+    const auto family = std::find_if(families.begin(), families.end(),
+                                     [&](const Family* f) { return f->gguf_architecture == arch; });
+    if (family == families.end())
         fail(ErrorCode::unsupported, "{}: architecture '{}' is not supported (supported: {})", fname, printable(arch),
              gguf_supported_architectures());
     const ArchKeys k{file, fname, arch};
@@ -360,11 +362,11 @@ GgufModelParams read_gguf_model_params(const GgufFile& file) {
     p.expert_shared_feed_forward_length = k.opt_int("expert_shared_feed_forward_length", 0);
     if (of_arch([](const Family& f) { return f.layer == LayerKind::hybrid; })) read_hybrid_hparams(k, p);
     if (of_arch([](const Family& f) { return f.layer == LayerKind::mla; })) read_mla_hparams(k, p);
-    p.norm_topk_prob = arch != "qwen2moe" && arch != "deepseek2";  // deepseek2: only with expert_weights_norm
+    p.norm_topk_prob = (*family)->gguf_norm_topk;
     if (const std::string name = k.key("expert_weights_norm"); file.has(name)) p.norm_topk_prob = file.get_bool(name);
     p.vocab_size = read_vocab_size(k);
     scan_tensor_roles(k, p);
-    read_sliding_windows(k, p);
+    read_sliding_windows(k, (*family)->gguf_swa_period, p);
     return p;
 }
 

@@ -715,7 +715,7 @@ Model Model::open(const std::string& path) {
         impl->gg.emplace(GgufFile::open(path));
         impl->cfg = model_config_from_gguf(*impl->gg, path);
         // llama.cpp permutes q/k of llama-architecture files for adjacent-pair rope.
-        impl->rope = impl->gg->get_string("general.architecture") == "llama" ? RopeLayout::normal : RopeLayout::neox;
+        impl->rope = family_of(impl->cfg.architecture).gguf_rope_permuted ? RopeLayout::normal : RopeLayout::neox;
     } else if (is_dir) {
         impl->format = "safetensors";
         impl->cfg = load_model_config(path);

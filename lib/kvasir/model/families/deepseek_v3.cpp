@@ -57,7 +57,9 @@ const Family& deepseek_v3() {
                           .other_model_types = {"kimi_k2"},
                           .defaults = {.kv_heads = 128, .max_positions = 4096, .rms_eps = 1e-6, .rope_theta = 10000.0},
                           .read = read, .experts_key = "n_routed_experts", .gguf_architecture = "deepseek2",
-                          .gguf_experts = GgufExperts::with, .read_gguf = read_gguf, .layer = LayerKind::mla};
+                          .gguf_experts = GgufExperts::with, .read_gguf = read_gguf,
+                          .gguf_norm_topk = false,  // llama.cpp's deepseek2: only with expert_weights_norm
+                          .layer = LayerKind::mla};
     return f;
 }
 

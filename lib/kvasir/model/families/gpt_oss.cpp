@@ -114,7 +114,7 @@ const Family& gpt_oss() {
                           .defaults = {.kv_heads = 8, .max_positions = 131072, .rms_eps = 1e-5, .rope_theta = 150000.0,
                                        .head_dim = 64},
                           .read = read, .name_layer = name_layer, .gguf_architecture = "gpt-oss",
-                          .gguf_experts = GgufExperts::with, .read_gguf = read_gguf,
+                          .gguf_experts = GgufExperts::with, .read_gguf = read_gguf, .gguf_swa_period = 2,
                           .experts = ExpertStorage::gate_up_interleaved, .sliding_checked = true};
     return f;
 }

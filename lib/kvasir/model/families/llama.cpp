@@ -32,7 +32,7 @@ const Family& llama() {
     static const Family f{.id = Architecture::llama, .model_type = "llama", .class_prefix = "Llama",
                           .defaults = {.kv_heads = 0, .max_positions = 2048, .rms_eps = 1e-6, .rope_theta = 10000.0},
                           .read = read, .gguf_architecture = "llama", .gguf_experts = GgufExperts::without,
-                          .read_gguf = read_gguf};
+                          .read_gguf = read_gguf, .gguf_rope_permuted = true};
     return f;
 }
 

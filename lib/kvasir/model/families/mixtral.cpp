@@ -56,7 +56,8 @@ const Family& mixtral() {
     static const Family f{.id = Architecture::mixtral, .model_type = "mixtral", .class_prefix = "Mixtral",
                           .defaults = {.kv_heads = 8, .max_positions = 4096 * 32, .rms_eps = 1e-5, .rope_theta = 1e6},
                           .read = read, .experts_key = "num_local_experts", .name_layer = name_layer,
-                          .gguf_architecture = "llama", .gguf_experts = GgufExperts::with, .read_gguf = read_gguf};
+                          .gguf_architecture = "llama", .gguf_experts = GgufExperts::with, .read_gguf = read_gguf,
+                          .gguf_rope_permuted = true};
     return f;
 }
 

@@ -28,7 +28,7 @@ const Family& qwen2_moe() {
     static const Family f{.id = Architecture::qwen2_moe, .model_type = "qwen2_moe", .class_prefix = "Qwen2Moe",
                           .defaults = {.kv_heads = 16, .max_positions = 32768, .rms_eps = 1e-6, .rope_theta = 10000.0},
                           .read = read, .gguf_architecture = "qwen2moe", .gguf_experts = GgufExperts::with,
-                          .read_gguf = gguf_softmax_moe_ffn};
+                          .read_gguf = gguf_softmax_moe_ffn, .gguf_norm_topk = false};
     return f;
 }
 
