@@ -145,7 +145,7 @@ void moe_layer(benchmark::State& state, std::string spec, std::int64_t T) {
 
 // Causal GQA attention over a KV cache of S = p0 + T rows (32 query heads, 4
 // kv heads of 128): the node's causal_attention ("fused"), or the default
-// composition of its matmul/scale/softmax (Backend::causal_attention, what
+// composition of its matmul/scale/softmax (Backend::compose_attention, what
 // LayerGraph::attend ran before the op existed: "composed"). Prefill is
 // T = 512 at p0 = 0, a decode step T = 1 at p0 = 511. GFLOP/s counts the
 // unmasked multiply-adds of Q·Kᵀ and P·V (2·2·D per visible pair).
@@ -164,12 +164,13 @@ void attention(benchmark::State& state, std::string spec, bool fused, std::int64
     Backend& b = node(spec);
     const double scale = 1 / std::sqrt(double(kHeadDim));
     const Tensor& sk = input("bench/attn/sinks" + std::to_string(heads), {heads}, 1);
+    const TensorView sk_view = sk.view();
     for (auto _ : state) {
         if (sinks)
             benchmark::DoNotOptimize(fused ? b.causal_attention_sinks(q, k, v, scale, sk)
-                                           : b.Backend::causal_attention_sinks(q, k, v, scale, sk));
+                                           : b.compose_attention(q, k, v, scale, &sk_view));
         else
-            benchmark::DoNotOptimize(fused ? b.causal_attention(q, k, v, scale) : b.Backend::causal_attention(q, k, v, scale));
+            benchmark::DoNotOptimize(fused ? b.causal_attention(q, k, v, scale) : b.compose_attention(q, k, v, scale, nullptr));
     }
     const double pairs = double(T) * double(p0) + double(T) * double(T + 1) / 2;  // Σ_t (p0 + t + 1)
     state.counters["GFLOP/s"] = gflops(4.0 * double(kHeadDim) * double(heads) * pairs);

@@ -614,30 +614,19 @@ public:
         return {Tensor::from_f32(out, {t_count, nv, dv}), Tensor::from_f32(state, {nv, dk, dv})};
     }
 
+private:
     // Causal attention: gpu_backend_impl.inc's host logic (checks, the kv
     // heads staged one after another, the composition beyond kAttnMaxDim)
     // with attention_kernel at its launch geometry, one block per (row, head).
     // With sinks: the same, the sinks staged as the host stages them.
-    Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
-                            double scale) override {
-        return fused_attention(q, keys, values, scale, nullptr);
-    }
-    Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
-                                  double scale, const TensorView& sinks) override {
-        check_sinks_args(q, sinks);
-        return fused_attention(q, keys, values, scale, &sinks);
-    }
-
-private:
-    Tensor fused_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
-                           double scale, const TensorView* sinks) {
+    Tensor run_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                         double scale, const TensorView* sinks) override {
         check_attention_args(q, keys, values);
         const std::int64_t t_count = q.dim(0), nh = q.dim(1), d = q.dim(2), nkv = static_cast<std::int64_t>(keys.size());
         const std::int64_t s_count = keys[0].dim(0);
         if (t_count == 0) return Tensor(DType::f32, {0, nh * d});
         if (d > gpu_host::kAttnMaxDim)
-            return sinks ? Backend::causal_attention_sinks(q, keys, values, scale, *sinks)
-                         : Backend::causal_attention(q, keys, values, scale);
+            return compose_attention(q, keys, values, scale, sinks);
         const std::vector<float> sk = sinks ? stage(*sinks) : std::vector<float>();
         const float* sp = sinks ? sk.data() : nullptr;
         const std::vector<float> qs = stage(q);

@@ -1268,14 +1268,15 @@ TEST_P(AttentionBits, FusedIsItsOwnCompositionBitForBit) {
         for (const double scale : {1 / std::sqrt(static_cast<double>(D)), 0.3}) {
             const Tensor fused = run(node(), in, scale);
             // The base class's composition of this node's own matmul/scale/softmax.
-            const Tensor composed = node().Backend::causal_attention(in.q, in.kv(), in.vv(), scale);
+            const Tensor composed = node().compose_attention(in.q, in.kv(), in.vv(), scale, nullptr);
             EXPECT_TRUE(same_bits(fused, composed))
                 << T << "x" << nh << "x" << nkv << "x" << D << " p0=" << p0 << " scale " << scale;
             // With sinks (the sink column S of the composition's row lands in a lane or in the tail as S
             // varies over the shapes): whatever the node runs, it is its composition's bits.
             const Tensor sk = held(seeded_normal(11, fmt::format("conf/attn/sk/{}x{}", T, nh), {nh}, 0, 1));
             const Tensor fs = node().causal_attention_sinks(in.q, in.kv(), in.vv(), scale, sk);
-            const Tensor cs = node().Backend::causal_attention_sinks(in.q, in.kv(), in.vv(), scale, sk);
+            const TensorView sk_view = sk.view();
+            const Tensor cs = node().compose_attention(in.q, in.kv(), in.vv(), scale, &sk_view);
             EXPECT_TRUE(same_bits(fs, cs)) << "sinks " << T << "x" << nh << "x" << nkv << "x" << D << " p0=" << p0
                                            << " scale " << scale;
         }
@@ -1291,7 +1292,8 @@ TEST_P(AttentionBits, SinksInTheLastLaneChunkAreTheCompositionBitForBit) {
         const Inputs in = inputs({T, nh, nkv, D, p0}, fmt::format("l{}x{}x{}x{}x{}", T, nh, nkv, D, p0));
         const Tensor sk = held(seeded_normal(12, fmt::format("conf/attn/sl/{}", T), {nh}, 0, 2));
         const Tensor fs = node().causal_attention_sinks(in.q, in.kv(), in.vv(), 0.3, sk);
-        const Tensor cs = node().Backend::causal_attention_sinks(in.q, in.kv(), in.vv(), 0.3, sk);
+        const TensorView sk_view = sk.view();
+        const Tensor cs = node().compose_attention(in.q, in.kv(), in.vv(), 0.3, &sk_view);
         EXPECT_TRUE(same_bits(fs, cs)) << T << "x" << nh << "x" << nkv << "x" << D << " p0=" << p0;
     }
 }

@@ -530,15 +530,10 @@ void fill_neg_inf(Tensor& t, std::int64_t base, std::int64_t from, std::int64_t 
 
 }  // namespace
 
-Tensor Backend::causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
-                                 double scale_by) {
-    return compose_attention(q, keys, values, scale_by, nullptr);
-}
-
 Tensor Backend::causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys,
                                        std::span<const TensorView> values, double scale_by, const TensorView& sinks) {
     check_sinks_args(q, sinks);
-    return compose_attention(q, keys, values, scale_by, &sinks);
+    return run_attention(q, keys, values, scale_by, &sinks);
 }
 
 Tensor Backend::compose_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,

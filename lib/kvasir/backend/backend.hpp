@@ -243,8 +243,11 @@ public:
     // nowhere. The split-K cuda/hip variant (nondeterministic=1) runs the
     // deterministic fused kernel, so its attention matches no single run of
     // its own composition; the wrappers forward to the node they wrap.
-    virtual Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys,
-                                    std::span<const TensorView> values, double scale);
+    // Both entries run one hook, run_attention (below).
+    Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                            double scale) {
+        return run_attention(q, keys, values, scale, nullptr);
+    }
     // causal_attention with attention sinks (gpt-oss; transformers'
     // eager_attention_forward with s_aux): a learned logit sinks[h] per query
     // head joins the softmax of every row of head h as one more column, and
@@ -255,8 +258,13 @@ public:
     // and softmax. The fused kernels take sinks with those bits: the cpu
     // node's (kernels/cpu/attention.hpp), OpenCL's (attention.cl) and the
     // cuda/hip attention_kernel (kernels/gpu/ops.cuh).
-    virtual Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys,
-                                          std::span<const TensorView> values, double scale, const TensorView& sinks);
+    Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys,
+                                  std::span<const TensorView> values, double scale, const TensorView& sinks);
+    // The composition above (sinks null: causal_attention's; else
+    // causal_attention_sinks'), whatever this backend fuses: the default of
+    // run_attention, and what tests and benches hold the fused kernels to.
+    Tensor compose_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                             double scale, const TensorView* sinks);
 
     // One layer's KV cache kept on a device node (arch/graph.hpp KvLayer):
     // every kv head's rows in one [heads, S, D] tensor. Returns
@@ -304,9 +312,13 @@ protected:
         Tensor y;  // out: [rows, H]
     };
     virtual void expert_ffns(std::span<ExpertJob> jobs);
-    // The composition of causal_attention (sinks null) and causal_attention_sinks.
-    Tensor compose_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
-                             double scale, const TensorView* sinks);
+    // The attention of causal_attention (sinks null) and of
+    // causal_attention_sinks (sinks [nh], checked): the one hook a backend
+    // overrides with its fused kernel. Default: compose_attention.
+    virtual Tensor run_attention(const TensorView& q, std::span<const TensorView> keys,
+                                 std::span<const TensorView> values, double scale, const TensorView* sinks) {
+        return compose_attention(q, keys, values, scale, sinks);
+    }
 };
 
 // The precision options every backend accepts: storage=f32|f16|bf16 and

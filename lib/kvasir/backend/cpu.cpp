@@ -454,18 +454,12 @@ public:
     // bits, computed on the unmasked part only) for acc=f32 on AVX2 + FMA or
     // NEON. acc=f16 and CPUs without either run the composition itself (Backend's
     // default): its matmul/softmax already accumulate as those variants promise.
-    Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
-                            double scale) override {
-        if (caps_.accumulation != DType::f32 || !fma_) return Backend::causal_attention(q, keys, values, scale);
-        return fused_attention(q, keys, values, scale, nullptr);
-    }
-
     // The fused kernel takes sinks too (attention.hpp: the composition's bits, sink column included).
-    Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
-                                  double scale, const TensorView& sinks) override {
-        if (caps_.accumulation != DType::f32 || !fma_) return Backend::causal_attention_sinks(q, keys, values, scale, sinks);
-        check_sinks_args(q, sinks);
-        const Tensor s32 = Tensor::convert(sinks, DType::f32);  // as the composition writes them: the f32 value
+    Tensor run_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                         double scale, const TensorView* sinks) override {
+        if (caps_.accumulation != DType::f32 || !fma_) return compose_attention(q, keys, values, scale, sinks);
+        if (sinks == nullptr) return fused_attention(q, keys, values, scale, nullptr);
+        const Tensor s32 = Tensor::convert(*sinks, DType::f32);  // as the composition writes them: the f32 value
         return fused_attention(q, keys, values, scale, &s32);
     }
 

@@ -112,8 +112,10 @@ public:
     // unmasked keys only. Every sum is sequential in ascending index from +0,
     // so this is also the default composition's result bit for bit (its
     // masked terms are exact zeros: exp(−inf) = 0, +0 added to a sum).
-    Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
-                            double scale) override {
+    // With sinks: the default composition (in f64, with this node's ops).
+    Tensor run_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                         double scale, const TensorView* sinks) override {
+        if (sinks != nullptr) return compose_attention(q, keys, values, scale, sinks);
         check_attention_args(q, keys, values);
         const std::int64_t t_count = q.dim(0), nh = q.dim(1), d = q.dim(2), s_count = keys[0].dim(0);
         const std::int64_t rep = nh / static_cast<std::int64_t>(keys.size()), p0 = s_count - t_count;

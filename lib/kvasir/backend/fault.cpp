@@ -321,9 +321,9 @@ Tensor FaultBackend::moe_block(const TensorView& x, std::span<const ExpertWeight
     return after("moe_block", inner_->moe_block(x, experts, plan, expert_filter));
 }
 
-Tensor FaultBackend::causal_attention(const TensorView& q, std::span<const TensorView> k, std::span<const TensorView> v,
-                                      double s) {
-    if (composes("causal_attention")) return Backend::causal_attention(q, k, v, s);
+Tensor FaultBackend::run_attention(const TensorView& q, std::span<const TensorView> k, std::span<const TensorView> v,
+                                   double s, const TensorView* sinks) {
+    if (sinks != nullptr || composes("causal_attention")) return compose_attention(q, k, v, s, sinks);
     return after("causal_attention", inner_->causal_attention(q, k, v, s));
 }
 

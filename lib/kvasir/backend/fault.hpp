@@ -139,9 +139,10 @@ public:
     // The inner backend's fused attention, or — when the fault targets one of
     // the ops it is composed of (matmul, scale, softmax; bitflip) — the
     // default composition through this wrapper, so those faults and their
-    // call numbers are what they were before the op was fused.
-    Tensor causal_attention(const TensorView& q, std::span<const TensorView> k, std::span<const TensorView> v,
-                            double s) override;
+    // call numbers are what they were before the op was fused. With sinks: the
+    // default composition through this wrapper.
+    Tensor run_attention(const TensorView& q, std::span<const TensorView> k, std::span<const TensorView> v, double s,
+                         const TensorView* sinks) override;
 
     const FaultSpec& fault() const { return fault_; }
     // One line per injected fault, in order ("nan: matmul call 0 element 5"),

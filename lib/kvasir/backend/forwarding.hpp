@@ -50,13 +50,9 @@ public:
         return inner_.causal_conv1d_silu(x, w, h);
     }
     GatedDeltaResult gated_delta_rule(const GatedDeltaInputs& in) override { return inner_.gated_delta_rule(in); }
-    Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> k, std::span<const TensorView> v,
-                                  double s, const TensorView& sinks) override {
-        return inner_.causal_attention_sinks(q, k, v, s, sinks);
-    }
-    Tensor causal_attention(const TensorView& q, std::span<const TensorView> k, std::span<const TensorView> v,
-                            double s) override {
-        return inner_.causal_attention(q, k, v, s);
+    Tensor run_attention(const TensorView& q, std::span<const TensorView> k, std::span<const TensorView> v, double s,
+                         const TensorView* sinks) override {
+        return sinks != nullptr ? inner_.causal_attention_sinks(q, k, v, s, *sinks) : inner_.causal_attention(q, k, v, s);
     }
     std::optional<Tensor> kv_rows(const TensorView* cache, std::int64_t keep, const TensorView& rows) override {
         return inner_.kv_rows(cache, keep, rows);

@@ -119,17 +119,12 @@ public:
         return ForwardingBackend::inner().moe_block(x, mine, truncated(plan), filter);
     }
 
-    Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
-                            double scale) override {
-        if (sub_.kv == Substitution::Kv::none) return ForwardingBackend::inner().causal_attention(q, keys, values, scale);
+    // The keys and values rounded as the substitution says, then the inner node's attention.
+    Tensor run_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                         double scale, const TensorView* sinks) override {
+        if (sub_.kv == Substitution::Kv::none) return ForwardingBackend::run_attention(q, keys, values, scale, sinks);
         const Rounded r(*this, keys, values);
-        return ForwardingBackend::inner().causal_attention(q, r.keys, r.values, scale);
-    }
-    Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys,
-                                  std::span<const TensorView> values, double scale, const TensorView& sinks) override {
-        if (sub_.kv == Substitution::Kv::none) return ForwardingBackend::inner().causal_attention_sinks(q, keys, values, scale, sinks);
-        const Rounded r(*this, keys, values);
-        return ForwardingBackend::inner().causal_attention_sinks(q, r.keys, r.values, scale, sinks);
+        return ForwardingBackend::run_attention(q, r.keys, r.values, scale, sinks);
     }
     std::optional<Tensor> kv_rows(const TensorView* cache, std::int64_t keep, const TensorView& rows) override {
         if (sub_.kv != Substitution::Kv::none) return std::nullopt;  // the cache stays on the host, where it is rounded

@@ -1062,6 +1062,7 @@ public:
         return res;
     }
 
+private:
     // Fused causal attention (kernels/opencl/attention.cl): one work-group of
     // row_wg_ per (query row, head), the same bits as this node's composition.
     // On a CPU device with f32 accumulation and whole 16-wide vectors per head
@@ -1070,29 +1071,16 @@ public:
     // movement); elsewhere kv_causal_attention on the kv heads stacked into
     // one [nkv, S, D] buffer. Head dims beyond the kernel's local q row take
     // the composition.
-    Tensor causal_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
-                            double scale) override {
-        return fused_attention(q, keys, values, scale, nullptr);
-    }
     // With sinks (gpt-oss): the same kernels, the head's sink joining the
     // softmax where the composition's widened row has it (attention.cl).
-    Tensor causal_attention_sinks(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
-                                  double scale, const TensorView& sinks) override {
-        check_sinks_args(q, sinks);
-        return fused_attention(q, keys, values, scale, &sinks);
-    }
-
-private:
-    // attention.cl's kernels; the composition (Backend's) where they cannot run.
-    Tensor fused_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
-                           double scale, const TensorView* sinks) {
+    Tensor run_attention(const TensorView& q, std::span<const TensorView> keys, std::span<const TensorView> values,
+                         double scale, const TensorView* sinks) override {
         check_attention_args(q, keys, values);
         const std::int64_t t_count = q.dim(0), nh = q.dim(1), d = q.dim(2), nkv = static_cast<std::int64_t>(keys.size());
         const std::int64_t s_count = keys[0].dim(0);
         if (t_count == 0) return Tensor(DType::f32, {0, nh * d});
         if (d > kAttentionMaxDim || !one_dtype(keys) || !one_dtype(values))
-            return sinks ? Backend::causal_attention_sinks(q, keys, values, scale, *sinks)
-                         : Backend::causal_attention(q, keys, values, scale);
+            return compose_attention(q, keys, values, scale, sinks);
         check_int_range("causal_attention", {t_count * nh, nkv * ((s_count + kPanel - 1) / kPanel * kPanel) * d, t_count * nh * d});
         const bool panels = panel_attention() && d % kPanel == 0;
         // A device KV cache (Backend::kv_rows) is read where it is: its heads
