@@ -39,7 +39,7 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 // A config.json as save_pretrained writes it: every size present
-// (config.cpp is_required_size), the config class's default filled in where
+// (ConfigKeys::size: never guessed), the config class's default filled in where
 // `text` leaves one out — for the tests about other keys. The values are
 // transformers 5.24's defaults (Qwen3MoeConfig, Qwen2MoeConfig, ...).
 std::string sized(const std::string& text) {

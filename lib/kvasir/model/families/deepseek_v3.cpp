@@ -14,7 +14,7 @@ namespace kvasir::families {
 
 namespace {
 
-void read(const ConfigKeys& k, ModelConfig& c) {
+void read_deepseek_v3(const ConfigKeys& k, ModelConfig& c) {
     // DeepseekV3Attention: q_a_proj, kv_a_proj_with_mqa and o_proj take bias=attention_bias
     // (q_b_proj, kv_b_proj, q_proj never).
     c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
@@ -25,7 +25,7 @@ void read(const ConfigKeys& k, ModelConfig& c) {
 // selection, expert_group_count / _used_count, expert_weights_norm and _scale; leading dense layers;
 // expert_shared_count shared experts of expert_feed_forward_length, ungated. DeepSeek-V2's softmax router
 // (gating func 1) is another model, not modelled.
-void read_gguf(const GgufFile&, const GgufModelParams& p, const std::string& path, ModelConfig& c) {
+void read_deepseek_v3_gguf(const GgufFile&, const GgufModelParams& p, const std::string& path, ModelConfig& c) {
     const std::string& a = p.architecture;
     KVASIR_CHECK(p.expert_gating_func == 2, ErrorCode::unsupported,
                  "{}: {}.expert_gating_func is {} (only 2, sigmoid — DeepSeek-V3's router — is implemented)", path, a,
@@ -56,8 +56,8 @@ const Family& deepseek_v3() {
     static const Family f{.id = Architecture::deepseek_v3, .model_type = "deepseek_v3", .class_prefix = "DeepseekV3",
                           .other_model_types = {"kimi_k2"},
                           .defaults = {.kv_heads = 128, .max_positions = 4096, .rms_eps = 1e-6, .rope_theta = 10000.0},
-                          .read = read, .experts_key = "n_routed_experts", .gguf_architecture = "deepseek2",
-                          .gguf_experts = GgufExperts::with, .read_gguf = read_gguf,
+                          .read = read_deepseek_v3, .experts_key = "n_routed_experts", .gguf_architecture = "deepseek2",
+                          .gguf_experts = GgufExperts::with, .read_gguf = read_deepseek_v3_gguf,
                           .gguf_norm_topk = false,  // llama.cpp's deepseek2: only with expert_weights_norm
                           .layer = LayerKind::mla};
     return f;

@@ -10,7 +10,7 @@ namespace kvasir::families {
 
 namespace {
 
-void read(const ConfigKeys& k, ModelConfig& c) {
+void read_glm4_moe(const ConfigKeys& k, ModelConfig& c) {
     // Glm4MoeAttention (transformers 5.24): q/k/v bias = attention_bias, o_proj none; per-head q/k
     // RMSNorm iff use_qk_norm; rope on the first head_dim·partial_rotary_factor dims (default 0.5,
     // Glm4MoeConfig.__post_init__), rotate_half within them. Glm4MoeTopkRouter = DeepseekV3TopkRouter.
@@ -30,7 +30,7 @@ const Family& glm4_moe() {
     // Glm4MoeConfig (GLM-4.5's shape)
     static const Family f{.id = Architecture::glm4_moe, .model_type = "glm4_moe", .class_prefix = "Glm4Moe",
                           .defaults = {.kv_heads = 8, .max_positions = 131072, .rms_eps = 1e-5, .rope_theta = 10000.0},
-                          .read = read, .experts_key = "n_routed_experts"};
+                          .read = read_glm4_moe, .experts_key = "n_routed_experts"};
     return f;
 }
 

@@ -21,7 +21,7 @@ namespace {
 
 using namespace config_bounds;
 
-void read(const ConfigKeys& k, ModelConfig& c) {
+void read_gpt_oss(const ConfigKeys& k, ModelConfig& c) {
     // GptOssConfig.head_dim defaults to 64 when absent; an explicit null is
     // hidden_size // num_attention_heads.
     if (const nlohmann::json* v = k.find("head_dim"); v != nullptr && v->is_null()) {
@@ -64,7 +64,7 @@ void read(const ConfigKeys& k, ModelConfig& c) {
 
 // GptOssMLP: router with a bias; the experts as two tensors for all of them
 // (MXFP4 blocks + scales in the published checkpoints), each with a bias.
-void name_layer(const ModelConfig& c, std::int64_t layer, LayerTensorNames& n) {
+void name_gpt_oss_layer(const ModelConfig& c, std::int64_t layer, LayerTensorNames& n) {
     if (!c.is_moe(layer)) return;
     const std::string m = fmt::format("{}layers.{}.mlp.", c.tensor_prefix, layer);
     n.experts.clear();
@@ -86,7 +86,7 @@ void name_layer(const ModelConfig& c, std::int64_t layer, LayerTensorNames& n) {
 // llama.cpp's openai-moe graph: a sink per head, the router's logits with a bias, top-k, softmax over the
 // chosen k (LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT), experts with biases and ggml_swiglu_oai with the
 // constants it hard-codes (alpha 1.702, limit 7: the GGUF carries neither), every layer MoE.
-void read_gguf(const GgufFile& file, const GgufModelParams& p, const std::string& path, ModelConfig& c) {
+void read_gpt_oss_gguf(const GgufFile& file, const GgufModelParams& p, const std::string& path, ModelConfig& c) {
     const std::string& a = p.architecture;
     KVASIR_CHECK(!file.has(a + ".rope.freq_base_swa") ||
                      file.get_float(a + ".rope.freq_base_swa") == file.get_float(a + ".rope.freq_base"),
@@ -113,8 +113,8 @@ const Family& gpt_oss() {
     static const Family f{.id = Architecture::gpt_oss, .model_type = "gpt_oss", .class_prefix = "GptOss",
                           .defaults = {.kv_heads = 8, .max_positions = 131072, .rms_eps = 1e-5, .rope_theta = 150000.0,
                                        .head_dim = 64},
-                          .read = read, .name_layer = name_layer, .gguf_architecture = "gpt-oss",
-                          .gguf_experts = GgufExperts::with, .read_gguf = read_gguf, .gguf_swa_period = 2,
+                          .read = read_gpt_oss, .name_layer = name_gpt_oss_layer, .gguf_architecture = "gpt-oss",
+                          .gguf_experts = GgufExperts::with, .read_gguf = read_gpt_oss_gguf, .gguf_swa_period = 2,
                           .experts = ExpertStorage::gate_up_interleaved, .sliding_checked = true};
     return f;
 }

@@ -11,7 +11,7 @@ namespace kvasir::families {
 
 namespace {
 
-void read(const ConfigKeys& k, ModelConfig& c) {
+void read_llama(const ConfigKeys& k, ModelConfig& c) {
     // LlamaAttention: q/k/v/o bias = attention_bias (default false); mlp_bias is not modelled.
     c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
     KVASIR_CHECK(!k.boolean("mlp_bias", false), ErrorCode::unsupported,
@@ -20,7 +20,7 @@ void read(const ConfigKeys& k, ModelConfig& c) {
 }
 
 // llama.cpp's "llama" without experts: the dense MLP on every layer.
-void read_gguf(const GgufFile&, const GgufModelParams& p, const std::string&, ModelConfig& c) {
+void read_llama_gguf(const GgufFile&, const GgufModelParams& p, const std::string&, ModelConfig& c) {
     c.intermediate_size = p.feed_forward_length;
     c.router = RouterConfig{};
 }
@@ -31,8 +31,8 @@ const Family& llama() {
     // LlamaConfig (num_key_value_heads None → num_attention_heads)
     static const Family f{.id = Architecture::llama, .model_type = "llama", .class_prefix = "Llama",
                           .defaults = {.kv_heads = 0, .max_positions = 2048, .rms_eps = 1e-6, .rope_theta = 10000.0},
-                          .read = read, .gguf_architecture = "llama", .gguf_experts = GgufExperts::without,
-                          .read_gguf = read_gguf, .gguf_rope_permuted = true};
+                          .read = read_llama, .gguf_architecture = "llama", .gguf_experts = GgufExperts::without,
+                          .read_gguf = read_llama_gguf, .gguf_rope_permuted = true};
     return f;
 }
 

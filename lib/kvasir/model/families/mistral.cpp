@@ -8,7 +8,7 @@ namespace kvasir::families {
 
 namespace {
 
-void read(const ConfigKeys& k, ModelConfig& c) {
+void read_mistral(const ConfigKeys& k, ModelConfig& c) {
     c.sliding_window = read_sliding_window(k, 4096);  // MistralConfig default 4096; null = full attention
     read_dense_mlp(k, c);
 }
@@ -18,7 +18,7 @@ void read(const ConfigKeys& k, ModelConfig& c) {
 const Family& mistral() {
     static const Family f{.id = Architecture::mistral, .model_type = "mistral", .class_prefix = "Mistral",
                           .defaults = {.kv_heads = 8, .max_positions = 4096 * 32, .rms_eps = 1e-6, .rope_theta = 10000.0},
-                          .read = read, .sliding_checked = true};
+                          .read = read_mistral, .sliding_checked = true};
     return f;
 }
 

@@ -15,7 +15,7 @@ namespace {
 
 using namespace config_bounds;
 
-void read(const ConfigKeys& k, ModelConfig& c) {
+void read_mixtral(const ConfigKeys& k, ModelConfig& c) {
     RouterConfig& r = c.router;
     // attribute_map {"num_experts": "num_local_experts"}.
     r.num_experts = k.size_aliased("num_local_experts", "num_experts", 1, kMaxExperts);
@@ -29,7 +29,7 @@ void read(const ConfigKeys& k, ModelConfig& c) {
     c.moe_layers.assign(static_cast<std::size_t>(c.num_layers), true);  // MixtralDecoderLayer
 }
 
-void name_layer(const ModelConfig& c, std::int64_t layer, LayerTensorNames& n) {
+void name_mixtral_layer(const ModelConfig& c, std::int64_t layer, LayerTensorNames& n) {
     if (!c.is_moe(layer)) return;
     n.fused_gate_up.clear();  // one tensor per expert (MixtralExperts' checkpoints are never fused)
     n.fused_down.clear();
@@ -44,7 +44,7 @@ void name_layer(const ModelConfig& c, std::int64_t layer, LayerTensorNames& n) {
 }
 
 // llama.cpp's "llama" with experts: every layer MoE, no dense MLP.
-void read_gguf(const GgufFile& file, const GgufModelParams& p, const std::string& path, ModelConfig& c) {
+void read_mixtral_gguf(const GgufFile& file, const GgufModelParams& p, const std::string& path, ModelConfig& c) {
     gguf_softmax_moe_ffn(file, p, path, c);
     c.intermediate_size = 0;
 }
@@ -55,8 +55,8 @@ const Family& mixtral() {
     // MixtralConfig.default_theta = 1e6
     static const Family f{.id = Architecture::mixtral, .model_type = "mixtral", .class_prefix = "Mixtral",
                           .defaults = {.kv_heads = 8, .max_positions = 4096 * 32, .rms_eps = 1e-5, .rope_theta = 1e6},
-                          .read = read, .experts_key = "num_local_experts", .name_layer = name_layer,
-                          .gguf_architecture = "llama", .gguf_experts = GgufExperts::with, .read_gguf = read_gguf,
+                          .read = read_mixtral, .experts_key = "num_local_experts", .name_layer = name_mixtral_layer,
+                          .gguf_architecture = "llama", .gguf_experts = GgufExperts::with, .read_gguf = read_mixtral_gguf,
                           .gguf_rope_permuted = true};
     return f;
 }

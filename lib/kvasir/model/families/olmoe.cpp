@@ -12,7 +12,7 @@ namespace {
 
 using namespace config_bounds;
 
-void read(const ConfigKeys& k, ModelConfig& c) {
+void read_olmoe(const ConfigKeys& k, ModelConfig& c) {
     RouterConfig& r = c.router;
     // OlmoeAttention (transformers 5.24): q_norm over hidden_size and k_norm over (hidden/heads)·kv
     // applied to the whole projections before the split into heads; q/k/v/o bias = attention_bias;
@@ -40,7 +40,7 @@ const Family& olmoe() {
     // None → num_attention_heads)
     static const Family f{.id = Architecture::olmoe, .model_type = "olmoe", .class_prefix = "Olmoe",
                           .defaults = {.kv_heads = 0, .max_positions = 4096, .rms_eps = 1e-5, .rope_theta = 10000.0},
-                          .read = read};
+                          .read = read_olmoe};
     return f;
 }
 

@@ -9,7 +9,7 @@ namespace kvasir::families {
 
 namespace {
 
-void read(const ConfigKeys& k, ModelConfig& c) {
+void read_qwen2(const ConfigKeys& k, ModelConfig& c) {
     c.attention_bias = true;  // Qwen2Attention: q/k/v bias always, o_proj none
     read_qwen_sliding_window(k, c);
     read_dense_mlp(k, c);
@@ -20,7 +20,7 @@ void read(const ConfigKeys& k, ModelConfig& c) {
 const Family& qwen2() {
     static const Family f{.id = Architecture::qwen2, .model_type = "qwen2", .class_prefix = "Qwen2",
                           .defaults = {.kv_heads = 32, .max_positions = 32768, .rms_eps = 1e-6, .rope_theta = 10000.0},
-                          .read = read, .sliding_checked = true};
+                          .read = read_qwen2, .sliding_checked = true};
     return f;
 }
 

@@ -12,7 +12,7 @@ namespace {
 
 using namespace config_bounds;
 
-void read(const ConfigKeys& k, ModelConfig& c) {
+void read_qwen2_moe(const ConfigKeys& k, ModelConfig& c) {
     // Qwen2MoeAttention: q/k/v bias=config.qkv_bias (default True), o_proj none.
     c.attention_bias = k.boolean("qkv_bias", true);
     c.router.num_experts = k.size("num_experts", 1, kMaxExperts);
@@ -27,7 +27,7 @@ void read(const ConfigKeys& k, ModelConfig& c) {
 const Family& qwen2_moe() {
     static const Family f{.id = Architecture::qwen2_moe, .model_type = "qwen2_moe", .class_prefix = "Qwen2Moe",
                           .defaults = {.kv_heads = 16, .max_positions = 32768, .rms_eps = 1e-6, .rope_theta = 10000.0},
-                          .read = read, .gguf_architecture = "qwen2moe", .gguf_experts = GgufExperts::with,
+                          .read = read_qwen2_moe, .gguf_architecture = "qwen2moe", .gguf_experts = GgufExperts::with,
                           .read_gguf = gguf_softmax_moe_ffn, .gguf_norm_topk = false};
     return f;
 }

@@ -8,7 +8,7 @@ namespace kvasir::families {
 
 namespace {
 
-void read(const ConfigKeys& k, ModelConfig& c) {
+void read_qwen3(const ConfigKeys& k, ModelConfig& c) {
     c.qk_norm = true;
     c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
     read_qwen_sliding_window(k, c);
@@ -22,7 +22,7 @@ const Family& qwen3() {
     static const Family f{.id = Architecture::qwen3, .model_type = "qwen3", .class_prefix = "Qwen3",
                           .defaults = {.kv_heads = 32, .max_positions = 32768, .rms_eps = 1e-6, .rope_theta = 10000.0,
                                        .head_dim = 128},
-                          .read = read, .sliding_checked = true};
+                          .read = read_qwen3, .sliding_checked = true};
     return f;
 }
 

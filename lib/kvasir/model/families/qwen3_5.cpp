@@ -9,7 +9,7 @@ namespace kvasir::families {
 
 namespace {
 
-void read(const ConfigKeys& k, ModelConfig& c) {
+void read_qwen3_5(const ConfigKeys& k, ModelConfig& c) {
     read_hybrid(k, c, false);  // Qwen3_5DecoderLayer: the hybrid mixers, a dense MLP on every layer
     read_dense_mlp(k, c);
 }
@@ -22,7 +22,7 @@ const Family& qwen3_5() {
                           .other_model_types = {"qwen3_5_text"},  // Qwen3_5ForCausalLM's text-only config
                           .defaults = {.kv_heads = 4, .max_positions = 32768, .rms_eps = 1e-6, .rope_theta = 10000.0,
                                        .head_dim = 256},
-                          .read = read, .text_config_wrapper = true, .layer = LayerKind::hybrid};
+                          .read = read_qwen3_5, .text_config_wrapper = true, .layer = LayerKind::hybrid};
     return f;
 }
 

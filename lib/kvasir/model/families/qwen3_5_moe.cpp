@@ -13,7 +13,7 @@ namespace kvasir::families {
 
 namespace {
 
-void read(const ConfigKeys& k, ModelConfig& c) {
+void read_qwen3_5_moe(const ConfigKeys& k, ModelConfig& c) {
     read_hybrid(k, c, true);
     // Qwen3_5MoeTopKRouter renormalises the top-k unconditionally; every
     // layer's MLP is the sparse MoE block (Qwen3_5MoeDecoderLayer).
@@ -30,7 +30,7 @@ const Family& qwen3_5_moe() {
                           .other_model_types = {"qwen3_5_moe_text"},  // Qwen3_5MoeForCausalLM's text-only config
                           .defaults = {.kv_heads = 2, .max_positions = 32768, .rms_eps = 1e-6, .rope_theta = 10000.0,
                                        .head_dim = 256},
-                          .read = read, .text_config_wrapper = true, .gguf_architecture = "qwen35moe",
+                          .read = read_qwen3_5_moe, .text_config_wrapper = true, .gguf_architecture = "qwen35moe",
                           .gguf_experts = GgufExperts::with, .read_gguf = gguf_softmax_moe_ffn,
                           .gguf_deltanet_tiled = true, .layer = LayerKind::hybrid};
     return f;

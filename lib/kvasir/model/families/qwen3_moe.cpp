@@ -13,7 +13,7 @@ namespace {
 
 using namespace config_bounds;
 
-void read(const ConfigKeys& k, ModelConfig& c) {
+void read_qwen3_moe(const ConfigKeys& k, ModelConfig& c) {
     // Qwen3MoeAttention: q/k/v AND o_proj take bias=config.attention_bias; q_norm/k_norm always.
     c.qk_norm = true;
     c.attention_bias = c.attention_out_bias = k.boolean("attention_bias", false);
@@ -27,7 +27,7 @@ void read(const ConfigKeys& k, ModelConfig& c) {
 const Family& qwen3_moe() {
     static const Family f{.id = Architecture::qwen3_moe, .model_type = "qwen3_moe", .class_prefix = "Qwen3Moe",
                           .defaults = {.kv_heads = 4, .max_positions = 32768, .rms_eps = 1e-6, .rope_theta = 10000.0},
-                          .read = read, .gguf_architecture = "qwen3moe", .gguf_experts = GgufExperts::with,
+                          .read = read_qwen3_moe, .gguf_architecture = "qwen3moe", .gguf_experts = GgufExperts::with,
                           .read_gguf = gguf_softmax_moe_ffn};
     return f;
 }

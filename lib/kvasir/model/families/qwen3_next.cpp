@@ -16,7 +16,7 @@ namespace {
 
 using namespace config_bounds;
 
-void read(const ConfigKeys& k, ModelConfig& c) {
+void read_qwen3_next(const ConfigKeys& k, ModelConfig& c) {
     read_hybrid(k, c, true);
     c.router.norm_topk_prob = k.boolean("norm_topk_prob", true);
     c.intermediate_size = k.size("intermediate_size", 1, kMaxDim);
@@ -24,7 +24,7 @@ void read(const ConfigKeys& k, ModelConfig& c) {
 }
 
 // Qwen3NextGatedDeltaNet: two fused input projections in place of the four.
-void name_layer(const ModelConfig& c, std::int64_t layer, LayerTensorNames& n) {
+void name_qwen3_next_layer(const ModelConfig& c, std::int64_t layer, LayerTensorNames& n) {
     if (!c.is_linear_attention(layer)) return;
     const std::string a = fmt::format("{}layers.{}.linear_attn.", c.tensor_prefix, layer);
     n.in_proj_qkv.clear();
@@ -42,7 +42,7 @@ const Family& qwen3_next() {
     static const Family f{.id = Architecture::qwen3_next, .model_type = "qwen3_next", .class_prefix = "Qwen3Next",
                           .defaults = {.kv_heads = 2, .max_positions = 32768, .rms_eps = 1e-6, .rope_theta = 10000.0,
                                        .head_dim = 256},
-                          .read = read, .name_layer = name_layer, .gguf_architecture = "qwen3next",
+                          .read = read_qwen3_next, .name_layer = name_qwen3_next_layer, .gguf_architecture = "qwen3next",
                           .gguf_experts = GgufExperts::with, .read_gguf = gguf_softmax_moe_ffn,
                           .layer = LayerKind::hybrid};
     return f;
