@@ -166,7 +166,12 @@ Tensor f64_tensor(const std::vector<double>& v) {
 
 std::vector<std::int32_t> int_vector(const TensorView& v) {
     std::vector<std::int32_t> out(static_cast<std::size_t>(v.numel()));
-    for (std::int64_t i = 0; i < v.numel(); ++i) out[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(v.at(i));
+    for (std::int64_t i = 0; i < v.numel(); ++i) {
+        const double x = v.at(i);  // a capture's tensor: untrusted, never converted out of range
+        KVASIR_CHECK(x == std::trunc(x) && x >= -2147483648.0 && x <= 2147483647.0, ErrorCode::bad_input,
+                     "an integer tensor holds {} at element {} (not a 32-bit integer)", x, i);
+        out[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(x);
+    }
     return out;
 }
 
