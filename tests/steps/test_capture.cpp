@@ -353,6 +353,17 @@ TEST(CaptureCompare, ANodeFailureIsRecordedInTheCapture) {
 // layers, sets of different lengths and a set without a plan round-trip
 // bit for bit through a decisions file; a file whose stored rows do not add
 // up, or whose weights are integers, is bad input.
+// A capture is untrusted: an integer tensor (token ids, choices, routing
+// layers) read back from a file may hold anything its dtype can. A value that
+// is not a 32-bit integer is the file's error, never an undefined cast (the
+// fuzzer found 1.8e28 in a decisions file: tests/fuzz/corpus/decisions).
+TEST(CaptureCompare, AnIntegerTensorHoldingANonInt32IsRefused) {
+    const Tensor ok = f64_tensor({-2147483648.0, -3, 0, 7, 2147483647.0});
+    EXPECT_EQ(int_vector(ok.view()), (std::vector<std::int32_t>{INT32_MIN, -3, 0, 7, INT32_MAX}));
+    for (double bad : {1.8e28, 2147483648.0, -2147483649.0, 0.5, std::nan(""), HUGE_VAL})
+        expect_bad_input([&] { (void)int_vector(f64_tensor({1, bad}).view()); }, "element 1");
+}
+
 TEST(SharedDecisions, RoutingSetsRoundTripThroughAFile) {
     const auto plan = [](std::vector<std::int32_t> ids, std::vector<double> w) {
         const auto rows = static_cast<std::int64_t>(ids.size() / 2);
