@@ -27,4 +27,14 @@ std::string fmt_rate(double v) {
     return fmt::format("{:.1f}%", 100.0 * v);
 }
 
+std::string fmt_fixed(double v, int digits) {
+    if (std::isnan(v)) return "nan";
+    return fmt::format("{:.{}f}", v, digits);
+}
+
+std::string fmt_general(double v, int digits) {
+    if (std::isnan(v)) return "nan";
+    return fmt::format("{:.{}g}", v, digits);
+}
+
 }  // namespace kvasir
