@@ -10,6 +10,7 @@
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/capture.hpp"
 #include "kvasir/audit/step.hpp"
+#include "kvasir/audit/step_logits.hpp"
 #include "kvasir/backend/registry.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
@@ -17,6 +18,7 @@
 #include "kvasir/metrics/metrics.hpp"
 #include "kvasir/model/model.hpp"
 #include "kvasir/report/audit_html.hpp"
+#include "kvasir/report/writers_common.hpp"
 #include "kvasir/report/audit_json.hpp"
 #include "kvasir/report/audit_markdown.hpp"
 #include "kvasir/report/step_text.hpp"
@@ -43,6 +45,17 @@ struct NormConfig {
     std::int64_t rows = 0;
 };
 constexpr std::int64_t kWidth = 64;
+
+// Its typed result: what the reports read; to_json() is its JSON section.
+struct NormResult final : StepResult {
+    struct Entry : NodeEntry {
+        double max_rel = 0;
+        Json to_json() const { return json({{"max_rel", json_double(max_rel)}}); }
+    };
+    std::string reference;
+    std::vector<Entry> results;
+    Json to_json() const override { return Json{{"reference", reference}, {"results", entries_json(results)}}; }
+};
 
 class NormStep final : public Step {
 public:
@@ -76,22 +89,33 @@ public:
         return out;
     }
 
-    Json compare(const Protocol&, const StepNodes& in, Ledger& led, AuditReport&) const override {
+    std::shared_ptr<const StepResult> compare(const Protocol&, const StepNodes& in, Ledger& led, AuditReport&) const override {
         const NodeOutputs& ref = *in.nodes[in.reference];
-        Json j{{"reference", ref.node()}};
-        j["results"] = for_each_candidate(in, led, name(), [&](std::size_t i) {
-            const double rel = kvasir::compare(ref.view("toy_norm.out"), in.nodes[i]->view("toy_norm.out")).max_rel;
-            led.measure(i, name(), "toy_norm.max_rel", rel);
-            return Json{{"node", in.nodes[i]->node()}, {"max_rel", json_double(rel)}};
+        auto r = std::make_shared<NormResult>();
+        r->reference = ref.node();
+        r->results = for_each_candidate<NormResult::Entry>(in, led, name(), [&](std::size_t i) {
+            NormResult::Entry e;
+            e.max_rel = kvasir::compare(ref.view("toy_norm.out"), in.nodes[i]->view("toy_norm.out")).max_rel;
+            led.measure(i, name(), "toy_norm.max_rel", e.max_rel);
+            return e;
         });
-        return j;
+        return r;
     }
 };
 
-std::string norm_text(const Json& s, const Style&) {
+std::string norm_text(const StepResult& r, const Style&) {
     std::string out = "\nToy norm step\n";
-    for (const Json& e : s.at("results")) out += fmt::format("  {}  max_rel {}\n", e.at("node").get<std::string>(), e.at("max_rel").dump());
+    for (const NormResult::Entry& e : dynamic_cast<const NormResult&>(r).results) out += fmt::format("  {}  max_rel {}\n", e.node, e.max_rel);
     return out;
+}
+
+// Its HTML section, from its typed result (registered in the test below,
+// after the page has shown the step without one).
+std::string norm_html(const StepResult& r) {
+    std::string o = "<table class=\"toy\"><thead><tr><th>node</th><th>guarded max rel of the norm</th></tr></thead><tbody>\n";
+    for (const NormResult::Entry& e : dynamic_cast<const NormResult&>(r).results)
+        o += fmt::format("<tr><td><code>{}</code></td><td class=\"num\">{}</td></tr>\n", xml_escape(e.node), fmt_sci(e.max_rel));
+    return o + "</tbody></table>\n";
 }
 
 const NormStep& norm_step() {
@@ -160,6 +184,14 @@ TEST(ToyStep, RegisteredFromOneFileItIsPlannedCollectedComparedJudgedCapturedAnd
     const double cpu = section["results"][0]["max_rel"], f16 = section["results"][1]["max_rel"];
     EXPECT_LT(cpu, 1e-6);  // f32 rounding of a 64-wide norm
     EXPECT_GT(f16, 1e-4);  // an f16 accumulator's
+    // The typed result the reports read, and the section it writes.
+    const NormResult* typed = run.report.result<NormResult>("toy_norm");
+    ASSERT_NE(typed, nullptr);
+    ASSERT_EQ(typed->results.size(), 2u);
+    EXPECT_EQ(typed->results[0].node, "cpu");
+    EXPECT_EQ(typed->results[1].max_rel, f16);
+    EXPECT_EQ(typed->to_json().dump(), section.dump());
+    EXPECT_EQ(run.report.result<LogitsResult>("toy_norm"), nullptr);  // not of that type
     const CriterionResult* c_cpu = criterion_of(run.report.nodes[1], "toy_norm.max_rel");
     const CriterionResult* c_f16 = criterion_of(run.report.nodes[2], "toy_norm.max_rel");
     ASSERT_NE(c_cpu, nullptr);
@@ -201,6 +233,17 @@ TEST(ToyStep, RegisteredFromOneFileItIsPlannedCollectedComparedJudgedCapturedAnd
     EXPECT_NE(sec.find("<th>max_rel</th>"), std::string::npos) << sec;
     EXPECT_NE(sec.find("<code>cpu:acc=f16</code>"), std::string::npos) << sec;
     EXPECT_NE(sec.find(fmt_sci(f16)), std::string::npos) << sec;
+    // With an HTML section of its own, registered from its file: that section, from its typed result.
+    register_step_html(norm_step().name(), norm_html);
+    const std::string own = audit_html(run.report);
+    const std::size_t at2 = own.find("<section id=\"step-toy_norm\">");
+    ASSERT_NE(at2, std::string::npos);
+    const std::string sec2 = own.substr(at2, own.find("</section>", at2) - at2);
+    EXPECT_EQ(sec2.find("<th>max_rel</th>"), std::string::npos) << sec2;
+    EXPECT_NE(sec2.find("<th>guarded max rel of the norm</th>"), std::string::npos) << sec2;
+    EXPECT_NE(sec2.find(fmt::format("<tr><td><code>cpu:acc=f16</code></td><td class=\"num\">{}</td></tr>", fmt_sci(f16))), std::string::npos)
+        << sec2;
+    EXPECT_THROW(register_step_html(norm_step().name(), norm_html), Error);  // one section per step
 
     // Its section is its own to validate, its criterion required like any other.
     EXPECT_THROW((void)run_audit([&] {

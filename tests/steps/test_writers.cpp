@@ -34,6 +34,12 @@
 #include "kvasir/report/drift_svg.hpp"
 #include "kvasir/report/heatmap_svg.hpp"
 #include "kvasir/audit/protocol.hpp"
+#include "kvasir/audit/step_decide.hpp"
+#include "kvasir/audit/step_determinism.hpp"
+#include "kvasir/audit/step_drift.hpp"
+#include "kvasir/audit/step_generate.hpp"
+#include "kvasir/audit/step_logits.hpp"
+#include "kvasir/audit/step_perplexity.hpp"
 #include "kvasir/audit/verdict.hpp"
 #include "kvasir/report/writers.hpp"
 #include "kvasir/report/writers_common.hpp"
@@ -580,42 +586,124 @@ std::vector<std::string> criteria_blocks(const std::string& html) {
     return blocks;
 }
 
-OJ percentiles(double x) {
-    return OJ{{"count", 32}, {"mean", x / 2}, {"median", x / 3}, {"p90", x / 2}, {"p99", x}, {"p999", x * 1.1}, {"min", x / 100}, {"max", x * 1.2}};
+Summary percentiles(double x) {
+    Summary s;
+    s.count = 32;
+    s.mean = x / 2;
+    s.median = x / 3;
+    s.p90 = x / 2;
+    s.p99 = x;
+    s.p999 = x * 1.1;
+    s.min = x / 100;
+    s.max = x * 1.2;
+    return s;
 }
 
-// The per-step data an audit writes, for `nodes` (the first is the reference).
-OJ steps_for(const std::vector<std::string>& nodes, std::size_t layers) {
-    OJ logits = OJ::array(), decide = OJ::array(), gen = OJ::array(), ppl = OJ::array(), det = OJ::array(), drift = OJ::array();
-    std::vector<int> ref_tokens;
+Fraction fraction(std::int64_t successes, std::int64_t n, double sigma) {
+    return Fraction{successes, n, static_cast<double>(successes) / static_cast<double>(n), sigma};
+}
+
+// A step's typed result into the report, with its JSON section (as the audit
+// stores it).
+void put(AuditReport& r, const std::string& step, const std::shared_ptr<const StepResult>& result) {
+    r.steps[step] = result->to_json();
+    r.results[step] = result;
+}
+
+// The per-step results an audit writes, for `nodes` (the first is the
+// reference); with `generate_error` the first candidate's generate entry is
+// that error instead.
+void set_steps(AuditReport& r, const std::vector<std::string>& nodes, std::size_t layers,
+               const std::optional<std::string>& generate_error = {}) {
+    auto logits = std::make_shared<LogitsResult>();
+    auto decide = std::make_shared<DecisionResult>();
+    auto gen = std::make_shared<GenerationResult>();
+    auto ppl = std::make_shared<PerplexityResult>();
+    auto det = std::make_shared<DeterminismResult>();
+    auto drift = std::make_shared<DriftResult>();
+    std::vector<std::int32_t> ref_tokens;
     for (int t = 0; t < 16; ++t) ref_tokens.push_back(100 + 7 * t);
     for (std::size_t i = 1; i < nodes.size(); ++i) {
         const double e = std::pow(10.0, -12.0 + 0.5 * static_cast<double>(i));
-        logits.push_back({{"node", nodes[i]}, {"linf", percentiles(e * 1e3)}, {"l2", percentiles(e * 1e4)}, {"kl", percentiles(e)}});
-        decide.push_back({{"node", nodes[i]},
-                          {"top1_pinned", {{"successes", 31}, {"n", 32}, {"rate", 0.96875}, {"sigma", 0.03}}},
-                          {"top1_free", {{"successes", 30}, {"n", 32}, {"rate", 0.9375}, {"sigma", 0.04}}},
-                          {"routing_free", {{"rows", 96}, {"exact_matches", 95}, {"exact_match_rate", 95.0 / 96}}},
-                          {"border", {{"border_tokens", 2}, {"border_flipped", 1}, {"other_flipped", 0}}}});
-        std::vector<int> tokens = ref_tokens;
-        const int first = i % 3 == 0 ? static_cast<int>(i % 16) : -1;
-        if (first >= 0) tokens[static_cast<std::size_t>(first)] += 1;
-        OJ g{{"node", nodes[i]}, {"first_divergence", first}, {"tokens", tokens}, {"teacher_forced_divergences", first >= 0 ? 1 : 0}};
-        if (first >= 0) g["ref_margin_at_divergence"] = 1e-3, g["cand_margin_at_divergence"] = -2e-3;
-        gen.push_back(g);
-        ppl.push_back({{"node", nodes[i]}, {"perplexity", 264073.8 * (1 + e)}, {"ratio", 1 + e}});
-        OJ ls = OJ::array();
-        for (std::size_t l = 0; l < layers; ++l) ls.push_back({{"layer", l}, {"depth", l + 1}, {"free_rel", e * std::sqrt(l + 1.0)}});
-        drift.push_back({{"node", nodes[i]}, {"layers", ls}, {"fit", {{"alpha", 0.5}, {"r2", 0.99}}}, {"first_over", -1}});
+        LogitsResult::Entry le;
+        le.node = nodes[i];
+        le.linf = percentiles(e * 1e3);
+        le.l2 = percentiles(e * 1e4);
+        le.kl = percentiles(e);
+        logits->results.push_back(le);
+        DecisionResult::Entry de;
+        de.node = nodes[i];
+        de.top1_pinned = fraction(31, 32, 0.03);
+        de.top1_free = fraction(30, 32, 0.04);
+        de.routing_free = DecisionResult::Routing{96, 95, 95.0 / 96, {}};
+        de.border = DecisionResult::Flips{2, 1, 0};
+        decide->results.push_back(de);
+        GenerationResult::Entry ge;
+        ge.node = nodes[i];
+        ge.tokens = ref_tokens;
+        ge.first_divergence = i % 3 == 0 ? static_cast<std::int64_t>(i % 16) : -1;
+        if (ge.first_divergence >= 0) {
+            ge.tokens[static_cast<std::size_t>(ge.first_divergence)] += 1;
+            ge.teacher_forced_divergence_steps = std::vector<std::int64_t>{ge.first_divergence};
+            ge.ref_margin_at_divergence = 1e-3;
+            ge.cand_margin_at_divergence = -2e-3;
+        } else {
+            ge.teacher_forced_divergence_steps.emplace();
+        }
+        gen->results.push_back(ge);
+        PerplexityResult::Entry pe;
+        pe.node = nodes[i];
+        pe.perplexity = 264073.8 * (1 + e);
+        pe.ratio = 1 + e;
+        ppl->results.push_back(pe);
+        DriftResult::Entry dr;
+        dr.node = nodes[i];
+        for (std::size_t l = 0; l < layers; ++l) {
+            DriftResult::Layer lr;
+            lr.layer = static_cast<std::int64_t>(l);
+            lr.depth = static_cast<std::int64_t>(l + 1);
+            lr.free_rel = e * std::sqrt(l + 1.0);
+            dr.layers.push_back(lr);
+        }
+        dr.fit.alpha = 0.5;
+        dr.fit.r2 = 0.99;
+        drift->results.push_back(dr);
     }
-    for (const auto& n : nodes) det.push_back({{"node", n}, {"bit_identical", true}, {"run_to_run_max_rel", 0.0}, {"routing_rows_differing", 0.0}});
-    return OJ{{"drift", {{"reference", nodes[0]}, {"threshold", 1e-3}, {"results", drift}}},
-              {"logits", {{"reference", nodes[0]}, {"positions", 32}, {"results", logits}}},
-              {"decide", {{"reference", nodes[0]}, {"moe_layers", 3}, {"border", 1e-3}, {"compared", "top-1"}, {"results", decide}}},
-              {"generate", {{"reference", nodes[0]}, {"new_tokens", 16}, {"reference_tokens", ref_tokens}, {"results", gen}}},
-              {"perplexity", {{"reference", nodes[0]}, {"predictions", 124}, {"reference_perplexity", 264073.8}, {"results", ppl}}},
-              {"determinism", {{"repeats", 2}, {"compared", "logits"}, {"nodes", det}}},
-              {"isolation", {{"mode", "one child process per node"}}}};
+    if (generate_error && !gen->results.empty()) {
+        GenerationResult::Entry failed;
+        failed.node = gen->results.front().node;
+        failed.error = *generate_error;
+        gen->results.front() = failed;
+    }
+    for (const auto& n : nodes) {
+        DeterminismResult::Entry de;
+        de.node = n;
+        de.bit_identical = true;
+        de.run_to_run_max_rel = 0.0;
+        de.routing_rows_differing = 0.0;
+        det->nodes.push_back(de);
+    }
+    drift->reference = logits->reference = decide->reference = gen->reference = ppl->reference = nodes[0];
+    drift->threshold = 1e-3;
+    logits->positions = 32;
+    decide->moe_layers = 3;
+    decide->border = 1e-3;
+    decide->compared = "top-1";
+    gen->new_tokens = 16;
+    gen->reference_tokens = ref_tokens;
+    ppl->predictions = 124;
+    ppl->reference_perplexity = 264073.8;
+    det->repeats = 2;
+    det->compared = "logits";
+    r.steps = OJ::object();
+    r.results.clear();
+    put(r, "drift", drift);
+    put(r, "logits", logits);
+    put(r, "decide", decide);
+    put(r, "generate", gen);
+    put(r, "perplexity", ppl);
+    put(r, "determinism", det);
+    r.steps["isolation"] = {{"mode", "one child process per node"}};
 }
 
 // A large audit: `n` nodes (the first the reference), `layers` layers of
@@ -680,7 +768,7 @@ AuditReport large_report(std::size_t n, std::size_t layers) {
         for (std::size_t l = 0; l < layers; ++l) d.rel.push_back(std::pow(10.0, -9.0 + 0.4 * static_cast<double>(i)) * std::sqrt(l + 1.0));
         r.drift.push_back(d);
     }
-    r.steps = steps_for(names, layers);
+    set_steps(r, names, layers);
     return r;
 }
 
@@ -688,7 +776,7 @@ AuditReport large_report(std::size_t n, std::size_t layers) {
 
 TEST(Html, WellFormedSelfContainedWithEveryNodeAndCriterion) {
     AuditReport r = report();
-    r.steps = steps_for({"cpu-ref", "cpu", "cpu:acc=f16,storage=bf16", "cpu:fault=perturb,fault_size=1e-1", "cpu:fault=nan"}, 4);
+    set_steps(r, {"cpu-ref", "cpu", "cpu:acc=f16,storage=bf16", "cpu:fault=perturb,fault_size=1e-1", "cpu:fault=nan"}, 4);
     const std::string html = audit_html(r, {"2026-01-01 00:00 UTC", "testhost (Linux x86_64)"});
     EXPECT_EQ(html_problem(html), "");
     EXPECT_EQ(external_reference(html), "");
@@ -758,8 +846,7 @@ TEST(Html, NodeNamesAndMessagesEscapedEverywhere) {
     r.nodes[1].node = evil;
     r.pairs.front().nodes[1] = evil;
     r.drift[0].node = evil;
-    r.steps = steps_for({"cpu-ref", evil}, 4);
-    r.steps["generate"]["results"][0] = OJ{{"node", evil}, {"error", "<img src=x> & \"oops\""}};
+    set_steps(r, {"cpu-ref", evil}, 4, "<img src=x> & \"oops\"");
     r.model["path"] = "models/<b>&\"m\"";
     const std::string html = audit_html(r, {"<date>", "host&\"x\""});
     EXPECT_EQ(html_problem(html), "");

@@ -122,7 +122,12 @@ void compare_step(const Protocol& p, const std::string& name, const std::vector<
     // A problem with the reference's own tensors (a capture without them)
     // leaves nothing compared; a candidate's is that candidate's (the step
     // records it).
-    if (auto why = as_node_failure([&] { out.steps[name] = s.compare(p, StepNodes{outs, present, reference, free}, led, out); })) {
+    if (auto why = as_node_failure([&] {
+            std::shared_ptr<const StepResult> result = s.compare(p, StepNodes{outs, present, reference, free}, led, out);
+            KVASIR_CHECK(result != nullptr, ErrorCode::internal, "step {} compared to no result", name);
+            out.steps[name] = result->to_json();
+            out.results[name] = std::move(result);
+        })) {
         led.reference_failed(name, *why);
         out.steps[name] = nlohmann::ordered_json{{"error", *why}};
     }

@@ -48,6 +48,13 @@ PairMatrix pair_matrix(const OpsReport& report, const std::string& op) {
     fail(ErrorCode::internal, "step 1 report has no op '{}'", op);
 }
 
+nlohmann::ordered_json NodeEntry::json(const nlohmann::ordered_json& figures) const {
+    if (error) return {{"node", node}, {"error", *error}};
+    nlohmann::ordered_json j{{"node", node}};
+    if (!figures.is_null()) j.update(figures);
+    return j;
+}
+
 ProtocolRef protocol_ref(const Protocol& p) {
     ProtocolRef r{p.id, p.version, p.content_hash, p.source, {}, nullptr};
     if (p.document.contains("view")) r.view = p.document;

@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,6 +60,25 @@ struct ProtocolRef {
 };
 ProtocolRef protocol_ref(const Protocol& p);
 
+// A step's typed result (Step::compare): what it measured, as the step
+// defines it next to itself (audit/step_<name>.hpp for the built-in steps).
+// Every report reads it typed — the HTML report by its fields — and to_json()
+// is its section of the JSON report, the one schema wherever it appears.
+struct StepResult {
+    virtual ~StepResult() = default;
+    virtual nlohmann::ordered_json to_json() const = 0;
+};
+
+// One node's entry of a step's comparison: its figures, or instead the error
+// its tensors gave ({"node", "error"} in the JSON).
+struct NodeEntry {
+    std::string node;
+    std::optional<std::string> error;
+    // {"node", "error"} for an entry holding an error; else {"node"} and then
+    // the members of `figures` (an object), in their order.
+    nlohmann::ordered_json json(const nlohmann::ordered_json& figures) const;
+};
+
 struct AuditReport {
     ProtocolRef protocol;
     nlohmann::ordered_json model = nlohmann::ordered_json::object();  // must hold "fingerprint" (string)
@@ -67,7 +88,18 @@ struct AuditReport {
     std::vector<NodeVerdict> nodes;
     std::vector<PairMatrix> pairs;  // pairs.front() is the headline matrix (CSV, heatmap)
     std::vector<DriftSeries> drift;
-    nlohmann::ordered_json steps = nlohmann::ordered_json::object();  // free-form per-step data
+    // Each step's section of the JSON report: its result's to_json(), or
+    // {"error"} where the reference failed it.
+    nlohmann::ordered_json steps = nlohmann::ordered_json::object();
+    // Each compared step's typed result (absent where the reference failed it).
+    std::map<std::string, std::shared_ptr<const StepResult>> results;
+    // Step `step`'s result as its type R; null when the step did not run,
+    // failed on the reference or is not an R.
+    template <class R>
+    const R* result(const std::string& step) const {
+        const auto it = results.find(step);
+        return it == results.end() ? nullptr : dynamic_cast<const R*>(it->second.get());
+    }
 };
 
 }  // namespace kvasir

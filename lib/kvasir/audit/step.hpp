@@ -12,16 +12,18 @@
 //            exactly the capture format's names (protocols/CAPTURE.md)
 //   compare  pure: every node's tensors (from memory or from capture files)
 //            → measurements per candidate, pair matrices, drift series and
-//            the step's JSON section of the report
+//            the step's typed result (a StepResult, declared next to the
+//            step in audit/step_<name>.hpp), which every report reads and
+//            whose to_json() is the step's section of the JSON report
 //
 // The three commands are then one driver (audit.cpp): audit = decide +
 // collect on every node + compare (in this process, or each node in a child
 // process that writes a capture); capture = decide + collect + write;
 // compare = read + compare. A new step is one file: its Step, its protocol
 // section (read by its plan() from Protocol::section), its criteria
-// (declared_criteria) and its register_step() call; its result is its JSON
-// section of the report (and a text section where report/step_text.hpp
-// registers one).
+// (declared_criteria), its typed result and its register_step() call (and a
+// text section where report/step_text.hpp registers one; the HTML report
+// shows a registered step's JSON section as a table).
 //
 // One failure policy, everywhere (node_failure, core/error.hpp):
 // kvasir::Error other than internal and std::bad_alloc are the NODE's
@@ -40,6 +42,7 @@
 #include <any>
 #include <exception>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -180,9 +183,11 @@ public:
     virtual std::any load_decisions(const StepEnv& env, const NodeOutputs& saved) const;
     // Pure: the measurements of every present candidate into `ledger`
     // (per-candidate problems, e.g. a shape mismatch, are that node's error),
-    // pair matrices / drift into `report`, and the step's JSON section.
-    virtual nlohmann::ordered_json compare(const Protocol& protocol, const StepNodes& in, Ledger& ledger,
-                                           AuditReport& report) const = 0;
+    // pair matrices / drift into `report`, and the step's typed result
+    // (never null; the driver stores it in AuditReport::results and its
+    // to_json() in AuditReport::steps).
+    virtual std::shared_ptr<const StepResult> compare(const Protocol& protocol, const StepNodes& in, Ledger& ledger,
+                                                      AuditReport& report) const = 0;
 };
 
 // Encodings of shared decisions (Step::save_decisions): a list of routing
@@ -258,20 +263,22 @@ inline double self_max_rel(const TensorView& a, const TensorView& b) { return se
 // "<prefix>0", "<prefix>1", … until the first absent one.
 std::vector<TensorView> numbered(const NodeOutputs& n, const std::string& prefix);
 
-// compare()'s loop: body(i) for every present candidate; a problem of that
-// candidate's tensors (Error other than internal, e.g. a shape that differs
-// from the reference's) becomes its error of `step`, returned as its JSON
-// entry {"node", "error"}; body returns the node's JSON entry otherwise.
-template <class F>
-nlohmann::ordered_json for_each_candidate(const StepNodes& in, Ledger& led, const char* step, F&& body) {
-    nlohmann::ordered_json results = nlohmann::ordered_json::array();
+// compare()'s loop: body(i) → node i's Entry (a NodeEntry) for every present
+// candidate; a problem of that candidate's tensors (Error other than
+// internal, e.g. a shape that differs from the reference's) becomes its error
+// of `step`, its entry holding only the node and that error.
+template <class Entry, class F>
+std::vector<Entry> for_each_candidate(const StepNodes& in, Ledger& led, const char* step, F&& body) {
+    std::vector<Entry> results;
     for (std::size_t i = 0; i < in.nodes.size(); ++i) {
         if (i == in.reference || !in.present[i]) continue;
-        nlohmann::ordered_json entry;
+        Entry entry;
         if (auto why = as_node_failure([&] { entry = body(i); })) {
             led.error(i, step, *why);
-            entry = nlohmann::ordered_json{{"node", in.nodes[i]->node()}, {"error", *why}};
+            entry = Entry{};
+            entry.error = *why;
         }
+        entry.node = in.nodes[i]->node();
         results.push_back(std::move(entry));
     }
     return results;
@@ -280,21 +287,30 @@ nlohmann::ordered_json for_each_candidate(const StepNodes& in, Ledger& led, cons
 // compare()'s loop for the steps that compare each node with ITSELF
 // (determinism, invariance): body(i, entry) for every present node, the
 // reference included (measured and reported; the verdict does not judge the
-// reference), entry starting as {"node"}; a problem of that node's tensors
-// becomes its error of `step`, written into its entry.
-template <class F>
-nlohmann::ordered_json for_each_node_itself(const StepNodes& in, Ledger& led, const char* step, F&& body) {
-    nlohmann::ordered_json results = nlohmann::ordered_json::array();
+// reference), entry starting with its node; a problem of that node's tensors
+// becomes its error of `step`, kept in its entry beside what body filled.
+template <class Entry, class F>
+std::vector<Entry> for_each_node_itself(const StepNodes& in, Ledger& led, const char* step, F&& body) {
+    std::vector<Entry> results;
     for (std::size_t i = 0; i < in.nodes.size(); ++i) {
         if (!in.present[i]) continue;
-        nlohmann::ordered_json entry{{"node", in.nodes[i]->node()}};
+        Entry entry;
+        entry.node = in.nodes[i]->node();
         if (auto why = as_node_failure([&] { body(i, entry); })) {
             led.error(i, step, *why);
-            entry["error"] = *why;
+            entry.error = *why;
         }
         results.push_back(std::move(entry));
     }
     return results;
+}
+
+// A list of entries as a JSON array (Entry::to_json each).
+template <class Entry>
+nlohmann::ordered_json entries_json(const std::vector<Entry>& entries) {
+    nlohmann::ordered_json a = nlohmann::ordered_json::array();
+    for (const Entry& e : entries) a.push_back(e.to_json());
+    return a;
 }
 
 }  // namespace kvasir

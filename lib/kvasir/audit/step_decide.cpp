@@ -47,6 +47,7 @@
 // (backend/router_perturbed.hpp).
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/step.hpp"
+#include "kvasir/audit/step_decide.hpp"
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/metrics/metrics.hpp"
@@ -84,55 +85,49 @@ public:
     // there is no near-tie). Into the node's entry `e`.
     static void free_routing(const std::vector<TensorView>& rids, const std::vector<TensorView>& gaps, double border,
                              const std::vector<std::int64_t>& layers, const NodeOutputs& c, std::size_t i, Ledger& led,
-                             nlohmann::ordered_json& e) {
+                             DecisionResult::Entry& e) {
         const std::vector<TensorView> cids = numbered(c, "decide.free.ids.");
         KVASIR_CHECK(cids.size() == rids.size(), ErrorCode::bad_input, "{}: routing of {} MoE layers, the reference has {}",
                      c.origin(), cids.size(), rids.size());
-        std::int64_t rows = 0, exact = 0, border_tokens = 0, border_flipped = 0, other_flipped = 0;
-        nlohmann::ordered_json per_layer = nlohmann::ordered_json::array();
+        DecisionResult::Routing routing;
+        DecisionResult::Flips total;
         for (std::size_t l = 0; l < rids.size(); ++l) {
-            const IndexAgreement a = compare_indices(rids[l], cids[l]);
-            rows += a.rows;
-            exact += a.exact_matches;
-            nlohmann::ordered_json lj{{"layer", layers[l]}};
-            lj.update(to_json(a));
+            DecisionResult::LayerRouting lr;
+            lr.layer = layers[l];
+            lr.agreement = compare_indices(rids[l], cids[l]);
+            routing.rows += lr.agreement.rows;
+            routing.exact_matches += lr.agreement.exact_matches;
             if (l < gaps.size()) {
                 const std::vector<bool> flipped = id_sets_differ(rids[l], cids[l]);
-                std::int64_t lb = 0, lbf = 0, lof = 0;
-                std::vector<std::int64_t> tokens;
+                DecisionResult::Flips f;
                 for (std::size_t t = 0; t < flipped.size() && static_cast<std::int64_t>(t) < gaps[l].numel(); ++t) {
                     const bool is_border = gaps[l].at(static_cast<std::int64_t>(t)) < border;
-                    lb += is_border;
-                    lbf += is_border && flipped[t];
-                    lof += !is_border && flipped[t];
-                    if (flipped[t]) tokens.push_back(static_cast<std::int64_t>(t));
+                    f.border_tokens += is_border;
+                    f.border_flipped += is_border && flipped[t];
+                    f.other_flipped += !is_border && flipped[t];
+                    if (flipped[t]) lr.flipped_tokens.push_back(static_cast<std::int64_t>(t));
                 }
-                lj["border_tokens"] = lb;
-                lj["border_flipped"] = lbf;
-                lj["other_flipped"] = lof;
-                lj["flipped_tokens"] = tokens;
-                border_tokens += lb;
-                border_flipped += lbf;
-                other_flipped += lof;
+                total.border_tokens += f.border_tokens;
+                total.border_flipped += f.border_flipped;
+                total.other_flipped += f.other_flipped;
+                lr.flips = f;
             }
-            per_layer.push_back(std::move(lj));
+            routing.per_moe_layer.push_back(std::move(lr));
         }
-        if (rows == 0) {
-            e["routing_free"] = "no MoE layers";
+        if (routing.rows == 0) {
+            e.routing_free_note = "no MoE layers";
             return;
         }
-        const double rate = static_cast<double>(exact) / static_cast<double>(rows);
-        led.measure_rate(i, "decide", "decide.routing_agreement_min", binomial(exact, rows));
-        e["routing_free"] = nlohmann::ordered_json{{"rows", rows}, {"exact_matches", exact},
-                                                   {"exact_match_rate", json_double(rate)}, {"per_moe_layer", per_layer}};
+        routing.exact_match_rate = static_cast<double>(routing.exact_matches) / static_cast<double>(routing.rows);
+        led.measure_rate(i, "decide", "decide.routing_agreement_min", binomial(routing.exact_matches, routing.rows));
+        e.routing_free = std::move(routing);
         if (!gaps.empty()) {
-            e["border"] = nlohmann::ordered_json{
-                {"border_tokens", border_tokens}, {"border_flipped", border_flipped}, {"other_flipped", other_flipped}};
-            led.measure(i, "decide", "decide.routing_clear_flips_max", static_cast<double>(other_flipped));
+            e.border = total;
+            led.measure(i, "decide", "decide.routing_clear_flips_max", static_cast<double>(total.other_flipped));
         } else {
             led.not_applicable_for(i, "decide.routing_clear_flips_max", "the reference recorded no router gaps (decide.gaps.*)");
         }
-        e["routing_pinned"] = "100% by construction (the authority's routing is imposed)";
+        e.routing_pinned = true;
     }
 
     // A node that runs its own router (capability authority "none": an
@@ -162,17 +157,19 @@ public:
         return token_agreement(a, b);
     }
 
-    static nlohmann::ordered_json free_running_node(const NodeOutputs& ref, const NodeOutputs& c, const std::vector<TensorView>& rids,
-                                                    const std::vector<TensorView>& gaps, double border,
-                                                    const std::vector<std::int64_t>& layers, std::size_t i, Ledger& led) {
+    static DecisionResult::Entry free_running_node(const NodeOutputs& ref, const NodeOutputs& c, const std::vector<TensorView>& rids,
+                                                   const std::vector<TensorView>& gaps, double border,
+                                                   const std::vector<std::int64_t>& layers, std::size_t i, Ledger& led) {
         const Fraction top1 = free_top1(ref, c);
         led.measure_rate(i, "decide", "decide.top1_agreement_min", top1);
-        nlohmann::ordered_json e{{"node", c.node()}, {"free_running", true}, {"top1_free", to_json(top1)}};
+        DecisionResult::Entry e;
+        e.free_running = true;
+        e.top1_free = top1;
         if (rids.empty()) return e;
         if (numbered(c, "decide.free.ids.").empty()) {
             for (const char* crit : {"decide.routing_agreement_min", "decide.routing_clear_flips_max"})
                 led.not_applicable_for(i, crit, "the node runs its own router and exposes no expert choices (no decide.free.ids.*)");
-            e["routing_free"] = "not exposed by this node";
+            e.routing_free_note = "not exposed by this node";
             return e;
         }
         free_routing(rids, gaps, border, layers, c, i, led, e);
@@ -216,7 +213,7 @@ public:
         return out;
     }
 
-    nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
+    std::shared_ptr<const StepResult> compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
         const NodeOutputs& ref = *in.nodes[in.reference];
         const std::vector<TensorView> rids = numbered(ref, "decide.free.ids.");
         const std::vector<TensorView> gaps = numbered(ref, "decide.gaps.");
@@ -228,40 +225,91 @@ public:
         KVASIR_CHECK(layers.empty() || layers.size() == rids.size(), ErrorCode::bad_input,
                      "{}: decide.moe_layers names {} layers, the routing has {}", ref.origin(), layers.size(), rids.size());
         for (std::size_t m = layers.size(); m < rids.size(); ++m) layers.push_back(static_cast<std::int64_t>(m));
-        nlohmann::ordered_json j;
-        j["reference"] = ref.node();
-        j["moe_layers"] = rids.size();
-        j["border"] = border;
+        auto r = std::make_shared<DecisionResult>();
+        r->reference = ref.node();
+        r->moe_layers = static_cast<std::int64_t>(rids.size());
+        r->border = border;
         // The reference's border tokens, with their gaps: where a node's own router may decide otherwise.
-        nlohmann::ordered_json border_tokens = nlohmann::ordered_json::array();
-        for (std::size_t m = 0; m < gaps.size() && m < layers.size(); ++m) {
-            nlohmann::ordered_json tokens = nlohmann::ordered_json::array();
-            for (std::int64_t t = 0; t < gaps[m].numel(); ++t)
-                if (gaps[m].at(t) < border) tokens.push_back({{"token", t}, {"gap", json_double(gaps[m].at(t))}});
-            border_tokens.push_back({{"layer", layers[m]}, {"tokens", std::move(tokens)}});
+        if (!gaps.empty()) {
+            r->border_tokens.emplace();
+            for (std::size_t m = 0; m < gaps.size() && m < layers.size(); ++m) {
+                std::vector<DecisionResult::BorderToken> tokens;
+                for (std::int64_t t = 0; t < gaps[m].numel(); ++t)
+                    if (gaps[m].at(t) < border) tokens.push_back({t, gaps[m].at(t)});
+                r->border_tokens->emplace_back(layers[m], std::move(tokens));
+            }
         }
-        if (!gaps.empty()) j["border_tokens"] = std::move(border_tokens);
-        j["compared"] = "top-1 with router authority; exact expert-set agreement without it (each node's own router)";
+        r->compared = "top-1 with router authority; exact expert-set agreement without it (each node's own router)";
         // A dense model has no router: routing agreement does not apply (the
         // reference's outputs say so — it routed no layer).
         if (rids.empty())
             for (const char* crit : {"decide.routing_agreement_min", "decide.routing_clear_flips_max"})
                 led.not_applicable(crit, "no MoE layers: the model has no router");
-        j["results"] = for_each_candidate(in, led, "decide", [&](std::size_t i) {
+        r->results = for_each_candidate<DecisionResult::Entry>(in, led, "decide", [&](std::size_t i) {
             const NodeOutputs& c = *in.nodes[i];
             if (in.free_running[i]) return free_running_node(ref, c, rids, gaps, border, layers, i, led);
-            const Fraction top1 = pinned_top1(ref, c);
-            nlohmann::ordered_json e{{"node", c.node()}, {"top1_pinned", to_json(top1)}};
-            if (ref.has("decide.free.top1") && c.has("decide.free.top1")) e["top1_free"] = to_json(free_top1(ref, c));
-            led.measure_rate(i, "decide", "decide.top1_agreement_min", top1);
+            DecisionResult::Entry e;
+            e.top1_pinned = pinned_top1(ref, c);
+            if (ref.has("decide.free.top1") && c.has("decide.free.top1")) e.top1_free = free_top1(ref, c);
+            led.measure_rate(i, "decide", "decide.top1_agreement_min", *e.top1_pinned);
             free_routing(rids, gaps, border, layers, c, i, led, e);
             return e;
         });
-        return j;
+        return r;
     }
 };
 
 }  // namespace
+
+namespace {
+
+nlohmann::ordered_json flips_json(const DecisionResult::Flips& f) {
+    return {{"border_tokens", f.border_tokens}, {"border_flipped", f.border_flipped}, {"other_flipped", f.other_flipped}};
+}
+
+}  // namespace
+
+nlohmann::ordered_json DecisionResult::Entry::to_json() const {
+    if (error) return json({});
+    nlohmann::ordered_json f;
+    if (free_running) f["free_running"] = true;
+    if (top1_pinned) f["top1_pinned"] = kvasir::to_json(*top1_pinned);
+    if (top1_free) f["top1_free"] = kvasir::to_json(*top1_free);
+    if (routing_free_note) f["routing_free"] = *routing_free_note;
+    if (routing_free) {
+        nlohmann::ordered_json per_layer = nlohmann::ordered_json::array();
+        for (const LayerRouting& lr : routing_free->per_moe_layer) {
+            nlohmann::ordered_json lj{{"layer", lr.layer}};
+            lj.update(kvasir::to_json(lr.agreement));
+            if (lr.flips) {
+                lj.update(flips_json(*lr.flips));
+                lj["flipped_tokens"] = lr.flipped_tokens;
+            }
+            per_layer.push_back(std::move(lj));
+        }
+        f["routing_free"] = {{"rows", routing_free->rows}, {"exact_matches", routing_free->exact_matches},
+                             {"exact_match_rate", json_double(routing_free->exact_match_rate)}, {"per_moe_layer", std::move(per_layer)}};
+    }
+    if (border) f["border"] = flips_json(*border);
+    if (routing_pinned) f["routing_pinned"] = "100% by construction (the authority's routing is imposed)";
+    return json(f);
+}
+
+nlohmann::ordered_json DecisionResult::to_json() const {
+    nlohmann::ordered_json j{{"reference", reference}, {"moe_layers", moe_layers}, {"border", border}};
+    if (border_tokens) {
+        nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+        for (const auto& [layer, tokens] : *border_tokens) {
+            nlohmann::ordered_json tj = nlohmann::ordered_json::array();
+            for (const BorderToken& t : tokens) tj.push_back({{"token", t.token}, {"gap", json_double(t.gap)}});
+            layers.push_back({{"layer", layer}, {"tokens", std::move(tj)}});
+        }
+        j["border_tokens"] = std::move(layers);
+    }
+    j["compared"] = compared;
+    j["results"] = entries_json(results);
+    return j;
+}
 
 const Step& decide_step() {
     static const DecideAudit s;

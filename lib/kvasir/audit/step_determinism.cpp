@@ -10,6 +10,7 @@
 // expert sets differed between runs).
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/step.hpp"
+#include "kvasir/audit/step_determinism.hpp"
 
 #include "kvasir/metrics/metrics.hpp"
 #include "kvasir/steps/forward.hpp"
@@ -65,24 +66,36 @@ public:
         return out;
     }
 
-    nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
-        nlohmann::ordered_json j;
-        j["repeats"] = p.determinism.repeats;
-        j["compared"] = "logits, final hidden and every hidden state of the full forward (own router), runs 2..R vs run 1";
-        j["nodes"] = for_each_node_itself(in, led, "determinism", [&](std::size_t i, nlohmann::ordered_json& e) {
+    std::shared_ptr<const StepResult> compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
+        auto r = std::make_shared<DeterminismResult>();
+        r->repeats = p.determinism.repeats;
+        r->compared = "logits, final hidden and every hidden state of the full forward (own router), runs 2..R vs run 1";
+        r->nodes = for_each_node_itself<DeterminismResult::Entry>(in, led, "determinism", [&](std::size_t i, DeterminismResult::Entry& e) {
             const NodeOutputs& n = *in.nodes[i];
             const double worst = n.view("determinism.run_to_run_max_rel").at(0);
             led.measure(i, "determinism", "determinism", worst);
-            e["bit_identical"] = worst == 0.0;
-            e["run_to_run_max_rel"] = json_double(worst);
-            if (n.has("determinism.routing_rows_differing"))
-                e["routing_rows_differing"] = n.view("determinism.routing_rows_differing").at(0);
+            e.bit_identical = worst == 0.0;
+            e.run_to_run_max_rel = worst;
+            if (n.has("determinism.routing_rows_differing")) e.routing_rows_differing = n.view("determinism.routing_rows_differing").at(0);
         });
-        return j;
+        return r;
     }
 };
 
 }  // namespace
+
+nlohmann::ordered_json DeterminismResult::Entry::to_json() const {
+    nlohmann::ordered_json e{{"node", node}};
+    if (bit_identical) e["bit_identical"] = *bit_identical;
+    if (run_to_run_max_rel) e["run_to_run_max_rel"] = json_double(*run_to_run_max_rel);
+    if (routing_rows_differing) e["routing_rows_differing"] = *routing_rows_differing;
+    if (error) e["error"] = *error;
+    return e;
+}
+
+nlohmann::ordered_json DeterminismResult::to_json() const {
+    return {{"repeats", repeats}, {"compared", compared}, {"nodes", entries_json(nodes)}};
+}
 
 const Step& determinism_step() {
     static const DeterminismAudit s;

@@ -58,6 +58,7 @@
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/core/nonfinite.hpp"
 #include "kvasir/audit/step.hpp"
+#include "kvasir/audit/step_drift.hpp"
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/metrics/logits.hpp"
@@ -133,13 +134,13 @@ public:
 
     // A block of a layer whose local delta the localisation measures.
     struct Block {
-        const char* key;     // its field in the layer's JSON entry
+        std::optional<double> DriftResult::Layer::*field;  // its field in the layer's result
         const char* name;    // as reports name it
         const char* prefix;  // its tensors
     };
     static constexpr Block kBlocks[] = {
-        {"attention_block_rel", "attention block (input norm, attention, post-attention norm)", "drift.mlp_input."},
-        {"mlp_block_rel", "MLP / experts block (routing pinned)", "drift.mlp_output."}};
+        {&DriftResult::Layer::attention_block_rel, "attention block (input norm, attention, post-attention norm)", "drift.mlp_input."},
+        {&DriftResult::Layer::mlp_block_rel, "MLP / experts block (routing pinned)", "drift.mlp_output."}};
 
     static std::optional<double> block_delta(const NodeOutputs& ref, const NodeOutputs& c, const Block& b, std::size_t k) {
         const std::string name = b.prefix + std::to_string(k);
@@ -154,7 +155,7 @@ public:
         return static_cast<std::int64_t>(env.plan->drift->tokens.ids.size());
     }
 
-    nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport& out) const override {
+    std::shared_ptr<const StepResult> compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport& out) const override {
         const NodeOutputs& ref = *in.nodes[in.reference];
         const std::vector<TensorView> rh = numbered(ref, "drift.hidden.");
         KVASIR_CHECK(rh.size() >= 2, ErrorCode::bad_input, "{}: drift step without hidden states", ref.origin());
@@ -170,20 +171,22 @@ public:
                     floor = i;
                     multiple = *t->second.x_floor;
                 }
-        nlohmann::ordered_json j;
-        j["reference"] = ref.node();
-        j["threshold"] = threshold;
-        j["compared"] = "‖Δ‖₂/‖ref‖₂ of the residual after each layer: free-running (accumulated) and re-anchored (local), "
+        auto r = std::make_shared<DriftResult>();
+        r->reference = ref.node();
+        r->threshold = threshold;
+        r->compared = "‖Δ‖₂/‖ref‖₂ of the residual after each layer: free-running (accumulated) and re-anchored (local), "
                         "and of each block of the re-anchored layer; routing pinned by the reference in every run";
-        if (floor) j["localisation_floor"] = {{"node", p.floor}, {"x_floor", *multiple}};
-        j["results"] = for_each_candidate(in, led, "drift", [&](std::size_t i) {
+        if (floor) {
+            r->floor_node = p.floor;
+            r->x_floor = *multiple;
+        }
+        r->results = for_each_candidate<DriftResult::Entry>(in, led, "drift", [&](std::size_t i) {
             const NodeOutputs& c = *in.nodes[i];
             const std::vector<TensorView> ch = numbered(c, "drift.hidden.");
             KVASIR_CHECK(ch.size() == rh.size(), ErrorCode::bad_input, "{}: {} hidden states, the reference has {}", c.origin(),
                          ch.size(), rh.size());
             std::vector<double> depth, rel;
-            nlohmann::ordered_json layers = nlohmann::ordered_json::array(), where = nullptr;
-            std::int64_t first_over = -1, first_over_local = -1;
+            DriftResult::Entry e;
             const bool relative = floor && *floor != i;  // the floor is no yardstick for itself
             for (std::size_t k = 1; k < rh.size(); ++k) {
                 const std::int64_t layer = static_cast<std::int64_t>(k) - 1;
@@ -191,25 +194,26 @@ public:
                 const CompareStats free = kvasir::compare(rh[k], ch[k]);
                 depth.push_back(static_cast<double>(k));
                 rel.push_back(free_rel);
-                nlohmann::ordered_json lj{{"layer", layer},
-                                          {"depth", k},
-                                          {"free_rel", json_double(free_rel)},
-                                          {"free_max_abs", json_double(free.max_abs)},
-                                          {"free_cosine", json_double(free.cosine)}};
-                if (!(free_rel <= threshold) && first_over < 0) first_over = layer;
+                DriftResult::Layer lr;
+                lr.layer = layer;
+                lr.depth = static_cast<std::int64_t>(k);
+                lr.free_rel = free_rel;
+                lr.free_max_abs = free.max_abs;
+                lr.free_cosine = free.cosine;
+                if (!(free_rel <= threshold) && e.first_over < 0) e.first_over = layer;
                 const std::string anchored = fmt::format("drift.anchored.{}", k);
                 if (c.has(anchored)) {
                     const TensorView av = c.view(anchored);
                     const double local = relative_l2(rh[k], av);
-                    lj["anchored_rel"] = json_double(local);
-                    lj["anchored_max_abs"] = json_double(max_abs_difference(rh[k], av));
-                    if (!(local <= threshold) && first_over_local < 0) first_over_local = layer;
+                    lr.anchored_rel = local;
+                    lr.anchored_max_abs = max_abs_difference(rh[k], av);
+                    if (!(local <= threshold) && e.first_over_local < 0) e.first_over_local = layer;
                 }
                 for (const Block& b : kBlocks) {
                     const std::optional<double> d = block_delta(ref, c, b, k);
                     if (!d) continue;
-                    lj[b.key] = json_double(*d);
-                    if (!where.is_null()) continue;
+                    lr.*b.field = *d;
+                    if (e.localisation) continue;
                     double yardstick = threshold;
                     std::string rule = fmt::format("the absolute threshold {:g}", threshold);
                     if (relative)
@@ -218,34 +222,58 @@ public:
                             rule = fmt::format("{:g} x the floor {}'s {:.2e}", *multiple, p.floor, *fd);
                         }
                     if (!(*d <= yardstick)) {
-                        where = {{"layer", layer}, {"block", b.name}, {"delta", json_double(*d)}, {"yardstick", json_double(yardstick)},
-                                 {"rule", rule}};
+                        e.localisation = DriftResult::Localisation{layer, b.name, *d, yardstick, rule};
                         led.localise(i, "drift",
                                      fmt::format("drift first crosses its yardstick at layer {}, {}: local delta {:.2e} > {:.2e} ({})",
                                                  layer, b.name, *d, yardstick, rule));
                     }
                 }
-                layers.push_back(std::move(lj));
+                e.layers.push_back(std::move(lr));
             }
-            const PowerFit fit = fit_power_law(depth, rel);
-            const double alpha = growth_alpha(fit, rel);
+            e.fit = fit_power_law(depth, rel);
+            e.alpha = growth_alpha(e.fit, rel);
+            e.embedding_rel = relative_l2(rh[0], ch[0]);
             led.measure(i, "drift", "drift.final_rel", rel.empty() ? kNaN : rel.back());
-            led.measure(i, "drift", "drift.alpha_max", alpha);
-            out.drift.push_back(DriftSeries{c.node(), rel, alpha});
-            return nlohmann::ordered_json{{"node", c.node()},
-                                          // the embedding gather: exact widening, 0 unless a backend rounds it
-                                          {"embedding_rel", json_double(relative_l2(rh[0], ch[0]))},
-                                          {"layers", std::move(layers)},
-                                          {"fit", to_json(fit)},
-                                          {"alpha", json_double(alpha)},  // as drift.alpha_max judges it: 0 when nothing grew
-                                          {"first_over", first_over},
-                                          {"first_over_local", first_over_local}, {"localisation", std::move(where)}};
+            led.measure(i, "drift", "drift.alpha_max", e.alpha);
+            out.drift.push_back(DriftSeries{c.node(), rel, e.alpha});
+            return e;
         });
-        return j;
+        return r;
     }
 };
 
 }  // namespace
+
+nlohmann::ordered_json DriftResult::Entry::to_json() const {
+    if (error) return json({});
+    nlohmann::ordered_json lj = nlohmann::ordered_json::array();
+    for (const Layer& l : layers) {
+        nlohmann::ordered_json j{{"layer", l.layer},
+                                 {"depth", l.depth},
+                                 {"free_rel", json_double(l.free_rel)},
+                                 {"free_max_abs", json_double(l.free_max_abs)},
+                                 {"free_cosine", json_double(l.free_cosine)}};
+        if (l.anchored_rel) j["anchored_rel"] = json_double(*l.anchored_rel);
+        if (l.anchored_max_abs) j["anchored_max_abs"] = json_double(*l.anchored_max_abs);
+        if (l.attention_block_rel) j["attention_block_rel"] = json_double(*l.attention_block_rel);
+        if (l.mlp_block_rel) j["mlp_block_rel"] = json_double(*l.mlp_block_rel);
+        lj.push_back(std::move(j));
+    }
+    nlohmann::ordered_json where = nullptr;
+    if (const auto& w = localisation)
+        where = {{"layer", w->layer}, {"block", w->block}, {"delta", json_double(w->delta)}, {"yardstick", json_double(w->yardstick)},
+                 {"rule", w->rule}};
+    return json({{"embedding_rel", json_double(embedding_rel)}, {"layers", std::move(lj)}, {"fit", kvasir::to_json(fit)},
+                 {"alpha", json_double(alpha)}, {"first_over", first_over}, {"first_over_local", first_over_local},
+                 {"localisation", std::move(where)}});
+}
+
+nlohmann::ordered_json DriftResult::to_json() const {
+    nlohmann::ordered_json j{{"reference", reference}, {"threshold", threshold}, {"compared", compared}};
+    if (floor_node) j["localisation_floor"] = {{"node", *floor_node}, {"x_floor", x_floor}};
+    j["results"] = entries_json(results);
+    return j;
+}
 
 const Step& drift_step() {
     static const DriftAudit s;

@@ -29,6 +29,7 @@
 // by the model's tokenizer.json, when it has one (reported, not judged).
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/step.hpp"
+#include "kvasir/audit/step_generate.hpp"
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/metrics/metrics.hpp"
@@ -98,15 +99,15 @@ public:
         return std::shared_ptr<const GenerateResult>(std::move(r));
     }
 
-    nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
+    std::shared_ptr<const StepResult> compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
         const NodeOutputs& ref = *in.nodes[in.reference];
         const std::vector<std::int32_t> rt = int_vector(ref.view("generate.tokens"));
-        nlohmann::ordered_json j;
-        j["reference"] = ref.node();
-        j["new_tokens"] = p.generate.n;
-        j["reference_tokens"] = rt;
-        if (const auto text = ref.note("generate.text")) j["reference_text"] = *text;
-        j["results"] = for_each_candidate(in, led, "generate", [&](std::size_t i) {
+        auto r = std::make_shared<GenerationResult>();
+        r->reference = ref.node();
+        r->new_tokens = p.generate.n;
+        r->reference_tokens = rt;
+        r->reference_text = ref.note("generate.text");
+        r->results = for_each_candidate<GenerationResult::Entry>(in, led, "generate", [&](std::size_t i) {
             const NodeOutputs& c = *in.nodes[i];
             const std::vector<std::int32_t> ct = int_vector(c.view("generate.tokens"));
             // A free-running node (its own decoding, authority "none") is teacher-forced only when its writer was
@@ -115,40 +116,57 @@ public:
             const std::vector<std::int32_t> pinned = forced ? int_vector(c.view("generate.pinned_own")) : rt;
             KVASIR_CHECK(ct.size() == rt.size() && pinned.size() == rt.size(), ErrorCode::bad_input,
                          "{}: {} generated tokens, the reference has {}", c.origin(), ct.size(), rt.size());
-            const std::int64_t first = first_divergence(rt, ct);
-            std::int64_t divergences = 0;
-            for (std::size_t s = 0; s < rt.size(); ++s) divergences += pinned[s] != rt[s];
+            GenerationResult::Entry e;
+            e.first_divergence = first_divergence(rt, ct);
+            std::vector<std::int64_t> steps;
+            for (std::size_t st = 0; st < rt.size(); ++st)
+                if (pinned[st] != rt[st]) steps.push_back(static_cast<std::int64_t>(st));
             led.measure(i, "generate", "generate.first_divergence_min",
-                        first < 0 ? static_cast<double>(p.generate.n) : static_cast<double>(first));
+                        e.first_divergence < 0 ? static_cast<double>(p.generate.n) : static_cast<double>(e.first_divergence));
             if (p.generate.teacher_forcing && forced)
-                led.measure(i, "generate", "generate.divergences_max", static_cast<double>(divergences));
+                led.measure(i, "generate", "generate.divergences_max", static_cast<double>(steps.size()));
             else if (p.generate.teacher_forcing)
                 led.not_applicable_for(i, "generate.divergences_max",
                                        "free-running node captured without the reference's tokens (no generate.pinned_own)");
-            nlohmann::ordered_json e{{"node", c.node()}, {"first_divergence", first}, {"tokens", ct}};
-            if (const auto text = c.note("generate.text")) e["text"] = *text;
-            if (forced) {
-                e["teacher_forced_divergences"] = divergences;
-                std::vector<std::int64_t> steps;
-                for (std::size_t st = 0; st < rt.size(); ++st)
-                    if (pinned[st] != rt[st]) steps.push_back(static_cast<std::int64_t>(st));
-                e["teacher_forced_divergence_steps"] = steps;
-            }
-            if (in.free_running[i]) e["free_running"] = true;
+            e.tokens = ct;
+            e.text = c.note("generate.text");
+            if (forced) e.teacher_forced_divergence_steps = std::move(steps);
+            e.free_running = in.free_running[i];
+            const std::int64_t first = e.first_divergence;
             if (first >= 0 && c.has("generate.margins") && ref.has("generate.margins")) {
                 const TensorView rm = ref.view("generate.margins"), cm = c.view("generate.margins");
                 if (first < rm.numel() && first < cm.numel()) {
-                    e["ref_margin_at_divergence"] = json_double(rm.at(first));
-                    e["cand_margin_at_divergence"] = json_double(cm.at(first));
+                    e.ref_margin_at_divergence = rm.at(first);
+                    e.cand_margin_at_divergence = cm.at(first);
                 }
             }
             return e;
         });
-        return j;
+        return r;
     }
 };
 
 }  // namespace
+
+nlohmann::ordered_json GenerationResult::Entry::to_json() const {
+    if (error) return json({});
+    nlohmann::ordered_json f{{"first_divergence", first_divergence}, {"tokens", tokens}};
+    if (text) f["text"] = *text;
+    if (teacher_forced_divergence_steps)
+        f.update({{"teacher_forced_divergences", teacher_forced_divergence_steps->size()},
+                  {"teacher_forced_divergence_steps", *teacher_forced_divergence_steps}});
+    if (free_running) f["free_running"] = true;
+    if (ref_margin_at_divergence) f["ref_margin_at_divergence"] = json_double(*ref_margin_at_divergence);
+    if (cand_margin_at_divergence) f["cand_margin_at_divergence"] = json_double(*cand_margin_at_divergence);
+    return json(f);
+}
+
+nlohmann::ordered_json GenerationResult::to_json() const {
+    nlohmann::ordered_json j{{"reference", reference}, {"new_tokens", new_tokens}, {"reference_tokens", reference_tokens}};
+    if (reference_text) j["reference_text"] = *reference_text;
+    j["results"] = entries_json(results);
+    return j;
+}
 
 const Step& generate_step() {
     static const GenerateAudit s;

@@ -38,6 +38,7 @@
 #include "kvasir/arch/graph.hpp"
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/step.hpp"
+#include "kvasir/audit/step_invariance.hpp"
 #include "kvasir/core/rng.hpp"
 #include "kvasir/metrics/metrics.hpp"
 #include "kvasir/steps/forward.hpp"
@@ -173,22 +174,22 @@ public:
         return out;
     }
 
-    nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
+    std::shared_ptr<const StepResult> compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
         const InvarianceStep& s = p.invariance;
-        nlohmann::ordered_json j;
-        j["tokens"] = s.tokens.count;
-        j["batch_sizes"] = s.batch_sizes;
-        j["op_rows"] = s.op_rows;
-        j["repeats"] = s.repeats;
-        j["decode"] = s.decode;
-        j["compared"] = "each node against itself: a row alone vs among op_rows rows (matmul, softmax, rmsnorm); the "
-                        "sequence alone vs in a batch of B; one prefill vs token-by-token decode; repeated greedy requests";
-        j["nodes"] = for_each_node_itself(in, led, "invariance", [&](std::size_t i, nlohmann::ordered_json& e) {
+        auto r = std::make_shared<InvarianceResult>();
+        r->tokens = s.tokens.count;
+        r->batch_sizes = s.batch_sizes;
+        r->op_rows = s.op_rows;
+        r->repeats = s.repeats;
+        r->decode = s.decode;
+        r->compared = "each node against itself: a row alone vs among op_rows rows (matmul, softmax, rmsnorm); the "
+                      "sequence alone vs in a batch of B; one prefill vs token-by-token decode; repeated greedy requests";
+        r->nodes = for_each_node_itself<InvarianceResult::Entry>(in, led, "invariance", [&](std::size_t i, InvarianceResult::Entry& e) {
             const NodeOutputs& n = *in.nodes[i];
             // An external runtime that runs whole graphs (llama.cpp) has no single ops to recompute.
             const bool no_ops = in.free_running[i] && i != in.reference && !n.has("invariance.ops_max_rel");
             double worst_op = 0;
-            nlohmann::ordered_json opj;
+            std::vector<std::pair<std::string, double>> op_rel;
             if (no_ops) {
                 led.not_applicable_for(i, "invariance.ops_max_rel",
                                        "the node runs whole graphs: no single op to recompute alone (no invariance.ops_max_rel)");
@@ -198,7 +199,7 @@ public:
                 KVASIR_CHECK(ops.size() == std::size(kOps), ErrorCode::bad_input,
                              "{}: invariance.ops_max_rel has {} entries, not {}", n.origin(), ops.size(), std::size(kOps));
                 for (std::size_t k = 0; k < ops.size(); ++k) {
-                    opj[kOps[k]] = json_double(ops[k]);
+                    op_rel.emplace_back(kOps[k], ops[k]);
                     worst_op = nan_max(worst_op, ops[k]);
                 }
             }
@@ -209,10 +210,9 @@ public:
                          ErrorCode::bad_input, "{}: invariance batch tensors of {} / {} / {} entries", n.origin(),
                          sizes.size(), rel.size(), abs.size());
             double worst_batch = 0;
-            nlohmann::ordered_json bj = nlohmann::ordered_json::array();
+            std::vector<InvarianceResult::Batch> batch;
             for (std::size_t k = 0; k < sizes.size(); ++k) {
-                bj.push_back({{"B", sizes[k]}, {"max_rel", json_double(rel[k])}, {"max_abs", json_double(abs[k])},
-                              {"bit_identical", rel[k] == 0.0}});
+                batch.push_back({sizes[k], rel[k], abs[k]});
                 worst_batch = nan_max(worst_batch, rel[k]);
             }
             const std::vector<double> pd = double_vector(n.view("invariance.prefill_decode"));
@@ -224,17 +224,44 @@ public:
             led.measure(i, "invariance", "invariance.batch_max_rel", worst_batch);
             led.measure(i, "invariance", "invariance.prefill_decode_max_rel", pd[0]);
             led.measure(i, "invariance", "invariance.repeat_unique_max", rep[1]);
-            if (!no_ops) e["ops"] = std::move(opj);  // absent: not measurable on this node
-            e["batch"] = std::move(bj);
-            e["prefill_decode"] = {{"max_rel", json_double(pd[0])}, {"max_abs", json_double(pd[1])},
-                                   {"first_differing_position", pd[2]}, {"bit_identical", pd[2] < 0}};
-            e["repeat"] = {{"unique_outputs", rep[1]}, {"unique_token_sequences", rep[0]}, {"of", s.repeats}};
+            if (!no_ops) e.ops = std::move(op_rel);  // unset: not measurable on this node
+            e.batch = std::move(batch);
+            e.prefill_decode_max_rel = pd[0];
+            e.prefill_decode_max_abs = pd[1];
+            e.first_differing_position = pd[2];
+            e.unique_outputs = rep[1];
+            e.unique_token_sequences = rep[0];
+            e.of = s.repeats;
         });
-        return j;
+        return r;
     }
 };
 
 }  // namespace
+
+nlohmann::ordered_json InvarianceResult::Entry::to_json() const {
+    if (error) return json({});  // a node's tensors that gave an error have no figures
+    nlohmann::ordered_json f;
+    if (ops) {
+        nlohmann::ordered_json o;
+        for (const auto& [op, rel] : *ops) o[op] = json_double(rel);
+        f["ops"] = std::move(o);
+    }
+    nlohmann::ordered_json bj = nlohmann::ordered_json::array();
+    for (const Batch& b : batch)
+        bj.push_back({{"B", b.batch_size}, {"max_rel", json_double(b.max_rel)}, {"max_abs", json_double(b.max_abs)},
+                      {"bit_identical", b.bit_identical()}});
+    f["batch"] = std::move(bj);
+    f["prefill_decode"] = {{"max_rel", json_double(prefill_decode_max_rel)}, {"max_abs", json_double(prefill_decode_max_abs)},
+                           {"first_differing_position", first_differing_position}, {"bit_identical", first_differing_position < 0}};
+    f["repeat"] = {{"unique_outputs", unique_outputs}, {"unique_token_sequences", unique_token_sequences}, {"of", of}};
+    return json(f);
+}
+
+nlohmann::ordered_json InvarianceResult::to_json() const {
+    return {{"tokens", tokens},   {"batch_sizes", batch_sizes}, {"op_rows", op_rows},
+            {"repeats", repeats}, {"decode", decode},           {"compared", compared}, {"nodes", entries_json(nodes)}};
+}
 
 const Step& invariance_step() {
     static const InvarianceAudit s;

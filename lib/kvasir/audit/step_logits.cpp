@@ -45,6 +45,7 @@
 // logits.fingerprint_index / logits.fingerprint_value [ceil(T/32), 16].
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/step.hpp"
+#include "kvasir/audit/step_logits.hpp"
 
 #include "kvasir/metrics/compact.hpp"
 #include "kvasir/metrics/logits.hpp"
@@ -106,19 +107,19 @@ public:
         return out;
     }
 
-    nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
+    std::shared_ptr<const StepResult> compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
         const NodeOutputs& ref = *in.nodes[in.reference];
         const bool ref_full = ref.has("logits.logits");
-        nlohmann::ordered_json j;
-        j["reference"] = ref.node();
-        j["positions"] = ref.view(ref_full ? "logits.logits" : "logits.top_ids").dim(0);
-        j["compared"] = std::string("per position: L∞ and L2 of the logit delta and KL(P_ref ‖ P_cand) (full rows), "
+        auto r = std::make_shared<LogitsResult>();
+        r->reference = ref.node();
+        r->positions = ref.view(ref_full ? "logits.logits" : "logits.top_ids").dim(0);
+        r->compared = std::string("per position: L∞ and L2 of the logit delta and KL(P_ref ‖ P_cand) (full rows), "
                                     "|Δ log p| at the tokens in both top-Ks; the final hidden states' fingerprints; ") +
                         (p.logits.router_authority ? "routing pinned by the reference" : "each node running its own router");
         std::map<int, CompactRows> ref_top;
-        j["results"] = for_each_candidate(in, led, "logits", [&](std::size_t i) {
+        r->results = for_each_candidate<LogitsResult::Entry>(in, led, "logits", [&](std::size_t i) {
             const NodeOutputs& cand = *in.nodes[i];
-            nlohmann::ordered_json e{{"node", cand.node()}};
+            LogitsResult::Entry e;
             const bool cand_full = cand.has("logits.logits");
             if (ref_full && cand_full) {
                 const PositionDivergence d = logit_divergence(ref.view("logits.logits"), cand.view("logits.logits"));
@@ -126,23 +127,22 @@ public:
                 led.measure(i, "logits", "logits.kl_p99", kl.p99);
                 led.measure(i, "logits", "logits.kl_lower_p99", kl.p99);  // KL is its own best lower bound
                 led.measure(i, "logits", "logits.linf_max", linf.max);
-                e["linf"] = to_json(linf);
-                e["l2"] = to_json(l2);
-                e["kl"] = to_json(kl);
-                e["top_dp_rms"] = json_double(rms(d.dp_top));
+                e.linf = linf;
+                e.l2 = l2;
+                e.kl = kl;
+                e.top_dp_rms = rms(d.dp_top);
             } else {
                 const std::string why = fmt::format("compact capture ({} keeps the top-K of each row, not the row)",
                                                     ref_full ? "the node" : "the reference");
                 led.not_applicable_for(i, "logits.kl_p99", why);
                 led.not_applicable_for(i, "logits.linf_max", why);
-                e["compact"] = why;
+                e.compact = why;
                 const auto rows = [](const NodeOutputs& n) {
                     return n.has("logits.logits") ? LogprobRows{n.view("logits.logits"), {}, {}}
                                                   : LogprobRows{{}, n.view("logits.top_ids"), n.view("logits.top_logprobs")};
                 };
-                const Summary lb = summarize(kl_lower_bound(rows(ref), rows(cand)));
-                led.measure(i, "logits", "logits.kl_lower_p99", lb.p99);
-                e["kl_lower_bound"] = to_json(lb);
+                e.kl_lower_bound = summarize(kl_lower_bound(rows(ref), rows(cand)));
+                led.measure(i, "logits", "logits.kl_lower_p99", e.kl_lower_bound->p99);
             }
             // The top-K of a full row, at the K of the compact side (the default when both are full).
             const int k = !cand_full ? static_cast<int>(cand.view("logits.top_ids").dim(1))
@@ -159,27 +159,43 @@ public:
             const auto [ref_ids, ref_lp] = ref_full ? std::pair{ref_top.at(k).ids.view(), ref_top.at(k).logprobs.view()}
                                                     : std::pair{ref.view("logits.top_ids"), ref.view("logits.top_logprobs")};
             const auto [cand_ids, cand_lp] = top(cand, cand_held);
-            const Summary dlp = summarize(top_logprob_delta(ref_ids, ref_lp, cand_ids, cand_lp));
-            led.measure(i, "logits", "logits.top_logprob_delta_max", dlp.max);
-            e["top_logprob_delta"] = to_json(dlp);
-            e["top_k"] = k;
+            e.top_logprob_delta = summarize(top_logprob_delta(ref_ids, ref_lp, cand_ids, cand_lp));
+            led.measure(i, "logits", "logits.top_logprob_delta_max", e.top_logprob_delta.max);
+            e.top_k = k;
             if (ref.has("logits.fingerprint_index") && cand.has("logits.fingerprint_index")) {
-                const Summary fp = summarize(fingerprint_rel(ref.view("logits.fingerprint_index"), ref.view("logits.fingerprint_value"),
+                e.fingerprint_rel = summarize(fingerprint_rel(ref.view("logits.fingerprint_index"), ref.view("logits.fingerprint_value"),
                                                              cand.view("logits.fingerprint_index"), cand.view("logits.fingerprint_value")));
-                led.measure(i, "logits", "logits.fingerprint_max_rel", fp.max);
-                e["fingerprint_rel"] = to_json(fp);
+                led.measure(i, "logits", "logits.fingerprint_max_rel", e.fingerprint_rel->max);
             } else {
                 led.not_applicable_for(i, "logits.fingerprint_max_rel", "a capture without fingerprints (written before them)");
             }
             // Its own router: the delta holds its routing flips too (on a dense model the same thing).
-            if (in.free_running[i]) e["free_running"] = true;
+            e.free_running = in.free_running[i];
             return e;
         });
-        return j;
+        return r;
     }
 };
 
 }  // namespace
+
+nlohmann::ordered_json LogitsResult::Entry::to_json() const {
+    if (error) return json({});
+    nlohmann::ordered_json f;
+    if (linf) f["linf"] = kvasir::to_json(*linf);
+    if (l2) f["l2"] = kvasir::to_json(*l2);
+    if (kl) f.update({{"kl", kvasir::to_json(*kl)}, {"top_dp_rms", json_double(top_dp_rms)}});
+    if (compact) f["compact"] = *compact;
+    if (kl_lower_bound) f["kl_lower_bound"] = kvasir::to_json(*kl_lower_bound);
+    f.update({{"top_logprob_delta", kvasir::to_json(top_logprob_delta)}, {"top_k", top_k}});
+    if (fingerprint_rel) f["fingerprint_rel"] = kvasir::to_json(*fingerprint_rel);
+    if (free_running) f["free_running"] = true;
+    return json(f);
+}
+
+nlohmann::ordered_json LogitsResult::to_json() const {
+    return {{"reference", reference}, {"positions", positions}, {"compared", compared}, {"results", entries_json(results)}};
+}
 
 const Step& logits_step() {
     static const LogitsAudit s;

@@ -14,6 +14,7 @@
 // hide the others.
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/step.hpp"
+#include "kvasir/audit/step_ops.hpp"
 
 #include "kvasir/backend/forwarding.hpp"
 #include "kvasir/core/error.hpp"
@@ -772,7 +773,7 @@ public:
         return out;
     }
 
-    nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport& out) const override {
+    std::shared_ptr<const StepResult> compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport& out) const override {
         const std::size_t n = in.nodes.size(), ref = in.reference;
         const NodeOutputs& refn = *in.nodes[ref];
         OpsReport r;
@@ -857,16 +858,22 @@ public:
             if (op.op == "moe") out.pairs.push_back(pair_matrix(r, op.op));
         for (const OpResult& op : r.ops)
             if (op.op != "moe") out.pairs.push_back(pair_matrix(r, op.op));
-        nlohmann::ordered_json j = to_json(r);
-        nlohmann::ordered_json names = nlohmann::ordered_json::array();
-        for (const NodeOutputs* o : in.nodes) names.push_back(o->node());
-        j["nodes"] = names;  // capabilities are in each node's verdict
-        if (!bounds.is_null()) j["bounds"] = std::move(bounds);
-        return j;
+        auto res = std::make_shared<OpsStepResult>();
+        res->report = std::move(r);
+        for (const NodeOutputs* o : in.nodes) res->nodes.push_back(o->node());
+        res->bounds = std::move(bounds);
+        return res;
     }
 };
 
 }  // namespace
+
+nlohmann::ordered_json OpsStepResult::to_json() const {
+    nlohmann::ordered_json j = kvasir::to_json(report);
+    j["nodes"] = nodes;  // capabilities are in each node's verdict
+    if (!bounds.is_null()) j["bounds"] = bounds;
+    return j;
+}
 
 const Step& ops_step() {
     static const OpsAudit s;

@@ -10,6 +10,7 @@
 // scored prediction, its own float type) and perplexity.targets [P] (i32).
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/step.hpp"
+#include "kvasir/audit/step_perplexity.hpp"
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/metrics/llamacpp_kld.hpp"
@@ -81,53 +82,67 @@ public:
         return std::shared_ptr<const PerplexityDecision>(std::move(d));
     }
 
-    nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
+    std::shared_ptr<const StepResult> compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
         const NodeOutputs& ref = *in.nodes[in.reference];
         const std::vector<double> rn = double_vector(ref.view("perplexity.nll"));
-        const double ref_ppl = perplexity_from_nll(rn);
-        nlohmann::ordered_json j;
-        j["reference"] = ref.node();
-        j["predictions"] = rn.size();
-        j["context"] = p.perplexity.context;
-        j["scored"] = p.perplexity.second_half ? "second half of each window (llama-perplexity)" : "every prediction";
-        j["routing"] = p.perplexity.router_authority ? "pinned by the reference per window (router authority)"
-                                                     : "each node runs its own router (no authority)";
-        j["reference_mean_nll"] = json_double(mean_nll(rn));
-        j["reference_perplexity"] = json_double(ref_ppl);
+        auto r = std::make_shared<PerplexityResult>();
+        r->reference = ref.node();
+        r->predictions = static_cast<std::int64_t>(rn.size());
+        r->context = p.perplexity.context;
+        r->scored = p.perplexity.second_half ? "second half of each window (llama-perplexity)" : "every prediction";
+        r->routing = p.perplexity.router_authority ? "pinned by the reference per window (router authority)"
+                                                   : "each node runs its own router (no authority)";
+        r->reference_mean_nll = mean_nll(rn);
+        r->reference_perplexity = perplexity_from_nll(rn);
         const bool kld = p.perplexity.kl_divergence;
-        if (kld) j["kl_divergence_base_rounding"] = p.perplexity.base_rounding;
-        j["results"] = for_each_candidate(in, led, "perplexity", [&](std::size_t i) {
+        if (kld) r->kl_divergence_base_rounding = p.perplexity.base_rounding;
+        r->results = for_each_candidate<PerplexityResult::Entry>(in, led, "perplexity", [&](std::size_t i) {
             const NodeOutputs& c = *in.nodes[i];
             const std::vector<double> cn = double_vector(c.view("perplexity.nll"));
             KVASIR_CHECK(cn.size() == rn.size(), ErrorCode::bad_input, "{}: {} predictions, the reference has {}", c.origin(),
                          cn.size(), rn.size());
-            const double ppl = perplexity_from_nll(cn), ratio_m1 = perplexity_ratio_minus_one(cn, rn), ratio = 1.0 + ratio_m1;
+            PerplexityResult::Entry e;
+            const double ratio_m1 = perplexity_ratio_minus_one(cn, rn);
             led.measure(i, "perplexity", "perplexity.ratio_max", std::abs(ratio_m1));
-            double nll_delta = 0;  // the largest per-prediction |ΔNLL| (NaN-sticky)
-            for (std::size_t k = 0; k < cn.size(); ++k) nll_delta = nan_max(nll_delta, std::abs(cn[k] - rn[k]));
-            nlohmann::ordered_json e{{"node", c.node()},
-                                     {"mean_nll", json_double(mean_nll(cn))},
-                                     {"perplexity", json_double(ppl)},
-                                     {"delta", json_double(ppl - ref_ppl)},
-                                     {"ratio", json_double(ratio)},
-                                     {"nll_max_abs_delta", json_double(nll_delta)}};
-            if (in.free_running[i]) e["free_running"] = true;  // its own router in every window
+            e.mean_nll = mean_nll(cn);
+            e.perplexity = perplexity_from_nll(cn);
+            e.delta = e.perplexity - r->reference_perplexity;
+            e.ratio = 1.0 + ratio_m1;
+            for (std::size_t k = 0; k < cn.size(); ++k) e.nll_max_abs_delta = nan_max(e.nll_max_abs_delta, std::abs(cn[k] - rn[k]));
+            e.free_running = in.free_running[i];
             if (kld) {
                 const std::vector<std::int32_t> rt = int_vector(ref.view("perplexity.targets")),
                                                 ct = int_vector(c.view("perplexity.targets"));
                 KVASIR_CHECK(rt == ct, ErrorCode::bad_input, "{}: its perplexity targets differ from the reference's",
                              c.origin());
-                e["llamacpp_kl_divergence"] =
-                    to_json(llamacpp_kl_divergence(ref.view("perplexity.logits"), c.view("perplexity.logits"), rt,
-                                                   parse_base_rounding(p.perplexity.base_rounding)));
+                e.llamacpp_kl_divergence = llamacpp_kl_divergence(ref.view("perplexity.logits"), c.view("perplexity.logits"), rt,
+                                                                  parse_base_rounding(p.perplexity.base_rounding));
             }
             return e;
         });
-        return j;
+        return r;
     }
 };
 
 }  // namespace
+
+nlohmann::ordered_json PerplexityResult::Entry::to_json() const {
+    if (error) return json({});
+    nlohmann::ordered_json f{{"mean_nll", json_double(mean_nll)}, {"perplexity", json_double(perplexity)}, {"delta", json_double(delta)},
+                             {"ratio", json_double(ratio)}, {"nll_max_abs_delta", json_double(nll_max_abs_delta)}};
+    if (free_running) f["free_running"] = true;
+    if (llamacpp_kl_divergence) f["llamacpp_kl_divergence"] = kvasir::to_json(*llamacpp_kl_divergence);
+    return json(f);
+}
+
+nlohmann::ordered_json PerplexityResult::to_json() const {
+    nlohmann::ordered_json j{{"reference", reference}, {"predictions", predictions}, {"context", context}, {"scored", scored},
+                             {"routing", routing}, {"reference_mean_nll", json_double(reference_mean_nll)},
+                             {"reference_perplexity", json_double(reference_perplexity)}};
+    if (kl_divergence_base_rounding) j["kl_divergence_base_rounding"] = *kl_divergence_base_rounding;
+    j["results"] = entries_json(results);
+    return j;
+}
 
 const Step& perplexity_step() {
     static const PerplexityAudit s;

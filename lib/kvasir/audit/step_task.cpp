@@ -16,6 +16,7 @@
 // judged on its confidence bound), task.ll_max_abs_delta_max (optional).
 #include "kvasir/audit/audit_plan.hpp"
 #include "kvasir/audit/step.hpp"
+#include "kvasir/audit/step_task.hpp"
 
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/io.hpp"
@@ -129,20 +130,20 @@ public:
         return std::shared_ptr<const TaskPass>(std::move(p));
     }
 
-    nlohmann::ordered_json compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
+    std::shared_ptr<const StepResult> compare(const Protocol& p, const StepNodes& in, Ledger& led, AuditReport&) const override {
         const TaskView rv = read_view(*in.nodes[in.reference]);
         const TaskScores rs = score_task(rv.ll, rv.items, rv.requests);
         const std::size_t n = rv.items.size();
-        nlohmann::ordered_json j;
-        j["reference"] = in.nodes[in.reference]->node();
-        j["items"] = n;
-        j["routing"] = p.task.router_authority ? "pinned by the reference per request (router authority)"
-                                               : "each node runs its own router (no authority)";
-        j["reference_acc"] = json_double(rs.acc);
-        j["reference_acc_stderr"] = json_double(rs.acc_stderr);
-        j["reference_acc_norm"] = json_double(rs.acc_norm);
-        j["reference_acc_norm_stderr"] = json_double(rs.acc_norm_stderr);
-        j["results"] = for_each_candidate(in, led, "task", [&](std::size_t i) {
+        auto r = std::make_shared<TaskResult>();
+        r->reference = in.nodes[in.reference]->node();
+        r->items = static_cast<std::int64_t>(n);
+        r->routing = p.task.router_authority ? "pinned by the reference per request (router authority)"
+                                             : "each node runs its own router (no authority)";
+        r->reference_acc = rs.acc;
+        r->reference_acc_stderr = rs.acc_stderr;
+        r->reference_acc_norm = rs.acc_norm;
+        r->reference_acc_norm_stderr = rs.acc_norm_stderr;
+        r->results = for_each_candidate<TaskResult::Entry>(in, led, "task", [&](std::size_t i) {
             const NodeOutputs& c = *in.nodes[i];
             const TaskView cv = read_view(c);
             KVASIR_CHECK(cv.ll.size() == n, ErrorCode::bad_input, "{}: {} task items, the reference has {}", c.origin(), cv.ll.size(), n);
@@ -154,22 +155,36 @@ public:
             led.measure(i, "task", "task.acc_ratio_min", v.acc_ratio);
             led.measure_rate(i, "task", "task.agreement_min", binomial(v.agree, static_cast<std::int64_t>(n)));
             led.measure(i, "task", "task.ll_max_abs_delta_max", v.ll_max_abs_delta);
-            return nlohmann::ordered_json{{"node", c.node()},
-                                          {"acc", json_double(s.acc)},
-                                          {"acc_stderr", json_double(s.acc_stderr)},
-                                          {"acc_norm", json_double(s.acc_norm)},
-                                          {"acc_norm_stderr", json_double(s.acc_norm_stderr)},
-                                          {"acc_ratio", json_double(v.acc_ratio)},
-                                          {"acc_norm_ratio", json_double(v.acc_norm_ratio)},
-                                          {"agreement", json_double(static_cast<double>(v.agree) / static_cast<double>(n))},
-                                          {"agreement_norm", json_double(static_cast<double>(v.agree_norm) / static_cast<double>(n))},
-                                          {"ll_max_abs_delta", json_double(v.ll_max_abs_delta)}};
+            TaskResult::Entry e;
+            e.acc = s.acc;
+            e.acc_stderr = s.acc_stderr;
+            e.acc_norm = s.acc_norm;
+            e.acc_norm_stderr = s.acc_norm_stderr;
+            e.acc_ratio = v.acc_ratio;
+            e.acc_norm_ratio = v.acc_norm_ratio;
+            e.agreement = static_cast<double>(v.agree) / static_cast<double>(n);
+            e.agreement_norm = static_cast<double>(v.agree_norm) / static_cast<double>(n);
+            e.ll_max_abs_delta = v.ll_max_abs_delta;
+            return e;
         });
-        return j;
+        return r;
     }
 };
 
 }  // namespace
+
+nlohmann::ordered_json TaskResult::Entry::to_json() const {
+    return json({{"acc", json_double(acc)}, {"acc_stderr", json_double(acc_stderr)}, {"acc_norm", json_double(acc_norm)},
+                 {"acc_norm_stderr", json_double(acc_norm_stderr)}, {"acc_ratio", json_double(acc_ratio)},
+                 {"acc_norm_ratio", json_double(acc_norm_ratio)}, {"agreement", json_double(agreement)},
+                 {"agreement_norm", json_double(agreement_norm)}, {"ll_max_abs_delta", json_double(ll_max_abs_delta)}});
+}
+
+nlohmann::ordered_json TaskResult::to_json() const {
+    return {{"reference", reference}, {"items", items}, {"routing", routing}, {"reference_acc", json_double(reference_acc)},
+            {"reference_acc_stderr", json_double(reference_acc_stderr)}, {"reference_acc_norm", json_double(reference_acc_norm)},
+            {"reference_acc_norm_stderr", json_double(reference_acc_norm_stderr)}, {"results", entries_json(results)}};
+}
 
 const Step& task_step() {
     static const TaskAudit s;

@@ -3,6 +3,14 @@
 // percentile plot (the only chart drawn here: the heatmaps and the drift
 // plot come from heatmap_svg.cpp and drift_svg.cpp).
 #include "kvasir/report/audit_html.hpp"
+#include "kvasir/audit/step_decide.hpp"
+#include "kvasir/audit/step_determinism.hpp"
+#include "kvasir/audit/step_drift.hpp"
+#include "kvasir/audit/step_generate.hpp"
+#include "kvasir/audit/step_invariance.hpp"
+#include "kvasir/audit/step_logits.hpp"
+#include "kvasir/audit/step_perplexity.hpp"
+#include "kvasir/audit/step_task.hpp"
 #include "kvasir/core/nonfinite.hpp"
 
 #include "kvasir/backend/capabilities_json.hpp"
@@ -422,19 +430,19 @@ std::string drift_section(const AuditReport& r, std::map<std::string, std::size_
          "depth-1 drift: dashed ∝ √L (independent rounding errors adding up), dotted ∝ L (errors adding coherently). α is the fitted "
          "exponent.</p>\n";
     o += embed_svg(drift_svg(r.drift, style), "drift", "drift against depth");
-    std::map<std::string, const Json*> fits;
-    for (const Json& e : results(r, "drift")) fits[text(e, "node")] = &e;
-    const Json* ds = field(r.steps, "drift");
-    const std::string threshold = ds ? text(*ds, "threshold") : std::string();
+    const DriftResult* res = r.result<DriftResult>("drift");
+    std::map<std::string, const DriftResult::Entry*> fits;
+    if (res != nullptr)
+        for (const DriftResult::Entry& e : res->results) fits[e.node] = &e;
     o += fmt::format("<table class=\"sortable\"><thead><tr><th>node</th><th>α</th><th>r²</th><th>depth 1</th><th>last layer</th><th>first layer "
                      "over {}</th></tr></thead><tbody>\n",
-                     threshold.empty() ? std::string("the step's threshold") : h(threshold));
+                     res == nullptr ? std::string("the step's threshold") : Json(res->threshold).dump());
     for (std::size_t i = 0; i < r.drift.size(); ++i) {
         const DriftSeries& s = r.drift[i];
-        const Json* e = fits.contains(s.node) ? fits[s.node] : nullptr;
-        const Json* fit = e ? field(*e, "fit") : nullptr;
-        const double r2 = fit ? number(*fit, "r2") : kNaN;
-        const double first = e ? number(*e, "first_over") : kNaN;
+        const DriftResult::Entry* e = fits.contains(s.node) ? fits[s.node] : nullptr;
+        const bool measured = e != nullptr && !e->error;
+        const double r2 = measured ? e->fit.r2 : kNaN;
+        const double first = measured ? static_cast<double>(e->first_over) : kNaN;
         o += fmt::format("<tr><td>{}<code>{}</code></td>", series_key(style[i]), h(s.node));
         o += num_td(s.alpha, std::isfinite(s.alpha) ? fmt::format("{:.2f}", s.alpha) : shortest(s.alpha));
         o += num_td(r2, std::isnan(r2) ? "—" : fmt::format("{:.3f}", r2));
@@ -554,32 +562,33 @@ std::string error_row(const Json& e, int columns) {
                        h(text(e, "node")), columns - 1, h(text(e, "error")));
 }
 
+std::string error_row(const NodeEntry& e, int columns) {
+    return fmt::format("<tr class=\"v-err\"><td><code>{}</code></td><td colspan=\"{}\"><span class=\"fail\">error</span>: {}</td></tr>\n",
+                       h(e.node), columns - 1, h(e.error.value_or("")));
+}
+
 std::string logits_section(const AuditReport& r, std::map<std::string, std::size_t>& styles) {
-    const Json& res = results(r, "logits");
-    if (res.empty()) return {};
-    const Json& step = *field(r.steps, "logits");
+    const LogitsResult* res = r.result<LogitsResult>("logits");
+    if (res == nullptr || res->results.empty()) return {};
     std::string o = "<section id=\"logits\">\n<h2>Logits</h2>\n";
     o += fmt::format("<p class=\"note\">{} positions, routing pinned by the reference. KL(P_ref ‖ P_cand) per position in nats; "
                      "L∞ and L2 of the logit difference.</p>\n",
-                     h(text(step, "positions")));
+                     res->positions);
     std::vector<KlSeries> series;
     std::string rows;
-    for (const Json& e : res) {
-        if (field(e, "error")) {
+    for (const LogitsResult::Entry& e : res->results) {
+        if (e.error) {
             rows += error_row(e, 9);
             continue;
         }
-        const Json* kl = field(e, "kl");
-        const Json* linf = field(e, "linf");
-        const Json* l2 = field(e, "l2");
         KlSeries s;
-        s.node = text(e, "node");
+        s.node = e.node;
         s.style = style_of(styles, s.node);
-        const std::array<const char*, 6> keys = {"min", "median", "p90", "p99", "p999", "max"};
-        for (std::size_t i = 0; i < keys.size(); ++i) s.v[i] = kl ? number(*kl, keys[i]) : kNaN;
+        s.v = e.kl ? std::array<double, 6>{e.kl->min, e.kl->median, e.kl->p90, e.kl->p99, e.kl->p999, e.kl->max}
+                   : std::array<double, 6>{kNaN, kNaN, kNaN, kNaN, kNaN, kNaN};
         rows += fmt::format("<tr><td>{}<code>{}</code></td>", series_key(s.style), h(s.node));
-        for (std::size_t i = 1; i < keys.size(); ++i) rows += num_td(s.v[i], fmt_sci(s.v[i]));
-        const double mean = kl ? number(*kl, "mean") : kNaN, lm = linf ? number(*linf, "max") : kNaN, l2m = l2 ? number(*l2, "max") : kNaN;
+        for (std::size_t i = 1; i < s.v.size(); ++i) rows += num_td(s.v[i], fmt_sci(s.v[i]));
+        const double mean = e.kl ? e.kl->mean : kNaN, lm = e.linf ? e.linf->max : kNaN, l2m = e.l2 ? e.l2->max : kNaN;
         rows += num_td(mean, fmt_sci(mean)) + num_td(lm, fmt_sci(lm)) + num_td(l2m, fmt_sci(l2m)) + "</tr>\n";
         series.push_back(std::move(s));
     }
@@ -596,52 +605,46 @@ std::string logits_section(const AuditReport& r, std::map<std::string, std::size
     return o;
 }
 
-std::string rate_cell(const Json* b) {
-    if (b == nullptr || !b->is_object()) return "<td class=\"note\">—</td>";
-    const double rate = number(*b, "rate"), sigma = number(*b, "sigma");
-    return fmt::format("<td class=\"num\" data-v=\"{}\">{} <span class=\"note\">({}/{} ± {})</span></td>", std::isfinite(rate) ? shortest(rate) : "0",
-                       fmt_rate(rate), h(text(*b, "successes")), h(text(*b, "n")), fmt_rate(sigma));
+std::string rate_cell(const std::optional<Fraction>& b) {
+    if (!b) return "<td class=\"note\">—</td>";
+    return fmt::format("<td class=\"num\" data-v=\"{}\">{} <span class=\"note\">({}/{} ± {})</span></td>", std::isfinite(b->rate) ? shortest(b->rate) : "0",
+                       fmt_rate(b->rate), b->successes, b->n, fmt_rate(b->sigma));
 }
 
 std::string decide_section(const AuditReport& r) {
-    const Json& res = results(r, "decide");
-    if (res.empty()) return {};
-    const Json& step = *field(r.steps, "decide");
+    const DecisionResult* res = r.result<DecisionResult>("decide");
+    if (res == nullptr || res->results.empty()) return {};
     std::string o = "<section id=\"decide\">\n<h2>Decisions: top-1 and routing agreement</h2>\n";
-    if (text(step, "moe_layers") == "0") {  // a dense model: no router, top-1 only
+    if (res->moe_layers == 0) {  // a dense model: no router, top-1 only
         o += "<p class=\"note\">No MoE layers: the model has no router, so routing agreement and border tokens do not apply "
              "(not judged). Top-1 agreement of the final logits only.</p>\n";
         o += "<table class=\"sortable\"><thead><tr><th>node</th><th>top-1, router pinned</th><th>top-1, own router</th></tr></thead><tbody>\n";
-        for (const Json& e : res)
-            o += field(e, "error") ? error_row(e, 3)
-                                   : fmt::format("<tr><td><code>{}</code></td>", h(text(e, "node"))) + rate_cell(field(e, "top1_pinned")) +
-                                         rate_cell(field(e, "top1_free")) + "</tr>\n";
+        for (const DecisionResult::Entry& e : res->results)
+            o += e.error ? error_row(e, 3)
+                         : fmt::format("<tr><td><code>{}</code></td>", h(e.node)) + rate_cell(e.top1_pinned) + rate_cell(e.top1_free) + "</tr>\n";
         return o + "</tbody></table>\n</section>\n";
     }
     o += fmt::format("<p class=\"note\">{}. {} MoE layers; a border token has its k-th and (k+1)-th router scores within {} of each other, "
                      "where a flip is rounding, not a difference.</p>\n",
-                     h(text(step, "compared")), h(text(step, "moe_layers")), h(text(step, "border")));
+                     h(res->compared), res->moe_layers, Json(res->border).dump());
     o += "<table class=\"sortable\"><thead><tr><th>node</th><th>top-1, router pinned</th><th>top-1, own router</th><th>exact expert set, own router</th>"
          "<th>border tokens flipped</th><th>other tokens flipped</th></tr></thead><tbody>\n";
-    for (const Json& e : res) {
-        if (field(e, "error")) {
+    for (const DecisionResult::Entry& e : res->results) {
+        if (e.error) {
             o += error_row(e, 6);
             continue;
         }
-        o += fmt::format("<tr><td><code>{}</code></td>", h(text(e, "node")));
-        o += rate_cell(field(e, "top1_pinned")) + rate_cell(field(e, "top1_free"));
-        const Json* rf = field(e, "routing_free");
-        if (rf && rf->is_object()) {
-            const double rate = number(*rf, "exact_match_rate");
+        o += fmt::format("<tr><td><code>{}</code></td>", h(e.node));
+        o += rate_cell(e.top1_pinned) + rate_cell(e.top1_free);
+        if (const auto& rf = e.routing_free) {
+            const double rate = rf->exact_match_rate;
             o += fmt::format("<td class=\"num\" data-v=\"{}\">{} <span class=\"note\">({}/{} rows)</span></td>", std::isfinite(rate) ? shortest(rate) : "0",
-                             fmt_rate(rate), h(text(*rf, "exact_matches")), h(text(*rf, "rows")));
+                             fmt_rate(rate), rf->exact_matches, rf->rows);
         } else {
-            o += "<td class=\"note\">" + h(rf ? scalar_text(*rf) : "—") + "</td>";
+            o += "<td class=\"note\">" + h(e.routing_free_note.value_or("—")) + "</td>";
         }
-        const Json* b = field(e, "border");
-        if (b && b->is_object())
-            o += fmt::format("<td class=\"num\">{} of {}</td><td class=\"num\">{}</td>", h(text(*b, "border_flipped")), h(text(*b, "border_tokens")),
-                             h(text(*b, "other_flipped")));
+        if (const auto& b = e.border)
+            o += fmt::format("<td class=\"num\">{} of {}</td><td class=\"num\">{}</td>", b->border_flipped, b->border_tokens, b->other_flipped);
         else
             o += "<td>—</td><td>—</td>";
         o += "</tr>\n";
@@ -650,121 +653,109 @@ std::string decide_section(const AuditReport& r) {
     return o;
 }
 
-std::string tokens_html(const Json* tokens, const Json& reference) {
+std::string tokens_html(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& reference) {
     std::string o = "<div class=\"tokens\">";
-    if (tokens && tokens->is_array())
-        for (std::size_t i = 0; i < tokens->size(); ++i) {
-            const bool differs = !reference.is_array() || i >= reference.size() || (*tokens)[i] != reference[i];
-            o += fmt::format("<span{} title=\"position {}{}\">{}</span>", differs ? " class=\"d\"" : "", i, differs ? ": differs" : "",
-                             h((*tokens)[i].dump()));
-        }
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+        const bool differs = i >= reference.size() || tokens[i] != reference[i];
+        o += fmt::format("<span{} title=\"position {}{}\">{}</span>", differs ? " class=\"d\"" : "", i, differs ? ": differs" : "", tokens[i]);
+    }
     return o + "</div>";
 }
 
 std::string generate_section(const AuditReport& r) {
-    const Json& res = results(r, "generate");
-    if (res.empty()) return {};
-    const Json& step = *field(r.steps, "generate");
-    const Json* ref = field(step, "reference_tokens");
-    const Json& ref_tokens = ref ? *ref : Json::array();
+    const GenerationResult* res = r.result<GenerationResult>("generate");
+    if (res == nullptr || res->results.empty()) return {};
+    const std::vector<std::int32_t>& ref_tokens = res->reference_tokens;
     std::string o = "<section id=\"generate\">\n<h2>Generation: first divergence</h2>\n";
-    const Json* ref_text = field(step, "reference_text");
     o += fmt::format("<p class=\"note\">Greedy continuation of {} new tokens on each node's own router, against the reference's. Shown as "
                      "token ids{}. Tokens that differ from the reference's are boxed, underlined and bold.</p>\n",
-                     h(text(step, "new_tokens")),
-                     ref_text ? " and as text (the model's tokenizer.json)" : " (the model has no tokenizer.json: no decoded text)");
-    const auto decoded = [](const Json* t) {
-        return t && t->is_string() ? fmt::format("<div class=\"note\">“{}”</div>", h(t->get<std::string>())) : std::string();
+                     res->new_tokens,
+                     res->reference_text ? " and as text (the model's tokenizer.json)" : " (the model has no tokenizer.json: no decoded text)");
+    const auto decoded = [](const std::optional<std::string>& t) {
+        return t ? fmt::format("<div class=\"note\">“{}”</div>", h(*t)) : std::string();
     };
     o += "<table><thead><tr><th>node</th><th>first divergence</th><th>teacher-forced divergences</th><th>continuation</th></tr></thead><tbody>\n";
     o += fmt::format("<tr class=\"v-ref\"><td><code>{}</code> <span class=\"note\">reference</span></td><td>—</td><td>—</td><td>{}</td></tr>\n",
-                     h(text(step, "reference")), tokens_html(&ref_tokens, ref_tokens) + decoded(ref_text));
-    for (const Json& e : res) {
-        if (field(e, "error")) {
+                     h(res->reference), tokens_html(ref_tokens, ref_tokens) + decoded(res->reference_text));
+    for (const GenerationResult::Entry& e : res->results) {
+        if (e.error) {
             o += error_row(e, 4);
             continue;
         }
-        const double first = number(e, "first_divergence");
-        std::string where = first < 0 ? "none" : fmt::format("token {:.0f}", first);
-        if (first >= 0 && field(e, "ref_margin_at_divergence"))
-            where += fmt::format(" <span class=\"note\">(top-2 logit margin there: reference {}, node {})</span>", fmt_sci(number(e, "ref_margin_at_divergence")),
-                                 fmt_sci(number(e, "cand_margin_at_divergence")));
-        o += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td class=\"num\">{}</td><td>{}</td></tr>\n", h(text(e, "node")), where,
-                         h(text(e, "teacher_forced_divergences")), tokens_html(field(e, "tokens"), ref_tokens) + decoded(field(e, "text")));
+        const std::int64_t first = e.first_divergence;
+        std::string where = first < 0 ? "none" : fmt::format("token {}", first);
+        if (first >= 0 && e.ref_margin_at_divergence && e.cand_margin_at_divergence)
+            where += fmt::format(" <span class=\"note\">(top-2 logit margin there: reference {}, node {})</span>", fmt_sci(*e.ref_margin_at_divergence),
+                                 fmt_sci(*e.cand_margin_at_divergence));
+        const std::string forced =
+            e.teacher_forced_divergence_steps ? std::to_string(e.teacher_forced_divergence_steps->size()) : std::string();
+        o += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td class=\"num\">{}</td><td>{}</td></tr>\n", h(e.node), where, forced,
+                         tokens_html(e.tokens, ref_tokens) + decoded(e.text));
     }
     o += "</tbody></table>\n</section>\n";
     return o;
 }
 
 std::string task_section(const AuditReport& r) {
-    const Json& res = results(r, "task");
-    if (res.empty()) return {};
-    const Json& step = *field(r.steps, "task");
+    const TaskResult* res = r.result<TaskResult>("task");
+    if (res == nullptr || res->results.empty()) return {};
     std::string o = "<section id=\"task\">\n<h2>Task score</h2>\n";
     o += fmt::format("<p class=\"note\">{} multiple-choice items scored by log-likelihood (lm-evaluation-harness's acc and acc_norm, "
-                     "± the standard error); the reference scores acc {:.4f} ± {:.4f}, acc_norm {:.4f} ± {:.4f}.</p>\n",
-                     h(text(step, "items")), number(step, "reference_acc"), number(step, "reference_acc_stderr"),
-                     number(step, "reference_acc_norm"), number(step, "reference_acc_norm_stderr"));
+                     "± the standard error); the reference scores acc {} ± {}, acc_norm {} ± {}.</p>\n",
+                     res->items, fmt_fixed(res->reference_acc, 4), fmt_fixed(res->reference_acc_stderr, 4), fmt_fixed(res->reference_acc_norm, 4),
+                     fmt_fixed(res->reference_acc_norm_stderr, 4));
     o += "<table class=\"sortable\"><thead><tr><th>node</th><th>acc</th><th>acc_norm</th><th>acc ratio to the reference</th>"
          "<th>same answer as the reference</th><th>max |Δ log-likelihood|</th></tr></thead><tbody>\n";
-    for (const Json& e : res) {
-        if (field(e, "error")) {
+    for (const TaskResult::Entry& e : res->results) {
+        if (e.error) {
             o += error_row(e, 6);
             continue;
         }
-        const double acc = number(e, "acc"), accn = number(e, "acc_norm"), ratio = number(e, "acc_ratio"),
-                     agree = number(e, "agreement"), dll = number(e, "ll_max_abs_delta");
-        o += fmt::format("<tr><td><code>{}</code></td>", h(text(e, "node"))) +
-             num_td(acc, fmt::format("{:.4f} ± {:.4f}", acc, number(e, "acc_stderr"))) +
-             num_td(accn, fmt::format("{:.4f} ± {:.4f}", accn, number(e, "acc_norm_stderr"))) + num_td(ratio, fmt::format("{:.6f}", ratio)) +
-             num_td(agree, fmt::format("{:.4f}", agree)) + num_td(dll, fmt_sci(dll)) + "</tr>\n";
+        o += fmt::format("<tr><td><code>{}</code></td>", h(e.node)) +
+             num_td(e.acc, fmt_fixed(e.acc, 4) + " ± " + fmt_fixed(e.acc_stderr, 4)) +
+             num_td(e.acc_norm, fmt_fixed(e.acc_norm, 4) + " ± " + fmt_fixed(e.acc_norm_stderr, 4)) +
+             num_td(e.acc_ratio, fmt_fixed(e.acc_ratio, 6)) + num_td(e.agreement, fmt_fixed(e.agreement, 4)) +
+             num_td(e.ll_max_abs_delta, fmt_sci(e.ll_max_abs_delta)) + "</tr>\n";
     }
     return o + "</tbody></table>\n</section>\n";
 }
 
 std::string perplexity_section(const AuditReport& r) {
-    const Json& res = results(r, "perplexity");
-    if (res.empty()) return {};
-    const Json& step = *field(r.steps, "perplexity");
-    const double ref_ppl = number(step, "reference_perplexity");
+    const PerplexityResult* res = r.result<PerplexityResult>("perplexity");
+    if (res == nullptr || res->results.empty()) return {};
     std::string o = "<section id=\"perplexity\">\n<h2>Perplexity</h2>\n";
-    o += fmt::format("<p class=\"note\">{} next-token predictions; the reference's perplexity is {}.{}</p>\n",
-                     h(text(step, "predictions")), fmt::format("{:.9g}", ref_ppl),
-                     field(r.steps, "task") ? "" : " No task score: the protocol has no task step.");
+    o += fmt::format("<p class=\"note\">{} next-token predictions; the reference's perplexity is {}.{}</p>\n", res->predictions,
+                     fmt_general(res->reference_perplexity, 9),
+                     r.steps.contains("task") ? "" : " No task score: the protocol has no task step.");
     o += "<table class=\"sortable\"><thead><tr><th>node</th><th>perplexity</th><th>ratio to the reference</th><th>|ratio − 1|</th></tr></thead><tbody>\n";
-    for (const Json& e : res) {
-        if (field(e, "error")) {
+    for (const PerplexityResult::Entry& e : res->results) {
+        if (e.error) {
             o += error_row(e, 4);
             continue;
         }
-        const double ppl = number(e, "perplexity"), ratio = number(e, "ratio");
-        o += fmt::format("<tr><td><code>{}</code></td>", h(text(e, "node")));
-        o += num_td(ppl, fmt::format("{:.6g}", ppl)) + num_td(ratio, fmt::format("{:.9f}", ratio)) +
-             num_td(std::abs(ratio - 1), fmt_sci(std::abs(ratio - 1))) + "</tr>\n";
+        o += fmt::format("<tr><td><code>{}</code></td>", h(e.node));
+        o += num_td(e.perplexity, fmt_general(e.perplexity, 6)) + num_td(e.ratio, fmt_fixed(e.ratio, 9)) +
+             num_td(std::abs(e.ratio - 1), fmt_sci(std::abs(e.ratio - 1))) + "</tr>\n";
     }
     o += "</tbody></table>\n";
     // llama-perplexity --kl-divergence's figures, under its names (metrics/llamacpp_kld.hpp).
     bool any_kld = false;
-    for (const Json& e : res) any_kld = any_kld || field(e, "llamacpp_kl_divergence") != nullptr;
+    for (const PerplexityResult::Entry& e : res->results) any_kld = any_kld || e.llamacpp_kl_divergence.has_value();
     if (any_kld) {
         o += fmt::format("<p class=\"note\">llama-perplexity <code>--kl-divergence</code> statistics against the reference, its "
                          "definitions (base rounding: {}).</p>\n",
-                         h(text(step, "kl_divergence_base_rounding")));
+                         h(res->kl_divergence_base_rounding.value_or("")));
         o += "<table class=\"sortable\"><thead><tr><th>node</th><th>Mean KLD</th><th>99.0% KLD</th><th>Maximum KLD</th>"
              "<th>RMS Δp</th><th>Same top p</th><th>Mean ln(PPL(Q)/PPL(base))</th></tr></thead><tbody>\n";
-        const auto pm = [](const Json& k, const char* key, double scale, const char* unit) {
-            const Json* f = field(k, key);
-            if (f == nullptr) return std::string("<td>—</td>");
-            return fmt::format("<td class=\"num\">{:.6g} ± {:.2g}{}</td>", scale * number(*f, "value"),
-                               scale * number(*f, "uncertainty"), unit);
+        const auto pm = [](const ValueUncertainty& f, double scale, const char* unit) {
+            return fmt::format("<td class=\"num\">{} ± {}{}</td>", fmt_general(scale * f.value, 6), fmt_general(scale * f.uncertainty, 2), unit);
         };
-        for (const Json& e : res) {
-            const Json* k = field(e, "llamacpp_kl_divergence");
-            if (k == nullptr) continue;
-            o += fmt::format("<tr><td><code>{}</code></td>", h(text(e, "node"))) + pm(*k, "Mean KLD", 1, "") +
-                 num_td(number(*k, "99.0% KLD"), fmt_sci(number(*k, "99.0% KLD"))) +
-                 num_td(number(*k, "Maximum KLD"), fmt_sci(number(*k, "Maximum KLD"))) + pm(*k, "RMS Δp", 100, " %") +
-                 pm(*k, "Same top p", 100, " %") + pm(*k, "Mean ln(PPL(Q)/PPL(base))", 1, "") + "</tr>\n";
+        for (const PerplexityResult::Entry& e : res->results) {
+            if (!e.llamacpp_kl_divergence) continue;
+            const LlamaCppKld& k = *e.llamacpp_kl_divergence;
+            o += fmt::format("<tr><td><code>{}</code></td>", h(e.node)) + pm(k.kld, 1, "") +
+                 num_td(k.kld_spread.p99, fmt_sci(k.kld_spread.p99)) + num_td(k.kld_spread.max, fmt_sci(k.kld_spread.max)) +
+                 pm(k.dp_rms, 100, " %") + pm(k.same_top, 100, " %") + pm(k.ln_ppl_ratio, 1, "") + "</tr>\n";
         }
         o += "</tbody></table>\n";
     }
@@ -773,21 +764,18 @@ std::string perplexity_section(const AuditReport& r) {
 }
 
 std::string determinism_section(const AuditReport& r) {
-    const Json& res = results(r, "determinism", "nodes");
-    if (res.empty()) return {};
-    const Json& step = *field(r.steps, "determinism");
+    const DeterminismResult* res = r.result<DeterminismResult>("determinism");
+    if (res == nullptr || res->nodes.empty()) return {};
     std::string o = "<section id=\"determinism\">\n<h2>Determinism</h2>\n";
-    o += fmt::format("<p class=\"note\">{} runs per node: {}.</p>\n", h(text(step, "repeats")), h(text(step, "compared")));
+    o += fmt::format("<p class=\"note\">{} runs per node: {}.</p>\n", res->repeats, h(res->compared));
     o += "<table><thead><tr><th>node</th><th>bit-identical</th><th>run-to-run max rel</th><th>routing rows differing</th></tr></thead><tbody>\n";
-    for (const Json& e : res) {
-        if (field(e, "error")) {
+    for (const DeterminismResult::Entry& e : res->nodes) {
+        if (e.error) {
             o += error_row(e, 4);
             continue;
         }
-        const Json* bit = field(e, "bit_identical");
-        const bool same = bit && bit->is_boolean() && bit->get<bool>();
-        const double rel = number(e, "run_to_run_max_rel"), rows = number(e, "routing_rows_differing");
-        o += fmt::format("<tr><td><code>{}</code></td><td>{}</td>", h(text(e, "node")), same ? "yes" : "<span class=\"fail\">no</span>");
+        const double rel = e.run_to_run_max_rel.value_or(kNaN), rows = e.routing_rows_differing.value_or(kNaN);
+        o += fmt::format("<tr><td><code>{}</code></td><td>{}</td>", h(e.node), e.bit_identical.value_or(false) ? "yes" : "<span class=\"fail\">no</span>");
         o += num_td(rel, fmt_sci(rel)) + num_td(rows, std::isnan(rows) ? "—" : fmt::format("{:.0f}", rows)) + "</tr>\n";
     }
     o += "</tbody></table>\n</section>\n";
@@ -795,87 +783,99 @@ std::string determinism_section(const AuditReport& r) {
 }
 
 // A self-comparison cell: "identical" or the guarded max_rel, in red.
-std::string self_td(const Json& e, const char* key) {
-    const double v = number(e, key);
+std::string self_td(double v) {
     if (v == 0.0) return "<td>identical</td>";
     return fmt::format("<td class=\"num\"><span class=\"fail\">{}</span></td>", std::isnan(v) ? "NaN" : fmt_sci(v));
 }
 
 std::string invariance_section(const AuditReport& r) {
-    const Json& res = results(r, "invariance", "nodes");
-    if (res.empty()) return {};
-    const Json& step = *field(r.steps, "invariance");
+    const InvarianceResult* res = r.result<InvarianceResult>("invariance");
+    if (res == nullptr || res->nodes.empty()) return {};
     std::string o = "<section id=\"invariance\">\n<h2>Invariance</h2>\n";
     o += fmt::format("<p class=\"note\">Each node against itself ({}): a row alone vs among {} rows; the sequence of {} tokens alone "
                      "vs in a batch of B; one prefill vs token-by-token decode; {} identical requests decoding {} tokens. "
                      "Guarded max rel; identical = the same bits.</p>\n",
-                     h(text(step, "compared")), h(text(step, "op_rows")), h(text(step, "tokens")), h(text(step, "repeats")),
-                     h(text(step, "decode")));
+                     h(res->compared), res->op_rows, res->tokens, res->repeats, res->decode);
     o += "<table><thead><tr><th>node</th><th>matmul row</th><th>softmax row</th><th>rmsnorm row</th>";
     int columns = 6;
-    if (const Json* sizes = field(step, "batch_sizes"))
-        for (const Json& b : *sizes) {
-            o += fmt::format("<th>B = {}</th>", h(b.dump()));
-            ++columns;
-        }
+    for (const std::int64_t b : res->batch_sizes) {
+        o += fmt::format("<th>B = {}</th>", b);
+        ++columns;
+    }
     o += "<th>prefill vs decode</th><th>unique outputs (bits / tokens)</th></tr></thead><tbody>\n";
-    for (const Json& e : res) {
-        if (field(e, "error")) {
+    for (const InvarianceResult::Entry& e : res->nodes) {
+        if (e.error) {
             o += error_row(e, columns);
             continue;
         }
-        o += fmt::format("<tr><td><code>{}</code></td>", h(text(e, "node")));
-        const Json* ops = field(e, "ops");
-        for (const char* op : {"matmul", "softmax", "rmsnorm"}) o += ops ? self_td(*ops, op) : "<td>—</td>";
-        if (const Json* batch = field(e, "batch"))
-            for (const Json& b : *batch) o += self_td(b, "max_rel");
-        if (const Json* pd = field(e, "prefill_decode")) o += self_td(*pd, "max_rel");
-        if (const Json* rep = field(e, "repeat")) {
-            const double bits = number(*rep, "unique_outputs"), tokens = number(*rep, "unique_token_sequences");
-            o += fmt::format("<td class=\"num\">{}{:.0f} / {:.0f} of {}{}</td>", bits == 1.0 ? "" : "<span class=\"fail\">", bits,
-                             tokens, h(text(*rep, "of")), bits == 1.0 ? "" : "</span>");
+        o += fmt::format("<tr><td><code>{}</code></td>", h(e.node));
+        for (const char* op : {"matmul", "softmax", "rmsnorm"}) {
+            std::optional<double> v;
+            if (e.ops)
+                for (const auto& [name, rel] : *e.ops)
+                    if (name == op) v = rel;
+            o += !e.ops ? "<td>—</td>" : self_td(v.value_or(kNaN));
         }
+        for (const InvarianceResult::Batch& b : e.batch) o += self_td(b.max_rel);
+        o += self_td(e.prefill_decode_max_rel);
+        const double bits = e.unique_outputs, tokens = e.unique_token_sequences;
+        o += fmt::format("<td class=\"num\">{}{:.0f} / {:.0f} of {}{}</td>", bits == 1.0 ? "" : "<span class=\"fail\">", bits, tokens, e.of,
+                         bits == 1.0 ? "" : "</span>");
         o += "</tr>\n";
     }
     o += "</tbody></table>\n</section>\n";
     return o;
 }
 
-// A step this page has no section of its own for (one registered from its
-// own file: audit/step.hpp register_step): its per-node entries as a table,
-// a column per field they carry.
+std::map<std::string, StepHtmlRenderer>& html_renderers() {
+    static std::map<std::string, StepHtmlRenderer> r;
+    return r;
+}
+
+// A registered step's entries as a table, a column per field they carry
+// (its JSON section: what a step without an HTML section of its own shows).
+std::string entries_table(const Json& res) {
+    std::vector<std::string> columns;
+    for (const Json& e : res)
+        for (const auto& [key, v] : e.items())
+            if (key != "node" && key != "error" && std::find(columns.begin(), columns.end(), key) == columns.end()) columns.push_back(key);
+    std::string o = "<table class=\"sortable\"><thead><tr><th>node</th>";
+    for (const std::string& c : columns) o += "<th>" + h(c) + "</th>";
+    o += "</tr></thead><tbody>\n";
+    for (const Json& e : res) {
+        if (field(e, "error")) {
+            o += error_row(e, static_cast<int>(columns.size()) + 1);
+            continue;
+        }
+        o += fmt::format("<tr><td><code>{}</code></td>", h(text(e, "node")));
+        for (const std::string& c : columns) {
+            const Json* v = field(e, c.c_str());
+            if (v != nullptr && (v->is_number() || (v->is_string() && !std::isnan(number(v)))))
+                o += num_td(number(v), fmt_sci(number(v)));
+            else
+                o += "<td>" + h(v == nullptr ? std::string() : v->is_primitive() ? scalar_text(*v) : v->dump()) + "</td>";
+        }
+        o += "</tr>\n";
+    }
+    return o + "</tbody></table>\n";
+}
+
+// The steps beyond the built-in ones (registered from their own files:
+// audit/step.hpp register_step): each its own section, by its registered
+// renderer or as a table of its JSON entries.
 std::string registered_step_sections(const AuditReport& r) {
     static const std::set<std::string> own = {"ops",         "drift",      "logits",   "decide",   "generate", "perplexity",
                                               "task",        "determinism", "invariance", "captures", "isolation"};
     std::string o;
     for (const auto& [name, step] : r.steps.items()) {
         if (own.count(name) != 0 || !step.is_object()) continue;
-        const Json& res = results(r, name.c_str());
-        std::vector<std::string> columns;
-        for (const Json& e : res)
-            for (const auto& [key, v] : e.items())
-                if (key != "node" && key != "error" && std::find(columns.begin(), columns.end(), key) == columns.end()) columns.push_back(key);
         o += fmt::format("<section id=\"step-{0}\">\n<h2>Step <code>{0}</code></h2>\n<p class=\"note\">reference <code>{1}</code></p>\n",
                          h(name), h(text(step, "reference")));
-        o += "<table class=\"sortable\"><thead><tr><th>node</th>";
-        for (const std::string& c : columns) o += "<th>" + h(c) + "</th>";
-        o += "</tr></thead><tbody>\n";
-        for (const Json& e : res) {
-            if (field(e, "error")) {
-                o += error_row(e, static_cast<int>(columns.size()) + 1);
-                continue;
-            }
-            o += fmt::format("<tr><td><code>{}</code></td>", h(text(e, "node")));
-            for (const std::string& c : columns) {
-                const Json* v = field(e, c.c_str());
-                if (v != nullptr && (v->is_number() || (v->is_string() && !std::isnan(number(v)))))
-                    o += num_td(number(v), fmt_sci(number(v)));
-                else
-                    o += "<td>" + h(v == nullptr ? std::string() : v->is_primitive() ? scalar_text(*v) : v->dump()) + "</td>";
-            }
-            o += "</tr>\n";
-        }
-        o += "</tbody></table>\n</section>\n";
+        const auto render = html_renderers().find(name);
+        const auto result = r.results.find(name);
+        o += render != html_renderers().end() && result != r.results.end() ? render->second(*result->second)
+                                                                              : entries_table(results(r, name.c_str()));
+        o += "</section>\n";
     }
     return o;
 }
@@ -961,6 +961,10 @@ std::string audit_html(const AuditReport& r, const HtmlStamp& stamp) {
     return page(fmt::format("kvasir-equiv {}: {} — {}", from_captures ? "compare" : "audit", r.model.value("path", std::string("model")),
                             r.protocol.id),
                 body);
+}
+
+void register_step_html(const std::string& step, StepHtmlRenderer render) {
+    KVASIR_CHECK(html_renderers().emplace(step, render).second, ErrorCode::internal, "step '{}' has an HTML section already", step);
 }
 
 std::string matrix_html(const OpsReport& r, const nlohmann::ordered_json& model, const HtmlStamp& stamp) {

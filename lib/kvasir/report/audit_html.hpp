@@ -19,8 +19,9 @@
 // routing agreement; generation (first divergence, the continuation as token
 // ids with divergent tokens marked, and decoded where the model has a
 // tokenizer.json); perplexity; the task score (a protocol with a task step);
-// determinism; every criterion of every node (collapsible); the tolerances
-// with their `why`. A section whose step the report lacks (a compare of
+// determinism; invariance; each registered step's section; every criterion
+// of every node (collapsible); the tolerances with their `why`. Every step
+// section reads the step's typed result (AuditReport::results). A section whose step the report lacks (a compare of
 // partial captures) is left out. Colours: verdicts in the Okabe–Ito palette,
 // heatmaps in reversed viridis (light = identical, dark = different), plot
 // series in colour and marker shape — all readable without colour.
@@ -46,6 +47,14 @@ struct HtmlStamp {
 // The audit's (or compare's) page. Pure: the same report and stamp give the
 // same bytes. Error(internal) for a pair matrix that is not square.
 std::string audit_html(const AuditReport& report, const HtmlStamp& stamp = {});
+
+// A registered step's HTML section (audit/step.hpp register_step), from its
+// typed result: the markup inside <section id="step-NAME"> under its
+// heading (tables, notes; every text it shows escaped with xml_escape). A
+// registered step without one is shown as a table of its JSON entries.
+// Error(internal) for a step that has one.
+using StepHtmlRenderer = std::string (*)(const StepResult& result);
+void register_step_html(const std::string& step, StepHtmlRenderer render);
 
 // The matrix command's page (it judges nothing): header (`model` as
 // audit_model_json() writes it plus anything the caller adds, the op

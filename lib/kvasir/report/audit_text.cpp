@@ -1,10 +1,15 @@
 #include "kvasir/report/audit_text.hpp"
+#include "kvasir/audit/step_invariance.hpp"
+#include "kvasir/audit/step_perplexity.hpp"
+#include "kvasir/audit/step_task.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
+#include <optional>
 
 namespace kvasir {
 
@@ -44,43 +49,41 @@ std::string render_pair(const PairMatrix& m, const Style& st) {
     return out;
 }
 
-// A self-comparison figure: "bit-identical" or the guarded max_rel.
-std::string self_cell(const nlohmann::ordered_json& v, const Style& st) {
-    if (v.is_number() && v.get<double>() == 0.0) return st.green("identical");
-    if (v.is_number()) return st.yellow(fmt_sci(v.get<double>()));
-    return st.red(v.is_string() ? v.get<std::string>() : "?");
+// A self-comparison figure: "identical" (the same bits) or the guarded max_rel.
+std::string self_cell(double v, const Style& st) {
+    if (v == 0.0) return st.green("identical");
+    if (std::isfinite(v)) return st.yellow(fmt_sci(v));
+    return st.red(fmt_sci(v));
 }
 
 // The invariance step: each node against itself.
 std::string render_invariance(const AuditReport& r, const Style& st) {
-    const auto step = r.steps.find("invariance");
-    if (step == r.steps.end() || !step->contains("nodes")) return "";
+    const InvarianceResult* step = r.result<InvarianceResult>("invariance");
+    if (step == nullptr) return "";
     std::vector<std::string> header{"invariance", "row alone vs batch"};
-    for (const auto& b : step->value("batch_sizes", nlohmann::ordered_json::array()))
-        header.push_back(fmt::format("B={}", b.get<std::int64_t>()));
+    for (const std::int64_t b : step->batch_sizes) header.push_back(fmt::format("B={}", b));
     header.emplace_back("prefill vs decode");
-    header.push_back(fmt::format("unique outputs of {}", step->value("repeats", 0)));
+    header.push_back(fmt::format("unique outputs of {}", step->repeats));
     TextTable t(header);
-    for (const auto& n : (*step)["nodes"]) {
-        std::vector<std::string> row{n.value("node", std::string())};
-        if (n.contains("error")) {
-            row.push_back(st.red("error: " + n["error"].get<std::string>()));
+    for (const InvarianceResult::Entry& n : step->nodes) {
+        std::vector<std::string> row{n.node};
+        if (n.error) {
+            row.push_back(st.red("error: " + *n.error));
             while (row.size() < header.size()) row.emplace_back("");
             t.add_row(row);
             continue;
         }
-        if (!n.contains("ops")) {
+        if (!n.ops) {
             row.push_back(st.dim("—"));  // not measurable on this node (an external runtime's whole graphs)
         } else {
             std::string ops_text;
-            for (const auto& [op, v] : n["ops"].items())
-                if (!v.is_number() || v.get<double>() != 0.0) ops_text += (ops_text.empty() ? "" : " ") + op;
+            for (const auto& [op, v] : *n.ops)
+                if (v != 0.0) ops_text += (ops_text.empty() ? "" : " ") + op;
             row.push_back(ops_text.empty() ? st.green("identical") : st.yellow("differs: " + ops_text));
         }
-        for (const auto& b : n["batch"]) row.push_back(self_cell(b["max_rel"], st));
-        row.push_back(self_cell(n["prefill_decode"]["max_rel"], st));
-        const double bits = n["repeat"]["unique_outputs"].get<double>(),
-                     tokens = n["repeat"]["unique_token_sequences"].get<double>();
+        for (const InvarianceResult::Batch& b : n.batch) row.push_back(self_cell(b.max_rel, st));
+        row.push_back(self_cell(n.prefill_decode_max_rel, st));
+        const double bits = n.unique_outputs, tokens = n.unique_token_sequences;
         const std::string cell = fmt::format("{:g} ({:g} as tokens)", bits, tokens);
         row.push_back(bits == 1.0 ? cell : st.yellow(cell));
         t.add_row(row);
@@ -89,59 +92,64 @@ std::string render_invariance(const AuditReport& r, const Style& st) {
            t.render("  ");
 }
 
+// A figure to show: unset when not finite (the reports write "nan").
+std::optional<double> finite(double v) { return std::isfinite(v) ? std::optional<double>(v) : std::nullopt; }
+
+// A node's entry of a step's results; null when it has none.
+template <class Entry>
+const Entry* entry_of(const std::vector<Entry>& results, const std::string& node) {
+    for (const Entry& e : results)
+        if (e.node == node) return &e;
+    return nullptr;
+}
+
 // Step 6 in one table: each node's perplexity (ratio to the reference's) and,
 // where the protocol has a task, its accuracy and answer agreement.
 std::string render_step6(const AuditReport& r, const Style& st) {
-    const auto ppl = r.steps.find("perplexity");
-    const auto task = r.steps.find("task");
-    const bool has_ppl = ppl != r.steps.end() && ppl->contains("results");
-    const bool has_task = task != r.steps.end() && task->contains("results");
-    if (!has_ppl && !has_task) return "";
+    const PerplexityResult* ppl = r.result<PerplexityResult>("perplexity");
+    const TaskResult* task = r.result<TaskResult>("task");
+    if (ppl == nullptr && task == nullptr) return "";
     std::vector<std::string> header{"step 6"};
-    if (has_ppl) {
+    if (ppl) {
         header.push_back("perplexity");
         header.emplace_back("ratio");
     }
-    if (has_task) {
+    if (task) {
         header.emplace_back("acc ± stderr");
         header.emplace_back("acc_norm ± stderr");
         header.emplace_back("acc ratio");
         header.emplace_back("same answer");
     }
     TextTable t(header);
-    const auto find = [](const nlohmann::ordered_json& results, const std::string& node) -> const nlohmann::ordered_json* {
-        for (const auto& e : results)
-            if (e.value("node", std::string()) == node) return &e;
-        return nullptr;
-    };
-    const auto num = [](const nlohmann::ordered_json* e, const char* key) {
-        return e != nullptr && e->contains(key) && (*e)[key].is_number() ? std::optional<double>((*e)[key].get<double>())
-                                                                         : std::nullopt;
-    };
+    // A figure of a node's entry: unset for a node without one, an entry
+    // holding an error, or a non-finite figure.
+    const auto num = [](const auto* e, double value) { return e != nullptr && !e->error ? finite(value) : std::nullopt; };
     const auto acc_cell = [](std::optional<double> v, std::optional<double> se) {
         return v ? fmt::format("{:.4f} ± {:.4f}", *v, se.value_or(0.0)) : std::string("—");
     };
     for (const NodeVerdict& v : r.nodes) {
         std::vector<std::string> row{v.verdict == Verdict::reference ? v.node + " (ref)" : v.node};
         const bool ref = v.verdict == Verdict::reference;
-        if (has_ppl) {
-            const auto* e = ref ? nullptr : find((*ppl)["results"], v.node);
-            const std::optional<double> p = ref ? num(&*ppl, "reference_perplexity") : num(e, "perplexity");
+        if (ppl) {
+            const PerplexityResult::Entry* e = ref ? nullptr : entry_of(ppl->results, v.node);
+            const std::optional<double> p = ref ? finite(ppl->reference_perplexity) : num(e, e ? e->perplexity : 0.0);
             row.push_back(p ? fmt::format("{:.6g}", *p) : "—");
-            const std::optional<double> ratio = num(e, "ratio");
+            const std::optional<double> ratio = num(e, e ? e->ratio : 0.0);
             row.push_back(ref ? "·" : ratio ? fmt::format("{:.9f}", *ratio) : "—");
         }
-        if (has_task) {
-            const auto* e = ref ? nullptr : find((*task)["results"], v.node);
+        if (task) {
             if (ref) {
-                row.push_back(acc_cell(num(&*task, "reference_acc"), num(&*task, "reference_acc_stderr")));
-                row.push_back(acc_cell(num(&*task, "reference_acc_norm"), num(&*task, "reference_acc_norm_stderr")));
+                row.push_back(acc_cell(finite(task->reference_acc), finite(task->reference_acc_stderr)));
+                row.push_back(acc_cell(finite(task->reference_acc_norm), finite(task->reference_acc_norm_stderr)));
                 row.emplace_back("·");
                 row.emplace_back("·");
             } else {
-                row.push_back(acc_cell(num(e, "acc"), num(e, "acc_stderr")));
-                row.push_back(acc_cell(num(e, "acc_norm"), num(e, "acc_norm_stderr")));
-                const std::optional<double> ratio = num(e, "acc_ratio"), agree = num(e, "agreement");
+                const TaskResult::Entry* e = entry_of(task->results, v.node);
+                const TaskResult::Entry none;
+                const TaskResult::Entry& f = e ? *e : none;
+                row.push_back(acc_cell(num(e, f.acc), num(e, f.acc_stderr)));
+                row.push_back(acc_cell(num(e, f.acc_norm), num(e, f.acc_norm_stderr)));
+                const std::optional<double> ratio = num(e, f.acc_ratio), agree = num(e, f.agreement);
                 row.push_back(ratio ? fmt::format("{:.6f}", *ratio) : "—");
                 row.push_back(agree ? fmt::format("{:.4f}", *agree) : "—");
             }
@@ -149,11 +157,8 @@ std::string render_step6(const AuditReport& r, const Style& st) {
         t.add_row(row);
     }
     std::string title = "Step 6: ";
-    if (has_ppl)
-        title += fmt::format("perplexity over {} predictions", ppl->value("predictions", 0));
-    if (has_task)
-        title += fmt::format("{}task score, {} multiple-choice items (lm-eval acc, acc_norm)", has_ppl ? "; " : "",
-                             task->value("items", 0));
+    if (ppl) title += fmt::format("perplexity over {} predictions", ppl->predictions);
+    if (task) title += fmt::format("{}task score, {} multiple-choice items (lm-eval acc, acc_norm)", ppl ? "; " : "", task->items);
     return "\n" + st.bold(title) + "\n" + t.render("  ");
 }
 

@@ -1,7 +1,7 @@
 // Terminal rendering of one step's section of an audit report — what a step
 // command (kvasir-equiv drift, logits, …: audit/step_view.hpp) prints under
-// the verdicts: the step's figures per node, read from the step's JSON
-// section (the one form of a step's result), and the determinism step's
+// the verdicts: the step's figures per node, read from the step's typed
+// result (AuditReport::results, audit/step_<name>.hpp), and the determinism step's
 // table when the view ran with --repeat. Tables only (TextTable); colour via
 // Style, never needed to read the figures.
 #pragma once
@@ -17,8 +17,9 @@ namespace kvasir {
 std::string render_step_text(const AuditReport& report, const std::string& step, const Style& style);
 
 // A registered step's text section (audit/step.hpp register_step): from its
-// JSON section of the report. Error(internal) for a step that has one.
-using StepTextRenderer = std::string (*)(const nlohmann::ordered_json& section, const Style& style);
+// typed result (the one its compare() returned). Error(internal) for a step
+// that has one.
+using StepTextRenderer = std::string (*)(const StepResult& result, const Style& style);
 void register_step_text(const std::string& step, StepTextRenderer render);
 
 }  // namespace kvasir
