@@ -175,7 +175,7 @@ public:
         r->reference = ref.node();
         r->threshold = threshold;
         r->compared = "‖Δ‖₂/‖ref‖₂ of the residual after each layer: free-running (accumulated) and re-anchored (local), "
-                        "and of each block of the re-anchored layer; routing pinned by the reference in every run";
+                      "and of each block of the re-anchored layer; routing pinned by the reference in every run";
         if (floor) {
             r->floor_node = p.floor;
             r->x_floor = *multiple;

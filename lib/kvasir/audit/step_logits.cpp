@@ -114,8 +114,8 @@ public:
         r->reference = ref.node();
         r->positions = ref.view(ref_full ? "logits.logits" : "logits.top_ids").dim(0);
         r->compared = std::string("per position: L∞ and L2 of the logit delta and KL(P_ref ‖ P_cand) (full rows), "
-                                    "|Δ log p| at the tokens in both top-Ks; the final hidden states' fingerprints; ") +
-                        (p.logits.router_authority ? "routing pinned by the reference" : "each node running its own router");
+                                  "|Δ log p| at the tokens in both top-Ks; the final hidden states' fingerprints; ") +
+                      (p.logits.router_authority ? "routing pinned by the reference" : "each node running its own router");
         std::map<int, CompactRows> ref_top;
         r->results = for_each_candidate<LogitsResult::Entry>(in, led, "logits", [&](std::size_t i) {
             const NodeOutputs& cand = *in.nodes[i];
