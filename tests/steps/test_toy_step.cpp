@@ -50,7 +50,7 @@ constexpr std::int64_t kWidth = 64;
 struct NormResult final : StepResult {
     struct Entry : NodeEntry {
         double max_rel = 0;
-        Json to_json() const { return json({{"max_rel", json_double(max_rel)}}); }
+        Json to_json() const { return json_with({{"max_rel", json_double(max_rel)}}); }
     };
     std::string reference;
     std::vector<Entry> results;

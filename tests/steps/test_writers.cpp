@@ -41,6 +41,7 @@
 #include "kvasir/audit/step_logits.hpp"
 #include "kvasir/audit/step_perplexity.hpp"
 #include "kvasir/audit/verdict.hpp"
+#include "kvasir/report/step_text.hpp"
 #include "kvasir/report/writers.hpp"
 #include "kvasir/report/writers_common.hpp"
 
@@ -838,6 +839,28 @@ TEST(Html, WellFormedSelfContainedWithEveryNodeAndCriterion) {
     const std::string c = audit_html(r);
     EXPECT_NE(c.find("contrast: shown, not gated"), std::string::npos);
     EXPECT_NE(c.find("not gated <span class=\"note\">(contrast; would fail)</span>"), std::string::npos);
+}
+
+// A step command's text section reads the typed result: the figures it
+// holds; a step the reference failed is one line saying so, and the
+// determinism table (--repeat) still follows.
+TEST(StepText, ReadsTheTypedResultAndSaysWhenTheReferenceFailedTheStep) {
+    AuditReport r = report();
+    set_steps(r, {"cpu-ref", "cpu", "cpu:acc=f16"}, 3);
+    const Style plain;
+    const std::string logits = render_step_text(r, "logits", plain);
+    const double e2 = std::pow(10.0, -12.0 + 0.5 * 2);  // node 2's scale in set_steps
+    EXPECT_NE(logits.find("Step 3 — logit divergence  reference cpu-ref"), std::string::npos) << logits;
+    EXPECT_NE(logits.find(fmt_sci(percentiles(e2).p99)), std::string::npos) << logits;   // KL p99
+    EXPECT_NE(logits.find(fmt_sci(percentiles(e2 * 1e4).max)), std::string::npos) << logits;  // L2 max
+    EXPECT_NE(logits.find("Self non-determinism"), std::string::npos) << logits;
+    r.results.erase("drift");
+    r.steps["drift"] = OJ{{"error", "drift step without hidden states"}};
+    const std::string drift = render_step_text(r, "drift", plain);
+    EXPECT_NE(drift.find("drift  not compared: the reference failed: drift step without hidden states"), std::string::npos) << drift;
+    EXPECT_NE(drift.find("Self non-determinism"), std::string::npos) << drift;
+    r.steps.erase("drift");
+    EXPECT_EQ(render_step_text(r, "drift", plain), "");  // a step the report does not hold
 }
 
 TEST(Html, NodeNamesAndMessagesEscapedEverywhere) {

@@ -48,7 +48,7 @@ PairMatrix pair_matrix(const OpsReport& report, const std::string& op) {
     fail(ErrorCode::internal, "step 1 report has no op '{}'", op);
 }
 
-nlohmann::ordered_json NodeEntry::json(const nlohmann::ordered_json& figures) const {
+nlohmann::ordered_json NodeEntry::json_with(const nlohmann::ordered_json& figures) const {
     if (error) return {{"node", node}, {"error", *error}};
     nlohmann::ordered_json j{{"node", node}};
     if (!figures.is_null()) j.update(figures);

@@ -75,8 +75,10 @@ struct NodeEntry {
     std::string node;
     std::optional<std::string> error;
     // {"node", "error"} for an entry holding an error; else {"node"} and then
-    // the members of `figures` (an object), in their order.
-    nlohmann::ordered_json json(const nlohmann::ordered_json& figures) const;
+    // the members of `figures` (an object), in their order. (A self-compared
+    // step's entry, determinism's, keeps the figures measured before its
+    // error: its own to_json.)
+    nlohmann::ordered_json json_with(const nlohmann::ordered_json& figures) const;
 };
 
 struct AuditReport {

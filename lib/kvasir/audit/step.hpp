@@ -22,8 +22,9 @@
 // compare = read + compare. A new step is one file: its Step, its protocol
 // section (read by its plan() from Protocol::section), its criteria
 // (declared_criteria), its typed result and its register_step() call (and a
-// text section where report/step_text.hpp registers one; the HTML report
-// shows a registered step's JSON section as a table).
+// text and an HTML section where report/step_text.hpp and
+// report/audit_html.hpp register them; without one the HTML report shows
+// the step's JSON entries as a table).
 //
 // One failure policy, everywhere (node_failure, core/error.hpp):
 // kvasir::Error other than internal and std::bad_alloc are the NODE's

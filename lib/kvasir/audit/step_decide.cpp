@@ -270,7 +270,7 @@ nlohmann::ordered_json flips_json(const DecisionResult::Flips& f) {
 }  // namespace
 
 nlohmann::ordered_json DecisionResult::Entry::to_json() const {
-    if (error) return json({});
+    if (error) return json_with({});
     nlohmann::ordered_json f;
     if (free_running) f["free_running"] = true;
     if (top1_pinned) f["top1_pinned"] = kvasir::to_json(*top1_pinned);
@@ -292,7 +292,7 @@ nlohmann::ordered_json DecisionResult::Entry::to_json() const {
     }
     if (border) f["border"] = flips_json(*border);
     if (routing_pinned) f["routing_pinned"] = "100% by construction (the authority's routing is imposed)";
-    return json(f);
+    return json_with(f);
 }
 
 nlohmann::ordered_json DecisionResult::to_json() const {

@@ -36,12 +36,15 @@ struct DecisionResult final : StepResult {
         bool free_running = false;          // its own router and decoding: no pinned run
         std::optional<Fraction> top1_pinned;  // routing pinned by the reference (judged)
         std::optional<Fraction> top1_free;    // each its own router
-        // Own routing: its figures, or why there are none ("no MoE layers",
-        // "not exposed by this node"); neither on a dense model's free-running node.
+        // Own routing: its figures, or instead why there are none ("no MoE
+        // layers", "not exposed by this node") — never both; neither on a
+        // dense model's free-running node.
         std::optional<Routing> routing_free;
         std::optional<std::string> routing_free_note;
         std::optional<Flips> border;  // totals, with the reference's router gaps
-        bool routing_pinned = false;  // routing with authority: 100% by construction (figures were measured)
+        // Where its own routing was measured, the JSON adds the line
+        // "routing_pinned": routing under the authority agrees by construction.
+        bool routing_pinned = false;
         nlohmann::ordered_json to_json() const;
     };
     // A border token of the reference: its router gap below `border`.

@@ -176,10 +176,7 @@ public:
         r->threshold = threshold;
         r->compared = "‖Δ‖₂/‖ref‖₂ of the residual after each layer: free-running (accumulated) and re-anchored (local), "
                       "and of each block of the re-anchored layer; routing pinned by the reference in every run";
-        if (floor) {
-            r->floor_node = p.floor;
-            r->x_floor = *multiple;
-        }
+        if (floor) r->localisation_floor = DriftResult::Floor{p.floor, *multiple};
         r->results = for_each_candidate<DriftResult::Entry>(in, led, "drift", [&](std::size_t i) {
             const NodeOutputs& c = *in.nodes[i];
             const std::vector<TensorView> ch = numbered(c, "drift.hidden.");
@@ -232,10 +229,10 @@ public:
             }
             e.fit = fit_power_law(depth, rel);
             e.alpha = growth_alpha(e.fit, rel);
-            e.embedding_rel = relative_l2(rh[0], ch[0]);
             led.measure(i, "drift", "drift.final_rel", rel.empty() ? kNaN : rel.back());
             led.measure(i, "drift", "drift.alpha_max", e.alpha);
             out.drift.push_back(DriftSeries{c.node(), rel, e.alpha});
+            e.embedding_rel = relative_l2(rh[0], ch[0]);  // after the series: a gather of another size errs the entry only
             return e;
         });
         return r;
@@ -245,7 +242,7 @@ public:
 }  // namespace
 
 nlohmann::ordered_json DriftResult::Entry::to_json() const {
-    if (error) return json({});
+    if (error) return json_with({});
     nlohmann::ordered_json lj = nlohmann::ordered_json::array();
     for (const Layer& l : layers) {
         nlohmann::ordered_json j{{"layer", l.layer},
@@ -263,14 +260,14 @@ nlohmann::ordered_json DriftResult::Entry::to_json() const {
     if (const auto& w = localisation)
         where = {{"layer", w->layer}, {"block", w->block}, {"delta", json_double(w->delta)}, {"yardstick", json_double(w->yardstick)},
                  {"rule", w->rule}};
-    return json({{"embedding_rel", json_double(embedding_rel)}, {"layers", std::move(lj)}, {"fit", kvasir::to_json(fit)},
+    return json_with({{"embedding_rel", json_double(embedding_rel)}, {"layers", std::move(lj)}, {"fit", kvasir::to_json(fit)},
                  {"alpha", json_double(alpha)}, {"first_over", first_over}, {"first_over_local", first_over_local},
                  {"localisation", std::move(where)}});
 }
 
 nlohmann::ordered_json DriftResult::to_json() const {
     nlohmann::ordered_json j{{"reference", reference}, {"threshold", threshold}, {"compared", compared}};
-    if (floor_node) j["localisation_floor"] = {{"node", *floor_node}, {"x_floor", x_floor}};
+    if (localisation_floor) j["localisation_floor"] = {{"node", localisation_floor->node}, {"x_floor", localisation_floor->x_floor}};
     j["results"] = entries_json(results);
     return j;
 }

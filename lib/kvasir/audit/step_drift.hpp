@@ -41,9 +41,13 @@ struct DriftResult final : StepResult {
     std::string reference;
     double threshold = 0;
     std::string compared;  // one line: what is compared
-    // The floor node whose block deltas × x_floor are the yardstick.
-    std::optional<std::string> floor_node;
-    double x_floor = 0;
+    // The floor node whose block deltas × x_floor are the localisation's
+    // yardstick (drift.final_rel written relative to a floor that ran).
+    struct Floor {
+        std::string node;
+        double x_floor = 0;
+    };
+    std::optional<Floor> localisation_floor;
     std::vector<Entry> results;
     nlohmann::ordered_json to_json() const override;
 };

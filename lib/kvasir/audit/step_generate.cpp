@@ -149,7 +149,7 @@ public:
 }  // namespace
 
 nlohmann::ordered_json GenerationResult::Entry::to_json() const {
-    if (error) return json({});
+    if (error) return json_with({});
     nlohmann::ordered_json f{{"first_divergence", first_divergence}, {"tokens", tokens}};
     if (text) f["text"] = *text;
     if (teacher_forced_divergence_steps)
@@ -158,7 +158,7 @@ nlohmann::ordered_json GenerationResult::Entry::to_json() const {
     if (free_running) f["free_running"] = true;
     if (ref_margin_at_divergence) f["ref_margin_at_divergence"] = json_double(*ref_margin_at_divergence);
     if (cand_margin_at_divergence) f["cand_margin_at_divergence"] = json_double(*cand_margin_at_divergence);
-    return json(f);
+    return json_with(f);
 }
 
 nlohmann::ordered_json GenerationResult::to_json() const {

@@ -231,7 +231,7 @@ public:
             e.first_differing_position = pd[2];
             e.unique_outputs = rep[1];
             e.unique_token_sequences = rep[0];
-            e.of = s.repeats;
+            e.requests = s.repeats;
         });
         return r;
     }
@@ -240,7 +240,7 @@ public:
 }  // namespace
 
 nlohmann::ordered_json InvarianceResult::Entry::to_json() const {
-    if (error) return json({});  // a node's tensors that gave an error have no figures
+    if (error) return json_with({});  // a node's tensors that gave an error have no figures
     nlohmann::ordered_json f;
     if (ops) {
         nlohmann::ordered_json o;
@@ -254,8 +254,8 @@ nlohmann::ordered_json InvarianceResult::Entry::to_json() const {
     f["batch"] = std::move(bj);
     f["prefill_decode"] = {{"max_rel", json_double(prefill_decode_max_rel)}, {"max_abs", json_double(prefill_decode_max_abs)},
                            {"first_differing_position", first_differing_position}, {"bit_identical", first_differing_position < 0}};
-    f["repeat"] = {{"unique_outputs", unique_outputs}, {"unique_token_sequences", unique_token_sequences}, {"of", of}};
-    return json(f);
+    f["repeat"] = {{"unique_outputs", unique_outputs}, {"unique_token_sequences", unique_token_sequences}, {"of", requests}};
+    return json_with(f);
 }
 
 nlohmann::ordered_json InvarianceResult::to_json() const {

@@ -25,10 +25,12 @@ struct InvarianceResult final : StepResult {
         // runs whole graphs).
         std::optional<std::vector<std::pair<std::string, double>>> ops;
         std::vector<Batch> batch;
+        // Counts and positions are doubles as the capture stores them (f64
+        // tensors) and the JSON has always written them.
         double prefill_decode_max_rel = 0, prefill_decode_max_abs = 0;
         double first_differing_position = -1;  // of prefill vs decode; −1: none
-        double unique_outputs = 0, unique_token_sequences = 0;  // among `repeats` identical requests
-        std::int64_t of = 0;                                   // the requests
+        double unique_outputs = 0, unique_token_sequences = 0;  // among `requests` identical requests
+        std::int64_t requests = 0;                             // the JSON's repeat.of
         nlohmann::ordered_json to_json() const;
     };
     std::int64_t tokens = 0;

@@ -180,7 +180,7 @@ public:
 }  // namespace
 
 nlohmann::ordered_json LogitsResult::Entry::to_json() const {
-    if (error) return json({});
+    if (error) return json_with({});
     nlohmann::ordered_json f;
     if (linf) f["linf"] = kvasir::to_json(*linf);
     if (l2) f["l2"] = kvasir::to_json(*l2);
@@ -190,7 +190,7 @@ nlohmann::ordered_json LogitsResult::Entry::to_json() const {
     f.update({{"top_logprob_delta", kvasir::to_json(top_logprob_delta)}, {"top_k", top_k}});
     if (fingerprint_rel) f["fingerprint_rel"] = kvasir::to_json(*fingerprint_rel);
     if (free_running) f["free_running"] = true;
-    return json(f);
+    return json_with(f);
 }
 
 nlohmann::ordered_json LogitsResult::to_json() const {

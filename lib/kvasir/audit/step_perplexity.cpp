@@ -127,12 +127,12 @@ public:
 }  // namespace
 
 nlohmann::ordered_json PerplexityResult::Entry::to_json() const {
-    if (error) return json({});
+    if (error) return json_with({});
     nlohmann::ordered_json f{{"mean_nll", json_double(mean_nll)}, {"perplexity", json_double(perplexity)}, {"delta", json_double(delta)},
                              {"ratio", json_double(ratio)}, {"nll_max_abs_delta", json_double(nll_max_abs_delta)}};
     if (free_running) f["free_running"] = true;
     if (llamacpp_kl_divergence) f["llamacpp_kl_divergence"] = kvasir::to_json(*llamacpp_kl_divergence);
-    return json(f);
+    return json_with(f);
 }
 
 nlohmann::ordered_json PerplexityResult::to_json() const {

@@ -174,7 +174,7 @@ public:
 }  // namespace
 
 nlohmann::ordered_json TaskResult::Entry::to_json() const {
-    return json({{"acc", json_double(acc)}, {"acc_stderr", json_double(acc_stderr)}, {"acc_norm", json_double(acc_norm)},
+    return json_with({{"acc", json_double(acc)}, {"acc_stderr", json_double(acc_stderr)}, {"acc_norm", json_double(acc_norm)},
                  {"acc_norm_stderr", json_double(acc_norm_stderr)}, {"acc_ratio", json_double(acc_ratio)},
                  {"acc_norm_ratio", json_double(acc_norm_ratio)}, {"agreement", json_double(agreement)},
                  {"agreement_norm", json_double(agreement_norm)}, {"ll_max_abs_delta", json_double(ll_max_abs_delta)}});

@@ -819,7 +819,7 @@ std::string invariance_section(const AuditReport& r) {
         for (const InvarianceResult::Batch& b : e.batch) o += self_td(b.max_rel);
         o += self_td(e.prefill_decode_max_rel);
         const double bits = e.unique_outputs, tokens = e.unique_token_sequences;
-        o += fmt::format("<td class=\"num\">{}{:.0f} / {:.0f} of {}{}</td>", bits == 1.0 ? "" : "<span class=\"fail\">", bits, tokens, e.of,
+        o += fmt::format("<td class=\"num\">{}{:.0f} / {:.0f} of {}{}</td>", bits == 1.0 ? "" : "<span class=\"fail\">", bits, tokens, e.requests,
                          bits == 1.0 ? "" : "</span>");
         o += "</tr>\n";
     }
@@ -873,8 +873,9 @@ std::string registered_step_sections(const AuditReport& r) {
                          h(name), h(text(step, "reference")));
         const auto render = html_renderers().find(name);
         const auto result = r.results.find(name);
-        o += render != html_renderers().end() && result != r.results.end() ? render->second(*result->second)
-                                                                              : entries_table(results(r, name.c_str()));
+        o += render != html_renderers().end() && result != r.results.end() && result->second != nullptr
+                 ? render->second(*result->second)
+                 : entries_table(results(r, name.c_str()));
         o += "</section>\n";
     }
     return o;

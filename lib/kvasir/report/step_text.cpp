@@ -22,9 +22,6 @@ namespace {
 
 // A figure: "3.5e-10", "nan"; "—" when not measured.
 std::string sci(const std::optional<double>& v) { return v ? fmt_sci(*v) : "—"; }
-// A figure with `digits` decimals (rates, ratios, accuracies).
-std::string fixed(double v, int digits) { return fmt_fixed(v, digits); }
-
 std::string layer_text(std::int64_t l) { return l < 0 ? "none" : fmt::format("layer {}", l); }
 
 std::string section_title(const std::string& name, const std::string& reference, const std::string& compared, const Style& st) {
@@ -203,7 +200,7 @@ std::string perplexity_text(const StepResult& result, const Style& st) {
     t.add_row(ref);
     for (const PerplexityResult::Entry& e : s.results) {
         if (error_row(t, e, header.size(), st)) continue;
-        std::vector<std::string> row{e.node, fmt_sci(e.mean_nll), fmt_sci(e.perplexity), fmt_sci(e.delta), fixed(e.ratio, 9),
+        std::vector<std::string> row{e.node, fmt_sci(e.mean_nll), fmt_sci(e.perplexity), fmt_sci(e.delta), fmt_fixed(e.ratio, 9),
                                      fmt_sci(e.nll_max_abs_delta)};
         if (kld) {
             const auto& k = e.llamacpp_kl_divergence;
@@ -219,14 +216,14 @@ std::string task_text(const StepResult& result, const Style& st) {
     const TaskResult& s = result_as<TaskResult>(result, "task");
     std::string out = section_title("Step 6 — task score", s.reference, "", st);
     out += st.dim(fmt::format("{} multiple-choice items by log-likelihood (lm-eval acc, acc_norm); routing {}", s.items, s.routing)) + "\n";
-    const auto pm = [](double value, double stderr_) { return fmt::format("{} ± {}", fixed(value, 4), fixed(stderr_, 4)); };
+    const auto pm = [](double value, double stderr_) { return fmt::format("{} ± {}", fmt_fixed(value, 4), fmt_fixed(stderr_, 4)); };
     TextTable t({"node", "acc ± stderr", "acc_norm ± stderr", "acc ratio", "acc_norm ratio", "same answer", "max|Δ ll|"});
     t.add_row({s.reference + " (ref)", pm(s.reference_acc, s.reference_acc_stderr), pm(s.reference_acc_norm, s.reference_acc_norm_stderr),
                "·", "·", "·", "·"});
     for (const TaskResult::Entry& e : s.results) {
         if (error_row(t, e, 7, st)) continue;
-        t.add_row({e.node, pm(e.acc, e.acc_stderr), pm(e.acc_norm, e.acc_norm_stderr), fixed(e.acc_ratio, 6), fixed(e.acc_norm_ratio, 6),
-                   fixed(e.agreement, 4), fmt_sci(e.ll_max_abs_delta)});
+        t.add_row({e.node, pm(e.acc, e.acc_stderr), pm(e.acc_norm, e.acc_norm_stderr), fmt_fixed(e.acc_ratio, 6), fmt_fixed(e.acc_norm_ratio, 6),
+                   fmt_fixed(e.agreement, 4), fmt_sci(e.ll_max_abs_delta)});
     }
     return out + t.render("  ");
 }
@@ -259,10 +256,17 @@ void register_step_text(const std::string& step, StepTextRenderer render) {
 }
 
 std::string render_step_text(const AuditReport& r, const std::string& step, const Style& st) {
-    const auto result = r.results.find(step);
     const auto render = renderers().find(step);
-    if (result == r.results.end() || render == renderers().end()) return "";
-    std::string out = render->second(*result->second, st);
+    if (render == renderers().end()) return "";
+    std::string out;
+    if (const auto result = r.results.find(step); result != r.results.end() && result->second != nullptr) {
+        out = render->second(*result->second, st);
+    } else if (const auto failed = r.steps.find(step); failed != r.steps.end() && failed->contains("error")) {
+        // The reference failed the step: nothing was compared (the verdicts say so too).
+        out = "\n" + st.bold(step) + "  " + st.red("not compared: the reference failed: " + failed->value("error", std::string())) + "\n";
+    } else {
+        return "";
+    }
     if (const DeterminismResult* d = r.result<DeterminismResult>("determinism")) out += self_determinism_table(*d, st);
     return out;
 }
