@@ -679,7 +679,6 @@ void set_steps(AuditReport& r, const std::vector<std::string>& nodes, std::size_
     for (const auto& n : nodes) {
         DeterminismResult::Entry de;
         de.node = n;
-        de.bit_identical = true;
         de.run_to_run_max_rel = 0.0;
         de.routing_rows_differing = 0.0;
         det->nodes.push_back(de);

@@ -74,7 +74,6 @@ public:
             const NodeOutputs& n = *in.nodes[i];
             const double worst = n.view("determinism.run_to_run_max_rel").at(0);
             led.measure(i, "determinism", "determinism", worst);
-            e.bit_identical = worst == 0.0;
             e.run_to_run_max_rel = worst;
             if (n.has("determinism.routing_rows_differing")) e.routing_rows_differing = n.view("determinism.routing_rows_differing").at(0);
         });
@@ -86,8 +85,7 @@ public:
 
 nlohmann::ordered_json DeterminismResult::Entry::to_json() const {
     nlohmann::ordered_json e{{"node", node}};
-    if (bit_identical) e["bit_identical"] = *bit_identical;
-    if (run_to_run_max_rel) e["run_to_run_max_rel"] = json_double(*run_to_run_max_rel);
+    if (run_to_run_max_rel) e.update({{"bit_identical", bit_identical()}, {"run_to_run_max_rel", json_double(*run_to_run_max_rel)}});
     if (routing_rows_differing) e["routing_rows_differing"] = *routing_rows_differing;
     if (error) e["error"] = *error;
     return e;

@@ -13,9 +13,10 @@ namespace kvasir {
 
 struct DeterminismResult final : StepResult {
     struct Entry : NodeEntry {
-        std::optional<bool> bit_identical;       // unset: the node's tensors gave an error first
-        std::optional<double> run_to_run_max_rel;
+        std::optional<double> run_to_run_max_rel;  // unset: the node's tensors gave an error first
         std::optional<double> routing_rows_differing;  // summed over the repeats (absent in older captures)
+        // Every rerun gave the first run's bits (false when not measured).
+        bool bit_identical() const { return run_to_run_max_rel && *run_to_run_max_rel == 0.0; }
         nlohmann::ordered_json to_json() const;
     };
     std::int64_t repeats = 0;

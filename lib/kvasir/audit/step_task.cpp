@@ -160,11 +160,8 @@ public:
             e.acc_stderr = s.acc_stderr;
             e.acc_norm = s.acc_norm;
             e.acc_norm_stderr = s.acc_norm_stderr;
-            e.acc_ratio = v.acc_ratio;
-            e.acc_norm_ratio = v.acc_norm_ratio;
-            e.agreement = static_cast<double>(v.agree) / static_cast<double>(n);
-            e.agreement_norm = static_cast<double>(v.agree_norm) / static_cast<double>(n);
-            e.ll_max_abs_delta = v.ll_max_abs_delta;
+            e.vs = v;
+            e.items = static_cast<std::int64_t>(n);
             return e;
         });
         return r;
@@ -175,9 +172,9 @@ public:
 
 nlohmann::ordered_json TaskResult::Entry::to_json() const {
     return json_with({{"acc", json_double(acc)}, {"acc_stderr", json_double(acc_stderr)}, {"acc_norm", json_double(acc_norm)},
-                 {"acc_norm_stderr", json_double(acc_norm_stderr)}, {"acc_ratio", json_double(acc_ratio)},
-                 {"acc_norm_ratio", json_double(acc_norm_ratio)}, {"agreement", json_double(agreement)},
-                 {"agreement_norm", json_double(agreement_norm)}, {"ll_max_abs_delta", json_double(ll_max_abs_delta)}});
+                 {"acc_norm_stderr", json_double(acc_norm_stderr)}, {"acc_ratio", json_double(vs.acc_ratio)},
+                 {"acc_norm_ratio", json_double(vs.acc_norm_ratio)}, {"agreement", json_double(agreement())},
+                 {"agreement_norm", json_double(agreement_norm())}, {"ll_max_abs_delta", json_double(vs.ll_max_abs_delta)}});
 }
 
 nlohmann::ordered_json TaskResult::to_json() const {

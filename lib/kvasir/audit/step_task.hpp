@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kvasir/audit/results.hpp"
+#include "kvasir/steps/task.hpp"
 
 #include <cstdint>
 #include <string>
@@ -13,9 +14,13 @@ namespace kvasir {
 struct TaskResult final : StepResult {
     struct Entry : NodeEntry {
         double acc = 0, acc_stderr = 0, acc_norm = 0, acc_norm_stderr = 0;
-        double acc_ratio = 0, acc_norm_ratio = 0;  // to the reference's
-        double agreement = 0, agreement_norm = 0;  // fraction of items with the reference's answer
-        double ll_max_abs_delta = 0;               // the largest |Δ log-likelihood| of a choice
+        // Against the reference: acc and acc_norm ratios, the items with its
+        // answer (agree, agree_norm), the largest |Δ log-likelihood| of a choice.
+        TaskComparison vs;
+        std::int64_t items = 0;
+        // The fraction of the items with the reference's answer (acc, acc_norm).
+        double agreement() const { return static_cast<double>(vs.agree) / static_cast<double>(items); }
+        double agreement_norm() const { return static_cast<double>(vs.agree_norm) / static_cast<double>(items); }
         nlohmann::ordered_json to_json() const;
     };
     std::string reference;

@@ -714,8 +714,8 @@ std::string task_section(const AuditReport& r) {
         o += fmt::format("<tr><td><code>{}</code></td>", h(e.node)) +
              num_td(e.acc, fmt_fixed(e.acc, 4) + " ± " + fmt_fixed(e.acc_stderr, 4)) +
              num_td(e.acc_norm, fmt_fixed(e.acc_norm, 4) + " ± " + fmt_fixed(e.acc_norm_stderr, 4)) +
-             num_td(e.acc_ratio, fmt_fixed(e.acc_ratio, 6)) + num_td(e.agreement, fmt_fixed(e.agreement, 4)) +
-             num_td(e.ll_max_abs_delta, fmt_sci(e.ll_max_abs_delta)) + "</tr>\n";
+             num_td(e.vs.acc_ratio, fmt_fixed(e.vs.acc_ratio, 6)) + num_td(e.agreement(), fmt_fixed(e.agreement(), 4)) +
+             num_td(e.vs.ll_max_abs_delta, fmt_sci(e.vs.ll_max_abs_delta)) + "</tr>\n";
     }
     return o + "</tbody></table>\n</section>\n";
 }
@@ -775,7 +775,7 @@ std::string determinism_section(const AuditReport& r) {
             continue;
         }
         const double rel = e.run_to_run_max_rel.value_or(kNaN), rows = e.routing_rows_differing.value_or(kNaN);
-        o += fmt::format("<tr><td><code>{}</code></td><td>{}</td>", h(e.node), e.bit_identical.value_or(false) ? "yes" : "<span class=\"fail\">no</span>");
+        o += fmt::format("<tr><td><code>{}</code></td><td>{}</td>", h(e.node), e.bit_identical() ? "yes" : "<span class=\"fail\">no</span>");
         o += num_td(rel, fmt_sci(rel)) + num_td(rows, std::isnan(rows) ? "—" : fmt::format("{:.0f}", rows)) + "</tr>\n";
     }
     o += "</tbody></table>\n</section>\n";

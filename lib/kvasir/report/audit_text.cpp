@@ -145,11 +145,10 @@ std::string render_step6(const AuditReport& r, const Style& st) {
                 row.emplace_back("·");
             } else {
                 const TaskResult::Entry* e = entry_of(task->results, v.node);
-                const TaskResult::Entry none;
-                const TaskResult::Entry& f = e ? *e : none;
-                row.push_back(acc_cell(num(e, f.acc), num(e, f.acc_stderr)));
-                row.push_back(acc_cell(num(e, f.acc_norm), num(e, f.acc_norm_stderr)));
-                const std::optional<double> ratio = num(e, f.acc_ratio), agree = num(e, f.agreement);
+                const bool has = e != nullptr && !e->error;  // figures to show
+                row.push_back(acc_cell(num(e, has ? e->acc : 0.0), num(e, has ? e->acc_stderr : 0.0)));
+                row.push_back(acc_cell(num(e, has ? e->acc_norm : 0.0), num(e, has ? e->acc_norm_stderr : 0.0)));
+                const std::optional<double> ratio = num(e, has ? e->vs.acc_ratio : 0.0), agree = num(e, has ? e->agreement() : 0.0);
                 row.push_back(ratio ? fmt::format("{:.6f}", *ratio) : "—");
                 row.push_back(agree ? fmt::format("{:.4f}", *agree) : "—");
             }

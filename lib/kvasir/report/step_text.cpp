@@ -222,8 +222,8 @@ std::string task_text(const StepResult& result, const Style& st) {
                "·", "·", "·", "·"});
     for (const TaskResult::Entry& e : s.results) {
         if (error_row(t, e, 7, st)) continue;
-        t.add_row({e.node, pm(e.acc, e.acc_stderr), pm(e.acc_norm, e.acc_norm_stderr), fmt_fixed(e.acc_ratio, 6), fmt_fixed(e.acc_norm_ratio, 6),
-                   fmt_fixed(e.agreement, 4), fmt_sci(e.ll_max_abs_delta)});
+        t.add_row({e.node, pm(e.acc, e.acc_stderr), pm(e.acc_norm, e.acc_norm_stderr), fmt_fixed(e.vs.acc_ratio, 6),
+                   fmt_fixed(e.vs.acc_norm_ratio, 6), fmt_fixed(e.agreement(), 4), fmt_sci(e.vs.ll_max_abs_delta)});
     }
     return out + t.render("  ");
 }
@@ -234,7 +234,7 @@ std::string self_determinism_table(const DeterminismResult& s, const Style& st) 
     TextTable t({"node", "bit-identical", "run-to-run max rel", "routing rows ≠"});
     for (const DeterminismResult::Entry& e : s.nodes) {
         if (error_row(t, e, 4, st)) continue;
-        t.add_row({e.node, e.bit_identical.value_or(false) ? st.green("yes") : st.red("no"), sci(e.run_to_run_max_rel),
+        t.add_row({e.node, e.bit_identical() ? st.green("yes") : st.red("no"), sci(e.run_to_run_max_rel),
                    sci(e.routing_rows_differing)});
     }
     return out + t.render("  ");
