@@ -5,6 +5,10 @@
 // vendor by defining exactly one of
 //   KVASIR_GPU_VENDOR_CUDA   compiled by nvcc  (lib/kvasir/backend/gpu/cuda_backend.cu)
 //   KVASIR_GPU_VENDOR_HIP    compiled by hipcc (lib/kvasir/backend/gpu/hip_backend.hip)
+//   KVASIR_GPU_VENDOR_EMU    compiled by the host compiler for the tests: the
+//                            same host code and kernels on the CPU emulation of
+//                            the GPU (tests/backend/gpu_emulated_runtime.hpp,
+//                            which declares the runtime names itself)
 // before including this header. For HIP every cudaX used by the shared code
 // is #defined to its hipX twin (the two APIs are deliberately congruent; the
 // list below is exactly what the shared code uses — add a line when you use a
@@ -25,8 +29,8 @@
 // (gpu_cuda / gpu_hip), so the two objects link into one binary.
 #pragma once
 
-#if defined(KVASIR_GPU_VENDOR_CUDA) == defined(KVASIR_GPU_VENDOR_HIP)
-#error "define exactly one of KVASIR_GPU_VENDOR_CUDA and KVASIR_GPU_VENDOR_HIP"
+#if defined(KVASIR_GPU_VENDOR_CUDA) + defined(KVASIR_GPU_VENDOR_HIP) + defined(KVASIR_GPU_VENDOR_EMU) != 1
+#error "define exactly one of KVASIR_GPU_VENDOR_CUDA, KVASIR_GPU_VENDOR_HIP and KVASIR_GPU_VENDOR_EMU"
 #endif
 
 #include <cstdio>
@@ -38,7 +42,13 @@
 #define KVASIR_GPU_OFFLOAD_ARCHS "unknown"
 #endif
 
-#if defined(KVASIR_GPU_VENDOR_HIP)  // ------------------------------------------ HIP
+#if defined(KVASIR_GPU_VENDOR_EMU)  // ------------------------------------------ EMU
+
+// The runtime names, kg_launch, KgVendor and KgBlas are declared in
+// kvasir::gpu_emu by tests/backend/gpu_emulated_runtime.hpp, included first.
+#define KG_NS gpu_emu
+
+#elif defined(KVASIR_GPU_VENDOR_HIP)  // ---------------------------------------- HIP
 
 #include <hip/hip_runtime.h>
 
@@ -167,4 +177,19 @@ private:
 
 }  // namespace kvasir::KG_NS
 
+#endif
+
+#if !defined(KVASIR_GPU_VENDOR_EMU)
+namespace kvasir::KG_NS {
+
+// kernel<<<grid, threads, 0, stream>>>(args...): the shared host code's one
+// launch statement (a launch through the kernel's host address, as both
+// compilers allow). The emulation's kg_launch enqueues the kernel on its
+// stream for the CPU instead.
+template <typename... Params, typename... Args>
+void kg_launch(void (*kernel)(Params...), dim3 grid, unsigned threads, cudaStream_t stream, Args... args) {
+    kernel<<<grid, threads, 0, stream>>>(args...);
+}
+
+}  // namespace kvasir::KG_NS
 #endif

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "kvasir/backend/registry.hpp"
+#include "tests/backend/gpu_emulated_node.hpp"  // create_node
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/immutable_memory.hpp"
 #include "kvasir/core/rng.hpp"
@@ -91,7 +92,7 @@ inline void expect_device_experts_match_their_ops(const std::vector<std::string>
         for (const auto [clamped, biased] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
             const std::vector<ExpertWeights> experts = seeded.experts(clamped, biased);
             for (const std::string& spec : specs) {
-                auto node = create_backend(spec);
+                auto node = create_node(spec);
                 const std::string what =
                     spec + " weights " + dtype_name(wd) + (clamped ? " clamped" : "") + (biased ? " biased" : "");
                 const bool on_device = !biased || node->capabilities().storage == DType::f32;

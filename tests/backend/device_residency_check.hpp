@@ -5,6 +5,7 @@
 #pragma once
 
 #include "kvasir/backend/registry.hpp"
+#include "tests/backend/gpu_emulated_node.hpp"  // create_node
 #include "tests/backend/device_experts_check.hpp"
 #include "kvasir/core/error.hpp"
 #include "kvasir/core/immutable_memory.hpp"
@@ -45,7 +46,7 @@ inline void expect_resident_chain_reads_back_once(const std::vector<std::string>
     const TensorView wv{DType::f32, w.data(), {32, 64}}, gv{DType::f32, g.data(), {32}};
     for (const std::string& spec : specs) {
         SCOPED_TRACE(spec);
-        auto be = create_backend(spec);
+        auto be = create_node(spec);
         const auto chain = [&] {
             const Tensor y = be->matmul(x, wv);
             const Tensor n = be->rmsnorm(y, gv, 1e-6);
@@ -79,7 +80,7 @@ inline void expect_resident_chain_reads_back_once(const std::vector<std::string>
 // where it is: no read back, one upload (w, a heap tensor), the bits of the
 // same rows uploaded from the host.
 inline void expect_resident_parts_read_in_place(const std::string& spec) {
-    auto be = create_backend(spec);
+    auto be = create_node(spec);
     for (const std::int64_t cols : {3, 64}) {
         const Tensor x = seeded_normal(31, "p/x", {40, cols}, 0, 1);
         const Tensor w = seeded_normal(31, "p/w", {cols, cols}, 0, 0.1);
@@ -112,7 +113,7 @@ inline void expect_results_outlive_their_node(const std::string& spec, const std
     const Tensor w = seeded_normal(47, "o/w", {40, 48}, 0, 0.1);
     Tensor kept, host;
     {
-        auto be = create_backend(spec);
+        auto be = create_node(spec);
         host = be->matmul(x, w);
         const DeviceResidency scope;
         kept = be->matmul(x, w);
@@ -120,10 +121,10 @@ inline void expect_results_outlive_their_node(const std::string& spec, const std
         ASSERT_FALSE(kept.device()->fetched());
     }
     EXPECT_TRUE(same_tensor_bits(kept, host));
-    auto second = create_backend(other);
+    auto second = create_node(other);
     const Tensor want = second->softmax(host);
     const DeviceResidency scope;
-    auto first = create_backend(spec);
+    auto first = create_node(spec);
     const Tensor resident = first->matmul(x, w);
     EXPECT_TRUE(same_tensor_bits(second->softmax(resident), want));
 }
@@ -136,7 +137,7 @@ inline void expect_results_outlive_their_node(const std::string& spec, const std
 inline void expect_combine_ops_match_the_defaults(
     const std::vector<std::string>& specs,
     const std::function<std::unique_ptr<Backend>(const std::string&)>& make = [](const std::string& s) {
-        return create_backend(s);
+        return create_node(s);
     }) {
     Tensor a = seeded_normal(37, "e/a", {7, 33}, 0, 3), b = seeded_normal(37, "e/b", {7, 33}, 0, 3);
     a.set(0, 3.0e38);
@@ -186,9 +187,9 @@ inline void expect_combine_ops_match_the_defaults(
 inline void expect_data_movement_matches_the_defaults(
     const std::vector<std::string>& specs,
     const std::function<std::unique_ptr<Backend>(const std::string&)>& make = [](const std::string& s) {
-        return create_backend(s);
+        return create_node(s);
     }) {
-    auto host = create_backend("cpu-ref");  // Backend's defaults
+    auto host = create_node("cpu-ref");  // Backend's defaults
     const Tensor x = seeded_normal(38, "dm/x", {5, 37}, 0, 2), p = seeded_normal(38, "dm/p", {3, 37}, 0, 2);
     const Tensor one = seeded_normal(38, "dm/one", {2, 37}, 0, 2), g = seeded_normal(38, "dm/g", {5, 1}, 0, 1);
     const Tensor b = seeded_normal(38, "dm/b", {5, 11}, 0, 2);
@@ -262,7 +263,7 @@ inline void expect_data_movement_matches_the_defaults(
 inline void expect_resident_moe_block_matches_host(
     const std::vector<std::string>& specs,
     const std::function<std::unique_ptr<Backend>(const std::string&)>& make = [](const std::string& s) {
-        return create_backend(s);
+        return create_node(s);
     }) {
     const std::int64_t E = 6, H = 64, I = 24;
     for (const DType wd : {DType::f32, DType::bf16}) {

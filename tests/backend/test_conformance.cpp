@@ -1,7 +1,8 @@
 // The backend contract, written once and run on every node: cpu-ref, the cpu
 // variants, OpenCL (PoCL gives a real OpenCL device on the CPU), the CUDA/HIP
-// kernel source on the CPU emulation of the GPU (tests/backend/gpu_emulation.hpp),
-// and cuda:0 / hip:0 with their variants where such a device exists. Only
+// node — its host code and kernels — on the CPU emulation of a GPU (gpu-emu:
+// tests/backend/gpu_emulated_node.hpp), and cuda:0 / hip:0 with their
+// variants where such a device exists. Only
 // those last skip, visibly and with the reason, when the device is absent; an
 // OpenCL build without an OpenCL device fails (CI installs PoCL).
 //
@@ -60,6 +61,7 @@
 #include "kvasir/core/rng.hpp"
 #include "kvasir/metrics/metrics.hpp"
 #include "kvasir/model/rope_frequencies.hpp"
+#include "tests/backend/gpu_emulated_node.hpp"
 #include "tests/backend/matmul_bound.hpp"
 
 #include <fmt/format.h>
@@ -78,8 +80,6 @@
 #include <tuple>
 #include <vector>
 
-#include "tests/backend/gpu_emulation.hpp"  // last: it #defines the CUDA keywords
-
 using namespace kvasir;
 
 namespace {
@@ -96,7 +96,7 @@ enum class Family { oracle, cpu, opencl, gpu };
 
 struct Node {
     std::string label;  // test-name suffix
-    std::string spec;   // create_backend() spec, or gpu-emu[:options] for the emulated GPU
+    std::string spec;   // test::create_node() spec: a registered backend's, or gpu-emu[:options]
     Family family;
     std::string device;   // the backend whose device this node needs ("" = always there)
     std::string sibling;  // the same backend at f32 storage and accumulation
@@ -106,10 +106,7 @@ void PrintTo(const Node& n, std::ostream* os) { *os << n.spec; }
 
 std::string node_label(const ::testing::TestParamInfo<Node>& p) { return p.param.label; }
 
-std::unique_ptr<Backend> make(const std::string& spec) {
-    if (spec.rfind("gpu-emu", 0) == 0) return std::make_unique<test::EmulatedGpuBackend>(spec);
-    return create_backend(spec);
-}
+std::unique_ptr<Backend> make(const std::string& spec) { return test::create_node(spec); }
 
 std::unique_ptr<Backend> ref() { return create_backend("cpu-ref"); }
 
@@ -1000,8 +997,13 @@ TEST_P(Conformance, MoeBlockMatchesTheOracleAndItsShards) {
     }
     if (!narrow()) {
         // Partial sums in f32: sharding is equivalent, not exact; larger than
-        // on the oracle, still tiny.
-        EXPECT_TRUE(within(c.max_rel, 1e-4)) << c.max_rel;
+        // on the oracle, still tiny. A node that declares itself
+        // nondeterministic (split-K: partial sums added in the order its
+        // blocks finish) reorders every matmul of the block and of each
+        // shard on its own: gpu-emu:nondeterministic=1 over 100 block
+        // orders gave 1.0e-4 … 3.2e-4 (median 1.4e-4) where it exceeded
+        // the deterministic nodes' 1e-4.
+        EXPECT_TRUE(within(c.max_rel, caps().deterministic ? 1e-4 : 1e-3)) << c.max_rel;
         EXPECT_GT(c.max_abs, mc.oracle_shards.max_abs);
     } else {
         // Each shard's sum is rounded to storage, and so is every add() of

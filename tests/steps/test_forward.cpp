@@ -25,6 +25,7 @@
 #include "kvasir/model/safetensors.hpp"
 #include "kvasir/steps/forward.hpp"
 #include "kvasir/steps/protocol_steps.hpp"
+#include "tests/backend/gpu_emulated_node.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -660,8 +661,9 @@ TEST_P(ForwardOpencl, WithinFloat32ToleranceOfCpuRefAndGreedyAgrees) {
 // after every layer, router logits, routing, the MLP / mixer inputs and
 // outputs, greedy decoding through the cache — on every storage, with fewer
 // reads and host waits.
-TEST_P(ForwardOpencl, ResidentPassGivesTheBitsOfEveryResultReadBack) {
-    const Loaded& fx = load(GetParam());
+namespace {
+void expect_resident_pass_gives_the_bits_read_back(const Fixture& fixture, const std::string& node) {
+    const Loaded& fx = load(fixture);
     const std::vector<std::int32_t> prompt = prompt_of(fx.ref);
     auto ref = backend("cpu-ref");
     const ForwardResult oracle = forward(*ref, fx.model, prompt);
@@ -669,8 +671,8 @@ TEST_P(ForwardOpencl, ResidentPassGivesTheBitsOfEveryResultReadBack) {
     const GenerateResult authority = greedy_generate(*ref, fx.model, prompt, n);
     for (const std::string storage : {"", "storage=f16", "storage=bf16"}) {
         SCOPED_TRACE(storage);
-        auto on = create_backend(storage.empty() ? "opencl:0" : "opencl:0:" + storage);
-        auto off = create_backend("opencl:0:resident=0" + (storage.empty() ? "" : "," + storage));
+        auto on = test::create_node(storage.empty() ? node : node + ":" + storage);
+        auto off = test::create_node(node + ":resident=0" + (storage.empty() ? "" : "," + storage));
         for (const bool pinned : {false, true}) {
             ForwardOptions opt;
             opt.routing = pinned ? &oracle.routing : nullptr;
@@ -687,8 +689,8 @@ TEST_P(ForwardOpencl, ResidentPassGivesTheBitsOfEveryResultReadBack) {
             EXPECT_LT(tin.downloads, tout.downloads);
             EXPECT_LT(tin.syncs, tout.syncs);
             if (storage.empty() && pinned)
-                measured(fmt::format("{:<26} opencl:0 pinned forward, resident vs read back: {} / {} reads, {} / {} host "
-                                     "waits, {} / {} uploads", GetParam().name, tin.downloads, tout.downloads, tin.syncs,
+                measured(fmt::format("{:<26} {} pinned forward, resident vs read back: {} / {} reads, {} / {} host "
+                                     "waits, {} / {} uploads", fixture.name, node, tin.downloads, tout.downloads, tin.syncs,
                                      tout.syncs, tin.uploads, tout.uploads));
         }
         const GenerateResult ga = greedy_generate(*on, fx.model, prompt, n, &authority.tokens, &authority.routing);
@@ -696,6 +698,11 @@ TEST_P(ForwardOpencl, ResidentPassGivesTheBitsOfEveryResultReadBack) {
         EXPECT_EQ(ga.tokens, gb.tokens);
         EXPECT_EQ(std::memcmp(ga.logits.raw(), gb.logits.raw(), ga.logits.nbytes()), 0) << "greedy step logits";
     }
+}
+}  // namespace
+
+TEST_P(ForwardOpencl, ResidentPassGivesTheBitsOfEveryResultReadBack) {
+    expect_resident_pass_gives_the_bits_read_back(GetParam(), "opencl:0");
 }
 
 INSTANTIATE_TEST_SUITE_P(HybridAndDense, ForwardOpencl, ::testing::ValuesIn(hybrid_fixtures()), fixture_name);
@@ -729,8 +736,9 @@ std::vector<Fixture> device_side_fixtures() {
 }
 }  // namespace
 
-TEST_P(ForwardOpenclSteps, ADecodeStepReadsBackItsLogitsAlone) {
-    const Loaded& fx = load(GetParam());
+namespace {
+void expect_a_decode_step_reads_back_its_logits_alone(const Fixture& fixture, const std::string& node) {
+    const Loaded& fx = load(fixture);
     const std::vector<std::int32_t> prompt = prompt_of(fx.ref);
     auto ref = backend("cpu-ref");
     const int n = 4;
@@ -741,7 +749,7 @@ TEST_P(ForwardOpenclSteps, ADecodeStepReadsBackItsLogitsAlone) {
         const LayerWeights& w = fx.model.layer(l);
         for (const TensorView* b : {&w.q_bias, &w.k_bias, &w.v_bias, &w.o_bias, &w.router_logit_bias}) biases += b->data != nullptr ? 1 : 0;
     }
-    auto on = backend("opencl:0"), off = backend("opencl:0:resident=0");
+    auto on = test::create_node(node), off = test::create_node(node + ":resident=0");
     (void)greedy_generate(*on, fx.model, prompt, n, &authority.tokens, &authority.routing);  // every weight resident
     Decoder a(*on, fx.model), b(*off, fx.model);
     (void)a.step(prompt, &authority.routing[0]).at(0);
@@ -760,15 +768,38 @@ TEST_P(ForwardOpenclSteps, ADecodeStepReadsBackItsLogitsAlone) {
         EXPECT_EQ(moved.syncs, 1u);
         EXPECT_LE(moved.uploads, static_cast<std::uint64_t>(3 + moe_layers + biases));
         if (i == n - 1)
-            measured(fmt::format("{:<26} opencl:0 decode step, resident vs read back: {} / {} reads, {} / {} host waits, "
+            measured(fmt::format("{:<26} {} decode step, resident vs read back: {} / {} reads, {} / {} host waits, "
                                  "{} / {} uploads, {} / {} launches ({} layers)",
-                                 GetParam().name, moved.downloads, moved_off.downloads, moved.syncs, moved_off.syncs,
+                                 fixture.name, node, moved.downloads, moved_off.downloads, moved.syncs, moved_off.syncs,
                                  moved.uploads, moved_off.uploads, moved.launches, moved_off.launches,
                                  fx.model.config().num_layers));
     }
 }
+}  // namespace
+
+TEST_P(ForwardOpenclSteps, ADecodeStepReadsBackItsLogitsAlone) {
+    expect_a_decode_step_reads_back_its_logits_alone(GetParam(), "opencl:0");
+}
 
 INSTANTIATE_TEST_SUITE_P(DeviceSide, ForwardOpenclSteps, ::testing::ValuesIn(device_side_fixtures()), fixture_name);
+
+// The same two claims for the CUDA/HIP node, on gpu-emu: the GPU backend's
+// own host code (gpu_backend_impl.inc — residency, the device KV cache, the
+// grouped MoE block, the data-movement kernels, the counters) with its
+// kernels on the CPU emulation of a GPU (tests/backend/gpu_emulated_node.hpp),
+// whose streams run only when the host waits: a pass that read a result
+// before its wait would read nothing.
+class ForwardGpuNodeEmulated : public ::testing::TestWithParam<Fixture> {};
+
+TEST_P(ForwardGpuNodeEmulated, ResidentPassGivesTheBitsOfEveryResultReadBack) {
+    expect_resident_pass_gives_the_bits_read_back(GetParam(), "gpu-emu:0");
+}
+
+TEST_P(ForwardGpuNodeEmulated, ADecodeStepReadsBackItsLogitsAlone) {
+    expect_a_decode_step_reads_back_its_logits_alone(GetParam(), "gpu-emu:0");
+}
+
+INSTANTIATE_TEST_SUITE_P(DeviceSide, ForwardGpuNodeEmulated, ::testing::ValuesIn(device_side_fixtures()), fixture_name);
 
 // ===========================================================================
 // Cross-format identities

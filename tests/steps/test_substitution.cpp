@@ -14,6 +14,7 @@
 #include "kvasir/metrics/logits.hpp"
 #include "kvasir/metrics/stats.hpp"
 #include "kvasir/steps/substitution.hpp"
+#include "tests/backend/gpu_emulated_node.hpp"
 
 #include <gtest/gtest.h>
 
@@ -23,9 +24,6 @@
 #include <filesystem>
 #include <string>
 #include <vector>
-
-// The GPU kernels on the CPU emulation: it #defines the CUDA keywords, so it comes after every other header.
-#include "../backend/gpu_emulation.hpp"
 
 namespace fs = std::filesystem;
 using namespace kvasir;
@@ -208,9 +206,9 @@ TEST(Substitution, NamesAndRefusals) {
     EXPECT_THROW(create_node("cpu:topk=1", &model("qwen3_tiny")), Error);  // a dense model has no experts
 }
 
-// The honest spread, the GPU kernels' emulation included (the real kernel
-// source on the CPU emulation of the GPU thread model: tests/backend/
-// gpu_emulation.hpp), against every substitution on the trained fixture:
+// The honest spread, the GPU node's emulation included (its host code and
+// kernels on the CPU emulation of a GPU: tests/backend/gpu_emulated_node.hpp),
+// against every substitution on the trained fixture:
 // the KL p99 of the logits vs the oracle of every substituted node lies at
 // least three decades above the worst honest node's (scripts/detection_study.py
 // measures the same on cpu and opencl over many samples: DETECTION.md).
@@ -225,8 +223,8 @@ TEST(Substitution, EverySubstitutionLiesDecadesOutsideTheHonestNodesGpuEmulation
         const ForwardResult r = forward(node, m, p, pinned);
         return summarize(logit_divergence(ref.logits.view(), r.logits.view()).kl).p99;
     };
-    test::EmulatedGpuBackend emu("gpu-emu");
-    const double emu_kl = kl_p99(emu), cpu_kl = kl_p99(*create_node("cpu", &m));
+    const auto emu = test::make_emulated_gpu_node("gpu-emu");
+    const double emu_kl = kl_p99(*emu), cpu_kl = kl_p99(*create_node("cpu", &m));
     const double honest = std::max(emu_kl, cpu_kl);
     std::printf("KL p99 vs cpu-ref: gpu-emu %.3g, cpu %.3g\n", emu_kl, cpu_kl);
     EXPECT_GT(honest, 0.0);
