@@ -224,7 +224,9 @@ cuda_ok=0
 if grep -qE "^cuda:0 +available" "$OUT/backends.txt"; then
   cuda_ok=1
 else
-  say "cuda absent: $(grep -E '^cuda' "$OUT/backends.txt" | sed -E 's/^cuda +absent +//') — cuda measurements skipped"
+  # The reason is the "Absent" list's entry (the table only says "why: below").
+  why=$(awk '/^  cuda: /{on=1; sub(/^  cuda: /, ""); printf "%s", $0; next} on && /^      /{sub(/^ +/, " "); printf "%s", $0; next} {on=0}' "$OUT/backends.txt")
+  say "cuda absent: ${why:-see backends.txt} — cuda measurements skipped"
   FAILED=1
 fi
 
