@@ -1,9 +1,10 @@
 // The GPU backends (cuda, hip): what only they have, one test body run for
 // each vendor. The backend contract — error bounds against cpu-ref, storage
 // and f16 accumulation, shape errors, NaN/Inf, determinism, router and MoE —
-// is tests/backend/test_conformance.cpp, run there on the kernel source
-// compiled for the CPU emulation (gpu-emu, tests/backend/gpu_emulation.hpp)
-// and on cuda:0 / hip:0 with their variants where a device exists.
+// is tests/backend/test_conformance.cpp, run there on gpu-emu (the GPU node's
+// own host code and kernels on the CPU emulation of a GPU:
+// gpu_emulated_node.hpp) and on cuda:0 / hip:0 with their variants where a
+// device exists.
 //
 // Four layers, from "runs anywhere" to "needs the device":
 //  1. GpuMath.*  — the device scalar math (kernels/gpu/math.cuh) compiled for
@@ -12,22 +13,28 @@
 //     rounded, exp ≤ 1 ulp, log1p and sin/cos ≤ 0.5 ulp (+ε) from the true values.
 //     The kernels use these very functions with the same IEEE operations (no
 //     contraction, no FTZ), so this pins the device numerics without a GPU.
-//  1b. EmulatedKernels.* — what the kernels promise beyond the contract, on
-//     the CPU emulation: every matmul output is one fmaf chain in ascending
-//     k, rope takes the cpu node's f32 angles, Gated DeltaNet decoding (conv
+//  1b. EmulatedKernels.* — what the kernels promise beyond the contract
+//     (kernels launched one by one on the thread model, gpu_emulation.hpp,
+//     or the gpu-emu node): every matmul output is one fmaf chain in
+//     ascending k whatever the tiling, a grouped launch gives each job its
+//     own launch's bits, split-K is nondeterministic at the audit's widths
+//     and the determinism step sees it, Gated DeltaNet decoding (conv
 //     history, f32 state carried between calls) gives the bits of one call
-//     under every variant, acc=f16 sums in half, and the whole qwen3_5_moe_tiny forward pass on
-//     gpu-emu meets the cpu node's f32 tolerance against cpu-ref (its
-//     decoder bit-identical to its full forward).
+//     under every variant, acc=f16 sums in half, and the whole forward pass
+//     of ten fixtures on gpu-emu meets the cpu node's f32 tolerance against
+//     cpu-ref (its decoder bit-identical to its full forward).
 //  2. Vendors/GpuVendor.* — for each vendor compiled in: a malformed variant
 //     is Error(bad_input) on every machine, a valid one without a device is
 //     Error(unsupported) carrying the probe's reason, coherent with the
 //     registry listing. A vendor not compiled in skips, saying so.
-//  3. Vendors/GpuOps.*, Cublas.* — the device itself: its capabilities, the
-//     emulation's bits from the device (which is what lets layer 1b and the
-//     gpu-emu conformance nodes stand for it), split-K atomics, cuBLAS TF32;
-//     without a device these SKIP with the probe's reason (GTEST_SKIP,
-//     visible in the output), e.g. "no CUDA device: cudaGetDeviceCount returned ...".
+//  3. Vendors/GpuOps.*, Vendors/GpuDevice.*, Cublas.* — the node on its
+//     device: capabilities, split-K atomics, experts and a MoE block on the
+//     device, residency, data movement, five launches a MoE block, cuBLAS
+//     TF32; GpuOps runs on gpu-emu too (always), GpuDevice (the device
+//     gives gpu-emu's bits, which is what lets gpu-emu stand for it) and
+//     Cublas need the device. Without one they SKIP with the probe's reason
+//     (GTEST_SKIP, visible in the output), e.g. "no CUDA device:
+//     cudaGetDeviceCount returned ...".
 //
 // Bounds (u = 2^-24, f32 unit roundoff; Higham §3.1 for γ_K = K·u/(1-K·u)):
 //  * matmul f32: |ŷ - y| ≤ γ_K·Σ|x_k w_k| + u·|y| for any summation order —
