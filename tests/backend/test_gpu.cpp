@@ -830,6 +830,48 @@ TEST_P(GpuOps, CapabilitiesDescribeTheDevice) {
     EXPECT_TRUE(has_arch);
 }
 
+TEST_P(GpuOps, TransferCountersCountWhatCrossesToTheDevice) {
+    // Hand-counted for x [4, 64] · w [32, 64] (f32) on the kernel node: the
+    // first call uploads x (1 KiB) and w (8 KiB), allocates those two and the
+    // output, launches one kernel and reads 4·32·4 = 512 bytes back with one
+    // host wait (uploads do not wait). The weight, in immutable memory, is
+    // then resident: the second call uploads x alone, into the buffer the
+    // node's pool kept, and writes into another: nothing allocated. Device
+    // buffers hold f32 whatever the storage: 4 bytes an element either way.
+    // On gpu-emu the emulated device counts the same cudaMalloc calls.
+    const Tensor x = seeded_normal(23, "gpu/t/x", {4, 64}, 0, 1);
+    const Tensor ws = seeded_normal(23, "gpu/t/w", {32, 64}, 0, 0.1);
+    std::vector<float> w(32 * 64);
+    std::memcpy(w.data(), ws.raw(), ws.nbytes());
+    const ImmutableRegistration reg(w.data(), w.size() * sizeof(float));
+    const TensorView wv{DType::f32, w.data(), {32, 64}};
+    for (const std::string opts : {"", "storage=bf16"}) {
+        SCOPED_TRACE(opts);
+        auto gpu = node(opts);
+        const std::uint64_t mallocs0 = test::emulated_device_counts().mallocs;
+        const TransferStats zero = *gpu->transfer_stats();
+        EXPECT_EQ(zero.uploads + zero.downloads + zero.launches + zero.allocations + zero.syncs, 0u);
+        (void)gpu->matmul(x, wv);
+        const TransferStats first = *gpu->transfer_stats();
+        EXPECT_EQ(first.uploads, 2u);
+        EXPECT_EQ(first.upload_bytes, 4u * 64 * 4 + 32u * 64 * 4);
+        EXPECT_EQ(first.allocations, 3u);
+        EXPECT_EQ(first.launches, 1u);
+        EXPECT_EQ(first.downloads, 1u);
+        EXPECT_EQ(first.download_bytes, 4u * 32 * 4);
+        EXPECT_EQ(first.syncs, 1u);
+        (void)gpu->matmul(x, wv);
+        const TransferStats second = *gpu->transfer_stats() - first;
+        EXPECT_EQ(second.uploads, 1u) << "the resident weight was uploaded again";
+        EXPECT_EQ(second.upload_bytes, 4u * 64 * 4);
+        EXPECT_EQ(second.allocations, 0u) << "x and the output did not come from the pool";
+        EXPECT_EQ(second.launches, 1u);
+        EXPECT_EQ(second.downloads, 1u);
+        EXPECT_EQ(second.syncs, 1u);
+        if (GetParam() == "gpu-emu") EXPECT_EQ(test::emulated_device_counts().mallocs - mallocs0, 3u);
+    }
+}
+
 TEST_P(GpuOps, NondeterministicVariantStaysWithinTheBound) {
     // Split-K with atomics: the claim is deterministic=false and the same
     // error bound; whether two runs differ depends on the scheduler.
