@@ -1,8 +1,9 @@
 // The GPU backend itself — gpu_backend_impl.inc's host code, its kernels —
 // on the CPU emulation of a GPU (gpu_emulated_runtime.hpp): what cuda:N and
 // hip:N run, without the device. Spec "gpu-emu[:0][:storage=…,acc=…,
-// nondeterministic=1,weight_cache=MiB,resident=0]", the options of cuda:N
-// without blas=; node names "gpu-emu:0…".
+// nondeterministic=1,weight_cache=MiB,resident=0,blas=emulated,tf32=0|1]",
+// the options of cuda:N, blas=emulated being the runtime's stand-in BLAS
+// (gpu_emulated_runtime.hpp, not cuBLAS); node names "gpu-emu:0…".
 //
 // Defined in gpu_emulated_node.cpp, linked into the test binaries that use
 // it (CMakeLists.txt, kvasir_gpu_emulated_node).

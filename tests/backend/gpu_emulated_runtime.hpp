@@ -26,6 +26,8 @@
 
 #include "tests/backend/gpu_thread_model.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -232,18 +234,65 @@ struct KgVendor {
     static const char* offload_archs() { return "none (CPU emulation)"; }
 };
 
-// No vendor BLAS on the emulation.
+// A stand-in for the vendor BLAS (blas=emulated — not cuBLAS): an f32
+// sgemm enqueued on the node's stream that picks its summation by the shape,
+// as cuBLAS picks its kernel: for a product of at most 16 rows, K in four
+// slices whose fma chains are added at the end (split-K), else one fma chain
+// in ascending k; tf32=1 rounds the inputs to TF32's 10-bit fraction first.
+// So a row's bits depend on the rows computed with it (batch-variant), and
+// the host code's blas= path — its capabilities, attention as the
+// composition of its own matmuls, experts one matmul at a time — runs here.
 struct KgBlas {
-    static constexpr bool kAvailable = false;
-    static constexpr const char* kName = "cublas";
-    static constexpr const char* kWhyAbsent = "the GPU emulation has no cuBLAS";
+    static constexpr bool kAvailable = true;
+    static constexpr const char* kName = "emulated";
+    static constexpr const char* kWhyAbsent = "";
     using Status = int;
     static constexpr Status kOk = 0;
-    static const char* status_string(Status) { return "cuBLAS not on the emulation"; }
-    Status create(cudaStream_t, bool) { return 1; }
-    void destroy() noexcept {}
-    Status sgemm_xwt(const float*, const float*, float*, int, int, int) { return 1; }
-    static std::string version() { return "none"; }
+    static const char* status_string(Status) { return "emulated BLAS: no stream (create not called)"; }
+    Status create(cudaStream_t stream, bool tf32) {
+        stream_ = stream;
+        tf32_ = tf32;
+        return kOk;
+    }
+    void destroy() noexcept { stream_ = nullptr; }
+    // y[T, N] = x[T, K] · w[N, K]ᵀ, row-major, on the stream.
+    Status sgemm_xwt(const float* x, const float* w, float* y, int t_count, int n_count, int k_count) {
+        if (stream_ == nullptr) return 1;
+        const bool tf32 = tf32_;
+        stream_->queue.push_back([=] {
+            ++EmulatedDevice::get().launches;
+            const auto in = [tf32](float v) { return tf32 ? round_to_tf32(v) : v; };
+            const int slices = t_count <= 16 && k_count >= 4 ? 4 : 1;
+            const int chunk = (k_count + slices - 1) / slices;
+            for (int t = 0; t < t_count; ++t)
+                for (int n = 0; n < n_count; ++n) {
+                    float sum = 0.0f;
+                    for (int s = 0; s < slices; ++s) {
+                        float acc = 0.0f;
+                        for (int k = s * chunk; k < std::min(k_count, (s + 1) * chunk); ++k)
+                            acc = std::fma(in(x[std::size_t(t) * k_count + k]), in(w[std::size_t(n) * k_count + k]), acc);
+                        sum = s == 0 ? acc : sum + acc;
+                    }
+                    y[std::size_t(t) * n_count + n] = sum;
+                }
+        });
+        return kOk;
+    }
+    static std::string version() { return "stand-in (tests/backend/gpu_emulated_runtime.hpp)"; }
+
+private:
+    // Round to nearest even at TF32's 10-bit fraction (finite values).
+    static float round_to_tf32(float v) {
+        std::uint32_t b;
+        std::memcpy(&b, &v, sizeof b);
+        if ((b & 0x7f800000u) == 0x7f800000u) return v;
+        b += 0xfffu + ((b >> 13) & 1u);
+        b &= ~0x1fffu;
+        std::memcpy(&v, &b, sizeof v);
+        return v;
+    }
+    cudaStream_t stream_ = nullptr;
+    bool tf32_ = false;
 };
 
 }  // namespace kvasir::gpu_emu

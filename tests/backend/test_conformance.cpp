@@ -152,6 +152,8 @@ std::vector<Node> all_nodes() {
         {"gpu_emu_storage_bf16", "gpu-emu:storage=bf16", Family::gpu, "", "gpu-emu"},
         {"gpu_emu_acc_f16", "gpu-emu:acc=f16", Family::gpu, "", "gpu-emu"},
         {"gpu_emu_nondeterministic", "gpu-emu:nondeterministic=1", Family::gpu, "", "gpu-emu"},
+        // The blas= path on the emulation's stand-in BLAS (a shape-chosen split-K, as cuBLAS chooses its kernel).
+        {"gpu_emu_blas", "gpu-emu:blas=emulated,tf32=0", Family::gpu, "", "gpu-emu"},
     };
     for (const char* vendor : {"cuda", "hip"})
         for (Node& n : gpu_nodes(vendor)) nodes.push_back(std::move(n));

@@ -473,6 +473,55 @@ TEST(EmulatedKernels, SplitKIsNondeterministicAtTheAuditsWidths) {
     }
 }
 
+TEST(EmulatedKernels, TheBlasPathDeclaresItselfBatchVariantAndTheInvarianceStepSeesIt) {
+    // The host code's blas= path (issue #38 item 5: cuBLAS told truthfully),
+    // on gpu-emu's stand-in BLAS — a split-K chosen by the shape, as cuBLAS
+    // chooses its kernel (gpu_emulated_runtime.hpp): the node declares
+    // itself batch-variant and its attention the composition of its own
+    // matmuls; a row alone is not its bits among 63 others, each within the
+    // f32 bound; and the audit's invariance step measures it (ops and batch
+    // max_rel over the protocol's sensitive 0) where the kernel node gives 0.
+    const auto blas = test::make_emulated_gpu_node("gpu-emu:blas=emulated");
+    const Capabilities& caps = blas->capabilities();
+    EXPECT_EQ(caps.node, "gpu-emu:0:blas=emulated,tf32=0");
+    EXPECT_TRUE(caps.deterministic);
+    const auto extra = [&](const std::string& key) {
+        for (const auto& [k, v] : caps.extra)
+            if (k == key) return v;
+        return std::string();
+    };
+    EXPECT_EQ(extra("batch_invariant").rfind("no:", 0), 0u) << extra("batch_invariant");
+    EXPECT_EQ(extra("attention").rfind("the composition", 0), 0u) << extra("attention");
+    const Tensor all = seeded_normal(9, "emu/blas/x", {64, 96}, 0, 1);
+    const Tensor w = seeded_normal(9, "emu/blas/w", {70, 96}, 0, 1 / std::sqrt(96.0));
+    const Tensor one = Tensor::convert(TensorView{DType::f32, all.raw(), {1, 96}}, DType::f32);
+    const Tensor y_all = blas->matmul(all, w), y_one = blas->matmul(one, w);
+    EXPECT_NE(std::memcmp(y_one.raw(), y_all.raw(), y_one.nbytes()), 0) << "a row alone gave its bits among 64";
+    EXPECT_TRUE(matmul_within_bound(one, w, y_one, create_backend("cpu-ref")->matmul(one, w), 0.0, kU32));
+    EXPECT_TRUE(matmul_within_bound(all, w, y_all, create_backend("cpu-ref")->matmul(all, w), 0.0, kU32));
+
+    const Protocol protocol = load_protocol("protocols/ci.json");
+    const Model model = Model::open("fixtures/models/qwen3_moe_tiny");
+    AuditConfig cfg;
+    cfg.protocol = &protocol;
+    cfg.model = &model;
+    cfg.load_first = false;
+    const auto worst = [&](const std::string& spec, const char* tensor) {
+        const auto node = test::make_emulated_gpu_node(spec);
+        const CaptureData d = capture_node(cfg, *node, *node, {"invariance"});
+        const TensorView v = d.tensors.at(tensor).view();
+        double m = 0;
+        for (std::int64_t i = 0; i < v.numel(); ++i) m = std::max(m, v.at(i));
+        return m;
+    };
+    for (const char* figure : {"invariance.ops_max_rel", "invariance.batch_max_rel"}) {
+        EXPECT_EQ(worst("gpu-emu", figure), 0.0) << figure;
+        const double b = worst("gpu-emu:blas=emulated", figure);
+        EXPECT_GT(b, protocol.sensitive.at(figure).value) << figure << ": the audit would pass the blas node as batch-invariant";
+        std::printf("[ info ] gpu-emu:blas=emulated: %s %.3g (gpu-emu 0)\n", figure, b);
+    }
+}
+
 TEST(EmulatedKernels, TheKernelMatmulIsBatchInvariantAsItsCapabilitiesSay) {
     // What the cuda/hip kvasir-kernel nodes declare (batch_invariant: yes):
     // a row's bits alone are its bits among 1, 63 or 299 others, at every
