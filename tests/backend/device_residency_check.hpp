@@ -321,4 +321,40 @@ inline void expect_resident_moe_block_matches_host(
     }
 }
 
+// The traffic of two matmuls x [4, 64] · w [32, 64] on a weight in immutable
+// memory, hand-counted: the first call uploads x and w, allocates those two
+// and the output, launches one kernel and reads 4·32 elements back; the
+// weight is then resident, so the second uploads x alone, into the buffer the
+// node's pool kept, and writes into another: nothing allocated. `bytes`: one
+// element as the node moves it; `waits`: the host waits of a call when the
+// node promises their number (uploads that never wait), else 0 for "at least one".
+inline void expect_two_matmuls_counted(Backend& node, std::uint64_t bytes, std::uint64_t waits) {
+    const Tensor x = seeded_normal(23, "t/x", {4, 64}, 0, 1);
+    const Tensor ws = seeded_normal(23, "t/w", {32, 64}, 0, 0.1);
+    std::vector<float> w(32 * 64);
+    std::memcpy(w.data(), ws.raw(), ws.nbytes());
+    const ImmutableRegistration reg(w.data(), w.size() * sizeof(float));
+    const TensorView wv{DType::f32, w.data(), {32, 64}};
+    const TransferStats zero = *node.transfer_stats();
+    EXPECT_EQ(zero.uploads + zero.downloads + zero.launches + zero.allocations + zero.syncs, 0u);
+    (void)node.matmul(x, wv);
+    const TransferStats first = *node.transfer_stats();
+    EXPECT_EQ(first.uploads, 2u);
+    EXPECT_EQ(first.upload_bytes, (4u * 64 + 32u * 64) * bytes);
+    EXPECT_EQ(first.allocations, 3u);
+    EXPECT_EQ(first.launches, 1u);
+    EXPECT_EQ(first.downloads, 1u);
+    EXPECT_EQ(first.download_bytes, 4u * 32 * bytes);
+    if (waits > 0) EXPECT_EQ(first.syncs, waits); else EXPECT_GE(first.syncs, 1u);
+    (void)node.matmul(x, wv);
+    const TransferStats second = *node.transfer_stats() - first;
+    EXPECT_EQ(second.uploads, 1u) << "the resident weight was uploaded again";
+    EXPECT_EQ(second.upload_bytes, 4u * 64 * bytes);
+    EXPECT_EQ(second.allocations, 0u) << "x and the output did not come from the pool";
+    EXPECT_EQ(second.launches, 1u);
+    EXPECT_EQ(second.downloads, 1u);
+    EXPECT_EQ(second.download_bytes, 4u * 32 * bytes);
+    if (waits > 0) EXPECT_EQ(second.syncs, waits);
+}
+
 }  // namespace kvasir::test

@@ -473,6 +473,28 @@ TEST(EmulatedKernels, SplitKIsNondeterministicAtTheAuditsWidths) {
     }
 }
 
+namespace {
+const Protocol& ci_protocol() {
+    static const Protocol p = load_protocol("protocols/ci.json");
+    return p;
+}
+// The largest value of a tensor the audit's `step` captures on an emulated GPU
+// node over the ci fixture (protocols/ci.json, qwen3_moe_tiny).
+double ci_capture_max(const std::string& spec, const char* step, const char* tensor) {
+    static const Model model = Model::open("fixtures/models/qwen3_moe_tiny");
+    AuditConfig cfg;
+    cfg.protocol = &ci_protocol();
+    cfg.model = &model;
+    cfg.load_first = false;
+    const auto node = test::make_emulated_gpu_node(spec);
+    const CaptureData d = capture_node(cfg, *node, *node, {step});
+    const TensorView v = d.tensors.at(tensor).view();
+    double m = 0;
+    for (std::int64_t i = 0; i < v.numel(); ++i) m = std::max(m, v.at(i));
+    return m;
+}
+}  // namespace
+
 TEST(EmulatedKernels, TheBlasPathDeclaresItselfBatchVariantAndTheInvarianceStepSeesIt) {
     // The host code's blas= path (issue #38 item 5: cuBLAS told truthfully),
     // on gpu-emu's stand-in BLAS — a split-K chosen by the shape, as cuBLAS
@@ -500,20 +522,8 @@ TEST(EmulatedKernels, TheBlasPathDeclaresItselfBatchVariantAndTheInvarianceStepS
     EXPECT_TRUE(matmul_within_bound(one, w, y_one, create_backend("cpu-ref")->matmul(one, w), 0.0, kU32));
     EXPECT_TRUE(matmul_within_bound(all, w, y_all, create_backend("cpu-ref")->matmul(all, w), 0.0, kU32));
 
-    const Protocol protocol = load_protocol("protocols/ci.json");
-    const Model model = Model::open("fixtures/models/qwen3_moe_tiny");
-    AuditConfig cfg;
-    cfg.protocol = &protocol;
-    cfg.model = &model;
-    cfg.load_first = false;
-    const auto worst = [&](const std::string& spec, const char* tensor) {
-        const auto node = test::make_emulated_gpu_node(spec);
-        const CaptureData d = capture_node(cfg, *node, *node, {"invariance"});
-        const TensorView v = d.tensors.at(tensor).view();
-        double m = 0;
-        for (std::int64_t i = 0; i < v.numel(); ++i) m = std::max(m, v.at(i));
-        return m;
-    };
+    const Protocol& protocol = ci_protocol();
+    const auto worst = [](const std::string& spec, const char* tensor) { return ci_capture_max(spec, "invariance", tensor); };
     for (const char* figure : {"invariance.ops_max_rel", "invariance.batch_max_rel"}) {
         EXPECT_EQ(worst("gpu-emu", figure), 0.0) << figure;
         const double b = worst("gpu-emu:blas=emulated", figure);
@@ -545,16 +555,9 @@ TEST(EmulatedKernels, TheDeterminismStepSeesTheSplitKVariant) {
     // stream's full forward, twice, own router) on the emulated node: the
     // split-K variant is caught (run-to-run max_rel > 0, over the protocol's
     // sensitive tolerance), the deterministic kernels are bit-identical.
-    const Protocol protocol = load_protocol("protocols/ci.json");
-    const Model model = Model::open("fixtures/models/qwen3_moe_tiny");
-    AuditConfig cfg;
-    cfg.protocol = &protocol;
-    cfg.model = &model;
-    cfg.load_first = false;
-    const auto run_to_run = [&](const std::string& spec) {
-        const auto node = test::make_emulated_gpu_node(spec);
-        const CaptureData d = capture_node(cfg, *node, *node, {"determinism"});
-        return d.tensors.at("determinism.run_to_run_max_rel").view().at(0);
+    const Protocol& protocol = ci_protocol();
+    const auto run_to_run = [](const std::string& spec) {
+        return ci_capture_max(spec, "determinism", "determinism.run_to_run_max_rel");  // one value
     };
     EXPECT_EQ(run_to_run("gpu-emu"), 0.0);
     const double nd = run_to_run("gpu-emu:nondeterministic=1");
@@ -880,43 +883,14 @@ TEST_P(GpuOps, CapabilitiesDescribeTheDevice) {
 }
 
 TEST_P(GpuOps, TransferCountersCountWhatCrossesToTheDevice) {
-    // Hand-counted for x [4, 64] · w [32, 64] (f32) on the kernel node: the
-    // first call uploads x (1 KiB) and w (8 KiB), allocates those two and the
-    // output, launches one kernel and reads 4·32·4 = 512 bytes back with one
-    // host wait (uploads do not wait). The weight, in immutable memory, is
-    // then resident: the second call uploads x alone, into the buffer the
-    // node's pool kept, and writes into another: nothing allocated. Device
-    // buffers hold f32 whatever the storage: 4 bytes an element either way.
-    // On gpu-emu the emulated device counts the same cudaMalloc calls.
-    const Tensor x = seeded_normal(23, "gpu/t/x", {4, 64}, 0, 1);
-    const Tensor ws = seeded_normal(23, "gpu/t/w", {32, 64}, 0, 0.1);
-    std::vector<float> w(32 * 64);
-    std::memcpy(w.data(), ws.raw(), ws.nbytes());
-    const ImmutableRegistration reg(w.data(), w.size() * sizeof(float));
-    const TensorView wv{DType::f32, w.data(), {32, 64}};
+    // Device buffers hold f32 whatever the storage (4 bytes an element), and
+    // uploads never wait: one host wait a call, its read. On gpu-emu the
+    // emulated device counts the same 3 cudaMalloc calls.
     for (const std::string opts : {"", "storage=bf16"}) {
         SCOPED_TRACE(opts);
         auto gpu = node(opts);
         const std::uint64_t mallocs0 = test::emulated_device_counts().mallocs;
-        const TransferStats zero = *gpu->transfer_stats();
-        EXPECT_EQ(zero.uploads + zero.downloads + zero.launches + zero.allocations + zero.syncs, 0u);
-        (void)gpu->matmul(x, wv);
-        const TransferStats first = *gpu->transfer_stats();
-        EXPECT_EQ(first.uploads, 2u);
-        EXPECT_EQ(first.upload_bytes, 4u * 64 * 4 + 32u * 64 * 4);
-        EXPECT_EQ(first.allocations, 3u);
-        EXPECT_EQ(first.launches, 1u);
-        EXPECT_EQ(first.downloads, 1u);
-        EXPECT_EQ(first.download_bytes, 4u * 32 * 4);
-        EXPECT_EQ(first.syncs, 1u);
-        (void)gpu->matmul(x, wv);
-        const TransferStats second = *gpu->transfer_stats() - first;
-        EXPECT_EQ(second.uploads, 1u) << "the resident weight was uploaded again";
-        EXPECT_EQ(second.upload_bytes, 4u * 64 * 4);
-        EXPECT_EQ(second.allocations, 0u) << "x and the output did not come from the pool";
-        EXPECT_EQ(second.launches, 1u);
-        EXPECT_EQ(second.downloads, 1u);
-        EXPECT_EQ(second.syncs, 1u);
+        test::expect_two_matmuls_counted(*gpu, 4, 1);
         if (GetParam() == "gpu-emu") EXPECT_EQ(test::emulated_device_counts().mallocs - mallocs0, 3u);
     }
 }

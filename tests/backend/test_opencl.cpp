@@ -200,46 +200,12 @@ TEST_F(Opencl, WidenedUploadGivesTheStagedPathsBits) {
 }
 
 TEST_F(Opencl, TransferCountersCountWhatCrossesToTheDevice) {
-    // Hand-counted for x [4, 64] · w [32, 64] (f32): the first call uploads x
-    // (1 KiB) and w (8 KiB; in either matmul path, plain or 16-output panels,
-    // 32 rows are 2 whole panels), allocates those two and the output,
-    // launches one kernel and reads 4·32·4 = 512 bytes back — a blocking
-    // read, so at least one host wait. A weight in immutable memory is then
-    // resident: the second call uploads x alone, into a buffer the node's pool
-    // kept, and writes into another: nothing allocated. A host node counts nothing.
+    // Hand-counted (device_residency_check.hpp); the read is a blocking one,
+    // so at least one host wait a call. A host node counts nothing.
     EXPECT_FALSE(create_backend("cpu")->transfer_stats().has_value());
-    const Tensor x = seeded_normal(23, "t/x", {4, 64}, 0, 1);
-    std::vector<float> w(32 * 64);
-    const Tensor ws = seeded_normal(23, "t/w", {32, 64}, 0, 0.1);
-    std::memcpy(w.data(), ws.raw(), ws.nbytes());
-    const ImmutableRegistration reg(w.data(), w.size() * sizeof(float));
-    const TensorView wv{DType::f32, w.data(), {32, 64}};
-    auto ocl = node();
-    const TransferStats zero = *ocl->transfer_stats();
-    EXPECT_EQ(zero.uploads + zero.downloads + zero.launches + zero.allocations + zero.syncs, 0u);
-    (void)ocl->matmul(x, wv);
-    const TransferStats first = *ocl->transfer_stats();
-    EXPECT_EQ(first.uploads, 2u);
-    EXPECT_EQ(first.upload_bytes, 4u * 64 * 4 + 32u * 64 * 4);
-    EXPECT_EQ(first.allocations, 3u);
-    EXPECT_EQ(first.launches, 1u);
-    EXPECT_EQ(first.downloads, 1u);
-    EXPECT_EQ(first.download_bytes, 4u * 32 * 4);
-    EXPECT_GE(first.syncs, 1u);
-    (void)ocl->matmul(x, wv);
-    const TransferStats second = *ocl->transfer_stats() - first;
-    EXPECT_EQ(second.uploads, 1u) << "the resident weight was uploaded again";
-    EXPECT_EQ(second.upload_bytes, 4u * 64 * 4);
-    EXPECT_EQ(second.allocations, 0u) << "x and the output did not come from the pool";
-    EXPECT_EQ(second.launches, 1u);
-    EXPECT_EQ(second.downloads, 1u);
-    EXPECT_EQ(second.download_bytes, 4u * 32 * 4);
+    test::expect_two_matmuls_counted(*node(), 4, 0);
     // Half storage moves half the bytes: x as half bits, the result read back as half.
-    auto half = node("opencl:0:storage=f16");
-    (void)half->matmul(x, wv);
-    const TransferStats h = *half->transfer_stats();
-    EXPECT_EQ(h.upload_bytes, 4u * 64 * 2 + 32u * 64 * 2);
-    EXPECT_EQ(h.download_bytes, 4u * 32 * 2);
+    test::expect_two_matmuls_counted(*node("opencl:0:storage=f16"), 2, 0);
 }
 
 TEST_F(Opencl, AChainOfOpsInAResidencyScopeStaysOnTheDeviceUntilTheHostReadsIt) {
